@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Tessera needs; quiet and quick when all are present.
+set -euo pipefail
+pkgs=(
+  build-essential pkg-config clang libclang-rt-14-dev
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
+  libjansson-dev libuv1-dev libavro-dev libopenblas-dev zlib1g-dev libcmocka-dev
+  python3-faiss python3-numpy python3-avro python3-grpcio python3-grpc-tools python3-protobuf
+  iproute2 curl
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+command -v node >/dev/null 2>&1 || missing+=(nodejs npm)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,162 @@
+# Tessera — GNU Makefile.
+#   make            build bin/tessera, bin/tessera-shard, bin/tessera-coordinator, libtessera.a
+#   make test       build and run every test (unit, interop, integration, fuzz-corpus replay)
+#   make deps       install the Debian packages the project needs (idempotent)
+#   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
+#   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
+#   make bench-search | bench-ingest | bench-rpc | bench-e2e   benchmarks (not part of test)
+
+CC       ?= cc
+OPT      ?= -O2
+WERROR   ?=
+PKGS     := grpc gpr libprotobuf-c jansson libuv avro-c
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+BLAS_LIBS  := -lopenblas
+
+ifdef SANITIZE
+  VARIANT := san-$(subst $(comma),-,$(SANITIZE))
+  BUILD   := build/$(VARIANT)
+  BIN     := $(BUILD)/bin
+  LIB     := $(BUILD)/libtessera.a
+  SANFLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+  OPT     := -O1
+else
+  BUILD   := build/release
+  BIN     := bin
+  LIB     := libtessera.a
+  SANFLAGS :=
+endif
+comma := ,
+
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -pthread -Wall -Wextra -Wstrict-prototypes \
+           -Wmissing-prototypes -Wno-unused-parameter $(WERROR) $(SANFLAGS) -MMD -MP \
+           -Icommon -Ibuild/gen $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+LDFLAGS := -pthread $(SANFLAGS)
+LDLIBS  := $(PKG_LIBS) $(BLAS_LIBS) -lz -lm
+
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma
+
+# ---- generated protobuf-c code ---------------------------------------------------------
+PROTOS     := $(wildcard proto/tessera/v1/*.proto proto/grpc/health/v1/*.proto proto/google/cloud/aiplatform/container/v1/*.proto)
+PROTO_C    := $(patsubst proto/%.proto,build/gen/%.pb-c.c,$(PROTOS))
+PROTO_H    := $(PROTO_C:.c=.h)
+
+build/gen/%.pb-c.c build/gen/%.pb-c.h: proto/%.proto
+	@mkdir -p build/gen
+	protoc-c --proto_path=proto --c_out=build/gen $<
+
+# ---- sources ----------------------------------------------------------------------------
+COMMON_SRC := $(wildcard common/*.c)
+CLI_SRC    := $(wildcard cli/*.c)
+SHARD_SRC  := $(wildcard shard/*.c)
+COORD_SRC  := $(wildcard coordinator/*.c)
+UNIT_SRC   := $(wildcard tests/unit/test_*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(patsubst build/gen/%.c,$(BUILD)/obj/gen/%.o,$(PROTO_C))
+
+TARGETS := $(LIB) $(BIN)/tessera
+ifneq ($(SHARD_SRC),)
+TARGETS += $(BIN)/tessera-shard
+endif
+ifneq ($(COORD_SRC),)
+TARGETS += $(BIN)/tessera-coordinator
+endif
+UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
+
+.PHONY: all deps test test-unit test-interop test-integration test-fuzz-replay fuzz clean \
+        bench-search bench-ingest bench-rpc bench-e2e run demo
+all: $(TARGETS)
+
+$(BUILD)/obj/%_avx2.o: %_avx2.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+$(BUILD)/obj/%_avx512.o: %_avx512.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+$(BUILD)/obj/gen/%.o: build/gen/%.c $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-missing-prototypes -c $< -o $@
+$(BUILD)/obj/%.o: %.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN)/tessera: $(call obj,$(CLI_SRC)) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(BIN)/tessera-shard: $(call obj,$(SHARD_SRC)) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(BIN)/tessera-coordinator: $(call obj,$(COORD_SRC)) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
+# ---- tests ------------------------------------------------------------------------------
+export TSR_BIN := $(abspath $(BIN))
+export TSR_BUILD := $(abspath $(BUILD))
+
+test: all $(UNIT_BINS)
+	@tests/run.sh all
+
+test-unit: all $(UNIT_BINS)
+	@tests/run.sh unit
+
+test-interop: all
+	@tests/run.sh interop
+
+test-integration: all
+	@tests/run.sh integration
+
+# ---- fuzzing (clang + libFuzzer) -----------------------------------------------------------
+FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -pthread -fsanitize=fuzzer-no-link,address,undefined \
+               -fno-sanitize-recover=all -Icommon -Ibuild/gen $(PKG_CFLAGS)
+FUZZ_COMMON_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(COMMON_SRC)) $(patsubst build/gen/%.c,build/fuzz/obj/gen/%.o,$(PROTO_C))
+FUZZ_SECONDS ?= 60
+
+build/fuzz/obj/%_avx2.o: %_avx2.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+build/fuzz/obj/%_avx512.o: %_avx512.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+build/fuzz/obj/gen/%.o: build/gen/%.c $(PROTO_H)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -c $< -o $@
+build/fuzz/obj/%.o: %.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -c $< -o $@
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ -o $@ $(LDLIBS)
+
+fuzz-build: $(FUZZ_BINS)
+
+test-fuzz-replay: $(FUZZ_BINS)
+	@tests/run.sh fuzz-replay
+
+fuzz: $(FUZZ_BINS)
+	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p build/fuzz/corpus/$$n; \
+	  echo "== $$n for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus/$$n tests/fuzz/corpus/$$n 2>&1 | \
+	    grep -E 'stat::number_of_executed_units|ERROR|SUMMARY' ; done
+
+# ---- dependencies -------------------------------------------------------------------------
+deps:
+	@.ci/deps.sh
+
+clean:
+	rm -rf build bin libtessera.a
+
+-include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,19 @@
+/*
+ * cli — shared declarations of the `tessera` command-line tool. Each command lives in
+ * its own cmd_*.c and is reached from the table in main.c. A command returns the
+ * process exit code: 0 success, 1 failure (bad input, rejected batch), 2 usage error.
+ */
+#ifndef TSR_CLI_H
+#define TSR_CLI_H
+
+int tsr_cmd_index_build(int argc, char **argv);
+int tsr_cmd_index_search(int argc, char **argv);
+int tsr_cmd_index_check(int argc, char **argv);
+int tsr_cmd_index_info(int argc, char **argv);
+int tsr_cmd_index_rewrite(int argc, char **argv);
+int tsr_cmd_batch_inspect(int argc, char **argv);
+
+/* True when argv contains -h or --help. */
+int tsr_cli_wants_help(int argc, char **argv);
+
+#endif
