@@ -159,4 +159,7 @@ deps:
 clean:
 	rm -rf build bin libtessera.a
 
+# Per-area fragments (benchmarks, extra targets), one file per owner.
+-include $(wildcard mk/*.mk)
+
 -include $(shell find build -name '*.d' 2>/dev/null)
