@@ -15,7 +15,9 @@
 #include <avro.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -474,14 +476,16 @@ static int gen_reader(sbuf *b, const desc *d, avro_schema_t w, const char *path,
 
 /* Estimated bytes avro-c and we allocate per decoded item; only used to refuse records
  * whose decoded form would be far larger than TSR_AVRO_MAX_RECORD_COST. */
-#define COST_ITEM 16u
-#define COST_NODE 64u
+#define COST_ITEM 40u
+#define COST_NODE 100u
 
 typedef struct vstate {
     const uint8_t *p, *end;
     uint64_t items;     /* array/map items seen in this record */
     uint64_t max_items; /* bound: bytes left in the block, +16 */
     uint64_t cost;
+    uint64_t *steps;    /* values walked in this block (shared by its records) */
+    uint64_t max_steps; /* bound: 4 per byte of the block, +64Ki */
     char why[160];
 } vstate;
 
@@ -562,9 +566,13 @@ static int validate_value(vstate *v, avro_schema_t s, int depth)
 {
     if (depth > TSR_AVRO_MAX_DEPTH)
         return vfail(v, "values nested deeper than %d levels", TSR_AVRO_MAX_DEPTH);
-    if (v->cost > TSR_AVRO_MAX_RECORD_COST)
-        return vfail(v, "record too large to decode (more than %u MiB of values)",
-                     TSR_AVRO_MAX_RECORD_COST >> 20);
+    /* Zero-byte values (null, empty records) cost work but no input; a writer schema full
+     * of them must not turn a small block into hours of walking. */
+    if (++*v->steps > v->max_steps)
+        return vfail(v, "more than %llu values in a block of %llu bytes (writer schema with "
+                        "too many zero-size fields)",
+                     (unsigned long long)v->max_steps,
+                     (unsigned long long)((v->max_steps - 65536) / 4));
     s = deref(s);
     if (s == NULL)
         return vfail(v, "unresolved named type in the writer schema");
@@ -961,7 +969,92 @@ static int read_header(rd *r, char **schema, size_t *schema_len, tsr_error *err)
 }
 
 /* Writer schema from JSON, reader schema generated for it, avro-c resolver. */
-static int setup_schemas(rd *r, const char *json, size_t len, tsr_error *err)
+static int cmp_cstr(const void *x, const void *y)
+{
+    return strcmp(*(const char *const *)x, *(const char *const *)y);
+}
+
+#define MAX_NAMED 4096
+
+typedef struct wcheck {
+    avro_schema_t seen[MAX_NAMED]; /* records already checked (named types are shared) */
+    size_t nseen;
+    char msg[MSG_MAX];
+} wcheck;
+
+/* Checks what avro-c 1.11 takes on trust in a writer schema: field names unique within
+ * each record (avro-c parses duplicates; its resolver then looks fields up by name and
+ * by index inconsistently and crashes). Each named record is checked once. */
+static int check_writer(wcheck *c, avro_schema_t s, int depth)
+{
+    if (depth > TSR_AVRO_MAX_SCHEMA_DEPTH) {
+        snprintf(c->msg, sizeof c->msg, "the writer schema nests deeper than %d levels",
+                 TSR_AVRO_MAX_SCHEMA_DEPTH);
+        return -1;
+    }
+    s = deref(s);
+    if (s == NULL || avro_typeof(s) == AVRO_LINK) {
+        snprintf(c->msg, sizeof c->msg, "the writer schema has an unresolved named type");
+        return -1;
+    }
+    switch (avro_typeof(s)) {
+    case AVRO_ARRAY:
+        return check_writer(c, avro_schema_array_items(s), depth + 1);
+    case AVRO_MAP:
+        return check_writer(c, avro_schema_map_values(s), depth + 1);
+    case AVRO_UNION:
+        for (size_t i = 0; i < avro_schema_union_size(s); i++)
+            if (check_writer(c, avro_schema_union_branch(s, (int)i), depth + 1) != 0)
+                return -1;
+        return 0;
+    case AVRO_RECORD: {
+        for (size_t i = 0; i < c->nseen; i++)
+            if (c->seen[i] == s)
+                return 0;
+        if (c->nseen == MAX_NAMED) {
+            snprintf(c->msg, sizeof c->msg, "the writer schema has more than %d record types",
+                     MAX_NAMED);
+            return -1;
+        }
+        c->seen[c->nseen++] = s;
+        size_t n = avro_schema_record_size(s);
+        const char **names = tsr_try_malloc(n ? n : 1, sizeof *names);
+        if (names == NULL) {
+            snprintf(c->msg, sizeof c->msg, "out of memory");
+            return -1;
+        }
+        int rc = 0;
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            names[i] = avro_schema_record_field_name(s, (int)i);
+            if (names[i] == NULL || avro_schema_record_field_get_by_index(s, (int)i) == NULL) {
+                snprintf(c->msg, sizeof c->msg, "record %s: field %zu is malformed",
+                         avro_schema_name(s), i);
+                rc = -1;
+            }
+        }
+        if (rc == 0 && n > 1) {
+            qsort(names, n, sizeof *names, cmp_cstr);
+            for (size_t i = 1; i < n; i++)
+                if (strcmp(names[i - 1], names[i]) == 0) {
+                    char sn[64];
+                    snippet(sn, sizeof sn, names[i], strlen(names[i]));
+                    snprintf(c->msg, sizeof c->msg, "record %s has two fields named '%s'",
+                             avro_schema_name(s), sn);
+                    rc = -1;
+                    break;
+                }
+        }
+        free(names);
+        for (size_t i = 0; i < n && rc == 0; i++)
+            rc = check_writer(c, avro_schema_record_field_get_by_index(s, (int)i), depth + 1);
+        return rc;
+    }
+    default:
+        return 0;
+    }
+}
+
+static int setup_schemas_locked(rd *r, const char *json, size_t len, tsr_error *err)
 {
     if (avro_schema_from_json_length(json, len, &r->wschema) != 0) {
         r->wschema = NULL;
@@ -973,6 +1066,15 @@ static int setup_schemas(rd *r, const char *json, size_t len, tsr_error *err)
         return tsr_err(err, TSR_EFORMAT,
                        "%s: the writer schema is a %s, expected the FeatureVector record",
                        r->name, avro_schema_type_name(r->wschema));
+    wcheck *wc = calloc(1, sizeof *wc);
+    if (wc == NULL)
+        return tsr_err(err, TSR_ENOMEM, "%s: out of memory", r->name);
+    if (check_writer(wc, r->wschema, 0) != 0) {
+        int rc = tsr_err(err, TSR_EFORMAT, "%s: INVALID_AVRO_SYNTAX: %s", r->name, wc->msg);
+        free(wc);
+        return rc;
+    }
+    free(wc);
     sbuf b = {NULL, 0, 0, 0};
     char msg[MSG_MAX] = "";
     int rc = gen_reader(&b, &d_top, r->wschema, "", msg, sizeof msg);
@@ -1013,6 +1115,51 @@ static int setup_schemas(rd *r, const char *json, size_t len, tsr_error *err)
     if (r->mreader == NULL)
         return tsr_err(err, TSR_ENOMEM, "%s: out of memory", r->name);
     return 0;
+}
+
+/* Deepest nesting of JSON arrays/objects in s[0..n) (strings skipped). avro-c parses
+ * schemas recursively, one C frame per level, and jansson lets 2048 levels through; a
+ * FeatureVector needs 10. */
+static int json_depth(const char *s, size_t n)
+{
+    int depth = 0, max = 0, in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = 0;
+        } else if (c == '"') {
+            in_str = 1;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max)
+                max = depth;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return max;
+}
+
+/* avro-c keeps its error text in one process-global buffer (not thread-local in 1.11),
+ * and the batch walker reads files in parallel: the calls whose errors we report
+ * (schema parsing, resolver creation) run under this lock, once per file. Record
+ * decoding runs unlocked; it only sees pre-validated bytes. */
+static pthread_mutex_t avro_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int setup_schemas(rd *r, const char *json, size_t len, tsr_error *err)
+{
+    int d = json_depth(json, len);
+    if (d > TSR_AVRO_MAX_SCHEMA_DEPTH)
+        return tsr_err(err, TSR_EFORMAT,
+                       "%s: INVALID_AVRO_SYNTAX: the writer schema is nested %d levels deep "
+                       "(at most %d accepted)",
+                       r->name, d, TSR_AVRO_MAX_SCHEMA_DEPTH);
+    pthread_mutex_lock(&avro_lock);
+    int rc = setup_schemas_locked(r, json, len, err);
+    pthread_mutex_unlock(&avro_lock);
+    return rc;
 }
 
 /* ---- decoded value -> tsr_datapoint ------------------------------------------------------ */
@@ -1124,6 +1271,45 @@ static int take_tokens(avro_value_t *r, const char *name, const char *ns, size_t
     return 0;
 }
 
+typedef struct ns_ref {
+    const char *ns;
+    size_t idx;
+} ns_ref;
+
+static int cmp_ns_ref(const void *x, const void *y)
+{
+    const ns_ref *a = x, *b = y;
+    int c = strcmp(a->ns, b->ns);
+    return c ? c : (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+/* Looks for two equal namespaces among n structs (array base, element size, offset of
+ * the char *ns member) in O(n log n): a record may hold very many restricts. Returns 1
+ * with *first < *second the indexes of a duplicate pair, 0 when all differ, -1 on ENOMEM. */
+static int find_dup_ns(const void *base, size_t n, size_t elem, size_t off, size_t *first,
+                       size_t *second)
+{
+    if (n < 2)
+        return 0;
+    ns_ref *r = tsr_try_malloc(n, sizeof *r);
+    if (r == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&r[i].ns, (const char *)base + i * elem + off, sizeof r[i].ns);
+        r[i].idx = i;
+    }
+    qsort(r, n, sizeof *r, cmp_ns_ref);
+    int found = 0;
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(r[i - 1].ns, r[i].ns) == 0 && (!found || r[i].idx < *second)) {
+            *first = r[i - 1].idx;
+            *second = r[i].idx;
+            found = 1;
+        }
+    free(r);
+    return found;
+}
+
 /* Converts the decoded record. 0 ok, 1 invalid (type/msg set), -1 out of memory. dp is
  * partly filled on failure; the caller closes it. */
 static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_rec_error *type,
@@ -1209,19 +1395,22 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
                 return rc;
             if (nslen == 0)
                 BAD(TSR_REC_NAMESPACE_MISSING, "%s is empty", field);
-            for (size_t k = 0; k < i; k++)
-                if (strcmp(dp->restricts[k].ns, t->ns) == 0) {
-                    snippet(sn, sizeof sn, t->ns, nslen);
-                    BAD(TSR_REC_DUPLICATE_NAMESPACE,
-                        "restricts[%zu]: namespace '%s' already appears in restricts[%zu]", i, sn,
-                        k);
-                }
             if ((rc = take_tokens(&e, "allow", t->ns, i, &t->allow, &t->nallow, type, msg,
                                   msgcap)) != 0)
                 return rc;
             if ((rc = take_tokens(&e, "deny", t->ns, i, &t->deny, &t->ndeny, type, msg,
                                   msgcap)) != 0)
                 return rc;
+        }
+        size_t a, b2;
+        rc = find_dup_ns(dp->restricts, dp->nrestricts, sizeof *dp->restricts,
+                         offsetof(tsr_token_restrict, ns), &a, &b2);
+        if (rc < 0)
+            return -1;
+        if (rc > 0) {
+            snippet(sn, sizeof sn, dp->restricts[a].ns, strlen(dp->restricts[a].ns));
+            BAD(TSR_REC_DUPLICATE_NAMESPACE,
+                "restricts[%zu]: namespace '%s' already appears in restricts[%zu]", b2, sn, a);
         }
     }
 
@@ -1250,12 +1439,6 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
             if (nslen == 0)
                 BAD(TSR_REC_NAMESPACE_MISSING, "%s is empty", field);
             snippet(sn, sizeof sn, nr->ns, nslen);
-            for (size_t k = 0; k < i; k++)
-                if (strcmp(dp->numeric[k].ns, nr->ns) == 0)
-                    BAD(TSR_REC_DUPLICATE_NAMESPACE,
-                        "numeric_restricts[%zu]: namespace '%s' already appears in "
-                        "numeric_restricts[%zu]; a numeric namespace holds one value per record",
-                        i, sn, k);
             int nset = 0;
             if (get_opt(&e, "value_int", &x)) {
                 nset++;
@@ -1289,6 +1472,18 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
                     "numeric_restricts[%zu] (namespace '%s') sets %d of value_int, value_float, "
                     "value_double; exactly one is allowed",
                     i, sn, nset);
+        }
+        size_t a, b2;
+        rc = find_dup_ns(dp->numeric, dp->nnumeric, sizeof *dp->numeric,
+                         offsetof(tsr_numeric_restrict, ns), &a, &b2);
+        if (rc < 0)
+            return -1;
+        if (rc > 0) {
+            snippet(sn, sizeof sn, dp->numeric[a].ns, strlen(dp->numeric[a].ns));
+            BAD(TSR_REC_DUPLICATE_NAMESPACE,
+                "numeric_restricts[%zu]: namespace '%s' already appears in "
+                "numeric_restricts[%zu]; a numeric namespace holds one value per record",
+                b2, sn, a);
         }
     }
 
@@ -1327,18 +1522,32 @@ static int decode_block(rd *r, const uint8_t *data, size_t len, uint64_t count, 
                         tsr_error *err)
 {
     const uint8_t *p = data, *end = data + len;
+    uint64_t steps = 0;
     for (uint64_t k = 0; k < count && !r->stop; k++) {
         vstate v;
         memset(&v, 0, sizeof v);
         v.p = p;
         v.end = end;
         v.max_items = (uint64_t)(end - p) + 16;
+        v.steps = &steps;
+        v.max_steps = 4 * (uint64_t)len + 65536;
         if (validate_value(&v, r->wschema, 0) != 0) {
             report(r, r->index, TSR_REC_INVALID_AVRO_SYNTAX,
                    "block %llu, record %llu of %llu: %s; the rest of the file is not read",
                    (unsigned long long)blockno, (unsigned long long)k,
                    (unsigned long long)count, v.why);
             return 1;
+        }
+        if (v.cost > TSR_AVRO_MAX_RECORD_COST) {
+            /* Well-formed but too big to decode in bounded memory: skip this record only. */
+            report(r, r->index, TSR_REC_INVALID_AVRO_SYNTAX,
+                   "block %llu, record %llu: %zu bytes whose values would take about %llu MiB "
+                   "decoded (limit %u MiB); record skipped",
+                   (unsigned long long)blockno, (unsigned long long)k, (size_t)(v.p - p),
+                   (unsigned long long)(v.cost >> 20), TSR_AVRO_MAX_RECORD_COST >> 20);
+            p = v.p;
+            r->index++;
+            continue;
         }
         /* One record per source: avro-c cannot read past what was validated. */
         avro_reader_memory_set_source(r->mreader, (const char *)p, (int64_t)(v.p - p));

@@ -466,12 +466,46 @@ def test_file_errors(tmp):
     check(result["result"] != 0 and "bzip2" in result["error"], "bzip2: %r" % result)
 
 
+def zz(v):
+    """Avro zig-zag varint."""
+    z = (v << 1) ^ (v >> 63)
+    out = bytearray()
+    while z & ~0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def test_oversized_record(tmp):
+    """A well-formed record whose decoded values would exceed the per-record memory
+    limit is reported and skipped; the next record of the same block is read."""
+    path = os.path.join(tmp, "big.avro")
+    write_avro(path, SEED_SCHEMA, norm_numeric([{"id": "a", "embedding": [1, 2, 3]}]))
+    data = open(path, "rb").read()
+    sync = data[-16:]
+    header = data[:data.index(sync) + 16]
+    n = 7_000_000  # sparse entries: 5 bytes each, ~40 bytes each decoded
+    big = (zz(3) + b"big" + zz(0) + zz(1) + zz(n) + b"\0\0\0\0" * n + zz(0) +
+           zz(n) + b"\x02" * n + zz(0) + zz(0) + zz(0) + zz(0))
+    small = zz(5) + b"small" + zz(3) + struct.pack("<3f", 1, 2, 3) + zz(0) + zz(0) + zz(0) + \
+        zz(0) + zz(0)
+    body = big + small
+    open(path, "wb").write(header + zz(2) + zz(len(body)) + body + sync)
+    got, invalid, result = read_back(path, 3)
+    check(result["result"] == 0 and len(invalid) == 1 and invalid[0]["index"] == 0 and
+          invalid[0]["invalid"] == "INVALID_AVRO_SYNTAX" and "record skipped" in invalid[0]["msg"]
+          and sorted(got) == [1] and got[1]["id"] == "small",
+          "oversized record: %r %r %r" % (invalid, result, got))
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_roundtrip(tmp)
         test_compatible_schemas(tmp)
         test_invalid_records(tmp)
         test_file_errors(tmp)
+        test_oversized_record(tmp)
     if FAILS:
         print("%d check(s) failed" % len(FAILS))
         return 1
