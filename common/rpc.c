@@ -155,3 +155,32 @@ gpr_timespec tsr__rpc_deadline(int64_t timeout_ms)
     return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                         gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
 }
+
+#if defined(__SANITIZE_THREAD__)
+/* gRPC core, gpr and abseil are not built with ThreadSanitizer, so their internal
+ * synchronization is invisible to it and their own accesses show up as races (e.g. abseil's
+ * deadlock-detection graph, epoll fds). Suppress reports that happen inside those
+ * libraries; races in Tessera's code still report (rpc marks its hand-overs to core with
+ * TSR_TSAN_RELEASE/ACQUIRE). Picked up by the TSan runtime in every binary that links
+ * the rpc module. */
+const char *__tsan_default_suppressions(void);
+const char *__tsan_default_suppressions(void)
+{
+    return "called_from_lib:libgrpc.so\n"
+           "called_from_lib:libgpr.so\n"
+           "called_from_lib:libupb.so\n"
+           "called_from_lib:libcrypto.so.3\n"
+           "called_from_lib:libssl.so.3\n"
+           "race:libcrypto.so\n"
+           "race:libssl.so\n"
+           "race:absl::\n"
+           "race:grpc_core::\n"
+           "race:grpc_event_engine::\n"
+           "race:libgrpc.so\n"
+           "race:libgpr.so\n"
+           "race:libabsl_*\n"
+           "deadlock:libgrpc.so\n"
+           "deadlock:libabsl_*\n"
+           "mutex:libgrpc.so\n";
+}
+#endif

@@ -329,8 +329,9 @@ static void send_final(struct call *c)
     ops[n].data.recv_close_on_server.cancelled = &c->client_cancelled;
     n++;
     c->state = CS_SENDING;
+    grpc_call *call = c->call; /* c may be freed by a poller as soon as the batch starts */
     TSR_TSAN_RELEASE(c);
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
+    grpc_call_error e = grpc_call_start_batch(call, ops, n, c, NULL);
     if (e != GRPC_CALL_OK) {
         tsr_error_log("rpc: final batch failed to start (%d)", (int)e);
         destroy_call(c);
@@ -364,8 +365,9 @@ static void on_event(struct call *c, int ok)
         memset(&op, 0, sizeof op);
         op.op = GRPC_OP_RECV_MESSAGE;
         op.data.recv_message.recv_message = &c->recv;
+        grpc_call *call = c->call;
         TSR_TSAN_RELEASE(c);
-        grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, c, NULL);
+        grpc_call_error e = grpc_call_start_batch(call, &op, 1, c, NULL);
         if (e != GRPC_CALL_OK) {
             tsr_error_log("rpc: RECV_MESSAGE batch failed to start (%d)", (int)e);
             destroy_call(c);
