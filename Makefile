@@ -14,6 +14,7 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 BLAS_LIBS  := -lopenblas
 
+comma := ,
 ifdef SANITIZE
   VARIANT := san-$(subst $(comma),-,$(SANITIZE))
   BUILD   := build/$(VARIANT)
@@ -27,7 +28,6 @@ else
   LIB     := libtessera.a
   SANFLAGS :=
 endif
-comma := ,
 
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -pthread -Wall -Wextra -Wstrict-prototypes \
            -Wmissing-prototypes -Wno-unused-parameter $(WERROR) $(SANFLAGS) -MMD -MP \
@@ -66,47 +66,64 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: all deps test test-unit test-interop test-integration test-fuzz-replay fuzz clean \
+.PHONY: fuzz-build all deps test test-unit test-interop test-integration test-fuzz-replay fuzz clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo
 all: $(TARGETS)
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
 $(BUILD)/obj/%_avx512.o: %_avx512.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) $(AVX512_FLAGS) -c $< -o $@
 $(BUILD)/obj/gen/%.o: build/gen/%.c $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-missing-prototypes -c $< -o $@
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) -Wno-missing-prototypes -c $< -o $@
 $(BUILD)/obj/%.o: %.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) -c $< -o $@
 
 $(LIB): $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	@echo "  AR      $@"
+	@rm -f $@ && ar rcs $@ $^
 
 $(BIN)/tessera: $(call obj,$(CLI_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/tessera-shard: $(call obj,$(SHARD_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/tessera-coordinator: $(call obj,$(COORD_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
 # ---- tests ------------------------------------------------------------------------------
 export TSR_BIN := $(abspath $(BIN))
 export TSR_BUILD := $(abspath $(BUILD))
 
-test: all $(UNIT_BINS)
+# `make test` also builds the ASan+UBSan binaries (tests that probe hostile input run them
+# too, via TSR_SAN_BIN) and the libFuzzer harnesses whose corpora it replays.
+SAN_BIN := $(abspath build/san-address-undefined/bin)
+test: all $(UNIT_BINS) fuzz-build
+ifndef SANITIZE
+	@$(MAKE) --no-print-directory SANITIZE=address,undefined all
+	@TSR_SAN_BIN=$(SAN_BIN) tests/run.sh all
+else
 	@tests/run.sh all
+endif
 
 test-unit: all $(UNIT_BINS)
 	@tests/run.sh unit

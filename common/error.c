@@ -41,9 +41,17 @@ int tsr_err_prefix(tsr_error *err, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    char old[TSR_ERROR_MSG_MAX];
-    memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    /* build in a buffer big enough for both, then truncate into msg */
+    char both[2 * TSR_ERROR_MSG_MAX + 2];
+    size_t lp = strlen(prefix);
+    memcpy(both, prefix, lp);
+    both[lp] = ':';
+    both[lp + 1] = ' ';
+    memcpy(both + lp + 2, err->msg, strnlen(err->msg, sizeof err->msg - 1) + 1);
+    both[sizeof both - 1] = '\0';
+    size_t n = strnlen(both, sizeof err->msg - 1);
+    memcpy(err->msg, both, n);
+    err->msg[n] = '\0';
     return err->code;
 }
 

@@ -11,10 +11,11 @@ export PYTHONDONTWRITEBYTECODE=1
 
 run() { # name cmd...
   local name=$1; shift
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s%N)
   local log; log=$(mktemp)
   if "$@" >"$log" 2>&1; then
-    passes=$((passes+1)); printf 'PASS %-50s %6.1fs\n' "$name" "$(echo "$(date +%s.%N) - $t0" | bc)"
+    passes=$((passes+1)); local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    printf 'PASS %-50s %4d.%03ds\n' "$name" $((ms/1000)) $((ms%1000))
   else
     fails=$((fails+1)); failed+=("$name")
     printf 'FAIL %-50s\n' "$name"; sed 's/^/    | /' "$log" | tail -60

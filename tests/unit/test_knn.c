@@ -1,0 +1,123 @@
+/*
+ * test_knn — blocked sgemm kNN against a naive double-precision reference; fvecs/ivecs
+ * round trip and rejection of malformed files.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "knn.h"
+#include "vecs_io.h"
+
+static float frand(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return (float)((*s >> 8) & 0xffff) / 65536.0f - 0.5f;
+}
+
+static void check_metric(enum tsr_metric metric, size_t n, size_t ny, size_t d, size_t k)
+{
+    unsigned s = 7;
+    float *x = malloc(n * d * sizeof(float)), *y = malloc(ny * d * sizeof(float));
+    for (size_t i = 0; i < n * d; i++)
+        x[i] = frand(&s);
+    for (size_t i = 0; i < ny * d; i++)
+        y[i] = frand(&s);
+    float *D = malloc(n * k * sizeof(float));
+    int64_t *I = malloc(n * k * sizeof(int64_t));
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_knn(x, n, y, ny, d, metric, k, NULL, D, I, &err), 0);
+    double *ref = malloc(ny * sizeof(double));
+    size_t kk = k < ny ? k : ny;
+    for (size_t q = 0; q < n; q++) {
+        for (size_t j = 0; j < ny; j++) {
+            double a = 0;
+            for (size_t t = 0; t < d; t++) {
+                double u = x[q * d + t], v = y[j * d + t];
+                a += metric == TSR_METRIC_L2 ? (u - v) * (u - v) : u * v;
+            }
+            ref[j] = a;
+        }
+        for (size_t r = 0; r < kk; r++) {
+            int64_t id = I[q * k + r];
+            assert_true(id >= 0 && (size_t)id < ny);
+            assert_true(fabs(ref[id] - D[q * k + r]) < 1e-4);
+            if (r > 0) {
+                if (metric == TSR_METRIC_L2)
+                    assert_true(D[q * k + r] >= D[q * k + r - 1]);
+                else
+                    assert_true(D[q * k + r] <= D[q * k + r - 1]);
+            }
+        }
+        /* nothing clearly better than the last kept result was left out */
+        size_t better = 0;
+        double last = ref[I[q * k + kk - 1]];
+        for (size_t j = 0; j < ny; j++)
+            if (metric == TSR_METRIC_L2 ? ref[j] < last - 1e-5 : ref[j] > last + 1e-5)
+                better++;
+        assert_true(better < kk);
+        for (size_t r = ny; r < k; r++)
+            assert_int_equal(I[q * k + r], -1);
+    }
+    free(ref);
+    free(x);
+    free(y);
+    free(D);
+    free(I);
+}
+
+static void test_knn_l2(void **state)
+{
+    (void)state;
+    check_metric(TSR_METRIC_L2, 50, 3000, 24, 10);
+    check_metric(TSR_METRIC_L2, 1100, 70, 8, 1);
+}
+
+static void test_knn_ip(void **state)
+{
+    (void)state;
+    check_metric(TSR_METRIC_IP, 30, 2100, 16, 5);
+    check_metric(TSR_METRIC_IP, 3, 4, 16, 9); /* k > ny: -1 padding */
+}
+
+static void test_vecs_roundtrip(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/tsr_vecs_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    float x[12];
+    for (int i = 0; i < 12; i++)
+        x[i] = (float)i * 0.5f;
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_fvecs_write(path, x, 3, 4, &err), 0);
+    float *y = NULL;
+    size_t n = 0, d = 0;
+    assert_int_equal(tsr_fvecs_read(path, &y, &n, &d, &err), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(d, 4);
+    assert_memory_equal(x, y, sizeof x);
+    free(y);
+    /* truncate by one byte: must be a format error, not a crash */
+    assert_int_equal(truncate(path, 4 * 5 * 3 - 1), 0);
+    assert_int_equal(tsr_fvecs_read(path, &y, &n, &d, &err), TSR_EFORMAT);
+    unlink(path);
+}
+
+int main(void)
+{
+    tsr_blas_set_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_knn_l2),
+        cmocka_unit_test(test_knn_ip),
+        cmocka_unit_test(test_vecs_roundtrip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
