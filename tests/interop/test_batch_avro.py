@@ -154,15 +154,14 @@ def expected(rec):
         dims = sorted(acc)
         out["sparse_embedding"] = {"values": [acc[d] for d in dims], "dimensions": dims}
     if rec.get("restricts"):
-        rs = []
+        rs = {}
         for r in rec["restricts"]:
-            o = {"namespace": r["namespace"]}
+            o = rs.setdefault(r["namespace"], {"namespace": r["namespace"]})
             if r.get("allow"):
-                o["allow"] = list(r["allow"])
+                o.setdefault("allow", []).extend(r["allow"])
             if r.get("deny"):
-                o["deny"] = list(r["deny"])
-            rs.append(o)
-        out["restricts"] = rs
+                o.setdefault("deny", []).extend(r["deny"])
+        out["restricts"] = list(rs.values())
     if rec.get("numeric_restricts"):
         ns = []
         for r in rec["numeric_restricts"]:
@@ -222,6 +221,10 @@ def corpus(n, dims, seed=7):
         {"id": "9", "embedding": [3.4028234663852886e38, -1.1754943508222875e-38, 0.0],
          "restricts": [{"namespace": "a", "allow": ["x", "y"]}, {"namespace": "b", "deny": ["z"]},
                        {"namespace": "c"}]},
+        # the same namespace twice: one restrict, lists joined (as the CSV/JSON readers do)
+        {"id": "merge", "embedding": [1, 2, 3],
+         "restricts": [{"namespace": "c", "allow": ["a"]}, {"namespace": "d", "deny": ["q"]},
+                       {"namespace": "c", "allow": ["b"], "deny": ["x"]}]},
         {"id": "sparse-big-dims", "sparse_embedding": {"values": [1.5, 2.5],
                                                        "dimensions": [2**62, -3]}},
         {"id": "\u05de\u05d6\u05d4\u05d4-\U0001F600", "embedding": [1, 2, 3], "crowding_tag": "\u05ea\u05d2"},
@@ -353,7 +356,7 @@ def test_invalid_records(tmp):
         {"id": "", "embedding": [1, 2, 3]},
         {"id": "noemb"},
         {"id": "dupns", "embedding": [1, 2, 3],
-         "restricts": [{"namespace": "c", "allow": ["a"]}, {"namespace": "c", "deny": ["b"]}]},
+         "numeric_restricts": [{"namespace": "c", "value_int": 1}, {"namespace": "c", "value_int": 2}]},
         {"id": "nans", "embedding": [1, 2, 3],
          "numeric_restricts": [{"namespace": "n", "value_double": float("nan")}]},
         {"id": "ok1", "embedding": [4, 5, 6]},
@@ -364,7 +367,7 @@ def test_invalid_records(tmp):
             5: ("MULTIPLE_VALUES", "numeric_restricts[0]"),
             6: ("INVALID_NUMERIC_VALUE", "numeric_restricts[0]"),
             7: ("INVALID_EMBEDDING_ID", "id"), 8: ("INVALID_EMBEDDING", "embedding"),
-            9: ("DUPLICATE_NAMESPACE", "restricts[1]"),
+            9: ("DUPLICATE_NAMESPACE", "numeric_restricts[1]"),
             10: ("INVALID_NUMERIC_VALUE", "value_double")}
     path = os.path.join(tmp, "invalid.avro")
     write_avro(path, SEED_SCHEMA, recs, codec="deflate")
