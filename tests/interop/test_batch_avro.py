@@ -11,9 +11,8 @@ fields, int -> long / float promotions, other record names, writer-only fields),
 error cases (wrong dims, NaN, bad sparse, multiple numeric values, truncated file, not
 Avro, schemas that do not resolve).
 
-The reader is driven through the dump mode of the unit-test binary
-($TSR_BUILD/tests/test_batch_avro with TSR_AVRO_DUMP=file), which prints one JSON line
-per record / invalid record and a final result line.
+Each file is read through `tessera batch inspect` (records on stdout sorted by id in
+the seed's JSON form, errors with record index and Vertex type in the --report JSON).
 """
 import io
 import json
@@ -122,22 +121,39 @@ def write_avro(path, schema, records, codec="null", sync_interval=None):
         avro.datafile.SYNC_INTERVAL = saved
 
 
-def read_back(path, dims):
-    exe = os.path.join(os.environ["TSR_BUILD"], "tests", "test_batch_avro")
-    env = dict(os.environ, TSR_AVRO_DUMP=path, TSR_AVRO_DIMS=str(dims))
-    p = subprocess.run([exe], env=env, capture_output=True, timeout=60)
-    if p.returncode != 0:
-        raise AssertionError("reader exited %d: %s" % (p.returncode, p.stderr.decode()))
+def read_back(path, dims, ids=()):
+    """Reads one Avro file through `tessera batch inspect` (a batch root holding only that
+    file). Returns ({record index: record}, [invalid], {"result", "error"}): records are
+    mapped back to their index in the file through ids (the ids in written order);
+    invalid entries come from the JSON report ({"index", "invalid", "msg"}); result is 0
+    unless the file failed as a whole (error = the report's file_error)."""
+    exe = os.path.join(os.environ["TSR_BIN"], "tessera")
+    with tempfile.TemporaryDirectory() as root:
+        os.symlink(os.path.abspath(path), os.path.join(root, "data.avro"))
+        report = os.path.join(root + ".report.json")
+        p = subprocess.run([exe, "batch", "inspect", "--batch-root", root, "--dimensions",
+                            str(dims), "--max-invalid-records", "100000000", "--report", report],
+                           capture_output=True, timeout=120)
+        try:
+            rep = json.load(open(report))
+        finally:
+            if os.path.exists(report):
+                os.unlink(report)
+    if p.returncode not in (0, 1):
+        raise AssertionError("inspect exited %d: %s" % (p.returncode, p.stderr.decode()))
     lines = [json.loads(l) for l in p.stdout.decode("utf-8").splitlines() if l.strip()]
-    result = lines[-1]
-    assert "result" in result, lines[-1]
+    ids = list(ids)
+    check([l["id"] for l in lines] == sorted(l["id"] for l in lines),
+          "inspect output is not sorted by id")
     recs = {}
-    invalid = []
-    for l in lines[:-1]:
-        if "record" in l:
-            recs[l["index"]] = l["record"]
-        else:
-            invalid.append(l)
+    for l in lines:
+        check(l["id"] in ids, "unexpected id %r in the output" % l["id"])
+        if l["id"] in ids:
+            recs[ids.index(l["id"])] = l
+    f = rep["files"][0]
+    invalid = [{"index": e["record"], "invalid": e["type"], "msg": e["message"]}
+               for e in f["errors"]]
+    result = {"result": 1 if f.get("file_error") else 0, "error": f.get("file_error", "")}
     return recs, invalid, result
 
 
@@ -275,7 +291,7 @@ def test_roundtrip(tmp):
     for codec in ("null", "deflate", "snappy"):
         path = os.path.join(tmp, "rt_%s.avro" % codec)
         write_avro(path, SEED_SCHEMA, recs, codec=codec, sync_interval=4000)
-        got, invalid, result = read_back(path, 3)
+        got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
         check(result["result"] == 0, "%s: result %r" % (codec, result))
         check(not invalid, "%s: unexpected invalid %r" % (codec, invalid[:3]))
         check(len(got) == len(recs), "%s: %d records read, %d written" % (codec, len(got), len(recs)))
@@ -306,7 +322,7 @@ def test_compatible_schemas(tmp):
              "crowding_tag": "u", "extra": {}}]
     path = os.path.join(tmp, "compat1.avro")
     write_avro(path, schema, recs, codec="deflate")
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
     check(result["result"] == 0 and not invalid, "compat1: %r %r" % (result, invalid))
     check(same(got.get(0), {"id": "a", "embedding": [1.0, 2.0, 3.0], "crowding_tag": "t"}),
           "compat1 rec0 %r" % got.get(0))
@@ -334,7 +350,7 @@ def test_compatible_schemas(tmp):
                                    {"namespace": "d", "value_int": None, "value_double": 0.75}]}]
     path = os.path.join(tmp, "compat2.avro")
     write_avro(path, schema2, recs)
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
     check(result["result"] == 0 and not invalid, "compat2: %r %r" % (result, invalid))
     check(same(got.get(0), {"id": "n1", "embedding": [1.0, 1.0, 1.0],
                             "restricts": [{"namespace": "c", "allow": ["x"]}],
@@ -371,7 +387,7 @@ def test_invalid_records(tmp):
             10: ("INVALID_NUMERIC_VALUE", "value_double")}
     path = os.path.join(tmp, "invalid.avro")
     write_avro(path, SEED_SCHEMA, recs, codec="deflate")
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
     check(result["result"] == 0, "invalid: result %r" % result)
     check(sorted(got) == [0, 11], "invalid: valid records %r" % sorted(got))
     byidx = {i["index"]: i for i in invalid}
@@ -387,7 +403,7 @@ def test_invalid_records(tmp):
     data = open(path, "rb").read()
     k = data.rindex(b"XY")
     open(path, "wb").write(data[:k] + b"\xc3\x28" + data[k + 2:])
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, ["ok"])
     check(result["result"] == 0 and sorted(got) == [0] and len(invalid) == 1 and
           invalid[0]["index"] == 1 and invalid[0]["invalid"] == "INVALID_ENCODING" and
           "id" in invalid[0]["msg"], "utf8: %r %r" % (invalid, result))
@@ -402,7 +418,7 @@ def test_file_errors(tmp):
     # INVALID_AVRO_SYNTAX at the index of the first record not read
     for cut in (len(data) // 2, len(data) - 3, len(data) - 17):
         open(path, "wb").write(data[:cut])
-        got, invalid, result = read_back(path, 3)
+        got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
         n = len(got)
         check(result["result"] == 0 and len(invalid) == 1 and
               invalid[0]["invalid"] == "INVALID_AVRO_SYNTAX" and invalid[0]["index"] == n and
@@ -412,7 +428,7 @@ def test_file_errors(tmp):
     bad = bytearray(data)
     bad[len(data) // 2] ^= 0x55
     open(path, "wb").write(bytes(bad))
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
     check(result["result"] == 0 and len(invalid) == 1 and
           invalid[0]["invalid"] == "INVALID_AVRO_SYNTAX" and invalid[0]["index"] == len(got),
           "flipped byte: %r %r" % (invalid, result))
@@ -495,7 +511,7 @@ def test_oversized_record(tmp):
         zz(0) + zz(0)
     body = big + small
     open(path, "wb").write(header + zz(2) + zz(len(body)) + body + sync)
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, ["big", "small"])
     check(result["result"] == 0 and len(invalid) == 1 and invalid[0]["index"] == 0 and
           invalid[0]["invalid"] == "INVALID_AVRO_SYNTAX" and "record skipped" in invalid[0]["msg"]
           and sorted(got) == [1] and got[1]["id"] == "small",
