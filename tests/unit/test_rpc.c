@@ -524,6 +524,7 @@ static void test_shutdown_inflight(void **state)
         tsr_rpc_server_opts o;
         tsr_rpc_server_opts_init(&o);
         o.grace_ms = round == 0 ? 3000 : 100;
+        o.workers = round == 0 ? 4 : 1; /* round 1: three calls wait in the worker queue */
         tsr_rpc_server *s = make_server(&o);
         assert_non_null(s);
         char t[64];
