@@ -14,6 +14,7 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 BLAS_LIBS  := -lopenblas
 
+comma := ,
 ifdef SANITIZE
   VARIANT := san-$(subst $(comma),-,$(SANITIZE))
   BUILD   := build/$(VARIANT)
@@ -27,7 +28,6 @@ else
   LIB     := libtessera.a
   SANFLAGS :=
 endif
-comma := ,
 
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -pthread -Wall -Wextra -Wstrict-prototypes \
            -Wmissing-prototypes -Wno-unused-parameter $(WERROR) $(SANFLAGS) -MMD -MP \
@@ -66,7 +66,7 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: all deps test test-unit test-interop test-integration test-fuzz-replay fuzz clean \
+.PHONY: fuzz-build all deps test test-unit test-interop test-integration test-fuzz-replay fuzz clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo
 all: $(TARGETS)
 
@@ -114,8 +114,16 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIB)
 export TSR_BIN := $(abspath $(BIN))
 export TSR_BUILD := $(abspath $(BUILD))
 
-test: all $(UNIT_BINS)
+# `make test` also builds the ASan+UBSan binaries (tests that probe hostile input run them
+# too, via TSR_SAN_BIN) and the libFuzzer harnesses whose corpora it replays.
+SAN_BIN := $(abspath build/san-address-undefined/bin)
+test: all $(UNIT_BINS) fuzz-build
+ifndef SANITIZE
+	@$(MAKE) --no-print-directory SANITIZE=address,undefined all
+	@TSR_SAN_BIN=$(SAN_BIN) tests/run.sh all
+else
 	@tests/run.sh all
+endif
 
 test-unit: all $(UNIT_BINS)
 	@tests/run.sh unit

@@ -48,6 +48,8 @@ typedef struct tsr_ivfpq {
     tsr_pq pq;
 
     tsr_invlist *lists;       /* owned: nlist lists */
+    char list_type[5];        /* "full"/"sprs" as read by faiss_io ("" if built); informative
+                               * only: the writer picks the type by Faiss's rule */
 
     /* IwQR (IndexIVFPQR) only */
     int is_refine;            /* 1 when read from IwQR */
