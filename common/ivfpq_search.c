@@ -97,6 +97,8 @@ static tsr__scan8_fn scan8_for(enum tsr_simd s)
 void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
                        const float *term, float base, float *out)
 {
+    /* This summation order is the contract of every 8-bit kernel (see _avx2.c): it makes
+     * all paths bit-identical. base + 0.0f for no term is exact, so it is written alike. */
     for (size_t i = 0; i < n; i++) {
         const uint8_t *c = codes + i * M;
         float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
@@ -109,7 +111,7 @@ void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
         }
         for (; m < M; m++)
             a0 += T[m * 256 + c[m]];
-        out[i] = base + (term ? term[i] : 0.0f) + ((a0 + a1) + (a2 + a3));
+        out[i] = (base + (term ? term[i] : 0.0f)) + ((a0 + a1) + (a2 + a3));
     }
 }
 
@@ -256,18 +258,24 @@ int tsr_ivfpq_search_prepare(tsr_ivfpq *ix, tsr_error *err)
     return cache_get(ix, err) != NULL ? 0 : (err ? err->code : TSR_ENOMEM);
 }
 
-/* ---- top-k heap: max-heap on (dis, id), smaller is better, ties to the smaller id ----- */
+/* ---- top-k heap, as Faiss 1.7.3's: values "smaller is better" ------------------------
+ * The top is the worst entry; a candidate enters only when strictly better than the top
+ * (so among exact ties the first scanned stays, as in Faiss), and entries are ordered by
+ * (value, id) like Faiss's cmp2: for L2 (CMax) a larger id counts as worse, for IP (CMin
+ * on the un-negated inner product) a smaller id counts as worse. Output ties therefore
+ * come in ascending id order for L2 and descending for IP, exactly as Faiss returns them. */
 
 typedef struct heap {
     size_t k;
+    int ip;       /* tie order of IP (see above) */
     float *d;
     int64_t *id;
-    int64_t *aux; /* optional payload moved with the entries (refine: list << 32 | offset) */
+    int64_t *aux; /* optional payload moved with the entries (refine: the label) */
 } heap;
 
-static inline int worse(float da, int64_t ia, float db, int64_t ib)
+static inline int worse(const heap *h, float da, int64_t ia, float db, int64_t ib)
 {
-    return da > db || (da == db && ia > ib);
+    return da > db || (da == db && (h->ip ? ia < ib : ia > ib));
 }
 
 static void heap_init(heap *h)
@@ -288,8 +296,8 @@ static void heap_replace_top(heap *h, float d, int64_t id, int64_t aux)
         size_t l = 2 * i + 1, r = l + 1, c;
         if (l >= k)
             break;
-        c = (r < k && worse(h->d[r], h->id[r], h->d[l], h->id[l])) ? r : l;
-        if (!worse(h->d[c], h->id[c], d, id))
+        c = (r < k && worse(h, h->d[r], h->id[r], h->d[l], h->id[l])) ? r : l;
+        if (!worse(h, h->d[c], h->id[c], d, id))
             break;
         h->d[i] = h->d[c];
         h->id[i] = h->id[c];
@@ -437,7 +445,7 @@ static int refine_query(worker *w, const float *xq, float *Dq, int64_t *Iq)
     heap *hr = &w->hr;
     heap_init(hr);
     for (size_t j = 0; j < jb->k1; j++) {
-        int64_t pair = w->h.aux[j];
+        int64_t pair = w->h.id[j];
         if (pair < 0)
             continue;
         size_t list = (size_t)(pair >> 32), ofs = (size_t)(pair & 0xffffffff);
@@ -454,7 +462,7 @@ static int refine_query(worker *w, const float *xq, float *Dq, int64_t *Iq)
             w->r2[t] = (xq[t] - cent[t]) - w->r2[t];
         pq_decode(&ix->refine_pq, ix->refine_codes + (size_t)id * rcs, w->r1);
         float dis = l2sqr(w->r1, w->r2, d);
-        if (worse(hr->d[0], hr->id[0], dis, id))
+        if (dis < hr->d[0])
             heap_replace_top(hr, dis, id, 0);
     }
     heap_sort(hr);
@@ -479,6 +487,7 @@ static int search_one(worker *w, size_t qi)
     const int ip = ix->metric == TSR_METRIC_IP;
     const int store_pairs = jb->refine;
 
+    h->ip = ip;
     heap_init(h);
     if (h->k > 0) {
         build_table(ix, xq, w->T);
@@ -514,15 +523,15 @@ static int search_one(worker *w, size_t qi)
                 float thr = h->d[0];
                 for (size_t i = 0; i < nb; i++) {
                     float dd = w->dis[i];
-                    if (!(dd <= thr))
+                    if (!(dd < thr))
                         continue;
                     int64_t id = L->ids[b + i];
-                    if (!worse(h->d[0], h->id[0], dd, id))
-                        continue;
                     if (accept && !accept(actx, id))
                         continue;
-                    heap_replace_top(h, dd, id,
-                                     store_pairs ? (int64_t)((uint64_t)key << 32 | (b + i)) : 0);
+                    if (store_pairs) /* Faiss orders the first stage of IVFPQR by pair */
+                        heap_replace_top(h, dd, (int64_t)((uint64_t)key << 32 | (b + i)), id);
+                    else
+                        heap_replace_top(h, dd, id, 0);
                     thr = h->d[0];
                 }
             }
