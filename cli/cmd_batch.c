@@ -1,4 +1,266 @@
-/* cmd_batch — placeholder until the module lands; replaced by its owner. */
+/*
+ * cmd_batch — `tessera batch inspect`: validates a Vertex-format batch_root and prints the
+ * resulting batch as JSON lines (sorted by id, floats in shortest round-trip form, then
+ * the deleted ids); the report goes to stderr as text and, with --report FILE, as JSON.
+ * Exit 0 accepted, 1 rejected (nothing printed on stdout), 2 usage error.
+ */
+#include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batch.h"
+#include "batch_util.h"
 #include "cli.h"
-int tsr_cmd_batch_inspect(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "tessera: batch_inspect: not built yet\n"); return 2; }
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tessera batch inspect --batch-root DIR --dimensions D\n"
+            "                             [--max-invalid-records N] [--report FILE] [--threads T]\n"
+            "\n"
+            "Reads a Vertex AI Vector Search batch_root (data files *.csv, *.json, *.avro and\n"
+            "an optional delete/ folder of id files), checks every rule of the format and prints\n"
+            "the batch: one JSON record per line sorted by id, then {\"id\": ..., \"delete\": true}\n"
+            "per deleted id. The report (per-file counts, errors with line and Vertex error type,\n"
+            "warnings) goes to stderr, and as JSON to FILE with --report.\n"
+            "\n"
+            "  --batch-root DIR            the batch folder\n"
+            "  --dimensions D              the index dimension (length of dense embeddings)\n"
+            "  --max-invalid-records N     skip up to N invalid records (default 0: any invalid\n"
+            "                              record rejects the batch)\n"
+            "  --report FILE               also write the report as JSON to FILE\n"
+            "  --threads T                 reader threads (default: number of cores)\n"
+            "\n"
+            "Exit status: 0 batch accepted, 1 batch rejected, 2 usage error.\n");
+}
+
+static void put_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        unsigned c = *p;
+        if (c == '"' || c == '\\') {
+            fputc('\\', f);
+            fputc((int)c, f);
+        } else if (c < 0x20) {
+            switch (c) {
+            case '\n':
+                fputs("\\n", f);
+                break;
+            case '\t':
+                fputs("\\t", f);
+                break;
+            case '\r':
+                fputs("\\r", f);
+                break;
+            default:
+                fprintf(f, "\\u%04x", c);
+            }
+        } else {
+            fputc((int)c, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static void put_float(FILE *f, float v)
+{
+    char b[48];
+    tsr__fmt_float(b, sizeof b, v);
+    fputs(b, f);
+}
+
+static void put_strv(FILE *f, char **v, size_t n)
+{
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            fputs(", ", f);
+        put_str(f, v[i]);
+    }
+    fputc(']', f);
+}
+
+static void put_record(FILE *f, const tsr_datapoint *dp)
+{
+    fputs("{\"id\": ", f);
+    put_str(f, dp->id);
+    if (dp->ndense > 0) {
+        fputs(", \"embedding\": [", f);
+        for (size_t i = 0; i < dp->ndense; i++) {
+            if (i)
+                fputs(", ", f);
+            put_float(f, dp->dense[i]);
+        }
+        fputc(']', f);
+    }
+    if (dp->nsparse > 0) {
+        fputs(", \"sparse_embedding\": {\"values\": [", f);
+        for (size_t i = 0; i < dp->nsparse; i++) {
+            if (i)
+                fputs(", ", f);
+            put_float(f, dp->sparse_vals[i]);
+        }
+        fputs("], \"dimensions\": [", f);
+        for (size_t i = 0; i < dp->nsparse; i++)
+            fprintf(f, "%s%lld", i ? ", " : "", (long long)dp->sparse_dims[i]);
+        fputs("]}", f);
+    }
+    if (dp->nrestricts > 0) {
+        fputs(", \"restricts\": [", f);
+        for (size_t i = 0; i < dp->nrestricts; i++) {
+            const tsr_token_restrict *r = &dp->restricts[i];
+            fputs(i ? ", {\"namespace\": " : "{\"namespace\": ", f);
+            put_str(f, r->ns);
+            if (r->nallow > 0) {
+                fputs(", \"allow\": ", f);
+                put_strv(f, r->allow, r->nallow);
+            }
+            if (r->ndeny > 0) {
+                fputs(", \"deny\": ", f);
+                put_strv(f, r->deny, r->ndeny);
+            }
+            fputc('}', f);
+        }
+        fputc(']', f);
+    }
+    if (dp->nnumeric > 0) {
+        fputs(", \"numeric_restricts\": [", f);
+        for (size_t i = 0; i < dp->nnumeric; i++) {
+            const tsr_numeric_restrict *r = &dp->numeric[i];
+            char b[48];
+            fputs(i ? ", {\"namespace\": " : "{\"namespace\": ", f);
+            put_str(f, r->ns);
+            switch (r->type) {
+            case TSR_NUM_INT:
+                fprintf(f, ", \"value_int\": %lld}", (long long)r->v.i);
+                break;
+            case TSR_NUM_FLOAT:
+                tsr__fmt_float(b, sizeof b, r->v.f);
+                fprintf(f, ", \"value_float\": %s}", b);
+                break;
+            case TSR_NUM_DOUBLE:
+                tsr__fmt_double(b, sizeof b, r->v.d);
+                fprintf(f, ", \"value_double\": %s}", b);
+                break;
+            }
+        }
+        fputc(']', f);
+    }
+    if (dp->crowding_tag != NULL) {
+        fputs(", \"crowding_tag\": ", f);
+        put_str(f, dp->crowding_tag);
+    }
+    fputs("}\n", f);
+}
+
+static int parse_u64(const char *s, unsigned long long *out)
+{
+    if (s == NULL || *s == '\0' || *s == '-')
+        return -1;
+    char *end;
+    errno = 0;
+    *out = strtoull(s, &end, 10);
+    return (errno != 0 || *end != '\0') ? -1 : 0;
+}
+
+int tsr_cmd_batch_inspect(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"batch-root", required_argument, NULL, 'r'},
+        {"dimensions", required_argument, NULL, 'd'},
+        {"max-invalid-records", required_argument, NULL, 'm'},
+        {"report", required_argument, NULL, 'o'},
+        {"threads", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *root = NULL, *report = NULL;
+    unsigned long long dims = 0, maxinv = 0, threads = 0;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'r':
+            root = optarg;
+            break;
+        case 'd':
+            if (parse_u64(optarg, &dims) || dims == 0 || dims > (1u << 20)) {
+                fprintf(stderr, "tessera batch inspect: --dimensions must be 1..1048576, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'm':
+            if (parse_u64(optarg, &maxinv)) {
+                fprintf(stderr,
+                        "tessera batch inspect: --max-invalid-records must be a number >= 0, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'o':
+            report = optarg;
+            break;
+        case 't':
+            if (parse_u64(optarg, &threads) || threads > 256) {
+                fprintf(stderr, "tessera batch inspect: --threads must be 0..256\n");
+                return 2;
+            }
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "tessera batch inspect: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (root == NULL || dims == 0) {
+        fprintf(stderr, "tessera batch inspect: --batch-root and --dimensions are required\n");
+        usage(stderr);
+        return 2;
+    }
+    tsr_batch_options o = {(size_t)dims, maxinv, (unsigned)threads};
+    tsr_batch *b = NULL;
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = tsr_batch_load(root, &o, &b, &err);
+    if (b == NULL) {
+        fprintf(stderr, "tessera batch inspect: %s\n", err.msg);
+        return 1;
+    }
+    if (rc == 0) {
+        static char obuf[1 << 16];
+        setvbuf(stdout, obuf, _IOFBF, sizeof obuf);
+        for (size_t i = 0; i < b->nrecords; i++)
+            put_record(stdout, &b->records[i]);
+        for (size_t i = 0; i < b->ndeletes; i++) {
+            fputs("{\"id\": ", stdout);
+            put_str(stdout, b->deletes[i]);
+            fputs(", \"delete\": true}\n", stdout);
+        }
+        fflush(stdout);
+    }
+    tsr_batch_report_text(&b->report, stderr);
+    int exit_code = rc == 0 ? 0 : 1;
+    if (report != NULL) {
+        char *js = tsr_batch_report_json(&b->report);
+        FILE *f = fopen(report, "w");
+        if (f == NULL || js == NULL || fputs(js, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0) {
+            fprintf(stderr, "tessera batch inspect: cannot write the report to %s: %s\n", report,
+                    strerror(errno));
+            exit_code = 1;
+            f = NULL;
+        }
+        free(js);
+    }
+    tsr_batch_destroy(b);
+    return exit_code;
+}

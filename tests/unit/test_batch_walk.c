@@ -1,0 +1,281 @@
+/*
+ * test_batch_walk — tsr_batch_load against the batch_root rules of SPEC §2: suffixes,
+ * the 5,000-object limit, delete/ as the only subfolder, gzip by magic, duplicate ids,
+ * data/delete conflicts, max_invalid_records, the merged order and the report.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "batch.h"
+
+static char root[512];
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(root, sizeof root, "%s/tsr_batch_XXXXXX", tmp ? tmp : P_tmpdir);
+    assert_non_null(mkdtemp(root));
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    assert_int_equal(system(cmd), 0);
+    return 0;
+}
+
+static void put(const char *name, const char *content, size_t len)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", root, name);
+    for (char *s = p + strlen(root) + 1; (s = strchr(s, '/')) != NULL; s++) {
+        *s = '\0';
+        mkdir(p, 0755);
+        *s = '/';
+    }
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fwrite(content, 1, len, f);
+    fclose(f);
+}
+#define PUT(name, s) put((name), (s), strlen(s))
+
+static tsr_batch *load(size_t dims, uint64_t maxinv, int *rc)
+{
+    tsr_batch_options o = {dims, maxinv, 2};
+    tsr_batch *b = NULL;
+    tsr_error err = TSR_ERROR_INIT;
+    *rc = tsr_batch_load(root, &o, &b, &err);
+    assert_non_null(b);
+    return b;
+}
+
+static int has_error(const tsr_batch *b, const char *needle)
+{
+    for (size_t i = 0; i < b->report.nerrors; i++)
+        if (strstr(b->report.errors[i], needle))
+            return 1;
+    return 0;
+}
+
+static void test_merge_sorted_and_deletes(void **state)
+{
+    (void)state;
+    PUT("b.csv", "z,1,2\nm,3,4\n");
+    PUT("a.json", "{\"id\": \"k\", \"embedding\": [5, 6]}\n");
+    PUT("delete/del.txt", "gone\n\nalso-gone\n");
+    int rc;
+    tsr_batch *b = load(2, 0, &rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(b->nrecords, 3);
+    assert_string_equal(b->records[0].id, "k");
+    assert_string_equal(b->records[1].id, "m");
+    assert_string_equal(b->records[2].id, "z");
+    assert_int_equal(b->ndeletes, 2);
+    assert_string_equal(b->deletes[0], "also-gone");
+    assert_string_equal(b->deletes[1], "gone");
+    assert_int_equal(b->report.nfiles, 3);
+    assert_string_equal(b->report.files[0].name, "a.json");
+    assert_string_equal(b->report.files[2].name, "delete/del.txt");
+    assert_int_equal(b->report.files[2].kind, TSR_BATCH_DELETE);
+    assert_false(b->report.rejected);
+    tsr_batch_destroy(b);
+}
+
+static void test_duplicate_last_wins_with_warning(void **state)
+{
+    (void)state;
+    PUT("a.csv", "x,1\ny,2\nx,3\n");
+    PUT("b.csv", "x,4\n");
+    PUT("delete/d", "q\nq\n");
+    int rc;
+    tsr_batch *b = load(1, 0, &rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(b->nrecords, 2);
+    assert_string_equal(b->records[0].id, "x");
+    assert_true(b->records[0].dense[0] == 4.0f); /* last by (file name, line) */
+    assert_int_equal(b->ndeletes, 1);
+    assert_int_equal(b->report.records, 2);
+    assert_int_equal(b->report.duplicates, 3);
+    assert_int_equal(b->report.warnings_total, 2);
+    assert_non_null(strstr(b->report.warnings[0], "'x' appears 3 times"));
+    assert_non_null(strstr(b->report.warnings[0], "a.csv:1, a.csv:3, b.csv:1"));
+    tsr_batch_destroy(b);
+}
+
+static void test_data_and_delete_conflict(void **state)
+{
+    (void)state;
+    PUT("a.csv", "x,1\ny,2\n");
+    PUT("delete/d.txt", "y\n");
+    int rc;
+    tsr_batch *b = load(1, 100, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(b->report.rejected);
+    assert_true(has_error(b, "id 'y' is in data file a.csv (line 2) and in delete file delete/d.txt (line 1)"));
+    tsr_batch_destroy(b);
+}
+
+static void test_bad_suffix_and_subfolder(void **state)
+{
+    (void)state;
+    PUT("a.csv", "x,1\n");
+    PUT("notes.txt", "hello\n");
+    PUT("sub/a.csv", "y,1\n");
+    PUT("delete/inner/z", "q\n");
+    int rc;
+    tsr_batch *b = load(1, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "file 'notes.txt' has an unsupported suffix"));
+    assert_true(has_error(b, "subfolder 'sub/' is not allowed"));
+    assert_true(has_error(b, "delete/inner/ is a folder"));
+    assert_int_equal(b->report.errors_total, 3);
+    tsr_batch_destroy(b);
+}
+
+static void test_gzip_rejected_whatever_the_name(void **state)
+{
+    (void)state;
+    put("data.json", "\x1f\x8b\x08\x00rest", 8);
+    PUT("ok.csv", "x,1\n");
+    int rc;
+    tsr_batch *b = load(1, 1000, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "data.json: the file is gzip-compressed"));
+    assert_true(has_error(b, "gzip input is not supported"));
+    tsr_batch_destroy(b);
+    /* the same in a delete file */
+    teardown(NULL);
+    setup(NULL);
+    put("delete/d", "\x1f\x8b", 2);
+    b = load(1, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "gzip"));
+    tsr_batch_destroy(b);
+}
+
+static void test_object_limit(void **state)
+{
+    (void)state;
+    char name[32];
+    for (int i = 0; i < TSR_BATCH_MAX_OBJECTS; i++) {
+        snprintf(name, sizeof name, "f%04d.csv", i);
+        PUT(name, "");
+    }
+    int rc;
+    tsr_batch *b = load(1, 0, &rc);
+    assert_int_equal(rc, 0); /* exactly 5000 is fine */
+    tsr_batch_destroy(b);
+    PUT("f5000.csv", "");
+    b = load(1, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "5001 objects"));
+    tsr_batch_destroy(b);
+}
+
+static void test_max_invalid_records(void **state)
+{
+    (void)state;
+    PUT("a.csv", "x,1\n\ny,1,2\nz,3\n");
+    int rc;
+    tsr_batch *b = load(1, 0, &rc); /* default: any invalid rejects */
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_non_null(strstr(b->report.reason, "2 invalid records; max_invalid_records is 0"));
+    tsr_batch_destroy(b);
+    b = load(1, 1, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    tsr_batch_destroy(b);
+    b = load(1, 2, &rc); /* skipped, still reported */
+    assert_int_equal(rc, 0);
+    assert_int_equal(b->nrecords, 2);
+    const tsr_batch_file_report *f = &b->report.files[0];
+    assert_int_equal(f->valid, 2);
+    assert_int_equal(f->invalid, 2);
+    assert_int_equal(f->nerrors, 2);
+    assert_int_equal(f->errors[0].where, 2);
+    assert_int_equal(f->errors[0].type, TSR_REC_EMPTY_LINE);
+    assert_int_equal(f->errors[1].where, 3);
+    assert_int_equal(f->errors[1].type, TSR_REC_EMBEDDING_SIZE_MISMATCH);
+    assert_int_equal(b->report.type_counts[TSR_REC_EMPTY_LINE], 1);
+    assert_int_equal(b->report.type_counts[TSR_REC_EMBEDDING_SIZE_MISMATCH], 1);
+    tsr_batch_destroy(b);
+}
+
+static void test_report_caps_and_json(void **state)
+{
+    (void)state;
+    char *big = malloc(200 * 4 + 1);
+    for (int i = 0; i < 200; i++)
+        memcpy(big + 4 * i, "a,x\n", 4);
+    big[800] = '\0';
+    PUT("bad.csv", big);
+    free(big);
+    int rc;
+    tsr_batch *b = load(1, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_int_equal(b->report.files[0].invalid, 200);
+    assert_int_equal(b->report.files[0].nerrors, TSR_BATCH_MAX_FILE_ERRORS);
+    char *js = tsr_batch_report_json(&b->report);
+    assert_non_null(js);
+    json_error_t je;
+    json_t *o = json_loads(js, 0, &je);
+    assert_non_null(o);
+    assert_false(json_is_true(json_object_get(o, "accepted")));
+    json_t *f0 = json_array_get(json_object_get(o, "files"), 0);
+    assert_string_equal(json_string_value(json_object_get(f0, "file")), "bad.csv");
+    assert_int_equal(json_integer_value(json_object_get(f0, "invalid")), 200);
+    json_t *e0 = json_array_get(json_object_get(f0, "errors"), 0);
+    assert_int_equal(json_integer_value(json_object_get(e0, "line")), 1);
+    assert_string_equal(json_string_value(json_object_get(e0, "type")), "INVALID_EMBEDDING");
+    assert_int_equal(json_array_size(json_object_get(f0, "errors")), 50);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "error_counts"),
+                                                        "INVALID_EMBEDDING")),
+                     200);
+    json_decref(o);
+    free(js);
+    FILE *mf = fopen("/dev/null", "w");
+    tsr_batch_report_text(&b->report, mf);
+    fclose(mf);
+    tsr_batch_destroy(b);
+}
+
+static void test_missing_root(void **state)
+{
+    (void)state;
+    tsr_batch_options o = {1, 0, 1};
+    tsr_batch *b = NULL;
+    tsr_error err = TSR_ERROR_INIT;
+    char p[600];
+    snprintf(p, sizeof p, "%s/does-not-exist", root);
+    assert_int_equal(tsr_batch_load(p, &o, &b, &err), TSR_EIO);
+    assert_null(b);
+    assert_non_null(strstr(err.msg, "does-not-exist"));
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_merge_sorted_and_deletes),     T(test_duplicate_last_wins_with_warning),
+        T(test_data_and_delete_conflict),     T(test_bad_suffix_and_subfolder),
+        T(test_gzip_rejected_whatever_the_name), T(test_object_limit),
+        T(test_max_invalid_records),          T(test_report_caps_and_json),
+        T(test_missing_root),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
