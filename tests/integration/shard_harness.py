@@ -122,6 +122,9 @@ def template_bytes(xt, nlist, m, nbits=8, metric="L2", seed=123):
     """Trains a faiss IndexIVFPQ on xt; returns (index without vectors, serialized bytes)."""
     import faiss
     import numpy as np
+    # One OpenMP thread: on a busy 2-core machine faiss's spinning threads make training
+    # 100x slower.
+    faiss.omp_set_num_threads(1)
     d = xt.shape[1]
     if metric == "L2":
         q = faiss.IndexFlatL2(d)
