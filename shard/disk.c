@@ -281,7 +281,8 @@ int tsr__list_vdirs(const char *dir, int64_t **out, size_t *n, tsr_error *err)
         a[cnt++] = v;
     }
     closedir(d);
-    qsort(a, cnt, sizeof *a, i64_cmp);
+    if (cnt > 1)
+        qsort(a, cnt, sizeof *a, i64_cmp);
     *out = a;
     *n = cnt;
     return 0;

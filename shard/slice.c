@@ -661,7 +661,7 @@ typedef struct buf {
 
 static void put(buf *b, const void *src, size_t n)
 {
-    if (b->oom)
+    if (b->oom || n == 0)
         return;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
@@ -988,7 +988,8 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
                      "(%zu/%zu)", dir, off, mn, voff, vn);
         goto fail;
     }
-    qsort(v->recs, v->nrecs, sizeof *v->recs, rec_cmp);
+    if (v->nrecs > 1)
+        qsort(v->recs, v->nrecs, sizeof *v->recs, rec_cmp);
     for (size_t i = 1; i < v->nrecs; i++)
         if (v->recs[i]->label == v->recs[i - 1]->label) {
             rc = tsr_err(err, TSR_EFORMAT, "%s/meta: label %lld twice", dir,

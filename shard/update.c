@@ -476,7 +476,8 @@ static int i64_cmp(const void *a, const void *b)
 static int make_edits(tsr__staging *st, tsr__edits *e, tsr_error *err)
 {
     memset(e, 0, sizeof *e);
-    qsort(st->ups, st->nups, sizeof *st->ups, up_cmp);
+    if (st->nups > 1)
+        qsort(st->ups, st->nups, sizeof *st->ups, up_cmp);
     e->ups = tsr_try_malloc(st->nups + 1, sizeof *e->ups);
     e->dels = tsr_try_malloc(st->ndels + 1, sizeof *e->dels);
     e->drop = tsr_try_malloc(st->ndrop + 1, sizeof *e->drop);
@@ -488,13 +489,16 @@ static int make_edits(tsr__staging *st, tsr__edits *e, tsr_error *err)
             continue;
         e->ups[e->nups++] = tsr__rec_ref(st->ups[i].rec);
     }
-    qsort(st->dels, st->ndels, sizeof *st->dels, i64_cmp);
+    if (st->ndels > 1)
+        qsort(st->dels, st->ndels, sizeof *st->dels, i64_cmp);
     for (size_t i = 0; i < st->ndels; i++)
         if (e->ndels == 0 || e->dels[e->ndels - 1] != st->dels[i])
             e->dels[e->ndels++] = st->dels[i];
-    memcpy(e->drop, st->drop, st->ndrop * sizeof *e->drop);
+    if (st->ndrop)
+        memcpy(e->drop, st->drop, st->ndrop * sizeof *e->drop);
     e->ndrop = st->ndrop;
-    memcpy(e->own, st->own, st->nown * sizeof *e->own);
+    if (st->nown)
+        memcpy(e->own, st->own, st->nown * sizeof *e->own);
     e->nown = st->nown;
     e->have_own = st->have_own;
     return 0;

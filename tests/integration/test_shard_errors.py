@@ -31,13 +31,14 @@ def expect(code, fn, *args, contains=None):
     raise AssertionError("expected %s" % code)
 
 
-def main():
+def main(bin_dir):
     rng = np.random.default_rng(3)
     d, nlist = 16, 8
     xt = rng.normal(size=(3000, d)).astype("float32")
     ix, tmpl = H.template_bytes(xt, nlist, 4, nbits=4)
     data = H.tmpdir()
-    shard = H.Shard(data)
+    shard = H.Shard(data, bin_dir=bin_dir)
+    print("== %s" % bin_dir)
     try:
         h = hpg.HealthStub(shard.channel).Check(hp.HealthCheckRequest(), timeout=5)
         assert h.status == hp.HealthCheckResponse.SERVING
@@ -141,4 +142,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    for b in H.bins():  # release, then the ASan+UBSan build under `make test`
+        main(b)

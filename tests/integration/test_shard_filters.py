@@ -72,10 +72,11 @@ def as_value(kind, v):
     return float(v)
 
 
-def main():
+def main(bin_dir):
     rng, d, nlist, ix, tmpl = setup()
     data = H.tmpdir()
-    shard = H.Shard(data)
+    shard = H.Shard(data, bin_dir=bin_dir)
+    print("== %s" % bin_dir)
     try:
         ups = []
         # --- worked example, namespace color; all get a shape too for the AND test.
@@ -231,4 +232,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    for b in H.bins():  # release, then the ASan+UBSan build under `make test`
+        main(b)
