@@ -8,7 +8,8 @@ is killed with SIGKILL:
   complete and PREPARED (then Commit after the restart serves it);
 - right after Commit returned -> it serves version 2.
 After every restart: the MANIFEST of every version directory checks (sizes and CRC-32,
-recomputed here independently), no *.tmp directory is left, CURRENT names a complete
+recomputed here independently, plus the MANIFEST's own checksum), no temporary
+directory is left, CURRENT names a complete
 version. Finally a corrupted current version is refused with a clear error and the shard
 falls back to the previous good version.
 """
@@ -27,29 +28,35 @@ sp, _, tp, _, _ = H.stubs()
 
 
 def check_dir(data):
-    """Independent check of the data dir; returns {version: vectors in meta?} dirs."""
+    """Independent check of the data dir (docs/storage.md format); returns the versions."""
     names = sorted(os.listdir(data))
-    assert not [n for n in names if n.endswith(".tmp")], names
+    assert not [n for n in names if n.startswith(".tmp") or n.endswith(".tmp")], names
     vers = []
     for n in names:
         if not (n.startswith("v") and n[1:].isdigit()):
             continue
         vd = os.path.join(data, n)
-        lines = open(os.path.join(vd, "MANIFEST")).read().split("\n")
-        assert lines[0] == "tessera-shard-manifest 1" and lines[1] == "version %d" % int(n[1:])
-        assert "end" in lines, lines
-        files = 0
+        text = open(os.path.join(vd, "MANIFEST"), "rb").read()
+        lines = text.decode().split("\n")
+        assert lines[0] == "tessera-manifest 1" and lines[1] == "version " + n, lines[:2]
+        last = [ln for ln in lines if ln.startswith("checksum crc32 ")]
+        assert len(last) == 1, lines
+        body = text[:text.index(b"checksum crc32 ")]
+        assert zlib.crc32(body) == int(last[0].split()[2], 16), "MANIFEST checksum"
+        files = set()
         for ln in lines[2:]:
             if not ln.startswith("file "):
                 continue
-            _, fname, size, crc = ln.split()
+            _, fname, size, algo, crc = ln.split()
             b = open(os.path.join(vd, fname), "rb").read()
-            assert len(b) == int(size) and zlib.crc32(b) == int(crc, 16), (vd, fname)
-            files += 1
-        assert files == 3
+            assert algo == "crc32" and len(b) == int(size) and zlib.crc32(b) == int(crc, 16), \
+                (vd, fname)
+            files.add(fname)
+        assert files == {"slice.faiss", "meta", "vectors.f32"}, files
+        assert set(os.listdir(vd)) == files | {"MANIFEST"}, os.listdir(vd)
         vers.append(int(n[1:]))
     cur = open(os.path.join(data, "CURRENT")).read()
-    assert cur.endswith("\n") and int(cur[1:]) in vers, (cur, vers)
+    assert cur.endswith("\n") and int(cur.strip()[1:]) in vers, (cur, vers)
     return vers
 
 
@@ -169,7 +176,7 @@ def main():
     assert st.current_version == 1 and st.vectors_count == n1, st
     assert answers(shard) == base
     log = "\n".join(shard.log)
-    assert "version 2 (CURRENT) refused" in log and "crc" in log, log
+    assert "version 2 (CURRENT) refused" in log and "MANIFEST says" in log, log
     print("corrupt current version refused:", [ln for ln in shard.log if "refused" in ln][0])
     shard.stop()
     print("ok")
