@@ -1,0 +1,196 @@
+/*
+ * coord — internals shared by the files of tessera-coordinator (tsr__coord_* names).
+ *
+ *   config.c     the JSON config (jansson), defaults, validation
+ *   state.c      immutable version snapshots: template, partition plan, id directory;
+ *                their on-disk form (common/store) and the plan builders
+ *   update.c     UpdateIndex: background two-phase update, operations, GetOperation
+ *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge)
+ *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
+ *   main.c       command line, server, signals
+ *
+ * DESIGN (threads): queries run on the rpc worker pool (TSR_RPC_LONG) and read one
+ * refcounted, immutable tsr__snap taken with tsr__coord_snap_get (snap_mu is held only to
+ * copy the pointer and bump the count). The update thread (one at a time, `busy` under
+ * op_mu) builds the next snapshot and publishes it with tsr__coord_snap_set after the
+ * commit point. The reconcile thread talks to shards only through RPCs and takes
+ * update_mu (the same lock an update holds while it runs) so it never aborts a version an
+ * update is staging. Lock order: update_mu, then op_mu, then snap_mu.
+ */
+#ifndef TSR_COORD_H
+#define TSR_COORD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "ivfpq.h"
+#include "rpc.h"
+#include "store.h"
+#include "tessera/v1/shard.pb-c.h"
+#include "tessera/v1/tessera.pb-c.h"
+
+#define TSR_COORD_MAX_SHARDS 256
+
+enum tsr__distance { TSR_DIST_SQUARED_L2 = 0, TSR_DIST_DOT_PRODUCT, TSR_DIST_COSINE };
+enum tsr__plan_kind { TSR_PLAN_BALANCED = 0, TSR_PLAN_LOCALITY };
+
+typedef struct tsr__coord_config {
+    int dimensions;
+    enum tsr__distance distance;
+    int nlist, pq_m, pq_nbits, nprobe;
+    size_t nshards;
+    char **shards;          /* owned: "host:port" of each shard (first replica) */
+    char **replicas;        /* owned: comma-joined replica list per shard (informative) */
+    enum tsr__plan_kind plan;
+    int search_deadline_ms, stage_deadline_ms;
+    int max_k, max_queries;
+    uint64_t seed;
+    int stage_chunk;        /* upserts per Stage chunk */
+    int default_k;
+} tsr__coord_config;
+
+/* Parses the config file. Returns 0 or TSR_EINVAL/TSR_EIO with err naming the key. */
+int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *err);
+void tsr__coord_config_close(tsr__coord_config *cfg);
+const char *tsr__distance_name(enum tsr__distance d);
+
+/* ---- directory: string id -> (label, list, shard) ------------------------------------ */
+typedef struct tsr__dir_entry {
+    char *id;        /* owned by the directory */
+    int64_t label;
+    int32_t list;    /* -1 = sparse-only */
+    int32_t shard;
+    uint8_t dense, sparse;
+} tsr__dir_entry;
+
+typedef struct tsr__dir {
+    tsr__dir_entry *e;   /* owned; entries (unordered), deleted ones removed by rebuild */
+    size_t n, cap;
+    uint32_t *slot;      /* open addressing: index+1 into e, 0 = empty */
+    size_t mask;
+} tsr__dir;
+
+void tsr__dir_init(tsr__dir *d);
+void tsr__dir_close(tsr__dir *d);
+/* Entry of id or NULL (borrowed). */
+const tsr__dir_entry *tsr__dir_find(const tsr__dir *d, const char *id);
+/* Adds an entry (id copied); the id must not be present. */
+void tsr__dir_add(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
+                  int dense, int sparse);
+uint64_t tsr__hash_str(const char *s);
+
+/* ---- snapshot ---------------------------------------------------------------------- */
+typedef struct tsr__snap {
+    atomic_int refs;
+    uint64_t version;        /* 0 = no index yet */
+    tsr_ivfpq *tmpl;         /* owned; trained, no vectors; NULL at version 0 */
+    uint8_t *tmpl_bytes;     /* owned; template.faiss bytes */
+    size_t tmpl_len;
+    float *cent_norms;       /* owned; ||c||^2 per list (L2 coarse step) */
+    int32_t *plan;           /* owned; nlist entries: list -> shard */
+    enum tsr__plan_kind plan_kind;
+    tsr__dir dir;
+    int64_t next_label;
+    int64_t ndense, nsparse;
+} tsr__snap;
+
+tsr__snap *tsr__snap_create(void);
+void tsr__snap_unref(tsr__snap *s); /* accepts NULL */
+/* Sets tmpl (takes ownership), its bytes, norms. */
+int tsr__snap_set_template(tsr__snap *s, tsr_ivfpq *tmpl, tsr_error *err);
+/* Writes version s->version into the store (template.faiss, plan, directory, MANIFEST)
+ * and does not touch CURRENT. */
+int tsr__snap_save(const tsr__snap *s, tsr_store *st, tsr_error *err);
+/* Loads a committed version (verified against its MANIFEST). */
+int tsr__snap_load(tsr_store *st, uint64_t version, tsr__snap **out, tsr_error *err);
+/* Plans list -> shard from list sizes (sizes: nlist counts). */
+void tsr__plan_build(enum tsr__plan_kind kind, const tsr_ivfpq *tmpl, const int64_t *sizes,
+                     size_t nshards, uint64_t seed, int32_t *plan);
+
+/* ---- operations ---------------------------------------------------------------------- */
+typedef struct tsr__op {
+    char id[32];
+    int state;                  /* Tessera__V1__Operation__State */
+    int64_t files_total, files_read, records_read;
+    int shards_total, shards_staged, shards_prepared, shards_committed;
+    char *report_json;          /* owned */
+    uint8_t *report_pb;         /* owned; packed tessera.v1.BatchReport */
+    size_t report_len;
+    int64_t version;
+    char *error;                /* owned */
+    int64_t start_ms, end_ms;
+    /* inputs */
+    char *batch_root;
+    int overwrite;
+    int64_t max_invalid;
+} tsr__op;
+
+/* ---- the coordinator --------------------------------------------------------------- */
+typedef struct tsr__coord {
+    tsr__coord_config cfg;
+    tsr_store *store;
+    tsr_rpc_channel **ch;       /* owned; one per shard */
+    const char *template_path;  /* borrowed (argv); used when no version exists */
+
+    pthread_mutex_t snap_mu;
+    tsr__snap *snap;            /* owned ref; swapped by an update */
+
+    pthread_mutex_t update_mu;  /* held by an update while it runs, and by reconcile */
+    pthread_mutex_t op_mu;      /* ops table and busy */
+    tsr__op **ops;
+    size_t nops;
+    int busy;
+    int closing;                /* under op_mu: no new update */
+    uint64_t op_seq;
+    pthread_t upd_thread;
+    int upd_thread_live;
+
+    /* reconcile */
+    pthread_t rec_thread;
+    pthread_mutex_t rec_mu;
+    pthread_cond_t rec_cv;
+    int stopping;
+    int64_t release_at_ms;      /* when to send Release(below = version); 0 = none */
+    uint64_t release_below;
+
+    /* metrics */
+    atomic_llong queries, shards_touched, lists_probed;
+} tsr__coord;
+
+tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unrefs */
+void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference */
+int64_t tsr__now_ms(void);
+
+/* Handlers (rpc.h signature) */
+int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+
+/* The query path, reusable by other front ends (Vertex MatchService): answers rq (borrowed)
+ * within remaining_ms. On success *out is a new response (caller frees with
+ * tsr__coord_response_free). On failure returns a negative TSR code with *grpc_code and
+ * msg (cap bytes) set. */
+int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
+                              int64_t remaining_ms, Tessera__V1__FindNeighborsResponse **out,
+                              int *grpc_code, char *msg, size_t cap);
+void tsr__coord_response_free(Tessera__V1__FindNeighborsResponse *r);
+
+/* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed). */
+void tsr__coord_crash_point(const char *step);
+
+/* Reconcile */
+int tsr__coord_reconcile_start(tsr__coord *c);
+void tsr__coord_reconcile_stop(tsr__coord *c);
+/* One pass: bring every shard to the coordinator's version. Returns shards still off. */
+int tsr__coord_reconcile_once(tsr__coord *c);
+void tsr__coord_schedule_release(tsr__coord *c, uint64_t below);
+void tsr__coord_ops_close(tsr__coord *c);
+
+#define TSR_SHARD_SVC "/tessera.v1.Shard/"
+
+#endif

@@ -1,0 +1,812 @@
+/*
+ * query — the read side of tessera.v1.VectorSearch on the coordinator: FindNeighbors
+ * (validate, normalize for COSINE, coarse step with tsr_knn on all centroids, nprobe
+ * nearest lists per query, group by shard through the plan, one Shard.Search per shard in
+ * parallel with a deadline, merge with the greedy crowding pass, sparse merge, RRF),
+ * ReadIndexDatapoints (directory → Shard.Read), GetIndexStats (Shard.Stats fan-out).
+ *
+ * Every query of a request is planned on one snapshot, and every ShardQuery names its
+ * version, so the whole answer comes from that version (response.version).
+ *
+ * DESIGN (threads): runs on the rpc worker pool (TSR_RPC_LONG); reads only the immutable
+ * snapshot it took a reference on; no lock is held across an RPC.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "knn.h"
+#include "log.h"
+#include "mem.h"
+#include "topk.h"
+
+#define SHARD_MAX_CANDIDATES 10000
+
+/* ---------------------------------------------------------------- arena */
+
+typedef struct arena {
+    void **p;
+    size_t n, cap;
+} arena;
+
+static void *ar(arena *a, size_t n, size_t size)
+{
+    if (a->n == a->cap)
+        a->p = tsr_xrealloc(a->p, (a->cap = a->cap ? a->cap * 2 : 64) * sizeof *a->p);
+    void *x = tsr_xcalloc(n ? n : 1, size ? size : 1);
+    a->p[a->n++] = x;
+    return x;
+}
+
+static void ar_free(arena *a)
+{
+    for (size_t i = 0; i < a->n; i++)
+        free(a->p[i]);
+    free(a->p);
+    memset(a, 0, sizeof *a);
+}
+
+/* The response plus everything it borrows. resp must stay the first member. */
+typedef struct fn_out {
+    Tessera__V1__FindNeighborsResponse resp;
+    arena a;
+    ProtobufCMessage **shard_resp;
+    size_t nshards;
+} fn_out;
+
+void tsr__coord_response_free(Tessera__V1__FindNeighborsResponse *r)
+{
+    if (!r)
+        return;
+    fn_out *o = (fn_out *)r;
+    for (size_t s = 0; s < o->nshards; s++)
+        if (o->shard_resp[s])
+            protobuf_c_message_free_unpacked(o->shard_resp[s], NULL);
+    free(o->shard_resp);
+    ar_free(&o->a);
+    free(o);
+}
+
+/* ---------------------------------------------------------------- tag interning */
+
+typedef struct tagmap {
+    const char **key;
+    uint32_t *val;
+    size_t mask;
+    uint32_t n;
+} tagmap;
+
+static void tagmap_init(tagmap *m, size_t expect, arena *a)
+{
+    size_t ns = 16;
+    while (ns < expect * 2)
+        ns *= 2;
+    m->key = ar(a, ns, sizeof *m->key);
+    m->val = ar(a, ns, sizeof *m->val);
+    m->mask = ns - 1;
+    m->n = 0;
+}
+
+static uint32_t tag_id(tagmap *m, const char *s)
+{
+    if (!s || !s[0])
+        return TSR_TOPK_NOTAG;
+    size_t h = tsr__hash_str(s) & m->mask;
+    while (m->key[h]) {
+        if (strcmp(m->key[h], s) == 0)
+            return m->val[h];
+        h = (h + 1) & m->mask;
+    }
+    m->key[h] = s;
+    m->val[h] = m->n++;
+    return m->val[h];
+}
+
+/* ---------------------------------------------------------------- candidates lookup */
+
+typedef struct cand {
+    int64_t label;
+    uint32_t shard, idx;
+    int sparse;
+} cand;
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->label != y->label)
+        return x->label < y->label ? -1 : 1;
+    return x->sparse - y->sparse;
+}
+
+static const cand *find_cand(const cand *cs, size_t n, int64_t label, int sparse)
+{
+    cand key = {label, 0, 0, sparse};
+    return bsearch(&key, cs, n, sizeof *cs, cmp_cand);
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static int bad(int *code, char *msg, size_t cap, int c, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int bad(int *code, char *msg, size_t cap, int c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, cap, fmt, ap);
+    va_end(ap);
+    *code = c;
+    return tsr_rpc_error_from_status(c);
+}
+
+static int check_query(const tsr__coord *c, const Tessera__V1__FindNeighborsRequest__Query *q,
+                       size_t i, int *code, char *msg, size_t cap)
+{
+    const tsr__coord_config *cfg = &c->cfg;
+    const Tessera__V1__IndexDatapoint *dp = q->datapoint;
+    int IA = TSR_RPC_INVALID_ARGUMENT;
+    if (!dp)
+        return bad(code, msg, cap, IA, "queries[%zu]: datapoint is missing", i);
+    size_t nsp = dp->sparse_embedding ? dp->sparse_embedding->n_values : 0;
+    if (dp->sparse_embedding &&
+        dp->sparse_embedding->n_values != dp->sparse_embedding->n_dimensions)
+        return bad(code, msg, cap, IA, "queries[%zu]: sparse_embedding has %zu values and %zu "
+                   "dimensions", i, dp->sparse_embedding->n_values,
+                   dp->sparse_embedding->n_dimensions);
+    if (dp->n_feature_vector == 0 && nsp == 0)
+        return bad(code, msg, cap, IA, "queries[%zu]: empty query: no feature_vector and no "
+                   "sparse_embedding", i);
+    if (dp->n_feature_vector && dp->n_feature_vector != (size_t)cfg->dimensions)
+        return bad(code, msg, cap, IA, "queries[%zu]: feature_vector has %zu values, the index "
+                   "has dimensions %d", i, dp->n_feature_vector, cfg->dimensions);
+    for (size_t j = 0; j < dp->n_feature_vector; j++)
+        if (!isfinite(dp->feature_vector[j]))
+            return bad(code, msg, cap, IA, "queries[%zu]: feature_vector[%zu] is not finite", i, j);
+    for (size_t j = 0; j < nsp; j++)
+        if (!isfinite(dp->sparse_embedding->values[j]))
+            return bad(code, msg, cap, IA, "queries[%zu]: sparse_embedding.values[%zu] is not "
+                       "finite", i, j);
+    if (q->neighbor_count < 0 || q->neighbor_count > cfg->max_k)
+        return bad(code, msg, cap, IA, "queries[%zu]: neighbor_count = %d, expected 1..%d (0 = "
+                   "default %d)", i, q->neighbor_count, cfg->max_k, cfg->default_k);
+    if (q->per_crowding_attribute_neighbor_count < 0)
+        return bad(code, msg, cap, IA, "queries[%zu]: per_crowding_attribute_neighbor_count = %d "
+                   "is negative", i, q->per_crowding_attribute_neighbor_count);
+    if (q->approximate_neighbor_count < 0 || q->approximate_neighbor_count > SHARD_MAX_CANDIDATES)
+        return bad(code, msg, cap, IA, "queries[%zu]: approximate_neighbor_count = %d, expected "
+                   "0..%d", i, q->approximate_neighbor_count, SHARD_MAX_CANDIDATES);
+    double f = q->fraction_leaf_nodes_to_search_override;
+    if (!(f >= 0.0 && f <= 1.0))
+        return bad(code, msg, cap, IA, "queries[%zu]: fraction_leaf_nodes_to_search_override = "
+                   "%g, expected (0, 1] (0 = the index default)", i, f);
+    if (q->ranking_case == TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF) {
+        double a = q->rrf ? q->rrf->alpha : 1.0;
+        if (!(a >= 0.0 && a <= 1.0))
+            return bad(code, msg, cap, IA, "queries[%zu]: rrf.alpha = %g, expected 0..1", i, a);
+    }
+    for (size_t j = 0; j < dp->n_restricts; j++)
+        if (!dp->restricts[j]->namespace_ || !dp->restricts[j]->namespace_[0])
+            return bad(code, msg, cap, IA, "queries[%zu]: restricts[%zu].namespace is empty", i, j);
+    for (size_t j = 0; j < dp->n_numeric_restricts; j++) {
+        const Tessera__V1__NumericRestriction *n = dp->numeric_restricts[j];
+        if (!n->namespace_ || !n->namespace_[0])
+            return bad(code, msg, cap, IA, "queries[%zu]: numeric_restricts[%zu].namespace is "
+                       "empty", i, j);
+        if (n->value_case == TESSERA__V1__NUMERIC_RESTRICTION__VALUE__NOT_SET)
+            return bad(code, msg, cap, IA, "queries[%zu]: numeric_restricts[%zu] (%s) has no "
+                       "value_int/value_float/value_double", i, j, n->namespace_);
+        if (n->op == TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__OPERATOR_UNSPECIFIED)
+            return bad(code, msg, cap, IA, "queries[%zu]: numeric_restricts[%zu] (%s): op is "
+                       "unset (LESS, LESS_EQUAL, EQUAL, GREATER_EQUAL, GREATER, NOT_EQUAL)", i, j,
+                       n->namespace_);
+        if ((int)n->op < 1 || (int)n->op > 6)
+            return bad(code, msg, cap, IA, "queries[%zu]: numeric_restricts[%zu]: unknown op %d",
+                       i, j, (int)n->op);
+    }
+    return 0;
+}
+
+/* Restricts of one query with repeated namespaces merged (the shard wants one entry per
+ * namespace). Strings are borrowed from the request. */
+static void merge_restricts(const Tessera__V1__IndexDatapoint *dp, arena *a,
+                            Tessera__V1__Restriction ***out, size_t *nout)
+{
+    size_t n = dp->n_restricts, m = 0;
+    *out = NULL;
+    *nout = 0;
+    if (!n)
+        return;
+    Tessera__V1__Restriction **r = ar(a, n, sizeof *r);
+    for (size_t i = 0; i < n; i++) {
+        const Tessera__V1__Restriction *x = dp->restricts[i];
+        size_t j = 0;
+        while (j < m && strcmp(r[j]->namespace_, x->namespace_) != 0)
+            j++;
+        if (j == m) {
+            /* count the totals of this namespace */
+            size_t na = 0, nd = 0;
+            for (size_t k = i; k < n; k++)
+                if (strcmp(dp->restricts[k]->namespace_, x->namespace_) == 0) {
+                    na += dp->restricts[k]->n_allow_list;
+                    nd += dp->restricts[k]->n_deny_list;
+                }
+            r[m] = ar(a, 1, sizeof **r);
+            tessera__v1__restriction__init(r[m]);
+            r[m]->namespace_ = x->namespace_;
+            r[m]->allow_list = ar(a, na, sizeof(char *));
+            r[m]->deny_list = ar(a, nd, sizeof(char *));
+            m++;
+        }
+        for (size_t k = 0; k < x->n_allow_list; k++)
+            r[j]->allow_list[r[j]->n_allow_list++] = x->allow_list[k];
+        for (size_t k = 0; k < x->n_deny_list; k++)
+            r[j]->deny_list[r[j]->n_deny_list++] = x->deny_list[k];
+    }
+    *out = r;
+    *nout = m;
+}
+
+/* ---------------------------------------------------------------- FindNeighbors */
+
+typedef struct qplan {
+    size_t k, c, cand;
+    int has_dense, has_sparse, rrf;
+    double alpha;
+    size_t nprobe;
+    const float *x;            /* normalized vector (row of X) or NULL */
+    Tessera__V1__Restriction **rs;
+    size_t nrs;
+} qplan;
+
+int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
+                              int64_t remaining_ms, Tessera__V1__FindNeighborsResponse **outp,
+                              int *code, char *msg, size_t cap)
+{
+    const tsr__coord_config *cfg = &c->cfg;
+    size_t S = cfg->nshards, d = (size_t)cfg->dimensions;
+    size_t nq = rq->n_queries;
+    *outp = NULL;
+    int IA = TSR_RPC_INVALID_ARGUMENT;
+    if (nq == 0)
+        return bad(code, msg, cap, IA, "queries is empty");
+    if (nq > (size_t)cfg->max_queries)
+        return bad(code, msg, cap, IA, "%zu queries in one request, at most "
+                   "max_queries_per_request = %d", nq, cfg->max_queries);
+    for (size_t i = 0; i < nq; i++) {
+        int rc = check_query(c, rq->queries[i], i, code, msg, cap);
+        if (rc)
+            return rc;
+    }
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    if (sn->version == 0) {
+        tsr__snap_unref(sn);
+        return bad(code, msg, cap, TSR_RPC_FAILED_PRECONDITION, "the index is empty: no version "
+                   "yet (apply a batch with UpdateIndex first)");
+    }
+    fn_out *o = tsr_xcalloc(1, sizeof *o);
+    tessera__v1__find_neighbors_response__init(&o->resp);
+    arena *a = &o->a;
+    o->nshards = S;
+    o->shard_resp = tsr_xcalloc(S, sizeof *o->shard_resp);
+    int larger = cfg->distance != TSR_DIST_SQUARED_L2;
+    size_t nlist = sn->tmpl->nlist;
+    int rc = 0;
+
+    /* plans and the coarse step for the dense queries */
+    qplan *qp = ar(a, nq, sizeof *qp);
+    size_t ndq = 0, maxp = 0;
+    for (size_t i = 0; i < nq; i++) {
+        const Tessera__V1__FindNeighborsRequest__Query *q = rq->queries[i];
+        const Tessera__V1__IndexDatapoint *dp = q->datapoint;
+        qplan *p = &qp[i];
+        p->k = q->neighbor_count ? (size_t)q->neighbor_count : (size_t)cfg->default_k;
+        p->c = (size_t)q->per_crowding_attribute_neighbor_count;
+        p->cand = (size_t)q->approximate_neighbor_count;
+        p->has_dense = dp->n_feature_vector > 0;
+        p->has_sparse = dp->sparse_embedding && dp->sparse_embedding->n_values > 0;
+        p->rrf = q->ranking_case == TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF;
+        p->alpha = p->rrf && q->rrf ? q->rrf->alpha : 1.0;
+        double f = q->fraction_leaf_nodes_to_search_override;
+        p->nprobe = f > 0 ? (size_t)ceil(f * (double)nlist - 1e-9) : (size_t)cfg->nprobe;
+        if (p->nprobe < 1)
+            p->nprobe = 1;
+        if (p->nprobe > nlist)
+            p->nprobe = nlist;
+        merge_restricts(dp, a, &p->rs, &p->nrs);
+        if (p->has_dense) {
+            ndq++;
+            if (p->nprobe > maxp)
+                maxp = p->nprobe;
+        }
+    }
+    float *X = NULL, *CD = NULL;
+    int64_t *CI = NULL;
+    if (ndq) {
+        X = ar(a, ndq * d, sizeof *X);
+        CD = ar(a, ndq * maxp, sizeof *CD);
+        CI = ar(a, ndq * maxp, sizeof *CI);
+        size_t j = 0;
+        for (size_t i = 0; i < nq; i++) {
+            if (!qp[i].has_dense)
+                continue;
+            float *row = X + j * d;
+            memcpy(row, rq->queries[i]->datapoint->feature_vector, d * sizeof(float));
+            if (cfg->distance == TSR_DIST_COSINE) {
+                double s = 0;
+                for (size_t t = 0; t < d; t++)
+                    s += (double)row[t] * row[t];
+                if (s > 0)
+                    for (size_t t = 0; t < d; t++)
+                        row[t] = (float)(row[t] / sqrt(s));
+            }
+            qp[i].x = row;
+            j++;
+        }
+        tsr_error e = TSR_ERROR_INIT;
+        if (tsr_knn(X, ndq, sn->tmpl->centroids, nlist, d, sn->tmpl->metric, maxp,
+                    sn->tmpl->metric == TSR_METRIC_L2 ? sn->cent_norms : NULL, CD, CI, &e)) {
+            rc = bad(code, msg, cap, TSR_RPC_INTERNAL, "coarse step: %s", e.msg);
+            goto fail;
+        }
+    }
+
+    /* per-shard requests */
+    Tessera__V1__ShardSearchRequest *sreq = ar(a, S, sizeof *sreq);
+    size_t **qmap = ar(a, S, sizeof *qmap);      /* shard query j -> request query i */
+    size_t *slot = ar(a, nq * S, sizeof *slot);  /* (i, s) -> j + 1, 0 = not sent */
+    long long touched = 0, probed = 0;
+    for (size_t s = 0; s < S; s++) {
+        tessera__v1__shard_search_request__init(&sreq[s]);
+        sreq[s].queries = ar(a, nq, sizeof *sreq[s].queries);
+        qmap[s] = ar(a, nq, sizeof **qmap);
+    }
+    size_t dj = 0;
+    for (size_t i = 0; i < nq; i++) {
+        qplan *p = &qp[i];
+        const Tessera__V1__IndexDatapoint *dp = rq->queries[i]->datapoint;
+        const float *cd = p->has_dense ? CD + dj * maxp : NULL;
+        const int64_t *ci = p->has_dense ? CI + dj * maxp : NULL;
+        if (p->has_dense)
+            dj++;
+        for (size_t s = 0; s < S; s++) {
+            size_t nl = 0;
+            int32_t *lists = NULL;
+            float *cds = NULL;
+            if (p->has_dense) {
+                for (size_t t = 0; t < p->nprobe; t++)
+                    nl += ci[t] >= 0 && sn->plan[ci[t]] == (int32_t)s;
+                if (nl) {
+                    lists = ar(a, nl, sizeof *lists);
+                    cds = ar(a, nl, sizeof *cds);
+                    size_t u = 0;
+                    for (size_t t = 0; t < p->nprobe; t++)
+                        if (ci[t] >= 0 && sn->plan[ci[t]] == (int32_t)s) {
+                            lists[u] = (int32_t)ci[t];
+                            cds[u++] = cd[t];
+                        }
+                    touched++;
+                    probed += (long long)nl;
+                }
+            }
+            if (!nl && !p->has_sparse)
+                continue;
+            Tessera__V1__ShardQuery *sq = ar(a, 1, sizeof *sq);
+            tessera__v1__shard_query__init(sq);
+            sq->version = (int64_t)sn->version;
+            if (nl) {
+                sq->vector = (float *)p->x;
+                sq->n_vector = d;
+                sq->lists = lists;
+                sq->n_lists = nl;
+                sq->coarse_distances = cds;
+                sq->n_coarse_distances = nl;
+            }
+            sq->k = (int32_t)p->k;
+            sq->candidates = (int32_t)p->cand;
+            sq->restricts = p->rs;
+            sq->n_restricts = p->nrs;
+            sq->numeric_restricts = dp->numeric_restricts;
+            sq->n_numeric_restricts = dp->n_numeric_restricts;
+            sq->crowding_limit = (int32_t)p->c;
+            if (p->has_sparse) {
+                sq->sparse = dp->sparse_embedding;
+                sq->sparse_k = (int32_t)p->k;
+            }
+            sq->return_ids = 1;
+            sq->return_datapoints = rq->return_full_datapoint;
+            size_t j = sreq[s].n_queries++;
+            sreq[s].queries[j] = sq;
+            qmap[s][j] = i;
+            slot[i * S + s] = j + 1;
+        }
+    }
+    atomic_fetch_add(&c->queries, (long long)nq);
+    atomic_fetch_add(&c->shards_touched, touched);
+    atomic_fetch_add(&c->lists_probed, probed);
+
+    /* fan-out */
+    int64_t tmo = cfg->search_deadline_ms;
+    if (remaining_ms < tmo)
+        tmo = remaining_ms;
+    if (tmo < 1)
+        tmo = 1;
+    tsr_rpc_fanout_call *calls = ar(a, S, sizeof *calls);
+    uint8_t **bufs = ar(a, S, sizeof *bufs);
+    size_t ncalls = 0;
+    for (size_t s = 0; s < S; s++) {
+        if (!sreq[s].n_queries)
+            continue;
+        size_t len = 0;
+        bufs[s] = tsr_rpc_pack(&sreq[s].base, &len);
+        calls[ncalls].ch = c->ch[s];
+        calls[ncalls].method = TSR_SHARD_SVC "Search";
+        calls[ncalls].req = bufs[s];
+        calls[ncalls].req_len = len;
+        calls[ncalls].timeout_ms = tmo;
+        calls[ncalls].user = (void *)(uintptr_t)s;
+        tsr_rpc_result_init(&calls[ncalls].result);
+        ncalls++;
+    }
+    tsr_rpc_fanout(calls, ncalls);
+    int *failed = ar(a, S, sizeof *failed);
+    char **missing = ar(a, S, sizeof *missing);
+    size_t nmissing = 0;
+    for (size_t k = 0; k < ncalls; k++) {
+        size_t s = (size_t)(uintptr_t)calls[k].user;
+        tsr_rpc_result *r = &calls[k].result;
+        free(bufs[s]);
+        if (r->code == TSR_RPC_OK) {
+            o->shard_resp[s] = protobuf_c_message_unpack(&tessera__v1__shard_search_response__descriptor,
+                                                         NULL, r->len, r->data);
+            Tessera__V1__ShardSearchResponse *sr =
+                (Tessera__V1__ShardSearchResponse *)o->shard_resp[s];
+            if (!sr || sr->n_results != sreq[s].n_queries) {
+                r->code = TSR_RPC_INTERNAL;
+                free(r->message);
+                r->message = tsr_xstrdup("malformed Search response");
+            }
+        }
+        if (r->code != TSR_RPC_OK) {
+            failed[s] = 1;
+            int need = 0;
+            for (size_t j = 0; j < sreq[s].n_queries; j++)
+                need |= !rq->queries[qmap[s][j]]->allow_partial;
+            if (need && !rc) {
+                int st = r->code == TSR_RPC_INVALID_ARGUMENT ? TSR_RPC_INTERNAL : TSR_RPC_UNAVAILABLE;
+                rc = bad(code, msg, cap, st, "shard %zu (%s) failed: %s: %s", s, cfg->shards[s],
+                         tsr_rpc_code_name(r->code), r->message ? r->message : "");
+            }
+            missing[nmissing++] = cfg->shards[s];
+        }
+        tsr_rpc_result_close(r);
+    }
+    if (rc)
+        goto fail;
+
+    /* merge */
+    o->resp.nearest_neighbors = ar(a, nq, sizeof *o->resp.nearest_neighbors);
+    o->resp.n_nearest_neighbors = nq;
+    o->resp.missing_shards = missing;
+    o->resp.n_missing_shards = nmissing;
+    o->resp.version = (int64_t)sn->version;
+    for (size_t i = 0; i < nq; i++) {
+        qplan *p = &qp[i];
+        Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn = ar(a, 1, sizeof *nn);
+        tessera__v1__find_neighbors_response__nearest_neighbors__init(nn);
+        nn->id = rq->queries[i]->datapoint->datapoint_id;
+        o->resp.nearest_neighbors[i] = nn;
+        const tsr_hit **dl = ar(a, S, sizeof *dl), **sl = ar(a, S, sizeof *sl);
+        size_t *dn = ar(a, S, sizeof *dn), *sn_ = ar(a, S, sizeof *sn_);
+        size_t ndl = 0, nsl = 0, total = 0;
+        for (size_t s = 0; s < S; s++) {
+            if (!slot[i * S + s] || failed[s])
+                continue;
+            Tessera__V1__ShardQueryResult *res =
+                ((Tessera__V1__ShardSearchResponse *)o->shard_resp[s])->results[slot[i * S + s] - 1];
+            total += res->n_labels + res->n_sparse_labels;
+        }
+        tagmap tm;
+        tagmap_init(&tm, total + 1, a);
+        cand *cs = ar(a, total + 1, sizeof *cs);
+        size_t ncs = 0;
+        for (size_t s = 0; s < S; s++) {
+            if (!slot[i * S + s] || failed[s])
+                continue;
+            Tessera__V1__ShardQueryResult *res =
+                ((Tessera__V1__ShardSearchResponse *)o->shard_resp[s])->results[slot[i * S + s] - 1];
+            size_t n = res->n_labels;
+            if (n && res->n_distances == n && res->n_ids == n) {
+                tsr_hit *h = ar(a, n, sizeof *h);
+                for (size_t t = 0; t < n; t++) {
+                    h[t].dist = res->distances[t];
+                    h[t].label = res->labels[t];
+                    h[t].tag = tag_id(&tm, t < res->n_crowding_tags ? res->crowding_tags[t] : "");
+                    cs[ncs++] = (cand){res->labels[t], (uint32_t)s, (uint32_t)t, 0};
+                }
+                dl[ndl] = h;
+                dn[ndl++] = n;
+            }
+            n = res->n_sparse_labels;
+            if (n && res->n_sparse_scores == n && res->n_sparse_ids == n) {
+                tsr_hit *h = ar(a, n, sizeof *h);
+                for (size_t t = 0; t < n; t++) {
+                    h[t].dist = res->sparse_scores[t];
+                    h[t].label = res->sparse_labels[t];
+                    h[t].tag = tag_id(&tm, t < res->n_sparse_crowding_tags
+                                               ? res->sparse_crowding_tags[t] : "");
+                    cs[ncs++] = (cand){res->sparse_labels[t], (uint32_t)s, (uint32_t)t, 1};
+                }
+                sl[nsl] = h;
+                sn_[nsl++] = n;
+            }
+        }
+        qsort(cs, ncs, sizeof *cs, cmp_cand);
+        tsr_hit *dh = ar(a, p->k, sizeof *dh), *sh = ar(a, p->k, sizeof *sh);
+        size_t nd = 0, ns = 0;
+        if (tsr_topk_merge(dl, dn, ndl, larger, p->k, p->c, dh, &nd) ||
+            tsr_topk_merge(sl, sn_, nsl, 1, p->k, p->c, sh, &ns)) {
+            rc = bad(code, msg, cap, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory in the merge");
+            goto fail;
+        }
+        tsr_rrf_hit *fh = ar(a, p->k, sizeof *fh);
+        size_t nf = 0;
+        if (p->has_dense && p->has_sparse && p->rrf) {
+            if (tsr_rrf_fuse(dh, nd, sh, ns, p->alpha, TSR_RRF_K0, p->k, p->c, fh, &nf)) {
+                rc = bad(code, msg, cap, TSR_RPC_INTERNAL, "rrf fusion failed");
+                goto fail;
+            }
+        } else if (p->has_dense) {
+            for (size_t t = 0; t < nd; t++) {
+                fh[nf].label = dh[t].label;
+                fh[nf].in_dense = 1;
+                fh[nf].dist = dh[t].dist;
+                nf++;
+            }
+        } else {
+            for (size_t t = 0; t < ns; t++) {
+                fh[nf].label = sh[t].label;
+                fh[nf].in_sparse = 1;
+                fh[nf].sparse_dist = sh[t].dist;
+                nf++;
+            }
+        }
+        nn->neighbors = ar(a, nf, sizeof *nn->neighbors);
+        nn->n_neighbors = nf;
+        for (size_t t = 0; t < nf; t++) {
+            Tessera__V1__FindNeighborsResponse__Neighbor *nb = ar(a, 1, sizeof *nb);
+            tessera__v1__find_neighbors_response__neighbor__init(nb);
+            const cand *cd = find_cand(cs, ncs, fh[t].label, fh[t].in_dense ? 0 : 1);
+            const cand *cs2 = find_cand(cs, ncs, fh[t].label, 1);
+            nb->distance = fh[t].in_dense ? fh[t].dist : 0.0;
+            if (cs2) {
+                Tessera__V1__ShardQueryResult *res2 =
+                    ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cs2->shard])
+                        ->results[slot[i * S + cs2->shard] - 1];
+                nb->sparse_distance = res2->sparse_scores[cs2->idx];
+            }
+            if (cd) {
+                Tessera__V1__ShardQueryResult *res =
+                    ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cd->shard])
+                        ->results[slot[i * S + cd->shard] - 1];
+                Tessera__V1__IndexDatapoint *full = NULL;
+                if (rq->return_full_datapoint)
+                    full = cd->sparse ? (cd->idx < res->n_sparse_datapoints
+                                             ? res->sparse_datapoints[cd->idx] : NULL)
+                                      : (cd->idx < res->n_datapoints ? res->datapoints[cd->idx]
+                                                                     : NULL);
+                if (full) {
+                    nb->datapoint = full;
+                } else {
+                    Tessera__V1__IndexDatapoint *dp = ar(a, 1, sizeof *dp);
+                    tessera__v1__index_datapoint__init(dp);
+                    dp->datapoint_id = cd->sparse ? res->sparse_ids[cd->idx] : res->ids[cd->idx];
+                    const char *tag = cd->sparse
+                        ? (cd->idx < res->n_sparse_crowding_tags ? res->sparse_crowding_tags[cd->idx] : "")
+                        : (cd->idx < res->n_crowding_tags ? res->crowding_tags[cd->idx] : "");
+                    if (tag && tag[0]) {
+                        Tessera__V1__CrowdingTag *ct = ar(a, 1, sizeof *ct);
+                        tessera__v1__crowding_tag__init(ct);
+                        ct->crowding_attribute = (char *)tag;
+                        dp->crowding_tag = ct;
+                    }
+                    nb->datapoint = dp;
+                }
+            }
+            nn->neighbors[t] = nb;
+        }
+    }
+    tsr__snap_unref(sn);
+    *outp = &o->resp;
+    return 0;
+fail:
+    tsr__snap_unref(sn);
+    tsr__coord_response_free(&o->resp);
+    return rc ? rc : TSR_EINTERNAL;
+}
+
+int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    Tessera__V1__FindNeighborsRequest *rq =
+        tessera__v1__find_neighbors_request__unpack(NULL, len, req);
+    if (!rq)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "FindNeighborsRequest: malformed "
+                                   "protobuf");
+    Tessera__V1__FindNeighborsResponse *out = NULL;
+    int code = 0;
+    char msg[1024] = "";
+    int rc = tsr__coord_find_neighbors(c, rq, tsr_rpc_reply_remaining_ms(r), &out, &code, msg,
+                                       sizeof msg);
+    if (rc == 0)
+        rc = tsr_rpc_reply_pack(r, &out->base);
+    else
+        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+    tsr__coord_response_free(out);
+    tessera__v1__find_neighbors_request__free_unpacked(rq, NULL);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- ReadIndexDatapoints */
+
+int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    size_t S = c->cfg.nshards;
+    Tessera__V1__ReadIndexDatapointsRequest *rq =
+        tessera__v1__read_index_datapoints_request__unpack(NULL, len, req);
+    if (!rq)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
+                                   "malformed protobuf");
+    int rc = 0;
+    if (rq->n_ids > 10000) {
+        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "%zu ids, at most 10000 per call",
+                                 rq->n_ids);
+        tessera__v1__read_index_datapoints_request__free_unpacked(rq, NULL);
+        return rc;
+    }
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    arena a = {0};
+    Tessera__V1__ShardReadRequest *sr = ar(&a, S, sizeof *sr);
+    int32_t *where = ar(&a, rq->n_ids, sizeof *where); /* shard per id, -1 = unknown */
+    size_t *pos = ar(&a, rq->n_ids, sizeof *pos);
+    for (size_t s = 0; s < S; s++) {
+        tessera__v1__shard_read_request__init(&sr[s]);
+        sr[s].version = (int64_t)sn->version;
+        sr[s].labels = ar(&a, rq->n_ids, sizeof(int64_t));
+    }
+    for (size_t i = 0; i < rq->n_ids; i++) {
+        const tsr__dir_entry *e = tsr__dir_find(&sn->dir, rq->ids[i]);
+        where[i] = e && (size_t)e->shard < S ? e->shard : -1;
+        if (where[i] >= 0) {
+            pos[i] = sr[e->shard].n_labels;
+            sr[e->shard].labels[sr[e->shard].n_labels++] = e->label;
+        }
+    }
+    tsr_rpc_fanout_call *calls = ar(&a, S, sizeof *calls);
+    uint8_t **bufs = ar(&a, S, sizeof *bufs);
+    Tessera__V1__ShardReadResponse **resp = ar(&a, S, sizeof *resp);
+    size_t n = 0;
+    int64_t tmo = c->cfg.search_deadline_ms;
+    if (tsr_rpc_reply_remaining_ms(r) < tmo)
+        tmo = tsr_rpc_reply_remaining_ms(r);
+    for (size_t s = 0; s < S; s++) {
+        if (!sr[s].n_labels)
+            continue;
+        size_t l = 0;
+        bufs[s] = tsr_rpc_pack(&sr[s].base, &l);
+        calls[n] = (tsr_rpc_fanout_call){c->ch[s], TSR_SHARD_SVC "Read", bufs[s], l, tmo,
+                                         {0}, (void *)(uintptr_t)s};
+        tsr_rpc_result_init(&calls[n].result);
+        n++;
+    }
+    tsr_rpc_fanout(calls, n);
+    for (size_t k = 0; k < n; k++) {
+        size_t s = (size_t)(uintptr_t)calls[k].user;
+        tsr_rpc_result *res = &calls[k].result;
+        free(bufs[s]);
+        if (res->code == TSR_RPC_OK) {
+            resp[s] = tessera__v1__shard_read_response__unpack(NULL, res->len, res->data);
+            if (!resp[s] || resp[s]->n_datapoints != sr[s].n_labels) {
+                res->code = TSR_RPC_INTERNAL;
+                free(res->message);
+                res->message = tsr_xstrdup("malformed Read response");
+            }
+        }
+        if (res->code != TSR_RPC_OK && !rc)
+            rc = tsr_rpc_reply_error(r, TSR_RPC_UNAVAILABLE, "shard %zu (%s) failed: %s: %s", s,
+                                     c->cfg.shards[s], tsr_rpc_code_name(res->code),
+                                     res->message ? res->message : "");
+        tsr_rpc_result_close(res);
+    }
+    if (!rc) {
+        Tessera__V1__ReadIndexDatapointsResponse out =
+            TESSERA__V1__READ_INDEX_DATAPOINTS_RESPONSE__INIT;
+        out.datapoints = ar(&a, rq->n_ids, sizeof *out.datapoints);
+        for (size_t i = 0; i < rq->n_ids; i++) {
+            if (where[i] < 0)
+                continue;
+            Tessera__V1__ShardDatapoint *sd = resp[where[i]]->datapoints[pos[i]];
+            if (sd->found && sd->datapoint)
+                out.datapoints[out.n_datapoints++] = sd->datapoint;
+        }
+        rc = tsr_rpc_reply_pack(r, &out.base);
+    }
+    for (size_t s = 0; s < S; s++)
+        if (resp[s])
+            tessera__v1__shard_read_response__free_unpacked(resp[s], NULL);
+    ar_free(&a);
+    tsr__snap_unref(sn);
+    tessera__v1__read_index_datapoints_request__free_unpacked(rq, NULL);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- GetIndexStats */
+
+int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    size_t S = c->cfg.nshards;
+    (void)req;
+    (void)len;
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    arena a = {0};
+    tsr_rpc_fanout_call *calls = ar(&a, S, sizeof *calls);
+    int64_t tmo = c->cfg.search_deadline_ms;
+    if (tsr_rpc_reply_remaining_ms(r) < tmo)
+        tmo = tsr_rpc_reply_remaining_ms(r);
+    for (size_t s = 0; s < S; s++) {
+        calls[s] = (tsr_rpc_fanout_call){c->ch[s], TSR_SHARD_SVC "Stats", NULL, 0, tmo, {0},
+                                         NULL};
+        tsr_rpc_result_init(&calls[s].result);
+    }
+    tsr_rpc_fanout(calls, S);
+    Tessera__V1__GetIndexStatsResponse out = TESSERA__V1__GET_INDEX_STATS_RESPONSE__INIT;
+    Tessera__V1__ShardIndexStats *st = ar(&a, S, sizeof *st);
+    out.shards = ar(&a, S, sizeof *out.shards);
+    out.n_shards = S;
+    out.shards_count = (int32_t)S;
+    out.version = (int64_t)sn->version;
+    out.dimensions = c->cfg.dimensions;
+    out.distance = (char *)tsr__distance_name(c->cfg.distance);
+    out.nlist = sn->tmpl ? (int32_t)sn->tmpl->nlist : c->cfg.nlist;
+    out.vectors_count = sn->ndense;
+    out.sparse_vectors_count = sn->nsparse;
+    long long q = atomic_load(&c->queries);
+    out.queries_served = q;
+    out.mean_shards_touched = q ? (double)atomic_load(&c->shards_touched) / (double)q : 0.0;
+    out.plan = (char *)(sn->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
+    if (sn->plan && sn->version) {
+        int64_t *load = ar(&a, S, sizeof *load);
+        for (size_t i = 0; i < sn->dir.n; i++)
+            if (sn->dir.e[i].list >= 0 && (size_t)sn->dir.e[i].shard < S)
+                load[sn->dir.e[i].shard]++;
+        int64_t mx = 0;
+        for (size_t s = 0; s < S; s++)
+            mx = load[s] > mx ? load[s] : mx;
+        out.plan_imbalance = sn->ndense ? (double)mx * (double)S / (double)sn->ndense : 0.0;
+    }
+    for (size_t s = 0; s < S; s++) {
+        tessera__v1__shard_index_stats__init(&st[s]);
+        st[s].address = c->cfg.shards[s];
+        out.shards[s] = &st[s];
+        tsr_rpc_result *res = &calls[s].result;
+        if (res->code == TSR_RPC_OK) {
+            Tessera__V1__ShardStatsResponse *sr =
+                tessera__v1__shard_stats_response__unpack(NULL, res->len, res->data);
+            if (sr) {
+                st[s].available = 1;
+                st[s].vectors_count = sr->vectors_count;
+                st[s].sparse_vectors_count = sr->sparse_vectors_count;
+                st[s].version = sr->current_version;
+                tessera__v1__shard_stats_response__free_unpacked(sr, NULL);
+            }
+        }
+        tsr_rpc_result_close(res);
+    }
+    int rc = tsr_rpc_reply_pack(r, &out.base);
+    ar_free(&a);
+    tsr__snap_unref(sn);
+    return rc;
+}

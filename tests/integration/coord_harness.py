@@ -1,0 +1,212 @@
+"""Helpers for the tessera-coordinator integration tests (not a test itself).
+
+- Cluster: S tessera-shard processes on ephemeral loopback ports plus one
+  tessera-coordinator in front of them (config written into a mktemp dir), with
+  start/stop/kill of the coordinator for crash tests;
+- write_batch(): a batch_root of JSON-lines files (and delete/ files);
+- update(): UpdateIndex + GetOperation polling until the operation ends.
+Everything lives under one mktemp dir removed at exit; nothing is written to the tree.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import shard_harness as sh
+
+BIN = sh.BIN
+
+
+def stubs():
+    """(tessera_pb2, tessera_pb2_grpc, shard_pb2, shard_pb2_grpc)"""
+    shard_pb2, shard_pb2_grpc, tessera_pb2, _, _ = sh.stubs()
+    from tessera.v1 import tessera_pb2_grpc
+    return tessera_pb2, tessera_pb2_grpc, shard_pb2, shard_pb2_grpc
+
+
+class Proc:
+    """A coordinator process; its log is collected, its port read from the log."""
+
+    def __init__(self, argv, env=None):
+        e = dict(os.environ)
+        e.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+        if env:
+            e.update(env)
+        self.log = []
+        self.port = None
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     env=e, text=True)
+        got = threading.Event()
+
+        def reader():
+            for line in self.proc.stderr:
+                self.log.append(line.rstrip("\n"))
+                m = re.search(r"\(port (\d+)\)", line)
+                if m and self.port is None:
+                    self.port = int(m.group(1))
+                    got.set()
+            got.set()
+
+        self.thread = threading.Thread(target=reader, daemon=True)
+        self.thread.start()
+        got.wait(30)
+
+    def text(self):
+        return "\n".join(self.log)
+
+
+class Cluster:
+    def __init__(self, nshards=4, dims=32, config=None, template=None, env=None, bin_dir=None,
+                 root=None):
+        self.root = root or sh.tmpdir("tsr-coord-")
+        self.bin = bin_dir or BIN
+        self.shards = []
+        for i in range(nshards):
+            self.shards.append(sh.Shard(os.path.join(self.root, "shard-%d" % i),
+                                        bin_dir=self.bin))
+        cfg = {"dimensions": dims, "shards": [s.target for s in self.shards]}
+        cfg.update(config or {})
+        self.config = os.path.join(self.root, "coordinator.json")
+        with open(self.config, "w") as f:
+            json.dump(cfg, f)
+        self.template = template
+        self.coord = None
+        self.start(env)
+
+    def start(self, env=None, listen_port=0):
+        argv = [os.path.join(self.bin, "tessera-coordinator"), "--listen",
+                "127.0.0.1:%d" % listen_port, "--data", os.path.join(self.root, "coordinator"),
+                "--config", self.config]
+        if self.template:
+            argv += ["--template", self.template]
+        self.coord = Proc(argv, env)
+        if self.coord.port is None:
+            self.coord.proc.kill()
+            raise RuntimeError("coordinator did not start:\n" + self.coord.text())
+        import grpc
+        self.target = "127.0.0.1:%d" % self.coord.port
+        self.channel = grpc.insecure_channel(self.target)
+        tp, tpg, _, _ = stubs()
+        self.stub = tpg.VectorSearchStub(self.channel)
+        return self.coord
+
+    def stop_coord(self, sig=signal.SIGTERM, timeout=30):
+        try:
+            self.channel.close()
+        except Exception:
+            pass
+        p = self.coord.proc
+        if p.poll() is None:
+            p.send_signal(sig)
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise AssertionError("coordinator did not stop within %ds:\n%s" %
+                                 (timeout, self.coord.text()))
+        self.coord.thread.join(5)
+        text = self.coord.text()
+        if sig != signal.SIGKILL and rc != 137:
+            assert "ERROR: AddressSanitizer" not in text and "runtime error:" not in text \
+                and "LeakSanitizer" not in text, "sanitizer report:\n" + text
+            assert rc == 0, "coordinator exit code %s:\n%s" % (rc, text)
+        return rc
+
+    def wait_exit(self, timeout=120):
+        rc = self.coord.proc.wait(timeout)
+        self.coord.thread.join(5)
+        return rc
+
+    def stop(self):
+        if self.coord and self.coord.proc.poll() is None:
+            self.stop_coord()
+        for s in self.shards:
+            s.stop()
+
+    # ---- API helpers
+    def update(self, batch_root, overwrite=False, max_invalid=0, timeout=180):
+        tp = stubs()[0]
+        r = self.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=batch_root,
+                                                        is_complete_overwrite=overwrite,
+                                                        max_invalid_records=max_invalid),
+                                  timeout=30)
+        return self.wait_op(r.operation_id, timeout)
+
+    def wait_op(self, op_id, timeout=180):
+        tp = stubs()[0]
+        t0 = time.time()
+        done = (tp.Operation.SUCCEEDED, tp.Operation.REJECTED, tp.Operation.FAILED)
+        while True:
+            op = self.stub.GetOperation(tp.GetOperationRequest(operation_id=op_id), timeout=10)
+            if op.state in done:
+                return op
+            if time.time() - t0 > timeout:
+                raise AssertionError("operation %s not done after %ds: %s" % (op_id, timeout, op))
+            time.sleep(0.05)
+
+    def stats(self):
+        tp = stubs()[0]
+        return self.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10)
+
+
+def dp_json(did, vec=None, sparse=None, restricts=None, numeric=None, tag=None):
+    o = {"id": did}
+    if vec is not None:
+        o["embedding"] = [float(v) for v in vec]
+    if sparse is not None:
+        o["sparse_embedding"] = {"values": [float(v) for v in sparse[1]],
+                                 "dimensions": [int(d) for d in sparse[0]]}
+    if restricts:
+        o["restricts"] = [{"namespace": ns, "allow": list(a), "deny": list(d)}
+                          for ns, a, d in restricts]
+    if numeric:
+        o["numeric_restricts"] = [{"namespace": ns, "value_" + kind: val}
+                                  for ns, kind, val in numeric]
+    if tag is not None:
+        o["crowding_tag"] = tag
+    return o
+
+
+def write_batch(root, records, deletes=(), per_file=50000):
+    """records: list of dicts (dp_json); deletes: ids. Returns root."""
+    os.makedirs(root, exist_ok=True)
+    for k in range(0, max(len(records), 1), per_file):
+        part = records[k:k + per_file]
+        if not part:
+            break
+        with open(os.path.join(root, "part-%05d.json" % (k // per_file)), "w") as f:
+            for r in part:
+                f.write(json.dumps(r, separators=(",", ":")))
+                f.write("\n")
+    if deletes:
+        os.makedirs(os.path.join(root, "delete"), exist_ok=True)
+        with open(os.path.join(root, "delete", "ids.txt"), "w") as f:
+            for d in deletes:
+                f.write(d + "\n")
+    return root
+
+
+def query(tp, vec=None, k=10, sparse=None, crowding=0, cand=0, fraction=0.0, restricts=None,
+          numeric=None, alpha=None, allow_partial=False, qid=""):
+    dp = tp.IndexDatapoint(datapoint_id=qid)
+    if vec is not None:
+        dp.feature_vector.extend([float(v) for v in vec])
+    if sparse is not None:
+        dp.sparse_embedding.dimensions.extend(sparse[0])
+        dp.sparse_embedding.values.extend(sparse[1])
+    for ns, a, d in restricts or []:
+        dp.restricts.add(namespace=ns, allow_list=a, deny_list=d)
+    for ns, kind, val, op in numeric or []:
+        n = dp.numeric_restricts.add(namespace=ns, op=op)
+        setattr(n, "value_" + kind, val)
+    q = tp.FindNeighborsRequest.Query(datapoint=dp, neighbor_count=k,
+                                      per_crowding_attribute_neighbor_count=crowding,
+                                      approximate_neighbor_count=cand,
+                                      fraction_leaf_nodes_to_search_override=fraction,
+                                      allow_partial=allow_partial)
+    if alpha is not None:
+        q.rrf.alpha = alpha
+    return q
