@@ -12,8 +12,8 @@
  * computes for the same lists.
  *
  * Crowding (SPEC §3): the answer is the greedy pass over the filtered candidates in
- * distance order, skipping a candidate whose tag already has `crowd` results (untagged
- * datapoints share the tag "", as in common/topk). A shard's
+ * distance order, skipping a candidate whose tag already has `crowd` results; an
+ * untagged datapoint is never limited (TSR_TOPK_NOTAG, as in common/topk). A shard's
  * greedy answer contains every item of the global greedy answer that lives on it, so the
  * coordinator's merge is exact. Without crowding and re-rank a bounded heap of k is kept;
  * with re-rank a heap of `candidates`; with crowding and no re-rank all filtered
@@ -165,9 +165,10 @@ static int finalize(const tsr__version *v, coll *c, size_t k, uint32_t crowd, in
         return TSR_ENOMEM;
     }
     for (size_t i = 0; i < c->n && *nhits < k; i++) {
-        if (tc.keys) {
-            /* Untagged datapoints carry the tag "" and share it (docs/query-semantics.md). */
-            uint32_t *cnt = tc_slot(&tc, tsr_filter_meta_crowding(v->meta, c->c[i].row));
+        uint32_t tag = tc.keys ? tsr_filter_meta_crowding(v->meta, c->c[i].row) : TSR_TOPK_NOTAG;
+        if (tag != TSR_TOPK_NOTAG) {
+            /* An untagged datapoint is never limited (TSR_TOPK_NOTAG, as common/topk). */
+            uint32_t *cnt = tc_slot(&tc, tag);
             if (*cnt >= crowd)
                 continue;
             (*cnt)++;
