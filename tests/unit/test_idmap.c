@@ -14,7 +14,7 @@
 
 #include "idmap.h"
 
-static char dir[4096];
+static char dir[200];
 
 static void path_in(char *buf, size_t n, const char *name)
 {
@@ -26,7 +26,7 @@ static void test_round_trip(void **state)
     (void)state;
     char *ids[] = {"a", "", "b\\c", "line\nbreak", "cr\r", "\\n literal", "ünï"};
     size_t n = sizeof ids / sizeof ids[0];
-    char p[256];
+    char p[300];
     path_in(p, sizeof p, "x.ids");
     tsr_error err = TSR_ERROR_INIT;
     assert_int_equal(tsr_idmap_write(p, ids, n, &err), 0);
@@ -55,7 +55,7 @@ static void write_raw(const char *p, const char *s)
 static void test_bad_files(void **state)
 {
     (void)state;
-    char p[256];
+    char p[300];
     path_in(p, sizeof p, "bad.ids");
     char **got;
     size_t m;
