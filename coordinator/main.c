@@ -4,11 +4,15 @@
  * tessera.v1.VectorSearch (FindNeighbors, ReadIndexDatapoints, UpdateIndex, GetOperation,
  * GetIndexStats) and grpc.health.v1.Health, and drives the shards (docs/coordinator.md).
  *
- * DESIGN (threads): main blocks SIGINT/SIGTERM before any thread starts and waits for them
- * with sigwait; rpc owns the polling and worker threads; an update runs on its own thread,
+ * DESIGN (threads): SIGINT/SIGTERM handlers post a semaphore that main waits on. (Not
+ * sigwait with the signals blocked: OpenBLAS starts a thread from a library constructor,
+ * before main can block anything, and a signal delivered to that thread would take the
+ * default action and kill the process without a graceful stop); rpc owns the polling and worker threads; an update runs on its own thread,
  * reconciliation on another (coord.h has the lock order).
  */
 #include <ctype.h>
+#include <errno.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +21,15 @@
 #include "coord.h"
 #include "log.h"
 #include "mem.h"
+
+static sem_t stop_sem;
+static volatile sig_atomic_t stop_sig;
+
+static void on_signal(int sig)
+{
+    stop_sig = sig;
+    sem_post(&stop_sem); /* async-signal-safe */
+}
 
 static void usage(FILE *f)
 {
@@ -125,11 +138,13 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    sem_init(&stop_sem, 0, 0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     int code = 1;
@@ -211,9 +226,9 @@ int main(int argc, char **argv)
     tsr_info("listening on %s (port %d), data %s, %zu shards, version %llu", listen,
              tsr_rpc_server_port(srv), data, c->cfg.nshards,
              (unsigned long long)c->snap->version);
-    int sig = 0;
-    sigwait(&set, &sig);
-    tsr_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    while (sem_wait(&stop_sem) != 0 && errno == EINTR)
+        ;
+    tsr_info("%s: shutting down", stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
     code = 0;
 out:
     pthread_mutex_lock(&c->op_mu);

@@ -1,0 +1,116 @@
+"""kill -9 of the coordinator at each step of an update (issue 5, "what must be true" 4).
+
+TSR_COORD_CRASH_AT=staged|prepared|flipped|committed makes the coordinator _exit(137)
+right after that step. After each crash the coordinator is restarted (same data dir,
+same port) without the hook; within a few seconds every shard must serve exactly the
+coordinator's version — the old one for staged/prepared (nothing of the new version may
+stay behind), the new one for flipped/committed — with no staged or prepared leftovers,
+and queries answer from that version with the right contents.
+"""
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import coord_harness as ch  # noqa: E402
+import shard_harness as sh  # noqa: E402
+
+D = 16
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def shard_state(cl):
+    _, _, sp, _ = ch.stubs()
+    out = []
+    for s in cl.shards:
+        st = s.stub.Stats(sp.ShardStatsRequest(), timeout=10)
+        out.append((st.current_version,
+                    sorted((v.version, v.state) for v in st.versions if not v.current and
+                           v.state != sp.ShardVersion.SERVING)))
+    return out
+
+
+def converge(cl, want, timeout=20):
+    t0 = time.time()
+    while True:
+        st = shard_state(cl)
+        if all(cv == want and not pend for cv, pend in st):
+            return time.time() - t0
+        if time.time() - t0 > timeout:
+            raise AssertionError("shards did not converge on version %d: %s\n%s" %
+                                 (want, st, cl.coord.text()))
+        time.sleep(0.1)
+
+
+def main():
+    tp = ch.stubs()[0]
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(2000, D)).astype("float32")
+    root = sh.tmpdir("tsr-coord-crash-")
+    b0 = ch.write_batch(os.path.join(root, "b0"), [ch.dp_json("x%05d" % i, x[i])
+                                                   for i in range(2000)])
+    port = free_port()
+    cl = ch.Cluster(4, D, {"nlist": 16, "pq_m": 4, "nprobe": 16})
+    cl.stop_coord()
+    cl.start(listen_port=port)
+    try:
+        op = cl.update(b0)
+        assert op.state == tp.Operation.SUCCEEDED, op
+        version = 1
+        for n, step in enumerate(["staged", "prepared", "flipped", "committed"]):
+            nid = "new-%s" % step
+            v = rng.normal(size=D).astype("float32") * 10
+            b = ch.write_batch(os.path.join(root, "b-" + step), [ch.dp_json(nid, v)],
+                               ["x%05d" % n])
+            cl.stop_coord()
+            cl.start(env={"TSR_COORD_CRASH_AT": step}, listen_port=port)
+            try:
+                cl.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=b), timeout=10)
+            except Exception:
+                pass
+            rc = cl.wait_exit(60)
+            assert rc == 137, (step, rc, cl.coord.text())
+            cl.start(listen_port=port)
+            expect = version + (1 if step in ("flipped", "committed") else 0)
+            took = converge(cl, expect)
+            st = cl.stats()
+            assert st.version == expect, (step, st)
+            assert all(s.version == expect for s in st.shards), st
+            resp = cl.stub.FindNeighbors(tp.FindNeighborsRequest(
+                queries=[tp.FindNeighborsRequest.Query(
+                    datapoint=tp.IndexDatapoint(feature_vector=v.tolist()), neighbor_count=1)]),
+                timeout=10)
+            assert resp.version == expect
+            top = resp.nearest_neighbors[0].neighbors[0].datapoint.datapoint_id
+            rd = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(
+                ids=["x%05d" % n, nid]), timeout=10)
+            ids = [d.datapoint_id for d in rd.datapoints]
+            if expect > version:
+                assert top == nid and ids == [nid], (step, top, ids)
+            else:
+                assert top != nid and ids == ["x%05d" % n], (step, top, ids)
+            print("crash after %-9s -> every shard on version %d after restart (%.2fs)" %
+                  (step, expect, took))
+            version = expect
+        # and the next normal update works from there
+        b = ch.write_batch(os.path.join(root, "b-last"), [ch.dp_json("last", x[0])])
+        op = cl.update(b)
+        assert op.state == tp.Operation.SUCCEEDED and op.version == version + 1, op
+        converge(cl, version + 1)
+    finally:
+        cl.stop()
+    print("test_coord_crash: OK")
+
+
+if __name__ == "__main__":
+    main()
