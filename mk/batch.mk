@@ -12,7 +12,7 @@ $(BUILD)/bench/bench_ingest: bench/bench_ingest.c $(LIB)
 bench-ingest: $(BUILD)/bench/bench_ingest
 	@mkdir -p $(BENCH_INGEST_DIR)
 	@f=$(BENCH_INGEST_DIR)/bench_$(BENCH_RECORDS)_$(BENCH_DIMS).avro; \
-	  if [ ! -f $$f ]; then echo "generating $$f with python avro (slow, once)"; \
+	  if [ ! -f $$f ]; then echo "generating $$f with python avro (once)"; \
 	    /usr/bin/python3 bench/gen_avro.py $$f.tmp $(BENCH_RECORDS) $(BENCH_DIMS) && mv $$f.tmp $$f; fi; \
 	  taskset -c 0 $(BUILD)/bench/bench_ingest --dir $(BENCH_INGEST_DIR) --records $(BENCH_RECORDS) \
 	    --dims $(BENCH_DIMS) --avro $$f
