@@ -304,7 +304,9 @@ int tsr_rpc_result_to_error(const tsr_rpc_result *r, const char *ctx, tsr_error 
 /* Unary call: sends req (borrowed; req_len 0 = empty message), waits for the reply or
  * the deadline (timeout_ms from now; <= 0 means 30000 — calls without deadlines hang on
  * a stopped peer). Fills res (closing what it held before). Returns res->code. Thread-
- * safe; any number of threads may call on one channel. */
+ * safe; any number of threads may call on one channel. It blocks the calling thread:
+ * never call it (or tsr_rpc_fanout) on the libuv loop thread or from a non-LONG
+ * handler. */
 int tsr_rpc_call(tsr_rpc_channel *ch, const char *method, const void *req, size_t req_len,
                  int64_t timeout_ms, tsr_rpc_result *res);
 

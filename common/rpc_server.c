@@ -291,7 +291,10 @@ static void *worker_main(void *arg)
             s->wq_tail = NULL;
         s->wq_len--;
         pthread_mutex_unlock(&s->wq_mu);
-        run_handler(c);
+        if (atomic_load(&s->cancelling)) /* shutdown past its grace: do not start work */
+            set_status(&c->reply, TSR_RPC_UNAVAILABLE, "server shutting down");
+        else
+            run_handler(c);
         send_final(c);
     }
 }

@@ -524,6 +524,7 @@ static void test_shutdown_inflight(void **state)
         tsr_rpc_server_opts o;
         tsr_rpc_server_opts_init(&o);
         o.grace_ms = round == 0 ? 3000 : 100;
+        o.workers = round == 0 ? 4 : 1; /* round 1: three calls wait in the worker queue */
         tsr_rpc_server *s = make_server(&o);
         assert_non_null(s);
         char t[64];
@@ -740,6 +741,24 @@ static void test_tls(void **state)
     co.tls_server_name = "other.example";
     ch = tsr_rpc_channel_create(t, &co, &err);
     assert_int_equal(call_str(ch, ECHO, "x", 2000, &res), TSR_RPC_UNAVAILABLE);
+    tsr_rpc_channel_destroy(ch);
+    tsr_rpc_server_destroy(s);
+
+    /* mutual TLS: the server requires a client certificate signed by its client CA */
+    o.tls_client_ca_file = cert;
+    s = make_server(&o);
+    assert_non_null(s);
+    snprintf(t, sizeof t, "ipv4:127.0.0.1:%d", tsr_rpc_server_port(s));
+    co.tls_server_name = "localhost";
+    ch = tsr_rpc_channel_create(t, &co, &err); /* no client certificate */
+    assert_int_equal(call_str(ch, ECHO, "x", 2000, &res), TSR_RPC_UNAVAILABLE);
+    tsr_rpc_channel_destroy(ch);
+    co.tls_cert_file = cert;
+    co.tls_key_file = key;
+    ch = tsr_rpc_channel_create(t, &co, &err);
+    assert_non_null(ch);
+    assert_int_equal(call_str(ch, ECHO, "mtls", 5000, &res), TSR_RPC_OK);
+    assert_int_equal(res.len, 4);
     tsr_rpc_channel_destroy(ch);
     tsr_rpc_result_close(&res);
     tsr_rpc_server_destroy(s);

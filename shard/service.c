@@ -1,0 +1,628 @@
+/*
+ * service — the tessera.v1.Shard RPC handlers: decode and validate each request
+ * (malformed protobuf, wrong dimension, unknown or duplicate list, k out of 1..10000,
+ * empty query → INVALID_ARGUMENT with a message naming the query and field; a version the
+ * shard does not hold → FAILED_PRECONDITION), run it on an immutable version snapshot
+ * (scan.c) or on the update state (update.c), and encode the reply.
+ *
+ * DESIGN (threads): Search, Read, Stats, Commit, Abort and Release run on the rpc
+ * polling threads (short; Search and Read take only a version reference, Stats only
+ * table_mu); Stage and Prepare run on the rpc worker pool (TSR_RPC_LONG) since they parse
+ * chunks, build and fsync a version.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "mem.h"
+#include "rpc.h"
+#include "shard.h"
+#include "shard_service.h"
+
+#define MAX_QUERIES 10000
+
+static int bad(tsr_rpc_reply *r, const char *fmt, const char *what, size_t i)
+{
+    return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, fmt, i, what);
+}
+
+/* Per-request cache of version references (a batch usually names one version). */
+typedef struct vcache {
+    int64_t ver[8];
+    tsr__version *v[8];
+    size_t n;
+} vcache;
+
+static tsr__version *vc_get(tsr__shard *s, vcache *c, int64_t version)
+{
+    for (size_t i = 0; i < c->n; i++)
+        if (c->ver[i] == version)
+            return c->v[i];
+    tsr__version *v = tsr__shard_get(s, version);
+    if (v && c->n < 8) {
+        c->ver[c->n] = version;
+        c->v[c->n++] = v;
+    } else if (v) {
+        /* More than 8 distinct versions in one batch: never happens from the
+         * coordinator; refuse rather than leak. */
+        tsr__version_unref(v);
+        return NULL;
+    }
+    return v;
+}
+
+static void vc_close(vcache *c)
+{
+    for (size_t i = 0; i < c->n; i++)
+        tsr__version_unref(c->v[i]);
+}
+
+static int i32_cmp(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct spent {
+    int64_t dim;
+    float val;
+} spent;
+
+static int sp_cmp(const void *a, const void *b)
+{
+    const spent *x = a, *y = b;
+    return x->dim < y->dim ? -1 : x->dim > y->dim;
+}
+
+/* Fills a result message from hits; strings and datapoints borrow the version. */
+static int fill_hits(const tsr__version *v, const tsr__hit *h, size_t n, int want_ids,
+                     int want_dps, int64_t **labels, float **dist, char ***tags, char ***ids,
+                     Tessera__V1__IndexDatapoint ***dps, size_t *nl, size_t *nd, size_t *nt,
+                     size_t *ni, size_t *ndp)
+{
+    *labels = tsr_try_malloc(n + 1, sizeof(int64_t));
+    *dist = tsr_try_malloc(n + 1, sizeof(float));
+    *tags = tsr_try_malloc(n + 1, sizeof(char *));
+    if (!*labels || !*dist || !*tags)
+        return TSR_ENOMEM;
+    if (want_ids && (*ids = tsr_try_malloc(n + 1, sizeof(char *))) == NULL)
+        return TSR_ENOMEM;
+    if (want_dps && (*dps = tsr_try_calloc(n + 1, sizeof(void *))) == NULL)
+        return TSR_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const tsr__rec *r = v->row_rec[h[i].row];
+        (*labels)[i] = h[i].label;
+        (*dist)[i] = h[i].dist;
+        (*tags)[i] = r->dp.crowding_tag ? r->dp.crowding_tag : (char *)"";
+        if (want_ids)
+            (*ids)[i] = r->dp.id;
+        if (want_dps) {
+            (*dps)[i] = tsr__dp_to_proto(&r->dp);
+            if ((*dps)[i] == NULL)
+                return TSR_ENOMEM;
+            *ndp = i + 1;
+        }
+    }
+    *nl = *nd = *nt = n;
+    if (want_ids)
+        *ni = n;
+    return 0;
+}
+
+static void free_result(Tessera__V1__ShardQueryResult *r)
+{
+    if (r == NULL)
+        return;
+    free(r->labels);
+    free(r->distances);
+    free(r->crowding_tags);
+    free(r->sparse_labels);
+    free(r->sparse_scores);
+    free(r->sparse_crowding_tags);
+    free(r->ids);
+    free(r->sparse_ids);
+    for (size_t i = 0; i < r->n_datapoints; i++)
+        tsr__dp_proto_free(r->datapoints[i]);
+    free(r->datapoints);
+    for (size_t i = 0; i < r->n_sparse_datapoints; i++)
+        tsr__dp_proto_free(r->sparse_datapoints[i]);
+    free(r->sparse_datapoints);
+    free(r);
+}
+
+/* Validates query i against version v and runs it into res. Returns 0 or sets the
+ * reply status. */
+static int run_query(tsr_rpc_reply *reply, const tsr__version *v,
+                     const Tessera__V1__ShardQuery *q, size_t qi, tsr__qresult *res)
+{
+    int rc = 0;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_token_restrict *tr = NULL;
+    tsr_numeric_query *nq = NULL;
+    tsr_filter *f = NULL;
+    spent *sp = NULL;
+    int64_t *spd = NULL;
+    float *spv = NULL;
+    int32_t *sorted = NULL;
+    size_t nsp = 0;
+    size_t d = v->tmpl ? (size_t)v->tmpl->ix->d : 0;
+    int has_sparse = q->sparse && (q->sparse->n_values || q->sparse->n_dimensions);
+
+    if (q->n_vector == 0 && !has_sparse)
+        return bad(reply, "queries[%zu]: empty query (no %s and no sparse)", "vector", qi);
+    if (q->k <= 0 || q->k > TSR__MAX_K)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "queries[%zu].k = %d: must be in 1..%d", qi, q->k, TSR__MAX_K);
+    if (q->candidates < 0 || q->candidates > TSR__MAX_K)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "queries[%zu].candidates = %d: must be in 0..%d", qi,
+                                   q->candidates, TSR__MAX_K);
+    if (q->sparse_k < 0 || q->sparse_k > TSR__MAX_K)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "queries[%zu].sparse_k = %d: must be in 0..%d", qi,
+                                   q->sparse_k, TSR__MAX_K);
+    if (q->crowding_limit < 0)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "queries[%zu].crowding_limit = %d: must be >= 0", qi,
+                                   q->crowding_limit);
+    if (q->n_lists != q->n_coarse_distances)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "queries[%zu]: %zu lists but %zu coarse_distances", qi,
+                                   q->n_lists, q->n_coarse_distances);
+    if (q->n_lists && q->n_vector == 0)
+        return bad(reply, "queries[%zu]: lists without a dense %s", "vector", qi);
+    if (q->n_vector) {
+        if (d && q->n_vector != d)
+            return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                       "queries[%zu].vector: %zu values, the index dimension "
+                                       "is %zu", qi, q->n_vector, d);
+        for (size_t j = 0; j < q->n_vector; j++)
+            if (!isfinite(q->vector[j]))
+                return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                           "queries[%zu].vector[%zu]: not a finite number", qi, j);
+    }
+    if (q->n_lists > v->nlist)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "queries[%zu].lists: %zu lists, this shard owns at most %zu",
+                                   qi, q->n_lists, v->nlist);
+    for (size_t j = 0; j < q->n_lists; j++) {
+        int32_t l = q->lists[j];
+        if (l < 0 || (size_t)l >= v->nlist || !v->owned[l])
+            return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                       "queries[%zu].lists[%zu] = %d: not a list this shard owns "
+                                       "in version %lld", qi, j, l, (long long)v->version);
+        if (!isfinite(q->coarse_distances[j]))
+            return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                       "queries[%zu].coarse_distances[%zu]: not a finite number",
+                                       qi, j);
+    }
+    if (q->n_lists > 1) {
+        sorted = tsr_try_malloc(q->n_lists, sizeof *sorted);
+        if (sorted == NULL)
+            return tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        memcpy(sorted, q->lists, q->n_lists * sizeof *sorted);
+        qsort(sorted, q->n_lists, sizeof *sorted, i32_cmp);
+        for (size_t j = 1; j < q->n_lists; j++)
+            if (sorted[j] == sorted[j - 1]) {
+                rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                         "queries[%zu].lists: list %d appears twice", qi, sorted[j]);
+                goto out;
+            }
+    }
+    if (has_sparse) {
+        const Tessera__V1__SparseEmbedding *s = q->sparse;
+        if (s->n_values != s->n_dimensions) {
+            rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                     "queries[%zu].sparse: %zu values but %zu dimensions", qi,
+                                     s->n_values, s->n_dimensions);
+            goto out;
+        }
+        sp = tsr_try_malloc(s->n_values, sizeof *sp);
+        spd = tsr_try_malloc(s->n_values, sizeof *spd);
+        spv = tsr_try_malloc(s->n_values, sizeof *spv);
+        if (!sp || !spd || !spv) {
+            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        for (size_t j = 0; j < s->n_values; j++) {
+            if (!isfinite(s->values[j])) {
+                rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                         "queries[%zu].sparse.values[%zu]: not a finite number",
+                                         qi, j);
+                goto out;
+            }
+            sp[j] = (spent){s->dimensions[j], s->values[j]};
+        }
+        /* Sorted with duplicates summed, as datapoints are (SPEC §2). */
+        qsort(sp, s->n_values, sizeof *sp, sp_cmp);
+        for (size_t j = 0; j < s->n_values; j++) {
+            if (nsp && spd[nsp - 1] == sp[j].dim) {
+                spv[nsp - 1] += sp[j].val;
+            } else {
+                spd[nsp] = sp[j].dim;
+                spv[nsp++] = sp[j].val;
+            }
+        }
+    }
+    if (q->n_restricts || q->n_numeric_restricts) {
+        tr = tsr_try_calloc(q->n_restricts + 1, sizeof *tr);
+        nq = tsr_try_calloc(q->n_numeric_restricts + 1, sizeof *nq);
+        if (!tr || !nq) {
+            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        for (size_t j = 0; j < q->n_restricts; j++) {
+            const Tessera__V1__Restriction *r = q->restricts[j];
+            tr[j].ns = r->namespace_;
+            tr[j].allow = r->allow_list;
+            tr[j].nallow = r->n_allow_list;
+            tr[j].deny = r->deny_list;
+            tr[j].ndeny = r->n_deny_list;
+        }
+        for (size_t j = 0; j < q->n_numeric_restricts; j++) {
+            const Tessera__V1__NumericRestriction *n = q->numeric_restricts[j];
+            nq[j].ns = n->namespace_;
+            nq[j].op = (enum tsr_num_op)n->op;
+            switch (n->value_case) {
+            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT:
+                nq[j].type = TSR_NUM_INT, nq[j].v.i = n->value_int;
+                break;
+            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT:
+                nq[j].type = TSR_NUM_FLOAT, nq[j].v.f = n->value_float;
+                break;
+            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE:
+                nq[j].type = TSR_NUM_DOUBLE, nq[j].v.d = n->value_double;
+                break;
+            default:
+                rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                         "queries[%zu].numeric_restricts[%zu] ('%s'): no value",
+                                         qi, j, n->namespace_);
+                goto out;
+            }
+        }
+        if (tsr_filter_compile(v->dict, tr, q->n_restricts, nq, q->n_numeric_restricts, &f,
+                               &err) != 0) {
+            rc = tsr_rpc_reply_error(reply, err.code == TSR_ENOMEM ? TSR_RPC_RESOURCE_EXHAUSTED
+                                                                  : TSR_RPC_INVALID_ARGUMENT,
+                                     "queries[%zu] filters: %s", qi, err.msg);
+            goto out;
+        }
+    }
+    tsr__query sq = {0};
+    sq.x = q->n_vector ? q->vector : NULL;
+    sq.lists = q->lists;
+    sq.coarse = q->coarse_distances;
+    sq.nprobe = q->n_lists;
+    sq.k = (size_t)q->k;
+    sq.candidates = (size_t)q->candidates;
+    sq.sparse_k = (size_t)q->sparse_k;
+    sq.crowd = (uint32_t)q->crowding_limit;
+    sq.filter = f;
+    sq.sp_dims = spd;
+    sq.sp_vals = spv;
+    sq.nsp = nsp;
+    if (tsr__search_one(v, &sq, res, &err) != 0)
+        rc = tsr_rpc_reply_from_error(reply, &err);
+out:
+    free(sorted);
+    free(sp);
+    free(spd);
+    free(spv);
+    free(tr);
+    free(nq);
+    tsr_filter_destroy(f);
+    return rc;
+}
+
+static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr__shard *s = ctx;
+    int rc = 0;
+    vcache vc = {0};
+    Tessera__V1__ShardSearchResponse resp = TESSERA__V1__SHARD_SEARCH_RESPONSE__INIT;
+    Tessera__V1__ShardSearchRequest *rq = tessera__v1__shard_search_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "ShardSearchRequest: malformed protobuf");
+    if (rq->n_queries == 0 || rq->n_queries > MAX_QUERIES) {
+        rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                 "ShardSearchRequest.queries: %zu queries, expected 1..%d",
+                                 rq->n_queries, MAX_QUERIES);
+        goto out;
+    }
+    resp.results = tsr_try_calloc(rq->n_queries, sizeof *resp.results);
+    if (resp.results == NULL) {
+        rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    atomic_fetch_add(&s->searches, (int64_t)rq->n_queries);
+    for (size_t i = 0; i < rq->n_queries; i++) {
+        const Tessera__V1__ShardQuery *q = rq->queries[i];
+        const tsr__version *v = vc_get(s, &vc, q->version);
+        if (v == NULL) {
+            int64_t cur = 0;
+            tsr__version *c = tsr__shard_get(s, 0);
+            if (c)
+                cur = c->version;
+            tsr__version_unref(c);
+            rc = tsr_rpc_reply_error(reply, TSR_RPC_FAILED_PRECONDITION,
+                                     "queries[%zu].version %lld: not held by this shard "
+                                     "(current %lld)", i, (long long)q->version, (long long)cur);
+            goto out;
+        }
+        tsr__qresult qr;
+        memset(&qr, 0, sizeof qr);
+        if ((rc = run_query(reply, v, q, i, &qr)) != 0) {
+            tsr__qresult_close(&qr);
+            goto out;
+        }
+        Tessera__V1__ShardQueryResult *r = calloc(1, sizeof *r);
+        if (r == NULL) {
+            tsr__qresult_close(&qr);
+            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        tessera__v1__shard_query_result__init(r);
+        resp.results[resp.n_results++] = r;
+        r->codes_scanned = qr.codes_scanned;
+        r->candidates_passed = qr.passed;
+        int e1 = fill_hits(v, qr.dense, qr.ndense, q->return_ids, q->return_datapoints,
+                           &r->labels, &r->distances, &r->crowding_tags, &r->ids, &r->datapoints,
+                           &r->n_labels, &r->n_distances, &r->n_crowding_tags, &r->n_ids,
+                           &r->n_datapoints);
+        int e2 = e1 ? e1 : fill_hits(v, qr.sparse, qr.nsparse, q->return_ids,
+                                     q->return_datapoints, &r->sparse_labels, &r->sparse_scores,
+                                     &r->sparse_crowding_tags, &r->sparse_ids,
+                                     &r->sparse_datapoints, &r->n_sparse_labels,
+                                     &r->n_sparse_scores, &r->n_sparse_crowding_tags,
+                                     &r->n_sparse_ids, &r->n_sparse_datapoints);
+        tsr__qresult_close(&qr);
+        if (e2) {
+            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+    }
+    rc = tsr_rpc_reply_pack(reply, &resp.base);
+out:
+    for (size_t i = 0; i < resp.n_results; i++)
+        free_result(resp.results[i]);
+    free(resp.results);
+    vc_close(&vc);
+    tessera__v1__shard_search_request__free_unpacked(rq, NULL);
+    return rc;
+}
+
+static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr__shard *s = ctx;
+    int rc = 0;
+    Tessera__V1__ShardReadResponse resp = TESSERA__V1__SHARD_READ_RESPONSE__INIT;
+    Tessera__V1__ShardReadRequest *rq = tessera__v1__shard_read_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "ShardReadRequest: malformed protobuf");
+    tsr__version *v = tsr__shard_get(s, rq->version);
+    if (v == NULL) {
+        rc = tsr_rpc_reply_error(reply, TSR_RPC_FAILED_PRECONDITION,
+                                 "ShardReadRequest.version %lld: not held by this shard",
+                                 (long long)rq->version);
+        goto out;
+    }
+    resp.datapoints = tsr_try_calloc(rq->n_labels + 1, sizeof *resp.datapoints);
+    if (resp.datapoints == NULL) {
+        rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < rq->n_labels; i++) {
+        Tessera__V1__ShardDatapoint *o = calloc(1, sizeof *o);
+        if (o == NULL) {
+            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        tessera__v1__shard_datapoint__init(o);
+        resp.datapoints[resp.n_datapoints++] = o;
+        o->label = rq->labels[i];
+        o->list = -1;
+        const tsr__rec *r = tsr__version_find(v, rq->labels[i]);
+        if (r) {
+            o->found = 1;
+            o->list = r->list;
+            if ((o->datapoint = tsr__dp_to_proto(&r->dp)) == NULL) {
+                rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+                goto out;
+            }
+        }
+    }
+    rc = tsr_rpc_reply_pack(reply, &resp.base);
+out:
+    for (size_t i = 0; i < resp.n_datapoints; i++) {
+        tsr__dp_proto_free(resp.datapoints[i]->datapoint);
+        free(resp.datapoints[i]);
+    }
+    free(resp.datapoints);
+    tsr__version_unref(v);
+    tessera__v1__shard_read_request__free_unpacked(rq, NULL);
+    return rc;
+}
+
+static int h_stage(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    Tessera__V1__StageResponse resp = TESSERA__V1__STAGE_RESPONSE__INIT;
+    Tessera__V1__StageRequest *rq = tessera__v1__stage_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "StageRequest: malformed protobuf");
+    int rc = tsr__shard_stage(ctx, rq, &resp, &err);
+    tessera__v1__stage_request__free_unpacked(rq, NULL);
+    if (rc != 0)
+        return tsr_rpc_reply_from_error(reply, &err);
+    return tsr_rpc_reply_pack(reply, &resp.base);
+}
+
+static int h_prepare(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    Tessera__V1__PrepareResponse resp = TESSERA__V1__PREPARE_RESPONSE__INIT;
+    Tessera__V1__PrepareRequest *rq = tessera__v1__prepare_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "PrepareRequest: malformed protobuf");
+    int64_t version = rq->version;
+    tessera__v1__prepare_request__free_unpacked(rq, NULL);
+    if (tsr__shard_prepare(ctx, version, &resp, &err) != 0)
+        return tsr_rpc_reply_from_error(reply, &err);
+    return tsr_rpc_reply_pack(reply, &resp.base);
+}
+
+static int h_commit(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    Tessera__V1__CommitRequest *rq = tessera__v1__commit_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "CommitRequest: malformed protobuf");
+    Tessera__V1__CommitResponse resp = TESSERA__V1__COMMIT_RESPONSE__INIT;
+    resp.version = rq->version;
+    tessera__v1__commit_request__free_unpacked(rq, NULL);
+    if (tsr__shard_commit(ctx, resp.version, &err) != 0)
+        return tsr_rpc_reply_from_error(reply, &err);
+    return tsr_rpc_reply_pack(reply, &resp.base);
+}
+
+static int h_abort(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    Tessera__V1__AbortRequest *rq = tessera__v1__abort_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "AbortRequest: malformed protobuf");
+    int64_t version = rq->version;
+    tessera__v1__abort_request__free_unpacked(rq, NULL);
+    if (tsr__shard_abort(ctx, version, &err) != 0)
+        return tsr_rpc_reply_from_error(reply, &err);
+    return 0;
+}
+
+static int h_release(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    Tessera__V1__ReleaseRequest *rq = tessera__v1__release_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "ReleaseRequest: malformed protobuf");
+    int64_t below = rq->below_version;
+    tessera__v1__release_request__free_unpacked(rq, NULL);
+    int64_t vs[TSR__MAX_HELD_VERSIONS + 4];
+    size_t n = 0;
+    if (tsr__shard_release(ctx, below, vs, TSR__MAX_HELD_VERSIONS + 4, &n, &err) != 0)
+        return tsr_rpc_reply_from_error(reply, &err);
+    Tessera__V1__ReleaseResponse resp = TESSERA__V1__RELEASE_RESPONSE__INIT;
+    resp.versions = vs;
+    resp.n_versions = n;
+    return tsr_rpc_reply_pack(reply, &resp.base);
+}
+
+static int h_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr__shard *s = ctx;
+    Tessera__V1__ShardStatsRequest *rq = tessera__v1__shard_stats_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "ShardStatsRequest: malformed protobuf");
+    tessera__v1__shard_stats_request__free_unpacked(rq, NULL);
+    tsr__held held[TSR__MAX_HELD_VERSIONS + 4];
+    int staging = 0;
+    int64_t sv = 0, cur = 0;
+    size_t n = tsr__shard_list(s, held, TSR__MAX_HELD_VERSIONS + 4, &staging, &sv, &cur);
+    Tessera__V1__ShardStatsResponse resp = TESSERA__V1__SHARD_STATS_RESPONSE__INIT;
+    Tessera__V1__ShardVersion vers[TSR__MAX_HELD_VERSIONS + 5];
+    Tessera__V1__ShardVersion *vp[TSR__MAX_HELD_VERSIONS + 5];
+    const tsr__version *c = NULL;
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        tessera__v1__shard_version__init(&vers[i]);
+        vers[i].version = held[i].v->version;
+        vers[i].state = held[i].state == TSR__PREPARED ? TESSERA__V1__SHARD_VERSION__STATE__PREPARED
+                                                       : TESSERA__V1__SHARD_VERSION__STATE__SERVING;
+        vers[i].current = held[i].v->version == cur;
+        vers[i].vectors_count = (int64_t)held[i].v->nvectors;
+        vers[i].sparse_vectors_count = (int64_t)held[i].v->nsparse;
+        vp[i] = &vers[i];
+        if (vers[i].current)
+            c = held[i].v;
+        resp.memory_bytes += (int64_t)tsr__version_memory(held[i].v);
+        resp.disk_bytes += (int64_t)held[i].v->disk_bytes;
+    }
+    size_t nv = n;
+    if (staging) {
+        tessera__v1__shard_version__init(&vers[nv]);
+        vers[nv].version = sv;
+        vers[nv].state = TESSERA__V1__SHARD_VERSION__STATE__STAGING;
+        vp[nv] = &vers[nv];
+        nv++;
+    }
+    resp.versions = vp;
+    resp.n_versions = nv;
+    resp.current_version = cur;
+    int32_t *lists = NULL;
+    int64_t *sizes = NULL;
+    if (c) {
+        resp.vectors_count = (int64_t)c->nvectors;
+        resp.sparse_vectors_count = (int64_t)c->nsparse;
+        if (c->tmpl) {
+            resp.dimension = c->tmpl->ix->d;
+            resp.nlist = (int32_t)c->nlist;
+            resp.metric = c->tmpl->ix->metric == TSR_METRIC_L2 ? "L2" : "IP";
+        }
+        lists = tsr_try_malloc(c->nlist + 1, sizeof *lists);
+        sizes = tsr_try_malloc(c->nlist + 1, sizeof *sizes);
+        if (!lists || !sizes) {
+            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        for (size_t i = 0; i < c->nlist; i++)
+            if (c->lists[i] && c->lists[i]->n) {
+                lists[resp.n_lists] = (int32_t)i;
+                sizes[resp.n_lists++] = (int64_t)c->lists[i]->n;
+            }
+        resp.lists = lists;
+        resp.list_sizes = sizes;
+        resp.n_list_sizes = resp.n_lists;
+    }
+    rc = tsr_rpc_reply_pack(reply, &resp.base);
+out:
+    free(lists);
+    free(sizes);
+    for (size_t i = 0; i < n; i++)
+        tsr__version_unref(held[i].v);
+    return rc;
+}
+
+int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
+{
+    static const struct {
+        const char *m;
+        tsr_rpc_handler_fn fn;
+        unsigned flags;
+    } tab[] = {
+        {"Search", h_search, 0},
+        {"Read", h_read, 0},
+        {"Stage", h_stage, TSR_RPC_LONG},
+        {"Prepare", h_prepare, TSR_RPC_LONG},
+        {"Commit", h_commit, TSR_RPC_LONG},
+        {"Abort", h_abort, TSR_RPC_LONG},
+        {"Release", h_release, TSR_RPC_LONG},
+        {"Stats", h_stats, 0},
+    };
+    char path[128];
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
+        snprintf(path, sizeof path, "/tessera.v1.Shard/%s", tab[i].m);
+        int rc = tsr_rpc_server_add_method(srv, path, tab[i].fn, s, tab[i].flags);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}

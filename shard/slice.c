@@ -1,0 +1,1014 @@
+/*
+ * slice — the shard's version snapshots: the shared pieces (template, lists, records),
+ * building version N+1 from N plus an edit set (copy-on-write per list), and the on-disk
+ * form of a version (slice.faiss, meta, vectors.f32; MANIFEST is disk.c's).
+ *
+ * On-disk "meta" (little-endian, written raw):
+ *   "TSRM" | u32 format = 1 | i64 version | u32 d | u64 nowned | i32 owned[nowned]
+ *   | u64 nrecs | nrecs x (u32 len | StagedUpsert protobuf of len bytes)
+ * where each StagedUpsert carries label, list and the datapoint without its dense
+ * vector. "vectors.f32" holds the dense vectors of the records with list >= 0, d floats
+ * each, in meta order. slice.faiss is a complete Faiss IwPQ file (all nlist centroids,
+ * only this shard's lists filled); its lists hold the codes, the vectors the raw values
+ * for exact re-rank.
+ *
+ * A built version is immutable; see shard.h for the sharing and thread rules.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "faiss_io.h"
+#include "mem.h"
+#include "shard.h"
+
+/* ------------------------------------------------------------------ shared pieces */
+
+tsr__tmpl *tsr__tmpl_from_index(tsr_ivfpq *ix, tsr_error *err)
+{
+    tsr__tmpl *t = calloc(1, sizeof *t);
+    if (t == NULL) {
+        tsr_ivfpq_destroy(ix);
+        tsr_err(err, TSR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    atomic_init(&t->refs, 1);
+    t->ix = ix;
+    /* Lists of a template are never used: every version has its own list pointers. */
+    for (size_t i = 0; i < ix->nlist; i++) {
+        free(ix->lists[i].codes);
+        free(ix->lists[i].ids);
+        memset(&ix->lists[i], 0, sizeof ix->lists[i]);
+    }
+    ix->ntotal = 0;
+    const tsr_pq *pq = &ix->pq;
+    size_t mk = pq->M * pq->ksub;
+    t->cnorm = tsr_try_malloc(mk, sizeof(float));
+    if (t->cnorm == NULL)
+        goto nomem;
+    for (size_t j = 0; j < mk; j++) {
+        const float *c = pq->centroids + j * pq->dsub;
+        float s = 0;
+        for (size_t q = 0; q < pq->dsub; q++)
+            s += c[q] * c[q];
+        t->cnorm[j] = s;
+    }
+    /* Faiss's precomputed table type 1: T[i][m][j] = ||c_mj||^2 + 2<yC_i,m, c_mj>, kept
+     * when it fits in 256 MB (Faiss's own limit is 2 GB); otherwise computed per list. */
+    size_t tab;
+    if (ix->metric == TSR_METRIC_L2 && ix->by_residual && tsr_mul_ok(ix->nlist, mk, &tab) == 0 &&
+        tab <= (256u << 20) / sizeof(float)) {
+        t->ptab = tsr_try_malloc(tab, sizeof(float));
+        if (t->ptab == NULL)
+            goto nomem;
+        for (size_t i = 0; i < ix->nlist; i++) {
+            const float *yc = ix->centroids + i * (size_t)ix->d;
+            float *T = t->ptab + i * mk;
+            for (size_t m = 0; m < pq->M; m++)
+                for (size_t j = 0; j < pq->ksub; j++) {
+                    const float *c = pq->centroids + (m * pq->ksub + j) * pq->dsub;
+                    const float *y = yc + m * pq->dsub;
+                    float ip = 0;
+                    for (size_t q = 0; q < pq->dsub; q++)
+                        ip += y[q] * c[q];
+                    T[m * pq->ksub + j] = t->cnorm[m * pq->ksub + j] + 2.0f * ip;
+                }
+        }
+    }
+    return t;
+nomem:
+    tsr_err(err, TSR_ENOMEM, "out of memory for the ADC tables");
+    tsr__tmpl_unref(t);
+    return NULL;
+}
+
+tsr__tmpl *tsr__tmpl_ref(tsr__tmpl *t)
+{
+    if (t)
+        atomic_fetch_add(&t->refs, 1);
+    return t;
+}
+
+void tsr__tmpl_unref(tsr__tmpl *t)
+{
+    if (t == NULL || atomic_fetch_sub(&t->refs, 1) != 1)
+        return;
+    tsr_ivfpq_destroy(t->ix);
+    free(t->cnorm);
+    free(t->ptab);
+    free(t);
+}
+
+static tsr__list *list_ref(tsr__list *l)
+{
+    if (l)
+        atomic_fetch_add(&l->refs, 1);
+    return l;
+}
+
+void tsr__list_unref(tsr__list *l)
+{
+    if (l == NULL || atomic_fetch_sub(&l->refs, 1) != 1)
+        return;
+    free(l->codes);
+    free(l->ids);
+    free(l);
+}
+
+tsr__rec *tsr__rec_ref(tsr__rec *r)
+{
+    if (r)
+        atomic_fetch_add(&r->refs, 1);
+    return r;
+}
+
+void tsr__rec_unref(tsr__rec *r)
+{
+    if (r == NULL || atomic_fetch_sub(&r->refs, 1) != 1)
+        return;
+    tsr_datapoint_close(&r->dp);
+    free(r);
+}
+
+tsr__version *tsr__version_ref(tsr__version *v)
+{
+    if (v)
+        atomic_fetch_add(&v->refs, 1);
+    return v;
+}
+
+void tsr__version_unref(tsr__version *v)
+{
+    if (v == NULL || atomic_fetch_sub(&v->refs, 1) != 1)
+        return;
+    if (v->lists)
+        for (size_t i = 0; i < v->nlist; i++)
+            tsr__list_unref(v->lists[i]);
+    free(v->lists);
+    for (size_t i = 0; i < v->nrecs; i++)
+        tsr__rec_unref(v->recs[i]);
+    free(v->recs);
+    free(v->owned);
+    tsr_filter_meta_destroy(v->meta);
+    tsr_filter_dict_destroy(v->dict);
+    free(v->row0);
+    free(v->row_rec);
+    tsr__tmpl_unref(v->tmpl);
+    free(v);
+}
+
+tsr__rec *tsr__version_find(const tsr__version *v, int64_t label)
+{
+    size_t lo = 0, hi = v->nrecs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int64_t l = v->recs[mid]->label;
+        if (l == label)
+            return v->recs[mid];
+        if (l < label)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+uint64_t tsr__version_memory(const tsr__version *v)
+{
+    uint64_t b = 0;
+    size_t cs = v->tmpl ? v->tmpl->ix->code_size : 0;
+    for (size_t i = 0; i < v->nlist; i++)
+        if (v->lists[i])
+            b += v->lists[i]->n * (cs + sizeof(int64_t));
+    for (size_t i = 0; i < v->nrecs; i++) {
+        const tsr_datapoint *dp = &v->recs[i]->dp;
+        b += sizeof(tsr__rec) + strlen(dp->id) + dp->ndense * sizeof(float) +
+             dp->nsparse * (sizeof(int64_t) + sizeof(float)) + dp->nrestricts * 32 +
+             dp->nnumeric * 32;
+    }
+    return b;
+}
+
+/* Fills counts, rows and the filter metadata of v from its lists and recs; dict is the
+ * dictionary to clone (NULL = a new one). */
+static int finish(tsr__version *v, const tsr_filter_dict *dict, tsr_error *err)
+{
+    v->dict = dict ? tsr_filter_dict_clone(dict) : tsr_filter_dict_create();
+    if (v->dict == NULL || (v->meta = tsr_filter_meta_create(v->dict)) == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory for the filter metadata");
+    v->row0 = tsr_try_calloc(v->nlist + 1, sizeof(size_t));
+    v->row_rec = tsr_try_calloc(v->nrecs ? v->nrecs : 1, sizeof(tsr__rec *));
+    if (v->row0 == NULL || v->row_rec == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory for %zu rows", v->nrecs);
+    size_t row = 0;
+    for (size_t i = 0; i < v->nlist; i++) {
+        v->row0[i] = row;
+        const tsr__list *l = v->lists[i];
+        for (size_t j = 0; l && j < l->n; j++) {
+            tsr__rec *r = tsr__version_find(v, l->ids[j]);
+            if (r == NULL || r->list != (int32_t)i || row >= v->nrecs)
+                return tsr_err(err, TSR_EFORMAT, "list %zu entry %zu: label %lld has no record "
+                               "in that list", i, j, (long long)l->ids[j]);
+            v->row_rec[row++] = r;
+        }
+    }
+    v->row0[v->nlist] = row;
+    v->nvectors = row;
+    v->nsparse = 0;
+    for (size_t i = 0; i < v->nrecs; i++) {
+        tsr__rec *r = v->recs[i];
+        if (r->dp.nsparse > 0)
+            v->nsparse++;
+        if (r->list < 0) {
+            if (row >= v->nrecs)
+                return tsr_err(err, TSR_EFORMAT, "record count mismatch");
+            v->row_rec[row++] = r;
+        }
+    }
+    if (row != v->nrecs)
+        return tsr_err(err, TSR_EFORMAT, "%zu records but %zu rows in lists and sparse-only",
+                       v->nrecs, row);
+    v->nrows = row;
+    for (size_t i = 0; i < row; i++) {
+        uint32_t got;
+        int rc = tsr_filter_meta_add(v->meta, v->row_rec[i]->label, &v->row_rec[i]->dp, &got, err);
+        if (rc != 0)
+            return rc;
+        if (got != i)
+            return tsr_err(err, TSR_EINTERNAL, "filter row %u != %zu", got, i);
+    }
+    return 0;
+}
+
+tsr__version *tsr__version_empty(tsr_error *err)
+{
+    tsr__version *v = calloc(1, sizeof *v);
+    if (v == NULL) {
+        tsr_err(err, TSR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    atomic_init(&v->refs, 1);
+    if (finish(v, NULL, err) != 0) {
+        tsr__version_unref(v);
+        return NULL;
+    }
+    return v;
+}
+
+void tsr__edits_close(tsr__edits *e)
+{
+    for (size_t i = 0; i < e->nups; i++)
+        tsr__rec_unref(e->ups[i]);
+    free(e->ups);
+    free(e->dels);
+    free(e->drop);
+    free(e->own);
+    memset(e, 0, sizeof *e);
+}
+
+static int in_sorted(const int64_t *a, size_t n, int64_t x)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a[mid] == x)
+            return 1;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+static tsr__rec *find_up(const tsr__edits *e, int64_t label)
+{
+    size_t lo = 0, hi = e->nups;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->ups[mid]->label == label)
+            return e->ups[mid];
+        if (e->ups[mid]->label < label)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edits *e,
+                       int64_t version, tsr__version **out, tsr_error *err)
+{
+    int rc = TSR_ENOMEM;
+    uint8_t *touched = NULL, *dropped = NULL;
+    tsr__version *v = calloc(1, sizeof *v);
+    if (v == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    atomic_init(&v->refs, 1);
+    v->version = version;
+    v->tmpl = tsr__tmpl_ref(tmpl ? tmpl : base->tmpl);
+    if (v->tmpl == NULL) {
+        rc = tsr_err(err, TSR_ESTATE, "version %lld: no template (the base is empty and "
+                     "chunk 0 carried no template_faiss)", (long long)version);
+        goto fail;
+    }
+    const tsr_ivfpq *ix = v->tmpl->ix;
+    size_t cs = ix->code_size, d = (size_t)ix->d;
+    v->nlist = ix->nlist;
+    int same_tmpl = base->tmpl == v->tmpl;
+    if (base->tmpl && (base->nlist != v->nlist || (size_t)base->tmpl->ix->d != d)) {
+        rc = tsr_err(err, TSR_EINVAL, "template shape d=%zu nlist=%zu differs from the base's "
+                     "d=%d nlist=%zu", d, v->nlist, base->tmpl->ix->d, base->nlist);
+        goto fail;
+    }
+    v->lists = tsr_try_calloc(v->nlist, sizeof(tsr__list *));
+    v->owned = tsr_try_calloc(v->nlist, 1);
+    touched = tsr_try_calloc(v->nlist, 1);
+    dropped = tsr_try_calloc(v->nlist, 1);
+    v->recs = tsr_try_malloc(base->nrecs + e->nups + 1, sizeof(tsr__rec *));
+    if (!v->lists || !v->owned || !touched || !dropped || !v->recs)
+        goto nomem;
+
+    /* Ownership: the full set when given, else the base's plus the upserts' lists. */
+    if (e->have_own) {
+        for (size_t i = 0; i < e->nown; i++)
+            v->owned[e->own[i]] = 1;
+    } else if (base->owned) {
+        memcpy(v->owned, base->owned, v->nlist);
+    }
+    for (size_t i = 0; i < e->nups; i++)
+        if (e->ups[i]->list >= 0) {
+            v->owned[e->ups[i]->list] = 1;
+            touched[e->ups[i]->list] = 1;
+        }
+    for (size_t i = 0; i < e->ndrop; i++) {
+        v->owned[e->drop[i]] = 0;
+        dropped[e->drop[i]] = 1;
+    }
+    if (base->owned)
+        for (size_t i = 0; i < v->nlist; i++)
+            if (base->owned[i] && !v->owned[i])
+                dropped[i] = 1;
+
+    /* Records: merge base (minus removed, minus dropped lists) with the upserts. */
+    size_t bi = 0, ui = 0;
+    while (bi < base->nrecs || ui < e->nups) {
+        tsr__rec *b = bi < base->nrecs ? base->recs[bi] : NULL;
+        tsr__rec *u = ui < e->nups ? e->ups[ui] : NULL;
+        if (u && (!b || u->label <= b->label)) {
+            if (b && b->label == u->label) {
+                if (b->list >= 0)
+                    touched[b->list] = 1;
+                bi++;
+            }
+            v->recs[v->nrecs++] = tsr__rec_ref(u);
+            ui++;
+            continue;
+        }
+        bi++;
+        if (in_sorted(e->dels, e->ndels, b->label)) {
+            if (b->list >= 0)
+                touched[b->list] = 1;
+            continue;
+        }
+        if (b->list >= 0 && dropped[b->list])
+            continue;
+        v->recs[v->nrecs++] = tsr__rec_ref(b);
+    }
+
+    /* Lists: share what is untouched, rebuild the rest (base order, then new entries in
+     * label order, like Faiss's add appends). */
+    for (size_t i = 0; i < v->nlist; i++) {
+        const tsr__list *bl = base->lists ? base->lists[i] : NULL;
+        if (dropped[i] && !v->owned[i])
+            continue;
+        if (!touched[i] && same_tmpl) {
+            v->lists[i] = list_ref((tsr__list *)bl);
+            continue;
+        }
+        size_t cap = (bl ? bl->n : 0);
+        for (size_t j = 0; j < e->nups; j++)
+            cap += e->ups[j]->list == (int32_t)i;
+        if (cap == 0)
+            continue;
+        tsr__list *l = calloc(1, sizeof *l);
+        if (l == NULL)
+            goto nomem;
+        atomic_init(&l->refs, 1);
+        v->lists[i] = l;
+        l->codes = tsr_try_malloc(cap, cs);
+        l->ids = tsr_try_malloc(cap, sizeof(int64_t));
+        if (!l->codes || !l->ids)
+            goto nomem;
+        for (size_t j = 0; bl && j < bl->n; j++) {
+            int64_t lab = bl->ids[j];
+            if (find_up(e, lab) || in_sorted(e->dels, e->ndels, lab))
+                continue;
+            if (same_tmpl) {
+                memcpy(l->codes + l->n * cs, bl->codes + j * cs, cs);
+            } else {
+                tsr__rec *r = tsr__version_find(base, lab);
+                if (r == NULL || r->dp.dense == NULL) {
+                    rc = tsr_err(err, TSR_EINTERNAL, "label %lld: no raw vector to re-encode",
+                                 (long long)lab);
+                    goto fail;
+                }
+                memset(l->codes + l->n * cs, 0, cs);
+                tsr__encode(v->tmpl, r->dp.dense, (int32_t)i, l->codes + l->n * cs);
+            }
+            l->ids[l->n++] = lab;
+        }
+        for (size_t j = 0; j < e->nups; j++) {
+            tsr__rec *u = e->ups[j];
+            if (u->list != (int32_t)i)
+                continue;
+            if (u->dp.ndense != d) {
+                rc = tsr_err(err, TSR_EINVAL, "label %lld: dense vector has %zu values, the index "
+                             "dimension is %zu", (long long)u->label, u->dp.ndense, d);
+                goto fail;
+            }
+            memset(l->codes + l->n * cs, 0, cs);
+            tsr__encode(v->tmpl, u->dp.dense, (int32_t)i, l->codes + l->n * cs);
+            l->ids[l->n++] = u->label;
+        }
+        if (l->n == 0) {
+            tsr__list_unref(l);
+            v->lists[i] = NULL;
+        }
+    }
+    if ((rc = finish(v, base->dict, err)) != 0)
+        goto fail;
+    free(touched);
+    free(dropped);
+    *out = v;
+    return 0;
+nomem:
+    rc = tsr_err(err, TSR_ENOMEM, "out of memory building version %lld", (long long)version);
+fail:
+    free(touched);
+    free(dropped);
+    tsr__version_unref(v);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ proto <-> datapoint */
+
+static char *dupn(const char *s)
+{
+    return strdup(s ? s : "");
+}
+
+int tsr__dp_from_proto(const Tessera__V1__IndexDatapoint *p, size_t d, tsr_datapoint *dp,
+                       tsr_error *err)
+{
+    tsr_datapoint_init(dp);
+    if (p == NULL)
+        return tsr_err(err, TSR_EINVAL, "datapoint missing");
+    dp->id = dupn(p->datapoint_id);
+    if (dp->id == NULL)
+        goto nomem;
+    if (p->n_feature_vector > 0) {
+        if (d && p->n_feature_vector != d) {
+            tsr_err(err, TSR_EINVAL, "datapoint '%s': feature_vector has %zu values, the index "
+                    "dimension is %zu", dp->id, p->n_feature_vector, d);
+            goto fail;
+        }
+        dp->dense = tsr_try_malloc(p->n_feature_vector, sizeof(float));
+        if (dp->dense == NULL)
+            goto nomem;
+        memcpy(dp->dense, p->feature_vector, p->n_feature_vector * sizeof(float));
+        dp->ndense = p->n_feature_vector;
+    }
+    if (p->sparse_embedding && (p->sparse_embedding->n_values || p->sparse_embedding->n_dimensions)) {
+        const Tessera__V1__SparseEmbedding *s = p->sparse_embedding;
+        if (s->n_values != s->n_dimensions) {
+            tsr_err(err, TSR_EINVAL, "datapoint '%s': sparse_embedding has %zu values and %zu "
+                    "dimensions", dp->id, s->n_values, s->n_dimensions);
+            goto fail;
+        }
+        dp->sparse_dims = tsr_try_malloc(s->n_values, sizeof(int64_t));
+        dp->sparse_vals = tsr_try_malloc(s->n_values, sizeof(float));
+        if (!dp->sparse_dims || !dp->sparse_vals)
+            goto nomem;
+        memcpy(dp->sparse_dims, s->dimensions, s->n_values * sizeof(int64_t));
+        memcpy(dp->sparse_vals, s->values, s->n_values * sizeof(float));
+        dp->nsparse = s->n_values;
+        tsr_datapoint_normalize_sparse(dp);
+    }
+    if (p->n_restricts) {
+        dp->restricts = tsr_try_calloc(p->n_restricts, sizeof(tsr_token_restrict));
+        if (dp->restricts == NULL)
+            goto nomem;
+        for (size_t i = 0; i < p->n_restricts; i++) {
+            const Tessera__V1__Restriction *r = p->restricts[i];
+            tsr_token_restrict *t = &dp->restricts[i];
+            dp->nrestricts = i + 1;
+            t->ns = dupn(r->namespace_);
+            t->allow = tsr_try_calloc(r->n_allow_list + 1, sizeof(char *));
+            t->deny = tsr_try_calloc(r->n_deny_list + 1, sizeof(char *));
+            if (!t->ns || !t->allow || !t->deny)
+                goto nomem;
+            for (size_t j = 0; j < r->n_allow_list; j++, t->nallow++)
+                if ((t->allow[j] = dupn(r->allow_list[j])) == NULL)
+                    goto nomem;
+            for (size_t j = 0; j < r->n_deny_list; j++, t->ndeny++)
+                if ((t->deny[j] = dupn(r->deny_list[j])) == NULL)
+                    goto nomem;
+        }
+    }
+    if (p->n_numeric_restricts) {
+        dp->numeric = tsr_try_calloc(p->n_numeric_restricts, sizeof(tsr_numeric_restrict));
+        if (dp->numeric == NULL)
+            goto nomem;
+        for (size_t i = 0; i < p->n_numeric_restricts; i++) {
+            const Tessera__V1__NumericRestriction *n = p->numeric_restricts[i];
+            tsr_numeric_restrict *o = &dp->numeric[i];
+            dp->nnumeric = i + 1;
+            if ((o->ns = dupn(n->namespace_)) == NULL)
+                goto nomem;
+            switch (n->value_case) {
+            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT:
+                o->type = TSR_NUM_INT, o->v.i = n->value_int;
+                break;
+            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT:
+                o->type = TSR_NUM_FLOAT, o->v.f = n->value_float;
+                break;
+            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE:
+                o->type = TSR_NUM_DOUBLE, o->v.d = n->value_double;
+                break;
+            default:
+                tsr_err(err, TSR_EINVAL, "datapoint '%s': numeric_restricts[%zu] ('%s') has no "
+                        "value", dp->id, i, o->ns);
+                goto fail;
+            }
+        }
+    }
+    if (p->crowding_tag && p->crowding_tag->crowding_attribute &&
+        p->crowding_tag->crowding_attribute[0]) {
+        if ((dp->crowding_tag = dupn(p->crowding_tag->crowding_attribute)) == NULL)
+            goto nomem;
+    }
+    return 0;
+nomem:
+    tsr_err(err, TSR_ENOMEM, "out of memory");
+fail:
+    tsr_datapoint_close(dp);
+    return err ? err->code : TSR_EINVAL;
+}
+
+/* The message borrows every string and array of dp; only the message structs are ours. */
+Tessera__V1__IndexDatapoint *tsr__dp_to_proto(const tsr_datapoint *dp)
+{
+    Tessera__V1__IndexDatapoint *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    tessera__v1__index_datapoint__init(p);
+    p->datapoint_id = dp->id;
+    p->feature_vector = dp->dense;
+    p->n_feature_vector = dp->ndense;
+    if (dp->nsparse) {
+        p->sparse_embedding = calloc(1, sizeof *p->sparse_embedding);
+        if (p->sparse_embedding == NULL)
+            goto fail;
+        tessera__v1__sparse_embedding__init(p->sparse_embedding);
+        p->sparse_embedding->values = dp->sparse_vals;
+        p->sparse_embedding->n_values = dp->nsparse;
+        p->sparse_embedding->dimensions = dp->sparse_dims;
+        p->sparse_embedding->n_dimensions = dp->nsparse;
+    }
+    if (dp->crowding_tag) {
+        p->crowding_tag = calloc(1, sizeof *p->crowding_tag);
+        if (p->crowding_tag == NULL)
+            goto fail;
+        tessera__v1__crowding_tag__init(p->crowding_tag);
+        p->crowding_tag->crowding_attribute = dp->crowding_tag;
+    }
+    if (dp->nrestricts) {
+        p->restricts = calloc(dp->nrestricts, sizeof *p->restricts);
+        if (p->restricts == NULL)
+            goto fail;
+        for (size_t i = 0; i < dp->nrestricts; i++) {
+            Tessera__V1__Restriction *r = calloc(1, sizeof *r);
+            if (r == NULL)
+                goto fail;
+            tessera__v1__restriction__init(r);
+            p->restricts[p->n_restricts++] = r;
+            r->namespace_ = dp->restricts[i].ns;
+            r->allow_list = dp->restricts[i].allow;
+            r->n_allow_list = dp->restricts[i].nallow;
+            r->deny_list = dp->restricts[i].deny;
+            r->n_deny_list = dp->restricts[i].ndeny;
+        }
+    }
+    if (dp->nnumeric) {
+        p->numeric_restricts = calloc(dp->nnumeric, sizeof *p->numeric_restricts);
+        if (p->numeric_restricts == NULL)
+            goto fail;
+        for (size_t i = 0; i < dp->nnumeric; i++) {
+            Tessera__V1__NumericRestriction *n = calloc(1, sizeof *n);
+            if (n == NULL)
+                goto fail;
+            tessera__v1__numeric_restriction__init(n);
+            p->numeric_restricts[p->n_numeric_restricts++] = n;
+            n->namespace_ = dp->numeric[i].ns;
+            switch (dp->numeric[i].type) {
+            case TSR_NUM_INT:
+                n->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT;
+                n->value_int = dp->numeric[i].v.i;
+                break;
+            case TSR_NUM_FLOAT:
+                n->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT;
+                n->value_float = dp->numeric[i].v.f;
+                break;
+            default:
+                n->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE;
+                n->value_double = dp->numeric[i].v.d;
+                break;
+            }
+        }
+    }
+    return p;
+fail:
+    tsr__dp_proto_free(p);
+    return NULL;
+}
+
+void tsr__dp_proto_free(Tessera__V1__IndexDatapoint *p)
+{
+    if (p == NULL)
+        return;
+    free(p->sparse_embedding);
+    free(p->crowding_tag);
+    for (size_t i = 0; i < p->n_restricts; i++)
+        free(p->restricts[i]);
+    free(p->restricts);
+    for (size_t i = 0; i < p->n_numeric_restricts; i++)
+        free(p->numeric_restricts[i]);
+    free(p->numeric_restricts);
+    free(p);
+}
+
+/* ------------------------------------------------------------------ files */
+
+typedef struct buf {
+    uint8_t *p;
+    size_t n, cap;
+    int oom;
+} buf;
+
+static void put(buf *b, const void *src, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->n + n)
+            cap *= 2;
+        uint8_t *q = realloc(b->p, cap);
+        if (q == NULL) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q, b->cap = cap;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+static int write_all(const char *path, const void *data, size_t n, tsr_error *err)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return tsr_err(err, TSR_EIO, "%s: cannot create: %s", path, strerror(errno));
+    const uint8_t *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            return tsr_err(err, TSR_EIO, "%s: write failed: %s", path, strerror(e));
+        }
+        p += w, n -= (size_t)w;
+    }
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        return tsr_err(err, TSR_EIO, "%s: fsync failed: %s", path, strerror(e));
+    }
+    close(fd);
+    return 0;
+}
+
+static int read_all(const char *path, uint8_t **out, size_t *n, tsr_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return tsr_err(err, TSR_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int rc = 0;
+    if (fseek(f, 0, SEEK_END) != 0) {
+        rc = tsr_err(err, TSR_EIO, "%s: cannot seek", path);
+        goto out;
+    }
+    long sz = ftell(f);
+    rewind(f);
+    if (sz < 0) {
+        rc = tsr_err(err, TSR_EIO, "%s: cannot size", path);
+        goto out;
+    }
+    *out = tsr_try_malloc((size_t)sz + 1, 1);
+    if (*out == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory for %ld bytes", path, sz);
+        goto out;
+    }
+    if (fread(*out, 1, (size_t)sz, f) != (size_t)sz) {
+        free(*out);
+        *out = NULL;
+        rc = tsr_err(err, TSR_EIO, "%s: short read", path);
+        goto out;
+    }
+    *n = (size_t)sz;
+out:
+    fclose(f);
+    return rc;
+}
+
+int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
+{
+    char path[4096];
+    int rc = 0;
+    buf meta = {0}, vec = {0};
+    uint8_t *fb = NULL;
+    size_t fn = 0;
+    tsr_invlist *lists = NULL;
+    const tsr_ivfpq *tix = v->tmpl->ix;
+
+    /* slice.faiss: a shallow view of the template with this version's lists. */
+    tsr_ivfpq view = *tix;
+    lists = tsr_try_calloc(v->nlist, sizeof *lists);
+    if (lists == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    view.lists = lists;
+    view.ntotal = 0;
+    view.search_cache = NULL;
+    for (size_t i = 0; i < v->nlist; i++)
+        if (v->lists[i]) {
+            lists[i].size = lists[i].cap = v->lists[i]->n;
+            lists[i].codes = v->lists[i]->codes;
+            lists[i].ids = v->lists[i]->ids;
+            view.ntotal += (int64_t)v->lists[i]->n;
+        }
+    if ((rc = tsr_faiss_write_mem(&view, &fb, &fn, err)) != 0)
+        goto out;
+    snprintf(path, sizeof path, "%s/slice.faiss", dir);
+    if ((rc = write_all(path, fb, fn, err)) != 0)
+        goto out;
+
+    /* meta + vectors.f32 */
+    uint32_t fmt = 1, d = (uint32_t)tix->d;
+    uint64_t nowned = 0;
+    put(&meta, "TSRM", 4);
+    put(&meta, &fmt, 4);
+    put(&meta, &v->version, 8);
+    put(&meta, &d, 4);
+    for (size_t i = 0; i < v->nlist; i++)
+        nowned += v->owned[i];
+    put(&meta, &nowned, 8);
+    for (size_t i = 0; i < v->nlist; i++)
+        if (v->owned[i]) {
+            int32_t li = (int32_t)i;
+            put(&meta, &li, 4);
+        }
+    uint64_t nrecs = v->nrecs;
+    put(&meta, &nrecs, 8);
+    for (size_t i = 0; i < v->nrecs; i++) {
+        const tsr__rec *r = v->recs[i];
+        Tessera__V1__IndexDatapoint *p = tsr__dp_to_proto(&r->dp);
+        if (p == NULL) {
+            rc = tsr_err(err, TSR_ENOMEM, "out of memory");
+            goto out;
+        }
+        p->n_feature_vector = 0;
+        p->feature_vector = NULL;
+        Tessera__V1__StagedUpsert up = TESSERA__V1__STAGED_UPSERT__INIT;
+        up.label = r->label;
+        up.list = r->list;
+        up.datapoint = p;
+        size_t len = tessera__v1__staged_upsert__get_packed_size(&up);
+        uint8_t *tmp = malloc(len ? len : 1);
+        if (tmp == NULL) {
+            tsr__dp_proto_free(p);
+            rc = tsr_err(err, TSR_ENOMEM, "out of memory");
+            goto out;
+        }
+        tessera__v1__staged_upsert__pack(&up, tmp);
+        uint32_t l32 = (uint32_t)len;
+        put(&meta, &l32, 4);
+        put(&meta, tmp, len);
+        free(tmp);
+        tsr__dp_proto_free(p);
+        if (r->list >= 0)
+            put(&vec, r->dp.dense, (size_t)d * sizeof(float));
+    }
+    if (meta.oom || vec.oom) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory for the metadata");
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/meta", dir);
+    if ((rc = write_all(path, meta.p, meta.n, err)) != 0)
+        goto out;
+    snprintf(path, sizeof path, "%s/vectors.f32", dir);
+    rc = write_all(path, vec.p, vec.n, err);
+out:
+    free(lists);
+    free(fb);
+    free(meta.p);
+    free(vec.p);
+    return rc;
+}
+
+static int rec_cmp(const void *a, const void *b)
+{
+    int64_t x = (*(tsr__rec *const *)a)->label, y = (*(tsr__rec *const *)b)->label;
+    return x < y ? -1 : x > y;
+}
+
+int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_error *err)
+{
+    char path[4096];
+    int rc;
+    uint8_t *mb = NULL, *vb = NULL;
+    size_t mn = 0, vn = 0;
+    tsr_ivfpq *ix = NULL;
+    tsr__version *v = calloc(1, sizeof *v);
+    if (v == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    atomic_init(&v->refs, 1);
+    v->version = version;
+
+    snprintf(path, sizeof path, "%s/slice.faiss", dir);
+    if ((rc = tsr_faiss_read_file(path, &ix, err)) != 0)
+        goto fail;
+    v->nlist = ix->nlist;
+    v->lists = tsr_try_calloc(v->nlist, sizeof(tsr__list *));
+    v->owned = tsr_try_calloc(v->nlist, 1);
+    if (!v->lists || !v->owned)
+        goto nomem;
+    for (size_t i = 0; i < ix->nlist; i++) {
+        tsr_invlist *il = &ix->lists[i];
+        if (il->size == 0)
+            continue;
+        tsr__list *l = calloc(1, sizeof *l);
+        if (l == NULL)
+            goto nomem;
+        atomic_init(&l->refs, 1);
+        l->n = il->size, l->codes = il->codes, l->ids = il->ids;
+        memset(il, 0, sizeof *il);
+        v->lists[i] = l;
+    }
+    size_t d = (size_t)ix->d;
+    v->tmpl = tsr__tmpl_from_index(ix, err);
+    ix = NULL;
+    if (v->tmpl == NULL) {
+        rc = err ? err->code : TSR_ENOMEM;
+        goto fail;
+    }
+
+    snprintf(path, sizeof path, "%s/meta", dir);
+    if ((rc = read_all(path, &mb, &mn, err)) != 0)
+        goto fail;
+    snprintf(path, sizeof path, "%s/vectors.f32", dir);
+    if ((rc = read_all(path, &vb, &vn, err)) != 0)
+        goto fail;
+    size_t off = 0;
+#define NEED(n_, what)                                                                     \
+    do {                                                                                   \
+        if (mn - off < (size_t)(n_)) {                                                     \
+            rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset %zu: %s truncated", dir, off, what); \
+            goto fail;                                                                     \
+        }                                                                                  \
+    } while (0)
+    NEED(4 + 4 + 8 + 4 + 8, "header");
+    uint32_t fmt, md;
+    int64_t mver;
+    uint64_t nowned, nrecs;
+    if (memcmp(mb, "TSRM", 4) != 0) {
+        rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset 0: magic is not TSRM", dir);
+        goto fail;
+    }
+    memcpy(&fmt, mb + 4, 4);
+    memcpy(&mver, mb + 8, 8);
+    memcpy(&md, mb + 16, 4);
+    memcpy(&nowned, mb + 20, 8);
+    off = 28;
+    if (fmt != 1 || md != d || mver != version) {
+        rc = tsr_err(err, TSR_EFORMAT, "%s/meta: format %u, d %u, version %lld; expected 1, %zu, "
+                     "%lld", dir, fmt, md, (long long)mver, d, (long long)version);
+        goto fail;
+    }
+    if (nowned > v->nlist) {
+        rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset 20: %llu owned lists > nlist %zu", dir,
+                     (unsigned long long)nowned, v->nlist);
+        goto fail;
+    }
+    NEED(nowned * 4 + 8, "owned lists");
+    for (uint64_t i = 0; i < nowned; i++, off += 4) {
+        int32_t li;
+        memcpy(&li, mb + off, 4);
+        if (li < 0 || (size_t)li >= v->nlist) {
+            rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset %zu: owned list %d out of range", dir,
+                         off, li);
+            goto fail;
+        }
+        v->owned[li] = 1;
+    }
+    memcpy(&nrecs, mb + off, 8);
+    off += 8;
+    if (nrecs > (mn - off) / 4) {
+        rc = tsr_err(err, TSR_EFORMAT, "%s/meta: %llu records do not fit in the file", dir,
+                     (unsigned long long)nrecs);
+        goto fail;
+    }
+    v->recs = tsr_try_calloc(nrecs ? nrecs : 1, sizeof(tsr__rec *));
+    if (v->recs == NULL)
+        goto nomem;
+    size_t voff = 0;
+    for (uint64_t i = 0; i < nrecs; i++) {
+        uint32_t len;
+        NEED(4, "record length");
+        memcpy(&len, mb + off, 4);
+        off += 4;
+        NEED(len, "record");
+        Tessera__V1__StagedUpsert *up = tessera__v1__staged_upsert__unpack(NULL, len, mb + off);
+        if (up == NULL) {
+            rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset %zu: record %llu does not parse", dir,
+                         off, (unsigned long long)i);
+            goto fail;
+        }
+        off += len;
+        tsr__rec *r = calloc(1, sizeof *r);
+        if (r == NULL) {
+            tessera__v1__staged_upsert__free_unpacked(up, NULL);
+            goto nomem;
+        }
+        atomic_init(&r->refs, 1);
+        r->label = up->label;
+        r->list = up->list;
+        rc = tsr__dp_from_proto(up->datapoint, d, &r->dp, err);
+        tessera__v1__staged_upsert__free_unpacked(up, NULL);
+        v->recs[v->nrecs++] = r;
+        if (rc != 0)
+            goto fail;
+        if (r->list >= (int32_t)v->nlist || r->list < -1) {
+            rc = tsr_err(err, TSR_EFORMAT, "%s/meta: record %llu: list %d out of range", dir,
+                         (unsigned long long)i, r->list);
+            goto fail;
+        }
+        if (r->list >= 0) {
+            if (vn - voff < d * sizeof(float)) {
+                rc = tsr_err(err, TSR_EFORMAT, "%s/vectors.f32: truncated at record %llu", dir,
+                             (unsigned long long)i);
+                goto fail;
+            }
+            r->dp.dense = tsr_try_malloc(d, sizeof(float));
+            if (r->dp.dense == NULL)
+                goto nomem;
+            memcpy(r->dp.dense, vb + voff, d * sizeof(float));
+            r->dp.ndense = d;
+            voff += d * sizeof(float);
+        }
+    }
+#undef NEED
+    if (voff != vn || off != mn) {
+        rc = tsr_err(err, TSR_EFORMAT, "%s: trailing bytes in meta (%zu/%zu) or vectors.f32 "
+                     "(%zu/%zu)", dir, off, mn, voff, vn);
+        goto fail;
+    }
+    qsort(v->recs, v->nrecs, sizeof *v->recs, rec_cmp);
+    for (size_t i = 1; i < v->nrecs; i++)
+        if (v->recs[i]->label == v->recs[i - 1]->label) {
+            rc = tsr_err(err, TSR_EFORMAT, "%s/meta: label %lld twice", dir,
+                         (long long)v->recs[i]->label);
+            goto fail;
+        }
+    if ((rc = finish(v, NULL, err)) != 0) {
+        tsr_err_prefix(err, "%s", dir);
+        goto fail;
+    }
+    free(mb);
+    free(vb);
+    *out = v;
+    return 0;
+nomem:
+    rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory", dir);
+fail:
+    free(mb);
+    free(vb);
+    tsr_ivfpq_destroy(ix);
+    tsr__version_unref(v);
+    return rc;
+}

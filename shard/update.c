@@ -1,0 +1,741 @@
+/*
+ * update — the shard's version table and its two-phase update (DESIGN "Batch update"):
+ * Stage chunks of upserts/deletes for version N+1 on top of a base, Prepare (build N+1
+ * beside N, copy-on-write per list, write v<N+1>/ through disk.c, fsync, check the
+ * MANIFEST), Commit (CURRENT := N+1 on disk — the shard's commit point — then swap the
+ * current pointer), Abort (drop a staged or prepared version), Release (drop old serving
+ * versions once the coordinator plans no more queries on them).
+ *
+ * Versions held: the current one, older serving ones not yet released (at most
+ * TSR__MAX_HELD_VERSIONS; beyond that the oldest is dropped on its own — in-flight
+ * queries keep their reference, so nothing breaks under them), and prepared ones. A
+ * query naming a prepared version is served from it: the coordinator plans on N+1 only
+ * after its own commit point, and its Commit may reach this shard after such a query.
+ *
+ * On disk at start-up: CURRENT's version is loaded (MANIFEST checked); if it does not
+ * check or load, the newest older version that does is served instead (logged). Newer
+ * complete versions are prepared ones (they survived a restart, Commit or Abort decides);
+ * *.tmp directories are removed; older versions except the newest one below current
+ * (kept as a fallback) are removed.
+ *
+ * DESIGN (threads): update_mu serializes every update call (Stage/Prepare run on the
+ * rpc worker pool; Commit/Abort/Release are short). table_mu guards `current` and
+ * `held` and is held only to look up + ref, or to swap entries: no I/O, no building,
+ * no allocation beyond a pointer swap. Queries take only table_mu, briefly. Lock order:
+ * update_mu before table_mu.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "faiss_io.h"
+#include "log.h"
+#include "mem.h"
+#include "shard.h"
+
+typedef struct upent {
+    tsr__rec *rec; /* ref */
+    uint64_t seq;
+} upent;
+
+struct tsr__staging {
+    int64_t version, base_version;
+    int32_t chunks;
+    tsr__version *base; /* ref */
+    tsr__tmpl *tmpl;    /* ref; NULL = the base's */
+    upent *ups;
+    size_t nups, capups;
+    int64_t *dels;
+    size_t ndels, capdels;
+    int32_t *drop;
+    size_t ndrop;
+    int32_t *own;
+    size_t nown;
+    int have_own;
+    uint64_t seq;
+    int64_t total_ups, total_dels;
+};
+
+static void staging_free(tsr__staging *st)
+{
+    if (st == NULL)
+        return;
+    for (size_t i = 0; i < st->nups; i++)
+        tsr__rec_unref(st->ups[i].rec);
+    free(st->ups);
+    free(st->dels);
+    free(st->drop);
+    free(st->own);
+    tsr__version_unref(st->base);
+    tsr__tmpl_unref(st->tmpl);
+    free(st);
+}
+
+/* ------------------------------------------------------------------ table */
+
+/* Caller holds table_mu. */
+static tsr__held *find_held(tsr__shard *s, int64_t version)
+{
+    for (size_t i = 0; i < s->nheld; i++)
+        if (s->held[i].v->version == version)
+            return &s->held[i];
+    return NULL;
+}
+
+tsr__version *tsr__shard_get(tsr__shard *s, int64_t version)
+{
+    tsr__version *v = NULL;
+    pthread_mutex_lock(&s->table_mu);
+    if (version == 0 || version == s->current->version) {
+        v = tsr__version_ref(s->current);
+    } else {
+        tsr__held *h = find_held(s, version);
+        if (h)
+            v = tsr__version_ref(h->v);
+    }
+    pthread_mutex_unlock(&s->table_mu);
+    return v;
+}
+
+/* Removes held[i] from the table (caller holds table_mu); returns the ref to unref
+ * outside the lock. */
+static tsr__version *take_held(tsr__shard *s, size_t i)
+{
+    tsr__version *v = s->held[i].v;
+    memmove(&s->held[i], &s->held[i + 1], (s->nheld - i - 1) * sizeof s->held[0]);
+    s->nheld--;
+    return v;
+}
+
+/* Removes version directories nobody needs: below current, not held, except the newest
+ * below current (the fallback). Caller holds update_mu. */
+static void gc_dirs(tsr__shard *s)
+{
+    int64_t *vs = NULL;
+    size_t n = 0;
+    tsr_error err = TSR_ERROR_INIT;
+    if (tsr__list_vdirs(s->dir, &vs, &n, &err) != 0)
+        return;
+    int64_t cur = s->current->version;
+    int64_t fallback = 0;
+    for (size_t i = 0; i < n; i++)
+        if (vs[i] < cur)
+            fallback = vs[i];
+    for (size_t i = 0; i < n; i++) {
+        if (vs[i] >= cur || vs[i] == fallback)
+            continue;
+        pthread_mutex_lock(&s->table_mu);
+        int held = find_held(s, vs[i]) != NULL;
+        pthread_mutex_unlock(&s->table_mu);
+        if (held)
+            continue;
+        char p[4096];
+        tsr__vdir(s->dir, vs[i], p, sizeof p);
+        tsr__rmtree(p);
+    }
+    free(vs);
+}
+
+static int load_checked(const char *dir, int64_t version, tsr__version **out, tsr_error *err)
+{
+    char vd[4096];
+    uint64_t total = 0;
+    tsr__vdir(dir, version, vd, sizeof vd);
+    int rc = tsr__manifest_check(vd, version, &total, err);
+    if (rc == 0)
+        rc = tsr__version_load(vd, version, out, err);
+    if (rc == 0)
+        (*out)->disk_bytes = total;
+    return rc;
+}
+
+int tsr__shard_open(tsr__shard *s, const char *dir, tsr_error *err)
+{
+    memset(s, 0, sizeof *s);
+    pthread_mutex_init(&s->table_mu, NULL);
+    pthread_mutex_init(&s->update_mu, NULL);
+    s->dir = strdup(dir);
+    if (s->dir == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return tsr_err(err, TSR_EIO, "%s: cannot create data directory: %s", dir, strerror(errno));
+    int64_t cur = 0, *vs = NULL;
+    size_t n = 0;
+    int rc = tsr__current_read(dir, &cur, err);
+    if (rc != 0)
+        return rc;
+    if ((rc = tsr__list_vdirs(dir, &vs, &n, err)) != 0)
+        return rc;
+    if (cur > 0) {
+        tsr_error e = TSR_ERROR_INIT;
+        if (load_checked(dir, cur, &s->current, &e) != 0) {
+            tsr_error_log("version %lld (CURRENT) refused: %s", (long long)cur, e.msg);
+            for (size_t i = n; i-- > 0 && s->current == NULL;) {
+                if (vs[i] >= cur)
+                    continue;
+                tsr_error e2 = TSR_ERROR_INIT;
+                if (load_checked(dir, vs[i], &s->current, &e2) == 0)
+                    tsr_warn("falling back to version %lld", (long long)vs[i]);
+                else
+                    tsr_error_log("version %lld refused: %s", (long long)vs[i], e2.msg);
+            }
+        }
+    }
+    if (s->current == NULL) {
+        if (cur > 0)
+            tsr_warn("no loadable version at or below %lld: starting empty at version 0",
+                     (long long)cur);
+        if ((s->current = tsr__version_empty(err)) == NULL) {
+            free(vs);
+            return err ? err->code : TSR_ENOMEM;
+        }
+    }
+    s->held[s->nheld++] = (tsr__held){tsr__version_ref(s->current), TSR__SERVING};
+    /* Newer complete versions: prepared before a restart, waiting for Commit / Abort. */
+    for (size_t i = 0; i < n; i++) {
+        if (vs[i] <= cur || s->nheld >= TSR__MAX_HELD_VERSIONS)
+            continue;
+        tsr__version *v = NULL;
+        tsr_error e = TSR_ERROR_INIT;
+        if (load_checked(dir, vs[i], &v, &e) == 0) {
+            s->held[s->nheld++] = (tsr__held){v, TSR__PREPARED};
+            tsr_info("version %lld is prepared (waiting for Commit or Abort)", (long long)vs[i]);
+        } else {
+            char p[4096];
+            tsr_error_log("prepared version %lld refused, removing it: %s", (long long)vs[i],
+                          e.msg);
+            tsr__vdir(dir, vs[i], p, sizeof p);
+            tsr__rmtree(p);
+        }
+    }
+    free(vs);
+    gc_dirs(s);
+    tsr_info("serving version %lld: %zu vectors, %zu sparse, %zu records",
+             (long long)s->current->version, s->current->nvectors, s->current->nsparse,
+             s->current->nrecs);
+    return 0;
+}
+
+void tsr__shard_close(tsr__shard *s)
+{
+    staging_free(s->staging);
+    s->staging = NULL;
+    for (size_t i = 0; i < s->nheld; i++)
+        tsr__version_unref(s->held[i].v);
+    s->nheld = 0;
+    tsr__version_unref(s->current);
+    s->current = NULL;
+    free(s->dir);
+    s->dir = NULL;
+    pthread_mutex_destroy(&s->table_mu);
+    pthread_mutex_destroy(&s->update_mu);
+}
+
+/* ------------------------------------------------------------------ stage */
+
+static int list_ok(const tsr__staging *st, int32_t list)
+{
+    const tsr__tmpl *t = st->tmpl ? st->tmpl : st->base->tmpl;
+    return t && list >= 0 && (size_t)list < t->ix->nlist;
+}
+
+int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
+                     Tessera__V1__StageResponse *resp, tsr_error *err)
+{
+    int rc = 0;
+    tsr__rec **recs = NULL;
+    size_t nrecs = 0;
+    pthread_mutex_lock(&s->update_mu);
+    tsr__staging *st = s->staging;
+    if (rq->version <= 0) {
+        rc = tsr_err(err, TSR_EINVAL, "StageRequest.version %lld: must be > 0",
+                     (long long)rq->version);
+        goto out;
+    }
+    if (rq->chunk < 0) {
+        rc = tsr_err(err, TSR_EINVAL, "StageRequest.chunk %d: must be >= 0", rq->chunk);
+        goto out;
+    }
+    pthread_mutex_lock(&s->table_mu);
+    int64_t cur = s->current->version;
+    int exists = find_held(s, rq->version) != NULL;
+    pthread_mutex_unlock(&s->table_mu);
+    if (rq->version <= cur || exists) {
+        rc = tsr_err(err, TSR_ESTATE, "StageRequest.version %lld: the shard already has "
+                     "version %lld%s", (long long)rq->version,
+                     (long long)(exists ? rq->version : cur), exists ? "" : " (current)");
+        goto out;
+    }
+    if (st && st->version == rq->version && rq->chunk == st->chunks - 1 && rq->chunk > 0) {
+        /* A retry of the last chunk: acknowledged, not applied twice. */
+        goto reply;
+    }
+    if (rq->chunk == 0) {
+        /* A new update replaces any unfinished staging (a coordinator that restarted). */
+        if (st) {
+            tsr_warn("staging of version %lld dropped by a new Stage of version %lld",
+                     (long long)st->version, (long long)rq->version);
+            staging_free(st);
+            s->staging = st = NULL;
+            atomic_store(&s->staging_version, 0);
+        }
+        st = calloc(1, sizeof *st);
+        if (st == NULL) {
+            rc = tsr_err(err, TSR_ENOMEM, "out of memory");
+            goto out;
+        }
+        st->version = rq->version;
+        st->base_version = rq->base_version;
+        if (rq->base_version == 0) {
+            st->base = tsr__version_empty(err);
+        } else {
+            st->base = tsr__shard_get(s, rq->base_version);
+            if (st->base == NULL)
+                tsr_err(err, TSR_ESTATE, "StageRequest.base_version %lld: the shard does not "
+                        "have it (current %lld)", (long long)rq->base_version, (long long)cur);
+        }
+        if (st->base == NULL) {
+            rc = err ? err->code : TSR_ESTATE;
+            staging_free(st);
+            st = NULL;
+            goto out;
+        }
+        if (rq->template_faiss.len > 0) {
+            tsr_ivfpq *ix = NULL;
+            if ((rc = tsr_faiss_read_mem(rq->template_faiss.data, rq->template_faiss.len, &ix,
+                                         err)) != 0) {
+                tsr_err_prefix(err, "StageRequest.template_faiss");
+                rc = err ? (err->code = TSR_EINVAL) : TSR_EINVAL;
+                staging_free(st);
+                st = NULL;
+                goto out;
+            }
+            if (ix->is_refine || !ix->is_trained) {
+                tsr_ivfpq_destroy(ix);
+                rc = tsr_err(err, TSR_EINVAL, "StageRequest.template_faiss: %s",
+                             ix->is_refine ? "IwQR is not supported" : "index is not trained");
+                staging_free(st);
+                st = NULL;
+                goto out;
+            }
+            st->tmpl = tsr__tmpl_from_index(ix, err);
+            if (st->tmpl == NULL) {
+                rc = err ? err->code : TSR_ENOMEM;
+                staging_free(st);
+                st = NULL;
+                goto out;
+            }
+        } else if (st->base->tmpl == NULL) {
+            rc = tsr_err(err, TSR_ESTATE, "StageRequest: version %lld has an empty base and chunk "
+                         "0 carries no template_faiss", (long long)rq->version);
+            staging_free(st);
+            st = NULL;
+            goto out;
+        }
+        s->staging = st;
+        atomic_store(&s->staging_version, st->version);
+    } else if (st == NULL || st->version != rq->version) {
+        rc = tsr_err(err, TSR_ESTATE, "StageRequest: chunk %d of version %lld without chunk 0",
+                     rq->chunk, (long long)rq->version);
+        goto out;
+    } else if (rq->chunk != st->chunks) {
+        rc = tsr_err(err, TSR_ESTATE, "StageRequest: chunk %d of version %lld, expected chunk %d",
+                     rq->chunk, (long long)rq->version, st->chunks);
+        goto out;
+    } else if (rq->base_version != st->base_version) {
+        rc = tsr_err(err, TSR_EINVAL, "StageRequest: base_version %lld differs from chunk 0's %lld",
+                     (long long)rq->base_version, (long long)st->base_version);
+        goto out;
+    }
+
+    /* Validate and convert the whole chunk before applying any of it. */
+    const tsr__tmpl *t = st->tmpl ? st->tmpl : st->base->tmpl;
+    size_t d = (size_t)t->ix->d;
+    recs = tsr_try_calloc(rq->n_upserts + 1, sizeof *recs);
+    if (recs == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < rq->n_upserts; i++) {
+        const Tessera__V1__StagedUpsert *u = rq->upserts[i];
+        if (u->label < 0) {
+            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu].label %lld: must be >= 0", i,
+                         (long long)u->label);
+            goto out;
+        }
+        if (u->list != -1 && !list_ok(st, u->list)) {
+            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu].list %d: not in -1..%zu", i, u->list,
+                         t->ix->nlist - 1);
+            goto out;
+        }
+        if (u->datapoint == NULL) {
+            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint: missing", i);
+            goto out;
+        }
+        if (u->list >= 0 && u->datapoint->n_feature_vector != d) {
+            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint.feature_vector: %zu values, the "
+                         "index dimension is %zu", i, u->datapoint->n_feature_vector, d);
+            goto out;
+        }
+        if (u->list == -1 && u->datapoint->n_feature_vector != 0) {
+            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu]: list -1 (sparse-only) with a dense "
+                         "feature_vector", i);
+            goto out;
+        }
+        tsr__rec *r = calloc(1, sizeof *r);
+        if (r == NULL) {
+            rc = tsr_err(err, TSR_ENOMEM, "out of memory");
+            goto out;
+        }
+        atomic_init(&r->refs, 1);
+        r->label = u->label;
+        r->list = u->list;
+        recs[nrecs++] = r;
+        if ((rc = tsr__dp_from_proto(u->datapoint, d, &r->dp, err)) != 0) {
+            tsr_err_prefix(err, "upserts[%zu]", i);
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < rq->n_deletes; i++)
+        if (rq->deletes[i]->label < 0) {
+            rc = tsr_err(err, TSR_EINVAL, "deletes[%zu].label %lld: must be >= 0", i,
+                         (long long)rq->deletes[i]->label);
+            goto out;
+        }
+    for (size_t i = 0; i < rq->n_drop_lists; i++)
+        if (!list_ok(st, rq->drop_lists[i])) {
+            rc = tsr_err(err, TSR_EINVAL, "drop_lists[%zu] %d: not a list", i, rq->drop_lists[i]);
+            goto out;
+        }
+    for (size_t i = 0; i < rq->n_own_lists; i++)
+        if (!list_ok(st, rq->own_lists[i])) {
+            rc = tsr_err(err, TSR_EINVAL, "own_lists[%zu] %d: not a list", i, rq->own_lists[i]);
+            goto out;
+        }
+
+    /* Apply. */
+    upent *nu = tsr_try_realloc(st->ups, st->nups + nrecs + 1, sizeof *nu);
+    int64_t *nd = tsr_try_realloc(st->dels, st->ndels + rq->n_deletes + 1, sizeof *nd);
+    int32_t *ndr = tsr_try_realloc(st->drop, st->ndrop + rq->n_drop_lists + 1, sizeof *ndr);
+    int32_t *no = tsr_try_realloc(st->own, st->nown + rq->n_own_lists + 1, sizeof *no);
+    if (nu) st->ups = nu;
+    if (nd) st->dels = nd;
+    if (ndr) st->drop = ndr;
+    if (no) st->own = no;
+    if (!nu || !nd || !ndr || !no) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < nrecs; i++)
+        st->ups[st->nups++] = (upent){recs[i], st->seq++};
+    nrecs = 0;
+    for (size_t i = 0; i < rq->n_deletes; i++)
+        st->dels[st->ndels++] = rq->deletes[i]->label;
+    for (size_t i = 0; i < rq->n_drop_lists; i++)
+        st->drop[st->ndrop++] = rq->drop_lists[i];
+    for (size_t i = 0; i < rq->n_own_lists; i++)
+        st->own[st->nown++] = rq->own_lists[i];
+    if (rq->n_own_lists)
+        st->have_own = 1;
+    st->total_ups += (int64_t)rq->n_upserts;
+    st->total_dels += (int64_t)rq->n_deletes;
+    st->chunks = rq->chunk + 1;
+reply:
+    resp->version = st->version;
+    resp->chunks_received = st->chunks;
+    resp->upserts = st->total_ups;
+    resp->deletes = st->total_dels;
+out:
+    for (size_t i = 0; i < nrecs; i++)
+        tsr__rec_unref(recs[i]);
+    free(recs);
+    pthread_mutex_unlock(&s->update_mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ prepare */
+
+static int up_cmp(const void *a, const void *b)
+{
+    const upent *x = a, *y = b;
+    if (x->rec->label != y->rec->label)
+        return x->rec->label < y->rec->label ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static int i64_cmp(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Turns the staging into an edit set: upserts sorted by label, the last copy of a label
+ * wins; deletes sorted, unique. */
+static int make_edits(tsr__staging *st, tsr__edits *e, tsr_error *err)
+{
+    memset(e, 0, sizeof *e);
+    qsort(st->ups, st->nups, sizeof *st->ups, up_cmp);
+    e->ups = tsr_try_malloc(st->nups + 1, sizeof *e->ups);
+    e->dels = tsr_try_malloc(st->ndels + 1, sizeof *e->dels);
+    e->drop = tsr_try_malloc(st->ndrop + 1, sizeof *e->drop);
+    e->own = tsr_try_malloc(st->nown + 1, sizeof *e->own);
+    if (!e->ups || !e->dels || !e->drop || !e->own)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < st->nups; i++) {
+        if (i + 1 < st->nups && st->ups[i + 1].rec->label == st->ups[i].rec->label)
+            continue;
+        e->ups[e->nups++] = tsr__rec_ref(st->ups[i].rec);
+    }
+    qsort(st->dels, st->ndels, sizeof *st->dels, i64_cmp);
+    for (size_t i = 0; i < st->ndels; i++)
+        if (e->ndels == 0 || e->dels[e->ndels - 1] != st->dels[i])
+            e->dels[e->ndels++] = st->dels[i];
+    memcpy(e->drop, st->drop, st->ndrop * sizeof *e->drop);
+    e->ndrop = st->ndrop;
+    memcpy(e->own, st->own, st->nown * sizeof *e->own);
+    e->nown = st->nown;
+    e->have_own = st->have_own;
+    return 0;
+}
+
+int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareResponse *resp,
+                       tsr_error *err)
+{
+    int rc = 0;
+    tsr__version *v = NULL;
+    tsr__edits e = {0};
+    char vd[4096], tmp[4200];
+    pthread_mutex_lock(&s->update_mu);
+    pthread_mutex_lock(&s->table_mu);
+    tsr__held *h = find_held(s, version);
+    if (h) {
+        resp->ready = 1;
+        resp->vectors_count = (int64_t)h->v->nvectors;
+        resp->sparse_vectors_count = (int64_t)h->v->nsparse;
+    }
+    pthread_mutex_unlock(&s->table_mu);
+    if (h)
+        goto out; /* already prepared (or serving): idempotent */
+    tsr__staging *st = s->staging;
+    if (st == NULL || st->version != version) {
+        rc = tsr_err(err, TSR_ESTATE, "Prepare(%lld): no staged version %lld%s", (long long)version,
+                     (long long)version, st ? " (another version is staged)" : "");
+        goto out;
+    }
+    if ((rc = make_edits(st, &e, err)) != 0)
+        goto out;
+    if ((rc = tsr__version_build(st->base, st->tmpl, &e, version, &v, err)) != 0)
+        goto out;
+    tsr__vdir(s->dir, version, vd, sizeof vd);
+    snprintf(tmp, sizeof tmp, "%s.tmp", vd);
+    tsr__rmtree(tmp);
+    tsr__rmtree(vd);
+    if (mkdir(tmp, 0755) != 0) {
+        rc = tsr_err(err, TSR_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    uint64_t total = 0;
+    if ((rc = tsr__version_write(v, tmp, err)) != 0 ||
+        (rc = tsr__manifest_write(tmp, version, &total, err)) != 0)
+        goto fail_dir;
+    if (rename(tmp, vd) != 0) {
+        rc = tsr_err(err, TSR_EIO, "%s: rename failed: %s", vd, strerror(errno));
+        goto fail_dir;
+    }
+    if ((rc = tsr__fsync_dir(s->dir, err)) != 0 ||
+        (rc = tsr__manifest_check(vd, version, &total, err)) != 0) {
+        tsr__rmtree(vd);
+        goto out;
+    }
+    v->disk_bytes = total;
+    pthread_mutex_lock(&s->table_mu);
+    s->held[s->nheld++] = (tsr__held){v, TSR__PREPARED};
+    pthread_mutex_unlock(&s->table_mu);
+    resp->ready = 1;
+    resp->vectors_count = (int64_t)v->nvectors;
+    resp->sparse_vectors_count = (int64_t)v->nsparse;
+    tsr_info("prepared version %lld: %zu vectors, %zu sparse (%llu bytes on disk)",
+             (long long)version, v->nvectors, v->nsparse, (unsigned long long)total);
+    v = NULL;
+    staging_free(s->staging);
+    s->staging = NULL;
+    atomic_store(&s->staging_version, 0);
+    goto out;
+fail_dir:
+    tsr__rmtree(tmp);
+out:
+    if (rc != 0 && resp) {
+        resp->ready = 0;
+    }
+    tsr__edits_close(&e);
+    tsr__version_unref(v);
+    pthread_mutex_unlock(&s->update_mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ commit / abort / release */
+
+/* Drops the oldest non-current serving versions beyond the cap (caller holds update_mu). */
+static void enforce_cap(tsr__shard *s)
+{
+    for (;;) {
+        tsr__version *drop = NULL;
+        pthread_mutex_lock(&s->table_mu);
+        size_t serving = 0, oldest = SIZE_MAX;
+        for (size_t i = 0; i < s->nheld; i++)
+            if (s->held[i].state == TSR__SERVING) {
+                serving++;
+                if (s->held[i].v != s->current &&
+                    (oldest == SIZE_MAX || s->held[i].v->version < s->held[oldest].v->version))
+                    oldest = i;
+            }
+        if (serving > TSR__MAX_HELD_VERSIONS && oldest != SIZE_MAX)
+            drop = take_held(s, oldest);
+        pthread_mutex_unlock(&s->table_mu);
+        if (drop == NULL)
+            return;
+        tsr_info("dropping version %lld (more than %d versions held)", (long long)drop->version,
+                 TSR__MAX_HELD_VERSIONS);
+        tsr__version_unref(drop);
+    }
+}
+
+int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err)
+{
+    int rc = 0;
+    tsr__version *old = NULL;
+    pthread_mutex_lock(&s->update_mu);
+    pthread_mutex_lock(&s->table_mu);
+    int64_t cur = s->current->version;
+    tsr__held *h = find_held(s, version);
+    int prepared = h && h->state == TSR__PREPARED;
+    pthread_mutex_unlock(&s->table_mu);
+    if (version == cur)
+        goto out; /* idempotent */
+    if (!prepared) {
+        rc = tsr_err(err, TSR_ESTATE, "Commit(%lld): %s (current %lld)", (long long)version,
+                     h ? "version is not prepared" : "no such prepared version", (long long)cur);
+        goto out;
+    }
+    if (version < cur) {
+        rc = tsr_err(err, TSR_ESTATE, "Commit(%lld): older than the current version %lld",
+                     (long long)version, (long long)cur);
+        goto out;
+    }
+    /* The commit point of this shard: CURRENT names the new version on disk. */
+    if ((rc = tsr__current_write(s->dir, version, err)) != 0)
+        goto out;
+    pthread_mutex_lock(&s->table_mu);
+    h = find_held(s, version);
+    h->state = TSR__SERVING;
+    old = s->current;
+    s->current = tsr__version_ref(h->v);
+    pthread_mutex_unlock(&s->table_mu);
+    tsr_info("committed version %lld (was %lld)", (long long)version, (long long)cur);
+    /* Prepared versions older than the new current can never be committed. */
+    for (;;) {
+        tsr__version *drop = NULL;
+        pthread_mutex_lock(&s->table_mu);
+        for (size_t i = 0; i < s->nheld; i++)
+            if (s->held[i].state == TSR__PREPARED && s->held[i].v->version < version) {
+                drop = take_held(s, i);
+                break;
+            }
+        pthread_mutex_unlock(&s->table_mu);
+        if (drop == NULL)
+            break;
+        tsr__version_unref(drop);
+    }
+    enforce_cap(s);
+    gc_dirs(s);
+out:
+    tsr__version_unref(old);
+    pthread_mutex_unlock(&s->update_mu);
+    return rc;
+}
+
+int tsr__shard_abort(tsr__shard *s, int64_t version, tsr_error *err)
+{
+    int rc = 0;
+    tsr__version *drop = NULL;
+    pthread_mutex_lock(&s->update_mu);
+    if (s->staging && s->staging->version == version) {
+        staging_free(s->staging);
+        s->staging = NULL;
+        atomic_store(&s->staging_version, 0);
+        tsr_info("aborted staged version %lld", (long long)version);
+    }
+    pthread_mutex_lock(&s->table_mu);
+    if (version == s->current->version) {
+        rc = tsr_err(err, TSR_ESTATE, "Abort(%lld): it is the current version", (long long)version);
+    } else {
+        for (size_t i = 0; i < s->nheld; i++)
+            if (s->held[i].v->version == version) {
+                if (s->held[i].state != TSR__PREPARED)
+                    rc = tsr_err(err, TSR_ESTATE, "Abort(%lld): the version is serving (use "
+                                 "Release)", (long long)version);
+                else
+                    drop = take_held(s, i);
+                break;
+            }
+    }
+    pthread_mutex_unlock(&s->table_mu);
+    if (drop) {
+        char vd[4096];
+        tsr__vdir(s->dir, version, vd, sizeof vd);
+        tsr__rmtree(vd);
+        tsr__fsync_dir(s->dir, NULL);
+        tsr_info("aborted prepared version %lld", (long long)version);
+        tsr__version_unref(drop);
+    }
+    pthread_mutex_unlock(&s->update_mu);
+    return rc;
+}
+
+int tsr__shard_release(tsr__shard *s, int64_t below, int64_t *versions, size_t cap, size_t *n,
+                       tsr_error *err)
+{
+    (void)err;
+    pthread_mutex_lock(&s->update_mu);
+    for (;;) {
+        tsr__version *drop = NULL;
+        pthread_mutex_lock(&s->table_mu);
+        for (size_t i = 0; i < s->nheld; i++)
+            if (s->held[i].state == TSR__SERVING && s->held[i].v != s->current &&
+                s->held[i].v->version < below) {
+                drop = take_held(s, i);
+                break;
+            }
+        pthread_mutex_unlock(&s->table_mu);
+        if (drop == NULL)
+            break;
+        tsr_info("released version %lld", (long long)drop->version);
+        tsr__version_unref(drop);
+    }
+    gc_dirs(s);
+    pthread_mutex_lock(&s->table_mu);
+    *n = 0;
+    for (size_t i = 0; i < s->nheld && *n < cap; i++)
+        versions[(*n)++] = s->held[i].v->version;
+    pthread_mutex_unlock(&s->table_mu);
+    pthread_mutex_unlock(&s->update_mu);
+    return 0;
+}
+
+size_t tsr__shard_list(tsr__shard *s, tsr__held *out, size_t cap, int *staging_set,
+                       int64_t *staging_version, int64_t *current_version)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&s->table_mu);
+    for (size_t i = 0; i < s->nheld && n < cap; i++)
+        out[n++] = (tsr__held){tsr__version_ref(s->held[i].v), s->held[i].state};
+    *current_version = s->current->version;
+    pthread_mutex_unlock(&s->table_mu);
+    /* Stats must not wait for a Stage: the staged version number is a separate atomic. */
+    int64_t sv = atomic_load(&s->staging_version);
+    *staging_set = sv != 0;
+    *staging_version = sv;
+    return n;
+}

@@ -1,0 +1,192 @@
+"""Helpers for the tessera-shard integration tests (not a test itself).
+
+- stubs(): python grpcio stubs generated at test time from the project's protos into a
+  temp dir (grpc_tools.protoc), so nothing is written into the source tree;
+- Shard: starts bin/tessera-shard (TSR_BIN, default ./bin) on an ephemeral loopback port,
+  reads the port from its log, and stops it (SIGTERM, or SIGKILL for crash tests);
+- template_bytes(): a faiss-trained IndexIVFPQ (no vectors) serialized, shipped in
+  StageRequest.template_faiss of chunk 0;
+- load(): drives Stage (chunks) / Prepare / Commit from a python client.
+"""
+import atexit
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("TSR_BIN", os.path.join(ROOT, "bin"))
+
+_stub_dir = None
+
+
+def tmpdir(prefix="tsr-shard-"):
+    d = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+def stubs():
+    """Returns (shard_pb2, shard_pb2_grpc, tessera_pb2, health_pb2, health_pb2_grpc)."""
+    global _stub_dir
+    if _stub_dir is None:
+        _stub_dir = tmpdir("tsr-stubs-")
+        protos = ["tessera/v1/shard.proto", "tessera/v1/tessera.proto"]
+        subprocess.check_call([sys.executable, "-m", "grpc_tools.protoc",
+                               "-I", os.path.join(ROOT, "proto"),
+                               "--python_out=" + _stub_dir, "--grpc_python_out=" + _stub_dir]
+                              + protos, cwd=ROOT)
+        # The health proto's python package would be "grpc.health.v1", which the grpc
+        # package itself shadows: generate it under another file path (same proto package,
+        # so the method is still /grpc.health.v1.Health/Check).
+        hd = os.path.join(_stub_dir, "hsrc", "tsr_health")
+        os.makedirs(hd)
+        shutil.copy(os.path.join(ROOT, "proto", "grpc", "health", "v1", "health.proto"), hd)
+        subprocess.check_call([sys.executable, "-m", "grpc_tools.protoc",
+                               "-I", os.path.join(_stub_dir, "hsrc"),
+                               "--python_out=" + _stub_dir, "--grpc_python_out=" + _stub_dir,
+                               "tsr_health/health.proto"])
+        sys.path.insert(0, _stub_dir)
+    from tessera.v1 import shard_pb2, shard_pb2_grpc, tessera_pb2
+    from tsr_health import health_pb2, health_pb2_grpc
+    return shard_pb2, shard_pb2_grpc, tessera_pb2, health_pb2, health_pb2_grpc
+
+
+class Shard:
+    def __init__(self, data, extra=(), env=None):
+        self.data = data
+        self.log = []
+        e = dict(os.environ)
+        e.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+        if env:
+            e.update(env)
+        self.proc = subprocess.Popen([os.path.join(BIN, "tessera-shard"), "--listen",
+                                      "127.0.0.1:0", "--data", data] + list(extra),
+                                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     env=e, text=True)
+        self.port = None
+        got = threading.Event()
+
+        def reader():
+            for line in self.proc.stderr:
+                self.log.append(line.rstrip("\n"))
+                m = re.search(r"\(port (\d+)\)", line)
+                if m and self.port is None:
+                    self.port = int(m.group(1))
+                    got.set()
+            got.set()
+
+        self.thread = threading.Thread(target=reader, daemon=True)
+        self.thread.start()
+        got.wait(30)
+        if self.port is None:
+            self.proc.kill()
+            raise RuntimeError("shard did not start:\n" + "\n".join(self.log))
+        self.target = "127.0.0.1:%d" % self.port
+        import grpc
+        self.channel = grpc.insecure_channel(self.target)
+        sp, spg, _, _, _ = stubs()
+        self.stub = spg.ShardStub(self.channel)
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        """Stops the process; returns its exit code. Fails on a sanitizer report."""
+        try:
+            self.channel.close()
+        except Exception:
+            pass
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("shard did not stop within %ds" % timeout)
+        self.thread.join(5)
+        text = "\n".join(self.log)
+        if sig != signal.SIGKILL:
+            assert "ERROR: AddressSanitizer" not in text and "runtime error:" not in text \
+                and "LeakSanitizer" not in text, "sanitizer report:\n" + text
+            assert rc == 0, "shard exit code %s:\n%s" % (rc, text)
+        return rc
+
+    def kill(self):
+        return self.stop(signal.SIGKILL)
+
+
+def template_bytes(xt, nlist, m, nbits=8, metric="L2", seed=123):
+    """Trains a faiss IndexIVFPQ on xt; returns (index without vectors, serialized bytes)."""
+    import faiss
+    import numpy as np
+    d = xt.shape[1]
+    if metric == "L2":
+        q = faiss.IndexFlatL2(d)
+        ix = faiss.IndexIVFPQ(q, d, nlist, m, nbits)
+    else:
+        q = faiss.IndexFlatIP(d)
+        ix = faiss.IndexIVFPQ(q, d, nlist, m, nbits, faiss.METRIC_INNER_PRODUCT)
+    ix.cp.seed = seed
+    ix.pq.cp.seed = seed
+    ix.train(np.ascontiguousarray(xt, dtype="float32"))  # noqa
+    ix._q = q  # keep the quantizer alive
+    return ix, faiss.serialize_index(ix).tobytes()
+
+
+def datapoint(tessera_pb2, did, vec=None, restricts=None, numeric=None, tag=None, sparse=None):
+    dp = tessera_pb2.IndexDatapoint(datapoint_id=did)
+    if vec is not None:
+        dp.feature_vector.extend([float(v) for v in vec])
+    for ns, allow, deny in restricts or []:
+        dp.restricts.add(namespace=ns, allow_list=allow, deny_list=deny)
+    for ns, kind, val in numeric or []:
+        n = dp.numeric_restricts.add(namespace=ns)
+        setattr(n, "value_" + kind, val)
+    if tag is not None:
+        dp.crowding_tag.crowding_attribute = tag
+    if sparse is not None:
+        dims, vals = sparse
+        dp.sparse_embedding.dimensions.extend(dims)
+        dp.sparse_embedding.values.extend(vals)
+    return dp
+
+
+def stage_all(shard, version, base, upserts, template=b"", deletes=(), chunk=2000,
+              own=None, timeout=60):
+    """upserts: list of StagedUpsert. Stages in chunks; returns the last StageResponse."""
+    sp = stubs()[0]
+    resp = None
+    i = 0
+    c = 0
+    while True:
+        part = upserts[i:i + chunk]
+        rq = sp.StageRequest(version=version, base_version=base, chunk=c, upserts=part)
+        if c == 0:
+            rq.template_faiss = template
+            for lab, lst in deletes:
+                rq.deletes.add(label=lab, list=lst)
+            if own is not None:
+                rq.own_lists.extend(own)
+        resp = shard.stub.Stage(rq, timeout=timeout)
+        i += chunk
+        c += 1
+        if i >= len(upserts):
+            return resp
+
+
+def load(shard, version, base, upserts, template=b"", deletes=(), chunk=2000, own=None):
+    sp = stubs()[0]
+    stage_all(shard, version, base, upserts, template, deletes, chunk, own)
+    pr = shard.stub.Prepare(sp.PrepareRequest(version=version), timeout=120)
+    assert pr.ready, pr.reason
+    shard.stub.Commit(sp.CommitRequest(version=version), timeout=30)
+    return pr
+
+
+def wait_port_closed(proc, timeout=10):
+    t0 = time.time()
+    while proc.poll() is None and time.time() - t0 < timeout:
+        time.sleep(0.05)
