@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""bench_search — Tessera vs stock Faiss 1.7.3 (Debian build), one thread, side by side.
+
+The seed's configuration: clustered synthetic data N x 64 (default 1M), IVF4000, PQ64 x 8
+bits, L2, by_residual; 2000 queries, k = 10, nprobe 1 / 16 / 64 / 256. Both engines search
+the same Faiss-built file (the cleanest comparison), and Tessera also searches its own
+build (`tessera index build`). Build times of both are measured single-threaded
+(OMP_NUM_THREADS=1 for Faiss; --threads 1 and OPENBLAS_NUM_THREADS=1 for Tessera).
+
+Prints ONE table. The machine is shared: absolute QPS drift between runs, the ratios of one
+run are what to compare.
+
+Env / args: BENCH_N (vectors, default 1000000), BENCH_NLIST (default 4000), BENCH_NQ (2000),
+BENCH_NPROBES ("1,16,64,256"), BENCH_OUT (cache dir, default bench/out), TSR_BIN (bin dir),
+BENCH_SKIP_TSR_BUILD=1 to skip Tessera's own build. Generated data, ground truth, the Faiss
+index and both build times are cached under BENCH_OUT keyed by the parameters.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
+import faiss  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+N = int(os.environ.get("BENCH_N", sys.argv[1] if len(sys.argv) > 1 else 1000000))
+NLIST = int(os.environ.get("BENCH_NLIST", 4000))
+NQ = int(os.environ.get("BENCH_NQ", 2000))
+NPROBES = [int(p) for p in os.environ.get("BENCH_NPROBES", "1,16,64,256").split(",")]
+D, M, NBITS, K, SEED = 64, 64, 8, 10, 2024
+OUT = os.environ.get("BENCH_OUT", os.path.join(HERE, "out"))
+BIN = os.path.join(os.environ.get("TSR_BIN", os.path.join(HERE, "..", "bin")), "tessera")
+KEY = "n%d_d%d_s%d" % (N, D, SEED)
+IKEY = "%s_ivf%d_pq%dx%d" % (KEY, NLIST, M, NBITS)
+
+
+def write_fvecs(path, a):
+    a = np.ascontiguousarray(a, dtype="float32")
+    n, d = a.shape
+    out = np.empty((n, d + 1), dtype="float32")
+    out[:, 0] = np.array([d], dtype="int32").view("float32")[0]
+    out[:, 1:] = a
+    out.tofile(path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def read_ivecs(path):
+    raw = np.fromfile(path, dtype="int32")
+    return raw.reshape(-1, raw[0] + 1)[:, 1:]
+
+
+def gen_data():
+    """Clustered data: a mixture of Gaussians with unequal spreads, so that IVF4000 lists
+    are uneven and the neighbours of a query spread over several lists."""
+    rs = np.random.RandomState(SEED)
+    nc = 2000
+    centers = rs.randn(nc, D).astype("float32") * 2.0
+    spread = (0.5 + rs.rand(nc)).astype("float32")
+    def draw(n):
+        a = rs.randint(0, nc, size=n)
+        return (centers[a] + rs.randn(n, D).astype("float32") * spread[a, None]).astype("float32")
+    xb = np.concatenate([draw(min(100000, N - i)) for i in range(0, N, 100000)])
+    xq = draw(NQ)
+    return xb, xq
+
+
+def cached(name, make):
+    path = os.path.join(OUT, name)
+    if not os.path.exists(path):
+        make(path)
+    return path
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    faiss.omp_set_num_threads(1)
+    t0 = time.time()
+    xb_path = os.path.join(OUT, KEY + "_base.fvecs")
+    xq_path = os.path.join(OUT, KEY + "_q%d.fvecs" % NQ)
+    if not (os.path.exists(xb_path) and os.path.exists(xq_path)):
+        xb, xq = gen_data()
+        write_fvecs(xb_path, xb)
+        write_fvecs(xq_path, xq)
+    xb = np.fromfile(xb_path, dtype="float32").reshape(N, D + 1)[:, 1:]
+    xq = np.ascontiguousarray(np.fromfile(xq_path, dtype="float32").reshape(NQ, D + 1)[:, 1:])
+
+    def make_gt(path):
+        flat = faiss.IndexFlatL2(D)
+        flat.add(np.ascontiguousarray(xb))
+        _, I = flat.search(xq, K)
+        np.save(path, I)
+    gt = np.load(cached(KEY + "_q%d_gt%d.npy" % (NQ, K), make_gt))
+    print("data ready in %.1fs" % (time.time() - t0), file=sys.stderr)
+
+    meta_path = os.path.join(OUT, IKEY + "_builds.json")
+    meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    faiss_path = os.path.join(OUT, IKEY + "_faiss.faiss")
+    if not os.path.exists(faiss_path) or "faiss_build_s" not in meta:
+        print("building with faiss (single thread)...", file=sys.stderr)
+        t = time.time()
+        q = faiss.IndexFlatL2(D)
+        ix = faiss.IndexIVFPQ(q, D, NLIST, M, NBITS)
+        ix.train(np.ascontiguousarray(xb))
+        ix.add(np.ascontiguousarray(xb))
+        meta["faiss_build_s"] = time.time() - t
+        faiss.write_index(ix, faiss_path)
+        json.dump(meta, open(meta_path, "w"))
+    tsr_path = os.path.join(OUT, IKEY + "_tessera.faiss")
+    if os.environ.get("BENCH_SKIP_TSR_BUILD") != "1" and \
+            (not os.path.exists(tsr_path) or "tessera_build_s" not in meta):
+        print("building with tessera (single thread)...", file=sys.stderr)
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        t = time.time()
+        r = subprocess.run([BIN, "index", "build", "--fvecs", xb_path, "--nlist", str(NLIST),
+                            "--pq-m", str(M), "--pq-nbits", str(NBITS), "--threads", "1",
+                            "--out", tsr_path], env=env, capture_output=True, text=True)
+        if r.returncode == 0:
+            meta["tessera_build_s"] = time.time() - t
+            json.dump(meta, open(meta_path, "w"))
+        else:
+            print("tessera index build failed: %s" % r.stderr.strip(), file=sys.stderr)
+
+    def recall(I):
+        return float(np.mean([len(set(I[i]) & set(gt[i])) / K for i in range(NQ)]))
+
+    def faiss_run(path, nprobe):
+        ix = faiss.read_index(path)
+        ix.nprobe = nprobe
+        ix.search(xq[:50], K)  # warm up (page in the lists)
+        best, I = None, None
+        for _ in range(2 if nprobe <= 16 else 1):
+            t = time.time()
+            _, I = ix.search(xq, K)
+            dt = time.time() - t
+            best = dt if best is None else min(best, dt)
+        return NQ / best, recall(I)
+
+    def tsr_run(path, nprobe):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        op = os.path.join(OUT, "tsr_out.ivecs")
+        best, I = None, None
+        for _ in range(2 if nprobe <= 16 else 1):
+            r = subprocess.run([BIN, "index", "search", "--index", path, "--queries", xq_path,
+                                "--k", str(K), "--nprobe", str(nprobe), "--threads", "1",
+                                "--out", op, "--stats"], env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit("tessera index search failed: " + r.stderr)
+            st = json.loads(r.stderr.strip().splitlines()[-1])
+            best = st["search_s"] if best is None else min(best, st["search_s"])
+            I = read_ivecs(op)
+        os.unlink(op)
+        return NQ / best, recall(I)
+
+    have_tsr = os.path.exists(tsr_path) and "tessera_build_s" in meta
+    rows = []
+    for p in NPROBES:
+        fq, fr = faiss_run(faiss_path, p)
+        tq, tr = tsr_run(faiss_path, p)
+        row = [p, fq, tq, tq / fq, fr, tr]
+        if have_tsr:
+            oq, orr = tsr_run(tsr_path, p)
+            row += [oq, orr]
+        rows.append(row)
+        print("nprobe %d done" % p, file=sys.stderr)
+
+    print()
+    print("Search, one thread, %d queries, k=%d, %d x %d, IVF%d,PQ%dx%d L2 by_residual"
+          % (NQ, K, N, D, NLIST, M, NBITS))
+    print()
+    hdr = "| nprobe | Faiss QPS | Tessera QPS | ratio | Faiss recall | Tessera recall |"
+    sep = "|---|---|---|---|---|---|"
+    if have_tsr:
+        hdr += " Tessera QPS (own build) | Tessera recall (own build) |"
+        sep += "---|---|"
+    print(hdr)
+    print(sep)
+    for r in rows:
+        line = "| %d | %.0f | %.0f | %.2fx | %.3f | %.3f |" % tuple(r[:6])
+        if have_tsr:
+            line += " %.0f | %.3f |" % (r[6], r[7])
+        print(line)
+    print()
+    fb = meta.get("faiss_build_s")
+    tb = meta.get("tessera_build_s")
+    print("Build (train + add), one thread: Faiss %.1f s, Tessera %s%s"
+          % (fb, "%.1f s" % tb if tb else "n/a",
+             ", ratio %.2f" % (tb / fb) if tb and fb else ""))
+    print("(QPS and recall columns 2-6: both engines on the same Faiss-built file; "
+          "Faiss's own build is that file. Build times are cached from the first run.)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,724 @@
+/*
+ * ivfpq_search — coarse assignment, per-query tables, the ADC scan with a top-k heap,
+ * IwQR refinement and multithreaded batches (see ivfpq_search.h for the semantics).
+ *
+ * Every metric / residual variant is reduced to one scan: "smaller is better" distance
+ *     dis = base(list) + term(vector) + sum_m T[m][code_m]
+ * with base = ||x - c||^2 (L2 residual), -<x, c> (IP residual) or 0, term = ||y||^2 +
+ * 2<c, y> (L2 residual only, from the cache) and T the per-query table (negated for IP;
+ * negation is exact in float, so IP results are the negated scan values bit for bit).
+ * The scan computes a block of distances with a SIMD kernel, then a scalar pass offers
+ * the few that beat the heap top to the filter and the heap.
+ *
+ * DESIGN (threads): a batch is split into query blocks that worker threads take from an
+ * atomic counter; each worker owns its workspace (table, distance block, heap) and writes
+ * only its queries' rows of D and I. The index and the cache are read-only during a
+ * search. The cache is published once with an atomic pointer under `cache_lock`
+ * (double-checked), the only lock of this file.
+ */
+#include "ivfpq_search.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "knn.h"
+#include "mem.h"
+
+/* ---- options and SIMD selection -------------------------------------------------- */
+
+void tsr_ivfpq_search_opts_init(tsr_ivfpq_search_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->threads = 1;
+}
+
+int tsr_ivfpq_search_simd_supported(enum tsr_simd s)
+{
+    switch (s) {
+    case TSR_SIMD_AUTO:
+    case TSR_SIMD_SCALAR:
+        return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    case TSR_SIMD_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case TSR_SIMD_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+    default:
+        return 0;
+    }
+}
+
+const char *tsr_ivfpq_search_simd_name(enum tsr_simd s)
+{
+    switch (s) {
+    case TSR_SIMD_SCALAR: return "scalar";
+    case TSR_SIMD_AVX2: return "avx2";
+    case TSR_SIMD_AVX512: return "avx512";
+    default: return "auto";
+    }
+}
+
+enum tsr_simd tsr_ivfpq_search_simd_auto(void)
+{
+    const char *e = getenv("TSR_SIMD");
+    if (e != NULL && *e) {
+        enum tsr_simd want = strcmp(e, "scalar") == 0   ? TSR_SIMD_SCALAR
+                             : strcmp(e, "avx2") == 0   ? TSR_SIMD_AVX2
+                             : strcmp(e, "avx512") == 0 ? TSR_SIMD_AVX512
+                                                        : TSR_SIMD_AUTO;
+        /* Forcing a path the CPU lacks falls back to the best one available rather than
+         * crashing on an illegal instruction. */
+        if (want != TSR_SIMD_AUTO && tsr_ivfpq_search_simd_supported(want))
+            return want;
+    }
+    if (tsr_ivfpq_search_simd_supported(TSR_SIMD_AVX512))
+        return TSR_SIMD_AVX512;
+    if (tsr_ivfpq_search_simd_supported(TSR_SIMD_AVX2))
+        return TSR_SIMD_AVX2;
+    return TSR_SIMD_SCALAR;
+}
+
+static tsr__scan8_fn scan8_for(enum tsr_simd s)
+{
+    switch (s) {
+    case TSR_SIMD_AVX2: return tsr__scan8_avx2;
+    case TSR_SIMD_AVX512: return tsr__scan8_avx512;
+    default: return tsr__scan8_scalar;
+    }
+}
+
+/* ---- scalar kernels ------------------------------------------------------------------ */
+
+void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
+                       const float *term, float base, float *out)
+{
+    /* This summation order is the contract of every 8-bit kernel (see _avx2.c): it makes
+     * all paths bit-identical. base + 0.0f for no term is exact, so it is written alike. */
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *c = codes + i * M;
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        size_t m = 0;
+        for (; m + 4 <= M; m += 4) {
+            a0 += T[(m + 0) * 256 + c[m + 0]];
+            a1 += T[(m + 1) * 256 + c[m + 1]];
+            a2 += T[(m + 2) * 256 + c[m + 2]];
+            a3 += T[(m + 3) * 256 + c[m + 3]];
+        }
+        for (; m < M; m++)
+            a0 += T[m * 256 + c[m]];
+        out[i] = (base + (term ? term[i] : 0.0f)) + ((a0 + a1) + (a2 + a3));
+    }
+}
+
+/* Any nbits: sub-codes unpacked with the Faiss bit order. */
+static void scan_generic(const float *T, const tsr_pq *pq, const uint8_t *codes, size_t n,
+                         const float *term, float base, float *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *c = codes + i * pq->code_size;
+        float a = 0;
+        for (size_t m = 0; m < pq->M; m++)
+            a += T[m * pq->ksub + tsr_pq_code_get(c, m, pq->nbits)];
+        out[i] = base + (term ? term[i] : 0.0f) + a;
+    }
+}
+
+/* ---- search cache: per stored vector ||y||^2 + 2<c, y> (L2 by_residual) ---------------- */
+
+typedef struct search_cache {
+    size_t nlist;
+    size_t *sizes;    /* list sizes the cache was built from */
+    size_t *offsets;  /* start of each list in term[] */
+    float *term;      /* ntotal floats; NULL when the variant needs no term */
+} search_cache;
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void cache_free(search_cache *c)
+{
+    if (c == NULL)
+        return;
+    free(c->sizes);
+    free(c->offsets);
+    free(c->term);
+    free(c);
+}
+
+void tsr__ivfpq_search_cache_free(tsr_ivfpq *ix)
+{
+    if (ix == NULL)
+        return;
+    cache_free(ix->search_cache);
+    ix->search_cache = NULL;
+}
+
+void tsr_ivfpq_search_invalidate(tsr_ivfpq *ix)
+{
+    tsr__ivfpq_search_cache_free(ix);
+}
+
+static float dot(const float *a, const float *b, size_t n)
+{
+    float s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static float l2sqr(const float *a, const float *b, size_t n)
+{
+    float s = 0;
+    for (size_t i = 0; i < n; i++) {
+        float t = a[i] - b[i];
+        s += t * t;
+    }
+    return s;
+}
+
+static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
+{
+    const tsr_pq *pq = &ix->pq;
+    search_cache *c = calloc(1, sizeof *c);
+    float *P = NULL;
+    if (c == NULL)
+        goto oom;
+    c->nlist = ix->nlist;
+    c->sizes = tsr_try_malloc(ix->nlist, sizeof(size_t));
+    c->offsets = tsr_try_malloc(ix->nlist, sizeof(size_t));
+    if (c->sizes == NULL || c->offsets == NULL)
+        goto oom;
+    size_t total = 0;
+    for (size_t l = 0; l < ix->nlist; l++) {
+        c->sizes[l] = ix->lists[l].size;
+        c->offsets[l] = total;
+        total += ix->lists[l].size;
+    }
+    if (!(ix->metric == TSR_METRIC_L2 && ix->by_residual))
+        return c;
+    c->term = tsr_try_malloc(total ? total : 1, sizeof(float));
+    P = tsr_try_malloc(pq->M * pq->ksub, sizeof(float));
+    if (c->term == NULL || P == NULL)
+        goto oom;
+    for (size_t l = 0; l < ix->nlist; l++) {
+        const tsr_invlist *L = &ix->lists[l];
+        if (L->size == 0)
+            continue;
+        /* P[m][j] = ||c_mj||^2 + 2 <cent_m, c_mj>: the same per-entry table as Faiss's
+         * precomputed table type 1, so sum_m P[m][code_m] = ||y||^2 + 2 <cent, y>. */
+        const float *cent = ix->centroids + l * (size_t)ix->d;
+        for (size_t m = 0; m < pq->M; m++) {
+            const float *cm = cent + m * pq->dsub;
+            for (size_t j = 0; j < pq->ksub; j++) {
+                const float *cj = pq->centroids + (m * pq->ksub + j) * pq->dsub;
+                P[m * pq->ksub + j] = dot(cj, cj, pq->dsub) + 2.0f * dot(cm, cj, pq->dsub);
+            }
+        }
+        float *t = c->term + c->offsets[l];
+        if (pq->nbits == 8)
+            tsr__scan8_scalar(P, pq->M, L->codes, L->size, NULL, 0.0f, t);
+        else
+            scan_generic(P, pq, L->codes, L->size, NULL, 0.0f, t);
+    }
+    free(P);
+    return c;
+oom:
+    free(P);
+    cache_free(c);
+    tsr_err(err, TSR_ENOMEM, "search: out of memory for the search cache (%zu lists)",
+            ix->nlist);
+    return NULL;
+}
+
+static const search_cache *cache_get(const tsr_ivfpq *cix, tsr_error *err)
+{
+    /* The cache is derived data; building it does not change the index as observed by
+     * callers, hence the cast away from const. */
+    tsr_ivfpq *ix = (tsr_ivfpq *)cix;
+    search_cache *c = __atomic_load_n((search_cache **)&ix->search_cache, __ATOMIC_ACQUIRE);
+    if (c != NULL)
+        return c;
+    pthread_mutex_lock(&cache_lock);
+    c = ix->search_cache;
+    if (c == NULL) {
+        c = cache_build(ix, err);
+        if (c != NULL)
+            __atomic_store_n((search_cache **)&ix->search_cache, c, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&cache_lock);
+    return c;
+}
+
+int tsr_ivfpq_search_prepare(tsr_ivfpq *ix, tsr_error *err)
+{
+    return cache_get(ix, err) != NULL ? 0 : (err ? err->code : TSR_ENOMEM);
+}
+
+/* ---- top-k heap, as Faiss 1.7.3's: values "smaller is better" ------------------------
+ * The top is the worst entry; a candidate enters only when strictly better than the top
+ * (so among exact ties the first scanned stays, as in Faiss), and entries are ordered by
+ * (value, id) like Faiss's cmp2: for L2 (CMax) a larger id counts as worse, for IP (CMin
+ * on the un-negated inner product) a smaller id counts as worse. Output ties therefore
+ * come in ascending id order for L2 and descending for IP, exactly as Faiss returns them. */
+
+typedef struct heap {
+    size_t k;
+    int ip;       /* tie order of IP (see above) */
+    float *d;
+    int64_t *id;
+    int64_t *aux; /* optional payload moved with the entries (refine: the label) */
+} heap;
+
+static inline int worse(const heap *h, float da, int64_t ia, float db, int64_t ib)
+{
+    return da > db || (da == db && (h->ip ? ia < ib : ia > ib));
+}
+
+static void heap_init(heap *h)
+{
+    for (size_t i = 0; i < h->k; i++) {
+        h->d[i] = INFINITY;
+        h->id[i] = -1;
+        if (h->aux)
+            h->aux[i] = -1;
+    }
+}
+
+/* Replaces the top (worst) entry and sifts down. */
+static void heap_replace_top(heap *h, float d, int64_t id, int64_t aux)
+{
+    size_t i = 0, k = h->k;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, c;
+        if (l >= k)
+            break;
+        c = (r < k && worse(h, h->d[r], h->id[r], h->d[l], h->id[l])) ? r : l;
+        if (!worse(h, h->d[c], h->id[c], d, id))
+            break;
+        h->d[i] = h->d[c];
+        h->id[i] = h->id[c];
+        if (h->aux)
+            h->aux[i] = h->aux[c];
+        i = c;
+    }
+    h->d[i] = d;
+    h->id[i] = id;
+    if (h->aux)
+        h->aux[i] = aux;
+}
+
+/* Sorts the heap best first in place (heap sort: pop the worst to the end). */
+static void heap_sort(heap *h)
+{
+    size_t k0 = h->k;
+    while (h->k > 1) {
+        size_t last = h->k - 1;
+        float d = h->d[last];
+        int64_t id = h->id[last], aux = h->aux ? h->aux[last] : 0;
+        float td = h->d[0];
+        int64_t tid = h->id[0], taux = h->aux ? h->aux[0] : 0;
+        h->k = last;
+        heap_replace_top(h, d, id, aux);
+        h->d[last] = td;
+        h->id[last] = tid;
+        if (h->aux)
+            h->aux[last] = taux;
+    }
+    h->k = k0;
+}
+
+/* ---- per-thread workspace and the scan of one query ----------------------------------- */
+
+#define BLOCK 256 /* distances computed per kernel call */
+
+typedef struct job {
+    const tsr_ivfpq *ix;
+    const search_cache *cache;
+    size_t n, k, nprobe;
+    const float *x;
+    const int64_t *lists;
+    const float *coarse_dis;
+    const tsr_ivfpq_search_opts *opts;
+    tsr__scan8_fn scan8;
+    int refine;      /* IwQR refinement active */
+    size_t k1;       /* candidates from the scan: k, or k_factor * k with refine */
+    float *D;
+    int64_t *I;
+    atomic_size_t next; /* next query to take */
+} job;
+
+typedef struct worker {
+    job *jb;
+    float *T;        /* M * ksub table */
+    float *dis;      /* BLOCK distances */
+    heap h;
+    heap hr;         /* refine heap (k entries) */
+    float *r1, *r2;  /* refine: d floats each */
+    int rc;
+    tsr_error err;
+    pthread_t thread;
+} worker;
+
+static void worker_close(worker *w)
+{
+    free(w->T);
+    free(w->dis);
+    free(w->h.d);
+    free(w->h.id);
+    free(w->h.aux);
+    free(w->hr.d);
+    free(w->hr.id);
+    free(w->r1);
+    free(w->r2);
+}
+
+static int worker_init(worker *w, job *jb)
+{
+    const tsr_pq *pq = &jb->ix->pq;
+    memset(w, 0, sizeof *w);
+    w->jb = jb;
+    tsr_error_clear(&w->err);
+    w->T = tsr_try_aligned(pq->M * pq->ksub, sizeof(float));
+    w->dis = tsr_try_aligned(BLOCK, sizeof(float));
+    w->h.k = jb->k1;
+    w->h.d = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(float));
+    w->h.id = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(int64_t));
+    int ok = w->T && w->dis && w->h.d && w->h.id;
+    if (jb->refine) {
+        w->h.aux = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(int64_t));
+        w->hr.k = jb->k;
+        w->hr.d = tsr_try_malloc(jb->k ? jb->k : 1, sizeof(float));
+        w->hr.id = tsr_try_malloc(jb->k ? jb->k : 1, sizeof(int64_t));
+        w->r1 = tsr_try_malloc((size_t)jb->ix->d, sizeof(float));
+        w->r2 = tsr_try_malloc((size_t)jb->ix->d, sizeof(float));
+        ok = ok && w->h.aux && w->hr.d && w->hr.id && w->r1 && w->r2;
+    }
+    if (!ok) {
+        worker_close(w);
+        memset(w, 0, sizeof *w);
+        return tsr_err(&w->err, TSR_ENOMEM, "search: out of memory for a %zu x %zu table",
+                       pq->M, pq->ksub);
+    }
+    return 0;
+}
+
+/* The per-query table, "smaller is better" (see the file comment). */
+static void build_table(const tsr_ivfpq *ix, const float *x, float *T)
+{
+    const tsr_pq *pq = &ix->pq;
+    for (size_t m = 0; m < pq->M; m++) {
+        const float *xm = x + m * pq->dsub;
+        const float *cm = pq->centroids + m * pq->ksub * pq->dsub;
+        float *t = T + m * pq->ksub;
+        if (ix->metric == TSR_METRIC_IP) {
+            for (size_t j = 0; j < pq->ksub; j++)
+                t[j] = -dot(xm, cm + j * pq->dsub, pq->dsub);
+        } else if (ix->by_residual) {
+            for (size_t j = 0; j < pq->ksub; j++)
+                t[j] = -2.0f * dot(xm, cm + j * pq->dsub, pq->dsub);
+        } else {
+            for (size_t j = 0; j < pq->ksub; j++)
+                t[j] = l2sqr(xm, cm + j * pq->dsub, pq->dsub);
+        }
+    }
+}
+
+/* Decodes a PQ code into d floats. */
+static void pq_decode(const tsr_pq *pq, const uint8_t *code, float *out)
+{
+    for (size_t m = 0; m < pq->M; m++) {
+        uint32_t j = tsr_pq_code_get(code, m, pq->nbits);
+        memcpy(out + m * pq->dsub, pq->centroids + (m * pq->ksub + j) * pq->dsub,
+               pq->dsub * sizeof(float));
+    }
+}
+
+static int refine_query(worker *w, const float *xq, float *Dq, int64_t *Iq)
+{
+    job *jb = w->jb;
+    const tsr_ivfpq *ix = jb->ix;
+    size_t d = (size_t)ix->d;
+    heap *hr = &w->hr;
+    heap_init(hr);
+    for (size_t j = 0; j < jb->k1; j++) {
+        int64_t pair = w->h.id[j];
+        if (pair < 0)
+            continue;
+        size_t list = (size_t)(pair >> 32), ofs = (size_t)(pair & 0xffffffff);
+        const tsr_invlist *L = &ix->lists[list];
+        int64_t id = L->ids[ofs];
+        size_t rcs = ix->refine_pq.code_size;
+        if (id < 0 || (uint64_t)id >= ix->refine_codes_n / (rcs ? rcs : 1))
+            return tsr_err(&w->err, TSR_EFORMAT,
+                           "search: IwQR label %lld has no refine code (%zu refine codes)",
+                           (long long)id, ix->refine_codes_n / (rcs ? rcs : 1));
+        const float *cent = ix->centroids + list * d;
+        pq_decode(&ix->pq, L->codes + ofs * ix->code_size, w->r2);
+        for (size_t t = 0; t < d; t++)
+            w->r2[t] = (xq[t] - cent[t]) - w->r2[t];
+        pq_decode(&ix->refine_pq, ix->refine_codes + (size_t)id * rcs, w->r1);
+        float dis = l2sqr(w->r1, w->r2, d);
+        if (dis < hr->d[0])
+            heap_replace_top(hr, dis, id, 0);
+    }
+    heap_sort(hr);
+    memcpy(Dq, hr->d, jb->k * sizeof(float));
+    memcpy(Iq, hr->id, jb->k * sizeof(int64_t));
+    return 0;
+}
+
+static int search_one(worker *w, size_t qi)
+{
+    job *jb = w->jb;
+    const tsr_ivfpq *ix = jb->ix;
+    const tsr_pq *pq = &ix->pq;
+    const tsr_ivfpq_search_opts *o = jb->opts;
+    const float *xq = jb->x + qi * (size_t)ix->d;
+    float *Dq = jb->D + qi * jb->k;
+    int64_t *Iq = jb->I + qi * jb->k;
+    tsr_accept_fn accept = o ? o->accept : NULL;
+    void *actx = o ? (o->accept_ctxs ? o->accept_ctxs[qi] : o->accept_ctx) : NULL;
+    size_t max_codes = o ? o->max_codes : 0;
+    heap *h = &w->h;
+    const int ip = ix->metric == TSR_METRIC_IP;
+    const int store_pairs = jb->refine;
+
+    h->ip = ip;
+    heap_init(h);
+    if (h->k > 0) {
+        build_table(ix, xq, w->T);
+        size_t nscan = 0;
+        for (size_t p = 0; p < jb->nprobe; p++) {
+            int64_t key = jb->lists[qi * jb->nprobe + p];
+            if (key < 0)
+                continue;
+            const tsr_invlist *L = &ix->lists[key];
+            if (jb->cache->sizes[key] != L->size)
+                return tsr_err(&w->err, TSR_ESTATE,
+                               "search: list %lld changed size since the search cache was "
+                               "built (%zu -> %zu); call tsr_ivfpq_search_invalidate",
+                               (long long)key, jb->cache->sizes[key], L->size);
+            float base = 0.0f;
+            if (ix->by_residual) {
+                if (ip) /* Faiss recomputes <x, c> here rather than using coarse_dis */
+                    base = -dot(xq, ix->centroids + (size_t)key * (size_t)ix->d,
+                                (size_t)ix->d);
+                else
+                    base = jb->coarse_dis[qi * jb->nprobe + p];
+            }
+            const float *term =
+                jb->cache->term ? jb->cache->term + jb->cache->offsets[key] : NULL;
+            for (size_t b = 0; b < L->size; b += BLOCK) {
+                size_t nb = L->size - b < BLOCK ? L->size - b : BLOCK;
+                const uint8_t *codes = L->codes + b * ix->code_size;
+                const float *tb = term ? term + b : NULL;
+                if (pq->nbits == 8)
+                    jb->scan8(w->T, pq->M, codes, nb, tb, base, w->dis);
+                else
+                    scan_generic(w->T, pq, codes, nb, tb, base, w->dis);
+                float thr = h->d[0];
+                for (size_t i = 0; i < nb; i++) {
+                    float dd = w->dis[i];
+                    if (!(dd < thr))
+                        continue;
+                    int64_t id = L->ids[b + i];
+                    if (accept && !accept(actx, id))
+                        continue;
+                    if (store_pairs) /* Faiss orders the first stage of IVFPQR by pair */
+                        heap_replace_top(h, dd, (int64_t)((uint64_t)key << 32 | (b + i)), id);
+                    else
+                        heap_replace_top(h, dd, id, 0);
+                    thr = h->d[0];
+                }
+            }
+            nscan += L->size;
+            if (max_codes && nscan >= max_codes)
+                break;
+        }
+    }
+    heap_sort(h);
+    if (jb->refine)
+        return refine_query(w, xq, Dq, Iq);
+    for (size_t r = 0; r < jb->k; r++) {
+        Iq[r] = h->id[r];
+        Dq[r] = ip ? -h->d[r] : h->d[r];
+    }
+    return 0;
+}
+
+#define QBLOCK 4 /* queries taken per counter increment */
+
+static void *worker_run(void *arg)
+{
+    worker *w = arg;
+    job *jb = w->jb;
+    for (;;) {
+        size_t q0 = atomic_fetch_add(&jb->next, QBLOCK);
+        if (q0 >= jb->n)
+            break;
+        size_t q1 = q0 + QBLOCK < jb->n ? q0 + QBLOCK : jb->n;
+        for (size_t q = q0; q < q1; q++) {
+            w->rc = search_one(w, q);
+            if (w->rc != 0) {
+                atomic_store(&jb->next, jb->n); /* stop the others early */
+                return NULL;
+            }
+        }
+    }
+    return NULL;
+}
+
+static int check_index(const tsr_ivfpq *ix, size_t k, tsr_error *err)
+{
+    const tsr_pq *pq = &ix->pq;
+    if (ix->d <= 0 || pq->d != (size_t)ix->d || pq->M == 0 || pq->centroids == NULL ||
+        ix->centroids == NULL || ix->lists == NULL || ix->code_size != pq->code_size)
+        return tsr_err(err, TSR_EINVAL, "search: index is not a trained IVFPQ (d=%d, pq d=%zu,"
+                       " code_size=%zu, pq code_size=%zu)", ix->d, pq->d, ix->code_size,
+                       pq->code_size);
+    if (ix->metric != TSR_METRIC_L2 && ix->metric != TSR_METRIC_IP)
+        return tsr_err(err, TSR_EUNSUPPORTED, "search: metric %d", (int)ix->metric);
+    if (ix->is_refine && (ix->refine_pq.d != (size_t)ix->d || ix->refine_pq.centroids == NULL))
+        return tsr_err(err, TSR_EINVAL, "search: IwQR refine PQ has d=%zu, index d=%d",
+                       ix->refine_pq.d, ix->d);
+    if (k > ((size_t)1 << 30))
+        return tsr_err(err, TSR_EINVAL, "search: k=%zu is too large", k);
+    return 0;
+}
+
+int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
+                                 size_t nprobe, const int64_t *lists,
+                                 const float *coarse_dis, const tsr_ivfpq_search_opts *opts,
+                                 float *D, int64_t *I, tsr_error *err)
+{
+    int rc = check_index(ix, k, err);
+    if (rc != 0)
+        return rc;
+    if (n == 0 || k == 0)
+        return 0;
+    for (size_t i = 0; i < n * nprobe; i++)
+        if (lists[i] >= (int64_t)ix->nlist)
+            return tsr_err(err, TSR_EINVAL,
+                           "search_preassigned: query %zu probe %zu: list %lld >= nlist %zu",
+                           i / nprobe, i % nprobe, (long long)lists[i], ix->nlist);
+    const search_cache *cache = cache_get(ix, err);
+    if (cache == NULL)
+        return err ? err->code : TSR_ENOMEM;
+
+    job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.ix = ix;
+    jb.cache = cache;
+    jb.n = n;
+    jb.k = k;
+    jb.nprobe = nprobe;
+    jb.x = x;
+    jb.lists = lists;
+    jb.coarse_dis = coarse_dis;
+    jb.opts = opts;
+    enum tsr_simd simd = opts ? opts->simd : TSR_SIMD_AUTO;
+    if (simd == TSR_SIMD_AUTO || !tsr_ivfpq_search_simd_supported(simd))
+        simd = tsr_ivfpq_search_simd_auto();
+    jb.scan8 = scan8_for(simd);
+    jb.refine = ix->is_refine && !(opts && opts->no_refine);
+    jb.k1 = k;
+    if (jb.refine) {
+        float kf = opts && opts->k_factor > 0 ? opts->k_factor : ix->k_factor;
+        double k1 = (double)k * (double)kf; /* Faiss: long(k * k_factor) */
+        if (!(k1 >= 1.0))
+            k1 = 1.0;
+        if (k1 > (double)((size_t)1 << 30))
+            return tsr_err(err, TSR_EINVAL, "search: k * k_factor = %g is too large", k1);
+        jb.k1 = (size_t)k1;
+    }
+    jb.D = D;
+    jb.I = I;
+    atomic_init(&jb.next, 0);
+
+    size_t nt = opts && opts->threads > 1 ? (size_t)opts->threads : 1;
+    size_t maxt = (n + QBLOCK - 1) / QBLOCK;
+    if (nt > maxt)
+        nt = maxt;
+    if (nt > 256)
+        nt = 256;
+    worker *ws = calloc(nt, sizeof *ws);
+    if (ws == NULL)
+        return tsr_err(err, TSR_ENOMEM, "search: out of memory");
+    size_t started = 0;
+    rc = 0;
+    for (size_t t = 0; t < nt; t++) {
+        if (worker_init(&ws[t], &jb) != 0) {
+            rc = tsr_err(err, TSR_ENOMEM, "%s", ws[t].err.msg);
+            break;
+        }
+    }
+    if (rc == 0) {
+        for (started = 1; started < nt; started++)
+            if (pthread_create(&ws[started].thread, NULL, worker_run, &ws[started]) != 0)
+                break; /* fewer threads: the remaining work is still taken by those running */
+        worker_run(&ws[0]);
+        for (size_t t = 1; t < started; t++)
+            pthread_join(ws[t].thread, NULL);
+        for (size_t t = 0; t < started; t++) {
+            if (ws[t].rc != 0) {
+                rc = ws[t].rc;
+                if (err) {
+                    err->code = ws[t].err.code;
+                    memcpy(err->msg, ws[t].err.msg, sizeof err->msg);
+                }
+                break;
+            }
+        }
+    }
+    for (size_t t = 0; t < nt; t++)
+        worker_close(&ws[t]);
+    free(ws);
+    return rc;
+}
+
+/* Queries per coarse block: bounds the n * nprobe temporaries of a large batch. */
+#define COARSE_BLOCK 4096
+
+int tsr_ivfpq_search(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
+                     const tsr_ivfpq_search_opts *opts, float *D, int64_t *I,
+                     tsr_error *err)
+{
+    int rc = check_index(ix, k, err);
+    if (rc != 0)
+        return rc;
+    if (n == 0 || k == 0)
+        return 0;
+    size_t nprobe = opts && opts->nprobe ? opts->nprobe : ix->nprobe;
+    if (nprobe == 0)
+        nprobe = 1;
+    if (nprobe > ix->nlist)
+        nprobe = ix->nlist;
+    size_t nb = n < COARSE_BLOCK ? n : COARSE_BLOCK;
+    float *cd = tsr_try_malloc(nb * nprobe, sizeof(float));
+    int64_t *cl = tsr_try_malloc(nb * nprobe, sizeof(int64_t));
+    if (cd == NULL || cl == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "search: out of memory for %zu x %zu coarse results", nb,
+                     nprobe);
+        goto done;
+    }
+    for (size_t q0 = 0; q0 < n; q0 += nb) {
+        size_t m = n - q0 < nb ? n - q0 : nb;
+        const float *xb = x + q0 * (size_t)ix->d;
+        rc = tsr_knn(xb, m, ix->centroids, ix->nlist, (size_t)ix->d, ix->metric, nprobe, NULL,
+                     cd, cl, err);
+        if (rc != 0)
+            goto done;
+        rc = tsr_ivfpq_search_preassigned(ix, m, xb, k, nprobe, cl, cd, opts, D + q0 * k,
+                                          I + q0 * k, err);
+        if (rc != 0)
+            goto done;
+    }
+done:
+    free(cd);
+    free(cl);
+    return rc;
+}

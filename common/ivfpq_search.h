@@ -1,0 +1,103 @@
+/*
+ * ivfpq_search — search of an in-memory IVFPQ index with the semantics of Faiss 1.7.3
+ * IndexIVFPQ::search / search_preassigned (and IndexIVFPQR for IwQR files).
+ *
+ * Distances (x = query, c = the probed list's centroid, y = the PQ reconstruction):
+ *   L2, by_residual:  ||x - c||^2 (the coarse distance)  +  (||y||^2 + 2<c, y>)  -  2<x, y>
+ *   IP, by_residual:  <x, c> (the coarse distance)       +  <x, y>
+ *   by_residual = 0:  plain ADC on x: sum_m ||x_m - c_m,j||^2 (L2) or <x_m, c_m,j> (IP)
+ * The middle L2 term does not depend on the query; it is computed once per stored vector
+ * and kept in ix->search_cache, so a query needs one M x 2^nbits table that does not
+ * depend on the list (Faiss's precomputed table type 1 rebuilds a table per probed list;
+ * both give the same value up to float rounding, which only reorders exact near-ties).
+ *
+ * Results are sorted best first (L2 ascending, IP descending), ties broken by the smaller
+ * label; missing results are label -1 with distance +inf (L2) / -inf (IP), as Faiss.
+ *
+ * IwQR (ix->is_refine): k_factor * k candidates from the PQ scan are re-ranked by
+ * ||x - c - y - r||^2 with r the refine-PQ reconstruction of the label's refine code,
+ * exactly as Faiss's IndexIVFPQR::search_preassigned.
+ *
+ * Thread safety: concurrent searches on one index are safe. The search cache is built on
+ * first use (under a lock) from the lists as they are then; an index must not be modified
+ * while searched, and after modifying lists call tsr_ivfpq_search_invalidate (a scan
+ * that finds a list whose size differs from the cache fails with TSR_ESTATE).
+ */
+#ifndef TSR_IVFPQ_SEARCH_H
+#define TSR_IVFPQ_SEARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "ivfpq.h"
+
+/* Which scan kernel to use. AUTO: the env var TSR_SIMD (scalar|avx2|avx512) if set,
+ * else the best the CPU supports. */
+enum tsr_simd { TSR_SIMD_AUTO = 0, TSR_SIMD_SCALAR = 1, TSR_SIMD_AVX2 = 2, TSR_SIMD_AVX512 = 3 };
+
+/* Filter: return nonzero to accept `label`. Called only for candidates whose distance
+ * would put them into the current top-k (so rejected-by-distance codes cost nothing);
+ * may be called from several threads at once when threads > 1. */
+typedef int (*tsr_accept_fn)(void *ctx, int64_t label);
+
+/* Search options. Initialize with tsr_ivfpq_search_opts_init; every field added later
+ * defaults to "off" when zero, so zero-initialized structs stay valid. */
+typedef struct tsr_ivfpq_search_opts {
+    size_t nprobe;         /* lists to probe (search only); 0 = ix->nprobe; clamped to nlist */
+    int threads;           /* worker threads for a batch; <= 1 = the calling thread only */
+    tsr_accept_fn accept;  /* optional filter (NULL = accept all) */
+    void *accept_ctx;      /* passed to accept for every query ... */
+    void *const *accept_ctxs; /* ... unless this is non-NULL: accept_ctxs[i] for query i */
+    size_t max_codes;      /* stop a query after scanning this many codes (whole lists,
+                              as Faiss's max_codes); 0 = unlimited */
+    float k_factor;        /* IwQR: candidates per result; 0 = the file's k_factor */
+    int no_refine;         /* IwQR: nonzero = return the PQ scan results unrefined */
+    enum tsr_simd simd;    /* scan kernel; TSR_SIMD_AUTO by default */
+} tsr_ivfpq_search_opts;
+
+void tsr_ivfpq_search_opts_init(tsr_ivfpq_search_opts *o);
+
+/* Searches n queries x (n*d floats, borrowed): the opts->nprobe nearest lists by the
+ * coarse quantizer, then the scan. D (n*k floats) and I (n*k labels) are caller-allocated.
+ * Returns 0 or a TSR_E* code with err set. */
+int tsr_ivfpq_search(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
+                     const tsr_ivfpq_search_opts *opts, float *D, int64_t *I,
+                     tsr_error *err);
+
+/* As Faiss's search_preassigned: lists (n*nprobe list numbers, -1 = no list, skipped) and
+ * coarse_dis (n*nprobe coarse distances: ||x - c||^2 for L2, <x, c> for IP; only used
+ * when by_residual) are given by the caller (borrowed). opts->nprobe is ignored.
+ * A list number >= nlist is TSR_EINVAL. */
+int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
+                                 size_t nprobe, const int64_t *lists,
+                                 const float *coarse_dis, const tsr_ivfpq_search_opts *opts,
+                                 float *D, int64_t *I, tsr_error *err);
+
+/* Builds the search cache now (otherwise the first search does it). Idempotent. */
+int tsr_ivfpq_search_prepare(tsr_ivfpq *ix, tsr_error *err);
+
+/* Drops the search cache (after lists changed); the next search rebuilds it. Not safe
+ * while other threads search the index. */
+void tsr_ivfpq_search_invalidate(tsr_ivfpq *ix);
+
+/* Called by tsr_ivfpq_destroy (weak symbol in ivfpq.c). */
+void tsr__ivfpq_search_cache_free(tsr_ivfpq *ix);
+
+/* The kernel AUTO resolves to, and whether a given one can run on this CPU. */
+enum tsr_simd tsr_ivfpq_search_simd_auto(void);
+int tsr_ivfpq_search_simd_supported(enum tsr_simd s);
+const char *tsr_ivfpq_search_simd_name(enum tsr_simd s);
+
+/* ---- internal: 8-bit scan kernels (ivfpq_search.c, _avx2.c, _avx512.c) -------------- */
+/* out[i] = base + (term ? term[i] : 0) + sum_m T[m * 256 + codes[i * M + m]], i < n. */
+typedef void (*tsr__scan8_fn)(const float *T, size_t M, const uint8_t *codes, size_t n,
+                              const float *term, float base, float *out);
+void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
+                       const float *term, float base, float *out);
+void tsr__scan8_avx2(const float *T, size_t M, const uint8_t *codes, size_t n,
+                     const float *term, float base, float *out);
+void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
+                       const float *term, float base, float *out);
+
+#endif
