@@ -75,6 +75,7 @@ typedef struct tsr__version {
     size_t nsparse;           /* recs with a sparse embedding */
     tsr_filter_dict *dict;    /* owned */
     tsr_filter_meta *meta;    /* owned; rows as in the file comment */
+    struct tsr_sparse_index *sparse_ix; /* owned; over the rows; NULL when no sparse */
     size_t *row0;             /* nlist+1: first row of list i; row0[nlist] = first sparse-only */
     tsr__rec **row_rec;       /* rows -> rec (borrowed from recs) */
     size_t nrows;

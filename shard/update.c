@@ -189,10 +189,24 @@ int tsr__shard_open(tsr__shard *s, const char *dir, tsr_error *err)
                 if ((int64_t)vs[i] >= cur)
                     continue;
                 tsr_error e2 = TSR_ERROR_INIT;
-                if (load_checked(s, (int64_t)vs[i], &s->current, &e2) == 0)
+                if (load_checked(s, (int64_t)vs[i], &s->current, &e2) == 0) {
+                    /* Make the directory say what is served, and drop the bad version so
+                     * that its number can be staged again. */
                     tsr_warn("falling back to version %lld", (long long)vs[i]);
-                else
+                    /* Only for a version that is provably bad or gone; an I/O or memory
+                     * failure may be transient: then the files stay as they are. */
+                    if (e.code != TSR_EFORMAT && e.code != TSR_ENOTFOUND)
+                        continue;
+                    if (tsr_store_set_current(s->store, vs[i], &e2) != 0 ||
+                        (e.code == TSR_EFORMAT &&
+                         tsr_store_remove(s->store, (uint64_t)cur, &e2) != 0))
+                        tsr_warn("after the fallback: %s", e2.msg);
+                    else
+                        tsr_warn("CURRENT is now version %lld%s", (long long)vs[i],
+                                 e.code == TSR_EFORMAT ? "; the corrupt version was removed" : "");
+                } else {
                     tsr_error_log("version %lld refused: %s", (long long)vs[i], e2.msg);
+                }
             }
         }
     }
