@@ -70,6 +70,9 @@ UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
         bench-search bench-ingest bench-rpc bench-e2e run demo
 all: $(TARGETS)
 
+# Keep objects that pattern-rule chains would otherwise delete as intermediates.
+.SECONDARY:
+
 $(BUILD)/obj/%_avx2.o: %_avx2.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"

@@ -33,6 +33,21 @@ static int h_echo(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
     return tsr_rpc_reply_copy(reply, req, len);
 }
 
+/* Resident set size in KiB (Linux), -1 if unknown. */
+static long rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -131,6 +146,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < 200; i++) /* connect and warm up */
         tsr_rpc_call(ch, ECHO, buf, size, 5000, &res);
 
+    long rss0 = rss_kib();
+
     /* sequential */
     size_t cap = 1 << 20, n = 0;
     double *lat = malloc(cap * sizeof *lat);
@@ -200,6 +217,9 @@ int main(int argc, char **argv)
     snprintf(label, sizeof label, "fan-out of %d (per fan-out)", inflight);
     printf("%-34s %10.1f %10.1f %10.1f %12.0f\n", label, fan_lat[fans / 2] * 1e6,
            fan_lat[fans * 9 / 10] * 1e6, fan_lat[fans * 99 / 100] * 1e6, fan_calls / fan_dt);
+    printf("calls made: %ld; process RSS (server + client) after warm-up %ld KiB, at the end "
+           "%ld KiB\n",
+           (long)n + thr_calls + fan_calls, rss0, rss_kib());
     printf("errors: %ld\n", errors);
 
     for (int i = 0; i < inflight; i++)

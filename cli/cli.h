@@ -12,6 +12,11 @@ int tsr_cmd_index_check(int argc, char **argv);
 int tsr_cmd_index_info(int argc, char **argv);
 int tsr_cmd_index_rewrite(int argc, char **argv);
 int tsr_cmd_batch_inspect(int argc, char **argv);
+int tsr_cmd_query(int argc, char **argv);
+int tsr_cmd_update(int argc, char **argv);
+int tsr_cmd_read(int argc, char **argv);
+int tsr_cmd_stats(int argc, char **argv);
+int tsr_cmd_cluster_up(int argc, char **argv);
 
 /* True when argv contains -h or --help. */
 int tsr_cli_wants_help(int argc, char **argv);

@@ -22,6 +22,11 @@ static const command commands[] = {
     {"index", "info", tsr_cmd_index_info, "describe a Faiss index file as one JSON object"},
     {"index", "rewrite", tsr_cmd_index_rewrite, "read a Faiss index file and write it back"},
     {"batch", "inspect", tsr_cmd_batch_inspect, "validate a Vertex-format batch_root and print it"},
+    {"query", NULL, tsr_cmd_query, "find neighbors through a running coordinator"},
+    {"update", NULL, tsr_cmd_update, "apply a batch_root as a new index version"},
+    {"read", NULL, tsr_cmd_read, "read stored datapoints by id"},
+    {"stats", NULL, tsr_cmd_stats, "index and shard statistics"},
+    {"cluster", "up", tsr_cmd_cluster_up, "run a local coordinator + shards (supervised)"},
 };
 
 int tsr_cli_wants_help(int argc, char **argv)
@@ -36,7 +41,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: tessera <group> <command> [options]   (tessera <group> <command> --help)\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-6s %-10s %s\n", commands[i].group, commands[i].name, commands[i].summary);
+        fprintf(f, "  %-7s %-10s %s\n", commands[i].group, commands[i].name ? commands[i].name : "",
+                commands[i].summary);
 }
 
 int main(int argc, char **argv)
@@ -50,6 +56,8 @@ int main(int argc, char **argv)
         const command *c = &commands[i];
         if (strcmp(argv[1], c->group) != 0)
             continue;
+        if (c->name == NULL)
+            return c->fn(argc - 1, argv + 1);
         if (argc >= 3 && strcmp(argv[2], c->name) == 0)
             return c->fn(argc - 2, argv + 2);
     }

@@ -173,6 +173,13 @@ int tsr_filter_dict_intern(tsr_filter_dict *d, const char *s, size_t len, uint32
     }
     if (d->n >= TSR_FILTER_MAX_IDS || len > UINT32_MAX - 1)
         return TSR_ELIMIT;
+    /* keep the load factor at most 1/2 so probes stay short (and a free slot always
+     * exists, which find_slot relies on to terminate) */
+    if ((d->n + 1) * 2 > d->mask + 1) {
+        if (dict_grow_table(d) != 0)
+            return TSR_ENOMEM;
+        i = find_slot(d, s, len, h);
+    }
     if (d->n == d->cap) {
         size_t nc = d->cap ? d->cap * 2 : 64;
         size_t *off = tsr_try_realloc(d->off, nc, sizeof *off);
@@ -211,10 +218,6 @@ int tsr_filter_dict_intern(tsr_filter_dict *d, const char *s, size_t len, uint32
     d->arena_len += len + 1;
     d->n++;
     d->slot[i] = nid;
-    /* keep the load factor at most 1/2 so probes stay short */
-    if (d->n * 2 > d->mask + 1 && dict_grow_table(d) != 0) {
-        /* the id is valid and findable (old table still holds it); growth retried later */
-    }
     *id = nid;
     return 0;
 }
@@ -404,6 +407,11 @@ int tsr_filter_meta_add(tsr_filter_meta *m, int64_t label, const tsr_datapoint *
     size_t li = label_slot(m, label);
     if (m->lslot[li] != TSR_FILTER_NOID)
         return tsr_err(err, TSR_EINVAL, "filter meta: label %lld added twice", (long long)label);
+    if ((m->n + 1) * 2 > m->lmask + 1) { /* load factor <= 1/2: a free slot always exists */
+        if (meta_grow_labels(m) != 0)
+            return tsr_err(err, TSR_ENOMEM, "filter meta: out of memory for the label table");
+        li = label_slot(m, label);
+    }
     if ((rc = meta_reserve_rows(m)) != 0)
         return tsr_err(err, rc, "filter meta: out of memory for row %zu", m->n);
 
@@ -501,9 +509,6 @@ int tsr_filter_meta_add(tsr_filter_meta *m, int64_t label, const tsr_datapoint *
     m->num_off[r + 1] = m->nnums;
     m->lslot[li] = r;
     m->n++;
-    if (m->n * 2 > m->lmask + 1 && meta_grow_labels(m) != 0) {
-        /* still consistent (load factor just higher); growth retried on the next add */
-    }
     if (row)
         *row = r;
     return 0;

@@ -50,7 +50,8 @@
  *
  *   Shutdown (tsr_rpc_server_shutdown, also done by destroy): health turns NOT_SERVING,
  *   no new calls are accepted, calls in flight get up to grace_ms to finish, then they
- *   are cancelled (clients see CANCELLED); it then waits for running handlers to return
+ *   are cancelled (clients see CANCELLED or UNAVAILABLE; LONG calls still queued are not
+ *   started); it then waits for running handlers to return
  *   (a handler may check tsr_rpc_reply_cancelled to stop early), then stops the threads.
  *
  * CLIENT (rpc_client.c)

@@ -481,6 +481,12 @@ int tsr_sparse_search(const tsr_sparse_index *ix, const int64_t *qdims, const fl
         for (size_t p = ix->off[d]; p < ix->off[d + 1]; p++)
             accum_add(&a, ix->rows[p], q * (double)ix->vals[p]);
     }
+    /* no more hits than touched rows: a huge k must not allocate a huge heap (decide
+     * "c >= k means no limit" on the k asked for, before clamping) */
+    if (c >= k)
+        c = 0;
+    if (k > a.ntouched)
+        k = a.ntouched;
     if (tsr_crowd_topk_init(&top, k, c, 1) != 0) {
         rc = tsr_err(err, TSR_ENOMEM, "sparse search: out of memory for k = %zu", k);
         goto done;

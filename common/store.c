@@ -630,6 +630,24 @@ fail:
     return rc;
 }
 
+int tsr__store_check_manifest(const char *text, size_t len, uint64_t version, size_t *nfiles,
+                              tsr_error *err)
+{
+    if (len > MANIFEST_MAX)
+        return tsr_err(err, TSR_ELIMIT, "manifest larger than %u bytes", MANIFEST_MAX);
+    char *copy = tsr_try_malloc(len + 1, 1);
+    if (copy == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    if (len)
+        memcpy(copy, text, len);
+    copy[len] = '\0';
+    entry *e = NULL;
+    int rc = parse_manifest("MANIFEST", copy, len, version, &e, nfiles, err);
+    free(e);
+    free(copy);
+    return rc;
+}
+
 int tsr_store_verify(const tsr_store *s, uint64_t version, tsr_error *err)
 {
     int rc;

@@ -44,7 +44,8 @@ typedef struct tsr_topk {
     tsr_hit *h; /* owned; heap with the worst kept hit at h[0] */
 } tsr_topk;
 
-/* k may be 0 (keeps nothing). Returns 0 or TSR_ENOMEM. */
+/* k may be 0 (keeps nothing). k entries are allocated up front, so a caller bounds a k
+ * that comes from a request (e.g. by the number of candidates). Returns 0 or TSR_ENOMEM. */
 int tsr_topk_init(tsr_topk *t, size_t k, int larger_better);
 void tsr_topk_close(tsr_topk *t);
 void tsr_topk_reset(tsr_topk *t); /* empties, keeps k and memory */

@@ -147,7 +147,8 @@ static uint32_t *tc_slot(tagcount *t, uint32_t key)
 static int finalize(const tsr__version *v, coll *c, size_t k, uint32_t crowd, int negate,
                     tsr__hit **hits, size_t *nhits)
 {
-    qsort(c->c, c->n, sizeof(cand), cand_cmp);
+    if (c->n > 1)
+        qsort(c->c, c->n, sizeof(cand), cand_cmp);
     size_t take = c->n < k ? c->n : k;
     *hits = tsr_try_malloc(take ? take : 1, sizeof(tsr__hit));
     if (*hits == NULL)

@@ -31,6 +31,7 @@
 #include "error.h"
 #include "filter.h"
 #include "ivfpq.h"
+#include "store.h"
 
 #include "tessera/v1/shard.pb-c.h"
 #include "tessera/v1/tessera.pb-c.h"
@@ -170,6 +171,8 @@ typedef struct tsr__held {
 
 typedef struct tsr__shard {
     char *dir;                  /* owned: data dir */
+    tsr_store *store;           /* owned: versioned dirs, CURRENT, MANIFEST (common/store);
+                                   written only under update_mu */
     pthread_mutex_t table_mu;   /* guards current + held (short sections only) */
     tsr__version *current;      /* ref */
     tsr__held held[TSR__MAX_HELD_VERSIONS + 4];
@@ -197,17 +200,5 @@ int tsr__shard_release(tsr__shard *s, int64_t below, int64_t *versions, size_t c
 /* Snapshot of the held versions: refs into out (cap entries), states; caller unrefs. */
 size_t tsr__shard_list(tsr__shard *s, tsr__held *out, size_t cap, int *staging_version_set,
                        int64_t *staging_version, int64_t *current_version);
-
-/* ---- disk.c: version directories, CURRENT, MANIFEST ---- */
-/* "<dir>/v%06lld" into buf. */
-void tsr__vdir(const char *dir, int64_t version, char *buf, size_t cap);
-int tsr__manifest_write(const char *vdir, int64_t version, uint64_t *total, tsr_error *err);
-int tsr__manifest_check(const char *vdir, int64_t version, uint64_t *total, tsr_error *err);
-int tsr__current_read(const char *dir, int64_t *version, tsr_error *err); /* 0 if none */
-int tsr__current_write(const char *dir, int64_t version, tsr_error *err);
-int tsr__fsync_dir(const char *path, tsr_error *err);
-int tsr__rmtree(const char *path);
-/* Version numbers of the v* dirs in dir, ascending; *out malloc'ed. Removes *.tmp dirs. */
-int tsr__list_vdirs(const char *dir, int64_t **out, size_t *n, tsr_error *err);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * slice — the shard's version snapshots: the shared pieces (template, lists, records),
  * building version N+1 from N plus an edit set (copy-on-write per list), and the on-disk
- * form of a version (slice.faiss, meta, vectors.f32; MANIFEST is disk.c's).
+ * form of a version (slice.faiss, meta, vectors.f32; the MANIFEST and the atomic directory commit are
+ * common/store's).
  *
  * On-disk "meta" (little-endian, written raw):
  *   "TSRM" | u32 format = 1 | i64 version | u32 d | u64 nowned | i32 owned[nowned]
@@ -661,7 +662,7 @@ typedef struct buf {
 
 static void put(buf *b, const void *src, size_t n)
 {
-    if (b->oom)
+    if (b->oom || n == 0)
         return;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
@@ -988,7 +989,8 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
                      "(%zu/%zu)", dir, off, mn, voff, vn);
         goto fail;
     }
-    qsort(v->recs, v->nrecs, sizeof *v->recs, rec_cmp);
+    if (v->nrecs > 1)
+        qsort(v->recs, v->nrecs, sizeof *v->recs, rec_cmp);
     for (size_t i = 1; i < v->nrecs; i++)
         if (v->recs[i]->label == v->recs[i - 1]->label) {
             rc = tsr_err(err, TSR_EFORMAT, "%s/meta: label %lld twice", dir,

@@ -1,7 +1,7 @@
 /*
  * update — the shard's version table and its two-phase update (DESIGN "Batch update"):
  * Stage chunks of upserts/deletes for version N+1 on top of a base, Prepare (build N+1
- * beside N, copy-on-write per list, write v<N+1>/ through disk.c, fsync, check the
+ * beside N, copy-on-write per list, write v<N+1>/ through common/store, fsync, check the
  * MANIFEST), Commit (CURRENT := N+1 on disk — the shard's commit point — then swap the
  * current pointer), Abort (drop a staged or prepared version), Release (drop old serving
  * versions once the coordinator plans no more queries on them).
@@ -15,7 +15,7 @@
  * On disk at start-up: CURRENT's version is loaded (MANIFEST checked); if it does not
  * check or load, the newest older version that does is served instead (logged). Newer
  * complete versions are prepared ones (they survived a restart, Commit or Abort decides);
- * *.tmp directories are removed; older versions except the newest one below current
+ * temporary directories are removed (by common/store); older versions except the newest one below current
  * (kept as a fallback) are removed.
  *
  * DESIGN (threads): update_mu serializes every update call (Stage/Prepare run on the
@@ -113,13 +113,13 @@ static tsr__version *take_held(tsr__shard *s, size_t i)
  * below current (the fallback). Caller holds update_mu. */
 static void gc_dirs(tsr__shard *s)
 {
-    int64_t *vs = NULL;
+    uint64_t *vs = NULL;
     size_t n = 0;
     tsr_error err = TSR_ERROR_INIT;
-    if (tsr__list_vdirs(s->dir, &vs, &n, &err) != 0)
+    if (tsr_store_list(s->store, &vs, &n, &err) != 0)
         return;
-    int64_t cur = s->current->version;
-    int64_t fallback = 0;
+    uint64_t cur = (uint64_t)s->current->version;
+    uint64_t fallback = 0;
     for (size_t i = 0; i < n; i++)
         if (vs[i] < cur)
             fallback = vs[i];
@@ -127,27 +127,34 @@ static void gc_dirs(tsr__shard *s)
         if (vs[i] >= cur || vs[i] == fallback)
             continue;
         pthread_mutex_lock(&s->table_mu);
-        int held = find_held(s, vs[i]) != NULL;
+        int held = find_held(s, (int64_t)vs[i]) != NULL;
         pthread_mutex_unlock(&s->table_mu);
         if (held)
             continue;
-        char p[4096];
-        tsr__vdir(s->dir, vs[i], p, sizeof p);
-        tsr__rmtree(p);
+        if (tsr_store_remove(s->store, vs[i], &err) != 0)
+            tsr_warn("cannot remove version %llu: %s", (unsigned long long)vs[i], err.msg);
     }
     free(vs);
 }
 
-static int load_checked(const char *dir, int64_t version, tsr__version **out, tsr_error *err)
+/* Verifies version against its MANIFEST, then loads it. */
+static int load_checked(tsr__shard *s, int64_t version, tsr__version **out, tsr_error *err)
 {
-    char vd[4096];
-    uint64_t total = 0;
-    tsr__vdir(dir, version, vd, sizeof vd);
-    int rc = tsr__manifest_check(vd, version, &total, err);
+    char vd[4096], fp[4200];
+    int rc = tsr_store_verify(s->store, (uint64_t)version, err);
+    if (rc == 0)
+        rc = tsr_store_path(s->store, (uint64_t)version, NULL, vd, sizeof vd, err);
     if (rc == 0)
         rc = tsr__version_load(vd, version, out, err);
-    if (rc == 0)
-        (*out)->disk_bytes = total;
+    if (rc == 0) {
+        static const char *const files[] = {"slice.faiss", "meta", "vectors.f32", "MANIFEST"};
+        for (size_t i = 0; i < 4; i++) {
+            struct stat st;
+            snprintf(fp, sizeof fp, "%s/%s", vd, files[i]);
+            if (stat(fp, &st) == 0)
+                (*out)->disk_bytes += (uint64_t)st.st_size;
+        }
+    }
     return rc;
 }
 
@@ -159,24 +166,30 @@ int tsr__shard_open(tsr__shard *s, const char *dir, tsr_error *err)
     s->dir = strdup(dir);
     if (s->dir == NULL)
         return tsr_err(err, TSR_ENOMEM, "out of memory");
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return tsr_err(err, TSR_EIO, "%s: cannot create data directory: %s", dir, strerror(errno));
-    int64_t cur = 0, *vs = NULL;
-    size_t n = 0;
-    int rc = tsr__current_read(dir, &cur, err);
+    int rc = tsr_store_create(dir, &s->store, err);
     if (rc != 0)
         return rc;
-    if ((rc = tsr__list_vdirs(dir, &vs, &n, err)) != 0)
+    uint64_t cur64 = 0, *vs = NULL;
+    size_t n = 0;
+    rc = tsr_store_current(s->store, &cur64, err);
+    if (rc == TSR_ENOTFOUND) {
+        cur64 = 0; /* a new data dir */
+        tsr_error_clear(err);
+    } else if (rc != 0) {
+        return rc;
+    }
+    int64_t cur = (int64_t)cur64;
+    if ((rc = tsr_store_list(s->store, &vs, &n, err)) != 0)
         return rc;
     if (cur > 0) {
         tsr_error e = TSR_ERROR_INIT;
-        if (load_checked(dir, cur, &s->current, &e) != 0) {
+        if (load_checked(s, cur, &s->current, &e) != 0) {
             tsr_error_log("version %lld (CURRENT) refused: %s", (long long)cur, e.msg);
             for (size_t i = n; i-- > 0 && s->current == NULL;) {
-                if (vs[i] >= cur)
+                if ((int64_t)vs[i] >= cur)
                     continue;
                 tsr_error e2 = TSR_ERROR_INIT;
-                if (load_checked(dir, vs[i], &s->current, &e2) == 0)
+                if (load_checked(s, (int64_t)vs[i], &s->current, &e2) == 0)
                     tsr_warn("falling back to version %lld", (long long)vs[i]);
                 else
                     tsr_error_log("version %lld refused: %s", (long long)vs[i], e2.msg);
@@ -195,19 +208,17 @@ int tsr__shard_open(tsr__shard *s, const char *dir, tsr_error *err)
     s->held[s->nheld++] = (tsr__held){tsr__version_ref(s->current), TSR__SERVING};
     /* Newer complete versions: prepared before a restart, waiting for Commit / Abort. */
     for (size_t i = 0; i < n; i++) {
-        if (vs[i] <= cur || s->nheld >= TSR__MAX_HELD_VERSIONS)
+        if ((int64_t)vs[i] <= cur || s->nheld >= TSR__MAX_HELD_VERSIONS)
             continue;
         tsr__version *v = NULL;
         tsr_error e = TSR_ERROR_INIT;
-        if (load_checked(dir, vs[i], &v, &e) == 0) {
+        if (load_checked(s, (int64_t)vs[i], &v, &e) == 0) {
             s->held[s->nheld++] = (tsr__held){v, TSR__PREPARED};
             tsr_info("version %lld is prepared (waiting for Commit or Abort)", (long long)vs[i]);
         } else {
-            char p[4096];
             tsr_error_log("prepared version %lld refused, removing it: %s", (long long)vs[i],
                           e.msg);
-            tsr__vdir(dir, vs[i], p, sizeof p);
-            tsr__rmtree(p);
+            tsr_store_remove(s->store, vs[i], NULL);
         }
     }
     free(vs);
@@ -227,6 +238,8 @@ void tsr__shard_close(tsr__shard *s)
     s->nheld = 0;
     tsr__version_unref(s->current);
     s->current = NULL;
+    tsr_store_destroy(s->store);
+    s->store = NULL;
     free(s->dir);
     s->dir = NULL;
     pthread_mutex_destroy(&s->table_mu);
@@ -476,7 +489,8 @@ static int i64_cmp(const void *a, const void *b)
 static int make_edits(tsr__staging *st, tsr__edits *e, tsr_error *err)
 {
     memset(e, 0, sizeof *e);
-    qsort(st->ups, st->nups, sizeof *st->ups, up_cmp);
+    if (st->nups > 1)
+        qsort(st->ups, st->nups, sizeof *st->ups, up_cmp);
     e->ups = tsr_try_malloc(st->nups + 1, sizeof *e->ups);
     e->dels = tsr_try_malloc(st->ndels + 1, sizeof *e->dels);
     e->drop = tsr_try_malloc(st->ndrop + 1, sizeof *e->drop);
@@ -488,13 +502,16 @@ static int make_edits(tsr__staging *st, tsr__edits *e, tsr_error *err)
             continue;
         e->ups[e->nups++] = tsr__rec_ref(st->ups[i].rec);
     }
-    qsort(st->dels, st->ndels, sizeof *st->dels, i64_cmp);
+    if (st->ndels > 1)
+        qsort(st->dels, st->ndels, sizeof *st->dels, i64_cmp);
     for (size_t i = 0; i < st->ndels; i++)
         if (e->ndels == 0 || e->dels[e->ndels - 1] != st->dels[i])
             e->dels[e->ndels++] = st->dels[i];
-    memcpy(e->drop, st->drop, st->ndrop * sizeof *e->drop);
+    if (st->ndrop)
+        memcpy(e->drop, st->drop, st->ndrop * sizeof *e->drop);
     e->ndrop = st->ndrop;
-    memcpy(e->own, st->own, st->nown * sizeof *e->own);
+    if (st->nown)
+        memcpy(e->own, st->own, st->nown * sizeof *e->own);
     e->nown = st->nown;
     e->have_own = st->have_own;
     return 0;
@@ -528,26 +545,29 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
         goto out;
     if ((rc = tsr__version_build(st->base, st->tmpl, &e, version, &v, err)) != 0)
         goto out;
-    tsr__vdir(s->dir, version, vd, sizeof vd);
-    snprintf(tmp, sizeof tmp, "%s.tmp", vd);
-    tsr__rmtree(tmp);
-    tsr__rmtree(vd);
-    if (mkdir(tmp, 0755) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    tsr_store_txn *txn = NULL;
+    if ((rc = tsr_store_begin(s->store, (uint64_t)version, &txn, err)) != 0)
+        goto out;
+    if ((rc = tsr__version_write(v, tsr_store_txn_dir(txn), err)) != 0) {
+        tsr_store_abort(txn);
+        goto out;
+    }
+    /* MANIFEST, fsyncs, rename to v<version>/, fsync of the data dir. */
+    if ((rc = tsr_store_commit(txn, err)) != 0)
+        goto out;
+    if ((rc = tsr_store_verify(s->store, (uint64_t)version, err)) != 0) {
+        tsr_store_remove(s->store, (uint64_t)version, NULL);
         goto out;
     }
     uint64_t total = 0;
-    if ((rc = tsr__version_write(v, tmp, err)) != 0 ||
-        (rc = tsr__manifest_write(tmp, version, &total, err)) != 0)
-        goto fail_dir;
-    if (rename(tmp, vd) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: rename failed: %s", vd, strerror(errno));
-        goto fail_dir;
-    }
-    if ((rc = tsr__fsync_dir(s->dir, err)) != 0 ||
-        (rc = tsr__manifest_check(vd, version, &total, err)) != 0) {
-        tsr__rmtree(vd);
-        goto out;
+    if (tsr_store_path(s->store, (uint64_t)version, NULL, vd, sizeof vd, NULL) == 0) {
+        static const char *const files[] = {"slice.faiss", "meta", "vectors.f32", "MANIFEST"};
+        for (size_t i = 0; i < 4; i++) {
+            struct stat sb;
+            snprintf(tmp, sizeof tmp, "%s/%s", vd, files[i]);
+            if (stat(tmp, &sb) == 0)
+                total += (uint64_t)sb.st_size;
+        }
     }
     v->disk_bytes = total;
     pthread_mutex_lock(&s->table_mu);
@@ -563,8 +583,6 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
     s->staging = NULL;
     atomic_store(&s->staging_version, 0);
     goto out;
-fail_dir:
-    tsr__rmtree(tmp);
 out:
     if (rc != 0 && resp) {
         resp->ready = 0;
@@ -625,7 +643,7 @@ int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err)
         goto out;
     }
     /* The commit point of this shard: CURRENT names the new version on disk. */
-    if ((rc = tsr__current_write(s->dir, version, err)) != 0)
+    if ((rc = tsr_store_set_current(s->store, (uint64_t)version, err)) != 0)
         goto out;
     pthread_mutex_lock(&s->table_mu);
     h = find_held(s, version);
@@ -683,10 +701,9 @@ int tsr__shard_abort(tsr__shard *s, int64_t version, tsr_error *err)
     }
     pthread_mutex_unlock(&s->table_mu);
     if (drop) {
-        char vd[4096];
-        tsr__vdir(s->dir, version, vd, sizeof vd);
-        tsr__rmtree(vd);
-        tsr__fsync_dir(s->dir, NULL);
+        tsr_error e = TSR_ERROR_INIT;
+        if (tsr_store_remove(s->store, (uint64_t)version, &e) != 0)
+            tsr_warn("Abort(%lld): cannot remove its directory: %s", (long long)version, e.msg);
         tsr_info("aborted prepared version %lld", (long long)version);
         tsr__version_unref(drop);
     }

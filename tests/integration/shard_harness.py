@@ -57,15 +57,26 @@ def stubs():
     return shard_pb2, shard_pb2_grpc, tessera_pb2, health_pb2, health_pb2_grpc
 
 
+def bins():
+    """The bin dirs to test: TSR_BIN, plus the ASan+UBSan build when `make test` exports
+    TSR_SAN_BIN and it holds a tessera-shard."""
+    out = [BIN]
+    san = os.environ.get("TSR_SAN_BIN")
+    if san and os.path.exists(os.path.join(san, "tessera-shard")) and \
+            os.path.abspath(san) != os.path.abspath(BIN):
+        out.append(san)
+    return out
+
+
 class Shard:
-    def __init__(self, data, extra=(), env=None):
+    def __init__(self, data, extra=(), env=None, bin_dir=None):
         self.data = data
         self.log = []
         e = dict(os.environ)
         e.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
         if env:
             e.update(env)
-        self.proc = subprocess.Popen([os.path.join(BIN, "tessera-shard"), "--listen",
+        self.proc = subprocess.Popen([os.path.join(bin_dir or BIN, "tessera-shard"), "--listen",
                                       "127.0.0.1:0", "--data", data] + list(extra),
                                      stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      env=e, text=True)
@@ -122,6 +133,9 @@ def template_bytes(xt, nlist, m, nbits=8, metric="L2", seed=123):
     """Trains a faiss IndexIVFPQ on xt; returns (index without vectors, serialized bytes)."""
     import faiss
     import numpy as np
+    # One OpenMP thread: on a busy 2-core machine faiss's spinning threads make training
+    # 100x slower.
+    faiss.omp_set_num_threads(1)
     d = xt.shape[1]
     if metric == "L2":
         q = faiss.IndexFlatL2(d)
