@@ -501,43 +501,58 @@ static int worker_init(worker *w, job *jb)
 /* The per-query table, "smaller is better" (see the file comment), from the transposed
  * centroids so that the inner loop runs over j with unit stride in 4-wide vectors. Each
  * entry is summed over t in order, as the straightforward per-entry dot product. */
-typedef float v8sf __attribute__((vector_size(16)));
+typedef float v4sf __attribute__((vector_size(16)));
 
 static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T)
 {
     const tsr_pq *pq = &ix->pq;
     const size_t ksub = pq->ksub, dsub = pq->dsub;
     const int mode = ix->metric == TSR_METRIC_IP ? 0 : ix->by_residual ? 1 : 2;
+    const size_t k4 = ksub & ~(size_t)3; /* ksub < 4 only for nbits = 1 */
     for (size_t m = 0; m < pq->M; m++) {
         const float *xm = x + m * dsub;
         const float *cm = ct + m * dsub * ksub;
         float *tab = T + m * ksub;
-        size_t j = 0;
-        for (; j + 4 <= ksub; j += 4) {
-            v8sf acc = {0, 0, 0, 0};
-            for (size_t t = 0; t < dsub; t++) {
-                v8sf c;
-                memcpy(&c, cm + t * ksub + j, sizeof c);
-                if (mode == 2) {
-                    v8sf dlt = xm[t] - c;
-                    acc += dlt * dlt;
-                } else {
-                    acc += xm[t] * c;
+        /* j innermost (unit stride, 4-wide); t outermost keeps each entry's sum in t
+         * order: tab = x0 c0, then += x_t c_t, then the metric's scale. */
+        for (size_t t = 0; t < dsub; t++) {
+            const float *c = cm + t * ksub;
+            const float xt = xm[t];
+            if (mode == 2) {
+                for (size_t j = 0; j < k4; j += 4) {
+                    v4sf cv, tv;
+                    memcpy(&cv, c + j, sizeof cv);
+                    v4sf dl = xt - cv;
+                    if (t == 0) {
+                        tv = dl * dl;
+                    } else {
+                        memcpy(&tv, tab + j, sizeof tv);
+                        tv += dl * dl;
+                    }
+                    memcpy(tab + j, &tv, sizeof tv);
                 }
+                for (size_t j = k4; j < ksub; j++)
+                    tab[j] = (t == 0 ? 0.0f : tab[j]) + (xt - c[j]) * (xt - c[j]);
+            } else {
+                for (size_t j = 0; j < k4; j += 4) {
+                    v4sf cv, tv;
+                    memcpy(&cv, c + j, sizeof cv);
+                    if (t == 0) {
+                        tv = xt * cv;
+                    } else {
+                        memcpy(&tv, tab + j, sizeof tv);
+                        tv += xt * cv;
+                    }
+                    memcpy(tab + j, &tv, sizeof tv);
+                }
+                for (size_t j = k4; j < ksub; j++)
+                    tab[j] = (t == 0 ? 0.0f : tab[j]) + xt * c[j];
             }
-            if (mode == 0)
-                acc = -acc;
-            else if (mode == 1)
-                acc = -2.0f * acc;
-            memcpy(tab + j, &acc, sizeof acc);
         }
-        for (; j < ksub; j++) { /* ksub < 8 (nbits < 2) */
-            float a = 0;
-            for (size_t t = 0; t < dsub; t++) {
-                float c = cm[t * ksub + j];
-                a += mode == 2 ? (xm[t] - c) * (xm[t] - c) : xm[t] * c;
-            }
-            tab[j] = mode == 0 ? -a : mode == 1 ? -2.0f * a : a;
+        if (mode != 2) {
+            const float scale = mode == 0 ? -1.0f : -2.0f;
+            for (size_t j = 0; j < ksub; j++)
+                tab[j] *= scale;
         }
     }
 }
