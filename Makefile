@@ -172,6 +172,15 @@ fuzz: $(FUZZ_BINS)
 	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus/$$n tests/fuzz/corpus/$$n 2>&1 | \
 	    grep -E 'stat::number_of_executed_units|ERROR|SUMMARY' ; done
 
+# ---- the main job (README) --------------------------------------------------------------
+run: deps
+	@$(MAKE) --no-print-directory all
+	@deploy/local/run.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@deploy/local/run.sh --demo
+
 # ---- dependencies -------------------------------------------------------------------------
 deps:
 	@.ci/deps.sh

@@ -14,22 +14,28 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batch.h"
 #include "cli.h"
 #include "faiss_io.h"
+#include "idmap.h"
 #include "ivfpq.h"
 #include "ivfpq_build.h"
 #include "knn.h"
 #include "vecs_io.h"
 
 static const char *usage_text =
-    "usage: tessera index build --fvecs X.fvecs --nlist N --pq-m M [--pq-nbits 8]\n"
-    "                           [--metric l2|ip] [--no-residual] [--seed S] [--threads T]\n"
-    "                           --out F.faiss\n\n"
-    "Trains an IVFPQ index on the vectors of X.fvecs exactly as Faiss's IndexIVFPQ::train\n"
-    "does (coarse k-means: 10 rounds; PQ: k-means per sub-space, 25 rounds; at most 256\n"
-    "training points per centroid, seeded sampling), adds every vector with its row number\n"
-    "as label and writes a Faiss IwPQ file (loads in stock Faiss with faiss.read_index).\n\n"
-    "  --fvecs X          input vectors (TEXMEX fvecs)\n"
+    "usage: tessera index build (--fvecs X.fvecs | --batch-root DIR --dimensions D)\n"
+    "                           --nlist N --pq-m M [--pq-nbits 8] [--metric l2|ip]\n"
+    "                           [--no-residual] [--seed S] [--threads T] --out F.faiss\n\n"
+    "Trains an IVFPQ index on the input vectors exactly as Faiss's IndexIVFPQ::train does\n"
+    "(coarse k-means: 10 rounds; PQ: k-means per sub-space, 25 rounds; at most 256\n"
+    "training points per centroid, seeded sampling), adds every vector and writes a Faiss\n"
+    "IwPQ file (loads in stock Faiss with faiss.read_index).\n\n"
+    "  --fvecs X          input vectors (TEXMEX fvecs); labels are row numbers\n"
+    "  --batch-root DIR   a Vertex AI batch (SPEC 2) of dimension D: the records with a\n"
+    "                     dense embedding, in id order, get labels 0..n-1; their ids are\n"
+    "                     written to F.faiss.ids, one per line in label order (docs/training.md)\n"
+    "  --max-invalid-records N   with --batch-root: skip up to N invalid records (default 0)\n"
     "  --nlist N          coarse lists (k-means centroids)\n"
     "  --pq-m M           PQ sub-quantizers; must divide the dimension\n"
     "  --pq-nbits B       bits per sub-code, 1..16 (default 8)\n"
@@ -48,6 +54,13 @@ static double now_s(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static double cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
@@ -97,13 +110,65 @@ static void progress_end(progress_state *ps)
     }
 }
 
+/* Loads a batch and gathers its dense records (id order) into *x (new, n*dims floats)
+ * and *ids (new array of borrowed pointers into the batch). Prints what went wrong. */
+static int load_batch(const char *root, size_t dims, uint64_t max_invalid, int threads,
+                      tsr_batch **batch, float **x, size_t *n, char ***ids)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_batch_options o = {dims, max_invalid, (unsigned)threads};
+    int rc = tsr_batch_load(root, &o, batch, &err);
+    if (*batch == NULL) {
+        fprintf(stderr, "tessera: index build: %s\n", err.msg);
+        return -1;
+    }
+    if (rc != 0) {
+        tsr_batch_report_text(&(*batch)->report, stderr);
+        fprintf(stderr, "tessera: index build: %s: batch rejected\n", root);
+        return -1;
+    }
+    tsr_batch *b = *batch;
+    if (b->report.warnings_total > 0) /* e.g. duplicate ids: say which copy was kept */
+        tsr_batch_report_text(&b->report, stderr);
+    size_t nd = 0;
+    for (size_t i = 0; i < b->nrecords; i++)
+        nd += b->records[i].dense != NULL;
+    if (b->nrecords > nd)
+        fprintf(stderr, "tessera: index build: %zu sparse-only records are not in the IVF "
+                        "index (it holds dense embeddings only)\n", b->nrecords - nd);
+    if (b->ndeletes > 0)
+        fprintf(stderr, "tessera: index build: %zu deleted ids ignored: a new index has nothing "
+                        "to delete\n", b->ndeletes);
+    if (nd == 0) {
+        fprintf(stderr, "tessera: index build: %s: no record with a dense embedding\n", root);
+        return -1;
+    }
+    *x = malloc(nd * dims * sizeof(float));
+    *ids = malloc(nd * sizeof(char *));
+    if (*x == NULL || *ids == NULL) {
+        fprintf(stderr, "tessera: index build: out of memory for %zu vectors\n", nd);
+        return -1;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < b->nrecords; i++) {
+        const tsr_datapoint *r = &b->records[i];
+        if (r->dense == NULL)
+            continue;
+        memcpy(*x + k * dims, r->dense, dims * sizeof(float));
+        (*ids)[k++] = r->id;
+    }
+    *n = nd;
+    return 0;
+}
+
 int tsr_cmd_index_build(int argc, char **argv)
 {
     if (tsr_cli_wants_help(argc, argv)) {
         fputs(usage_text, stdout);
         return 0;
     }
-    const char *fvecs = NULL, *out = NULL, *metric_s = "l2";
+    const char *fvecs = NULL, *out = NULL, *metric_s = "l2", *root = NULL;
+    uint64_t dims = 0, max_invalid = 0;
     uint64_t nlist = 0, pq_m = 0, nbits = 8, seed = 1234, threads = 1;
     uint64_t coarse_niter = 10, pq_niter = 25, max_ppc = 256;
     int by_residual = 1;
@@ -113,6 +178,12 @@ int tsr_cmd_index_build(int argc, char **argv)
         int r = 0, takes = 1;
         if (strcmp(a, "--fvecs") == 0)
             fvecs = v;
+        else if (strcmp(a, "--batch-root") == 0)
+            root = v;
+        else if (strcmp(a, "--dimensions") == 0)
+            r = parse_u64(a, v, 1, 1u << 20, &dims);
+        else if (strcmp(a, "--max-invalid-records") == 0)
+            r = parse_u64(a, v, 0, UINT64_MAX, &max_invalid);
         else if (strcmp(a, "--out") == 0)
             out = v;
         else if (strcmp(a, "--metric") == 0)
@@ -157,9 +228,14 @@ int tsr_cmd_index_build(int argc, char **argv)
         fprintf(stderr, "tessera: index build: --metric '%s': expected l2 or ip\n", metric_s);
         return 2;
     }
-    if (fvecs == NULL || out == NULL || nlist == 0 || pq_m == 0) {
-        fprintf(stderr, "tessera: index build: --fvecs, --nlist, --pq-m and --out are "
-                        "required (see --help)\n");
+    if ((fvecs == NULL) == (root == NULL) || out == NULL || nlist == 0 || pq_m == 0) {
+        fprintf(stderr, "tessera: index build: one of --fvecs or --batch-root, and --nlist, "
+                        "--pq-m and --out are required (see --help)\n");
+        return 2;
+    }
+    if ((root != NULL) != (dims != 0)) {
+        fprintf(stderr, "tessera: index build: --batch-root and --dimensions go together "
+                        "(see --help)\n");
         return 2;
     }
 
@@ -168,14 +244,30 @@ int tsr_cmd_index_build(int argc, char **argv)
     float *x = NULL;
     size_t n = 0, d = 0;
     tsr_ivfpq *ix = NULL;
-    double t_start = now_s();
-    if (tsr_fvecs_read(fvecs, &x, &n, &d, &err) != 0) {
-        fprintf(stderr, "tessera: index build: %s\n", err.msg);
+    tsr_batch *batch = NULL;
+    char **ids = NULL;
+    char *ids_path = NULL;
+    const char *input = fvecs != NULL ? fvecs : root;
+    double t_start = now_s(), c_start = cpu_s();
+    if (fvecs != NULL) {
+        if (tsr_fvecs_read(fvecs, &x, &n, &d, &err) != 0) {
+            fprintf(stderr, "tessera: index build: %s\n", err.msg);
+            goto cleanup;
+        }
+    } else if (load_batch(root, (size_t)dims, max_invalid, (int)threads, &batch, &x, &n, &ids) != 0) {
         goto cleanup;
+    } else {
+        d = (size_t)dims;
+        size_t pl = strlen(out);
+        ids_path = malloc(pl + 5);
+        if (ids_path == NULL)
+            goto cleanup;
+        memcpy(ids_path, out, pl);
+        memcpy(ids_path + pl, ".ids", 5);
     }
     if (d % pq_m != 0) {
         fprintf(stderr, "tessera: index build: --pq-m %" PRIu64 " does not divide the "
-                        "dimension %zu of %s\n", pq_m, d, fvecs);
+                        "dimension %zu of %s\n", pq_m, d, input);
         goto cleanup;
     }
     ix = tsr_ivfpq_create((int)d, (size_t)nlist, (size_t)pq_m, (size_t)nbits, metric,
@@ -195,35 +287,42 @@ int tsr_cmd_index_build(int argc, char **argv)
     progress_state ps = {now_s(), isatty(STDERR_FILENO), NULL};
     bp.progress = progress;
     bp.progress_ctx = &ps;
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     if (tsr_ivfpq_train(ix, x, n, &bp, &err) != 0) {
         progress_end(&ps);
-        fprintf(stderr, "tessera: index build: %s: %s\n", fvecs, err.msg);
+        fprintf(stderr, "tessera: index build: %s: %s\n", input, err.msg);
         goto cleanup;
     }
-    double t1 = now_s();
+    double t1 = now_s(), c1 = cpu_s();
     if (tsr_ivfpq_add(ix, x, n, NULL, &bp, &err) != 0) {
         progress_end(&ps);
         fprintf(stderr, "tessera: index build: %s\n", err.msg);
         goto cleanup;
     }
     progress_end(&ps);
-    double t2 = now_s();
+    double t2 = now_s(), c2 = cpu_s();
     if (tsr_faiss_write_file(ix, out, &err) != 0) {
         fprintf(stderr, "tessera: index build: %s\n", err.msg);
         goto cleanup;
     }
-    double t3 = now_s();
+    if (ids_path != NULL && tsr_idmap_write(ids_path, ids, n, &err) != 0) {
+        fprintf(stderr, "tessera: index build: %s\n", err.msg);
+        goto cleanup;
+    }
+    double t3 = now_s(), c3 = cpu_s();
     fprintf(stderr,
             "tessera: index build: %zu x %zu, nlist %" PRIu64 ", PQ %" PRIu64 "x%" PRIu64
             ", %s%s, %" PRIu64 " thread%s: read %.2f s, train %.2f s, add %.2f s, write %.2f s,"
-            " total %.2f s -> %s\n",
+            " total %.2f s (CPU: train %.2f s, add %.2f s, total %.2f s) -> %s\n",
             n, d, nlist, pq_m, nbits, metric == TSR_METRIC_L2 ? "l2" : "ip",
             by_residual ? "" : ", no residual", threads, threads == 1 ? "" : "s", t0 - t_start,
-            t1 - t0, t2 - t1, t3 - t2, t3 - t_start, out);
+            t1 - t0, t2 - t1, t3 - t2, t3 - t_start, c1 - c0, c2 - c1, c3 - c_start, out);
     rc = 0;
 cleanup:
     tsr_ivfpq_destroy(ix);
     free(x);
+    free(ids); /* the strings belong to the batch */
+    free(ids_path);
+    tsr_batch_destroy(batch);
     return rc;
 }

@@ -7,21 +7,30 @@
  * whatever block length the file states and decodes block data without bounds beyond
  * the buffer; a hostile file turns that into a huge allocation. Here every length is
  * checked against the bytes left in the file and TSR_AVRO_MAX_BLOCK, and each record is
- * first walked against the writer schema (validate_value) so that avro-c only decodes
- * byte ranges already known to be well-formed, one record at a time.
+ * first walked against the writer schema (tsr__avro_validate, batch_avro_schema.c) so
+ * that avro-c only decodes byte ranges already known to be well-formed, one record at a
+ * time. Codecs are in batch_avro_codec.c.
+ *
+ * DESIGN (threads): the batch walker calls the reader from several threads at once, one
+ * file per thread; all state is per call (struct rd) except avro-c's process-global error
+ * buffer, see avro_lock.
  */
 #include "batch_avro.h"
 
 #include <avro.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include "batch_avro_codec.h"
+#include "batch_avro_schema.h"
 #include "mem.h"
 
 #define AVRO_MAGIC "Obj\x01"
@@ -97,23 +106,6 @@ static int src_long(src *s, int64_t *out)
     return -2;
 }
 
-/* ---- varints in memory ------------------------------------------------------------------ */
-
-/* Zig-zag varint from p[0..end). Returns bytes used, 0 on short input or overlong. */
-static size_t mem_long(const uint8_t *p, const uint8_t *end, int64_t *out)
-{
-    uint64_t v = 0;
-    for (size_t i = 0; i < 10 && p + i < end; i++) {
-        uint8_t b = p[i];
-        v |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (!(b & 0x80)) {
-            *out = (int64_t)((v >> 1) ^ (~(v & 1) + 1));
-            return i + 1;
-        }
-    }
-    return 0;
-}
-
 /* ---- UTF-8 ------------------------------------------------------------------------------ */
 
 /* 1 when s[0..n) is valid UTF-8 (no overlongs, surrogates, or code points > U+10FFFF). */
@@ -151,671 +143,8 @@ static int utf8_ok(const unsigned char *s, size_t n)
     return 1;
 }
 
-/* Printable excerpt of s for messages: at most 40 bytes, control and non-ASCII bytes as
- * '?' (the text may be the invalid UTF-8 we are reporting). */
-static void snippet(char *out, size_t cap, const char *s, size_t n)
-{
-    size_t o = 0, max = 40;
-    for (size_t i = 0; i < n && i < max && o + 1 < cap; i++) {
-        unsigned char c = (unsigned char)s[i];
-        out[o++] = (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') ? '?' : (char)c;
-    }
-    if (n > max && o + 4 < cap) {
-        memcpy(out + o, "...", 3);
-        o += 3;
-    }
-    out[o] = '\0';
-}
-
-/* ---- the reader schema ------------------------------------------------------------------ */
-
-/* Our FeatureVector, described as a tree so that the reader schema handed to avro-c can
- * be generated per file: avro-c 1.11's resolver does not use reader defaults (a reader
- * field missing from the writer is an error), so optional fields the writer lacks are
- * left out of the reader schema and read as null/empty. Record names are taken from the
- * writer (avro-c compares them; Vertex's own reader ignores them). value_int is long in
- * the reader so that int (seed) and long writers both resolve (int promotes to long). */
-enum dkind { D_PRIM, D_ARRAY, D_RECORD, D_NULLABLE };
-
-struct dfield;
-typedef struct desc {
-    enum dkind kind;
-    const char *prim;         /* D_PRIM: Avro primitive name */
-    const struct desc *sub;   /* D_ARRAY items, D_NULLABLE non-null branch */
-    const char *name;         /* D_RECORD default name */
-    const struct dfield *fields;
-    size_t nfields;
-} desc;
-
-typedef struct dfield {
-    const char *name;
-    const desc *type;
-    int optional; /* may be absent from the writer schema */
-} dfield;
-
-static const desc d_string = {D_PRIM, "string", NULL, NULL, NULL, 0};
-static const desc d_float = {D_PRIM, "float", NULL, NULL, NULL, 0};
-static const desc d_long = {D_PRIM, "long", NULL, NULL, NULL, 0};
-static const desc d_double = {D_PRIM, "double", NULL, NULL, NULL, 0};
-static const desc d_float_arr = {D_ARRAY, NULL, &d_float, NULL, NULL, 0};
-static const desc d_long_arr = {D_ARRAY, NULL, &d_long, NULL, NULL, 0};
-static const desc d_string_arr = {D_ARRAY, NULL, &d_string, NULL, NULL, 0};
-static const desc d_opt_string_arr = {D_NULLABLE, NULL, &d_string_arr, NULL, NULL, 0};
-static const desc d_opt_string = {D_NULLABLE, NULL, &d_string, NULL, NULL, 0};
-static const desc d_opt_long = {D_NULLABLE, NULL, &d_long, NULL, NULL, 0};
-static const desc d_opt_float = {D_NULLABLE, NULL, &d_float, NULL, NULL, 0};
-static const desc d_opt_double = {D_NULLABLE, NULL, &d_double, NULL, NULL, 0};
-
-static const dfield f_sparse[] = {
-    {"values", &d_float_arr, 0},
-    {"dimensions", &d_long_arr, 0},
-};
-static const desc d_sparse = {D_RECORD, NULL, NULL, "sparse_embedding", f_sparse, 2};
-static const desc d_opt_sparse = {D_NULLABLE, NULL, &d_sparse, NULL, NULL, 0};
-
-static const dfield f_restrict[] = {
-    {"namespace", &d_string, 0},
-    {"allow", &d_opt_string_arr, 1},
-    {"deny", &d_opt_string_arr, 1},
-};
-static const desc d_restrict = {D_RECORD, NULL, NULL, "Restrict", f_restrict, 3};
-static const desc d_restrict_arr = {D_ARRAY, NULL, &d_restrict, NULL, NULL, 0};
-static const desc d_opt_restrict_arr = {D_NULLABLE, NULL, &d_restrict_arr, NULL, NULL, 0};
-
-static const dfield f_numeric[] = {
-    {"namespace", &d_string, 0},
-    {"value_int", &d_opt_long, 1},
-    {"value_float", &d_opt_float, 1},
-    {"value_double", &d_opt_double, 1},
-};
-static const desc d_numeric = {D_RECORD, NULL, NULL, "NumericRestrict", f_numeric, 4};
-static const desc d_numeric_arr = {D_ARRAY, NULL, &d_numeric, NULL, NULL, 0};
-static const desc d_opt_numeric_arr = {D_NULLABLE, NULL, &d_numeric_arr, NULL, NULL, 0};
-
-static const dfield f_top[] = {
-    {"id", &d_string, 0},
-    {"embedding", &d_float_arr, 1},
-    {"sparse_embedding", &d_opt_sparse, 1},
-    {"restricts", &d_opt_restrict_arr, 1},
-    {"numeric_restricts", &d_opt_numeric_arr, 1},
-    {"crowding_tag", &d_opt_string, 1},
-};
-static const desc d_top = {D_RECORD, NULL, NULL, "FeatureVector", f_top, 6};
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_add(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->p != NULL && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t ncap = b->cap ? b->cap * 2 : 1024;
-        while (ncap < b->len + (size_t)n + 1)
-            ncap *= 2;
-        char *np = realloc(b->p, ncap);
-        if (np == NULL) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
-}
-
-static avro_schema_t deref(avro_schema_t s)
-{
-    int guard = 0;
-    while (s != NULL && avro_typeof(s) == AVRO_LINK && guard++ < 64)
-        s = avro_schema_link_target(s);
-    return s;
-}
-
-/* avro_schema_record_field_get (1.11) dereferences a failed lookup, so a field the
- * writer lacks crashes it; look fields up by index instead. */
-static avro_schema_t field_by_name(avro_schema_t rec, const char *name)
-{
-    size_t n = avro_schema_record_size(rec);
-    for (size_t i = 0; i < n; i++) {
-        const char *fn = avro_schema_record_field_name(rec, (int)i);
-        if (fn != NULL && strcmp(fn, name) == 0)
-            return avro_schema_record_field_get_by_index(rec, (int)i);
-    }
-    return NULL;
-}
-
-/* Names are copied into JSON; accept only Avro name characters (avro-c checks them too,
- * this keeps the generated JSON well-formed whatever happens). */
-static int name_ok(const char *s)
-{
-    if (s == NULL || *s == '\0')
-        return 0;
-    for (const char *p = s; *p; p++) {
-        char c = *p;
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.'))
-            return 0;
-    }
-    return 1;
-}
-
-/* Avro promotions avro-c's resolver implements: int -> long, float, double;
- * long -> float, double; float -> double. */
-static int prim_ok(const char *prim, avro_type_t t)
-{
-    if (strcmp(prim, "string") == 0)
-        return t == AVRO_STRING;
-    if (strcmp(prim, "long") == 0)
-        return t == AVRO_INT32 || t == AVRO_INT64;
-    if (strcmp(prim, "float") == 0)
-        return t == AVRO_INT32 || t == AVRO_INT64 || t == AVRO_FLOAT;
-    if (strcmp(prim, "double") == 0)
-        return t == AVRO_INT32 || t == AVRO_INT64 || t == AVRO_FLOAT || t == AVRO_DOUBLE;
-    return 0;
-}
-
-static const char *desc_name(const desc *d)
-{
-    switch (d->kind) {
-    case D_PRIM:
-        return d->prim;
-    case D_ARRAY:
-        return d->sub->kind == D_PRIM
-                   ? (strcmp(d->sub->prim, "float") == 0  ? "array<float>"
-                      : strcmp(d->sub->prim, "long") == 0 ? "array<long>"
-                                                          : "array<string>")
-                   : "array<record>";
-    case D_RECORD:
-        return "record";
-    case D_NULLABLE:
-        return "union [null, ...]";
-    }
-    return "?";
-}
-
-static int gen_fail(char *msg, size_t msgcap, const char *path, avro_schema_t w, const desc *d)
-{
-    snprintf(msg, msgcap, "field '%s' has writer type %s, which cannot be read as %s",
-             *path ? path : "(top level)", w ? avro_schema_type_name(w) : "?", desc_name(d));
-    return -1;
-}
-
-/* Appends the reader schema for d, shaped by writer schema w, and checks on the way
- * that avro-c will resolve the pair: avro_resolved_writer_new of 1.11 crashes on some
- * pairs it cannot resolve (e.g. array<double> into array<float>), so it is only called
- * once this check passed. w NULL (writer union that is only null): the full reader type
- * with default names. path names the field for messages. */
-static int gen_reader(sbuf *b, const desc *d, avro_schema_t w, const char *path,
-                      char *msg, size_t msgcap)
-{
-    if (w != NULL) {
-        w = deref(w);
-        if (w == NULL) {
-            snprintf(msg, msgcap, "field '%s': unresolved named type", path);
-            return -1;
-        }
-    }
-    avro_type_t t = w != NULL ? avro_typeof(w) : AVRO_NULL;
-    switch (d->kind) {
-    case D_PRIM:
-        if (w != NULL && !prim_ok(d->prim, t))
-            return gen_fail(msg, msgcap, path, w, d);
-        sb_add(b, "\"%s\"", d->prim);
-        return 0;
-    case D_NULLABLE: {
-        avro_schema_t one = NULL;
-        if (w != NULL && t == AVRO_UNION) {
-            size_t n = avro_schema_union_size(w), nonnull = 0;
-            for (size_t i = 0; i < n; i++) {
-                avro_schema_t br = deref(avro_schema_union_branch(w, (int)i));
-                if (br == NULL)
-                    return gen_fail(msg, msgcap, path, w, d);
-                if (avro_typeof(br) == AVRO_NULL)
-                    continue;
-                nonnull++;
-                if (d->sub->kind == D_PRIM) {
-                    if (!prim_ok(d->sub->prim, avro_typeof(br)))
-                        return gen_fail(msg, msgcap, path, br, d->sub);
-                } else if (nonnull > 1) {
-                    snprintf(msg, msgcap,
-                             "field '%s': writer union has more than one non-null branch", path);
-                    return -1;
-                }
-                one = br;
-            }
-        } else if (w != NULL && t != AVRO_NULL) {
-            one = w;
-        }
-        sb_add(b, "[\"null\",");
-        if (gen_reader(b, d->sub, one, path, msg, msgcap) != 0)
-            return -1;
-        sb_add(b, "]");
-        return 0;
-    }
-    case D_ARRAY: {
-        avro_schema_t wi = NULL;
-        if (w != NULL) {
-            if (t != AVRO_ARRAY)
-                return gen_fail(msg, msgcap, path, w, d);
-            wi = avro_schema_array_items(w);
-            if (wi == NULL)
-                return gen_fail(msg, msgcap, path, w, d);
-        }
-        char sub[200];
-        snprintf(sub, sizeof sub, "%s[]", path);
-        sb_add(b, "{\"type\":\"array\",\"items\":");
-        if (gen_reader(b, d->sub, wi, sub, msg, msgcap) != 0)
-            return -1;
-        sb_add(b, "}");
-        return 0;
-    }
-    case D_RECORD: {
-        const char *name = d->name, *ns = NULL;
-        if (w != NULL) {
-            if (t != AVRO_RECORD)
-                return gen_fail(msg, msgcap, path, w, d);
-            name = avro_schema_name(w);
-            ns = avro_schema_namespace(w);
-            if (!name_ok(name) || (ns != NULL && *ns != '\0' && !name_ok(ns))) {
-                snprintf(msg, msgcap, "record type of '%s' has an invalid name", path);
-                return -1;
-            }
-        }
-        sb_add(b, "{\"type\":\"record\",\"name\":\"%s\"", name);
-        if (ns != NULL && *ns != '\0')
-            sb_add(b, ",\"namespace\":\"%s\"", ns);
-        sb_add(b, ",\"fields\":[");
-        int first = 1;
-        for (size_t i = 0; i < d->nfields; i++) {
-            const dfield *f = &d->fields[i];
-            avro_schema_t wf = NULL;
-            char sub[200];
-            snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", f->name);
-            if (w != NULL) {
-                wf = field_by_name(w, f->name);
-                if (wf == NULL) {
-                    if (f->optional)
-                        continue;
-                    snprintf(msg, msgcap,
-                             "writer schema has no field '%s' (required by FeatureVector)", sub);
-                    return -1;
-                }
-            }
-            sb_add(b, "%s{\"name\":\"%s\",\"type\":", first ? "" : ",", f->name);
-            if (gen_reader(b, f->type, wf, sub, msg, msgcap) != 0)
-                return -1;
-            sb_add(b, "}");
-            first = 0;
-        }
-        sb_add(b, "]}");
-        return 0;
-    }
-    }
-    return -1;
-}
-
-/* ---- pre-validation of record bytes against the writer schema ------------------------ */
-
-/* Estimated bytes avro-c and we allocate per decoded item; only used to refuse records
- * whose decoded form would be far larger than TSR_AVRO_MAX_RECORD_COST. */
-#define COST_ITEM 16u
-#define COST_NODE 64u
-
-typedef struct vstate {
-    const uint8_t *p, *end;
-    uint64_t items;     /* array/map items seen in this record */
-    uint64_t max_items; /* bound: bytes left in the block, +16 */
-    uint64_t cost;
-    char why[160];
-} vstate;
-
-static int vfail(vstate *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int vfail(vstate *v, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v->why, sizeof v->why, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static int vlong(vstate *v, int64_t *out, const char *what)
-{
-    size_t n = mem_long(v->p, v->end, out);
-    if (n == 0)
-        return vfail(v, "%s: varint truncated or longer than 10 bytes", what);
-    v->p += n;
-    return 0;
-}
-
-static int vbytes(vstate *v, const char *what)
-{
-    int64_t len;
-    if (vlong(v, &len, what) != 0)
-        return -1;
-    if (len < 0 || len > v->end - v->p)
-        return vfail(v, "%s: length %lld but %lld bytes left in the block", what,
-                     (long long)len, (long long)(v->end - v->p));
-    v->p += len;
-    v->cost += COST_NODE + (uint64_t)len;
-    return 0;
-}
-
-static int validate_value(vstate *v, avro_schema_t s, int depth);
-
-/* Array or map blocks: count (negative: -count then block byte size), items. */
-static int validate_blocks(vstate *v, avro_schema_t items, int is_map, int depth)
-{
-    const char *what = is_map ? "map" : "array";
-    for (;;) {
-        int64_t count, size = -1;
-        if (vlong(v, &count, what) != 0)
-            return -1;
-        if (count == 0)
-            return 0;
-        if (count < 0) {
-            if (count == INT64_MIN)
-                return vfail(v, "%s: block count out of range", what);
-            count = -count;
-            if (vlong(v, &size, what) != 0)
-                return -1;
-            if (size < 0 || size > v->end - v->p)
-                return vfail(v, "%s: block size %lld but %lld bytes left", what, (long long)size,
-                             (long long)(v->end - v->p));
-        }
-        if ((uint64_t)count > v->max_items - v->items)
-            return vfail(v, "%s: block of %lld items is more than the data can hold", what,
-                         (long long)count);
-        const uint8_t *start = v->p;
-        for (int64_t i = 0; i < count; i++) {
-            v->items++;
-            v->cost += COST_ITEM;
-            if (is_map && vbytes(v, "map key") != 0)
-                return -1;
-            if (validate_value(v, items, depth + 1) != 0)
-                return -1;
-        }
-        /* avro-c skips sized blocks of writer-only fields by item, we check both agree. */
-        if (size >= 0 && v->p - start != size)
-            return vfail(v, "%s: block size says %lld bytes, its items take %lld", what,
-                         (long long)size, (long long)(v->p - start));
-    }
-}
-
-static int validate_value(vstate *v, avro_schema_t s, int depth)
-{
-    if (depth > TSR_AVRO_MAX_DEPTH)
-        return vfail(v, "values nested deeper than %d levels", TSR_AVRO_MAX_DEPTH);
-    if (v->cost > TSR_AVRO_MAX_RECORD_COST)
-        return vfail(v, "record too large to decode (more than %u MiB of values)",
-                     TSR_AVRO_MAX_RECORD_COST >> 20);
-    s = deref(s);
-    if (s == NULL)
-        return vfail(v, "unresolved named type in the writer schema");
-    int64_t x;
-    switch (avro_typeof(s)) {
-    case AVRO_NULL:
-        return 0;
-    case AVRO_BOOLEAN:
-        if (v->p >= v->end)
-            return vfail(v, "boolean: truncated");
-        if (*v->p > 1)
-            return vfail(v, "boolean: byte %u is neither 0 nor 1", *v->p);
-        v->p++;
-        return 0;
-    case AVRO_INT32:
-        if (vlong(v, &x, "int") != 0)
-            return -1;
-        if (x < INT32_MIN || x > INT32_MAX)
-            return vfail(v, "int: value %lld out of the 32-bit range", (long long)x);
-        return 0;
-    case AVRO_INT64:
-        return vlong(v, &x, "long");
-    case AVRO_FLOAT:
-        if (v->end - v->p < 4)
-            return vfail(v, "float: truncated");
-        v->p += 4;
-        return 0;
-    case AVRO_DOUBLE:
-        if (v->end - v->p < 8)
-            return vfail(v, "double: truncated");
-        v->p += 8;
-        return 0;
-    case AVRO_STRING:
-        return vbytes(v, "string");
-    case AVRO_BYTES:
-        return vbytes(v, "bytes");
-    case AVRO_FIXED: {
-        int64_t n = avro_schema_fixed_size(s);
-        if (n < 0 || n > v->end - v->p)
-            return vfail(v, "fixed: %lld bytes but %lld left", (long long)n,
-                         (long long)(v->end - v->p));
-        v->p += n;
-        v->cost += COST_NODE + (uint64_t)n;
-        return 0;
-    }
-    case AVRO_ENUM:
-        if (vlong(v, &x, "enum") != 0)
-            return -1;
-        if (x < 0 || x >= avro_schema_enum_number_of_symbols(s))
-            return vfail(v, "enum: index %lld out of range", (long long)x);
-        return 0;
-    case AVRO_ARRAY:
-        v->cost += COST_NODE;
-        return validate_blocks(v, avro_schema_array_items(s), 0, depth);
-    case AVRO_MAP:
-        v->cost += COST_NODE;
-        return validate_blocks(v, avro_schema_map_values(s), 1, depth);
-    case AVRO_UNION: {
-        if (vlong(v, &x, "union") != 0)
-            return -1;
-        size_t n = avro_schema_union_size(s);
-        if (x < 0 || (uint64_t)x >= n)
-            return vfail(v, "union: branch %lld but the union has %zu", (long long)x, n);
-        v->cost += COST_NODE;
-        return validate_value(v, avro_schema_union_branch(s, (int)x), depth + 1);
-    }
-    case AVRO_RECORD: {
-        size_t n = avro_schema_record_size(s);
-        v->cost += COST_NODE;
-        for (size_t i = 0; i < n; i++) {
-            avro_schema_t f = avro_schema_record_field_get_by_index(s, (int)i);
-            if (f == NULL)
-                return vfail(v, "record field %zu missing in the writer schema", i);
-            if (validate_value(v, f, depth + 1) != 0)
-                return -1;
-        }
-        return 0;
-    }
-    default:
-        return vfail(v, "unsupported type %d in the writer schema", (int)avro_typeof(s));
-    }
-}
-
-/* ---- codecs ------------------------------------------------------------------------------ */
 
 enum codec { CODEC_NULL, CODEC_DEFLATE, CODEC_SNAPPY };
-
-/* Raw deflate (RFC 1951, no zlib header), as Avro writes it. Output bounded by
- * TSR_AVRO_MAX_BLOCK. Returns 0, or -1 with why set. *out grows as needed (caller frees). */
-static int inflate_block(const uint8_t *in, size_t inlen, uint8_t **out, size_t *outcap,
-                         size_t *outlen, char *why, size_t whycap)
-{
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    if (inflateInit2(&zs, -15) != Z_OK) {
-        snprintf(why, whycap, "deflate: cannot initialize zlib");
-        return -1;
-    }
-    zs.next_in = (Bytef *)in;
-    zs.avail_in = (uInt)inlen;
-    size_t have = 0;
-    int rc = -1;
-    for (;;) {
-        if (have == *outcap) {
-            if (*outcap >= TSR_AVRO_MAX_BLOCK) {
-                snprintf(why, whycap, "deflate: block inflates to more than %u MiB",
-                         TSR_AVRO_MAX_BLOCK >> 20);
-                goto done;
-            }
-            size_t ncap = *outcap ? *outcap * 2 : (inlen < 4096 ? 16384 : inlen * 4);
-            if (ncap > TSR_AVRO_MAX_BLOCK)
-                ncap = TSR_AVRO_MAX_BLOCK;
-            uint8_t *np = realloc(*out, ncap);
-            if (np == NULL) {
-                snprintf(why, whycap, "deflate: out of memory");
-                goto done;
-            }
-            *out = np;
-            *outcap = ncap;
-        }
-        zs.next_out = *out + have;
-        zs.avail_out = (uInt)(*outcap - have);
-        int zr = inflate(&zs, Z_NO_FLUSH);
-        have = *outcap - zs.avail_out;
-        if (zr == Z_STREAM_END) {
-            /* Bytes after the end of the deflate stream are ignored, as Java's Inflater
-             * does: python avro writes zlib.compress(data)[2:-1], which leaves three
-             * bytes of the Adler-32 trailer behind every block. */
-            rc = 0;
-            break;
-        }
-        if (zr == Z_BUF_ERROR && zs.avail_in == 0) {
-            snprintf(why, whycap, "deflate: stream truncated");
-            goto done;
-        }
-        if (zr != Z_OK && zr != Z_BUF_ERROR) {
-            snprintf(why, whycap, "deflate: %s", zs.msg ? zs.msg : "corrupt data");
-            goto done;
-        }
-    }
-    *outlen = have;
-done:
-    inflateEnd(&zs);
-    return rc;
-}
-
-/* Snappy raw format followed by the big-endian CRC32 of the uncompressed data (Avro). */
-static int unsnappy_block(const uint8_t *in, size_t inlen, uint8_t **out, size_t *outcap,
-                          size_t *outlen, char *why, size_t whycap)
-{
-    if (inlen < 5) {
-        snprintf(why, whycap, "snappy: block of %zu bytes is too short", inlen);
-        return -1;
-    }
-    const uint8_t *p = in, *end = in + inlen - 4;
-    uint64_t ulen = 0;
-    int shift = 0;
-    for (;;) {
-        if (p >= end || shift > 28) {
-            snprintf(why, whycap, "snappy: bad length preamble");
-            return -1;
-        }
-        uint8_t b = *p++;
-        ulen |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (!(b & 0x80))
-            break;
-    }
-    /* Snappy cannot expand data more than about 64x per tag byte; this bound keeps a
-     * hostile preamble from allocating what the block cannot produce. */
-    if (ulen > TSR_AVRO_MAX_BLOCK || ulen > (uint64_t)inlen * 64 + 64) {
-        snprintf(why, whycap, "snappy: uncompressed length %llu is out of range",
-                 (unsigned long long)ulen);
-        return -1;
-    }
-    if (*outcap < ulen || *out == NULL) {
-        uint8_t *np = realloc(*out, ulen ? ulen : 1);
-        if (np == NULL) {
-            snprintf(why, whycap, "snappy: out of memory");
-            return -1;
-        }
-        *out = np;
-        *outcap = ulen ? ulen : 1;
-    }
-    uint8_t *o = *out;
-    size_t op = 0;
-    while (p < end) {
-        uint8_t tag = *p++;
-        size_t len, off = 0;
-        switch (tag & 3) {
-        case 0:
-            len = (size_t)(tag >> 2) + 1;
-            if (len > 60) {
-                size_t nb = len - 60;
-                if ((size_t)(end - p) < nb)
-                    goto corrupt;
-                len = 0;
-                for (size_t k = 0; k < nb; k++)
-                    len |= (size_t)p[k] << (8 * k);
-                len += 1;
-                p += nb;
-            }
-            if ((size_t)(end - p) < len || ulen - op < len)
-                goto corrupt;
-            memcpy(o + op, p, len);
-            p += len;
-            op += len;
-            continue;
-        case 1:
-            if (end - p < 1)
-                goto corrupt;
-            len = ((tag >> 2) & 7) + 4;
-            off = ((size_t)(tag >> 5) << 8) | p[0];
-            p += 1;
-            break;
-        case 2:
-            if (end - p < 2)
-                goto corrupt;
-            len = (size_t)(tag >> 2) + 1;
-            off = (size_t)p[0] | ((size_t)p[1] << 8);
-            p += 2;
-            break;
-        default:
-            if (end - p < 4)
-                goto corrupt;
-            len = (size_t)(tag >> 2) + 1;
-            off = (size_t)p[0] | ((size_t)p[1] << 8) | ((size_t)p[2] << 16) |
-                  ((size_t)p[3] << 24);
-            p += 4;
-            break;
-        }
-        if (off == 0 || off > op || ulen - op < len)
-            goto corrupt;
-        for (size_t k = 0; k < len; k++, op++)
-            o[op] = o[op - off];
-    }
-    if (op != ulen)
-        goto corrupt;
-    uint32_t want = ((uint32_t)end[0] << 24) | ((uint32_t)end[1] << 16) |
-                    ((uint32_t)end[2] << 8) | end[3];
-    uint32_t got = (uint32_t)crc32(0L, o, (uInt)ulen);
-    if (want != got) {
-        snprintf(why, whycap, "snappy: CRC32 mismatch (stored %08x, data %08x)", want, got);
-        return -1;
-    }
-    *outlen = ulen;
-    return 0;
-corrupt:
-    snprintf(why, whycap, "snappy: corrupt compressed data");
-    return -1;
-}
 
 /* ---- the reader ------------------------------------------------------------------------- */
 
@@ -952,7 +281,7 @@ static int read_header(rd *r, char **schema, size_t *schema_len, tsr_error *err)
         r->codec = CODEC_SNAPPY;
     else {
         char sn[64];
-        snippet(sn, sizeof sn, codec, strlen(codec));
+        tsr__avro_snippet(sn, sizeof sn, codec, strlen(codec));
         return tsr_err(err, TSR_EUNSUPPORTED,
                        "%s: Avro codec '%s' is not supported (supported: null, deflate, snappy)",
                        r->name, sn);
@@ -960,10 +289,139 @@ static int read_header(rd *r, char **schema, size_t *schema_len, tsr_error *err)
     return 0;
 }
 
-/* Writer schema from JSON, reader schema generated for it, avro-c resolver. */
-static int setup_schemas(rd *r, const char *json, size_t len, tsr_error *err)
+/* ---- avro-c allocator: leak tracking on schema parse failures --------------------------- */
+
+/* avro-c 1.11 leaks parts of a schema when parsing fails (e.g. a fixed type that
+ * redefines a name, found by the fuzzer). avro-c's allocator is replaceable: ours is
+ * realloc/free like the default one, and while a thread parses a schema (under avro_lock)
+ * it records that thread's live avro-c allocations; when the parse fails, whatever is
+ * still live is unreachable and freed. It also refuses single allocations over
+ * AVRO_ALLOC_MAX, as a second line behind the pre-validation. */
+#define AVRO_ALLOC_MAX ((size_t)512 << 20)
+
+typedef struct track {
+    void **slot; /* open addressing; NULL empty, TOMB deleted */
+    size_t cap, used;
+    int oom;
+} track;
+
+static char track_tomb;
+#define TOMB ((void *)&track_tomb)
+
+static _Thread_local track *tls_track;
+
+static size_t track_hash(const void *p, size_t cap)
 {
-    if (avro_schema_from_json_length(json, len, &r->wschema) != 0) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static void track_put(track *t, void *p);
+
+static void track_grow(track *t)
+{
+    size_t ncap = t->cap ? t->cap * 2 : 1024;
+    void **ns = calloc(ncap, sizeof *ns);
+    if (ns == NULL) {
+        t->oom = 1; /* stop tracking: at worst avro-c's own leak stays */
+        return;
+    }
+    void **old = t->slot;
+    size_t ocap = t->cap;
+    t->slot = ns;
+    t->cap = ncap;
+    t->used = 0;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i] != NULL && old[i] != TOMB)
+            track_put(t, old[i]);
+    free(old);
+}
+
+static void track_put(track *t, void *p)
+{
+    if (t->oom)
+        return;
+    if ((t->used + 1) * 2 > t->cap) {
+        track_grow(t);
+        if (t->oom)
+            return;
+    }
+    size_t i = track_hash(p, t->cap);
+    while (t->slot[i] != NULL && t->slot[i] != TOMB)
+        i = (i + 1) & (t->cap - 1);
+    t->slot[i] = p;
+    t->used++;
+}
+
+static void track_del(track *t, void *p)
+{
+    if (t->cap == 0)
+        return;
+    size_t i = track_hash(p, t->cap);
+    while (t->slot[i] != NULL) {
+        if (t->slot[i] == p) {
+            t->slot[i] = TOMB;
+            return;
+        }
+        i = (i + 1) & (t->cap - 1);
+    }
+}
+
+static void *track_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    (void)ud;
+    (void)osize;
+    track *t = tls_track;
+    if (nsize == 0) {
+        if (t != NULL && ptr != NULL)
+            track_del(t, ptr);
+        free(ptr);
+        return NULL;
+    }
+    if (nsize > AVRO_ALLOC_MAX)
+        return NULL;
+    if (t != NULL && ptr != NULL)
+        track_del(t, ptr);
+    void *np = realloc(ptr, nsize);
+    if (t != NULL) {
+        if (np != NULL)
+            track_put(t, np);
+        else if (ptr != NULL)
+            track_put(t, ptr); /* failed realloc: ptr is still live */
+    }
+    return np;
+}
+
+static pthread_once_t alloc_once = PTHREAD_ONCE_INIT;
+
+static void install_allocator(void)
+{
+    avro_set_allocator(track_alloc, NULL);
+}
+
+/* avro_schema_from_json_length, freeing what avro-c leaves behind when it fails. */
+static int parse_schema_tracked(const char *json, size_t len, avro_schema_t *out)
+{
+    track t = {NULL, 0, 0, 0};
+    tls_track = &t;
+    int rc = avro_schema_from_json_length(json, len, out);
+    tls_track = NULL;
+    if (rc != 0 && !t.oom) {
+        for (size_t i = 0; i < t.cap; i++)
+            if (t.slot[i] != NULL && t.slot[i] != TOMB)
+                free(t.slot[i]);
+    }
+    free(t.slot);
+    return rc;
+}
+
+/* Writer schema from JSON, reader schema generated for it, avro-c resolver. */
+static int setup_schemas_locked(rd *r, const char *json, size_t len, tsr_error *err)
+{
+    if (parse_schema_tracked(json, len, &r->wschema) != 0) {
         r->wschema = NULL;
         return tsr_err(err, TSR_EFORMAT, "%s: INVALID_AVRO_SYNTAX: the writer schema in the "
                                          "header does not parse: %s",
@@ -973,27 +431,28 @@ static int setup_schemas(rd *r, const char *json, size_t len, tsr_error *err)
         return tsr_err(err, TSR_EFORMAT,
                        "%s: the writer schema is a %s, expected the FeatureVector record",
                        r->name, avro_schema_type_name(r->wschema));
-    sbuf b = {NULL, 0, 0, 0};
     char msg[MSG_MAX] = "";
-    int rc = gen_reader(&b, &d_top, r->wschema, "", msg, sizeof msg);
-    if (rc != 0 || b.oom) {
-        free(b.p);
-        if (b.oom)
-            return tsr_err(err, TSR_ENOMEM, "%s: out of memory", r->name);
-        return tsr_err(err, TSR_EFORMAT,
+    int rc = tsr__avro_check_writer(r->wschema, msg, sizeof msg);
+    if (rc != 0)
+        return tsr_err(err, rc == -2 ? TSR_ENOMEM : TSR_EFORMAT, "%s: INVALID_AVRO_SYNTAX: %s",
+                       r->name, msg);
+    char *rjson = NULL;
+    size_t rlen = 0;
+    rc = tsr__avro_reader_schema(r->wschema, &rjson, &rlen, msg, sizeof msg);
+    if (rc != 0)
+        return tsr_err(err, rc == -2 ? TSR_ENOMEM : TSR_EFORMAT,
                        "%s: the writer schema does not resolve to FeatureVector: %s", r->name,
                        msg);
-    }
-    if (avro_schema_from_json_length(b.p, b.len, &r->rschema) != 0) {
+    if (parse_schema_tracked(rjson, rlen, &r->rschema) != 0) {
         r->rschema = NULL;
         rc = tsr_err(err, TSR_EFORMAT,
                      "%s: the writer schema does not resolve to FeatureVector (its record "
                      "names clash): %s",
                      r->name, avro_strerror());
-        free(b.p);
+        free(rjson);
         return rc;
     }
-    free(b.p);
+    free(rjson);
     r->resolver = avro_resolved_writer_new(r->wschema, r->rschema);
     if (r->resolver == NULL)
         return tsr_err(err, TSR_EFORMAT,
@@ -1013,6 +472,26 @@ static int setup_schemas(rd *r, const char *json, size_t len, tsr_error *err)
     if (r->mreader == NULL)
         return tsr_err(err, TSR_ENOMEM, "%s: out of memory", r->name);
     return 0;
+}
+
+/* avro-c keeps its error text in one process-global buffer (not thread-local in 1.11),
+ * and the batch walker reads files in parallel: the calls whose errors we report
+ * (schema parsing, resolver creation) run under this lock, once per file. Record
+ * decoding runs unlocked; it only sees pre-validated bytes. */
+static pthread_mutex_t avro_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int setup_schemas(rd *r, const char *json, size_t len, tsr_error *err)
+{
+    int d = tsr__avro_json_depth(json, len);
+    if (d > TSR_AVRO_MAX_SCHEMA_DEPTH)
+        return tsr_err(err, TSR_EFORMAT,
+                       "%s: INVALID_AVRO_SYNTAX: the writer schema is nested %d levels deep "
+                       "(at most %d accepted)",
+                       r->name, d, TSR_AVRO_MAX_SCHEMA_DEPTH);
+    pthread_mutex_lock(&avro_lock);
+    int rc = setup_schemas_locked(r, json, len, err);
+    pthread_mutex_unlock(&avro_lock);
+    return rc;
 }
 
 /* ---- decoded value -> tsr_datapoint ------------------------------------------------------ */
@@ -1048,11 +527,11 @@ static int take_string(avro_value_t *v, const char *field, char **out, size_t *o
     size_t n = size > 0 ? size - 1 : 0; /* avro-c sizes include the NUL */
     char sn[64];
     if (!utf8_ok((const unsigned char *)s, n)) {
-        snippet(sn, sizeof sn, s, n);
+        tsr__avro_snippet(sn, sizeof sn, s, n);
         BAD(TSR_REC_INVALID_ENCODING, "%s '%s' is not valid UTF-8", field, sn);
     }
     if (memchr(s, '\0', n) != NULL) {
-        snippet(sn, sizeof sn, s, n);
+        tsr__avro_snippet(sn, sizeof sn, s, n);
         BAD(nul_type, "%s '%s' contains a NUL character", field, sn);
     }
     *out = tsr_try_malloc(n + 1, 1);
@@ -1120,6 +599,115 @@ static int take_tokens(avro_value_t *r, const char *name, const char *ns, size_t
         (*nout)++;
         if (len == 0)
             BAD(TSR_REC_INVALID_TOKEN_VALUE, "%s is an empty token", field);
+    }
+    return 0;
+}
+
+typedef struct ns_ref {
+    const char *ns;
+    size_t idx;
+} ns_ref;
+
+static int cmp_ns_ref(const void *x, const void *y)
+{
+    const ns_ref *a = x, *b = y;
+    int c = strcmp(a->ns, b->ns);
+    return c ? c : (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+/* Looks for two equal namespaces among n structs (array base, element size, offset of
+ * the char *ns member) in O(n log n): a record may hold very many restricts. Returns 1
+ * with *first < *second the indexes of a duplicate pair, 0 when all differ, -1 on ENOMEM. */
+static int find_dup_ns(const void *base, size_t n, size_t elem, size_t off, size_t *first,
+                       size_t *second)
+{
+    if (n < 2)
+        return 0;
+    ns_ref *r = tsr_try_malloc(n, sizeof *r);
+    if (r == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&r[i].ns, (const char *)base + i * elem + off, sizeof r[i].ns);
+        r[i].idx = i;
+    }
+    qsort(r, n, sizeof *r, cmp_ns_ref);
+    int found = 0;
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(r[i - 1].ns, r[i].ns) == 0 && (!found || r[i].idx < *second)) {
+            *first = r[i - 1].idx;
+            *second = r[i].idx;
+            found = 1;
+        }
+    free(r);
+    return found;
+}
+
+/* Restricts entries with the same namespace become one (allow and deny lists joined in
+ * the order of appearance, first appearance keeps its place), as the CSV and JSON
+ * readers do. Sort-based so that a record with very many restricts stays O(n log n).
+ * Returns 0 or -1 (out of memory; dp stays consistent and is closed by the caller). */
+static int merge_restricts(tsr_datapoint *dp)
+{
+    size_t n = dp->nrestricts;
+    if (n < 2)
+        return 0;
+    ns_ref *r = tsr_try_malloc(n, sizeof *r);
+    if (r == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        r[i].ns = dp->restricts[i].ns;
+        r[i].idx = i;
+    }
+    qsort(r, n, sizeof *r, cmp_ns_ref);
+    int merged = 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && strcmp(r[j].ns, r[i].ns) == 0)
+            j++;
+        tsr_token_restrict *first = &dp->restricts[r[i].idx]; /* lowest index: sorted by idx */
+        if (j > i + 1) {
+            size_t ta = first->nallow, td = first->ndeny;
+            for (size_t k = i + 1; k < j; k++) {
+                ta += dp->restricts[r[k].idx].nallow;
+                td += dp->restricts[r[k].idx].ndeny;
+            }
+            char **na = ta ? tsr_try_realloc(first->allow, ta, sizeof *na) : first->allow;
+            if (na == NULL) {
+                free(r);
+                return -1;
+            }
+            first->allow = na;
+            char **nd = td ? tsr_try_realloc(first->deny, td, sizeof *nd) : first->deny;
+            if (nd == NULL) {
+                free(r);
+                return -1;
+            }
+            first->deny = nd;
+            /* r[i+1..j) are in index order (ties sorted by idx): appearance order kept */
+            for (size_t k = i + 1; k < j; k++) {
+                tsr_token_restrict *t = &dp->restricts[r[k].idx];
+                if (t->nallow)
+                    memcpy(first->allow + first->nallow, t->allow, t->nallow * sizeof *na);
+                first->nallow += t->nallow;
+                if (t->ndeny)
+                    memcpy(first->deny + first->ndeny, t->deny, t->ndeny * sizeof *nd);
+                first->ndeny += t->ndeny;
+                free(t->allow);
+                free(t->deny);
+                free(t->ns);
+                memset(t, 0, sizeof *t); /* ns NULL: dropped below */
+            }
+            merged = 1;
+        }
+        i = j;
+    }
+    free(r);
+    if (merged) {
+        size_t out = 0;
+        for (size_t i = 0; i < n; i++)
+            if (dp->restricts[i].ns != NULL)
+                dp->restricts[out++] = dp->restricts[i];
+        dp->nrestricts = out;
     }
     return 0;
 }
@@ -1209,13 +797,6 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
                 return rc;
             if (nslen == 0)
                 BAD(TSR_REC_NAMESPACE_MISSING, "%s is empty", field);
-            for (size_t k = 0; k < i; k++)
-                if (strcmp(dp->restricts[k].ns, t->ns) == 0) {
-                    snippet(sn, sizeof sn, t->ns, nslen);
-                    BAD(TSR_REC_DUPLICATE_NAMESPACE,
-                        "restricts[%zu]: namespace '%s' already appears in restricts[%zu]", i, sn,
-                        k);
-                }
             if ((rc = take_tokens(&e, "allow", t->ns, i, &t->allow, &t->nallow, type, msg,
                                   msgcap)) != 0)
                 return rc;
@@ -1223,6 +804,8 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
                                   msgcap)) != 0)
                 return rc;
         }
+        if (merge_restricts(dp) != 0)
+            return -1;
     }
 
     if (get_opt(rec, "numeric_restricts", &v)) {
@@ -1249,13 +832,7 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
                 return rc;
             if (nslen == 0)
                 BAD(TSR_REC_NAMESPACE_MISSING, "%s is empty", field);
-            snippet(sn, sizeof sn, nr->ns, nslen);
-            for (size_t k = 0; k < i; k++)
-                if (strcmp(dp->numeric[k].ns, nr->ns) == 0)
-                    BAD(TSR_REC_DUPLICATE_NAMESPACE,
-                        "numeric_restricts[%zu]: namespace '%s' already appears in "
-                        "numeric_restricts[%zu]; a numeric namespace holds one value per record",
-                        i, sn, k);
+            tsr__avro_snippet(sn, sizeof sn, nr->ns, nslen);
             int nset = 0;
             if (get_opt(&e, "value_int", &x)) {
                 nset++;
@@ -1289,6 +866,18 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
                     "numeric_restricts[%zu] (namespace '%s') sets %d of value_int, value_float, "
                     "value_double; exactly one is allowed",
                     i, sn, nset);
+        }
+        size_t a = 0, b2 = 0;
+        rc = find_dup_ns(dp->numeric, dp->nnumeric, sizeof *dp->numeric,
+                         offsetof(tsr_numeric_restrict, ns), &a, &b2);
+        if (rc < 0)
+            return -1;
+        if (rc > 0) {
+            tsr__avro_snippet(sn, sizeof sn, dp->numeric[a].ns, strlen(dp->numeric[a].ns));
+            BAD(TSR_REC_DUPLICATE_NAMESPACE,
+                "numeric_restricts[%zu]: namespace '%s' already appears in "
+                "numeric_restricts[%zu]; a numeric namespace holds one value per record",
+                b2, sn, a);
         }
     }
 
@@ -1327,18 +916,32 @@ static int decode_block(rd *r, const uint8_t *data, size_t len, uint64_t count, 
                         tsr_error *err)
 {
     const uint8_t *p = data, *end = data + len;
+    uint64_t steps = 0;
     for (uint64_t k = 0; k < count && !r->stop; k++) {
-        vstate v;
+        tsr__avro_vstate v;
         memset(&v, 0, sizeof v);
         v.p = p;
         v.end = end;
         v.max_items = (uint64_t)(end - p) + 16;
-        if (validate_value(&v, r->wschema, 0) != 0) {
+        v.steps = &steps;
+        v.max_steps = 4 * (uint64_t)len + 65536;
+        if (tsr__avro_validate(&v, r->wschema) != 0) {
             report(r, r->index, TSR_REC_INVALID_AVRO_SYNTAX,
                    "block %llu, record %llu of %llu: %s; the rest of the file is not read",
                    (unsigned long long)blockno, (unsigned long long)k,
                    (unsigned long long)count, v.why);
             return 1;
+        }
+        if (v.cost > TSR_AVRO_MAX_RECORD_COST) {
+            /* Well-formed but too big to decode in bounded memory: skip this record only. */
+            report(r, r->index, TSR_REC_INVALID_AVRO_SYNTAX,
+                   "block %llu, record %llu: %zu bytes whose values would take about %llu MiB "
+                   "decoded (limit %u MiB); record skipped",
+                   (unsigned long long)blockno, (unsigned long long)k, (size_t)(v.p - p),
+                   (unsigned long long)(v.cost >> 20), TSR_AVRO_MAX_RECORD_COST >> 20);
+            p = v.p;
+            r->index++;
+            continue;
         }
         /* One record per source: avro-c cannot read past what was validated. */
         avro_reader_memory_set_source(r->mreader, (const char *)p, (int64_t)(v.p - p));
@@ -1455,9 +1058,9 @@ static int read_blocks(rd *r, tsr_error *err)
             char why[160];
             size_t outlen = 0;
             int rc = r->codec == CODEC_DEFLATE
-                         ? inflate_block(raw, (size_t)size, &plain, &plaincap, &outlen, why,
+                         ? tsr__avro_inflate(raw, (size_t)size, &plain, &plaincap, &outlen, why,
                                          sizeof why)
-                         : unsnappy_block(raw, (size_t)size, &plain, &plaincap, &outlen, why,
+                         : tsr__avro_unsnappy(raw, (size_t)size, &plain, &plaincap, &outlen, why,
                                           sizeof why);
             if (rc != 0) {
                 report(r, r->index, TSR_REC_INVALID_AVRO_SYNTAX,
@@ -1489,6 +1092,7 @@ static int read_blocks(rd *r, tsr_error *err)
 
 static int read_all(rd *r, tsr_error *err)
 {
+    pthread_once(&alloc_once, install_allocator);
     char *schema = NULL;
     size_t schema_len = 0;
     int rc = read_header(r, &schema, &schema_len, err);

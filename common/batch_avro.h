@@ -31,6 +31,7 @@
 #define TSR_AVRO_MAX_RECORD_COST (256u << 20) /* estimated decoded bytes of one record */
 #define TSR_AVRO_MAX_SCHEMA (1u << 20)      /* bytes of the avro.schema header value */
 #define TSR_AVRO_MAX_DEPTH 64               /* nesting of values in one record */
+#define TSR_AVRO_MAX_SCHEMA_DEPTH 64        /* JSON nesting of the writer schema */
 
 /* Reads the file at `path` (borrowed). `dims` is the index dimension: a non-empty
  * `embedding` must have exactly `dims` values. Returns 0 when the file was read to its

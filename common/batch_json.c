@@ -235,7 +235,7 @@ static int parse_tokens(json_state *st, json_t *arr, tsr_datapoint *dp, const ch
                         size_t idx, int deny, enum tsr_rec_error *type)
 {
     const char *fname = deny ? "deny" : "allow";
-    if (json_is_null(arr))
+    if (arr == NULL || json_is_null(arr)) /* absent or null: optional in the seed's form */
         return REC_OK;
     if (!json_is_array(arr))
         BAD(TSR_REC_INVALID_TOKEN_VALUE, "restricts[%zu].%s must be an array of strings", idx, fname);

@@ -495,9 +495,9 @@ int tsr_filter_meta_add(tsr_filter_meta *m, int64_t label, const tsr_datapoint *
     if (dp->nnumeric > 1)
         qsort(ne, dp->nnumeric, sizeof *ne, cmp_num_entry);
 
-    uint32_t tag;
-    const char *ct = dp->crowding_tag ? dp->crowding_tag : "";
-    if ((rc = intern_cstr(m->dict, ct, &tag, err, "crowding tag")) != 0)
+    uint32_t tag = TSR_FILTER_NOID; /* no tag (or ""): never limited by crowding */
+    if (dp->crowding_tag != NULL && dp->crowding_tag[0] != '\0' &&
+        (rc = intern_cstr(m->dict, dp->crowding_tag, &tag, err, "crowding tag")) != 0)
         return rc;
 
     uint32_t r = (uint32_t)m->n;

@@ -67,8 +67,8 @@ void tsr_filter_meta_destroy(tsr_filter_meta *m); /* accepts NULL */
 
 /* Appends a row for the datapoint dp (borrowed; only its restricts, numeric values and
  * crowding tag are read) with the given label; its row number goes to *row (may be NULL).
- * A datapoint without a crowding tag gets the tag "" (proto3 cannot tell absent from
- * empty). TSR_EINVAL when the label is already present, TSR_ENOMEM / TSR_ELIMIT. */
+ * A datapoint without a crowding tag (or with "", which proto3 cannot tell from absent)
+ * gets TSR_FILTER_NOID, which topk treats as "never limited" (TSR_TOPK_NOTAG). TSR_EINVAL when the label is already present, TSR_ENOMEM / TSR_ELIMIT. */
 int tsr_filter_meta_add(tsr_filter_meta *m, int64_t label, const tsr_datapoint *dp,
                         uint32_t *row, tsr_error *err);
 
@@ -76,7 +76,7 @@ size_t tsr_filter_meta_rows(const tsr_filter_meta *m);
 int64_t tsr_filter_meta_label(const tsr_filter_meta *m, uint32_t row);
 /* Row of label into *row; returns 0 when found, -1 when the label is not in m. */
 int tsr_filter_meta_find(const tsr_filter_meta *m, int64_t label, uint32_t *row);
-/* Crowding tag id of row (a dict id). */
+/* Crowding tag id of row (a dict id), TSR_FILTER_NOID when the row has none. */
 uint32_t tsr_filter_meta_crowding(const tsr_filter_meta *m, uint32_t row);
 const tsr_filter_dict *tsr_filter_meta_dict(const tsr_filter_meta *m);
 

@@ -15,6 +15,8 @@
 
 #include "mem.h"
 
+_Static_assert(TSR_FILTER_NOID == TSR_TOPK_NOTAG, "an untagged row must be an untagged hit");
+
 typedef struct triple {
     int64_t dim;
     uint32_t row;

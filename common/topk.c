@@ -22,7 +22,8 @@
  * hit of U outside P(all) has c better hits of its tag in U and is not in P(U): greedy(U)
  * ⊆ P(U) ⊆ P(all) = G. Hence the coordinator's greedy pass over the union of the shards'
  * answers is exactly the single-node answer. The test test_topk checks this on random
- * splits.
+ * splits. A hit without a tag (TSR_TOPK_NOTAG) is never limited, which is the same as
+ * giving it a tag of its own (c >= 1), so the argument covers it.
  *
  * The collector keeps R = the k best of S, where S is "the c best of every tag seen so
  * far". A hit dropped from R never returns: k hits of S are better than it, and S only
@@ -238,10 +239,12 @@ int tsr_crowd_select(const tsr_hit *sorted, size_t n, size_t k, size_t c, tsr_hi
     if (tc_init(&tc, k) != 0)
         return TSR_ENOMEM;
     for (size_t i = 0; i < n && m < k; i++) {
-        uint32_t *cnt = tc_find(&tc, sorted[i].tag, 1);
-        if ((*cnt & 0x7fffffffu) >= c)
-            continue;
-        (*cnt)++;
+        if (sorted[i].tag != TSR_TOPK_NOTAG) {
+            uint32_t *cnt = tc_find(&tc, sorted[i].tag, 1);
+            if ((*cnt & 0x7fffffffu) >= c)
+                continue;
+            (*cnt)++;
+        }
         out[m++] = sorted[i];
     }
     tc_close(&tc);
@@ -257,7 +260,8 @@ static int crowd_tc_rebuild(tsr_crowd_topk *t)
     if (tc_init(&tc, 2 * t->heap.k) != 0)
         return TSR_ENOMEM;
     for (size_t i = 0; i < t->heap.n; i++)
-        (*tc_find(&tc, t->heap.h[i].tag, 1))++;
+        if (t->heap.h[i].tag != TSR_TOPK_NOTAG)
+            (*tc_find(&tc, t->heap.h[i].tag, 1))++;
     free(t->slot_tag);
     free(t->slot_cnt);
     t->slot_tag = tc.tag;
@@ -306,9 +310,9 @@ int tsr_crowd_topk_push(tsr_crowd_topk *t, float dist, uint32_t tag, int64_t lab
         return TSR_ENOMEM;
     tsr_hit x = {dist, tag, label};
     tagcount tc = crowd_tc(t);
-    uint32_t *cnt = tc_find(&tc, tag, 1);
+    uint32_t *cnt = tag == TSR_TOPK_NOTAG ? NULL : tc_find(&tc, tag, 1);
     t->used = tc.used;
-    if ((*cnt & 0x7fffffffu) >= t->c) {
+    if (cnt != NULL && (*cnt & 0x7fffffffu) >= t->c) {
         /* tag t is full in R: x replaces the worst hit of its tag if it is better */
         size_t w = SIZE_MAX;
         for (size_t i = 0; i < h->n; i++)
@@ -321,15 +325,16 @@ int tsr_crowd_topk_push(tsr_crowd_topk *t, float dist, uint32_t tag, int64_t lab
         return 1;
     }
     if (h->n == h->k) {
-        uint32_t *ec = tc_find(&tc, h->h[0].tag, 0);
-        (*ec)--;
+        if (h->h[0].tag != TSR_TOPK_NOTAG)
+            (*tc_find(&tc, h->h[0].tag, 0))--;
         h->h[0] = x;
         sift_down(h, 0);
     } else {
         h->h[h->n] = x;
         sift_up(h, h->n++);
     }
-    (*cnt)++;
+    if (cnt != NULL)
+        (*cnt)++;
     return 1;
 }
 
@@ -387,7 +392,7 @@ int tsr_topk_merge(const tsr_hit *const *lists, const size_t *lens, size_t nlist
         mh_down(hh, n, i, lb);
     while (n > 0 && m < k) {
         const tsr_hit *x = hh[0].cur;
-        if (crowd) {
+        if (crowd && x->tag != TSR_TOPK_NOTAG) {
             uint32_t *cnt = tc_find(&tc, x->tag, 1);
             if ((*cnt & 0x7fffffffu) < c) {
                 (*cnt)++;
@@ -505,10 +510,12 @@ int tsr_rrf_fuse(const tsr_hit *dense, size_t nd, const tsr_hit *sparse, size_t 
             return TSR_ENOMEM;
         }
         for (size_t i = 0; i < nf && m < k; i++) {
-            uint32_t *cnt = tc_find(&tc, f[i].tag, 1);
-            if ((*cnt & 0x7fffffffu) >= c)
-                continue;
-            (*cnt)++;
+            if (f[i].tag != TSR_TOPK_NOTAG) {
+                uint32_t *cnt = tc_find(&tc, f[i].tag, 1);
+                if ((*cnt & 0x7fffffffu) >= c)
+                    continue;
+                (*cnt)++;
+            }
             out[m++] = f[i];
         }
         tc_close(&tc);

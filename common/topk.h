@@ -12,13 +12,16 @@
  *
  * Crowding tags are uint32 ids (a tsr_filter_dict id on a shard; the coordinator interns
  * the tag strings the shards return). The limit c means: at most c hits per tag; c == 0 or
- * c >= k means no limit.
+ * c >= k means no limit. A hit without a crowding tag (TSR_TOPK_NOTAG; the shards send ""
+ * for it) is never limited: it behaves like a tag of its own.
  */
 #ifndef TSR_TOPK_H
 #define TSR_TOPK_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#define TSR_TOPK_NOTAG UINT32_MAX /* == TSR_FILTER_NOID: no crowding tag, never limited */
 
 typedef struct tsr_hit {
     float dist;

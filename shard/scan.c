@@ -1,7 +1,8 @@
 /*
  * scan — one query on one version snapshot: the ADC scan of the probed lists with the
  * compiled filter, the local crowded top-k, the optional exact re-rank with the stored raw
- * vectors, and the exact sparse dot-product top-k over all the version's datapoints.
+ * vectors, and the exact sparse dot-product top-k over all the version's datapoints
+ * (common/sparse's inverted index, built per version).
  *
  * The distance maths is Faiss's IndexIVFPQ::search_preassigned (SPEC §1): for L2 with
  * by_residual, dis = coarse_dis + Σ_m (T[list][m][c_m] - 2<x_m, c_m c>) with Faiss's
@@ -11,7 +12,8 @@
  * computes for the same lists.
  *
  * Crowding (SPEC §3): the answer is the greedy pass over the filtered candidates in
- * distance order, skipping a candidate whose tag already has `crowd` results. A shard's
+ * distance order, skipping a candidate whose tag already has `crowd` results; an
+ * untagged datapoint is never limited (TSR_TOPK_NOTAG, as in common/topk). A shard's
  * greedy answer contains every item of the global greedy answer that lives on it, so the
  * coordinator's merge is exact. Without crowding and re-rank a bounded heap of k is kept;
  * with re-rank a heap of `candidates`; with crowding and no re-rank all filtered
@@ -25,6 +27,8 @@
 
 #include "mem.h"
 #include "shard.h"
+#include "sparse.h"
+#include "topk.h"
 
 /* A candidate's sort key: smaller is better (score = dist for L2, -dist for IP). */
 typedef struct cand {
@@ -155,24 +159,19 @@ static int finalize(const tsr__version *v, coll *c, size_t k, uint32_t crowd, in
         return TSR_ENOMEM;
     *nhits = 0;
     tagcount tc = {0};
-    uint32_t none = TSR_FILTER_NOID;
-    if (crowd && crowd < k) {
-        if (tc_init(&tc, take) != 0) {
-            free(tc.keys);
-            free(tc.vals);
-            return TSR_ENOMEM;
-        }
-        none = tsr_filter_dict_lookup(v->dict, "", 0);
+    if (crowd && crowd < k && tc_init(&tc, take) != 0) {
+        free(tc.keys);
+        free(tc.vals);
+        return TSR_ENOMEM;
     }
     for (size_t i = 0; i < c->n && *nhits < k; i++) {
-        if (tc.keys) {
-            uint32_t tag = tsr_filter_meta_crowding(v->meta, c->c[i].row);
-            if (tag != none) {
-                uint32_t *cnt = tc_slot(&tc, tag);
-                if (*cnt >= crowd)
-                    continue;
-                (*cnt)++;
-            }
+        uint32_t tag = tc.keys ? tsr_filter_meta_crowding(v->meta, c->c[i].row) : TSR_TOPK_NOTAG;
+        if (tag != TSR_TOPK_NOTAG) {
+            /* An untagged datapoint is never limited (TSR_TOPK_NOTAG, as common/topk). */
+            uint32_t *cnt = tc_slot(&tc, tag);
+            if (*cnt >= crowd)
+                continue;
+            (*cnt)++;
         }
         tsr__hit *h = &(*hits)[(*nhits)++];
         h->label = c->c[i].label;
@@ -336,40 +335,29 @@ static int sparse_part(const tsr__version *v, const tsr__query *q, tsr__qresult 
                        tsr_error *err)
 {
     size_t k = q->sparse_k ? q->sparse_k : q->k;
-    coll c = {0};
-    c.bound = q->crowd && q->crowd < k ? 0 : k;
-    int filtered = q->filter && !tsr_filter_matches_all(q->filter);
-    if (!(q->filter && tsr_filter_matches_none(q->filter))) {
-        for (size_t r = 0; r < v->nrows; r++) {
-            const tsr_datapoint *dp = &v->row_rec[r]->dp;
-            if (dp->nsparse == 0)
-                continue;
-            /* Merge of two ascending dimension lists. */
-            size_t a = 0, b = 0;
-            int hit = 0;
-            float s = 0;
-            while (a < q->nsp && b < dp->nsparse) {
-                if (q->sp_dims[a] == dp->sparse_dims[b]) {
-                    s += q->sp_vals[a++] * dp->sparse_vals[b++];
-                    hit = 1;
-                } else if (q->sp_dims[a] < dp->sparse_dims[b]) {
-                    a++;
-                } else {
-                    b++;
-                }
-            }
-            /* A datapoint sharing no dimension with the query is not a sparse result. */
-            if (!hit || !coll_wants(&c, -s, v->row_rec[r]->label))
-                continue;
-            if (filtered && !tsr_filter_match(q->filter, v->meta, (uint32_t)r))
-                continue;
-            coll_add(&c, -s, v->row_rec[r]->label, (uint32_t)r);
-        }
+    if (v->sparse_ix == NULL || (q->filter && tsr_filter_matches_none(q->filter)))
+        return 0;
+    tsr_hit *out = tsr_try_malloc(k, sizeof *out);
+    res->sparse = tsr_try_malloc(k, sizeof(tsr__hit));
+    if (out == NULL || res->sparse == NULL) {
+        free(out);
+        return tsr_err(err, TSR_ENOMEM, "out of memory for %zu sparse results", k);
     }
-    int rc = 0;
-    if (c.oom || finalize(v, &c, k, q->crowd, 1, &res->sparse, &res->nsparse) != 0)
-        rc = tsr_err(err, TSR_ENOMEM, "out of memory for the sparse candidates");
-    free(c.c);
+    size_t n = 0;
+    /* Exact dot-product top-k over the inverted index, with the filter and the greedy
+     * crowding pass (common/sparse); rows are this version's filter rows. */
+    int rc = tsr_sparse_search(v->sparse_ix, q->sp_dims, q->sp_vals, q->nsp, k, q->crowd,
+                               q->filter, v->meta, out, &n, err);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        uint32_t row;
+        if (tsr_filter_meta_find(v->meta, out[i].label, &row) != 0) {
+            rc = tsr_err(err, TSR_EINTERNAL, "sparse hit label %lld has no row",
+                         (long long)out[i].label);
+            break;
+        }
+        res->sparse[res->nsparse++] = (tsr__hit){out[i].label, out[i].dist, row};
+    }
+    free(out);
     return rc;
 }
 

@@ -38,6 +38,7 @@
 
 #define TSR__MAX_K 10000            /* k, candidates and sparse_k above this are refused */
 #define TSR__MAX_HELD_VERSIONS 8    /* serving versions kept before the oldest is dropped */
+#define TSR__HELD_CAP (TSR__MAX_HELD_VERSIONS + 4) /* serving + prepared versions at most */
 
 typedef struct tsr__tmpl {
     atomic_int refs;
@@ -75,6 +76,7 @@ typedef struct tsr__version {
     size_t nsparse;           /* recs with a sparse embedding */
     tsr_filter_dict *dict;    /* owned */
     tsr_filter_meta *meta;    /* owned; rows as in the file comment */
+    struct tsr_sparse_index *sparse_ix; /* owned; over the rows; NULL when no sparse */
     size_t *row0;             /* nlist+1: first row of list i; row0[nlist] = first sparse-only */
     tsr__rec **row_rec;       /* rows -> rec (borrowed from recs) */
     size_t nrows;
@@ -175,7 +177,7 @@ typedef struct tsr__shard {
                                    written only under update_mu */
     pthread_mutex_t table_mu;   /* guards current + held (short sections only) */
     tsr__version *current;      /* ref */
-    tsr__held held[TSR__MAX_HELD_VERSIONS + 4];
+    tsr__held held[TSR__HELD_CAP];
     size_t nheld;
     pthread_mutex_t update_mu;  /* serializes Stage/Prepare/Commit/Abort/Release */
     tsr__staging *staging;      /* guarded by update_mu */

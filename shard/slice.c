@@ -25,6 +25,7 @@
 #include "faiss_io.h"
 #include "mem.h"
 #include "shard.h"
+#include "sparse.h"
 
 /* ------------------------------------------------------------------ shared pieces */
 
@@ -153,6 +154,7 @@ void tsr__version_unref(tsr__version *v)
         tsr__rec_unref(v->recs[i]);
     free(v->recs);
     free(v->owned);
+    tsr_sparse_index_destroy(v->sparse_ix);
     tsr_filter_meta_destroy(v->meta);
     tsr_filter_dict_destroy(v->dict);
     free(v->row0);
@@ -241,7 +243,22 @@ static int finish(tsr__version *v, const tsr_filter_dict *dict, tsr_error *err)
         if (got != i)
             return tsr_err(err, TSR_EINTERNAL, "filter row %u != %zu", got, i);
     }
-    return 0;
+    if (v->nsparse == 0)
+        return 0;
+    tsr_sparse_builder *b = tsr_sparse_builder_create();
+    if (b == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory for the sparse index");
+    int rc = 0;
+    for (size_t i = 0; i < row && rc == 0; i++) {
+        const tsr_datapoint *dp = &v->row_rec[i]->dp;
+        if (dp->nsparse)
+            rc = tsr_sparse_builder_add(b, (uint32_t)i, dp->sparse_dims, dp->sparse_vals,
+                                        dp->nsparse, err);
+    }
+    if (rc == 0)
+        rc = tsr_sparse_builder_finish(b, row, &v->sparse_ix, err);
+    tsr_sparse_builder_destroy(b);
+    return rc;
 }
 
 tsr__version *tsr__version_empty(tsr_error *err)

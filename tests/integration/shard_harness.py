@@ -121,7 +121,8 @@ class Shard:
         text = "\n".join(self.log)
         if sig != signal.SIGKILL:
             assert "ERROR: AddressSanitizer" not in text and "runtime error:" not in text \
-                and "LeakSanitizer" not in text, "sanitizer report:\n" + text
+                and "LeakSanitizer" not in text and "ThreadSanitizer" not in text, \
+                "sanitizer report:\n" + text
             assert rc == 0, "shard exit code %s:\n%s" % (rc, text)
         return rc
 

@@ -178,6 +178,11 @@ def main():
     log = "\n".join(shard.log)
     assert "version 2 (CURRENT) refused" in log and "MANIFEST says" in log, log
     print("corrupt current version refused:", [ln for ln in shard.log if "refused" in ln][0])
+    # The data dir now says what is served, and version 2 can be built again.
+    assert open(os.path.join(data, "CURRENT")).read() == "v000001\n"
+    assert check_dir(data) == [1]
+    H.load(shard, 2, 1, ups2[:100])
+    assert shard.stub.Stats(sp.ShardStatsRequest(), timeout=10).vectors_count == n1 + 100
     shard.stop()
     print("ok")
 

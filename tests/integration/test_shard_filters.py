@@ -194,7 +194,7 @@ def main(bin_dir):
             out, cnt = [], {}
             for lab in ranked:
                 t = tags_of[lab]
-                if t and c and c < k:
+                if t and c and c < k:  # an untagged datapoint is never limited
                     if cnt.get(t, 0) >= c:
                         continue
                     cnt[t] = cnt.get(t, 0) + 1

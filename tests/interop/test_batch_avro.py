@@ -11,9 +11,8 @@ fields, int -> long / float promotions, other record names, writer-only fields),
 error cases (wrong dims, NaN, bad sparse, multiple numeric values, truncated file, not
 Avro, schemas that do not resolve).
 
-The reader is driven through the dump mode of the unit-test binary
-($TSR_BUILD/tests/test_batch_avro with TSR_AVRO_DUMP=file), which prints one JSON line
-per record / invalid record and a final result line.
+Each file is read through `tessera batch inspect` (records on stdout sorted by id in
+the seed's JSON form, errors with record index and Vertex type in the --report JSON).
 """
 import io
 import json
@@ -122,22 +121,39 @@ def write_avro(path, schema, records, codec="null", sync_interval=None):
         avro.datafile.SYNC_INTERVAL = saved
 
 
-def read_back(path, dims):
-    exe = os.path.join(os.environ["TSR_BUILD"], "tests", "test_batch_avro")
-    env = dict(os.environ, TSR_AVRO_DUMP=path, TSR_AVRO_DIMS=str(dims))
-    p = subprocess.run([exe], env=env, capture_output=True, timeout=60)
-    if p.returncode != 0:
-        raise AssertionError("reader exited %d: %s" % (p.returncode, p.stderr.decode()))
+def read_back(path, dims, ids=()):
+    """Reads one Avro file through `tessera batch inspect` (a batch root holding only that
+    file). Returns ({record index: record}, [invalid], {"result", "error"}): records are
+    mapped back to their index in the file through ids (the ids in written order);
+    invalid entries come from the JSON report ({"index", "invalid", "msg"}); result is 0
+    unless the file failed as a whole (error = the report's file_error)."""
+    exe = os.path.join(os.environ["TSR_BIN"], "tessera")
+    with tempfile.TemporaryDirectory() as root:
+        os.symlink(os.path.abspath(path), os.path.join(root, "data.avro"))
+        report = os.path.join(root + ".report.json")
+        p = subprocess.run([exe, "batch", "inspect", "--batch-root", root, "--dimensions",
+                            str(dims), "--max-invalid-records", "100000000", "--report", report],
+                           capture_output=True, timeout=120)
+        try:
+            rep = json.load(open(report))
+        finally:
+            if os.path.exists(report):
+                os.unlink(report)
+    if p.returncode not in (0, 1):
+        raise AssertionError("inspect exited %d: %s" % (p.returncode, p.stderr.decode()))
     lines = [json.loads(l) for l in p.stdout.decode("utf-8").splitlines() if l.strip()]
-    result = lines[-1]
-    assert "result" in result, lines[-1]
+    ids = list(ids)
+    check([l["id"] for l in lines] == sorted(l["id"] for l in lines),
+          "inspect output is not sorted by id")
     recs = {}
-    invalid = []
-    for l in lines[:-1]:
-        if "record" in l:
-            recs[l["index"]] = l["record"]
-        else:
-            invalid.append(l)
+    for l in lines:
+        check(l["id"] in ids, "unexpected id %r in the output" % l["id"])
+        if l["id"] in ids:
+            recs[ids.index(l["id"])] = l
+    f = rep["files"][0]
+    invalid = [{"index": e["record"], "invalid": e["type"], "msg": e["message"]}
+               for e in f["errors"]]
+    result = {"result": 1 if f.get("file_error") else 0, "error": f.get("file_error", "")}
     return recs, invalid, result
 
 
@@ -154,15 +170,14 @@ def expected(rec):
         dims = sorted(acc)
         out["sparse_embedding"] = {"values": [acc[d] for d in dims], "dimensions": dims}
     if rec.get("restricts"):
-        rs = []
+        rs = {}
         for r in rec["restricts"]:
-            o = {"namespace": r["namespace"]}
+            o = rs.setdefault(r["namespace"], {"namespace": r["namespace"]})
             if r.get("allow"):
-                o["allow"] = list(r["allow"])
+                o.setdefault("allow", []).extend(r["allow"])
             if r.get("deny"):
-                o["deny"] = list(r["deny"])
-            rs.append(o)
-        out["restricts"] = rs
+                o.setdefault("deny", []).extend(r["deny"])
+        out["restricts"] = list(rs.values())
     if rec.get("numeric_restricts"):
         ns = []
         for r in rec["numeric_restricts"]:
@@ -222,6 +237,10 @@ def corpus(n, dims, seed=7):
         {"id": "9", "embedding": [3.4028234663852886e38, -1.1754943508222875e-38, 0.0],
          "restricts": [{"namespace": "a", "allow": ["x", "y"]}, {"namespace": "b", "deny": ["z"]},
                        {"namespace": "c"}]},
+        # the same namespace twice: one restrict, lists joined (as the CSV/JSON readers do)
+        {"id": "merge", "embedding": [1, 2, 3],
+         "restricts": [{"namespace": "c", "allow": ["a"]}, {"namespace": "d", "deny": ["q"]},
+                       {"namespace": "c", "allow": ["b"], "deny": ["x"]}]},
         {"id": "sparse-big-dims", "sparse_embedding": {"values": [1.5, 2.5],
                                                        "dimensions": [2**62, -3]}},
         {"id": "\u05de\u05d6\u05d4\u05d4-\U0001F600", "embedding": [1, 2, 3], "crowding_tag": "\u05ea\u05d2"},
@@ -272,7 +291,7 @@ def test_roundtrip(tmp):
     for codec in ("null", "deflate", "snappy"):
         path = os.path.join(tmp, "rt_%s.avro" % codec)
         write_avro(path, SEED_SCHEMA, recs, codec=codec, sync_interval=4000)
-        got, invalid, result = read_back(path, 3)
+        got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
         check(result["result"] == 0, "%s: result %r" % (codec, result))
         check(not invalid, "%s: unexpected invalid %r" % (codec, invalid[:3]))
         check(len(got) == len(recs), "%s: %d records read, %d written" % (codec, len(got), len(recs)))
@@ -303,7 +322,7 @@ def test_compatible_schemas(tmp):
              "crowding_tag": "u", "extra": {}}]
     path = os.path.join(tmp, "compat1.avro")
     write_avro(path, schema, recs, codec="deflate")
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
     check(result["result"] == 0 and not invalid, "compat1: %r %r" % (result, invalid))
     check(same(got.get(0), {"id": "a", "embedding": [1.0, 2.0, 3.0], "crowding_tag": "t"}),
           "compat1 rec0 %r" % got.get(0))
@@ -331,7 +350,7 @@ def test_compatible_schemas(tmp):
                                    {"namespace": "d", "value_int": None, "value_double": 0.75}]}]
     path = os.path.join(tmp, "compat2.avro")
     write_avro(path, schema2, recs)
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
     check(result["result"] == 0 and not invalid, "compat2: %r %r" % (result, invalid))
     check(same(got.get(0), {"id": "n1", "embedding": [1.0, 1.0, 1.0],
                             "restricts": [{"namespace": "c", "allow": ["x"]}],
@@ -353,7 +372,7 @@ def test_invalid_records(tmp):
         {"id": "", "embedding": [1, 2, 3]},
         {"id": "noemb"},
         {"id": "dupns", "embedding": [1, 2, 3],
-         "restricts": [{"namespace": "c", "allow": ["a"]}, {"namespace": "c", "deny": ["b"]}]},
+         "numeric_restricts": [{"namespace": "c", "value_int": 1}, {"namespace": "c", "value_int": 2}]},
         {"id": "nans", "embedding": [1, 2, 3],
          "numeric_restricts": [{"namespace": "n", "value_double": float("nan")}]},
         {"id": "ok1", "embedding": [4, 5, 6]},
@@ -364,11 +383,11 @@ def test_invalid_records(tmp):
             5: ("MULTIPLE_VALUES", "numeric_restricts[0]"),
             6: ("INVALID_NUMERIC_VALUE", "numeric_restricts[0]"),
             7: ("INVALID_EMBEDDING_ID", "id"), 8: ("INVALID_EMBEDDING", "embedding"),
-            9: ("DUPLICATE_NAMESPACE", "restricts[1]"),
+            9: ("DUPLICATE_NAMESPACE", "numeric_restricts[1]"),
             10: ("INVALID_NUMERIC_VALUE", "value_double")}
     path = os.path.join(tmp, "invalid.avro")
     write_avro(path, SEED_SCHEMA, recs, codec="deflate")
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
     check(result["result"] == 0, "invalid: result %r" % result)
     check(sorted(got) == [0, 11], "invalid: valid records %r" % sorted(got))
     byidx = {i["index"]: i for i in invalid}
@@ -384,7 +403,7 @@ def test_invalid_records(tmp):
     data = open(path, "rb").read()
     k = data.rindex(b"XY")
     open(path, "wb").write(data[:k] + b"\xc3\x28" + data[k + 2:])
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, ["ok"])
     check(result["result"] == 0 and sorted(got) == [0] and len(invalid) == 1 and
           invalid[0]["index"] == 1 and invalid[0]["invalid"] == "INVALID_ENCODING" and
           "id" in invalid[0]["msg"], "utf8: %r %r" % (invalid, result))
@@ -399,7 +418,7 @@ def test_file_errors(tmp):
     # INVALID_AVRO_SYNTAX at the index of the first record not read
     for cut in (len(data) // 2, len(data) - 3, len(data) - 17):
         open(path, "wb").write(data[:cut])
-        got, invalid, result = read_back(path, 3)
+        got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
         n = len(got)
         check(result["result"] == 0 and len(invalid) == 1 and
               invalid[0]["invalid"] == "INVALID_AVRO_SYNTAX" and invalid[0]["index"] == n and
@@ -409,7 +428,7 @@ def test_file_errors(tmp):
     bad = bytearray(data)
     bad[len(data) // 2] ^= 0x55
     open(path, "wb").write(bytes(bad))
-    got, invalid, result = read_back(path, 3)
+    got, invalid, result = read_back(path, 3, [r["id"] for r in recs])
     check(result["result"] == 0 and len(invalid) == 1 and
           invalid[0]["invalid"] == "INVALID_AVRO_SYNTAX" and invalid[0]["index"] == len(got),
           "flipped byte: %r %r" % (invalid, result))
@@ -466,12 +485,46 @@ def test_file_errors(tmp):
     check(result["result"] != 0 and "bzip2" in result["error"], "bzip2: %r" % result)
 
 
+def zz(v):
+    """Avro zig-zag varint."""
+    z = (v << 1) ^ (v >> 63)
+    out = bytearray()
+    while z & ~0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def test_oversized_record(tmp):
+    """A well-formed record whose decoded values would exceed the per-record memory
+    limit is reported and skipped; the next record of the same block is read."""
+    path = os.path.join(tmp, "big.avro")
+    write_avro(path, SEED_SCHEMA, norm_numeric([{"id": "a", "embedding": [1, 2, 3]}]))
+    data = open(path, "rb").read()
+    sync = data[-16:]
+    header = data[:data.index(sync) + 16]
+    n = 7_000_000  # sparse entries: 5 bytes each, ~40 bytes each decoded
+    big = (zz(3) + b"big" + zz(0) + zz(1) + zz(n) + b"\0\0\0\0" * n + zz(0) +
+           zz(n) + b"\x02" * n + zz(0) + zz(0) + zz(0) + zz(0))
+    small = zz(5) + b"small" + zz(3) + struct.pack("<3f", 1, 2, 3) + zz(0) + zz(0) + zz(0) + \
+        zz(0) + zz(0)
+    body = big + small
+    open(path, "wb").write(header + zz(2) + zz(len(body)) + body + sync)
+    got, invalid, result = read_back(path, 3, ["big", "small"])
+    check(result["result"] == 0 and len(invalid) == 1 and invalid[0]["index"] == 0 and
+          invalid[0]["invalid"] == "INVALID_AVRO_SYNTAX" and "record skipped" in invalid[0]["msg"]
+          and sorted(got) == [1] and got[1]["id"] == "small",
+          "oversized record: %r %r %r" % (invalid, result, got))
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_roundtrip(tmp)
         test_compatible_schemas(tmp)
         test_invalid_records(tmp)
         test_file_errors(tmp)
+        test_oversized_record(tmp)
     if FAILS:
         print("%d check(s) failed" % len(FAILS))
         return 1

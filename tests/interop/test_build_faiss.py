@@ -55,6 +55,81 @@ def search_is_placeholder():
     return r.returncode == 2 and "not built yet" in (r.stdout + r.stderr)
 
 
+def check_batch(tmp, failures):
+    """--batch-root: dense records in id order get labels 0..n-1, ids in F.faiss.ids."""
+    import json
+    rng = np.random.default_rng(7)
+    n, d = 3000, 16
+    x = clustered(rng, n, d, 30)
+    root = os.path.join(tmp, "batch")
+    os.makedirs(os.path.join(root, "delete"))
+    ids = ["id-%d" % i for i in range(n)]
+    ids[5] = "odd\\id\nwith newline"
+    order = rng.permutation(n)
+    with open(os.path.join(root, "a.json"), "w") as fa, \
+            open(os.path.join(root, "b.json"), "w") as fb:
+        for j, i in enumerate(order):
+            rec = {"id": ids[i], "embedding": [float(v) for v in x[i]]}
+            (fa if j % 2 else fb).write(json.dumps(rec) + "\n")
+        fb.write(json.dumps({"id": "sparse-only", "sparse_embedding":
+                             {"values": [1.0], "dimensions": [3]}}) + "\n")
+    with open(os.path.join(root, "delete", "d.txt"), "w") as f:
+        f.write("never-existed\n")
+    out = os.path.join(tmp, "b.faiss")
+    r = subprocess.run([TSR, "index", "build", "--batch-root", root, "--dimensions", str(d),
+                        "--nlist", "20", "--pq-m", "4", "--out", out],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        failures.append("batch build failed (%d): %s" % (r.returncode, r.stderr))
+        return
+    ix = faiss.read_index(out)
+    if ix.ntotal != n:
+        failures.append("batch build: ntotal %d, expected %d dense records" % (ix.ntotal, n))
+        return
+    with open(out + ".ids", "rb") as f:
+        lines = f.read().decode("utf-8").split("\n")
+    if lines[-1] != "":
+        failures.append("batch build: id map does not end with a newline")
+    # escapes: \\ -> \, \n -> newline, \r -> carriage return (left to right)
+    def unescape(s):
+        o, i = [], 0
+        while i < len(s):
+            if s[i] == "\\" and i + 1 < len(s):
+                o.append({"\\": "\\", "n": "\n", "r": "\r"}[s[i + 1]])
+                i += 2
+            else:
+                o.append(s[i])
+                i += 1
+        return "".join(o)
+    got = [unescape(s) for s in lines[:-1]]
+    want = sorted(ids, key=lambda s: s.encode("utf-8"))
+    if got != want:
+        failures.append("batch build: id map is not the dense ids in bytewise id order")
+        return
+    # label l must hold the vector of id got[l]: it sits in that vector's nearest list
+    pos = {s: i for i, s in enumerate(ids)}
+    ivf = faiss.downcast_index(ix)
+    _, a = ivf.quantizer.search(x, 1)
+    bad = 0
+    for l in range(ivf.nlist):
+        sz = ivf.invlists.list_size(l)
+        if sz:
+            for lab in faiss.rev_swig_ptr(ivf.invlists.get_ids(l), sz):
+                bad += a[pos[got[int(lab)]], 0] != l
+    if bad > 2:
+        failures.append("batch build: %d labels are not in the list of their id's vector" % bad)
+    print("batch build: %d labels, id map in id order, list assignment consistent (%d off)" %
+          (n, bad))
+    r = subprocess.run([TSR, "index", "build", "--batch-root", root, "--nlist", "20",
+                        "--pq-m", "4", "--out", out], capture_output=True)
+    if r.returncode != 2:
+        failures.append("--batch-root without --dimensions: exit %d, expected 2" % r.returncode)
+    r = subprocess.run([TSR, "index", "build", "--batch-root", root, "--dimensions", "17",
+                        "--nlist", "20", "--pq-m", "1", "--out", out], capture_output=True)
+    if r.returncode != 1:
+        failures.append("batch with the wrong dimension: exit %d, expected 1" % r.returncode)
+
+
 def main():
     faiss.omp_set_num_threads(1)
     rng = np.random.default_rng(20261201)
@@ -86,6 +161,12 @@ def main():
                 failures.append("%s: build failed (%d): %s" % (name, r.returncode, r.stderr))
                 continue
             print(name, "|", r.stderr.strip().split(": ", 2)[-1])
+            if metric == "l2" and res and nbits == 8:
+                # same file for another thread count
+                out2 = os.path.join(tmp, "t2.faiss")
+                r2 = subprocess.run(cmd[:-1] + [out2, "--threads", "2"], capture_output=True)
+                if r2.returncode != 0 or open(out, "rb").read() != open(out2, "rb").read():
+                    failures.append("%s: --threads 2 does not give the same file" % name)
             ix = faiss.read_index(out)
             mt = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
             ivf = faiss.downcast_index(ix)
@@ -155,6 +236,7 @@ def main():
             if ok_d < 0.99:
                 failures.append("%s: distances differ beyond 1e-4 relative in %.2f%% of "
                                 "entries" % (name, 100 * (1 - ok_d)))
+        check_batch(tmp, failures)
         # usage and input errors
         r = subprocess.run([TSR, "index", "build", "--fvecs", xf], capture_output=True)
         if r.returncode != 2:

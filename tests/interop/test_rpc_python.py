@@ -10,6 +10,7 @@ parsed by python (tessera.v1.Shard/Stats), and a clean shutdown of the server.
 """
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,20 @@ def main():
                 # not implemented by the test server: UNIMPLEMENTED through the stub too
                 expect_error(lambda: shard.Search(shard_pb2.ShardSearchRequest(), timeout=5),
                              grpc.StatusCode.UNIMPLEMENTED)
+
+                # hostile peers: raw garbage, a truncated HTTP/2 preface, a connection
+                # closed at once; the server must keep serving
+                for junk in (os.urandom(4096), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + os.urandom(64),
+                             b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b""):
+                    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                        s.sendall(junk)
+                        s.settimeout(1)
+                        try:
+                            s.recv(65536)
+                        except (socket.timeout, ConnectionResetError):
+                            pass
+                r = check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+                assert r.status == health_pb2.HealthCheckResponse.SERVING, r
 
                 # parallel calls from python threads
                 futs = [echo.future(b"p%d" % i, timeout=5) for i in range(64)]

@@ -786,6 +786,94 @@ static void test_schema_resolution(void **state)
     }
 }
 
+/* A null-codec container with the given schema text and one block (caller frees). */
+static uint8_t *hand_file(const char *schema, int64_t count, const uint8_t *data, size_t dlen,
+                          size_t *len)
+{
+    size_t sl = strlen(schema);
+    uint8_t *buf = malloc(sl + dlen + 128), *p = buf;
+    assert_non_null(buf);
+    memcpy(p, "Obj\x01", 4);
+    p += 4;
+    p = put_varint(p, 1);
+    p = put_varint(p, 11);
+    memcpy(p, "avro.schema", 11);
+    p += 11;
+    p = put_varint(p, (int64_t)sl);
+    memcpy(p, schema, sl);
+    p += sl;
+    p = put_varint(p, 0);
+    memset(p, 0x5a, 16);
+    p += 16;
+    p = put_varint(p, count);
+    p = put_varint(p, (int64_t)dlen);
+    memcpy(p, data, dlen);
+    p += dlen;
+    memset(p, 0x5a, 16);
+    p += 16;
+    *len = (size_t)(p - buf);
+    return buf;
+}
+
+static void test_hostile_schemas(void **state)
+{
+    col c = {0};
+    tsr_error err;
+    size_t len;
+    /* 100 nested arrays in a writer-only field */
+    char deep[4096] = "{\"type\":\"record\",\"name\":\"F\",\"fields\":[{\"name\":\"id\","
+                      "\"type\":\"string\"},{\"name\":\"x\",\"type\":";
+    for (int i = 0; i < 100; i++)
+        strcat(deep, "{\"type\":\"array\",\"items\":");
+    strcat(deep, "\"int\"");
+    for (int i = 0; i < 100; i++)
+        strcat(deep, "}");
+    strcat(deep, "}]}");
+    uint8_t rec[4] = {2, 'a', 0, 0};
+    uint8_t *f = hand_file(deep, 1, rec, 3, &len);
+    assert_int_equal(read_mem(f, len, 3, &c, &err), TSR_EFORMAT);
+    assert_non_null(strstr(err.msg, "nested"));
+    free(f);
+
+    /* 2000 null fields per record and 100000 one-byte records: the walk is bounded */
+    size_t cap = 2000 * 40 + 256;
+    char *wide = malloc(cap);
+    strcpy(wide, "{\"type\":\"record\",\"name\":\"F\",\"fields\":[{\"name\":\"id\","
+                 "\"type\":\"string\"}");
+    for (int i = 0; i < 2000; i++)
+        sprintf(wide + strlen(wide), ",{\"name\":\"n%d\",\"type\":\"null\"}", i);
+    strcat(wide, "]}");
+    size_t n = 100000;
+    uint8_t *recs = calloc(1, n); /* id "" each: one byte */
+    f = hand_file(wide, (int64_t)n, recs, n, &len);
+    assert_int_equal(read_mem(f, len, 3, &c, &err), 0);
+    assert_true(c.n >= 1);
+    ev *e = &c.v[c.n - 1];
+    assert_int_equal(e->type, TSR_REC_INVALID_AVRO_SYNTAX);
+    assert_non_null(strstr(e->msg, "zero-size"));
+    assert_true(c.n < 300);
+    col_free(&c);
+    free(f);
+    free(recs);
+    free(wide);
+
+    /* array of nulls with a huge count in a writer-only field */
+    const char *nulls = "{\"type\":\"record\",\"name\":\"F\",\"fields\":[{\"name\":\"id\","
+                        "\"type\":\"string\"},{\"name\":\"x\",\"type\":{\"type\":\"array\","
+                        "\"items\":\"null\"}}]}";
+    uint8_t r2[32], *q = r2;
+    q = put_varint(q, 1);
+    *q++ = 'a';
+    q = put_varint(q, INT64_MAX / 4);
+    q = put_varint(q, 0);
+    f = hand_file(nulls, 1, r2, (size_t)(q - r2), &len);
+    assert_int_equal(read_mem(f, len, 3, &c, &err), 0);
+    assert_int_equal(c.n, 1);
+    assert_int_equal(c.v[0].type, TSR_REC_INVALID_AVRO_SYNTAX);
+    col_free(&c);
+    free(f);
+}
+
 int main(void)
 {
     const char *dump = getenv("TSR_AVRO_DUMP");
@@ -795,7 +883,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_codecs),  cmocka_unit_test(test_read_path),
         cmocka_unit_test(test_invalid_records),   cmocka_unit_test(test_not_avro),
         cmocka_unit_test(test_hostile_blocks),    cmocka_unit_test(test_deflate_bomb),
-        cmocka_unit_test(test_schema_resolution),
+        cmocka_unit_test(test_schema_resolution), cmocka_unit_test(test_hostile_schemas),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

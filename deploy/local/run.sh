@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The README's main job: start a local cluster (1 coordinator + 4 shards on loopback,
+# supervised by `tessera cluster up`), apply a generated sample batch (dense + sparse +
+# restricts + numeric restricts + crowding tags), print sample queries with their answers,
+# then keep serving until Ctrl-C.   deploy/local/run.sh [--demo]   (--demo: exit after)
+# Env: TSR_PORT (default 7000), TSR_RUN_DIR (default build/run), TSR_SHARDS (default 4).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+demo=0; [ "${1:-}" = "--demo" ] && demo=1
+port=${TSR_PORT:-7000}; dir=${TSR_RUN_DIR:-build/run}; shards=${TSR_SHARDS:-4}
+bin=${TSR_BIN:-bin}
+target=127.0.0.1:$port
+rm -rf "$dir"; mkdir -p "$dir"
+echo "== generating a sample batch in $dir/sample/batch"
+/usr/bin/python3 tests/data/gen_sample.py "$dir/sample/batch" --n 6000 --dims 64
+echo "== starting the cluster: $bin/tessera cluster up --data $dir --shards $shards --port $port"
+"$bin/tessera" cluster up --data "$dir" --shards "$shards" --port "$port" &
+cluster=$!
+stop() { kill -TERM "$cluster" 2>/dev/null || true; wait "$cluster" 2>/dev/null || true; }
+trap stop EXIT
+trap 'exit 130' INT TERM
+for i in $(seq 1 100); do
+  "$bin/tessera" stats --target "$target" >/dev/null 2>&1 && break
+  kill -0 "$cluster" 2>/dev/null || { echo "cluster exited; see $dir/logs"; exit 1; }
+  sleep 0.2
+done
+"$bin/tessera" stats --target "$target" >/dev/null || { echo "coordinator not answering; see $dir/logs"; exit 1; }
+echo "== applying the batch: tessera update --target $target --batch-root $dir/sample/batch"
+"$bin/tessera" update --target "$target" --batch-root "$dir/sample/batch"
+"$bin/tessera" stats --target "$target"
+q=$(cat "$dir/sample/query.txt")
+echo
+echo "== tessera query --target $target --vector <64 floats from $dir/sample/query.txt> --k 5 --restrict color=blue --numeric 'price>=10' --crowding 2"
+"$bin/tessera" query --target "$target" --vector "$q" --k 5 --restrict color=blue --numeric 'price>=10' --crowding 2
+echo
+echo "== hybrid: --sparse 3:0.5,400:0.2 --alpha 0.5"
+"$bin/tessera" query --target "$target" --vector "$q" --k 5 --sparse 3:0.5,400:0.2 --alpha 0.5
+echo
+echo "== tessera read --target $target dp-00003"
+"$bin/tessera" read --target "$target" dp-00003 | cut -c1-160
+if [ $demo = 1 ]; then
+  echo "== demo done; stopping the cluster"
+  exit 0
+fi
+echo
+echo "== serving on $target (logs in $dir/logs); Ctrl-C to stop"
+wait "$cluster"
