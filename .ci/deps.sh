@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Tessera needs; quiet and quick when all are present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 pkgs=(
   build-essential pkg-config clang libclang-rt-14-dev
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
@@ -18,4 +19,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# node packages of the grpc-js interop test, from its lock file
+if [ -f tests/interop/node/package-lock.json ] && [ ! -d tests/interop/node/node_modules ]; then
+  (cd tests/interop/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

@@ -35,15 +35,18 @@ typedef struct {
     /* dsub = 1: per sub-space sorted sub-centroids and, per sorted position, the first
      * position holding the same value (so equal values resolve to the smallest number) */
     vi *sorted;         /* M * ksub */
+    float *sorted_v;    /* M * ksub: the values of `sorted` alone, for the SIMD count */
+    int simd;           /* count with AVX-512 (ksub a multiple of 16, at most 1024) */
     uint32_t *run;      /* M * ksub */
     float *cnorms;      /* M * ksub (dsub > 1) */
     int rc[TSR__MAX_THREADS];
 } enc_ctx;
 
-/* Nearest of the sorted 1-D centroids cs[0..k) to x; ties to the smaller number. */
-static inline uint32_t nearest_1d(const vi *cs, const uint32_t *run, size_t k, float x)
+size_t tsr__count_le_avx512(const float *v, size_t k, float x);
+
+/* Number of sorted centroids <= x (binary search). */
+static inline size_t count_le(const vi *cs, size_t k, float x)
 {
-    /* p = number of centroids <= x (branch-light binary search) */
     size_t lo = 0, len = k;
     while (len > 0) {
         size_t half = len / 2;
@@ -54,7 +57,13 @@ static inline uint32_t nearest_1d(const vi *cs, const uint32_t *run, size_t k, f
             len = half;
         }
     }
-    size_t p = lo;
+    return lo;
+}
+
+/* Nearest of the sorted 1-D centroids cs[0..k) to x given p = count of centroids <= x;
+ * ties to the smaller number. */
+static inline uint32_t nearest_1d(const vi *cs, const uint32_t *run, size_t k, float x, size_t p)
+{
     if (p == 0)
         return cs[0].i;
     size_t a = run[p - 1];
@@ -75,7 +84,12 @@ static void encode_range(void *arg, size_t begin, size_t end, int tid)
             const float *xr = c->x + i * d;
             uint8_t *code = c->codes + i * cs;
             for (size_t m = 0; m < M; m++) {
-                uint32_t j = nearest_1d(c->sorted + m * ksub, c->run + m * ksub, ksub, xr[m]);
+                const vi *so = c->sorted + m * ksub;
+                float v = xr[m];
+                /* NaN compares false everywhere: p = 0 either way */
+                size_t p = c->simd ? tsr__count_le_avx512(c->sorted_v + m * ksub, ksub, v)
+                                   : count_le(so, ksub, v);
+                uint32_t j = nearest_1d(so, c->run + m * ksub, ksub, v, p);
                 tsr_pq_code_put(code, m, pq->nbits, j);
             }
         }
@@ -119,7 +133,8 @@ int tsr_pq_encode(const tsr_pq *pq, const float *x, size_t n, uint8_t *codes, in
     if (dsub == 1) {
         c->sorted = tsr_try_malloc(M * ksub, sizeof(vi));
         c->run = tsr_try_malloc(M * ksub, sizeof(uint32_t));
-        if (c->sorted == NULL || c->run == NULL) {
+        c->sorted_v = tsr_try_malloc(M * ksub, sizeof(float));
+        if (c->sorted == NULL || c->run == NULL || c->sorted_v == NULL) {
             rc = tsr_err(err, TSR_ENOMEM, "PQ encode: out of memory");
             goto cleanup;
         }
@@ -129,9 +144,14 @@ int tsr_pq_encode(const tsr_pq *pq, const float *x, size_t n, uint8_t *codes, in
             for (size_t j = 0; j < ksub; j++)
                 s[j] = (vi){pq->centroids[m * ksub + j], (uint32_t)j};
             qsort(s, ksub, sizeof(vi), cmp_vi);
-            for (size_t j = 0; j < ksub; j++)
+            for (size_t j = 0; j < ksub; j++) {
                 r[j] = j > 0 && s[j].v == s[j - 1].v ? r[j - 1] : (uint32_t)j;
+                c->sorted_v[m * ksub + j] = s[j].v;
+            }
         }
+        const char *e = getenv("TSR_NO_SIMD");
+        c->simd = ksub % 16 == 0 && ksub <= 1024 && !(e != NULL && *e && *e != '0') &&
+                  __builtin_cpu_supports("avx512f");
     } else {
         c->cnorms = tsr_try_malloc(M * ksub, sizeof(float));
         if (c->cnorms == NULL) {
@@ -151,6 +171,7 @@ int tsr_pq_encode(const tsr_pq *pq, const float *x, size_t n, uint8_t *codes, in
 cleanup:
     free(c->sorted);
     free(c->run);
+    free(c->sorted_v);
     free(c->cnorms);
     free(c);
     return rc;

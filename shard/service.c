@@ -515,9 +515,9 @@ static int h_release(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r
                                    "ReleaseRequest: malformed protobuf");
     int64_t below = rq->below_version;
     tessera__v1__release_request__free_unpacked(rq, NULL);
-    int64_t vs[TSR__MAX_HELD_VERSIONS + 4];
+    int64_t vs[TSR__HELD_CAP];
     size_t n = 0;
-    if (tsr__shard_release(ctx, below, vs, TSR__MAX_HELD_VERSIONS + 4, &n, &err) != 0)
+    if (tsr__shard_release(ctx, below, vs, TSR__HELD_CAP, &n, &err) != 0)
         return tsr_rpc_reply_from_error(reply, &err);
     Tessera__V1__ReleaseResponse resp = TESSERA__V1__RELEASE_RESPONSE__INIT;
     resp.versions = vs;
@@ -533,13 +533,13 @@ static int h_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *rep
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "ShardStatsRequest: malformed protobuf");
     tessera__v1__shard_stats_request__free_unpacked(rq, NULL);
-    tsr__held held[TSR__MAX_HELD_VERSIONS + 4];
+    tsr__held held[TSR__HELD_CAP];
     int staging = 0;
     int64_t sv = 0, cur = 0;
-    size_t n = tsr__shard_list(s, held, TSR__MAX_HELD_VERSIONS + 4, &staging, &sv, &cur);
+    size_t n = tsr__shard_list(s, held, TSR__HELD_CAP, &staging, &sv, &cur);
     Tessera__V1__ShardStatsResponse resp = TESSERA__V1__SHARD_STATS_RESPONSE__INIT;
-    Tessera__V1__ShardVersion vers[TSR__MAX_HELD_VERSIONS + 5];
-    Tessera__V1__ShardVersion *vp[TSR__MAX_HELD_VERSIONS + 5];
+    Tessera__V1__ShardVersion vers[TSR__HELD_CAP + 1];
+    Tessera__V1__ShardVersion *vp[TSR__HELD_CAP + 1];
     const tsr__version *c = NULL;
     int rc = 0;
     for (size_t i = 0; i < n; i++) {

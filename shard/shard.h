@@ -38,6 +38,7 @@
 
 #define TSR__MAX_K 10000            /* k, candidates and sparse_k above this are refused */
 #define TSR__MAX_HELD_VERSIONS 8    /* serving versions kept before the oldest is dropped */
+#define TSR__HELD_CAP (TSR__MAX_HELD_VERSIONS + 4) /* serving + prepared versions at most */
 
 typedef struct tsr__tmpl {
     atomic_int refs;
@@ -176,7 +177,7 @@ typedef struct tsr__shard {
                                    written only under update_mu */
     pthread_mutex_t table_mu;   /* guards current + held (short sections only) */
     tsr__version *current;      /* ref */
-    tsr__held held[TSR__MAX_HELD_VERSIONS + 4];
+    tsr__held held[TSR__HELD_CAP];
     size_t nheld;
     pthread_mutex_t update_mu;  /* serializes Stage/Prepare/Commit/Abort/Release */
     tsr__staging *staging;      /* guarded by update_mu */

@@ -549,6 +549,14 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
     pthread_mutex_unlock(&s->table_mu);
     if (h)
         goto out; /* already prepared (or serving): idempotent */
+    pthread_mutex_lock(&s->table_mu);
+    int full = s->nheld >= TSR__HELD_CAP;
+    pthread_mutex_unlock(&s->table_mu);
+    if (full) {
+        rc = tsr_err(err, TSR_ELIMIT, "Prepare(%lld): %d versions held already; Commit, Abort or "
+                     "Release some first", (long long)version, TSR__HELD_CAP);
+        goto out;
+    }
     tsr__staging *st = s->staging;
     if (st == NULL || st->version != version) {
         rc = tsr_err(err, TSR_ESTATE, "Prepare(%lld): no staged version %lld%s", (long long)version,
@@ -664,7 +672,15 @@ int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err)
     h->state = TSR__SERVING;
     old = s->current;
     s->current = tsr__version_ref(h->v);
+    /* The empty version 0 can never be named by a query (0 means "current"): drop it. */
+    tsr__version *empty = NULL;
+    for (size_t i = 0; i < s->nheld; i++)
+        if (s->held[i].v->version == 0) {
+            empty = take_held(s, i);
+            break;
+        }
     pthread_mutex_unlock(&s->table_mu);
+    tsr__version_unref(empty);
     tsr_info("committed version %lld (was %lld)", (long long)version, (long long)cur);
     /* Prepared versions older than the new current can never be committed. */
     for (;;) {

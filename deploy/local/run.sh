@@ -30,8 +30,11 @@ echo "== applying the batch: tessera update --target $target --batch-root $dir/s
 "$bin/tessera" stats --target "$target"
 q=$(cat "$dir/sample/query.txt")
 echo
-echo "== tessera query --target $target --vector <64 floats from $dir/sample/query.txt> --k 5 --restrict color=blue --numeric 'price>=10' --crowding 2"
-"$bin/tessera" query --target "$target" --vector "$q" --k 5 --restrict color=blue --numeric 'price>=10' --crowding 2
+echo "== tessera query --target $target --vector <64 floats from $dir/sample/query.txt> --k 5"
+"$bin/tessera" query --target "$target" --vector "$q" --k 5
+echo
+echo "== with filters and crowding: --restrict color=orange --numeric 'price>=10' --crowding 2"
+"$bin/tessera" query --target "$target" --vector "$q" --k 5 --restrict color=orange --numeric 'price>=10' --crowding 2
 echo
 echo "== hybrid: --sparse 3:0.5,400:0.2 --alpha 0.5"
 "$bin/tessera" query --target "$target" --vector "$q" --k 5 --sparse 3:0.5,400:0.2 --alpha 0.5

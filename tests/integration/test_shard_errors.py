@@ -4,7 +4,7 @@ Every malformed or inconsistent request gets INVALID_ARGUMENT with a message nam
 field (malformed protobuf on every method, wrong dimension, unknown / unowned / duplicate
 list, k <= 0 or > 10000, empty query, lists vs coarse_distances mismatch, NaN, bad sparse,
 bad numeric op, bad Stage content); a version the shard does not hold and out-of-order
-update calls get FAILED_PRECONDITION; an unknown method gets UNIMPLEMENTED; Health/Check
+update calls get FAILED_PRECONDITION; too many prepared versions RESOURCE_EXHAUSTED; an unknown method gets UNIMPLEMENTED; Health/Check
 answers SERVING. The shard keeps serving after all of it and exits cleanly.
 """
 import os
@@ -132,6 +132,19 @@ def main(bin_dir):
             call = shard.channel.unary_unary(path, request_serializer=None,
                                              response_deserializer=None)
             expect(grpc.StatusCode.UNIMPLEMENTED, call, b"")
+
+        # Prepared versions pile up only to a bound: then RESOURCE_EXHAUSTED, not a crash.
+        one = [ups[0]]
+        for v in range(2, 13):
+            H.stage_all(shard, v, 1, one)
+            assert shard.stub.Prepare(sp.PrepareRequest(version=v), timeout=30).ready
+        H.stage_all(shard, 13, 1, one)
+        expect(grpc.StatusCode.RESOURCE_EXHAUSTED, shard.stub.Prepare,
+               sp.PrepareRequest(version=13), contains="versions held")
+        for v in range(2, 14):
+            shard.stub.Abort(sp.AbortRequest(version=v), timeout=10)
+        st = shard.stub.Stats(sp.ShardStatsRequest(), timeout=5)
+        assert [v.version for v in st.versions] == [1], st.versions
 
         # Still serving.
         assert len(shard.stub.Search(q(), timeout=5).results) == 1

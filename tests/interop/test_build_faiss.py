@@ -161,6 +161,12 @@ def main():
                 failures.append("%s: build failed (%d): %s" % (name, r.returncode, r.stderr))
                 continue
             print(name, "|", r.stderr.strip().split(": ", 2)[-1])
+            if metric == "l2" and res and nbits == 8:
+                # same file for another thread count
+                out2 = os.path.join(tmp, "t2.faiss")
+                r2 = subprocess.run(cmd[:-1] + [out2, "--threads", "2"], capture_output=True)
+                if r2.returncode != 0 or open(out, "rb").read() != open(out2, "rb").read():
+                    failures.append("%s: --threads 2 does not give the same file" % name)
             ix = faiss.read_index(out)
             mt = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
             ivf = faiss.downcast_index(ix)

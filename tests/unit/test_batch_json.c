@@ -91,6 +91,18 @@ static void test_full_record(void **state)
     assert_true(d->numeric[2].v.d == 0.3);
     assert_string_equal(d->crowding_tag, "shop-9");
     coll_free(c);
+    /* allow only, deny only */
+    c = parse("{\"id\": \"a\", \"embedding\": [1,2,3], \"restricts\": [{\"namespace\": \"c\", "
+              "\"allow\": [\"x\"]}, {\"namespace\": \"d\", \"deny\": [\"y\"]}, {\"namespace\": \"c\", "
+              "\"allow\": [\"z\"]}]}",
+              3);
+    assert_int_equal(c->nbad, 0);
+    assert_int_equal(c->nrecs, 1);
+    assert_int_equal(c->recs[0].nrestricts, 2); /* same namespace twice: merged */
+    assert_int_equal(c->recs[0].restricts[0].nallow, 2);
+    assert_string_equal(c->recs[0].restricts[0].allow[1], "z");
+    assert_int_equal(c->recs[0].restricts[1].ndeny, 1);
+    coll_free(c);
     /* nulls are absent; empty embedding with a sparse one is sparse-only (as in Avro) */
     c = parse("{\"id\": \"n\", \"embedding\": [], \"sparse_embedding\": {\"values\": [1], "
               "\"dimensions\": [2]}, \"restricts\": null, \"numeric_restricts\": null, "

@@ -357,6 +357,7 @@ static void test_ip_nores_4(void **st) { (void)st; run_variant(16, 8, 4, TSR_MET
 static void test_l2_res_m6(void **st) { (void)st; run_variant(24, 6, 8, TSR_METRIC_L2, 1); }
 static void test_ip_res_m16(void **st) { (void)st; run_variant(32, 16, 8, TSR_METRIC_IP, 1); }
 static void test_l2_nores_m9_5(void **st) { (void)st; run_variant(18, 9, 5, TSR_METRIC_L2, 0); }
+static void test_ip_res_nbits1(void **st) { (void)st; run_variant(16, 8, 1, TSR_METRIC_IP, 1); }
 
 /* The kernels directly, on random tables and codes, lengths not multiples of 16. */
 static void test_kernels(void **st)
@@ -424,7 +425,7 @@ int main(void)
         cmocka_unit_test(test_ip_res_8),      cmocka_unit_test(test_ip_nores_8),
         cmocka_unit_test(test_l2_res_4),      cmocka_unit_test(test_ip_nores_4),
         cmocka_unit_test(test_l2_res_m6),     cmocka_unit_test(test_ip_res_m16),
-        cmocka_unit_test(test_l2_nores_m9_5),
+        cmocka_unit_test(test_l2_nores_m9_5), cmocka_unit_test(test_ip_res_nbits1),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

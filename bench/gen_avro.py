@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Writes N FeatureVector records of dimension D (seed 003 schema) to an Avro object
+container file for bench_ingest: gen_avro.py OUT N D.
+
+python avro's DataFileWriter manages only a few thousand records/s, so the record bodies
+(everything after the id) are encoded once for 1000 variants with avro's DatumWriter and
+the container (header, blocks of 10,000 records, sync markers) is assembled here; each
+record still gets its own id. Same shape as the CSV/JSON bench records: dense embedding,
+one token restrict, a crowding tag, no sparse / numeric restricts."""
+import io
+import json
+import os
+import random
+import sys
+
+import avro.io
+import avro.schema
+
+SCHEMA = {
+    "type": "record", "name": "FeatureVector", "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "embedding", "type": {"type": "array", "items": "float"}},
+        {"name": "sparse_embedding", "type": ["null", {"type": "record", "name": "sparse_embedding", "fields": [
+            {"name": "values", "type": {"type": "array", "items": "float"}},
+            {"name": "dimensions", "type": {"type": "array", "items": "long"}}]}]},
+        {"name": "restricts", "type": ["null", {"type": "array", "items": {"type": "record", "name": "Restrict", "fields": [
+            {"name": "namespace", "type": "string"},
+            {"name": "allow", "type": ["null", {"type": "array", "items": "string"}]},
+            {"name": "deny", "type": ["null", {"type": "array", "items": "string"}]}]}}]},
+        {"name": "numeric_restricts", "type": ["null", {"type": "array", "items": {"name": "NumericRestrict", "type": "record", "fields": [
+            {"name": "namespace", "type": "string"},
+            {"name": "value_int", "type": ["null", "int"], "default": None},
+            {"name": "value_float", "type": ["null", "float"], "default": None},
+            {"name": "value_double", "type": ["null", "double"], "default": None}]}}], "default": None},
+        {"name": "crowding_tag", "type": ["null", "string"]},
+    ]}
+
+
+def zigzag(n):
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def avro_bytes(b):
+    return zigzag(len(b)) + b
+
+
+def main():
+    out, n, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    schema = avro.schema.parse(json.dumps(SCHEMA))
+    writer = avro.io.DatumWriter(schema)
+    rnd = random.Random(1)
+    bodies = []
+    for i in range(1000):
+        buf = io.BytesIO()
+        writer.write({"id": "", "embedding": [rnd.uniform(-0.25, 0.25) for _ in range(d)],
+                      "sparse_embedding": None,
+                      "restricts": [{"namespace": "color", "allow": ["c%d" % (i % 16)], "deny": None}],
+                      "numeric_restricts": None, "crowding_tag": "t%d" % (i % 100)},
+                     avro.io.BinaryEncoder(buf))
+        bodies.append(buf.getvalue()[1:])  # drop the empty id (one 0x00 byte)
+    sync = os.urandom(16)
+    meta = {b"avro.schema": json.dumps(SCHEMA).encode(), b"avro.codec": b"null"}
+    with open(out, "wb") as f:
+        f.write(b"Obj\x01" + zigzag(len(meta)))
+        for k, v in meta.items():
+            f.write(avro_bytes(k) + avro_bytes(v))
+        f.write(zigzag(0) + sync)
+        for start in range(0, n, 10000):
+            cnt = min(10000, n - start)
+            block = b"".join(avro_bytes(b"id-%07d" % i) + bodies[i % 1000]
+                             for i in range(start, start + cnt))
+            f.write(zigzag(cnt) + zigzag(len(block)) + block + sync)
+
+
+if __name__ == "__main__":
+    main()

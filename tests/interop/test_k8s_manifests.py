@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Parses every manifest in deploy/k8s/ and checks the parts that must agree.
+
+- every document has apiVersion, kind, metadata.name; names are DNS-1123 labels;
+- Services select pods that exist (selector ⊆ pod template labels), workload selectors
+  match their own template labels, and every Service targetPort names a container port;
+- the shard StatefulSet: serviceName is a headless Service, a volumeClaimTemplate per pod
+  mounted by the container at the path given to --data;
+- probes use the gRPC health protocol (grpc:) on the container's gRPC port (= --listen);
+- prometheus.io/port annotations name a declared container port (= --metrics-listen);
+- the ConfigMap's coordinator JSON: only keys the coordinator knows, the required ones
+  present, distance valid, shard addresses are <sts>-<i>.<headless svc>:<shard grpc port>
+  for i = 0..replicas-1, exactly;
+- volumes mounted by containers are declared (volumes or claim templates), and the
+  coordinator mounts the ConfigMap at the directory of its --config file.
+"""
+import json
+import os
+import re
+import sys
+
+import yaml
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+K8S = os.path.join(ROOT, "deploy", "k8s")
+KNOWN_KEYS = {"dimensions", "distance", "nlist", "pq_m", "pq_nbits", "nprobe", "shards", "plan",
+              "search_deadline_ms", "stage_deadline_ms", "max_k", "max_queries_per_request", "seed"}
+REQUIRED_KEYS = {"dimensions", "distance", "nlist", "pq_m", "pq_nbits", "nprobe", "shards"}
+DISTANCES = {"SQUARED_L2", "L1", "COSINE", "DOT_PRODUCT"}
+fails = []
+
+
+def check(cond, msg):
+    if not cond:
+        fails.append(msg)
+        print("FAIL:", msg)
+
+
+def arg_after(args, flag):
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def port_of(addr):
+    return int(addr.rsplit(":", 1)[1])
+
+
+def container_checks(kind, name, pod, docs_by_kind):
+    spec = pod["spec"]
+    cs = spec.get("containers", [])
+    check(len(cs) >= 1, "%s %s: no containers" % (kind, name))
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    out = []
+    for c in cs:
+        ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+        args = [str(a) for a in c.get("args", [])]
+        listen = arg_after(args, "--listen")
+        check(listen is not None, "%s/%s: no --listen" % (name, c["name"]))
+        grpc_port = port_of(listen) if listen else None
+        check(ports.get("grpc") == grpc_port,
+              "%s/%s: container port grpc %s != --listen port %s" % (name, c["name"], ports.get("grpc"), grpc_port))
+        metrics = arg_after(args, "--metrics-listen")
+        if metrics:
+            check(ports.get("metrics") == port_of(metrics), "%s/%s: metrics port != --metrics-listen" % (name, c["name"]))
+        ann = pod["metadata"].get("annotations", {})
+        if "prometheus.io/port" in ann:
+            check(int(ann["prometheus.io/port"]) in ports.values(),
+                  "%s: prometheus.io/port %s not a container port" % (name, ann["prometheus.io/port"]))
+            check(ann.get("prometheus.io/path", "/metrics") == "/metrics", "%s: metrics path" % name)
+        for pname in ("readinessProbe", "livenessProbe"):
+            p = c.get(pname)
+            check(p is not None, "%s/%s: no %s" % (name, c["name"], pname))
+            if p:
+                check("grpc" in p, "%s/%s: %s is not a grpc health probe" % (name, c["name"], pname))
+                check(p.get("grpc", {}).get("port") == grpc_port,
+                      "%s/%s: %s port != gRPC port %s" % (name, c["name"], pname, grpc_port))
+        for m in c.get("volumeMounts", []):
+            check(m["name"] in vols or m["name"] in pod.get("_claims", set()),
+                  "%s/%s: volumeMount %s has no volume" % (name, c["name"], m["name"]))
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        data = arg_after(args, "--data")
+        check(data in mounts, "%s/%s: --data %s is not a mounted volume" % (name, c["name"], data))
+        out.append((c, ports, args, mounts, vols))
+    return out
+
+
+def main():
+    docs = []
+    for fn in sorted(os.listdir(K8S)):
+        if fn.endswith((".yaml", ".yml")):
+            with open(os.path.join(K8S, fn)) as f:
+                for d in yaml.safe_load_all(f):
+                    if d is not None:
+                        d["_file"] = fn
+                        docs.append(d)
+    check(len(docs) >= 6, "expected >= 6 manifests, found %d" % len(docs))
+    by = {}
+    for d in docs:
+        for k in ("apiVersion", "kind", "metadata"):
+            check(k in d, "%s: missing %s" % (d["_file"], k))
+        name = d["metadata"]["name"]
+        check(re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", name) is not None, "bad name " + name)
+        check((d["kind"], name) not in by, "duplicate %s %s" % (d["kind"], name))
+        by[(d["kind"], name)] = d
+    kinds = {}
+    for (k, n), d in by.items():
+        kinds.setdefault(k, []).append(d)
+
+    sts = by.get(("StatefulSet", "tessera-shard"))
+    dep = by.get(("Deployment", "tessera-coordinator"))
+    cm = by.get(("ConfigMap", "tessera-coordinator-config"))
+    check(sts is not None and dep is not None and cm is not None, "missing shard StatefulSet, coordinator Deployment or ConfigMap")
+    if fails:
+        sys.exit(1)
+
+    workloads = kinds.get("StatefulSet", []) + kinds.get("Deployment", [])
+    for w in workloads:
+        tl = w["spec"]["template"]["metadata"]["labels"]
+        ml = w["spec"]["selector"]["matchLabels"]
+        check(all(tl.get(k) == v for k, v in ml.items()), "%s: selector does not match its template" % w["metadata"]["name"])
+    # Services: select exactly one workload, targetPorts exist
+    for s in kinds.get("Service", []):
+        sel = s["spec"]["selector"]
+        hits = [w for w in workloads if all(w["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+        check(len(hits) == 1, "Service %s selects %d workloads" % (s["metadata"]["name"], len(hits)))
+        if hits:
+            cports = {}
+            for c in hits[0]["spec"]["template"]["spec"]["containers"]:
+                for p in c.get("ports", []):
+                    cports[p.get("name")] = p["containerPort"]
+            for p in s["spec"]["ports"]:
+                tp = p.get("targetPort", p["port"])
+                val = cports.get(tp) if isinstance(tp, str) else tp
+                check(val in cports.values(), "Service %s port %s: targetPort %s not a container port" % (s["metadata"]["name"], p["port"], tp))
+                check(val == p["port"], "Service %s: port %s != container port %s" % (s["metadata"]["name"], p["port"], val))
+
+    # shard StatefulSet
+    hsvc = by.get(("Service", sts["spec"]["serviceName"]))
+    check(hsvc is not None, "StatefulSet serviceName %s has no Service" % sts["spec"]["serviceName"])
+    check(hsvc is not None and hsvc["spec"].get("clusterIP") == "None", "shard Service is not headless")
+    claims = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
+    check(len(claims) >= 1, "StatefulSet has no volumeClaimTemplates")
+    spod = sts["spec"]["template"]
+    spod["_claims"] = claims
+    sc = container_checks("StatefulSet", "tessera-shard", spod, kinds)
+    shard_port = port_of(arg_after(sc[0][2], "--listen"))
+    data_mount = sc[0][3].get(arg_after(sc[0][2], "--data"))
+    check(data_mount in claims, "shard --data is not on the per-pod claim (%s)" % data_mount)
+    check(any(p["port"] == shard_port for p in hsvc["spec"]["ports"]), "headless Service lacks the shard gRPC port")
+
+    # coordinator Deployment
+    dpod = dep["spec"]["template"]
+    dc = container_checks("Deployment", "tessera-coordinator", dpod, kinds)
+    c, ports, args, mounts, vols = dc[0]
+    check(dep["spec"]["replicas"] == 1 and dep["spec"].get("strategy", {}).get("type") == "Recreate",
+          "coordinator must be 1 replica with strategy Recreate (one commit point)")
+    conf = arg_after(args, "--config")
+    check(conf is not None, "coordinator has no --config")
+    cdir, cfile = os.path.split(conf)
+    check(cdir in mounts, "coordinator --config dir %s not mounted" % cdir)
+    vol = vols.get(mounts.get(cdir), {})
+    check(vol.get("configMap", {}).get("name") == cm["metadata"]["name"], "config dir is not the ConfigMap")
+    for v in vols.values():
+        if "persistentVolumeClaim" in v:
+            check(("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]) in by,
+                  "claim %s not declared" % v["persistentVolumeClaim"]["claimName"])
+
+    # config JSON
+    check(cfile in cm["data"], "ConfigMap has no key %s" % cfile)
+    cfg = json.loads(cm["data"][cfile])
+    unknown = set(cfg) - KNOWN_KEYS
+    check(not unknown, "config keys unknown to the coordinator: %s" % sorted(unknown))
+    check(REQUIRED_KEYS <= set(cfg), "config misses %s" % sorted(REQUIRED_KEYS - set(cfg)))
+    check(cfg.get("distance") in DISTANCES, "distance %s" % cfg.get("distance"))
+    check(cfg["dimensions"] % cfg["pq_m"] == 0, "dimensions must be a multiple of pq_m")
+    check(cfg["pq_nbits"] == 8, "pq_nbits must be 8")
+    check(1 <= cfg["nprobe"] <= cfg["nlist"], "nprobe out of 1..nlist")
+    n = sts["spec"]["replicas"]
+    want = ["%s-%d.%s:%d" % (sts["metadata"]["name"], i, hsvc["metadata"]["name"], shard_port) for i in range(n)]
+    check(cfg["shards"] == want, "config shards %s != StatefulSet pods %s" % (cfg["shards"], want))
+    check(cfg["nlist"] >= n, "fewer lists than shards")
+
+    if fails:
+        print("%d problem(s)" % len(fails))
+        sys.exit(1)
+    print("k8s manifests OK: %d documents, %d shards, shard port %d, coordinator port %d"
+          % (len(docs), n, shard_port, port_of(arg_after(args, "--listen"))))
+
+
+if __name__ == "__main__":
+    main()
