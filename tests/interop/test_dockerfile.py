@@ -129,7 +129,7 @@ def main():
             elif s and not s.startswith("|") and ":" not in s:
                 closure.add(s)
         closure |= {"libc6", "libgcc-s1"}  # in the base image
-        checked = 0
+        needs = {}  # library path -> binaries needing it
         for b in sorted(made):
             path = os.path.join(BIN, b)
             if not os.path.exists(path):
@@ -138,18 +138,22 @@ def main():
             out = subprocess.run(["ldd", path], capture_output=True, text=True).stdout
             for ln in out.splitlines():
                 m = re.search(r"=>\s+(/\S+)", ln)
-                if not m:
-                    continue
-                lib = os.path.realpath(m.group(1))
-                d = subprocess.run(["dpkg", "-S", lib], capture_output=True, text=True)
-                if d.returncode != 0:
-                    d = subprocess.run(["dpkg", "-S", m.group(1)], capture_output=True, text=True)
-                if d.returncode != 0:
-                    continue
-                pkg = d.stdout.split(":")[0].strip()
-                checked += 1
-                check(pkg in closure, "%s needs %s (package %s), not in the runtime image"
-                      % (b, m.group(1), pkg))
+                if m:
+                    needs.setdefault(m.group(1), set()).add(b)
+        owner = {}
+        paths = sorted(set(needs) | {os.path.realpath(p) for p in needs})
+        d = subprocess.run(["dpkg", "-S"] + paths, capture_output=True, text=True)  # one call: fast
+        for ln in d.stdout.splitlines():
+            pkg, _, f = ln.partition(": ")
+            owner[f.strip()] = pkg.split(":")[0].strip()
+        checked = 0
+        for lib, bins in sorted(needs.items()):
+            pkg = owner.get(lib) or owner.get(os.path.realpath(lib))
+            if not pkg:
+                continue
+            checked += 1
+            check(pkg in closure, "%s need %s (package %s), not in the runtime image"
+                  % (sorted(bins), lib, pkg))
         print("shared libraries checked:", checked)
     if fails:
         print("%d problem(s)" % len(fails))
