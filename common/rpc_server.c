@@ -48,6 +48,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "rpc_internal.h"
 
 #define MAX_METHODS 64
@@ -98,6 +99,7 @@ struct call {
     int has_status_details;
     int client_cancelled; /* RECV_CLOSE_ON_SERVER output */
     struct tsr_rpc_reply reply;
+    double t0;         /* when the call arrived (tsr_metrics_now), for the latency metric */
     struct call *next; /* work queue link */
 };
 
@@ -307,6 +309,8 @@ static void send_final(struct call *c)
     memset(ops, 0, sizeof ops);
     size_t n = 0;
     struct tsr_rpc_reply *r = &c->reply;
+    /* Unknown methods share one label so a hostile client cannot mint series. */
+    tsr_metrics_rpc_observe(c->m ? c->m->path : "unknown", r->code, tsr_metrics_now() - c->t0);
 
     ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[n].data.send_initial_metadata.count = 0;
@@ -351,6 +355,7 @@ static void on_event(struct call *c, int ok)
             return;
         }
         arm(c->slot); /* re-arm first, so new calls are not delayed by this one */
+        c->t0 = tsr_metrics_now();
         c->m = find_method(s, c->details.method);
         if (!c->m) {
             char buf[256];

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "metrics_http.h"
 #include "log.h"
 #include "mem.h"
 
@@ -46,6 +47,7 @@ static void usage(FILE *f)
             "                      pq_nbits, nprobe, shards, plan, deadlines, limits, seed\n"
             "  --template F.faiss  trained Faiss IndexIVFPQ to use when the index is created\n"
             "                      (otherwise the first UpdateIndex trains one from its batch)\n"
+            "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
             "  --threads T         gRPC polling threads (default 1 on one core, else 2)\n"
             "  --workers W         worker threads for FindNeighbors and the other fan-outs (8)\n"
             "  --help              this text\n"
@@ -92,7 +94,8 @@ static void target_of(const char *addr, char *buf, size_t cap)
 
 int main(int argc, char **argv)
 {
-    const char *listen = NULL, *data = NULL, *config = NULL, *tmpl = NULL;
+    const char *listen = NULL, *data = NULL, *config = NULL, *tmpl = NULL, *mlisten = NULL;
+    tsr_metrics_http *mh = NULL;
     int threads = 0, workers = 8;
     tsr_log_set_program("tessera-coordinator");
     for (int i = 1; i < argc; i++) {
@@ -115,6 +118,8 @@ int main(int argc, char **argv)
             config = v;
         else if (strcmp(a, "--template") == 0)
             tmpl = v;
+        else if (strcmp(a, "--metrics-listen") == 0)
+            mlisten = v;
         else if (strcmp(a, "--threads") == 0 || strcmp(a, "--workers") == 0) {
             char *end;
             long n = strtol(v, &end, 10);
@@ -221,6 +226,10 @@ int main(int argc, char **argv)
         goto out;
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
+    if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
+        tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
+        goto out;
+    }
     if (tsr__coord_reconcile_start(c) == 0)
         rec_started = 1;
     tsr_info("listening on %s (port %d), data %s, %zu shards, version %llu", listen,
@@ -239,6 +248,7 @@ out:
         pthread_join(c->upd_thread, NULL);
     if (rec_started)
         tsr__coord_reconcile_stop(c);
+    tsr_metrics_http_destroy(mh);
     tsr_rpc_server_destroy(srv);
     for (size_t s = 0; c->ch && s < c->cfg.nshards; s++)
         tsr_rpc_channel_destroy(c->ch[s]);

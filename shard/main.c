@@ -16,6 +16,7 @@
 
 #include "log.h"
 #include "rpc.h"
+#include "metrics_http.h"
 #include "shard.h"
 #include "shard_service.h"
 
@@ -30,6 +31,7 @@ static void usage(FILE *f)
             "  --data DIR      data directory: CURRENT and v<N>/{slice.faiss, meta, vectors.f32,\n"
             "                  MANIFEST}; created when missing (then the shard starts empty at\n"
             "                  version 0 and receives its first version through Stage/Prepare/Commit)\n"
+            "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
             "  --threads T     gRPC polling threads (default: 1 on one core, else 2)\n"
             "  --workers W     worker threads for Stage/Prepare/Commit/Abort/Release (default 2)\n"
             "  --help          this text\n");
@@ -37,7 +39,8 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    const char *listen = NULL, *data = NULL;
+    const char *listen = NULL, *data = NULL, *mlisten = NULL;
+    tsr_metrics_http *mh = NULL;
     int threads = 0, workers = 2;
     tsr_log_set_program("tessera-shard");
     for (int i = 1; i < argc; i++) {
@@ -57,6 +60,8 @@ int main(int argc, char **argv)
             listen = v;
         } else if (strcmp(a, "--data") == 0) {
             data = v;
+        } else if (strcmp(a, "--metrics-listen") == 0) {
+            mlisten = v;
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "--workers") == 0) {
             long n = strtol(v, &end, 10);
             if (*v == 0 || *end != 0 || n < 1 || n > 64) {
@@ -109,12 +114,17 @@ int main(int argc, char **argv)
         goto out;
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.Shard", TSR_RPC_HEALTH_SERVING);
+    if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
+        tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
+        goto out;
+    }
     tsr_info("listening on %s (port %d), data %s", listen, tsr_rpc_server_port(srv), data);
     int sig = 0;
     sigwait(&set, &sig);
     tsr_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
     code = 0;
 out:
+    tsr_metrics_http_destroy(mh);
     tsr_rpc_server_destroy(srv);
     tsr__shard_close(&shard);
     return code;
