@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Test runner for `make test`. Suites: unit, interop, integration, fuzz-replay, all.
+# Test runner for `make test`. Suites: unit, interop, integration, faults, fuzz-replay, all.
 # Every suite prints PASS/FAIL per test and the runner exits non-zero if any failed.
 # TSR_BIN (binaries) and TSR_BUILD (build dir) come from the Makefile.
 set -u
@@ -47,6 +47,14 @@ if [ "$suite" = integration ] || [ "$suite" = all ]; then
   for t in tests/integration/test_*.sh; do
     [ -f "$t" ] || continue
     run "integration/$(basename "$t")" bash "$t"
+  done
+fi
+# Fault tests across network namespaces (need root for `ip netns`; they create and remove
+# their own namespaces). Also runnable alone: tests/run.sh faults.
+if [ "$suite" = faults ] || [ "$suite" = all ]; then
+  for t in tests/integration/multihost/test_*.py; do
+    [ -f "$t" ] || continue
+    run "faults/$(basename "$t")" $PY "$t"
   done
 fi
 if [ "$suite" = fuzz-replay ] || [ "$suite" = all ]; then
