@@ -500,7 +500,10 @@ static int worker_init(worker *w, job *jb)
 
 /* The per-query table, "smaller is better" (see the file comment), from the transposed
  * centroids so that the inner loop runs over j with unit stride in 4-wide vectors. Each
- * entry is summed over t in order, as the straightforward per-entry dot product. */
+ * entry is summed over t in order, as the straightforward per-entry dot product. The
+ * metric's scale (-1 for IP, -2 for the L2 residual form) is a power of two, so it is
+ * folded into x_t: (s x_t) c = s (x_t c) and the sums scale exactly, which saves a
+ * second pass over the 64 KB table (it was half of the table time). */
 typedef float v4sf __attribute__((vector_size(16)));
 
 static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T)
@@ -508,17 +511,16 @@ static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, fl
     const tsr_pq *pq = &ix->pq;
     const size_t ksub = pq->ksub, dsub = pq->dsub;
     const int mode = ix->metric == TSR_METRIC_IP ? 0 : ix->by_residual ? 1 : 2;
+    const float scale = mode == 0 ? -1.0f : -2.0f;
     const size_t k4 = ksub & ~(size_t)3; /* ksub < 4 only for nbits = 1 */
     for (size_t m = 0; m < pq->M; m++) {
         const float *xm = x + m * dsub;
         const float *cm = ct + m * dsub * ksub;
         float *tab = T + m * ksub;
-        /* j innermost (unit stride, 4-wide); t outermost keeps each entry's sum in t
-         * order: tab = x0 c0, then += x_t c_t, then the metric's scale. */
-        for (size_t t = 0; t < dsub; t++) {
-            const float *c = cm + t * ksub;
-            const float xt = xm[t];
-            if (mode == 2) {
+        if (mode == 2) { /* sum_t (x_t - c_t)^2 */
+            for (size_t t = 0; t < dsub; t++) {
+                const float *c = cm + t * ksub;
+                const float xt = xm[t];
                 for (size_t j = 0; j < k4; j += 4) {
                     v4sf cv, tv;
                     memcpy(&cv, c + j, sizeof cv);
@@ -533,26 +535,33 @@ static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, fl
                 }
                 for (size_t j = k4; j < ksub; j++)
                     tab[j] = (t == 0 ? 0.0f : tab[j]) + (xt - c[j]) * (xt - c[j]);
-            } else {
-                for (size_t j = 0; j < k4; j += 4) {
-                    v4sf cv, tv;
-                    memcpy(&cv, c + j, sizeof cv);
-                    if (t == 0) {
-                        tv = xt * cv;
-                    } else {
-                        memcpy(&tv, tab + j, sizeof tv);
-                        tv += xt * cv;
-                    }
-                    memcpy(tab + j, &tv, sizeof tv);
-                }
-                for (size_t j = k4; j < ksub; j++)
-                    tab[j] = (t == 0 ? 0.0f : tab[j]) + xt * c[j];
             }
+            continue;
         }
-        if (mode != 2) {
-            const float scale = mode == 0 ? -1.0f : -2.0f;
-            for (size_t j = 0; j < ksub; j++)
-                tab[j] *= scale;
+        /* t = 0 initializes, later t accumulate (separate loops: no branch inside) */
+        {
+            const float xt = scale * xm[0];
+            for (size_t j = 0; j < k4; j += 4) {
+                v4sf cv;
+                memcpy(&cv, cm + j, sizeof cv);
+                v4sf tv = xt * cv;
+                memcpy(tab + j, &tv, sizeof tv);
+            }
+            for (size_t j = k4; j < ksub; j++)
+                tab[j] = xt * cm[j];
+        }
+        for (size_t t = 1; t < dsub; t++) {
+            const float *c = cm + t * ksub;
+            const float xt = scale * xm[t];
+            for (size_t j = 0; j < k4; j += 4) {
+                v4sf cv, tv;
+                memcpy(&cv, c + j, sizeof cv);
+                memcpy(&tv, tab + j, sizeof tv);
+                tv += xt * cv;
+                memcpy(tab + j, &tv, sizeof tv);
+            }
+            for (size_t j = k4; j < ksub; j++)
+                tab[j] += xt * c[j];
         }
     }
 }
