@@ -98,20 +98,22 @@ static void calibrate(void)
         codes[i] = (uint8_t)(s >> 23);
     }
     double best = 0;
+    int have = 0;
     const enum tsr_simd cands[] = {TSR_SIMD_SCALAR, TSR_SIMD_AVX2, TSR_SIMD_AVX512};
     for (size_t c = 0; c < sizeof cands / sizeof cands[0]; c++) {
         if (!tsr_ivfpq_search_simd_supported(cands[c]))
             continue;
         tsr__scan8_fn f = scan8_for(cands[c]);
         double t = 0;
-        for (int r = 0; r < 5; r++) {
+        for (int r = 0; r < 9; r++) {
             double t0 = now_ns();
             f(T, CM, codes, CN, NULL, 0.0f, out);
             double dt = now_ns() - t0;
             if (r == 0 || dt < t)
                 t = dt;
         }
-        if (c == 0 || t < best * 0.9) { /* a wider path must win clearly */
+        if (!have || t < best * 0.9) { /* a wider path must win clearly */
+            have = 1;
             best = t;
             calibrated = cands[c];
         }
@@ -169,6 +171,11 @@ void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
      * instead of two (the scan is bound by loads; measured 12 vs 17 ns per code, M=64). */
     for (size_t i = 0; i < n; i++) {
         const uint8_t *c = codes + i * M;
+        /* The codes stream from memory (one 64-byte line per code at M = 64) and the
+         * hardware prefetcher does not run far enough ahead: without this the loop
+         * stalls on the code load (26 vs 13 ns per code at nprobe 256). A prefetch past
+         * the end of the codes is harmless (it never faults). */
+        __builtin_prefetch(c + TSR__SCAN_PREFETCH * M);
         float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
         size_t m = 0;
         for (; m + 8 <= M; m += 8) {
@@ -651,9 +658,16 @@ static int search_one(worker *w, size_t qi)
             }
             const float *term =
                 jb->cache->term ? jb->cache->term + jb->cache->offsets[key] : NULL;
+            const uint8_t *lcodes = L->codes;
+            if (p + 1 < jb->nprobe) { /* the next list's first codes: a list is ~16 KB */
+                int64_t nk = jb->lists[qi * jb->nprobe + p + 1];
+                if (nk >= 0 && (size_t)nk < ix->nlist && ix->lists[nk].size > 0)
+                    for (size_t c = 0; c < TSR__SCAN_PREFETCH; c++)
+                        __builtin_prefetch(ix->lists[nk].codes + c * 64);
+            }
             for (size_t b = 0; b < L->size; b += BLOCK) {
                 size_t nb = L->size - b < BLOCK ? L->size - b : BLOCK;
-                const uint8_t *codes = L->codes + b * ix->code_size;
+                const uint8_t *codes = lcodes + b * ix->code_size;
                 const float *tb = term ? term + b : NULL;
                 if (pq->nbits == 8)
                     jb->scan8(w->T, pq->M, codes, nb, tb, base, w->dis);
