@@ -152,13 +152,27 @@ static int sink_delete(void *ctx, uint64_t where, const char *id, size_t len)
 
 /* ---- workers -------------------------------------------------------------------------- */
 
+/* The readers' file-level messages begin with the path they were given ("<path>: ..."),
+ * so that they stand alone for other callers. The report puts the name relative to
+ * batch_root in front of file_error, so that prefix is dropped here: each message names
+ * the file once, and no full path of the reading machine ends up in the report. */
+static const char *without_path(const char *msg, const char *path)
+{
+    size_t n = strlen(path);
+    if (strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ')
+        return msg + n + 2;
+    return msg;
+}
+
 static void run_job(file_job *j)
 {
     tsr_record_sink sink = {j, sink_record, sink_invalid, sink_delete};
     tsr_error err = TSR_ERROR_INIT;
     int fd = open(j->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        j->rep.file_error = tsr_xstrdup(strerror(errno));
+        char msg[160];
+        snprintf(msg, sizeof msg, "cannot open: %s", strerror(errno));
+        j->rep.file_error = tsr_xstrdup(msg);
         return;
     }
     unsigned char magic[2];
@@ -191,7 +205,8 @@ static void run_job(file_job *j)
         break;
     }
     if (rc != 0)
-        j->rep.file_error = tsr_xstrdup(err.msg[0] ? err.msg : tsr_strerror(rc));
+        j->rep.file_error =
+            tsr_xstrdup(err.msg[0] ? without_path(err.msg, j->path) : tsr_strerror(rc));
     else if (j->oom)
         j->rep.file_error = tsr_xstrdup("out of memory while reading the file");
 }
