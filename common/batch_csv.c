@@ -26,7 +26,7 @@ typedef struct csv_state {
     char msg[512];
 } csv_state;
 
-enum { LINE_OK = 0, LINE_BAD = 1 };
+enum { LINE_OK = 0, LINE_BAD = 1 }; /* the prc values of tsr__lines_result */
 
 #define BAD(t, ...)                                          \
     do {                                                     \
@@ -301,15 +301,7 @@ static int csv_line(void *ctx, const tsr__lines *r, const char *line, size_t len
     tsr_datapoint_init(&dp);
     enum tsr_rec_error type = TSR_REC_PARSING_ERROR;
     int prc = parse_line(st, line, len, &dp, &type);
-    int stop;
-    if (prc < 0)
-        stop = tsr_err(err, prc, "line %llu: out of memory", (unsigned long long)ln);
-    else if (prc == LINE_OK)
-        stop = sink->record(sink->ctx, ln, &dp) != 0;
-    else
-        stop = sink->invalid(sink->ctx, ln, type, st->msg) != 0;
-    tsr_datapoint_close(&dp);
-    return stop;
+    return tsr__lines_result(r, sink, prc, &dp, type, st->msg, err);
 }
 
 /* path != NULL: the file; else data[0..len). */

@@ -139,7 +139,7 @@ typedef struct json_state {
     char msg[512];
 } json_state;
 
-enum { REC_OK = 0, REC_BAD = 1 };
+enum { REC_OK = 0, REC_BAD = 1 }; /* the prc values of tsr__lines_result */
 
 #define BAD(t, ...)                                          \
     do {                                                     \
@@ -459,15 +459,7 @@ static int json_line(void *ctx, const tsr__lines *r, const char *line, size_t le
     enum tsr_rec_error type = TSR_REC_PARSING_ERROR;
     int prc = parse_record(st, o, &dp, &type);
     json_decref(o);
-    int stop;
-    if (prc < 0)
-        stop = tsr_err(err, prc, "line %llu: out of memory", (unsigned long long)ln);
-    else if (prc == REC_OK)
-        stop = sink->record(sink->ctx, ln, &dp) != 0;
-    else
-        stop = sink->invalid(sink->ctx, ln, type, st->msg) != 0;
-    tsr_datapoint_close(&dp);
-    return stop;
+    return tsr__lines_result(r, sink, prc, &dp, type, st->msg, err);
 }
 
 int tsr_batch_json_read(const char *path, size_t dims, const tsr_record_sink *sink,

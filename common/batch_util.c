@@ -205,6 +205,21 @@ int tsr__lines_too_long(const tsr__lines *r, const tsr_record_sink *sink,
     return sink->invalid(sink->ctx, r->lineno, type, msg) != 0;
 }
 
+int tsr__lines_result(const tsr__lines *r, const tsr_record_sink *sink, int prc,
+                      tsr_datapoint *dp, enum tsr_rec_error type, const char *msg,
+                      tsr_error *err)
+{
+    int ret;
+    if (prc < 0)
+        ret = tsr_err(err, prc, "line %llu: out of memory", (unsigned long long)r->lineno);
+    else if (prc == 0)
+        ret = sink->record(sink->ctx, r->lineno, dp) != 0;
+    else
+        ret = sink->invalid(sink->ctx, r->lineno, type, msg) != 0;
+    tsr_datapoint_close(dp);
+    return ret;
+}
+
 int tsr__blank(const char *s, size_t n)
 {
     for (size_t i = 0; i < n; i++)

@@ -1,5 +1,6 @@
 /*
- * batch_util — helpers shared by the batch readers (batch_csv, batch_json, batch_delete):
+ * batch_util — helpers shared by the batch readers (batch_csv, batch_json, batch_delete;
+ * batch_avro uses the UTF-8 check):
  * a bounded-memory line reader over a file descriptor or a memory buffer, UTF-8
  * validation, Java floating-point literal parsing (Float.parseFloat grammar) and small
  * builders that append restricts to a tsr_datapoint. Internal to the batch readers
@@ -61,6 +62,14 @@ int tsr__lines_run(const char *path, const void *data, size_t len, tsr__line_fn 
  * asked to stop, else 0). */
 int tsr__lines_too_long(const tsr__lines *r, const tsr_record_sink *sink,
                         enum tsr_rec_error type);
+
+/* The end of a line callback that parsed a record into dp: prc 0 hands dp to
+ * sink->record, prc 1 reports (type, msg) to sink->invalid, prc < 0 (out of memory) sets
+ * err to "line N: out of memory". Closes dp either way. Returns what tsr__line_fn
+ * returns. */
+int tsr__lines_result(const tsr__lines *r, const tsr_record_sink *sink, int prc,
+                      tsr_datapoint *dp, enum tsr_rec_error type, const char *msg,
+                      tsr_error *err);
 
 /* 1 when s[0..n) is empty or only spaces and tabs (a blank line). */
 int tsr__blank(const char *s, size_t n);
