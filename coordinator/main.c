@@ -48,6 +48,8 @@ static void usage(FILE *f)
             "  --template F.faiss  trained Faiss IndexIVFPQ to use when the index is created\n"
             "                      (otherwise the first UpdateIndex trains one from its batch)\n"
             "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
+            "  --deployed-index-id ID  Vertex MatchService: answer only this deployed_index_id\n"
+            "                      (others get NOT_FOUND; default: any; docs/vertex-compat.md)\n"
             "  --threads T         gRPC polling threads (default 1 on one core, else 2)\n"
             "  --workers W         worker threads for FindNeighbors and the other fan-outs (8)\n"
             "  --help              this text\n"
@@ -95,6 +97,7 @@ static void target_of(const char *addr, char *buf, size_t cap)
 int main(int argc, char **argv)
 {
     const char *listen = NULL, *data = NULL, *config = NULL, *tmpl = NULL, *mlisten = NULL;
+    const char *deployed = NULL;
     tsr_metrics_http *mh = NULL;
     int threads = 0, workers = 8;
     tsr_log_set_program("tessera-coordinator");
@@ -120,6 +123,8 @@ int main(int argc, char **argv)
             tmpl = v;
         else if (strcmp(a, "--metrics-listen") == 0)
             mlisten = v;
+        else if (strcmp(a, "--deployed-index-id") == 0)
+            deployed = v;
         else if (strcmp(a, "--threads") == 0 || strcmp(a, "--workers") == 0) {
             char *end;
             long n = strtol(v, &end, 10);
@@ -163,6 +168,7 @@ int main(int argc, char **argv)
     pthread_mutex_init(&c->rec_mu, NULL);
     pthread_cond_init(&c->rec_cv, NULL);
     c->template_path = tmpl;
+    c->deployed_index_id = deployed;
     if (tsr__coord_config_load(config, &c->cfg, &err)) {
         tsr_error_log("config: %s", err.msg);
         free(c);
@@ -221,11 +227,19 @@ int main(int argc, char **argv)
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, SVC "UpdateIndex", tsr__coord_rpc_update, c, 0) ||
         tsr_rpc_server_add_method(srv, SVC "GetOperation", tsr__coord_rpc_get_operation, c, 0) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
+                                  TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,
+                                  c, TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchGetEmbeddings",
+                                  tsr__vertex_rpc_batch_get_embeddings, c, TSR_RPC_LONG) ||
         tsr_rpc_server_start(srv, &err)) {
         tsr_error_log("cannot start the server: %s", err.msg);
         goto out;
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
+    tsr_rpc_server_set_health(srv, "google.cloud.aiplatform.container.v1.MatchService",
+                              TSR_RPC_HEALTH_SERVING);
     if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
