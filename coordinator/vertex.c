@@ -49,6 +49,10 @@ typedef Google__Cloud__Aiplatform__Container__V1__BatchGetEmbeddingsResponse vx_
 /* Same bound as the shard's candidate limit (query.c SHARD_MAX_CANDIDATES). */
 #define VX_MAX_CANDIDATES 10000
 #define VX_MSG 1024
+/* BatchMatch bounds (the work and the reply grow with them; protobuf-c has already
+ * allocated the request, these keep the rest proportionate). */
+#define VX_MAX_INDEXES 1000
+#define VX_MAX_BATCH 10000
 
 /* ---------------------------------------------------------------- arena */
 
@@ -524,6 +528,16 @@ int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_r
     if (!b)
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "BatchMatchRequest: malformed "
                                    "protobuf");
+    size_t total = 0;
+    for (size_t k = 0; k < b->n_requests; k++)
+        total += b->requests[k]->n_requests;
+    if (b->n_requests > VX_MAX_INDEXES || total > VX_MAX_BATCH) {
+        int rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "BatchMatchRequest: %zu "
+                                     "indexes and %zu requests, at most %d and %d per call",
+                                     b->n_requests, total, VX_MAX_INDEXES, VX_MAX_BATCH);
+        VX(batch_match_request__free_unpacked)(b, NULL);
+        return rc;
+    }
     vx_arena a = {0};
     vx_batch_resp out = GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__BATCH_MATCH_RESPONSE__INIT;
     out.responses = ar(&a, b->n_requests, sizeof *out.responses);
@@ -540,17 +554,16 @@ int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_r
         o->status = st;
         out.responses[k] = o;
         int code = 0;
-        char *msg = ar(&a, VX_MSG, 1);
-        char where[48];
+        char msg[VX_MSG] = "", where[48];
         snprintf(where, sizeof where, "requests[%zu]: ", k);
-        int rc = check_index(c, ix->deployed_index_id, where, &code, msg, VX_MSG);
+        int rc = check_index(c, ix->deployed_index_id, where, &code, msg, sizeof msg);
         vx_match_resp **mr = NULL;
         if (!rc && ix->n_requests)
             rc = answer(c, &a, ix->requests, ix->n_requests, (long)k, r, &mr, &code, msg,
-                        VX_MSG);
+                        sizeof msg);
         if (rc) {
             st->code = code ? code : TSR_RPC_INTERNAL;
-            st->message = msg;
+            st->message = strcpy(ar(&a, strlen(msg) + 1, 1), msg);
             continue;
         }
         o->responses = mr;

@@ -274,6 +274,10 @@ def run(bin_dir):
         for r, nn in zip(list(br.responses[0].responses) + list(br.responses[4].responses),
                          batch_refs):
             same(r, nn, "batch")
+        assert len(vs.BatchMatch(mp.BatchMatchRequest(), timeout=30).responses) == 0
+        expect_error(lambda: vs.BatchMatch(mp.BatchMatchRequest(requests=[
+            mp.BatchMatchRequest.BatchMatchRequestPerIndex()] * 1001), timeout=30),
+            grpc.StatusCode.INVALID_ARGUMENT, "1001 indexes", "at most 1000")
         print("BatchMatch ok: statuses", codes)
 
         # deployed_index_id: the configured one or empty; anything else NOT_FOUND
