@@ -492,6 +492,15 @@ void tsr__coord_metrics_register(tsr__coord *c)
         return;
     for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
         tsr_metrics_describe(fam[i].name, fam[i].type, fam[i].help);
+    /* counters that alerts use exist from the start (at 0), not from their first event */
+    for (size_t s = 0; s < c->cfg.nshards; s++) {
+        char l[32];
+        snprintf(l, sizeof l, "shard=%zu", s);
+        tsr_metrics_counter_add("tessera_shard_failovers_total", l, 0);
+    }
+    tsr_metrics_counter_add("tessera_queries_total", NULL, 0);
+    tsr_metrics_counter_add("tessera_query_shards_touched_total", NULL, 0);
+    tsr_metrics_counter_add("tessera_query_lists_probed_total", NULL, 0);
     tsr_metrics_add_collector(collect, c);
     tsr_metrics_update_phase("idle");
 }
