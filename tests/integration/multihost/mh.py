@@ -483,6 +483,16 @@ def bootstrap(cl, n=3000, npool=48, seed=7):
     return x, pool, base
 
 
+def full_answer(cl, vec, want):
+    """True when one query for vec answers without a missing shard and with ids want."""
+    import grpc
+    try:
+        r = cl.stub.FindNeighbors(make_query(stubs()[0], vec), timeout=2)
+    except grpc.RpcError:
+        return False
+    return not r.missing_shards and answer_ids(r) == want
+
+
 def is_full(c, base):
     import grpc
     return c.code == grpc.StatusCode.OK and not c.missing and c.ids == base[c.qi]
