@@ -477,6 +477,8 @@ void tsr__coord_metrics_register(tsr__coord *c)
         {"tessera_query_lists_probed_total", TSR_METRIC_COUNTER,
          "Sum over queries of the IVF lists probed."},
         {"tessera_update_running", TSR_METRIC_GAUGE, "1 while an update operation runs."},
+        {"tessera_shard_resyncs_total", TSR_METRIC_COUNTER,
+         "Lagging replicas re-seeded from a sibling by reconcile, by result (ok, failed)."},
         {"tessera_update_files_total", TSR_METRIC_GAUGE,
          "Batch files of the running (or last) update."},
         {"tessera_update_files_read", TSR_METRIC_GAUGE,
