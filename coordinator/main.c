@@ -51,9 +51,9 @@ static void usage(FILE *f)
             "                      client certificate for shards that require mutual TLS\n"
             "  --shard-tls-server-name NAME  name to check in the shards' certificates instead\n"
             "                      of the host of each shard address (e.g. when they are IPs)\n"
-            "  --max-message BYTES largest request or reply on the public port and towards the\n"
-            "                      shards (default 64M; K/M/G suffixes); larger requests get\n"
-            "                      RESOURCE_EXHAUSTED\n"
+            "  --max-message BYTES largest request or reply on the public port (default 64M;\n"
+            "                      K/M/G suffixes); larger requests get RESOURCE_EXHAUSTED (the\n"
+            "                      shard channels keep 64M: shard replies carry candidates)\n"
             "  --help              this text\n"
             "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_COORD_CRASH_AT=staged|prepared|flipped|\n"
             "committed makes an update _exit(137) at that step (crash tests only).\n");
@@ -139,10 +139,11 @@ int main(int argc, char **argv)
         tsr_error_log("--shard-tls-server-name needs --shard-tls-ca");
         return 2;
     }
-    /* coordinator -> shard channels (borrowed strings from argv) */
+    /* coordinator -> shard channels (borrowed strings from argv). Their max message stays
+     * the default: a shard's reply carries re-rank candidates and can be larger than the
+     * client's reply, and a refused shard reply would surface as an unavailable shard. */
     tsr_rpc_client_opts shard_opts;
     tsr_rpc_client_opts_init(&shard_opts);
-    shard_opts.max_message = max_message;
     shard_opts.tls_ca_file = sh_ca;
     shard_opts.tls_cert_file = sh_cert;
     shard_opts.tls_key_file = sh_key;

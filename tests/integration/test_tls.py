@@ -17,6 +17,7 @@ client certificate. Then:
 - the CLI: `tessera query --tls-ca` (and --tls-cert/--tls-key against mutual TLS) answers,
   without the client certificate it fails with exit 1, an unreadable --tls-ca is exit 2.
 """
+import json
 import os
 import subprocess
 import sys
@@ -176,7 +177,6 @@ def run(bin_dir):
     shards = [sh.Shard(os.path.join(root, "shard-%d" % i), extra=shard_tls, bin_dir=bin_dir)
               for i in range(2)]
     cfg = os.path.join(root, "coordinator.json")
-    import json
     with open(cfg, "w") as f:
         json.dump({"dimensions": D, "nlist": 8, "pq_m": 4, "nprobe": 8,
                    "shards": [s.target for s in shards]}, f)
@@ -295,10 +295,71 @@ def run(bin_dir):
             s.stop()
 
 
+def free_run(n):
+    """A port p with p..p+n-1 free on loopback (cluster up takes consecutive ports)."""
+    import socket
+    for _ in range(50):
+        so = socket.socket()
+        so.bind(("127.0.0.1", 0))
+        p = so.getsockname()[1]
+        so.close()
+        if p + n >= 65536:
+            continue
+        socks = []
+        try:
+            for q in range(p, p + n):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", q))
+            return p
+        except OSError:
+            pass
+        finally:
+            for t in socks:
+                t.close()
+    raise AssertionError("no %d consecutive free ports" % n)
+
+
+def cluster_up(bin_dir):
+    """`tessera cluster up --tls-* --mtls`: every port mutual TLS, stats shows both shards up."""
+    root = sh.tmpdir("tsr-tls-up-")
+    c = certs(root)
+    cli = os.path.join(bin_dir, "tessera")
+    r = subprocess.run([cli, "cluster", "up", "--data", os.path.join(root, "d"), "--tls-cert",
+                        c["server.pem"]], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--tls-ca" in r.stderr, r.stderr
+    p = free_run(3)
+    sup = subprocess.Popen([cli, "cluster", "up", "--data", os.path.join(root, "d"), "--shards",
+                            "2", "--port", str(p), "--dimensions", "16", "--nlist", "8",
+                            "--pq-m", "4", "--tls-cert", c["server.pem"], "--tls-key",
+                            c["server.key"], "--tls-ca", c["ca.pem"], "--mtls"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        st = [cli, "stats", "--target", "127.0.0.1:%d" % p, "--json", "--tls-ca", c["ca.pem"],
+              "--tls-cert", c["client.pem"], "--tls-key", c["client.key"]]
+        t0 = time.time()
+        while True:
+            r = subprocess.run(st, capture_output=True, text=True, timeout=30)
+            if r.returncode == 0:
+                j = json.loads(r.stdout)
+                if len(j["shards"]) == 2 and all(s["available"] for s in j["shards"]):
+                    break
+            assert time.time() - t0 < 30, (r.stdout, r.stderr)
+            time.sleep(0.3)
+        r = subprocess.run(st[:-4], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1, (r.stdout, r.stderr)  # no client certificate
+        print("cluster up --mtls: stats over mutual TLS, both shards available over mutual TLS")
+    finally:
+        sup.terminate()
+        out, err = sup.communicate(timeout=30)
+        assert sup.returncode == 0, (sup.returncode, err)
+
+
 def main():
     for b in sh.bins():
         t0 = time.time()
         run(b)
+        cluster_up(b)
         print("ok: %s (%.1f s)" % (b, time.time() - t0))
     print("ok")
 
