@@ -10,7 +10,6 @@
  * graceful stop); rpc owns the polling and worker threads; an update runs on its own
  * thread, reconciliation on another (coord.h has the lock order).
  */
-#include <ctype.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,25 +74,6 @@ void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
     c->snap = s;
     pthread_mutex_unlock(&c->snap_mu);
     tsr__snap_unref(old);
-}
-
-/* "127.0.0.1:7001" → "ipv4:127.0.0.1:7001" (GRPC_C_CORE.md: literal targets) */
-static void target_of(const char *addr, char *buf, size_t cap)
-{
-    int ipv4 = 1, dots = 0;
-    const char *colon = strrchr(addr, ':');
-    if (!colon || strchr(addr, '/'))
-        ipv4 = 0;
-    for (const char *p = addr; ipv4 && p < colon; p++) {
-        if (*p == '.')
-            dots++;
-        else if (!isdigit((unsigned char)*p))
-            ipv4 = 0;
-    }
-    if (ipv4 && dots == 3)
-        snprintf(buf, cap, "ipv4:%s", addr);
-    else
-        snprintf(buf, cap, "%s", addr);
 }
 
 int main(int argc, char **argv)
@@ -190,15 +170,11 @@ int main(int argc, char **argv)
                  (long long)c->snap->nsparse, c->snap->tmpl->nlist,
                  c->snap->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
     }
-    c->ch = tsr_xcalloc(c->cfg.nshards, sizeof *c->ch);
-    for (size_t s = 0; s < c->cfg.nshards; s++) {
-        char t[512];
-        target_of(c->cfg.shards[s], t, sizeof t);
-        if (!(c->ch[s] = tsr_rpc_channel_create(t, &shard_opts, &err))) {
-            tsr_error_log("shard %zu (%s): %s", s, c->cfg.shards[s], err.msg);
-            goto out;
-        }
+    if (tsr__coord_channels_open(c, &shard_opts, &err)) {
+        tsr_error_log("%s", err.msg);
+        goto out;
     }
+    tsr__coord_metrics_register(c);
     tsr_rpc_server_opts o;
     tsr_rpc_server_opts_init(&o);
     o.listen = listen;
@@ -251,9 +227,7 @@ out:
         tsr__coord_reconcile_stop(c);
     tsr_metrics_http_destroy(mh);
     tsr_rpc_server_destroy(srv);
-    for (size_t s = 0; c->ch && s < c->cfg.nshards; s++)
-        tsr_rpc_channel_destroy(c->ch[s]);
-    free(c->ch);
+    tsr__coord_channels_close(c);
     tsr__snap_unref(c->snap);
     tsr__coord_ops_close(c);
     tsr_store_destroy(c->store);

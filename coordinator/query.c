@@ -21,6 +21,7 @@
 #include "knn.h"
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "topk.h"
 
 #define SHARD_MAX_CANDIDATES 10000
@@ -425,6 +426,9 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
     atomic_fetch_add(&c->queries, (long long)nq);
     atomic_fetch_add(&c->shards_touched, touched);
     atomic_fetch_add(&c->lists_probed, probed);
+    tsr_metrics_counter_add("tessera_queries_total", NULL, (double)nq);
+    tsr_metrics_counter_add("tessera_query_shards_touched_total", NULL, (double)touched);
+    tsr_metrics_counter_add("tessera_query_lists_probed_total", NULL, (double)probed);
 
     /* fan-out */
     int64_t tmo = cfg->search_deadline_ms;
@@ -432,7 +436,7 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
         tmo = remaining_ms;
     if (tmo < 1)
         tmo = 1;
-    tsr_rpc_fanout_call *calls = ar(a, S, sizeof *calls);
+    tsr__gcall *calls = ar(a, S, sizeof *calls);
     uint8_t **bufs = ar(a, S, sizeof *bufs);
     size_t ncalls = 0;
     for (size_t s = 0; s < S; s++) {
@@ -440,21 +444,18 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
             continue;
         size_t len = 0;
         bufs[s] = tsr_rpc_pack(&sreq[s].base, &len);
-        calls[ncalls].ch = c->ch[s];
-        calls[ncalls].method = TSR_SHARD_SVC "Search";
+        calls[ncalls].group = s;
         calls[ncalls].req = bufs[s];
-        calls[ncalls].req_len = len;
-        calls[ncalls].timeout_ms = tmo;
-        calls[ncalls].user = (void *)(uintptr_t)s;
+        calls[ncalls].len = len;
         tsr_rpc_result_init(&calls[ncalls].result);
         ncalls++;
     }
-    tsr_rpc_fanout(calls, ncalls);
+    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Search", calls, ncalls, tmo);
     int *failed = ar(a, S, sizeof *failed);
     char **missing = ar(a, S, sizeof *missing);
     size_t nmissing = 0;
     for (size_t k = 0; k < ncalls; k++) {
-        size_t s = (size_t)(uintptr_t)calls[k].user;
+        size_t s = calls[k].group;
         tsr_rpc_result *r = &calls[k].result;
         free(bufs[s]);
         if (r->code == TSR_RPC_OK) {
@@ -475,8 +476,15 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
                 need |= !rq->queries[qmap[s][j]]->allow_partial;
             if (need && !rc) {
                 int st = r->code == TSR_RPC_INVALID_ARGUMENT ? TSR_RPC_INTERNAL : TSR_RPC_UNAVAILABLE;
-                rc = bad(code, msg, cap, st, "shard %zu (%s) failed: %s: %s", s, cfg->shards[s],
-                         tsr_rpc_code_name(r->code), r->message ? r->message : "");
+                const tsr__replica *rp = &c->rep[calls[k].replica];
+                if (c->grp[s].n > 1)
+                    rc = bad(code, msg, cap, st, "shard %zu (%s) failed on %d replica(s), last "
+                             "%s: %s: %s", s, cfg->shards[s], calls[k].attempts, rp->addr,
+                             tsr_rpc_code_name(r->code), r->message ? r->message : "");
+                else
+                    rc = bad(code, msg, cap, st, "shard %zu (%s) failed: %s: %s", s,
+                             cfg->shards[s], tsr_rpc_code_name(r->code),
+                             r->message ? r->message : "");
             }
             missing[nmissing++] = cfg->shards[s];
         }
@@ -684,7 +692,7 @@ int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply
             sr[e->shard].labels[sr[e->shard].n_labels++] = e->label;
         }
     }
-    tsr_rpc_fanout_call *calls = ar(&a, S, sizeof *calls);
+    tsr__gcall *calls = ar(&a, S, sizeof *calls);
     uint8_t **bufs = ar(&a, S, sizeof *bufs);
     Tessera__V1__ShardReadResponse **resp = ar(&a, S, sizeof *resp);
     size_t n = 0;
@@ -696,14 +704,15 @@ int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply
             continue;
         size_t l = 0;
         bufs[s] = tsr_rpc_pack(&sr[s].base, &l);
-        calls[n] = (tsr_rpc_fanout_call){c->ch[s], TSR_SHARD_SVC "Read", bufs[s], l, tmo,
-                                         {0}, (void *)(uintptr_t)s};
+        calls[n].group = s;
+        calls[n].req = bufs[s];
+        calls[n].len = l;
         tsr_rpc_result_init(&calls[n].result);
         n++;
     }
-    tsr_rpc_fanout(calls, n);
+    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Read", calls, n, tmo);
     for (size_t k = 0; k < n; k++) {
-        size_t s = (size_t)(uintptr_t)calls[k].user;
+        size_t s = calls[k].group;
         tsr_rpc_result *res = &calls[k].result;
         free(bufs[s]);
         if (res->code == TSR_RPC_OK) {
@@ -752,16 +761,15 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     (void)len;
     tsr__snap *sn = tsr__coord_snap_get(c);
     arena a = {0};
-    tsr_rpc_fanout_call *calls = ar(&a, S, sizeof *calls);
+    tsr__gcall *calls = ar(&a, S, sizeof *calls);
     int64_t tmo = c->cfg.search_deadline_ms;
     if (tsr_rpc_reply_remaining_ms(r) < tmo)
         tmo = tsr_rpc_reply_remaining_ms(r);
     for (size_t s = 0; s < S; s++) {
-        calls[s] = (tsr_rpc_fanout_call){c->ch[s], TSR_SHARD_SVC "Stats", NULL, 0, tmo, {0},
-                                         NULL};
+        calls[s].group = s;
         tsr_rpc_result_init(&calls[s].result);
     }
-    tsr_rpc_fanout(calls, S);
+    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Stats", calls, S, tmo);
     Tessera__V1__GetIndexStatsResponse out = TESSERA__V1__GET_INDEX_STATS_RESPONSE__INIT;
     Tessera__V1__ShardIndexStats *st = ar(&a, S, sizeof *st);
     out.shards = ar(&a, S, sizeof *out.shards);
@@ -789,7 +797,7 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     }
     for (size_t s = 0; s < S; s++) {
         tessera__v1__shard_index_stats__init(&st[s]);
-        st[s].address = c->cfg.shards[s];
+        st[s].address = c->cfg.shards[s]; /* names the group (its first replica) */
         out.shards[s] = &st[s];
         tsr_rpc_result *res = &calls[s].result;
         if (res->code == TSR_RPC_OK) {
