@@ -239,8 +239,8 @@ typedef struct tsr_rpc_channel tsr_rpc_channel;
 
 typedef struct tsr_rpc_client_opts {
     size_t max_message;          /* 0 = TSR_RPC_DEFAULT_MAX_MESSAGE */
-    int keepalive_ms;            /* HTTP/2 keepalive ping interval; 0 = 10000; <0 = off */
-    int keepalive_timeout_ms;    /* ping ack timeout; 0 = 5000 */
+    int keepalive_ms;            /* HTTP/2 keepalive ping interval; 0 = 5000; <0 = off */
+    int keepalive_timeout_ms;    /* ping ack timeout; 0 = 3000 */
     int min_reconnect_backoff_ms; /* 0 = 1000; values < 1000 are raised to 1000 (it is also
                                     the minimum connect timeout, GRPC_C_CORE.md) */
     int max_reconnect_backoff_ms; /* 0 = 2000: a restarted peer is found within ~2 s */

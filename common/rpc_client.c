@@ -212,8 +212,8 @@ tsr_rpc_channel *tsr_rpc_channel_create(const char *target, const tsr_rpc_client
     size_t maxmsg = opts->max_message ? opts->max_message : TSR_RPC_DEFAULT_MAX_MESSAGE;
     if (maxmsg > INT32_MAX)
         maxmsg = INT32_MAX;
-    int ka = opts->keepalive_ms == 0 ? 10000 : opts->keepalive_ms;
-    int ka_to = opts->keepalive_timeout_ms > 0 ? opts->keepalive_timeout_ms : 5000;
+    int ka = opts->keepalive_ms == 0 ? 5000 : opts->keepalive_ms;
+    int ka_to = opts->keepalive_timeout_ms > 0 ? opts->keepalive_timeout_ms : 3000;
     int minb = opts->min_reconnect_backoff_ms < 1000 ? 1000 : opts->min_reconnect_backoff_ms;
     int maxb = opts->max_reconnect_backoff_ms > 0 ? opts->max_reconnect_backoff_ms : 2000;
     if (maxb < minb)

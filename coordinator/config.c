@@ -1,8 +1,8 @@
 /*
  * config — the coordinator's JSON config file (docs/config.md): index shape, distance,
- * default nprobe, shard addresses (an element may be {"replicas": [...]}: the first
- * replica is used, the others are recorded for later), plan kind, deadlines, limits,
- * seed. Unknown keys are an error naming the key, so a typo never silently falls back
+ * default nprobe, shard groups (an element is "host:port", or a replica list
+ * ["a:1", "b:2"] / {"replicas": [...]}; the first replica's address names the group),
+ * plan kind, deadlines, limits, seed. Unknown keys are an error naming the key, so a typo never silently falls back
  * to a default.
  */
 #include <jansson.h>
@@ -15,7 +15,7 @@
 static const char *known[] = {"dimensions", "distance", "nlist", "pq_m", "pq_nbits", "nprobe",
                               "shards", "plan", "search_deadline_ms", "stage_deadline_ms",
                               "max_k", "max_queries_per_request", "seed", "stage_chunk",
-                              "default_k", NULL};
+                              "default_k", "replica_attempt_ms", NULL};
 
 const char *tsr__distance_name(enum tsr__distance d)
 {
@@ -39,27 +39,74 @@ static int get_int(json_t *root, const char *path, const char *key, int *out, lo
     return 0;
 }
 
-static int add_shard(tsr__coord_config *cfg, const char *addr, const char *replicas)
+/* Adds a group of n replicas (addresses copied); rejects an address used twice anywhere. */
+static int add_group(tsr__coord_config *cfg, const char *path, size_t i, const char **addr,
+                     size_t n, tsr_error *err)
 {
-    cfg->shards = tsr_xrealloc(cfg->shards, (cfg->nshards + 1) * sizeof *cfg->shards);
-    cfg->replicas = tsr_xrealloc(cfg->replicas, (cfg->nshards + 1) * sizeof *cfg->replicas);
-    cfg->shards[cfg->nshards] = tsr_xstrdup(addr);
-    cfg->replicas[cfg->nshards] = tsr_xstrdup(replicas ? replicas : addr);
+    for (size_t j = 0; j < n; j++) {
+        for (size_t s = 0; s < cfg->nshards; s++)
+            for (size_t r = 0; r < cfg->nreplicas[s]; r++)
+                if (strcmp(cfg->replicas[s][r], addr[j]) == 0)
+                    return tsr_err(err, TSR_EINVAL, "%s: shards[%zu]: \"%s\" is also a replica "
+                                   "of shards[%zu]", path, i, addr[j], s);
+        for (size_t k = 0; k < j; k++)
+            if (strcmp(addr[k], addr[j]) == 0)
+                return tsr_err(err, TSR_EINVAL, "%s: shards[%zu]: replica \"%s\" is listed "
+                               "twice", path, i, addr[j]);
+    }
+    size_t g = cfg->nshards;
+    cfg->shards = tsr_xrealloc(cfg->shards, (g + 1) * sizeof *cfg->shards);
+    cfg->replicas = tsr_xrealloc(cfg->replicas, (g + 1) * sizeof *cfg->replicas);
+    cfg->nreplicas = tsr_xrealloc(cfg->nreplicas, (g + 1) * sizeof *cfg->nreplicas);
+    cfg->replicas[g] = tsr_xcalloc(n, sizeof **cfg->replicas);
+    for (size_t j = 0; j < n; j++)
+        cfg->replicas[g][j] = tsr_xstrdup(addr[j]);
+    cfg->nreplicas[g] = n;
+    cfg->shards[g] = cfg->replicas[g][0];
     cfg->nshards++;
     return 0;
+}
+
+/* A replica list: ["a:1", "b:2"] (an element of "shards" or the value of "replicas"). */
+static int parse_replicas(json_t *r, const char *path, size_t i, tsr__coord_config *cfg,
+                          tsr_error *err)
+{
+    if (!json_is_array(r) || json_array_size(r) == 0)
+        return tsr_err(err, TSR_EINVAL, "%s: shards[%zu].replicas must be a non-empty array of "
+                       "\"host:port\"", path, i);
+    if (json_array_size(r) > TSR_COORD_MAX_REPLICAS)
+        return tsr_err(err, TSR_EINVAL, "%s: shards[%zu]: %zu replicas, at most %d", path, i,
+                       json_array_size(r), TSR_COORD_MAX_REPLICAS);
+    const char *addr[TSR_COORD_MAX_REPLICAS];
+    size_t j;
+    json_t *a;
+    json_array_foreach(r, j, a) {
+        if (!json_is_string(a) || json_string_length(a) == 0)
+            return tsr_err(err, TSR_EINVAL, "%s: shards[%zu].replicas[%zu] must be a "
+                           "\"host:port\" string", path, i, j);
+        addr[j] = json_string_value(a);
+    }
+    return add_group(cfg, path, i, addr, json_array_size(r), err);
 }
 
 static int parse_shards(json_t *arr, const char *path, tsr__coord_config *cfg, tsr_error *err)
 {
     if (!json_is_array(arr))
         return tsr_err(err, TSR_EINVAL, "%s: \"shards\" must be an array of \"host:port\"", path);
+    if (json_array_size(arr) > TSR_COORD_MAX_SHARDS)
+        return tsr_err(err, TSR_EINVAL, "%s: %zu shards, at most %d", path,
+                       json_array_size(arr), TSR_COORD_MAX_SHARDS);
     size_t i;
     json_t *v;
     json_array_foreach(arr, i, v) {
+        int rc;
         if (json_is_string(v)) {
             if (json_string_length(v) == 0)
                 return tsr_err(err, TSR_EINVAL, "%s: shards[%zu] is empty", path, i);
-            add_shard(cfg, json_string_value(v), NULL);
+            const char *one = json_string_value(v);
+            rc = add_group(cfg, path, i, &one, 1, err);
+        } else if (json_is_array(v)) {
+            rc = parse_replicas(v, path, i, cfg, err);
         } else if (json_is_object(v)) {
             const char *k;
             json_t *x;
@@ -68,29 +115,13 @@ static int parse_shards(json_t *arr, const char *path, tsr__coord_config *cfg, t
                     return tsr_err(err, TSR_EINVAL, "%s: shards[%zu]: unknown key \"%s\" "
                                    "(expected \"replicas\")", path, i, k);
             }
-            json_t *r = json_object_get(v, "replicas");
-            if (!json_is_array(r) || json_array_size(r) == 0)
-                return tsr_err(err, TSR_EINVAL, "%s: shards[%zu].replicas must be a non-empty "
-                               "array of \"host:port\"", path, i);
-            char joined[2048] = "";
-            size_t j;
-            json_t *a;
-            json_array_foreach(r, j, a) {
-                if (!json_is_string(a) || json_string_length(a) == 0)
-                    return tsr_err(err, TSR_EINVAL, "%s: shards[%zu].replicas[%zu] must be a "
-                                   "\"host:port\" string", path, i, j);
-                size_t l = strlen(joined);
-                snprintf(joined + l, sizeof joined - l, "%s%s", j ? "," : "",
-                         json_string_value(a));
-            }
-            add_shard(cfg, json_string_value(json_array_get(r, 0)), joined);
+            rc = parse_replicas(json_object_get(v, "replicas"), path, i, cfg, err);
         } else {
-            return tsr_err(err, TSR_EINVAL, "%s: shards[%zu] must be \"host:port\" or "
-                           "{\"replicas\": [...]}", path, i);
+            return tsr_err(err, TSR_EINVAL, "%s: shards[%zu] must be \"host:port\", "
+                           "[\"host:port\", ...] or {\"replicas\": [...]}", path, i);
         }
-        if (cfg->nshards > TSR_COORD_MAX_SHARDS)
-            return tsr_err(err, TSR_EINVAL, "%s: more than %d shards", path,
-                           TSR_COORD_MAX_SHARDS);
+        if (rc)
+            return rc;
     }
     if (cfg->nshards == 0)
         return tsr_err(err, TSR_EINVAL, "%s: \"shards\" is empty", path);
@@ -133,7 +164,8 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
         if (!ok) {
             rc = tsr_err(err, TSR_EINVAL, "%s: unknown key \"%s\" (known: dimensions, distance, "
                          "nlist, pq_m, pq_nbits, nprobe, shards, plan, search_deadline_ms, "
-                         "stage_deadline_ms, max_k, max_queries_per_request, seed)", path, key);
+                         "stage_deadline_ms, max_k, max_queries_per_request, seed, stage_chunk, "
+                         "default_k, replica_attempt_ms)", path, key);
             goto out;
         }
     }
@@ -156,7 +188,9 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
                       err)) ||
         (rc = get_int(root, path, "seed", &seed, 0, 2147483647, err)) ||
         (rc = get_int(root, path, "stage_chunk", &cfg->stage_chunk, 1, 1000000, err)) ||
-        (rc = get_int(root, path, "default_k", &cfg->default_k, 1, 10000, err)))
+        (rc = get_int(root, path, "default_k", &cfg->default_k, 1, 10000, err)) ||
+        (rc = get_int(root, path, "replica_attempt_ms", &cfg->replica_attempt_ms, 0, 3600000,
+                      err)))
         goto out;
     cfg->seed = (uint64_t)seed;
     if (cfg->dimensions % cfg->pq_m != 0) {
@@ -215,11 +249,15 @@ out:
 void tsr__coord_config_close(tsr__coord_config *cfg)
 {
     for (size_t i = 0; i < cfg->nshards; i++) {
-        free(cfg->shards[i]);
+        for (size_t j = 0; j < cfg->nreplicas[i]; j++)
+            free(cfg->replicas[i][j]);
         free(cfg->replicas[i]);
     }
-    free(cfg->shards);
+    free(cfg->shards); /* its strings are replicas[i][0] */
     free(cfg->replicas);
-    cfg->shards = cfg->replicas = NULL;
+    free(cfg->nreplicas);
+    cfg->shards = NULL;
+    cfg->replicas = NULL;
+    cfg->nreplicas = NULL;
     cfg->nshards = 0;
 }

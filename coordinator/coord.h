@@ -7,6 +7,8 @@
  *   update.c     UpdateIndex: background two-phase update, operations, GetOperation
  *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge)
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
+ *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
+ *                all-replica fan-outs; the coordinator's /metrics collector
  *   main.c       command line, server, signals
  *
  * DESIGN (threads): queries run on the rpc worker pool (TSR_RPC_LONG) and read one
@@ -15,7 +17,10 @@
  * op_mu) builds the next snapshot and publishes it with tsr__coord_snap_set after the
  * commit point. The reconcile thread talks to shards only through RPCs and takes
  * update_mu (the same lock an update holds while it runs) so it never aborts a version an
- * update is staging. Lock order: update_mu, then op_mu, then snap_mu.
+ * update is staging. Lock order: update_mu, then op_mu, then snap_mu. Replica health
+ * (tsr__replica) is plain atomics, written by whoever saw a call's outcome (query
+ * threads, the update thread, reconcile) and read without a lock: a stale value only
+ * makes one query try a dead replica first and fail over.
  */
 #ifndef TSR_COORD_H
 #define TSR_COORD_H
@@ -33,6 +38,7 @@
 #include "tessera/v1/tessera.pb-c.h"
 
 #define TSR_COORD_MAX_SHARDS 256
+#define TSR_COORD_MAX_REPLICAS 16
 
 enum tsr__distance { TSR_DIST_SQUARED_L2 = 0, TSR_DIST_DOT_PRODUCT, TSR_DIST_COSINE };
 enum tsr__plan_kind { TSR_PLAN_BALANCED = 0, TSR_PLAN_LOCALITY };
@@ -41,9 +47,12 @@ typedef struct tsr__coord_config {
     int dimensions;
     enum tsr__distance distance;
     int nlist, pq_m, pq_nbits, nprobe;
-    size_t nshards;
-    char **shards;          /* owned: "host:port" of each shard (first replica) */
-    char **replicas;        /* owned: comma-joined replica list per shard (informative) */
+    size_t nshards;         /* shard groups */
+    char **shards;          /* owned: "host:port" naming each group (its first replica) */
+    size_t *nreplicas;      /* owned: replicas per group (>= 1) */
+    char ***replicas;       /* owned: replicas[s][j] = "host:port" of replica j of group s */
+    int replica_attempt_ms; /* per-attempt deadline while another replica is left; 0 = half
+                               the query's deadline */
     enum tsr__plan_kind plan;
     int search_deadline_ms, stage_deadline_ms;
     int max_k, max_queries;
@@ -122,17 +131,40 @@ typedef struct tsr__op {
     int64_t version;
     char *error;                /* owned */
     int64_t start_ms, end_ms;
+    int staged;                 /* staging began (a failure then aborts N+1) */
     /* inputs */
     char *batch_root;
     int overwrite;
     int64_t max_invalid;
 } tsr__op;
 
+/* ---- replicas ------------------------------------------------------------------------ */
+typedef struct tsr__replica {
+    size_t group, index;        /* shard group and replica number within it */
+    const char *addr;           /* borrowed from the config */
+    tsr_rpc_channel *ch;        /* owned */
+    atomic_int inflight;        /* query attempts in flight on it (least-outstanding pick) */
+    atomic_int fails;           /* consecutive failed calls; 0 after a success */
+    atomic_llong retry_at_ms;   /* after a failure: not picked (if another is) before this */
+    atomic_int up;              /* last verdict exported to /metrics: -1 unknown, 0, 1 */
+    atomic_int lagging;         /* reconcile: it does not hold the coordinator's version */
+    atomic_llong version;       /* current version from its last Stats, -1 unknown */
+    atomic_llong vectors, sparse, lists; /* from its last Stats */
+    int64_t resync_at_ms;       /* reconcile thread only: next re-seed attempt */
+} tsr__replica;
+
+typedef struct tsr__group {
+    size_t first, n;            /* replicas first .. first + n - 1 of tsr__coord.rep */
+    atomic_uint next;           /* round-robin cursor for ties */
+} tsr__group;
+
 /* ---- the coordinator --------------------------------------------------------------- */
 typedef struct tsr__coord {
     tsr__coord_config cfg;
     tsr_store *store;
-    tsr_rpc_channel **ch;       /* owned; one per shard */
+    tsr__replica *rep;          /* owned; every replica of every group (group-major) */
+    size_t nrep;
+    tsr__group *grp;            /* owned; cfg.nshards groups */
     const char *template_path;  /* borrowed (argv); used when no version exists */
 
     pthread_mutex_t snap_mu;
@@ -155,6 +187,10 @@ typedef struct tsr__coord {
     int stopping;
     int64_t release_at_ms;      /* when to send Release(below = version); 0 = none */
     uint64_t release_below;
+
+    /* Vertex MatchService: the one accepted deployed_index_id (borrowed, argv); NULL =
+     * accept any */
+    const char *deployed_index_id;
 
     /* metrics */
     atomic_llong queries, shards_touched, lists_probed;
@@ -180,8 +216,71 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
                               int *grpc_code, char *msg, size_t cap);
 void tsr__coord_response_free(Tessera__V1__FindNeighborsResponse *r);
 
+/* ReadIndexDatapoints, reusable likewise (Vertex BatchGetEmbeddings and embedding_id): the
+ * stored datapoints of ids (borrowed) on one snapshot, within remaining_ms. On success *out
+ * is a new response (found ids in request order, unknown ids omitted; caller frees with
+ * tsr__coord_read_free). On failure a negative TSR code with *grpc_code and msg set. */
+int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remaining_ms,
+                    Tessera__V1__ReadIndexDatapointsResponse **out, int *grpc_code, char *msg,
+                    size_t cap);
+void tsr__coord_read_free(Tessera__V1__ReadIndexDatapointsResponse *r);
+
+/* vertex.c: google.cloud.aiplatform.container.v1.MatchService (docs/vertex-compat.md);
+ * register with TSR_RPC_LONG. */
+#define TSR_VERTEX_SVC "/google.cloud.aiplatform.container.v1.MatchService/"
+int tsr__vertex_rpc_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t len,
+                                         tsr_rpc_reply *r);
+/* The int64 crowding_attribute Vertex reports for a Tessera crowding tag (borrowed; NULL or
+ * "" = no tag = 0): the number itself when the tag is a canonical decimal int64, else
+ * FNV-1a 64 of the tag's bytes with the top bit cleared (docs/vertex-compat.md). */
+int64_t tsr__vertex_crowding_attribute(const char *tag);
+
 /* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed). */
 void tsr__coord_crash_point(const char *step);
+
+/* ---- replica.c ---- */
+/* Opens one channel per replica (opts borrowed, may be NULL = plaintext defaults). Returns
+ * 0 or an error naming the replica. tsr__coord_channels_close accepts a partial open. */
+int tsr__coord_channels_open(tsr__coord *c, const tsr_rpc_client_opts *opts, tsr_error *err);
+void tsr__coord_channels_close(tsr__coord *c);
+/* "127.0.0.1:7001" -> "ipv4:127.0.0.1:7001"; other forms as they are. */
+void tsr__coord_target_of(const char *addr, char *buf, size_t cap);
+/* Records the outcome of one call to replica k (health, failure count, metrics). */
+void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, double secs);
+/* Healthy for queries: no recent failure, channel not in TRANSIENT_FAILURE, not lagging. */
+int tsr__replica_healthy(tsr__coord *c, size_t k, int64_t now_ms);
+
+/* One call per shard group, answered by one of its replicas (balanced over healthy ones;
+ * on UNAVAILABLE, a per-attempt deadline, CANCELLED, RESOURCE_EXHAUSTED or
+ * FAILED_PRECONDITION (version not held) retried on another replica of the group within
+ * timeout_ms). Inputs: group, req/len (borrowed). Outputs: result (init it; closed and
+ * refilled), replica (flat index of the replica that gave the result), attempts. */
+typedef struct tsr__gcall {
+    size_t group;
+    const void *req;
+    size_t len;
+    tsr_rpc_result result;
+    size_t replica;
+    int attempts;
+} tsr__gcall;
+/* Sends all n calls in parallel; returns the number whose final code is not OK. */
+size_t tsr__coord_group_fanout(tsr__coord *c, const char *method, tsr__gcall *calls, size_t n,
+                               int64_t timeout_ms);
+
+/* The same request bufs[s] (NULL = skip group s) to EVERY replica of each group, in one
+ * parallel fan-out (updates: a version is the group's only when all replicas have it).
+ * When rdesc is set, the reply of replica k is unpacked into resps[k] (nrep entries,
+ * caller frees). Returns the number of replica calls that failed; the first failure is in
+ * err, naming the group and the replica. */
+size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, size_t *lens,
+                             int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
+                             ProtobufCMessage **resps, tsr_error *err);
+/* Registers the /metrics collector (once per process). */
+void tsr__coord_metrics_register(tsr__coord *c);
+/* "EINVAL", "EUNAVAILABLE", ... for tessera_update_errors_total{type}. */
+const char *tsr__errcode_name(int code);
 
 /* Reconcile */
 int tsr__coord_reconcile_start(tsr__coord *c);

@@ -21,6 +21,7 @@
 #include "knn.h"
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "topk.h"
 
 #define SHARD_MAX_CANDIDATES 10000
@@ -169,8 +170,8 @@ static int check_query(const tsr__coord *c, const Tessera__V1__FindNeighborsRequ
             return bad(code, msg, cap, IA, "queries[%zu]: sparse_embedding.values[%zu] is not "
                        "finite", i, j);
     if (q->neighbor_count < 0 || q->neighbor_count > cfg->max_k)
-        return bad(code, msg, cap, IA, "queries[%zu]: neighbor_count = %d, expected 1..%d (0 = "
-                   "default %d)", i, q->neighbor_count, cfg->max_k, cfg->default_k);
+        return bad(code, msg, cap, IA, "queries[%zu]: neighbor_count = %d, expected 1..%d (max_k; "
+                   "0 = default %d)", i, q->neighbor_count, cfg->max_k, cfg->default_k);
     if (q->per_crowding_attribute_neighbor_count < 0)
         return bad(code, msg, cap, IA, "queries[%zu]: per_crowding_attribute_neighbor_count = %d "
                    "is negative", i, q->per_crowding_attribute_neighbor_count);
@@ -425,6 +426,9 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
     atomic_fetch_add(&c->queries, (long long)nq);
     atomic_fetch_add(&c->shards_touched, touched);
     atomic_fetch_add(&c->lists_probed, probed);
+    tsr_metrics_counter_add("tessera_queries_total", NULL, (double)nq);
+    tsr_metrics_counter_add("tessera_query_shards_touched_total", NULL, (double)touched);
+    tsr_metrics_counter_add("tessera_query_lists_probed_total", NULL, (double)probed);
 
     /* fan-out */
     int64_t tmo = cfg->search_deadline_ms;
@@ -432,7 +436,7 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
         tmo = remaining_ms;
     if (tmo < 1)
         tmo = 1;
-    tsr_rpc_fanout_call *calls = ar(a, S, sizeof *calls);
+    tsr__gcall *calls = ar(a, S, sizeof *calls);
     uint8_t **bufs = ar(a, S, sizeof *bufs);
     size_t ncalls = 0;
     for (size_t s = 0; s < S; s++) {
@@ -440,21 +444,18 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
             continue;
         size_t len = 0;
         bufs[s] = tsr_rpc_pack(&sreq[s].base, &len);
-        calls[ncalls].ch = c->ch[s];
-        calls[ncalls].method = TSR_SHARD_SVC "Search";
+        calls[ncalls].group = s;
         calls[ncalls].req = bufs[s];
-        calls[ncalls].req_len = len;
-        calls[ncalls].timeout_ms = tmo;
-        calls[ncalls].user = (void *)(uintptr_t)s;
+        calls[ncalls].len = len;
         tsr_rpc_result_init(&calls[ncalls].result);
         ncalls++;
     }
-    tsr_rpc_fanout(calls, ncalls);
+    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Search", calls, ncalls, tmo);
     int *failed = ar(a, S, sizeof *failed);
     char **missing = ar(a, S, sizeof *missing);
     size_t nmissing = 0;
     for (size_t k = 0; k < ncalls; k++) {
-        size_t s = (size_t)(uintptr_t)calls[k].user;
+        size_t s = calls[k].group;
         tsr_rpc_result *r = &calls[k].result;
         free(bufs[s]);
         if (r->code == TSR_RPC_OK) {
@@ -475,8 +476,15 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
                 need |= !rq->queries[qmap[s][j]]->allow_partial;
             if (need && !rc) {
                 int st = r->code == TSR_RPC_INVALID_ARGUMENT ? TSR_RPC_INTERNAL : TSR_RPC_UNAVAILABLE;
-                rc = bad(code, msg, cap, st, "shard %zu (%s) failed: %s: %s", s, cfg->shards[s],
-                         tsr_rpc_code_name(r->code), r->message ? r->message : "");
+                const tsr__replica *rp = &c->rep[calls[k].replica];
+                if (c->grp[s].n > 1)
+                    rc = bad(code, msg, cap, st, "shard %zu (%s) failed on %d replica(s), last "
+                             "%s: %s: %s", s, cfg->shards[s], calls[k].attempts, rp->addr,
+                             tsr_rpc_code_name(r->code), r->message ? r->message : "");
+                else
+                    rc = bad(code, msg, cap, st, "shard %zu (%s) failed: %s: %s", s,
+                             cfg->shards[s], tsr_rpc_code_name(r->code),
+                             r->message ? r->message : "");
             }
             missing[nmissing++] = cfg->shards[s];
         }
@@ -650,60 +658,81 @@ int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr
 
 /* ---------------------------------------------------------------- ReadIndexDatapoints */
 
-int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+/* The response plus the shard replies its datapoints point into. resp stays first. */
+typedef struct rd_out {
+    Tessera__V1__ReadIndexDatapointsResponse resp;
+    arena a;
+    Tessera__V1__ShardReadResponse **shard_resp;
+    size_t nshards;
+} rd_out;
+
+void tsr__coord_read_free(Tessera__V1__ReadIndexDatapointsResponse *r)
 {
-    tsr__coord *c = ctx;
+    if (!r)
+        return;
+    rd_out *o = (rd_out *)r;
+    for (size_t s = 0; s < o->nshards; s++)
+        if (o->shard_resp[s])
+            tessera__v1__shard_read_response__free_unpacked(o->shard_resp[s], NULL);
+    ar_free(&o->a);
+    free(o);
+}
+
+int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remaining_ms,
+                    Tessera__V1__ReadIndexDatapointsResponse **outp, int *code, char *msg,
+                    size_t cap)
+{
     size_t S = c->cfg.nshards;
-    Tessera__V1__ReadIndexDatapointsRequest *rq =
-        tessera__v1__read_index_datapoints_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
-                                   "malformed protobuf");
-    int rc = 0;
-    if (rq->n_ids > 10000) {
-        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "%zu ids, at most 10000 per call",
-                                 rq->n_ids);
-        tessera__v1__read_index_datapoints_request__free_unpacked(rq, NULL);
-        return rc;
-    }
+    *outp = NULL;
+    if (n_ids > 10000)
+        return bad(code, msg, cap, TSR_RPC_INVALID_ARGUMENT, "%zu ids, at most 10000 per call",
+                   n_ids);
     tsr__snap *sn = tsr__coord_snap_get(c);
-    arena a = {0};
-    Tessera__V1__ShardReadRequest *sr = ar(&a, S, sizeof *sr);
-    int32_t *where = ar(&a, rq->n_ids, sizeof *where); /* shard per id, -1 = unknown */
-    size_t *pos = ar(&a, rq->n_ids, sizeof *pos);
+    rd_out *o = tsr_xcalloc(1, sizeof *o);
+    tessera__v1__read_index_datapoints_response__init(&o->resp);
+    arena *a = &o->a;
+    int rc = 0;
+    o->nshards = S;
+    o->shard_resp = ar(a, S, sizeof *o->shard_resp);
+    Tessera__V1__ShardReadRequest *sr = ar(a, S, sizeof *sr);
+    int32_t *where = ar(a, n_ids, sizeof *where); /* shard per id, -1 = unknown */
+    size_t *pos = ar(a, n_ids, sizeof *pos);
     for (size_t s = 0; s < S; s++) {
         tessera__v1__shard_read_request__init(&sr[s]);
         sr[s].version = (int64_t)sn->version;
-        sr[s].labels = ar(&a, rq->n_ids, sizeof(int64_t));
+        sr[s].labels = ar(a, n_ids, sizeof(int64_t));
     }
-    for (size_t i = 0; i < rq->n_ids; i++) {
-        const tsr__dir_entry *e = tsr__dir_find(&sn->dir, rq->ids[i]);
+    for (size_t i = 0; i < n_ids; i++) {
+        const tsr__dir_entry *e = tsr__dir_find(&sn->dir, ids[i]);
         where[i] = e && (size_t)e->shard < S ? e->shard : -1;
         if (where[i] >= 0) {
             pos[i] = sr[e->shard].n_labels;
             sr[e->shard].labels[sr[e->shard].n_labels++] = e->label;
         }
     }
-    tsr_rpc_fanout_call *calls = ar(&a, S, sizeof *calls);
-    uint8_t **bufs = ar(&a, S, sizeof *bufs);
-    Tessera__V1__ShardReadResponse **resp = ar(&a, S, sizeof *resp);
+    tsr__gcall *calls = ar(a, S, sizeof *calls);
+    uint8_t **bufs = ar(a, S, sizeof *bufs);
+    Tessera__V1__ShardReadResponse **resp = o->shard_resp;
     size_t n = 0;
     int64_t tmo = c->cfg.search_deadline_ms;
-    if (tsr_rpc_reply_remaining_ms(r) < tmo)
-        tmo = tsr_rpc_reply_remaining_ms(r);
+    if (remaining_ms < tmo)
+        tmo = remaining_ms;
+    if (tmo < 1)
+        tmo = 1;
     for (size_t s = 0; s < S; s++) {
         if (!sr[s].n_labels)
             continue;
         size_t l = 0;
         bufs[s] = tsr_rpc_pack(&sr[s].base, &l);
-        calls[n] = (tsr_rpc_fanout_call){c->ch[s], TSR_SHARD_SVC "Read", bufs[s], l, tmo,
-                                         {0}, (void *)(uintptr_t)s};
+        calls[n].group = s;
+        calls[n].req = bufs[s];
+        calls[n].len = l;
         tsr_rpc_result_init(&calls[n].result);
         n++;
     }
-    tsr_rpc_fanout(calls, n);
+    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Read", calls, n, tmo);
     for (size_t k = 0; k < n; k++) {
-        size_t s = (size_t)(uintptr_t)calls[k].user;
+        size_t s = calls[k].group;
         tsr_rpc_result *res = &calls[k].result;
         free(bufs[s]);
         if (res->code == TSR_RPC_OK) {
@@ -715,29 +744,48 @@ int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply
             }
         }
         if (res->code != TSR_RPC_OK && !rc)
-            rc = tsr_rpc_reply_error(r, TSR_RPC_UNAVAILABLE, "shard %zu (%s) failed: %s: %s", s,
-                                     c->cfg.shards[s], tsr_rpc_code_name(res->code),
-                                     res->message ? res->message : "");
+            rc = bad(code, msg, cap, TSR_RPC_UNAVAILABLE, "shard %zu (%s) failed: %s: %s", s,
+                     c->cfg.shards[s], tsr_rpc_code_name(res->code),
+                     res->message ? res->message : "");
         tsr_rpc_result_close(res);
     }
     if (!rc) {
-        Tessera__V1__ReadIndexDatapointsResponse out =
-            TESSERA__V1__READ_INDEX_DATAPOINTS_RESPONSE__INIT;
-        out.datapoints = ar(&a, rq->n_ids, sizeof *out.datapoints);
-        for (size_t i = 0; i < rq->n_ids; i++) {
+        o->resp.datapoints = ar(a, n_ids, sizeof *o->resp.datapoints);
+        for (size_t i = 0; i < n_ids; i++) {
             if (where[i] < 0)
                 continue;
             Tessera__V1__ShardDatapoint *sd = resp[where[i]]->datapoints[pos[i]];
             if (sd->found && sd->datapoint)
-                out.datapoints[out.n_datapoints++] = sd->datapoint;
+                o->resp.datapoints[o->resp.n_datapoints++] = sd->datapoint;
         }
-        rc = tsr_rpc_reply_pack(r, &out.base);
     }
-    for (size_t s = 0; s < S; s++)
-        if (resp[s])
-            tessera__v1__shard_read_response__free_unpacked(resp[s], NULL);
-    ar_free(&a);
     tsr__snap_unref(sn);
+    if (rc) {
+        tsr__coord_read_free(&o->resp);
+        return rc;
+    }
+    *outp = &o->resp;
+    return 0;
+}
+
+int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    Tessera__V1__ReadIndexDatapointsRequest *rq =
+        tessera__v1__read_index_datapoints_request__unpack(NULL, len, req);
+    if (!rq)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
+                                   "malformed protobuf");
+    Tessera__V1__ReadIndexDatapointsResponse *out = NULL;
+    int code = 0;
+    char msg[1024] = "";
+    int rc = tsr__coord_read(c, rq->ids, rq->n_ids, tsr_rpc_reply_remaining_ms(r), &out, &code,
+                             msg, sizeof msg);
+    if (rc == 0)
+        rc = tsr_rpc_reply_pack(r, &out->base);
+    else
+        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+    tsr__coord_read_free(out);
     tessera__v1__read_index_datapoints_request__free_unpacked(rq, NULL);
     return rc;
 }
@@ -752,16 +800,15 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     (void)len;
     tsr__snap *sn = tsr__coord_snap_get(c);
     arena a = {0};
-    tsr_rpc_fanout_call *calls = ar(&a, S, sizeof *calls);
+    tsr__gcall *calls = ar(&a, S, sizeof *calls);
     int64_t tmo = c->cfg.search_deadline_ms;
     if (tsr_rpc_reply_remaining_ms(r) < tmo)
         tmo = tsr_rpc_reply_remaining_ms(r);
     for (size_t s = 0; s < S; s++) {
-        calls[s] = (tsr_rpc_fanout_call){c->ch[s], TSR_SHARD_SVC "Stats", NULL, 0, tmo, {0},
-                                         NULL};
+        calls[s].group = s;
         tsr_rpc_result_init(&calls[s].result);
     }
-    tsr_rpc_fanout(calls, S);
+    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Stats", calls, S, tmo);
     Tessera__V1__GetIndexStatsResponse out = TESSERA__V1__GET_INDEX_STATS_RESPONSE__INIT;
     Tessera__V1__ShardIndexStats *st = ar(&a, S, sizeof *st);
     out.shards = ar(&a, S, sizeof *out.shards);
@@ -789,7 +836,7 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     }
     for (size_t s = 0; s < S; s++) {
         tessera__v1__shard_index_stats__init(&st[s]);
-        st[s].address = c->cfg.shards[s];
+        st[s].address = c->cfg.shards[s]; /* names the group (its first replica) */
         out.shards[s] = &st[s];
         tsr_rpc_result *res = &calls[s].result;
         if (res->code == TSR_RPC_OK) {

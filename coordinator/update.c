@@ -36,6 +36,7 @@
 #include "ivfpq_build.h"
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 
 #define OP_MAX_KEPT 64
 
@@ -219,7 +220,9 @@ static void op_set(tsr__coord *c, tsr__op *op, int state)
     pthread_mutex_unlock(&c->op_mu);
 }
 
-static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, int64_t version)
+/* Ends the operation; code is the TSR error code of a failure (for the metrics). */
+static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, int64_t version,
+                      int code)
 {
     pthread_mutex_lock(&c->op_mu);
     op->state = state;
@@ -227,15 +230,21 @@ static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, 
         op->error = tsr_xstrdup(error);
     op->version = version;
     op->end_ms = tsr__now_ms();
+    int staged = op->staged;
     c->busy = 0;
     pthread_mutex_unlock(&c->op_mu);
-    if (state == TESSERA__V1__OPERATION__STATE__SUCCEEDED)
+    if (state == TESSERA__V1__OPERATION__STATE__SUCCEEDED) {
+        tsr_metrics_update_done("committed", NULL);
         tsr_info("update %s: SUCCEEDED, version %lld in %lld ms", op->id, (long long)version,
                  (long long)(op->end_ms - op->start_ms));
-    else
-        tsr_warn("update %s: %s%s%s", op->id,
-                 state == TESSERA__V1__OPERATION__STATE__REJECTED ? "REJECTED" : "FAILED",
-                 error ? ": " : "", error ? error : "");
+    } else {
+        int rej = state == TESSERA__V1__OPERATION__STATE__REJECTED;
+        tsr_metrics_update_done(rej ? "rejected" : staged ? "aborted" : "failed",
+                                tsr__errcode_name(rej ? TSR_EREJECTED
+                                                      : code ? code : TSR_EINTERNAL));
+        tsr_warn("update %s: %s%s%s", op->id, rej ? "REJECTED" : "FAILED", error ? ": " : "",
+                 error ? error : "");
+    }
 }
 
 static void op_free(tsr__op *op)
@@ -260,49 +269,14 @@ void tsr__coord_ops_close(tsr__coord *c)
 
 /* ---------------------------------------------------------------- shard calls */
 
-/* Fan-out of one packed request per shard (bufs[s] NULL = skip s). Returns the number of
- * failures; the first failure's message goes into err. */
+/* Fan-out of one packed request per shard group (bufs[s] NULL = skip s) to every replica
+ * of the group. Returns the number of failed replica calls; the first failure's message
+ * goes into err. resps (when set) has one entry per replica (c->nrep). */
 static size_t fan(tsr__coord *c, const char *method, uint8_t **bufs, size_t *lens,
                   int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
                   ProtobufCMessage **resps, tsr_error *err)
 {
-    size_t S = c->cfg.nshards, n = 0, bad = 0;
-    tsr_rpc_fanout_call *calls = tsr_xcalloc(S, sizeof *calls);
-    for (size_t s = 0; s < S; s++) {
-        if (!bufs[s])
-            continue;
-        calls[n].ch = c->ch[s];
-        calls[n].method = method;
-        calls[n].req = bufs[s];
-        calls[n].req_len = lens[s];
-        calls[n].timeout_ms = timeout_ms;
-        calls[n].user = (void *)(uintptr_t)s;
-        tsr_rpc_result_init(&calls[n].result);
-        n++;
-    }
-    tsr_rpc_fanout(calls, n);
-    for (size_t i = 0; i < n; i++) {
-        size_t s = (size_t)(uintptr_t)calls[i].user;
-        tsr_rpc_result *r = &calls[i].result;
-        if (r->code == TSR_RPC_OK && rdesc && resps) {
-            resps[s] = protobuf_c_message_unpack(rdesc, NULL, r->len, r->data);
-            if (!resps[s]) {
-                r->code = TSR_RPC_INTERNAL;
-                free(r->message);
-                r->message = tsr_xstrdup("malformed response");
-            }
-        }
-        if (r->code != TSR_RPC_OK) {
-            if (!bad)
-                tsr_err(err, tsr_rpc_error_from_status(r->code), "shard %zu (%s): %s %s: %s", s,
-                        c->cfg.shards[s], method + strlen(TSR_SHARD_SVC),
-                        tsr_rpc_code_name(r->code), r->message ? r->message : "");
-            bad++;
-        }
-        tsr_rpc_result_close(r);
-    }
-    free(calls);
-    return bad;
+    return tsr__coord_all_fanout(c, method, bufs, lens, timeout_ms, rdesc, resps, err);
 }
 
 static size_t fan_version(tsr__coord *c, const char *what, int64_t version, int64_t timeout_ms,
@@ -337,6 +311,37 @@ static size_t fan_version(tsr__coord *c, const char *what, int64_t version, int6
     free(one);
     free(bufs);
     free(lens);
+    return bad;
+}
+
+/* Commit(version) to every replica; missed[s] counts the replicas of group s that did not
+ * take it. Returns the number of failed replica calls. */
+static size_t commit_all(tsr__coord *c, int64_t version, int *missed, tsr_error *err)
+{
+    size_t S = c->cfg.nshards;
+    Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
+    m.version = version;
+    size_t len = 0;
+    uint8_t *one = tsr_rpc_pack(&m.base, &len);
+    ProtobufCMessage **resps = tsr_xcalloc(c->nrep, sizeof *resps);
+    uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
+    size_t *lens = tsr_xcalloc(S, sizeof *lens);
+    for (size_t s = 0; s < S; s++) {
+        bufs[s] = one;
+        lens[s] = len;
+    }
+    size_t bad = fan(c, TSR_SHARD_SVC "Commit", bufs, lens, c->cfg.stage_deadline_ms,
+                     &tessera__v1__commit_response__descriptor, resps, err);
+    for (size_t k = 0; k < c->nrep; k++) {
+        if (!resps[k])
+            missed[c->rep[k].group]++;
+        else
+            protobuf_c_message_free_unpacked(resps[k], NULL);
+    }
+    free(resps);
+    free(bufs);
+    free(lens);
+    free(one);
     return bad;
 }
 
@@ -578,6 +583,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
 
     /* STAGING */
     op_set(c, op, TESSERA__V1__OPERATION__STATE__STAGING);
+    tsr_metrics_update_phase("stage");
     size_t chunk = (size_t)cfg->stage_chunk;
     size_t rounds = 1;
     for (size_t s = 0; s < S; s++) {
@@ -594,6 +600,9 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     for (size_t l = 0; l < nlist; l++)
         own[ns->plan[l]][nown[ns->plan[l]]++] = (int32_t)l;
     staged_any = 1;
+    pthread_mutex_lock(&c->op_mu);
+    op->staged = 1;
+    pthread_mutex_unlock(&c->op_mu);
     for (size_t r = 0; r < rounds && rc == 0; r++) {
         for (size_t s = 0; s < S; s++) {
             size_t u0 = r * chunk, d0 = r * chunk;
@@ -669,17 +678,19 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     pthread_mutex_unlock(&c->op_mu);
     tsr__coord_crash_point("staged");
 
-    /* PREPARING */
-    ProtobufCMessage **pr = tsr_xcalloc(S, sizeof *pr);
+    /* PREPARING: every replica of every group must be ready */
+    tsr_metrics_update_phase("prepare");
+    ProtobufCMessage **pr = tsr_xcalloc(c->nrep, sizeof *pr);
     size_t bad = fan_version(c, "Prepare", newv, cfg->stage_deadline_ms,
                              &tessera__v1__prepare_response__descriptor, pr, err);
-    for (size_t s = 0; s < S; s++) {
-        Tessera__V1__PrepareResponse *p = (Tessera__V1__PrepareResponse *)pr[s];
+    for (size_t k = 0; k < c->nrep; k++) {
+        Tessera__V1__PrepareResponse *p = (Tessera__V1__PrepareResponse *)pr[k];
         if (p && !p->ready && !bad++)
-            tsr_err(err, TSR_ESTATE, "shard %zu (%s): Prepare(%lld) not ready: %s", s,
-                    cfg->shards[s], (long long)newv, p->reason ? p->reason : "");
+            tsr_err(err, TSR_ESTATE, "shard %zu replica %zu (%s): Prepare(%lld) not ready: %s",
+                    c->rep[k].group, c->rep[k].index, c->rep[k].addr, (long long)newv,
+                    p->reason ? p->reason : "");
         if (p)
-            protobuf_c_message_free_unpacked(pr[s], NULL);
+            protobuf_c_message_free_unpacked(pr[k], NULL);
     }
     free(pr);
     if (bad) {
@@ -702,17 +713,24 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     op_set(c, op, TESSERA__V1__OPERATION__STATE__COMMITTING);
 
     /* COMMITTING */
+    tsr_metrics_update_phase("commit");
+    tsr_metrics_version_set((uint64_t)newv);
     tsr_error cerr = TSR_ERROR_INIT;
-    bad = fan_version(c, "Commit", newv, cfg->stage_deadline_ms, NULL, NULL, &cerr);
+    int *missed = tsr_xcalloc(S, sizeof *missed);
+    bad = commit_all(c, newv, missed, &cerr);
+    size_t groups_missed = 0;
+    for (size_t s = 0; s < S; s++)
+        groups_missed += missed[s] != 0;
+    free(missed);
     if (bad) {
-        tsr_warn("update %s: %zu shard(s) missed Commit(%lld) (reconcile will retry): %s", op->id,
-                 bad, (long long)newv, cerr.msg);
+        tsr_warn("update %s: %zu replica(s) missed Commit(%lld) (reconcile will retry): %s",
+                 op->id, bad, (long long)newv, cerr.msg);
         pthread_mutex_lock(&c->rec_mu);
         pthread_cond_signal(&c->rec_cv);
         pthread_mutex_unlock(&c->rec_mu);
     }
     pthread_mutex_lock(&c->op_mu);
-    op->shards_committed = (int)(S - bad);
+    op->shards_committed = (int)(S - groups_missed);
     pthread_mutex_unlock(&c->op_mu);
     tsr__coord_crash_point("committed");
     tsr__coord_schedule_release(c, (uint64_t)newv);
@@ -764,6 +782,7 @@ static void *update_main(void *p)
     free(a);
     tsr_error err = TSR_ERROR_INIT;
     op_set(c, op, TESSERA__V1__OPERATION__STATE__READING);
+    tsr_metrics_update_phase("validate");
     tsr_batch_options bo = {(size_t)c->cfg.dimensions, (uint64_t)op->max_invalid, 0};
     tsr_batch *b = NULL;
     int rc = tsr_batch_load(op->batch_root, &bo, &b, &err);
@@ -775,19 +794,21 @@ static void *update_main(void *p)
         op->files_total = op->files_read = (int64_t)b->report.nfiles;
         op->records_read = (int64_t)(b->report.valid + b->report.invalid);
         pthread_mutex_unlock(&c->op_mu);
+        tsr_metrics_update_records((uint64_t)(b->report.valid + b->report.invalid +
+                                              b->report.deletes));
     }
     if (rc == TSR_EREJECTED) {
         op_finish(c, op, TESSERA__V1__OPERATION__STATE__REJECTED,
-                  b && b->report.reason[0] ? b->report.reason : "batch rejected", 0);
+                  b && b->report.reason[0] ? b->report.reason : "batch rejected", 0, rc);
     } else if (rc) {
-        op_finish(c, op, TESSERA__V1__OPERATION__STATE__FAILED, err.msg, 0);
+        op_finish(c, op, TESSERA__V1__OPERATION__STATE__FAILED, err.msg, 0, rc);
     } else {
         int64_t version = 0;
         pthread_mutex_lock(&c->update_mu);
         int st = run_update(c, op, b, &version, &err);
         pthread_mutex_unlock(&c->update_mu);
         op_finish(c, op, st, st == TESSERA__V1__OPERATION__STATE__SUCCEEDED ? NULL : err.msg,
-                  version);
+                  version, err.code);
     }
     tsr_batch_destroy(b);
     return NULL;

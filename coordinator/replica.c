@@ -1,0 +1,508 @@
+/*
+ * replica — shard groups of R replicas as the coordinator sees them (docs/coordinator.md
+ * "Replicas"): one channel per replica, a health view per replica (consecutive failures,
+ * a short back-off after a failure, the channel's connectivity, "lagging" from
+ * reconcile), the query-side pick (healthy first, then least outstanding, ties round
+ * robin), the failover fan-out that retries a failed call on another replica of the
+ * same group within the query's deadline, the all-replica fan-out of the update path,
+ * and the coordinator's /metrics collector (shard health, sizes, versions, update
+ * progress).
+ *
+ * DESIGN (threads): every tsr__replica field after the channel is an atomic written by
+ * whoever saw a call's outcome (query workers, the update thread, reconcile) and read
+ * without a lock. The metrics collector runs on the metrics_http loop thread; it takes
+ * op_mu (briefly, to copy the running operation's progress) and snap_mu (through
+ * tsr__coord_snap_get), never both at once, and its own coll_mu for the per-version plan
+ * cache.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "log.h"
+#include "mem.h"
+#include "metrics.h"
+
+/* Back-off after a failed call: 50 ms doubled per consecutive failure, at most 2 s. A
+ * replica in back-off is skipped while another one of its group is healthy; reconcile's
+ * Stats (every 0.3 s while something is off) clears it as soon as it answers again. */
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 2000
+
+void tsr__coord_target_of(const char *addr, char *buf, size_t cap)
+{
+    int ipv4 = 1, dots = 0;
+    const char *colon = strrchr(addr, ':');
+    if (!colon || strchr(addr, '/'))
+        ipv4 = 0;
+    for (const char *p = addr; ipv4 && p < colon; p++) {
+        if (*p == '.')
+            dots++;
+        else if (!isdigit((unsigned char)*p))
+            ipv4 = 0;
+    }
+    if (ipv4 && dots == 3)
+        snprintf(buf, cap, "ipv4:%s", addr);
+    else
+        snprintf(buf, cap, "%s", addr);
+}
+
+int tsr__coord_channels_open(tsr__coord *c, const tsr_rpc_client_opts *opts, tsr_error *err)
+{
+    const tsr__coord_config *cfg = &c->cfg;
+    size_t n = 0;
+    for (size_t s = 0; s < cfg->nshards; s++)
+        n += cfg->nreplicas[s];
+    c->rep = tsr_xcalloc(n ? n : 1, sizeof *c->rep);
+    c->grp = tsr_xcalloc(cfg->nshards ? cfg->nshards : 1, sizeof *c->grp);
+    c->nrep = 0;
+    for (size_t s = 0; s < cfg->nshards; s++) {
+        c->grp[s].first = c->nrep;
+        c->grp[s].n = cfg->nreplicas[s];
+        atomic_init(&c->grp[s].next, 0);
+        for (size_t j = 0; j < cfg->nreplicas[s]; j++) {
+            tsr__replica *r = &c->rep[c->nrep];
+            r->group = s;
+            r->index = j;
+            r->addr = cfg->replicas[s][j];
+            atomic_init(&r->inflight, 0);
+            atomic_init(&r->fails, 0);
+            atomic_init(&r->retry_at_ms, 0);
+            atomic_init(&r->up, -1);
+            atomic_init(&r->lagging, 0);
+            atomic_init(&r->version, -1);
+            atomic_init(&r->vectors, -1);
+            atomic_init(&r->sparse, -1);
+            atomic_init(&r->lists, -1);
+            char t[512];
+            tsr__coord_target_of(r->addr, t, sizeof t);
+            if (!(r->ch = tsr_rpc_channel_create(t, opts, err)))
+                return tsr_err_prefix(err, "shard %zu replica %zu (%s)", s, j, r->addr);
+            c->nrep++;
+        }
+    }
+    return 0;
+}
+
+void tsr__coord_channels_close(tsr__coord *c)
+{
+    for (size_t k = 0; c->rep && k < c->nrep; k++)
+        tsr_rpc_channel_destroy(c->rep[k].ch);
+    free(c->rep);
+    free(c->grp);
+    c->rep = NULL;
+    c->grp = NULL;
+    c->nrep = 0;
+}
+
+/* ---------------------------------------------------------------- health */
+
+/* Codes that say "this replica could not answer" (rather than "the request is bad"):
+ * they count as a failure of the replica and are worth another replica. */
+static int replica_fault(int code)
+{
+    return code == TSR_RPC_UNAVAILABLE || code == TSR_RPC_DEADLINE_EXCEEDED ||
+           code == TSR_RPC_CANCELLED || code == TSR_RPC_RESOURCE_EXHAUSTED ||
+           code == TSR_RPC_FAILED_PRECONDITION || code == TSR_RPC_UNKNOWN;
+}
+
+static void name_of(const tsr__coord *c, size_t k, char *buf, size_t cap)
+{
+    const tsr__replica *r = &c->rep[k];
+    if (c->grp[r->group].n > 1)
+        snprintf(buf, cap, "shard %zu replica %zu (%s)", r->group, r->index, r->addr);
+    else
+        snprintf(buf, cap, "shard %zu (%s)", r->group, r->addr);
+}
+
+void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, double secs)
+{
+    tsr__replica *r = &c->rep[k];
+    char l[900];
+    int o = snprintf(l, 600, "shard=%zu,replica=%zu,address=%s", r->group, r->index, r->addr);
+    tsr_metrics_histogram_observe("tessera_shard_call_duration_seconds", l, secs);
+    snprintf(l + o, sizeof l - (size_t)o, ",method=%s,code=%s", method,
+             tsr_rpc_code_name(code));
+    tsr_metrics_counter_add("tessera_shard_calls_total", l, 1);
+    if (replica_fault(code)) {
+        int f = atomic_fetch_add(&r->fails, 1) + 1;
+        int64_t b = BACKOFF_MIN_MS << (f - 1 < 6 ? f - 1 : 6);
+        atomic_store(&r->retry_at_ms, tsr__now_ms() + (b < BACKOFF_MAX_MS ? b : BACKOFF_MAX_MS));
+        if (atomic_exchange(&r->up, 0) != 0 && c->grp[r->group].n > 1) {
+            char nm[600];
+            name_of(c, k, nm, sizeof nm);
+            tsr_warn("%s: %s %s: marked down, queries go to the other replicas", nm,
+                     method + (strncmp(method, TSR_SHARD_SVC, strlen(TSR_SHARD_SVC)) == 0
+                                   ? strlen(TSR_SHARD_SVC) : 0),
+                     tsr_rpc_code_name(code));
+        }
+    } else {
+        atomic_store(&r->fails, 0);
+        if (atomic_exchange(&r->up, 1) == 0 && c->grp[r->group].n > 1) {
+            char nm[600];
+            name_of(c, k, nm, sizeof nm);
+            tsr_info("%s: answers again", nm);
+        }
+    }
+}
+
+int tsr__replica_healthy(tsr__coord *c, size_t k, int64_t now_ms)
+{
+    tsr__replica *r = &c->rep[k];
+    if (atomic_load(&r->lagging))
+        return 0;
+    if (atomic_load(&r->fails) > 0 && now_ms < atomic_load(&r->retry_at_ms))
+        return 0;
+    int st = tsr_rpc_channel_state(r->ch, 0);
+    return st != TSR_RPC_CONN_TRANSIENT_FAILURE && st != TSR_RPC_CONN_SHUTDOWN;
+}
+
+/* The replica of group g to try next among those not in `tried` (bit j = replica j):
+ * healthy before unhealthy, then fewest attempts in flight, ties in round-robin order;
+ * among unhealthy ones the one whose back-off ends first. */
+static size_t pick(tsr__coord *c, size_t g, uint32_t tried, int64_t now)
+{
+    const tsr__group *gr = &c->grp[g];
+    size_t n = gr->n, best = SIZE_MAX;
+    int best_h = 0, best_in = 0;
+    int64_t best_at = 0;
+    unsigned start = n > 1 ? atomic_fetch_add(&c->grp[g].next, 1u) % (unsigned)n : 0;
+    for (size_t t = 0; t < n; t++) {
+        size_t j = (start + t) % n;
+        if (tried & (1u << j))
+            continue;
+        size_t k = gr->first + j;
+        int h = tsr__replica_healthy(c, k, now);
+        int in = atomic_load(&c->rep[k].inflight);
+        int64_t at = atomic_load(&c->rep[k].retry_at_ms) + (atomic_load(&c->rep[k].lagging)
+                                                                ? 3600000 : 0);
+        int better = best == SIZE_MAX || (h && !best_h) ||
+                     (h == best_h && h && in < best_in) ||
+                     (h == best_h && !h && at < best_at);
+        if (better) {
+            best = k;
+            best_h = h;
+            best_in = in;
+            best_at = at;
+        }
+    }
+    return best;
+}
+
+static int untried_left(const tsr__coord *c, size_t g, uint32_t tried)
+{
+    for (size_t j = 0; j < c->grp[g].n; j++)
+        if (!(tried & (1u << j)))
+            return 1;
+    return 0;
+}
+
+size_t tsr__coord_group_fanout(tsr__coord *c, const char *method, tsr__gcall *calls, size_t n,
+                               int64_t timeout_ms)
+{
+    if (n == 0)
+        return 0;
+    int64_t deadline = tsr__now_ms() + (timeout_ms > 0 ? timeout_ms : 1);
+    uint32_t *tried = tsr_xcalloc(n, sizeof *tried);
+    int *pending = tsr_xcalloc(n, sizeof *pending);
+    size_t *on = tsr_xcalloc(n, sizeof *on);
+    tsr_rpc_fanout_call *fc = tsr_xcalloc(n, sizeof *fc);
+    for (size_t i = 0; i < n; i++) {
+        pending[i] = 1;
+        calls[i].attempts = 0;
+        calls[i].replica = c->grp[calls[i].group].first;
+    }
+    for (;;) {
+        int64_t now = tsr__now_ms(), left = deadline - now;
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!pending[i])
+                continue;
+            size_t g = calls[i].group;
+            size_t k = pick(c, g, tried[i], now);
+            tried[i] |= 1u << c->rep[k].index;
+            int64_t att = left;
+            if (untried_left(c, g, tried[i])) {
+                /* keep time for another replica: a hung one must not eat the deadline */
+                int64_t a = c->cfg.replica_attempt_ms > 0 ? c->cfg.replica_attempt_ms : left / 2;
+                if (a < att)
+                    att = a;
+            }
+            if (att < 1)
+                att = 1;
+            memset(&fc[m], 0, sizeof fc[m]);
+            fc[m].ch = c->rep[k].ch;
+            fc[m].method = method;
+            fc[m].req = calls[i].req;
+            fc[m].req_len = calls[i].len;
+            fc[m].timeout_ms = att;
+            fc[m].user = (void *)(uintptr_t)i;
+            tsr_rpc_result_init(&fc[m].result);
+            on[i] = k;
+            atomic_fetch_add(&c->rep[k].inflight, 1);
+            m++;
+        }
+        if (m == 0)
+            break;
+        double t0 = tsr_metrics_now();
+        tsr_rpc_fanout(fc, m);
+        double secs = tsr_metrics_now() - t0;
+        int again = 0;
+        now = tsr__now_ms();
+        for (size_t q = 0; q < m; q++) {
+            size_t i = (size_t)(uintptr_t)fc[q].user, k = on[i];
+            atomic_fetch_sub(&c->rep[k].inflight, 1);
+            tsr__replica_note(c, k, method, fc[q].result.code, secs);
+            tsr_rpc_result_close(&calls[i].result);
+            calls[i].result = fc[q].result; /* moves message and data */
+            tsr_rpc_result_init(&fc[q].result);
+            calls[i].replica = k;
+            calls[i].attempts++;
+            int retry = calls[i].result.code != TSR_RPC_OK &&
+                        replica_fault(calls[i].result.code) &&
+                        untried_left(c, calls[i].group, tried[i]) && now < deadline;
+            if (retry) {
+                char nm[600], lbl[64];
+                name_of(c, k, nm, sizeof nm);
+                tsr_debug("%s: %s %s: %s; retrying on another replica", nm, method,
+                          tsr_rpc_code_name(calls[i].result.code), calls[i].result.message);
+                snprintf(lbl, sizeof lbl, "shard=%zu", calls[i].group);
+                tsr_metrics_counter_add("tessera_shard_failovers_total", lbl, 1);
+            }
+            pending[i] = retry;
+            again |= retry;
+        }
+        if (!again)
+            break;
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += calls[i].result.code != TSR_RPC_OK;
+    free(tried);
+    free(pending);
+    free(on);
+    free(fc);
+    return bad;
+}
+
+size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, size_t *lens,
+                             int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
+                             ProtobufCMessage **resps, tsr_error *err)
+{
+    size_t n = 0, bad = 0;
+    tsr_rpc_fanout_call *calls = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *calls);
+    for (size_t s = 0; s < c->cfg.nshards; s++) {
+        if (!bufs[s])
+            continue;
+        for (size_t j = 0; j < c->grp[s].n; j++) {
+            size_t k = c->grp[s].first + j;
+            calls[n].ch = c->rep[k].ch;
+            calls[n].method = method;
+            calls[n].req = bufs[s];
+            calls[n].req_len = lens[s];
+            calls[n].timeout_ms = timeout_ms;
+            calls[n].user = (void *)(uintptr_t)k;
+            tsr_rpc_result_init(&calls[n].result);
+            n++;
+        }
+    }
+    double t0 = tsr_metrics_now();
+    tsr_rpc_fanout(calls, n);
+    double secs = tsr_metrics_now() - t0;
+    const char *short_m = method + (strncmp(method, TSR_SHARD_SVC, strlen(TSR_SHARD_SVC)) == 0
+                                        ? strlen(TSR_SHARD_SVC) : 0);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = (size_t)(uintptr_t)calls[i].user;
+        tsr_rpc_result *r = &calls[i].result;
+        tsr__replica_note(c, k, method, r->code, secs);
+        if (r->code == TSR_RPC_OK && rdesc && resps) {
+            resps[k] = protobuf_c_message_unpack(rdesc, NULL, r->len, r->data);
+            if (!resps[k]) {
+                r->code = TSR_RPC_INTERNAL;
+                free(r->message);
+                r->message = tsr_xstrdup("malformed response");
+            }
+        }
+        if (r->code != TSR_RPC_OK) {
+            if (!bad) {
+                char nm[600];
+                name_of(c, k, nm, sizeof nm);
+                tsr_err(err, tsr_rpc_error_from_status(r->code), "%s: %s %s: %s", nm, short_m,
+                        tsr_rpc_code_name(r->code), r->message ? r->message : "");
+            }
+            bad++;
+        }
+        tsr_rpc_result_close(r);
+    }
+    free(calls);
+    return bad;
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+const char *tsr__errcode_name(int code)
+{
+    switch (code) {
+#define TSR_X_NAME(name, value, text) \
+    case name: return &#name[4];
+        TSR_ERRORS(TSR_X_NAME)
+#undef TSR_X_NAME
+    default: return "EUNKNOWN";
+    }
+}
+
+static pthread_mutex_t coll_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t plan_version = UINT64_MAX;
+static int64_t *plan_vec, *plan_lists;
+static size_t plan_n;
+
+static void collect(void *ud)
+{
+    tsr__coord *c = ud;
+    int64_t now = tsr__now_ms();
+    size_t S = c->cfg.nshards;
+    char l[700];
+    pthread_mutex_lock(&coll_mu);
+    for (size_t s = 0; s < S && c->grp; s++) {
+        int nup = 0;
+        for (size_t j = 0; j < c->grp[s].n; j++) {
+            size_t k = c->grp[s].first + j;
+            tsr__replica *r = &c->rep[k];
+            int h = tsr__replica_healthy(c, k, now);
+            nup += h;
+            snprintf(l, sizeof l, "shard=%zu,replica=%zu,address=%s", s, j, r->addr);
+            tsr_metrics_gauge_set("tessera_shard_up", l, h);
+            tsr_metrics_gauge_set("tessera_shard_consecutive_failures", l,
+                                  atomic_load(&r->fails));
+            tsr_metrics_gauge_set("tessera_shard_lagging", l, atomic_load(&r->lagging));
+            if (atomic_load(&r->version) >= 0) {
+                tsr_metrics_gauge_set("tessera_shard_version", l,
+                                      (double)atomic_load(&r->version));
+                tsr_metrics_gauge_set("tessera_shard_vectors", l,
+                                      (double)atomic_load(&r->vectors));
+                tsr_metrics_gauge_set("tessera_shard_sparse_vectors", l,
+                                      (double)atomic_load(&r->sparse));
+                tsr_metrics_gauge_set("tessera_shard_lists", l, (double)atomic_load(&r->lists));
+            }
+        }
+        snprintf(l, sizeof l, "shard=%zu", s);
+        tsr_metrics_gauge_set("tessera_shard_group_up", l, nup > 0);
+        tsr_metrics_gauge_set("tessera_shard_replicas_up", l, nup);
+        tsr_metrics_gauge_set("tessera_shard_replicas", l, (double)c->grp[s].n);
+    }
+    /* the plan's view: vectors and lists per shard group of the served version */
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    tsr_metrics_gauge_set("tessera_version", NULL, (double)sn->version);
+    if (sn->version != plan_version) {
+        free(plan_vec);
+        free(plan_lists);
+        plan_n = S;
+        plan_vec = tsr_xcalloc(S ? S : 1, sizeof *plan_vec);
+        plan_lists = tsr_xcalloc(S ? S : 1, sizeof *plan_lists);
+        for (size_t i = 0; i < sn->dir.n; i++)
+            if ((size_t)sn->dir.e[i].shard < S)
+                plan_vec[sn->dir.e[i].shard]++;
+        for (size_t li = 0; sn->plan && sn->tmpl && li < sn->tmpl->nlist; li++)
+            if ((size_t)sn->plan[li] < S)
+                plan_lists[sn->plan[li]]++;
+        plan_version = sn->version;
+    }
+    tsr__snap_unref(sn);
+    for (size_t s = 0; s < plan_n; s++) {
+        snprintf(l, sizeof l, "shard=%zu", s);
+        tsr_metrics_gauge_set("tessera_plan_vectors", l, (double)plan_vec[s]);
+        tsr_metrics_gauge_set("tessera_plan_lists", l, (double)plan_lists[s]);
+    }
+    pthread_mutex_unlock(&coll_mu);
+    /* the running (or last) update's progress */
+    pthread_mutex_lock(&c->op_mu);
+    tsr__op *op = c->nops ? c->ops[c->nops - 1] : NULL;
+    int64_t fr = 0, ft = 0, rr = 0;
+    int st[4] = {0, 0, 0, 0}, running = c->busy;
+    if (op) {
+        fr = op->files_read;
+        ft = op->files_total;
+        rr = op->records_read;
+        st[0] = op->shards_total;
+        st[1] = op->shards_staged;
+        st[2] = op->shards_prepared;
+        st[3] = op->shards_committed;
+    }
+    pthread_mutex_unlock(&c->op_mu);
+    tsr_metrics_gauge_set("tessera_update_running", NULL, running);
+    tsr_metrics_gauge_set("tessera_update_files_total", NULL, (double)ft);
+    tsr_metrics_gauge_set("tessera_update_files_read", NULL, (double)fr);
+    tsr_metrics_gauge_set("tessera_update_records_read", NULL, (double)rr);
+    static const char *steps[4] = {"step=total", "step=staged", "step=prepared",
+                                   "step=committed"};
+    for (int i = 0; i < 4; i++)
+        tsr_metrics_gauge_set("tessera_update_shards", steps[i], st[i]);
+}
+
+void tsr__coord_metrics_register(tsr__coord *c)
+{
+    static const struct {
+        const char *name;
+        enum tsr_metric_type type;
+        const char *help;
+    } fam[] = {
+        {"tessera_shard_consecutive_failures", TSR_METRIC_GAUGE,
+         "Failed calls in a row to this replica, as the coordinator saw them (0 after a success)."},
+        {"tessera_shard_lagging", TSR_METRIC_GAUGE,
+         "1 when reconcile found the replica without the coordinator's version (not queried)."},
+        {"tessera_shard_version", TSR_METRIC_GAUGE,
+         "Current version of the replica at its last Stats (reconcile, about every second)."},
+        {"tessera_shard_vectors", TSR_METRIC_GAUGE,
+         "Dense datapoints in the replica's current version (its last Stats)."},
+        {"tessera_shard_sparse_vectors", TSR_METRIC_GAUGE,
+         "Sparse datapoints in the replica's current version (its last Stats)."},
+        {"tessera_shard_lists", TSR_METRIC_GAUGE,
+         "Non-empty IVF lists in the replica's current version (its last Stats)."},
+        {"tessera_shard_group_up", TSR_METRIC_GAUGE,
+         "1 while at least one replica of the shard group is healthy."},
+        {"tessera_shard_replicas_up", TSR_METRIC_GAUGE, "Healthy replicas of the shard group."},
+        {"tessera_shard_replicas", TSR_METRIC_GAUGE, "Configured replicas of the shard group."},
+        {"tessera_shard_failovers_total", TSR_METRIC_COUNTER,
+         "Query-path calls retried on another replica of the group after a replica failed."},
+        {"tessera_plan_vectors", TSR_METRIC_GAUGE,
+         "Ids the coordinator's directory places on the shard group (served version)."},
+        {"tessera_plan_lists", TSR_METRIC_GAUGE,
+         "IVF lists the partition plan gives the shard group."},
+        {"tessera_queries_total", TSR_METRIC_COUNTER,
+         "Queries (FindNeighbors request entries) the coordinator planned."},
+        {"tessera_query_shards_touched_total", TSR_METRIC_COUNTER,
+         "Sum over queries of the shard groups that owned a probed list."},
+        {"tessera_query_lists_probed_total", TSR_METRIC_COUNTER,
+         "Sum over queries of the IVF lists probed."},
+        {"tessera_update_running", TSR_METRIC_GAUGE, "1 while an update operation runs."},
+        {"tessera_shard_resyncs_total", TSR_METRIC_COUNTER,
+         "Lagging replicas re-seeded from a sibling by reconcile, by result (ok, failed)."},
+        {"tessera_update_files_total", TSR_METRIC_GAUGE,
+         "Batch files of the running (or last) update."},
+        {"tessera_update_files_read", TSR_METRIC_GAUGE,
+         "Batch files read so far by the running (or last) update."},
+        {"tessera_update_records_read", TSR_METRIC_GAUGE,
+         "Batch records read so far by the running (or last) update."},
+        {"tessera_update_shards", TSR_METRIC_GAUGE,
+         "Shard groups of the running (or last) update by step: total, staged, prepared, "
+         "committed (a group counts when every replica did the step)."},
+    };
+    static atomic_int done;
+    if (atomic_exchange(&done, 1))
+        return;
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
+        tsr_metrics_describe(fam[i].name, fam[i].type, fam[i].help);
+    /* counters that alerts use exist from the start (at 0), not from their first event */
+    for (size_t s = 0; s < c->cfg.nshards; s++) {
+        char l[32];
+        snprintf(l, sizeof l, "shard=%zu", s);
+        tsr_metrics_counter_add("tessera_shard_failovers_total", l, 0);
+    }
+    tsr_metrics_counter_add("tessera_queries_total", NULL, 0);
+    tsr_metrics_counter_add("tessera_query_shards_touched_total", NULL, 0);
+    tsr_metrics_counter_add("tessera_query_lists_probed_total", NULL, 0);
+    tsr_metrics_add_collector(collect, c);
+    tsr_metrics_update_phase("idle");
+}
