@@ -150,6 +150,7 @@ typedef struct tsr__replica {
     atomic_int lagging;         /* reconcile: it does not hold the coordinator's version */
     atomic_llong version;       /* current version from its last Stats, -1 unknown */
     atomic_llong vectors, sparse, lists; /* from its last Stats */
+    int64_t resync_at_ms;       /* reconcile thread only: next re-seed attempt */
 } tsr__replica;
 
 typedef struct tsr__group {

@@ -170,8 +170,8 @@ static int check_query(const tsr__coord *c, const Tessera__V1__FindNeighborsRequ
             return bad(code, msg, cap, IA, "queries[%zu]: sparse_embedding.values[%zu] is not "
                        "finite", i, j);
     if (q->neighbor_count < 0 || q->neighbor_count > cfg->max_k)
-        return bad(code, msg, cap, IA, "queries[%zu]: neighbor_count = %d, expected 1..%d (0 = "
-                   "default %d)", i, q->neighbor_count, cfg->max_k, cfg->default_k);
+        return bad(code, msg, cap, IA, "queries[%zu]: neighbor_count = %d, expected 1..%d (max_k; "
+                   "0 = default %d)", i, q->neighbor_count, cfg->max_k, cfg->default_k);
     if (q->per_crowding_attribute_neighbor_count < 0)
         return bad(code, msg, cap, IA, "queries[%zu]: per_crowding_attribute_neighbor_count = %d "
                    "is negative", i, q->per_crowding_attribute_neighbor_count);

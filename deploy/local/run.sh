@@ -10,6 +10,15 @@ demo=0; [ "${1:-}" = "--demo" ] && demo=1
 port=${TSR_PORT:-7000}; dir=${TSR_RUN_DIR:-build/run}; shards=${TSR_SHARDS:-4}
 bin=${TSR_BIN:-bin}
 target=127.0.0.1:$port
+# The coordinator takes $port and shard i takes $port+1+i: refuse to start when one of them
+# is in use (otherwise the supervisor restarts the process that cannot bind, forever).
+for p in $(seq "$port" $((port + shards))); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    echo "port $p is in use (the cluster needs $port..$((port + shards))); pick others, e.g." \
+         "TSR_PORT=$((port + 100)) make $([ $demo = 1 ] && echo demo || echo run)" >&2
+    exit 1
+  fi
+done
 rm -rf "$dir"; mkdir -p "$dir"
 echo "== generating a sample batch in $dir/sample/batch"
 /usr/bin/python3 tests/data/gen_sample.py "$dir/sample/batch" --n 6000 --dims 64
