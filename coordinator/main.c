@@ -40,6 +40,8 @@ static void usage(FILE *f)
             "  --template F.faiss  trained Faiss IndexIVFPQ to use when the index is created\n"
             "                      (otherwise the first UpdateIndex trains one from its batch)\n"
             "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
+            "  --deployed-index-id ID  Vertex MatchService: answer only this deployed_index_id\n"
+            "                      (others get NOT_FOUND; default: any; docs/vertex-compat.md)\n"
             "  --threads T         gRPC polling threads (default 1 on one core, else 2)\n"
             "  --workers W         worker threads for FindNeighbors and the other fan-outs (8)\n"
             "  --tls-cert FILE     PEM certificate chain: the public port speaks TLS only\n"
@@ -79,6 +81,7 @@ void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
 int main(int argc, char **argv)
 {
     const char *listen = NULL, *data = NULL, *config = NULL, *tmpl = NULL, *mlisten = NULL;
+    const char *deployed = NULL;
     const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
     const char *sh_ca = NULL, *sh_cert = NULL, *sh_key = NULL, *sh_name = NULL;
     size_t max_message = 0;
@@ -92,6 +95,7 @@ int main(int argc, char **argv)
         {"--config", TSR_CMDLINE_STR, &config, 0, 0, 1},
         {"--template", TSR_CMDLINE_STR, &tmpl, 0, 0, 0},
         {"--metrics-listen", TSR_CMDLINE_STR, &mlisten, 0, 0, 0},
+        {"--deployed-index-id", TSR_CMDLINE_STR, &deployed, 0, 0, 0},
         {"--threads", TSR_CMDLINE_INT, &threads, 1, 64, 0},
         {"--workers", TSR_CMDLINE_INT, &workers, 1, 64, 0},
         {"--tls-cert", TSR_CMDLINE_STR, &tls_cert, 0, 0, 0},
@@ -139,6 +143,7 @@ int main(int argc, char **argv)
     pthread_mutex_init(&c->rec_mu, NULL);
     pthread_cond_init(&c->rec_cv, NULL);
     c->template_path = tmpl;
+    c->deployed_index_id = deployed;
     if (tsr__coord_config_load(config, &c->cfg, &err)) {
         tsr_error_log("config: %s", err.msg);
         free(c);
@@ -197,11 +202,19 @@ int main(int argc, char **argv)
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, SVC "UpdateIndex", tsr__coord_rpc_update, c, 0) ||
         tsr_rpc_server_add_method(srv, SVC "GetOperation", tsr__coord_rpc_get_operation, c, 0) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
+                                  TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,
+                                  c, TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchGetEmbeddings",
+                                  tsr__vertex_rpc_batch_get_embeddings, c, TSR_RPC_LONG) ||
         tsr_rpc_server_start(srv, &err)) {
         tsr_error_log("cannot start the server: %s", err.msg);
         goto out;
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
+    tsr_rpc_server_set_health(srv, "google.cloud.aiplatform.container.v1.MatchService",
+                              TSR_RPC_HEALTH_SERVING);
     if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
