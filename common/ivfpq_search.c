@@ -204,6 +204,57 @@ void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
     }
 }
 
+/* The scalar kernel with early abandon (L2 by_residual, M % 32 == 0). Every sub-space
+ * term of ||x - c - y||^2 = sum_m ||r_m - y_m||^2 is >= 0, so after the first M/2 (and
+ * 3M/4) sub-quantizers lb = ||r_H||^2 + tpre + partial sum is a lower bound of the
+ * distance; a code whose bound exceeds lim (the heap top plus a margin that covers every
+ * rounding difference between the bound and the final sum, see search_one) cannot enter
+ * the heap and gets +inf. The other codes get exactly tsr__scan8_scalar's value (same
+ * accumulators, same order), so results do not change, only work. */
+static void scan8_abandon(const float *T, size_t M, const uint8_t *codes, size_t n,
+                          const float *term, const float *tpre, float base, float r1, float r2,
+                          float lim, float *out)
+{
+    const size_t c1 = M / 2, c2 = M / 4 * 3;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *c = codes + i * M;
+        __builtin_prefetch(c + TSR__SCAN_PREFETCH * M);
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        size_t m = 0;
+#define STEP8                                          \
+    do {                                               \
+        uint64_t w;                                    \
+        memcpy(&w, c + m, 8);                          \
+        w = le64(w);                                   \
+        const float *t = T + m * 256;                  \
+        a0 += t[w & 255];                              \
+        a1 += t[256 + ((w >> 8) & 255)];               \
+        a2 += t[512 + ((w >> 16) & 255)];              \
+        a3 += t[768 + ((w >> 24) & 255)];              \
+        a0 += t[1024 + ((w >> 32) & 255)];             \
+        a1 += t[1280 + ((w >> 40) & 255)];             \
+        a2 += t[1536 + ((w >> 48) & 255)];             \
+        a3 += t[1792 + (w >> 56)];                     \
+    } while (0)
+        for (; m < c1; m += 8)
+            STEP8;
+        if ((r1 + tpre[2 * i]) + ((a0 + a1) + (a2 + a3)) > lim) {
+            out[i] = INFINITY;
+            continue;
+        }
+        for (; m < c2; m += 8)
+            STEP8;
+        if ((r2 + tpre[2 * i + 1]) + ((a0 + a1) + (a2 + a3)) > lim) {
+            out[i] = INFINITY;
+            continue;
+        }
+        for (; m < M; m += 8)
+            STEP8;
+#undef STEP8
+        out[i] = (base + term[i]) + ((a0 + a1) + (a2 + a3));
+    }
+}
+
 /* Any nbits: sub-codes unpacked with the Faiss bit order. */
 static void scan_generic(const float *T, const tsr_pq *pq, const uint8_t *codes, size_t n,
                          const float *term, float base, float *out)
@@ -225,6 +276,10 @@ typedef struct search_cache {
     size_t *offsets;  /* start of each list in term[] */
     float *term;      /* ntotal floats; NULL when the variant needs no term */
     float *ct;        /* PQ centroids transposed to M x dsub x ksub (table building) */
+    /* Early abandon (see scan8_abandon; L2 by_residual, 8 bits, M % 32 == 0): */
+    float *tpre;      /* NULL or 2 per vector: the term over sub-quantizers < M/2, < 3M/4 */
+    float *cnorm;     /* nlist: ||c||^2 of the coarse centroids (rounding margin) */
+    float tmax;       /* max |term|, |tpre| over all vectors (rounding margin) */
 } search_cache;
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -237,6 +292,8 @@ static void cache_free(search_cache *c)
     free(c->offsets);
     free(c->term);
     free(c->ct);
+    free(c->tpre);
+    free(c->cnorm);
     free(c);
 }
 
@@ -348,10 +405,40 @@ static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
     P = tsr_try_malloc(pq->M * pq->ksub, sizeof(float));
     if (c->term == NULL || P == NULL)
         goto oom;
+    int abandon = pq->nbits == 8 && pq->M >= 32 && pq->M % 32 == 0;
+    if (abandon) {
+        c->tpre = tsr_try_malloc(total ? 2 * total : 1, sizeof(float));
+        c->cnorm = tsr_try_malloc(ix->nlist, sizeof(float));
+        if (c->tpre == NULL || c->cnorm == NULL)
+            goto oom;
+    }
     for (size_t l = 0; l < ix->nlist; l++) {
         const tsr_invlist *L = &ix->lists[l];
-        if (L->size > 0)
-            list_terms(ix, l, L->codes, L->size, P, c->term + c->offsets[l]);
+        if (abandon)
+            c->cnorm[l] = dot(ix->centroids + l * (size_t)ix->d,
+                              ix->centroids + l * (size_t)ix->d, (size_t)ix->d);
+        if (L->size == 0)
+            continue;
+        float *t = c->term + c->offsets[l];
+        list_terms(ix, l, L->codes, L->size, P, t);
+        for (size_t i = 0; abandon && i < L->size; i++) {
+            /* P is list l's table (list_terms left it there) */
+            const uint8_t *code = L->codes + i * pq->M;
+            float s1 = 0, s2;
+            size_t m = 0;
+            for (; m < pq->M / 2; m++)
+                s1 += P[m * 256 + code[m]];
+            s2 = s1;
+            for (; m < pq->M / 4 * 3; m++)
+                s2 += P[m * 256 + code[m]];
+            float *tp = c->tpre + 2 * (c->offsets[l] + i);
+            tp[0] = s1;
+            tp[1] = s2;
+            float a = fabsf(t[i]) > fabsf(s1) ? fabsf(t[i]) : fabsf(s1);
+            a = a > fabsf(s2) ? a : fabsf(s2);
+            if (!(a <= c->tmax)) /* NaN: never abandon (tmax = inf) */
+                c->tmax = a == a ? a : INFINITY;
+        }
     }
     free(P);
     return c;
@@ -474,6 +561,7 @@ typedef struct job {
     const tsr_ivfpq_search_opts *opts;
     tsr__scan8_fn scan8;
     int refine;      /* IwQR refinement active */
+    int abandon;     /* early abandon allowed (TSR_SEARCH_ABANDON != 0) */
     size_t k1;       /* candidates from the scan: k, or k_factor * k with refine */
     float *D;
     int64_t *I;
@@ -608,15 +696,25 @@ static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, fl
  * loop of search and of the public scanner. */
 typedef float (*sink_fn)(void *ctx, size_t i, float score);
 
+/* Early abandon for one list (scan8_abandon): the list's prefix terms, ||r_H||^2 at the
+ * two check points and the rounding margin. */
+typedef struct abandon {
+    const float *tpre;
+    float r1, r2, margin;
+} abandon;
+
 static float scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, float *dis,
                        const uint8_t *codes, size_t n, const float *term, float base,
-                       float thr, sink_fn sink, void *ctx)
+                       const abandon *ab, float thr, sink_fn sink, void *ctx)
 {
     for (size_t b = 0; b < n; b += BLOCK) {
         size_t nb = n - b < BLOCK ? n - b : BLOCK;
         const uint8_t *cb = codes + b * pq->code_size;
         const float *tb = term ? term + b : NULL;
-        if (pq->nbits == 8)
+        if (ab && thr < INFINITY) /* (a code at +inf is never offered: inf <= thr fails) */
+            scan8_abandon(T, pq->M, cb, nb, tb, ab->tpre + 2 * b, base, ab->r1, ab->r2,
+                          thr + ab->margin, dis);
+        else if (pq->nbits == 8)
             scan8(T, pq->M, cb, nb, tb, base, dis);
         else
             scan_generic(T, pq, cb, nb, tb, base, dis);
@@ -717,6 +815,24 @@ static int search_one(worker *w, size_t qi)
     heap_init(h);
     if (h->k > 0) {
         build_table(ix, jb->cache->ct, xq, w->T);
+        /* Early abandon pays from a few thousand codes on (it costs a pass over the
+         * table for the margin and ||r||^2 per list); TSR_SEARCH_ABANDON=0 turns it off. */
+        int use_abandon = jb->cache->tpre != NULL && !ip && ix->by_residual &&
+                          jb->nprobe >= 8 && jb->abandon;
+        float xnorm = 0, tabs = 0;
+        if (use_abandon) {
+            xnorm = dot(xq, xq, (size_t)ix->d);
+            for (size_t m = 0; m < pq->M; m++) {
+                float mx = 0;
+                for (size_t j = 0; j < pq->ksub; j++) {
+                    float a = fabsf(w->T[m * pq->ksub + j]);
+                    mx = a > mx ? a : mx;
+                }
+                tabs += mx;
+            }
+            if (!(tabs < INFINITY && xnorm < INFINITY))
+                use_abandon = 0;
+        }
         size_t nscan = 0;
         for (size_t p = 0; p < jb->nprobe; p++) {
             int64_t key = jb->lists[qi * jb->nprobe + p];
@@ -746,7 +862,25 @@ static int search_one(worker *w, size_t qi)
                         __builtin_prefetch(ix->lists[nk].codes + c * 64);
             }
             search_sink sk = {h, L->ids, key, accept, actx, store_pairs};
-            scan_list(pq, jb->scan8, w->T, w->dis, lcodes, L->size, term, base, h->d[0],
+            abandon ab, *abp = NULL;
+            if (use_abandon) {
+                /* ||r||^2 over the dimensions of the first M/2 and 3M/4 sub-quantizers */
+                const float *cent = ix->centroids + (size_t)key * (size_t)ix->d;
+                size_t d1 = pq->M / 2 * pq->dsub, d2 = pq->M / 4 * 3 * pq->dsub;
+                ab.r1 = l2sqr(xq, cent, d1);
+                ab.r2 = ab.r1 + l2sqr(xq + d1, cent + d1, d2 - d1);
+                /* Every rounding error between the bound and the final sum is below
+                 * ~70 float epsilons (2^-24) times A, the sum of the magnitudes involved
+                 * (the coarse distance and its ||x||^2 + ||c||^2 - 2<x, c> form, the
+                 * terms, the table entries); 2^-12 A leaves a factor ~50. */
+                float A = fabsf(base) + 2.0f * (xnorm + jb->cache->cnorm[key]) + tabs +
+                          jb->cache->tmax;
+                ab.margin = A * (1.0f / 4096.0f);
+                ab.tpre = jb->cache->tpre + 2 * jb->cache->offsets[key];
+                if (ab.margin < INFINITY && ab.r2 == ab.r2)
+                    abp = &ab;
+            }
+            scan_list(pq, jb->scan8, w->T, w->dis, lcodes, L->size, term, base, abp, h->d[0],
                       search_sink_fn, &sk);
             nscan += L->size;
             if (max_codes && nscan >= max_codes)
@@ -837,6 +971,8 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
     if (simd == TSR_SIMD_AUTO || !tsr_ivfpq_search_simd_supported(simd))
         simd = tsr_ivfpq_search_simd_auto();
     jb.scan8 = scan8_for(simd);
+    const char *ae = getenv("TSR_SEARCH_ABANDON");
+    jb.abandon = !(ae && strcmp(ae, "0") == 0);
     jb.refine = ix->is_refine && !(opts && opts->no_refine);
     jb.k1 = k;
     if (jb.refine) {
@@ -999,6 +1135,6 @@ float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t 
                              const float *term, float base, float thr,
                              tsr_ivfpq_sink_fn sink, void *ctx)
 {
-    return scan_list(&s->ix->pq, s->scan8, s->T, s->dis, codes, n, term, base, thr, sink,
-                     ctx);
+    return scan_list(&s->ix->pq, s->scan8, s->T, s->dis, codes, n, term, base, NULL, thr,
+                     sink, ctx);
 }

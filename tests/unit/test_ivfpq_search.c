@@ -446,6 +446,56 @@ static void run_variant(int d, size_t M, size_t nbits, enum tsr_metric metric, i
     fixture_free(&f);
 }
 
+/* Early abandon (L2 by_residual, M % 32 == 0, nprobe >= 8): the same labels and the
+ * bit-identical distances as without it (TSR_SEARCH_ABANDON=0), and the reference. */
+static void test_abandon(void **st)
+{
+    (void)st;
+    const size_t nlist = 16, nprobe = 12;
+    for (size_t M = 32; M <= 64; M += 32) {
+        fixture f = make(64, nlist, M, 8, TSR_METRIC_L2, 1, 4000, 40);
+        tsr_ivfpq *ix = f.ix;
+        tsr_error err = TSR_ERROR_INIT;
+        /* Pull the lists together (any centroids make a valid index): the answers then
+         * spread over several lists and many codes survive one or both check points, so
+         * the bound is really put to the test (not only codes far off). */
+        unsigned s = 5;
+        for (size_t i = 0; i < nlist * 64; i++)
+            ix->centroids[i] = ix->centroids[i] * 0.02f + frand(&s) * 0.5f;
+        for (size_t i = 0; i < f.nq * 64; i++)
+            f.xq[i] = frand(&s) * 2.0f;
+        const size_t ks[] = {1, 10, 60};
+        for (size_t ki = 0; ki < 3; ki++) {
+            size_t k = ks[ki], nq = f.nq;
+            float *D0 = malloc(nq * k * sizeof(float)), *D1 = malloc(nq * k * sizeof(float));
+            int64_t *I0 = malloc(nq * k * sizeof(int64_t)), *I1 = malloc(nq * k * 8);
+            float *cd = malloc(nq * nprobe * sizeof(float));
+            int64_t *cl = malloc(nq * nprobe * sizeof(int64_t));
+            tsr_ivfpq_search_opts o;
+            tsr_ivfpq_search_opts_init(&o);
+            o.nprobe = nprobe;
+            setenv("TSR_SEARCH_ABANDON", "0", 1);
+            assert_int_equal(tsr_ivfpq_search(ix, nq, f.xq, k, &o, D0, I0, &err), 0);
+            unsetenv("TSR_SEARCH_ABANDON");
+            assert_int_equal(tsr_ivfpq_search(ix, nq, f.xq, k, &o, D1, I1, &err), 0);
+            assert_memory_equal(I0, I1, nq * k * sizeof(int64_t));
+            assert_memory_equal(D0, D1, nq * k * sizeof(float));
+            assert_int_equal(tsr_knn(f.xq, nq, ix->centroids, nlist, 64, TSR_METRIC_L2, nprobe,
+                                     NULL, cd, cl, &err), 0);
+            for (size_t q = 0; q < nq; q++)
+                check_query(ix, f.xq + q * 64, cl + q * nprobe, nprobe, k, D1 + q * k,
+                            I1 + q * k, 0);
+            free(D0);
+            free(D1);
+            free(I0);
+            free(I1);
+            free(cd);
+            free(cl);
+        }
+        fixture_free(&f);
+    }
+}
+
 static void test_l2_res_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_L2, 1); }
 static void test_l2_nores_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_L2, 0); }
 static void test_ip_res_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_IP, 1); }
@@ -521,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_kernels),       cmocka_unit_test(test_simd_env),
         cmocka_unit_test(test_l2_res_8),      cmocka_unit_test(test_l2_nores_8),
         cmocka_unit_test(test_ip_res_8),      cmocka_unit_test(test_ip_nores_8),
+        cmocka_unit_test(test_abandon),
         cmocka_unit_test(test_l2_res_4),      cmocka_unit_test(test_ip_nores_4),
         cmocka_unit_test(test_l2_res_m6),     cmocka_unit_test(test_ip_res_m16),
         cmocka_unit_test(test_l2_nores_m9_5), cmocka_unit_test(test_ip_res_nbits1),
