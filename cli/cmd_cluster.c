@@ -23,6 +23,7 @@
 #include <uv.h>
 
 #include "cli.h"
+#include "cmdline.h"
 #include "mem.h"
 
 enum { MAX_SHARDS = 64, STOP_GRACE_MS = 5000 };
@@ -146,16 +147,61 @@ static void on_signal(uv_signal_t *h, int signum)
         uv_timer_start(&sup.kill_timer, on_kill_timer, STOP_GRACE_MS, 0);
 }
 
-static char **argv_of(const char *first, ...)
+enum { MAX_ARGS = 40 };
+
+/* Appends the NULL-terminated strings to the NULL-terminated argv v (MAX_ARGS slots). */
+static void argv_add(char **v, ...)
 {
-    char **v = tsr_xcalloc(16, sizeof *v);
-    va_list ap;
-    va_start(ap, first);
     int n = 0;
-    for (const char *s = first; s != NULL && n < 15; s = va_arg(ap, const char *))
+    while (v[n])
+        n++;
+    va_list ap;
+    va_start(ap, v);
+    for (const char *s = va_arg(ap, const char *); s != NULL && n < MAX_ARGS - 1;
+         s = va_arg(ap, const char *))
         v[n++] = tsr_xstrdup(s);
     va_end(ap);
-    return v;
+}
+
+static char **argv_new(void)
+{
+    return tsr_xcalloc(MAX_ARGS, sizeof(char *));
+}
+
+/* TLS pass-through: the same server certificate on every port, the CA to verify it. */
+typedef struct {
+    const char *cert, *key, *ca, *name;
+    int mtls;
+} cluster_tls;
+
+static void add_shard_tls(char **v, const cluster_tls *t)
+{
+    if (!t->cert)
+        return;
+    argv_add(v, "--tls-cert", t->cert, "--tls-key", t->key, (char *)NULL);
+    if (t->mtls)
+        argv_add(v, "--tls-client-ca", t->ca, (char *)NULL);
+}
+
+static void add_coord_tls(char **v, const cluster_tls *t)
+{
+    if (!t->cert)
+        return;
+    argv_add(v, "--tls-cert", t->cert, "--tls-key", t->key, "--shard-tls-ca", t->ca,
+             (char *)NULL);
+    if (t->name)
+        argv_add(v, "--shard-tls-server-name", t->name, (char *)NULL);
+    if (t->mtls)
+        argv_add(v, "--tls-client-ca", t->ca, "--shard-tls-cert", t->cert, "--shard-tls-key",
+                 t->key, (char *)NULL);
+}
+
+/* Absolute path of a file flag (the children run with the same cwd, but logs and ps
+ * output are clearer with absolute paths). Returns a new string or NULL (errno set). */
+static char *abs_path(const char *p)
+{
+    char buf[PATH_MAX];
+    return realpath(p, buf) ? tsr_xstrdup(buf) : NULL;
 }
 
 static void usage(FILE *f)
@@ -168,7 +214,12 @@ static void usage(FILE *f)
             "  dies; Ctrl-C (SIGINT) or SIGTERM stops them all.\n"
             "  Without --config, DIR/coordinator.json is written from the flags (defaults:\n"
             "  --dimensions 64 --distance SQUARED_L2 --nlist 64 --pq-m 16 --nprobe 8); an existing\n"
-            "  DIR/coordinator.json is reused as is.\n");
+            "  DIR/coordinator.json is reused as is.\n"
+            "  TLS (docs/operations.md): --tls-cert FILE --tls-key FILE --tls-ca FILE makes every\n"
+            "  port TLS-only with that certificate (it must name 127.0.0.1 or the name given with\n"
+            "  --tls-server-name); the coordinator verifies the shards with --tls-ca. --mtls also\n"
+            "  requires client certificates signed by --tls-ca on every port (the coordinator\n"
+            "  presents the same certificate to the shards: it needs clientAuth usage or none).\n");
 }
 
 static int write_default_config(const char *path, int port, int shards, int dims,
@@ -194,7 +245,10 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         {"data", 1, 0, 'd'},   {"shards", 1, 0, 's'},   {"port", 1, 0, 'p'},
         {"config", 1, 0, 'c'}, {"dimensions", 1, 0, 'D'}, {"distance", 1, 0, 'M'},
         {"nlist", 1, 0, 'n'},  {"pq-m", 1, 0, 'm'},     {"nprobe", 1, 0, 'P'},
+        {"tls-cert", 1, 0, 1000}, {"tls-key", 1, 0, 1001}, {"tls-ca", 1, 0, 1002},
+        {"tls-server-name", 1, 0, 1003}, {"mtls", 0, 0, 1004},
         {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
+    cluster_tls tls = {0};
     const char *data = NULL, *config = NULL, *distance = "SQUARED_L2";
     int shards = 4, port = 7000, dims = 64, nlist = 64, pq_m = 16, nprobe = 8, c;
     optind = 1;
@@ -209,6 +263,11 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         case 'n': nlist = atoi(optarg); break;
         case 'm': pq_m = atoi(optarg); break;
         case 'P': nprobe = atoi(optarg); break;
+        case 1000: tls.cert = optarg; break;
+        case 1001: tls.key = optarg; break;
+        case 1002: tls.ca = optarg; break;
+        case 1003: tls.name = optarg; break;
+        case 1004: tls.mtls = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -217,6 +276,32 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         dims < 1) {
         usage(stderr);
         return 2;
+    }
+    if ((tls.cert || tls.key || tls.ca || tls.name || tls.mtls) &&
+        !(tls.cert && tls.key && tls.ca)) {
+        fprintf(stderr, "cluster: TLS needs all of --tls-cert, --tls-key and --tls-ca\n");
+        return 2;
+    }
+    char *tls_paths[3] = {NULL, NULL, NULL};
+    if (tls.cert) {
+        tsr_error err = TSR_ERROR_INIT;
+        tsr_cmdline_tls chk = {tls.cert, "--tls-cert", tls.key, "--tls-key", tls.ca, "--tls-ca"};
+        if (tsr_cmdline_check_tls(&chk, 1, &err) != 0) {
+            fprintf(stderr, "cluster: %s\n", err.msg);
+            return 2;
+        }
+        tls_paths[0] = abs_path(tls.cert);
+        tls_paths[1] = abs_path(tls.key);
+        tls_paths[2] = abs_path(tls.ca);
+        if (!tls_paths[0] || !tls_paths[1] || !tls_paths[2]) {
+            fprintf(stderr, "cluster: TLS files: %s\n", strerror(errno));
+            for (int i = 0; i < 3; i++)
+                free(tls_paths[i]);
+            return 2;
+        }
+        tls.cert = tls_paths[0];
+        tls.key = tls_paths[1];
+        tls.ca = tls_paths[2];
     }
     /* Binaries live beside this one (bin/tessera → bin/tessera-shard). */
     char bindir[PATH_MAX];
@@ -255,7 +340,9 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         snprintf(exe, sizeof exe, "%s/tessera-shard", bindir);
         snprintf(addr, sizeof addr, "127.0.0.1:%d", port + 1 + i);
         k->name = tsr_xstrdup(name);
-        k->args = argv_of(exe, "--listen", addr, "--data", dir, (char *)NULL);
+        k->args = argv_new();
+        argv_add(k->args, exe, "--listen", addr, "--data", dir, (char *)NULL);
+        add_shard_tls(k->args, &tls);
         snprintf(path, sizeof path, "%s/logs/%s.log", data, name);
         k->log_path = tsr_xstrdup(path);
     }
@@ -267,7 +354,9 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         snprintf(exe, sizeof exe, "%s/tessera-coordinator", bindir);
         snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
         k->name = "coordinator";
-        k->args = argv_of(exe, "--listen", addr, "--data", dir, "--config", cfg, (char *)NULL);
+        k->args = argv_new();
+        argv_add(k->args, exe, "--listen", addr, "--data", dir, "--config", cfg, (char *)NULL);
+        add_coord_tls(k->args, &tls);
         snprintf(path, sizeof path, "%s/logs/coordinator.log", data);
         k->log_path = tsr_xstrdup(path);
     }
@@ -281,7 +370,8 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     uv_signal_init(sup.loop, &sup.sigterm);
     uv_signal_start(&sup.sigint, on_signal, SIGINT);
     uv_signal_start(&sup.sigterm, on_signal, SIGTERM);
-    printf("cluster: coordinator listening on 127.0.0.1:%d (config %s)\n", port, cfg);
+    printf("cluster: coordinator listening on 127.0.0.1:%d (config %s%s)\n", port, cfg,
+           tls.cert ? (tls.mtls ? ", mutual TLS" : ", TLS") : "");
     for (int i = 0; i < shards; i++)
         printf("cluster: shard-%d listening on 127.0.0.1:%d\n", i, port + 1 + i);
     printf("cluster: logs in %s/logs; Ctrl-C stops the cluster\n", data);
@@ -303,6 +393,8 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         if (i < shards)
             free((char *)sup.kids[i].name);
     }
+    for (int i = 0; i < 3; i++)
+        free(tls_paths[i]);
     fprintf(stderr, "cluster: stopped\n");
     return 0;
 }

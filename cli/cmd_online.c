@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cmdline.h"
 #include "mem.h"
 #include "rpc.h"
 #include "tessera/v1/tessera.pb-c.h"
@@ -188,17 +189,61 @@ static Tessera__V1__NumericRestriction *parse_numeric(const char *arg)
     return NULL;
 }
 
-static tsr_rpc_channel *connect_target(const char *target)
+/* --tls-* flags of every online command (long-only option codes) */
+enum { OPT_TLS_CA = 1000, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_NAME };
+#define TLS_LONG_OPTS                                                                      \
+    {"tls-ca", 1, 0, OPT_TLS_CA}, {"tls-cert", 1, 0, OPT_TLS_CERT},                        \
+        {"tls-key", 1, 0, OPT_TLS_KEY}, {"tls-server-name", 1, 0, OPT_TLS_NAME}
+#define TLS_USAGE                                                                          \
+    "  --tls-ca FILE          use TLS, trusting this CA (PEM) for the coordinator's certificate\n" \
+    "  --tls-cert FILE --tls-key FILE  client certificate (coordinator with mutual TLS)\n"       \
+    "  --tls-server-name N    name to check in the certificate instead of ADDR's host\n"
+typedef struct {
+    const char *ca, *cert, *key, *name;
+} tls_flags;
+
+/* Takes one --tls-* option; returns 1 when c was one. */
+static int tls_opt(tls_flags *t, int c, const char *arg)
+{
+    switch (c) {
+    case OPT_TLS_CA: t->ca = arg; return 1;
+    case OPT_TLS_CERT: t->cert = arg; return 1;
+    case OPT_TLS_KEY: t->key = arg; return 1;
+    case OPT_TLS_NAME: t->name = arg; return 1;
+    default: return 0;
+    }
+}
+
+/* Opens the channel. Returns NULL on failure with *code = 2 (TLS flags or files are
+ * wrong: a usage error) or 1. TSR_TLS_CA / TSR_TLS_SERVER_NAME stand in for --tls-ca /
+ * --tls-server-name when those are not given. */
+static tsr_rpc_channel *connect_target(const char *target, const tls_flags *t, int *code)
 {
     tsr_error err = TSR_ERROR_INIT;
     tsr_rpc_client_opts o;
     tsr_rpc_client_opts_init(&o);
     o.no_watch = 1; /* one-shot client: no connectivity thread needed */
-    o.tls_ca_file = getenv("TSR_TLS_CA");
-    o.tls_server_name = getenv("TSR_TLS_SERVER_NAME");
+    o.tls_ca_file = t->ca ? t->ca : getenv("TSR_TLS_CA");
+    o.tls_cert_file = t->cert;
+    o.tls_key_file = t->key;
+    o.tls_server_name = t->name ? t->name : getenv("TSR_TLS_SERVER_NAME");
+    if (o.tls_server_name && !o.tls_ca_file) {
+        fprintf(stderr, "tessera: --tls-server-name needs --tls-ca\n");
+        *code = 2;
+        return NULL;
+    }
+    tsr_cmdline_tls chk = {o.tls_cert_file, "--tls-cert", o.tls_key_file, "--tls-key",
+                           o.tls_ca_file, t->ca ? "--tls-ca" : "TSR_TLS_CA"};
+    if (tsr_cmdline_check_tls(&chk, 1, &err) != 0) {
+        fprintf(stderr, "tessera: %s\n", err.msg);
+        *code = 2;
+        return NULL;
+    }
     tsr_rpc_channel *ch = tsr_rpc_channel_create(target, &o, &err);
-    if (ch == NULL)
+    if (ch == NULL) {
         fprintf(stderr, "tessera: %s: %s\n", target, err.msg);
+        *code = 1;
+    }
     return ch;
 }
 
@@ -301,7 +346,7 @@ static void query_usage(FILE *f)
             "  --full                 return full datapoints\n"
             "  --allow-partial        answer from the reachable shards if one is down\n"
             "  --timeout-ms T         deadline (default 10000)\n"
-            "  --json                 one JSON document on stdout\n");
+            "  --json                 one JSON document on stdout\n" TLS_USAGE);
 }
 
 int tsr_cmd_query(int argc, char **argv)
@@ -312,8 +357,10 @@ int tsr_cmd_query(int argc, char **argv)
         {"restrict", 1, 0, 'r'}, {"deny", 1, 0, 'd'},     {"numeric", 1, 0, 'n'},
         {"crowding", 1, 0, 'c'}, {"candidates", 1, 0, 'C'}, {"fraction", 1, 0, 'f'},
         {"full", 0, 0, 'F'},     {"allow-partial", 0, 0, 'P'}, {"timeout-ms", 1, 0, 'T'},
-        {"json", 0, 0, 'j'},     {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+        {"json", 0, 0, 'j'},     {"help", 0, 0, 'h'},     TLS_LONG_OPTS,
+        {0, 0, 0, 0}};
     const char *target = NULL, *vector = NULL, *qfile = NULL, *sparse = NULL;
+    tls_flags tls = {0};
     int k = 10, crowding = 0, candidates = 0, full = 0, as_json = 0, partial = 0, have_alpha = 0;
     double fraction = 0, alpha = 1;
     long timeout = 10000;
@@ -357,7 +404,11 @@ int tsr_cmd_query(int argc, char **argv)
             break;
         }
         case 'h': query_usage(stdout); rc = 0; goto cleanup;
-        default: query_usage(stderr); goto cleanup;
+        default:
+            if (tls_opt(&tls, c, optarg))
+                break;
+            query_usage(stderr);
+            goto cleanup;
         }
     }
     if (target == NULL || (vector == NULL && qfile == NULL && sparse == NULL) ||
@@ -387,9 +438,8 @@ int tsr_cmd_query(int argc, char **argv)
         free(se.dimensions);
         goto cleanup;
     }
-    tsr_rpc_channel *ch = connect_target(target);
+    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
     if (ch == NULL) {
-        rc = 1;
         free(qv);
         goto cleanup;
     }
@@ -527,7 +577,8 @@ static void update_usage(FILE *f)
             "usage: tessera update --target ADDR --batch-root DIR [--complete-overwrite]\n"
             "                      [--max-invalid-records N] [--json] [--timeout-s T]\n"
             "  Applies a Vertex-format batch (a folder on the coordinator's file system) as a new\n"
-            "  index version, waits for it, and prints the batch report. Exit 1 when rejected.\n");
+            "  index version, waits for it, and prints the batch report. Exit 1 when rejected.\n"
+            TLS_USAGE);
 }
 
 int tsr_cmd_update(int argc, char **argv)
@@ -539,8 +590,10 @@ int tsr_cmd_update(int argc, char **argv)
                                        {"json", 0, 0, 'j'},
                                        {"timeout-s", 1, 0, 'T'},
                                        {"help", 0, 0, 'h'},
+                                       TLS_LONG_OPTS,
                                        {0, 0, 0, 0}};
     const char *target = NULL, *root = NULL;
+    tls_flags tls = {0};
     int overwrite = 0, max_invalid = 0, as_json = 0, c;
     long timeout_s = 3600;
     optind = 1;
@@ -553,7 +606,11 @@ int tsr_cmd_update(int argc, char **argv)
         case 'j': as_json = 1; break;
         case 'T': timeout_s = atol(optarg); break;
         case 'h': update_usage(stdout); return 0;
-        default: update_usage(stderr); return 2;
+        default:
+            if (tls_opt(&tls, c, optarg))
+                break;
+            update_usage(stderr);
+            return 2;
         }
     }
     if (target == NULL || root == NULL || max_invalid < 0) {
@@ -565,10 +622,11 @@ int tsr_cmd_update(int argc, char **argv)
         fprintf(stderr, "tessera update: %s: %s\n", root, strerror(errno));
         return 1;
     }
-    tsr_rpc_channel *ch = connect_target(target);
-    if (ch == NULL)
-        return 1;
     int rc = 1;
+    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
+    if (ch == NULL)
+        return rc;
+    rc = 1;
     Tessera__V1__UpdateIndexRequest req = TESSERA__V1__UPDATE_INDEX_REQUEST__INIT;
     req.batch_root = absroot;
     req.is_complete_overwrite = overwrite;
@@ -659,17 +717,19 @@ done:
 int tsr_cmd_read(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"target", 1, 0, 't'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"target", 1, 0, 't'}, {"help", 0, 0, 'h'}, TLS_LONG_OPTS, {0, 0, 0, 0}};
     const char *target = NULL;
+    tls_flags tls = {0};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         if (c == 't')
             target = optarg;
-        else {
+        else if (!tls_opt(&tls, c, optarg)) {
             fprintf(c == 'h' ? stdout : stderr,
-                    "usage: tessera read --target ADDR ID...\n"
-                    "  Prints the stored datapoints of the ids, one JSON line each; exit 1 if any is missing.\n");
+                    "usage: tessera read --target ADDR [--tls-ca FILE ...] ID...\n"
+                    "  Prints the stored datapoints of the ids, one JSON line each; exit 1 if any is missing.\n"
+                    TLS_USAGE);
             return c == 'h' ? 0 : 2;
         }
     }
@@ -677,16 +737,17 @@ int tsr_cmd_read(int argc, char **argv)
         fprintf(stderr, "usage: tessera read --target ADDR ID...\n");
         return 2;
     }
-    tsr_rpc_channel *ch = connect_target(target);
+    int rc = 1;
+    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
     if (ch == NULL)
-        return 1;
+        return rc;
     Tessera__V1__ReadIndexDatapointsRequest req = TESSERA__V1__READ_INDEX_DATAPOINTS_REQUEST__INIT;
     req.ids = argv + optind;
     req.n_ids = (size_t)(argc - optind);
     tsr_rpc_result res;
     tsr_rpc_result_init(&res);
     ProtobufCMessage *out = NULL;
-    int rc = 1;
+    rc = 1;
     if (tsr_rpc_call_pb(ch, SVC "ReadIndexDatapoints", &req.base,
                         &tessera__v1__read_index_datapoints_response__descriptor, 10000, &out,
                         &res) != TSR_RPC_OK) {
@@ -712,8 +773,10 @@ int tsr_cmd_read(int argc, char **argv)
 int tsr_cmd_stats(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"target", 1, 0, 't'}, {"json", 0, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"target", 1, 0, 't'}, {"json", 0, 0, 'j'}, {"help", 0, 0, 'h'}, TLS_LONG_OPTS,
+        {0, 0, 0, 0}};
     const char *target = NULL;
+    tls_flags tls = {0};
     int as_json = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -721,10 +784,10 @@ int tsr_cmd_stats(int argc, char **argv)
             target = optarg;
         else if (c == 'j')
             as_json = 1;
-        else {
+        else if (!tls_opt(&tls, c, optarg)) {
             fprintf(c == 'h' ? stdout : stderr,
-                    "usage: tessera stats --target ADDR [--json]\n"
-                    "  Prints the index version, vector counts and per-shard state.\n");
+                    "usage: tessera stats --target ADDR [--json] [--tls-ca FILE ...]\n"
+                    "  Prints the index version, vector counts and per-shard state.\n" TLS_USAGE);
             return c == 'h' ? 0 : 2;
         }
     }
@@ -732,14 +795,15 @@ int tsr_cmd_stats(int argc, char **argv)
         fprintf(stderr, "usage: tessera stats --target ADDR [--json]\n");
         return 2;
     }
-    tsr_rpc_channel *ch = connect_target(target);
+    int rc = 1;
+    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
     if (ch == NULL)
-        return 1;
+        return rc;
     Tessera__V1__GetIndexStatsRequest req = TESSERA__V1__GET_INDEX_STATS_REQUEST__INIT;
     tsr_rpc_result res;
     tsr_rpc_result_init(&res);
     ProtobufCMessage *out = NULL;
-    int rc = 1;
+    rc = 1;
     if (tsr_rpc_call_pb(ch, SVC "GetIndexStats", &req.base,
                         &tessera__v1__get_index_stats_response__descriptor, 10000, &out,
                         &res) != TSR_RPC_OK) {

@@ -150,6 +150,7 @@ typedef struct tsr__replica {
     atomic_int lagging;         /* reconcile: it does not hold the coordinator's version */
     atomic_llong version;       /* current version from its last Stats, -1 unknown */
     atomic_llong vectors, sparse, lists; /* from its last Stats */
+    int64_t resync_at_ms;       /* reconcile thread only: next re-seed attempt */
 } tsr__replica;
 
 typedef struct tsr__group {
@@ -187,6 +188,10 @@ typedef struct tsr__coord {
     int64_t release_at_ms;      /* when to send Release(below = version); 0 = none */
     uint64_t release_below;
 
+    /* Vertex MatchService: the one accepted deployed_index_id (borrowed, argv); NULL =
+     * accept any */
+    const char *deployed_index_id;
+
     /* metrics */
     atomic_llong queries, shards_touched, lists_probed;
 } tsr__coord;
@@ -210,6 +215,27 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
                               int64_t remaining_ms, Tessera__V1__FindNeighborsResponse **out,
                               int *grpc_code, char *msg, size_t cap);
 void tsr__coord_response_free(Tessera__V1__FindNeighborsResponse *r);
+
+/* ReadIndexDatapoints, reusable likewise (Vertex BatchGetEmbeddings and embedding_id): the
+ * stored datapoints of ids (borrowed) on one snapshot, within remaining_ms. On success *out
+ * is a new response (found ids in request order, unknown ids omitted; caller frees with
+ * tsr__coord_read_free). On failure a negative TSR code with *grpc_code and msg set. */
+int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remaining_ms,
+                    Tessera__V1__ReadIndexDatapointsResponse **out, int *grpc_code, char *msg,
+                    size_t cap);
+void tsr__coord_read_free(Tessera__V1__ReadIndexDatapointsResponse *r);
+
+/* vertex.c: google.cloud.aiplatform.container.v1.MatchService (docs/vertex-compat.md);
+ * register with TSR_RPC_LONG. */
+#define TSR_VERTEX_SVC "/google.cloud.aiplatform.container.v1.MatchService/"
+int tsr__vertex_rpc_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t len,
+                                         tsr_rpc_reply *r);
+/* The int64 crowding_attribute Vertex reports for a Tessera crowding tag (borrowed; NULL or
+ * "" = no tag = 0): the number itself when the tag is a canonical decimal int64, else
+ * FNV-1a 64 of the tag's bytes with the top bit cleared (docs/vertex-compat.md). */
+int64_t tsr__vertex_crowding_attribute(const char *tag);
 
 /* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed). */
 void tsr__coord_crash_point(const char *step);

@@ -4,38 +4,31 @@
  * tessera.v1.VectorSearch (FindNeighbors, ReadIndexDatapoints, UpdateIndex, GetOperation,
  * GetIndexStats) and grpc.health.v1.Health, and drives the shards (docs/coordinator.md).
  *
- * DESIGN (threads): SIGINT/SIGTERM handlers post a semaphore that main waits on. (Not
- * sigwait with the signals blocked: OpenBLAS starts a thread from a library constructor,
- * before main can block anything, and a signal delivered to that thread would take the
- * default action and kill the process without a graceful stop); rpc owns the polling and worker threads; an update runs on its own thread,
- * reconciliation on another (coord.h has the lock order).
+ * DESIGN (threads): SIGINT/SIGTERM post a semaphore that main waits on (common/cmdline.h:
+ * not sigwait, because OpenBLAS starts a thread from a library constructor, before main can
+ * block anything, and a signal delivered to that thread would kill the process without a
+ * graceful stop); rpc owns the polling and worker threads; an update runs on its own
+ * thread, reconciliation on another (coord.h has the lock order).
  */
-#include <errno.h>
-#include <semaphore.h>
-#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmdline.h"
 #include "coord.h"
 #include "metrics_http.h"
 #include "log.h"
 #include "mem.h"
 
-static sem_t stop_sem;
-static volatile sig_atomic_t stop_sig;
-
-static void on_signal(int sig)
-{
-    stop_sig = sig;
-    sem_post(&stop_sem); /* async-signal-safe */
-}
-
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: tessera-coordinator --listen ADDR --data DIR --config FILE [--template F.faiss]\n"
-            "                           [--threads T] [--workers W]\n"
+            "                           [--threads T] [--workers W] [--metrics-listen ADDR]\n"
+            "                           [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]\n"
+            "                           [--shard-tls-ca FILE [--shard-tls-cert FILE --shard-tls-key FILE]\n"
+            "                            [--shard-tls-server-name NAME]] [--max-message BYTES]\n"
             "\n"
             "Serves tessera.v1.VectorSearch in front of the shards named in the config.\n"
             "  --listen ADDR       address to listen on, e.g. 127.0.0.1:7000 (port 0 = any free\n"
@@ -47,8 +40,21 @@ static void usage(FILE *f)
             "  --template F.faiss  trained Faiss IndexIVFPQ to use when the index is created\n"
             "                      (otherwise the first UpdateIndex trains one from its batch)\n"
             "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
+            "  --deployed-index-id ID  Vertex MatchService: answer only this deployed_index_id\n"
+            "                      (others get NOT_FOUND; default: any; docs/vertex-compat.md)\n"
             "  --threads T         gRPC polling threads (default 1 on one core, else 2)\n"
             "  --workers W         worker threads for FindNeighbors and the other fan-outs (8)\n"
+            "  --tls-cert FILE     PEM certificate chain: the public port speaks TLS only\n"
+            "  --tls-key FILE      PEM private key of --tls-cert (unencrypted)\n"
+            "  --tls-client-ca FILE  mutual TLS: require client certificates signed by this CA\n"
+            "  --shard-tls-ca FILE   dial the shards over TLS, verifying them against this CA\n"
+            "  --shard-tls-cert FILE --shard-tls-key FILE\n"
+            "                      client certificate for shards that require mutual TLS\n"
+            "  --shard-tls-server-name NAME  name to check in the shards' certificates instead\n"
+            "                      of the host of each shard address (e.g. when they are IPs)\n"
+            "  --max-message BYTES largest request or reply on the public port (default 64M;\n"
+            "                      K/M/G suffixes); larger requests get RESOURCE_EXHAUSTED (the\n"
+            "                      shard channels keep 64M: shard replies carry candidates)\n"
             "  --help              this text\n"
             "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_COORD_CRASH_AT=staged|prepared|flipped|\n"
             "committed makes an update _exit(137) at that step (crash tests only).\n");
@@ -75,65 +81,59 @@ void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
 int main(int argc, char **argv)
 {
     const char *listen = NULL, *data = NULL, *config = NULL, *tmpl = NULL, *mlisten = NULL;
+    const char *deployed = NULL;
+    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
+    const char *sh_ca = NULL, *sh_cert = NULL, *sh_key = NULL, *sh_name = NULL;
+    size_t max_message = 0;
     tsr_metrics_http *mh = NULL;
-    int threads = 0, workers = 8;
+    int threads = 0, workers = 8, ec;
+    tsr_cmdline_stop_init(); /* first: a SIGTERM while loading still stops cleanly */
     tsr_log_set_program("tessera-coordinator");
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "tessera-coordinator: %s needs a value (or unknown option)\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (strcmp(a, "--listen") == 0)
-            listen = v;
-        else if (strcmp(a, "--data") == 0)
-            data = v;
-        else if (strcmp(a, "--config") == 0)
-            config = v;
-        else if (strcmp(a, "--template") == 0)
-            tmpl = v;
-        else if (strcmp(a, "--metrics-listen") == 0)
-            mlisten = v;
-        else if (strcmp(a, "--threads") == 0 || strcmp(a, "--workers") == 0) {
-            char *end;
-            long n = strtol(v, &end, 10);
-            if (*v == 0 || *end != 0 || n < 1 || n > 64) {
-                fprintf(stderr, "tessera-coordinator: %s %s: expected 1..64\n", a, v);
-                return 2;
-            }
-            if (a[2] == 't')
-                threads = (int)n;
-            else
-                workers = (int)n;
-        } else {
-            fprintf(stderr, "tessera-coordinator: unknown option %s\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!listen || !data || !config) {
-        fprintf(stderr, "tessera-coordinator: --listen, --data and --config are required\n\n");
-        usage(stderr);
+    const tsr_cmdline_opt opts[] = {
+        {"--listen", TSR_CMDLINE_STR, &listen, 0, 0, 1},
+        {"--data", TSR_CMDLINE_STR, &data, 0, 0, 1},
+        {"--config", TSR_CMDLINE_STR, &config, 0, 0, 1},
+        {"--template", TSR_CMDLINE_STR, &tmpl, 0, 0, 0},
+        {"--metrics-listen", TSR_CMDLINE_STR, &mlisten, 0, 0, 0},
+        {"--deployed-index-id", TSR_CMDLINE_STR, &deployed, 0, 0, 0},
+        {"--threads", TSR_CMDLINE_INT, &threads, 1, 64, 0},
+        {"--workers", TSR_CMDLINE_INT, &workers, 1, 64, 0},
+        {"--tls-cert", TSR_CMDLINE_STR, &tls_cert, 0, 0, 0},
+        {"--tls-key", TSR_CMDLINE_STR, &tls_key, 0, 0, 0},
+        {"--tls-client-ca", TSR_CMDLINE_STR, &tls_ca, 0, 0, 0},
+        {"--shard-tls-ca", TSR_CMDLINE_STR, &sh_ca, 0, 0, 0},
+        {"--shard-tls-cert", TSR_CMDLINE_STR, &sh_cert, 0, 0, 0},
+        {"--shard-tls-key", TSR_CMDLINE_STR, &sh_key, 0, 0, 0},
+        {"--shard-tls-server-name", TSR_CMDLINE_STR, &sh_name, 0, 0, 0},
+        {"--max-message", TSR_CMDLINE_SIZE, &max_message, 4096, INT32_MAX, 0},
+    };
+    if (tsr_cmdline_parse("tessera-coordinator", argc, argv, opts, sizeof opts / sizeof opts[0],
+                          usage, &ec))
+        return ec;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_cmdline_tls tls = {tls_cert, "--tls-cert", tls_key, "--tls-key", tls_ca,
+                           "--tls-client-ca"};
+    tsr_cmdline_tls shtls = {sh_cert, "--shard-tls-cert", sh_key, "--shard-tls-key", sh_ca,
+                             "--shard-tls-ca"};
+    if (tsr_cmdline_check_tls(&tls, 0, &err) != 0 || tsr_cmdline_check_tls(&shtls, 1, &err) != 0) {
+        tsr_error_log("%s", err.msg);
         return 2;
     }
-
-    sem_init(&stop_sem, 0, 0);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    if (sh_name && !sh_ca) {
+        tsr_error_log("--shard-tls-server-name needs --shard-tls-ca");
+        return 2;
+    }
+    /* coordinator -> shard channels (borrowed strings from argv). Their max message stays
+     * the default: a shard's reply carries re-rank candidates and can be larger than the
+     * client's reply, and a refused shard reply would surface as an unavailable shard. */
+    tsr_rpc_client_opts shard_opts;
+    tsr_rpc_client_opts_init(&shard_opts);
+    shard_opts.tls_ca_file = sh_ca;
+    shard_opts.tls_cert_file = sh_cert;
+    shard_opts.tls_key_file = sh_key;
+    shard_opts.tls_server_name = sh_name;
 
     int code = 1;
-    tsr_error err = TSR_ERROR_INIT;
     tsr__coord *c = tsr_xcalloc(1, sizeof *c);
     tsr_rpc_server *srv = NULL;
     int rec_started = 0;
@@ -143,6 +143,7 @@ int main(int argc, char **argv)
     pthread_mutex_init(&c->rec_mu, NULL);
     pthread_cond_init(&c->rec_cv, NULL);
     c->template_path = tmpl;
+    c->deployed_index_id = deployed;
     if (tsr__coord_config_load(config, &c->cfg, &err)) {
         tsr_error_log("config: %s", err.msg);
         free(c);
@@ -174,7 +175,7 @@ int main(int argc, char **argv)
                  (long long)c->snap->nsparse, c->snap->tmpl->nlist,
                  c->snap->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
     }
-    if (tsr__coord_channels_open(c, NULL, &err)) {
+    if (tsr__coord_channels_open(c, &shard_opts, &err)) {
         tsr_error_log("%s", err.msg);
         goto out;
     }
@@ -184,6 +185,10 @@ int main(int argc, char **argv)
     o.listen = listen;
     o.cqs = threads;
     o.workers = workers;
+    o.max_message = max_message;
+    o.tls_cert_file = tls_cert;
+    o.tls_key_file = tls_key;
+    o.tls_client_ca_file = tls_ca;
     if (!(srv = tsr_rpc_server_create(&o, &err))) {
         tsr_error_log("cannot listen on %s: %s", listen, err.msg);
         goto out;
@@ -197,23 +202,32 @@ int main(int argc, char **argv)
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, SVC "UpdateIndex", tsr__coord_rpc_update, c, 0) ||
         tsr_rpc_server_add_method(srv, SVC "GetOperation", tsr__coord_rpc_get_operation, c, 0) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
+                                  TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,
+                                  c, TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchGetEmbeddings",
+                                  tsr__vertex_rpc_batch_get_embeddings, c, TSR_RPC_LONG) ||
         tsr_rpc_server_start(srv, &err)) {
         tsr_error_log("cannot start the server: %s", err.msg);
         goto out;
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
+    tsr_rpc_server_set_health(srv, "google.cloud.aiplatform.container.v1.MatchService",
+                              TSR_RPC_HEALTH_SERVING);
     if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
     }
     if (tsr__coord_reconcile_start(c) == 0)
         rec_started = 1;
-    tsr_info("listening on %s (port %d), data %s, %zu shards, version %llu", listen,
-             tsr_rpc_server_port(srv), data, c->cfg.nshards,
+    tsr_info("listening on %s (port %d) %s, data %s, %zu shards%s, version %llu", listen,
+             tsr_rpc_server_port(srv),
+             tls_ca ? "mutual TLS" : tls_cert ? "TLS" : "plaintext", data, c->cfg.nshards,
+             sh_ca ? (sh_cert ? " over mutual TLS" : " over TLS") : "",
              (unsigned long long)c->snap->version);
-    while (sem_wait(&stop_sem) != 0 && errno == EINTR)
-        ;
-    tsr_info("%s: shutting down", stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
+    int sig = tsr_cmdline_stop_wait();
+    tsr_info("%s: shutting down", tsr_cmdline_signame(sig));
     code = 0;
 out:
     pthread_mutex_lock(&c->op_mu);

@@ -170,8 +170,8 @@ static int check_query(const tsr__coord *c, const Tessera__V1__FindNeighborsRequ
             return bad(code, msg, cap, IA, "queries[%zu]: sparse_embedding.values[%zu] is not "
                        "finite", i, j);
     if (q->neighbor_count < 0 || q->neighbor_count > cfg->max_k)
-        return bad(code, msg, cap, IA, "queries[%zu]: neighbor_count = %d, expected 1..%d (0 = "
-                   "default %d)", i, q->neighbor_count, cfg->max_k, cfg->default_k);
+        return bad(code, msg, cap, IA, "queries[%zu]: neighbor_count = %d, expected 1..%d (max_k; "
+                   "0 = default %d)", i, q->neighbor_count, cfg->max_k, cfg->default_k);
     if (q->per_crowding_attribute_neighbor_count < 0)
         return bad(code, msg, cap, IA, "queries[%zu]: per_crowding_attribute_neighbor_count = %d "
                    "is negative", i, q->per_crowding_attribute_neighbor_count);
@@ -658,47 +658,67 @@ int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr
 
 /* ---------------------------------------------------------------- ReadIndexDatapoints */
 
-int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+/* The response plus the shard replies its datapoints point into. resp stays first. */
+typedef struct rd_out {
+    Tessera__V1__ReadIndexDatapointsResponse resp;
+    arena a;
+    Tessera__V1__ShardReadResponse **shard_resp;
+    size_t nshards;
+} rd_out;
+
+void tsr__coord_read_free(Tessera__V1__ReadIndexDatapointsResponse *r)
 {
-    tsr__coord *c = ctx;
+    if (!r)
+        return;
+    rd_out *o = (rd_out *)r;
+    for (size_t s = 0; s < o->nshards; s++)
+        if (o->shard_resp[s])
+            tessera__v1__shard_read_response__free_unpacked(o->shard_resp[s], NULL);
+    ar_free(&o->a);
+    free(o);
+}
+
+int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remaining_ms,
+                    Tessera__V1__ReadIndexDatapointsResponse **outp, int *code, char *msg,
+                    size_t cap)
+{
     size_t S = c->cfg.nshards;
-    Tessera__V1__ReadIndexDatapointsRequest *rq =
-        tessera__v1__read_index_datapoints_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
-                                   "malformed protobuf");
-    int rc = 0;
-    if (rq->n_ids > 10000) {
-        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "%zu ids, at most 10000 per call",
-                                 rq->n_ids);
-        tessera__v1__read_index_datapoints_request__free_unpacked(rq, NULL);
-        return rc;
-    }
+    *outp = NULL;
+    if (n_ids > 10000)
+        return bad(code, msg, cap, TSR_RPC_INVALID_ARGUMENT, "%zu ids, at most 10000 per call",
+                   n_ids);
     tsr__snap *sn = tsr__coord_snap_get(c);
-    arena a = {0};
-    Tessera__V1__ShardReadRequest *sr = ar(&a, S, sizeof *sr);
-    int32_t *where = ar(&a, rq->n_ids, sizeof *where); /* shard per id, -1 = unknown */
-    size_t *pos = ar(&a, rq->n_ids, sizeof *pos);
+    rd_out *o = tsr_xcalloc(1, sizeof *o);
+    tessera__v1__read_index_datapoints_response__init(&o->resp);
+    arena *a = &o->a;
+    int rc = 0;
+    o->nshards = S;
+    o->shard_resp = ar(a, S, sizeof *o->shard_resp);
+    Tessera__V1__ShardReadRequest *sr = ar(a, S, sizeof *sr);
+    int32_t *where = ar(a, n_ids, sizeof *where); /* shard per id, -1 = unknown */
+    size_t *pos = ar(a, n_ids, sizeof *pos);
     for (size_t s = 0; s < S; s++) {
         tessera__v1__shard_read_request__init(&sr[s]);
         sr[s].version = (int64_t)sn->version;
-        sr[s].labels = ar(&a, rq->n_ids, sizeof(int64_t));
+        sr[s].labels = ar(a, n_ids, sizeof(int64_t));
     }
-    for (size_t i = 0; i < rq->n_ids; i++) {
-        const tsr__dir_entry *e = tsr__dir_find(&sn->dir, rq->ids[i]);
+    for (size_t i = 0; i < n_ids; i++) {
+        const tsr__dir_entry *e = tsr__dir_find(&sn->dir, ids[i]);
         where[i] = e && (size_t)e->shard < S ? e->shard : -1;
         if (where[i] >= 0) {
             pos[i] = sr[e->shard].n_labels;
             sr[e->shard].labels[sr[e->shard].n_labels++] = e->label;
         }
     }
-    tsr__gcall *calls = ar(&a, S, sizeof *calls);
-    uint8_t **bufs = ar(&a, S, sizeof *bufs);
-    Tessera__V1__ShardReadResponse **resp = ar(&a, S, sizeof *resp);
+    tsr__gcall *calls = ar(a, S, sizeof *calls);
+    uint8_t **bufs = ar(a, S, sizeof *bufs);
+    Tessera__V1__ShardReadResponse **resp = o->shard_resp;
     size_t n = 0;
     int64_t tmo = c->cfg.search_deadline_ms;
-    if (tsr_rpc_reply_remaining_ms(r) < tmo)
-        tmo = tsr_rpc_reply_remaining_ms(r);
+    if (remaining_ms < tmo)
+        tmo = remaining_ms;
+    if (tmo < 1)
+        tmo = 1;
     for (size_t s = 0; s < S; s++) {
         if (!sr[s].n_labels)
             continue;
@@ -724,29 +744,48 @@ int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply
             }
         }
         if (res->code != TSR_RPC_OK && !rc)
-            rc = tsr_rpc_reply_error(r, TSR_RPC_UNAVAILABLE, "shard %zu (%s) failed: %s: %s", s,
-                                     c->cfg.shards[s], tsr_rpc_code_name(res->code),
-                                     res->message ? res->message : "");
+            rc = bad(code, msg, cap, TSR_RPC_UNAVAILABLE, "shard %zu (%s) failed: %s: %s", s,
+                     c->cfg.shards[s], tsr_rpc_code_name(res->code),
+                     res->message ? res->message : "");
         tsr_rpc_result_close(res);
     }
     if (!rc) {
-        Tessera__V1__ReadIndexDatapointsResponse out =
-            TESSERA__V1__READ_INDEX_DATAPOINTS_RESPONSE__INIT;
-        out.datapoints = ar(&a, rq->n_ids, sizeof *out.datapoints);
-        for (size_t i = 0; i < rq->n_ids; i++) {
+        o->resp.datapoints = ar(a, n_ids, sizeof *o->resp.datapoints);
+        for (size_t i = 0; i < n_ids; i++) {
             if (where[i] < 0)
                 continue;
             Tessera__V1__ShardDatapoint *sd = resp[where[i]]->datapoints[pos[i]];
             if (sd->found && sd->datapoint)
-                out.datapoints[out.n_datapoints++] = sd->datapoint;
+                o->resp.datapoints[o->resp.n_datapoints++] = sd->datapoint;
         }
-        rc = tsr_rpc_reply_pack(r, &out.base);
     }
-    for (size_t s = 0; s < S; s++)
-        if (resp[s])
-            tessera__v1__shard_read_response__free_unpacked(resp[s], NULL);
-    ar_free(&a);
     tsr__snap_unref(sn);
+    if (rc) {
+        tsr__coord_read_free(&o->resp);
+        return rc;
+    }
+    *outp = &o->resp;
+    return 0;
+}
+
+int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    Tessera__V1__ReadIndexDatapointsRequest *rq =
+        tessera__v1__read_index_datapoints_request__unpack(NULL, len, req);
+    if (!rq)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
+                                   "malformed protobuf");
+    Tessera__V1__ReadIndexDatapointsResponse *out = NULL;
+    int code = 0;
+    char msg[1024] = "";
+    int rc = tsr__coord_read(c, rq->ids, rq->n_ids, tsr_rpc_reply_remaining_ms(r), &out, &code,
+                             msg, sizeof msg);
+    if (rc == 0)
+        rc = tsr_rpc_reply_pack(r, &out->base);
+    else
+        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+    tsr__coord_read_free(out);
     tessera__v1__read_index_datapoints_request__free_unpacked(rq, NULL);
     return rc;
 }

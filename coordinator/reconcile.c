@@ -7,8 +7,10 @@
  *   - CURRENT held as PREPARED but not current → Commit (the coordinator flipped, then
  *     died or lost the shard before Commit reached it);
  *   - prepared versions below CURRENT → Abort;
- *   - a replica that does not hold CURRENT is marked lagging (queries skip it) and logged
- *     as an error (the coordinator holds no vectors to re-stage it from); the mark clears
+ *   - a replica that does not hold CURRENT is marked lagging (queries skip it); when a
+ *     sibling replica of its group holds CURRENT, it is re-seeded from that sibling (Read
+ *     at CURRENT → Stage on an empty base → Prepare → Commit); without one it is logged
+ *     as an error (the coordinator holds no vectors to re-stage it from). The mark clears
  *     as soon as it holds CURRENT again.
  * It also sends the delayed Release(below = CURRENT) once in-flight queries planned on the
  * previous version have had search_deadline_ms to finish.
@@ -26,6 +28,8 @@
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
+
+#define RESYNC_RETRY_MS 5000
 
 /* Commit / Abort / Release(v) to replica k (flat index). */
 static int call_version(tsr__coord *c, size_t k, const char *what, int64_t v)
@@ -64,13 +68,146 @@ static int call_version(tsr__coord *c, size_t k, const char *what, int64_t v)
     return code;
 }
 
+/* Re-seeds replica k, which does not hold the served version sn->version (a replaced or
+ * wiped disk, a restore from an old backup), from sibling `from` that does: every label the
+ * directory places on the group is Read from the sibling at V and Staged on k as V with an
+ * empty base (the template and the plan's own_lists in chunk 0), then Prepare and Commit.
+ * The result is the sibling's data exactly (the shard re-encodes the same raw vectors).
+ * Runs under update_mu (no update meanwhile). Returns 0 or a TSR code (k is left with V
+ * aborted, retried on a later pass). */
+static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
+{
+    const tsr__replica *r = &c->rep[k], *src = &c->rep[from];
+    int64_t V = (int64_t)sn->version;
+    size_t g = r->group, nlist = sn->tmpl ? sn->tmpl->nlist : 0;
+    size_t chunk = (size_t)c->cfg.stage_chunk < 5000 ? (size_t)c->cfg.stage_chunk : 5000;
+    int64_t t0 = tsr__now_ms();
+    /* the group's labels and lists, and the lists it owns */
+    size_t n = 0;
+    for (size_t i = 0; i < sn->dir.n; i++)
+        n += (size_t)sn->dir.e[i].shard == g;
+    int64_t *labels = tsr_xcalloc(n + 1, sizeof *labels);
+    int32_t *own = tsr_xcalloc(nlist + 1, sizeof *own);
+    size_t nown = 0, j = 0;
+    for (size_t i = 0; i < sn->dir.n; i++)
+        if ((size_t)sn->dir.e[i].shard == g)
+            labels[j++] = sn->dir.e[i].label;
+    for (size_t l = 0; l < nlist; l++)
+        if ((size_t)sn->plan[l] == g)
+            own[nown++] = (int32_t)l;
+    tsr_warn("reconcile: shard %zu replica %zu (%s): re-seeding version %lld from replica %zu "
+             "(%s): %zu datapoints", g, r->index, r->addr, (long long)V, src->index, src->addr,
+             n);
+    call_version(c, k, "Abort", V); /* a leftover partial staging of V */
+    int rc = 0;
+    char what[64] = "";
+    tsr_rpc_result res;
+    tsr_rpc_result_init(&res);
+    for (size_t off = 0, ch = 0; rc == 0 && (off < n || ch == 0); off += chunk, ch++) {
+        size_t m = n - off < chunk ? n - off : chunk;
+        Tessera__V1__ShardReadResponse *rd = NULL;
+        if (m) {
+            Tessera__V1__ShardReadRequest rq = TESSERA__V1__SHARD_READ_REQUEST__INIT;
+            rq.version = V;
+            rq.labels = labels + off;
+            rq.n_labels = m;
+            int code = tsr_rpc_call_pb(src->ch, TSR_SHARD_SVC "Read", &rq.base,
+                                       &tessera__v1__shard_read_response__descriptor,
+                                       c->cfg.stage_deadline_ms, (ProtobufCMessage **)&rd, &res);
+            if (code != TSR_RPC_OK || !rd || rd->n_datapoints != m) {
+                snprintf(what, sizeof what, "Read from replica %zu", src->index);
+                rc = TSR_EUNAVAILABLE;
+                if (rd)
+                    tessera__v1__shard_read_response__free_unpacked(rd, NULL);
+                break;
+            }
+        }
+        Tessera__V1__StageRequest st = TESSERA__V1__STAGE_REQUEST__INIT;
+        st.version = V;
+        st.base_version = 0;
+        st.chunk = (int32_t)ch;
+        if (ch == 0) {
+            st.template_faiss.data = sn->tmpl_bytes;
+            st.template_faiss.len = sn->tmpl_len;
+            st.own_lists = own;
+            st.n_own_lists = nown;
+        }
+        Tessera__V1__StagedUpsert *su = tsr_xcalloc(m + 1, sizeof *su);
+        Tessera__V1__StagedUpsert **sup = tsr_xcalloc(m + 1, sizeof *sup);
+        size_t nu = 0;
+        for (size_t i = 0; i < m; i++) {
+            Tessera__V1__ShardDatapoint *d = rd->datapoints[i];
+            if (!d->found || !d->datapoint)
+                continue; /* the sibling lacks it too: nothing to copy */
+            tessera__v1__staged_upsert__init(&su[nu]);
+            su[nu].label = d->label;
+            su[nu].list = d->list;
+            su[nu].datapoint = d->datapoint;
+            sup[nu] = &su[nu];
+            nu++;
+        }
+        st.upserts = sup;
+        st.n_upserts = nu;
+        size_t len = 0;
+        uint8_t *buf = tsr_rpc_pack(&st.base, &len);
+        double t1 = tsr_metrics_now();
+        int code = tsr_rpc_call(r->ch, TSR_SHARD_SVC "Stage", buf, len, c->cfg.stage_deadline_ms,
+                                &res);
+        tsr__replica_note(c, k, TSR_SHARD_SVC "Stage", code, tsr_metrics_now() - t1);
+        if (code != TSR_RPC_OK) {
+            snprintf(what, sizeof what, "Stage chunk %zu", ch);
+            rc = tsr_rpc_error_from_status(code);
+        }
+        free(buf);
+        free(su);
+        free(sup);
+        if (rd)
+            tessera__v1__shard_read_response__free_unpacked(rd, NULL);
+    }
+    if (rc == 0) {
+        Tessera__V1__PrepareRequest pq = TESSERA__V1__PREPARE_REQUEST__INIT;
+        pq.version = V;
+        Tessera__V1__PrepareResponse *pr = NULL;
+        int code = tsr_rpc_call_pb(r->ch, TSR_SHARD_SVC "Prepare", &pq.base,
+                                   &tessera__v1__prepare_response__descriptor,
+                                   c->cfg.stage_deadline_ms, (ProtobufCMessage **)&pr, &res);
+        if (code != TSR_RPC_OK || !pr || !pr->ready) {
+            snprintf(what, sizeof what, "Prepare");
+            rc = code != TSR_RPC_OK ? tsr_rpc_error_from_status(code) : TSR_ESTATE;
+        }
+        if (pr)
+            tessera__v1__prepare_response__free_unpacked(pr, NULL);
+    }
+    if (rc == 0 && call_version(c, k, "Commit", V) != TSR_RPC_OK) {
+        snprintf(what, sizeof what, "Commit");
+        rc = TSR_EUNAVAILABLE;
+    }
+    if (rc) {
+        tsr_warn("reconcile: shard %zu replica %zu (%s): re-seeding version %lld failed at %s: "
+                 "%s: %s (retried later)", g, r->index, r->addr, (long long)V, what,
+                 tsr_rpc_code_name(res.code), res.message ? res.message : "");
+        call_version(c, k, "Abort", V);
+        tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=failed", 1);
+    } else {
+        tsr_info("reconcile: shard %zu replica %zu (%s): re-seeded at version %lld from replica "
+                 "%zu in %lld ms", g, r->index, r->addr, (long long)V, src->index,
+                 (long long)(tsr__now_ms() - t0));
+        tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=ok", 1);
+    }
+    tsr_rpc_result_close(&res);
+    free(labels);
+    free(own);
+    return rc;
+}
+
 int tsr__coord_reconcile_once(tsr__coord *c)
 {
     tsr__snap *sn = tsr__coord_snap_get(c);
     int64_t V = (int64_t)sn->version;
-    tsr__snap_unref(sn);
     int off = 0;
     size_t R = c->nrep;
+    char *holds = tsr_xcalloc(R ? R : 1, 1); /* answered this pass and holds V */
+    char *need = tsr_xcalloc(R ? R : 1, 1);  /* answered, below V and without it */
     /* Stats from every replica at once: a hung one costs one deadline, not one each */
     tsr_rpc_fanout_call *calls = tsr_xcalloc(R ? R : 1, sizeof *calls);
     for (size_t k = 0; k < R; k++) {
@@ -116,6 +253,7 @@ int tsr__coord_reconcile_once(tsr__coord *c)
             }
         }
         int lag = !has_v && V > 0;
+        holds[k] = (char)!lag;
         if (atomic_exchange(&r->lagging, lag) != lag || lag) {
             static int64_t last_log;
             if (!lag) {
@@ -124,17 +262,41 @@ int tsr__coord_reconcile_once(tsr__coord *c)
             } else if (tsr__now_ms() - last_log > 10000) {
                 last_log = tsr__now_ms();
                 tsr_error_log("reconcile: shard %zu replica %zu (%s) serves version %lld and "
-                              "does not hold the coordinator's version %lld: not queried; it "
-                              "cannot be repaired from here (copy a sibling replica's version "
-                              "directory, or re-apply the data with a complete overwrite)",
+                              "does not hold the coordinator's version %lld: not queried; "
+                              "re-seeded from a sibling replica when one holds it, otherwise "
+                              "re-apply the data with a complete overwrite)",
                               r->group, r->index, r->addr, (long long)st->current_version,
                               (long long)V);
             }
         }
         off += !ok;
+        if (lag && st->current_version < V)
+            need[k] = 1;
         tessera__v1__shard_stats_response__free_unpacked(st, NULL);
     }
+    /* lagging replicas with a sibling that holds V: re-seed them from it (at most one
+     * attempt per replica every RESYNC_RETRY_MS, so a failing copy is not a busy loop) */
+    for (size_t k = 0; k < R; k++) {
+        if (!need[k] || tsr__now_ms() < c->rep[k].resync_at_ms)
+            continue;
+        const tsr__group *gr = &c->grp[c->rep[k].group];
+        size_t from = SIZE_MAX;
+        for (size_t j = 0; j < gr->n && from == SIZE_MAX; j++)
+            if (holds[gr->first + j])
+                from = gr->first + j;
+        if (from == SIZE_MAX)
+            continue;
+        c->rep[k].resync_at_ms = tsr__now_ms() + RESYNC_RETRY_MS;
+        if (resync(c, k, from, sn) == 0) {
+            atomic_store(&c->rep[k].lagging, 0);
+            atomic_store(&c->rep[k].version, V);
+            off--;
+        }
+    }
+    free(need);
+    free(holds);
     free(calls);
+    tsr__snap_unref(sn);
     return off;
 }
 

@@ -477,6 +477,8 @@ void tsr__coord_metrics_register(tsr__coord *c)
         {"tessera_query_lists_probed_total", TSR_METRIC_COUNTER,
          "Sum over queries of the IVF lists probed."},
         {"tessera_update_running", TSR_METRIC_GAUGE, "1 while an update operation runs."},
+        {"tessera_shard_resyncs_total", TSR_METRIC_COUNTER,
+         "Lagging replicas re-seeded from a sibling by reconcile, by result (ok, failed)."},
         {"tessera_update_files_total", TSR_METRIC_GAUGE,
          "Batch files of the running (or last) update."},
         {"tessera_update_files_read", TSR_METRIC_GAUGE,
@@ -492,6 +494,15 @@ void tsr__coord_metrics_register(tsr__coord *c)
         return;
     for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
         tsr_metrics_describe(fam[i].name, fam[i].type, fam[i].help);
+    /* counters that alerts use exist from the start (at 0), not from their first event */
+    for (size_t s = 0; s < c->cfg.nshards; s++) {
+        char l[32];
+        snprintf(l, sizeof l, "shard=%zu", s);
+        tsr_metrics_counter_add("tessera_shard_failovers_total", l, 0);
+    }
+    tsr_metrics_counter_add("tessera_queries_total", NULL, 0);
+    tsr_metrics_counter_add("tessera_query_shards_touched_total", NULL, 0);
+    tsr_metrics_counter_add("tessera_query_lists_probed_total", NULL, 0);
     tsr_metrics_add_collector(collect, c);
     tsr_metrics_update_phase("idle");
 }

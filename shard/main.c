@@ -4,16 +4,17 @@
  * Stage/Prepare/Commit/Abort/Release, Stats) and grpc.health.v1.Health over gRPC, and
  * stops gracefully on SIGTERM / SIGINT.
  *
- * DESIGN (threads): main blocks SIGINT/SIGTERM before any thread starts (so every rpc
- * thread inherits the mask) and waits for them with sigwait; the rpc module owns the
- * polling and worker threads; the shard state (update.c) is shared by handlers under the
- * rules in shard.h.
+ * DESIGN (threads): SIGINT/SIGTERM post a semaphore that main waits on (common/cmdline.h
+ * says why not sigwait: OpenBLAS starts a thread before main, which a signal mask set in
+ * main does not cover); the rpc module owns the polling and worker threads; the shard
+ * state (update.c) is shared by handlers under the rules in shard.h.
  */
-#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmdline.h"
 #include "log.h"
 #include "rpc.h"
 #include "metrics_http.h"
@@ -24,6 +25,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: tessera-shard --listen ADDR --data DIR [--threads T] [--workers W]\n"
+            "                     [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]\n"
+            "                     [--max-message BYTES] [--metrics-listen ADDR]\n"
             "\n"
             "Serves one shard of a Tessera cluster (service tessera.v1.Shard + grpc health).\n"
             "  --listen ADDR   address to listen on, e.g. 127.0.0.1:7101 (port 0 = any free port;\n"
@@ -34,65 +37,47 @@ static void usage(FILE *f)
             "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
             "  --threads T     gRPC polling threads (default: 1 on one core, else 2)\n"
             "  --workers W     worker threads for Stage/Prepare/Commit/Abort/Release (default 2)\n"
+            "  --tls-cert FILE PEM certificate chain: the port speaks TLS only (no plaintext)\n"
+            "  --tls-key FILE  PEM private key of --tls-cert (unencrypted)\n"
+            "  --tls-client-ca FILE  mutual TLS: require client certificates signed by this CA\n"
+            "                  (the coordinator's --shard-tls-cert)\n"
+            "  --max-message BYTES  largest request or reply (default 64M; K/M/G suffixes);\n"
+            "                  larger requests get RESOURCE_EXHAUSTED\n"
             "  --help          this text\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *listen = NULL, *data = NULL, *mlisten = NULL;
+    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
+    size_t max_message = 0;
     tsr_metrics_http *mh = NULL;
-    int threads = 0, workers = 2;
+    int threads = 0, workers = 2, ec;
+    tsr_cmdline_stop_init(); /* first: a SIGTERM during a long load still stops cleanly */
     tsr_log_set_program("tessera-shard");
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "tessera-shard: %s needs a value (or unknown option)\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
-        char *end = NULL;
-        if (strcmp(a, "--listen") == 0) {
-            listen = v;
-        } else if (strcmp(a, "--data") == 0) {
-            data = v;
-        } else if (strcmp(a, "--metrics-listen") == 0) {
-            mlisten = v;
-        } else if (strcmp(a, "--threads") == 0 || strcmp(a, "--workers") == 0) {
-            long n = strtol(v, &end, 10);
-            if (*v == 0 || *end != 0 || n < 1 || n > 64) {
-                fprintf(stderr, "tessera-shard: %s %s: expected 1..64\n", a, v);
-                return 2;
-            }
-            if (a[2] == 't')
-                threads = (int)n;
-            else
-                workers = (int)n;
-        } else {
-            fprintf(stderr, "tessera-shard: unknown option %s\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (listen == NULL || data == NULL) {
-        fprintf(stderr, "tessera-shard: --listen and --data are required\n\n");
-        usage(stderr);
+    const tsr_cmdline_opt opts[] = {
+        {"--listen", TSR_CMDLINE_STR, &listen, 0, 0, 1},
+        {"--data", TSR_CMDLINE_STR, &data, 0, 0, 1},
+        {"--metrics-listen", TSR_CMDLINE_STR, &mlisten, 0, 0, 0},
+        {"--threads", TSR_CMDLINE_INT, &threads, 1, 64, 0},
+        {"--workers", TSR_CMDLINE_INT, &workers, 1, 64, 0},
+        {"--tls-cert", TSR_CMDLINE_STR, &tls_cert, 0, 0, 0},
+        {"--tls-key", TSR_CMDLINE_STR, &tls_key, 0, 0, 0},
+        {"--tls-client-ca", TSR_CMDLINE_STR, &tls_ca, 0, 0, 0},
+        {"--max-message", TSR_CMDLINE_SIZE, &max_message, 4096, INT32_MAX, 0},
+    };
+    if (tsr_cmdline_parse("tessera-shard", argc, argv, opts, sizeof opts / sizeof opts[0], usage,
+                          &ec))
+        return ec;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_cmdline_tls tls = {tls_cert, "--tls-cert", tls_key, "--tls-key", tls_ca,
+                           "--tls-client-ca"};
+    if (tsr_cmdline_check_tls(&tls, 0, &err) != 0) {
+        tsr_error_log("%s", err.msg);
         return 2;
     }
 
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
     int code = 1;
-    tsr_error err = TSR_ERROR_INIT;
     tsr__shard shard;
     tsr_rpc_server *srv = NULL;
     if (tsr__shard_open(&shard, data, &err) != 0) {
@@ -105,6 +90,10 @@ int main(int argc, char **argv)
     o.listen = listen;
     o.cqs = threads;
     o.workers = workers;
+    o.max_message = max_message;
+    o.tls_cert_file = tls_cert;
+    o.tls_key_file = tls_key;
+    o.tls_client_ca_file = tls_ca;
     if ((srv = tsr_rpc_server_create(&o, &err)) == NULL) {
         tsr_error_log("cannot listen on %s: %s", listen, err.msg);
         goto out;
@@ -118,10 +107,10 @@ int main(int argc, char **argv)
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
     }
-    tsr_info("listening on %s (port %d), data %s", listen, tsr_rpc_server_port(srv), data);
-    int sig = 0;
-    sigwait(&set, &sig);
-    tsr_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    tsr_info("listening on %s (port %d) %s, data %s", listen, tsr_rpc_server_port(srv),
+             tls_ca ? "mutual TLS" : tls_cert ? "TLS" : "plaintext", data);
+    int sig = tsr_cmdline_stop_wait();
+    tsr_info("%s: shutting down", tsr_cmdline_signame(sig));
     code = 0;
 out:
     tsr_metrics_http_destroy(mh);

@@ -19,6 +19,7 @@ import concurrent.futures as cf
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import threading
@@ -278,6 +279,38 @@ def main():
             r.nearest_neighbors[0].neighbors[0].datapoint.datapoint_id == newids[5], r
         print("update with R=2: version 2 on every replica, vectors per replica %s, new ids "
               "per group %d + %d" % (vec, len(found[0]), len(found[2])))
+
+        expect = answers(cl, tp, xs)  # at version 2, every replica up
+
+        # a wiped replica (replaced disk) comes back empty: reconcile re-seeds it from its
+        # sibling at the served version
+        wiped = cl.shards[3]
+        wiped.stop()
+        shutil.rmtree(wiped.data)
+        cl.shards[3] = wiped = restart_shard(wiped)
+        took = wait_for("the wiped replica re-seeded", lambda: wiped.stub.Stats(
+            sp.ShardStatsRequest(), timeout=10).current_version == 2, timeout=60)
+        ss = wiped.stub.Stats(sp.ShardStatsRequest(), timeout=10)
+        assert ss.vectors_count == vec[2], (ss, vec)
+        rd = wiped.stub.Read(sp.ShardReadRequest(version=2, labels=labels), timeout=10)
+        assert {d.datapoint.datapoint_id for d in rd.datapoints if d.found} == found[2]
+        sib_st = cl.shards[2].stub.Stats(sp.ShardStatsRequest(), timeout=10)
+        assert list(ss.lists) == list(sib_st.lists) and \
+            list(ss.list_sizes) == list(sib_st.list_sizes), (ss, sib_st)
+        wait_for("the wiped replica up", lambda: metric(
+            metrics(mport), "tessera_shard_up", address=wiped.target) == 1)
+        assert "re-seeded at version 2" in cl.coord.text()
+        load, _ = under_load(cl, tp, xs, expect, cl.shards[2], before=0.2, after=1.5)
+        for k in totals:
+            totals[k] += getattr(load, k)
+        assert load.failed == 0 and load.hung == 0, load.errors[:5]
+        assert load.wrong == 0, load.errors[:5]  # the re-seeded copy answers the same
+        print("wiped replica re-seeded from its sibling in %.2fs (%d vectors, lists %s); "
+              "then its sibling killed: answered %d, failed %d" %
+              (took, ss.vectors_count, len(ss.lists), load.answered, load.failed))
+        cl.shards[2] = restart_shard(cl.shards[2])
+        wait_for("group 1 up", lambda: metric(metrics(mport), "tessera_shard_replicas_up",
+                                              shard=1) == 2)
 
         # a replica down: the update fails naming it, version 2 stays everywhere
         dead = cl.shards[3]

@@ -1,0 +1,607 @@
+/*
+ * vertex — google.cloud.aiplatform.container.v1.MatchService on the coordinator: Match,
+ * BatchMatch and BatchGetEmbeddings, the gRPC API Vertex AI Vector Search serves on a
+ * deployed index's private endpoint, so that client code written for Vertex works against
+ * Tessera by changing the endpoint (docs/vertex-compat.md).
+ *
+ * Nothing here searches: every MatchRequest is validated with Vertex's field names,
+ * translated into a tessera.v1 FindNeighborsRequest.Query and answered by the coordinator's
+ * own query path (tsr__coord_find_neighbors: fan-out, exact merge, crowding, filters, RRF,
+ * re-rank), and BatchGetEmbeddings / embedding_id go through tsr__coord_read. The replies
+ * borrow their strings and arrays from those responses, which stay alive until the reply
+ * is packed.
+ *
+ * DESIGN (threads): the handlers run on the rpc worker pool (TSR_RPC_LONG, they fan out)
+ * and share nothing but the coordinator, which they only read through the query path.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "google/cloud/aiplatform/container/v1/match_service.pb-c.h"
+#include "mem.h"
+
+typedef Google__Cloud__Aiplatform__Container__V1__MatchRequest vx_match_req;
+typedef Google__Cloud__Aiplatform__Container__V1__MatchResponse vx_match_resp;
+typedef Google__Cloud__Aiplatform__Container__V1__MatchResponse__Neighbor vx_neighbor;
+typedef Google__Cloud__Aiplatform__Container__V1__Embedding vx_embedding;
+typedef Google__Cloud__Aiplatform__Container__V1__Namespace vx_namespace;
+typedef Google__Cloud__Aiplatform__Container__V1__NumericNamespace vx_numeric;
+typedef Google__Cloud__Aiplatform__Container__V1__SparseEmbedding vx_sparse;
+typedef Google__Cloud__Aiplatform__Container__V1__BatchMatchRequest vx_batch_req;
+typedef Google__Cloud__Aiplatform__Container__V1__BatchMatchRequest__BatchMatchRequestPerIndex
+    vx_batch_req_idx;
+typedef Google__Cloud__Aiplatform__Container__V1__BatchMatchResponse vx_batch_resp;
+typedef Google__Cloud__Aiplatform__Container__V1__BatchMatchResponse__BatchMatchResponsePerIndex
+    vx_batch_resp_idx;
+typedef Google__Cloud__Aiplatform__Container__V1__BatchGetEmbeddingsRequest vx_get_req;
+typedef Google__Cloud__Aiplatform__Container__V1__BatchGetEmbeddingsResponse vx_get_resp;
+
+#define VX(x) google__cloud__aiplatform__container__v1__##x
+#define VX_OP(x) GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__NUMERIC_NAMESPACE__OPERATOR__##x
+#define VX_VAL(x) GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__NUMERIC_NAMESPACE__VALUE_VALUE_##x
+
+/* Same bound as the shard's candidate limit (query.c SHARD_MAX_CANDIDATES). */
+#define VX_MAX_CANDIDATES 10000
+#define VX_MSG 1024
+/* BatchMatch bounds (the work and the reply grow with them; protobuf-c has already
+ * allocated the request, these keep the rest proportionate). */
+#define VX_MAX_INDEXES 1000
+#define VX_MAX_BATCH 10000
+
+/* ---------------------------------------------------------------- arena */
+
+/* Everything one reply borrows: allocations and the core responses. */
+typedef struct vx_arena {
+    void **p;
+    size_t n, cap;
+    Tessera__V1__FindNeighborsResponse **fn;
+    size_t nfn, capfn;
+    Tessera__V1__ReadIndexDatapointsResponse **rd;
+    size_t nrd, caprd;
+} vx_arena;
+
+static void *ar(vx_arena *a, size_t n, size_t size)
+{
+    if (a->n == a->cap)
+        a->p = tsr_xrealloc(a->p, (a->cap = a->cap ? a->cap * 2 : 64) * sizeof *a->p);
+    void *x = tsr_xcalloc(n ? n : 1, size ? size : 1);
+    a->p[a->n++] = x;
+    return x;
+}
+
+static void keep_fn(vx_arena *a, Tessera__V1__FindNeighborsResponse *r)
+{
+    if (a->nfn == a->capfn)
+        a->fn = tsr_xrealloc(a->fn, (a->capfn = a->capfn ? a->capfn * 2 : 8) * sizeof *a->fn);
+    a->fn[a->nfn++] = r;
+}
+
+static void keep_rd(vx_arena *a, Tessera__V1__ReadIndexDatapointsResponse *r)
+{
+    if (a->nrd == a->caprd)
+        a->rd = tsr_xrealloc(a->rd, (a->caprd = a->caprd ? a->caprd * 2 : 8) * sizeof *a->rd);
+    a->rd[a->nrd++] = r;
+}
+
+static void ar_free(vx_arena *a)
+{
+    for (size_t i = 0; i < a->n; i++)
+        free(a->p[i]);
+    for (size_t i = 0; i < a->nfn; i++)
+        tsr__coord_response_free(a->fn[i]);
+    for (size_t i = 0; i < a->nrd; i++)
+        tsr__coord_read_free(a->rd[i]);
+    free(a->p);
+    free(a->fn);
+    free(a->rd);
+    memset(a, 0, sizeof *a);
+}
+
+static int vbad(int *code, char *msg, size_t cap, int c, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int vbad(int *code, char *msg, size_t cap, int c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, cap, fmt, ap);
+    va_end(ap);
+    *code = c;
+    return tsr_rpc_error_from_status(c);
+}
+
+/* ---------------------------------------------------------------- crowding attribute */
+
+int64_t tsr__vertex_crowding_attribute(const char *tag)
+{
+    if (!tag || !tag[0])
+        return 0;
+    /* canonical decimal int64: optional '-', no leading zeros, no '+', no spaces, no "-0" */
+    const char *p = tag;
+    if (*p == '-')
+        p++;
+    int canon = *p >= '0' && *p <= '9' && !(p[0] == '0' && (p[1] || p != tag)) &&
+                strlen(p) <= 19;
+    for (const char *q = p; canon && *q; q++)
+        canon = *q >= '0' && *q <= '9';
+    if (canon) {
+        errno = 0;
+        char *end;
+        long long v = strtoll(tag, &end, 10);
+        if (errno == 0 && *end == 0)
+            return (int64_t)v;
+    }
+    /* any other tag: FNV-1a 64 of its bytes with the top bit cleared (stable, >= 0) */
+    uint64_t h = 14695981039346656037ull; /* the FNV-1a 64 offset basis */
+    for (const unsigned char *s = (const unsigned char *)tag; *s; s++) {
+        h ^= *s;
+        h *= 1099511628211ull;
+    }
+    return (int64_t)(h & 0x7fffffffffffffffull);
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static int check_index(const tsr__coord *c, const char *id, const char *where, int *code,
+                       char *msg, size_t cap)
+{
+    const char *want = c->deployed_index_id;
+    if (!want || !want[0] || !id || !id[0] || strcmp(id, want) == 0)
+        return 0;
+    return vbad(code, msg, cap, TSR_RPC_NOT_FOUND, "%sdeployed_index_id \"%s\" is not served "
+                "here (this cluster serves \"%s\")", where, id, want);
+}
+
+/* where: "" or "requests[i].requests[j]: " to prefix messages with. */
+static int check_match(const tsr__coord *c, const vx_match_req *m, const char *where,
+                       int *code, char *msg, size_t cap)
+{
+    const tsr__coord_config *cfg = &c->cfg;
+    int IA = TSR_RPC_INVALID_ARGUMENT;
+    const vx_sparse *sp = m->sparse_embedding;
+    if (sp && sp->n_float_val != sp->n_dimension)
+        return vbad(code, msg, cap, IA, "%ssparse_embedding has %zu float_val and %zu dimension",
+                    where, sp->n_float_val, sp->n_dimension);
+    size_t nsp = sp ? sp->n_float_val : 0;
+    int has_id = m->embedding_id && m->embedding_id[0];
+    if (m->n_float_val == 0 && !has_id && nsp == 0)
+        return vbad(code, msg, cap, IA, "%sempty query: float_val, embedding_id and "
+                    "sparse_embedding are all empty", where);
+    if (m->n_float_val && m->n_float_val != (size_t)cfg->dimensions)
+        return vbad(code, msg, cap, IA, "%sfloat_val has %zu values, the index has dimensions "
+                    "%d", where, m->n_float_val, cfg->dimensions);
+    for (size_t j = 0; j < m->n_float_val; j++)
+        if (!isfinite(m->float_val[j]))
+            return vbad(code, msg, cap, IA, "%sfloat_val[%zu] is not finite", where, j);
+    for (size_t j = 0; j < nsp; j++)
+        if (!isfinite(sp->float_val[j]))
+            return vbad(code, msg, cap, IA, "%ssparse_embedding.float_val[%zu] is not finite",
+                        where, j);
+    if (m->num_neighbors < 0 || m->num_neighbors > cfg->max_k)
+        return vbad(code, msg, cap, IA, "%snum_neighbors = %d, expected 1..%d (0 = default %d)",
+                    where, m->num_neighbors, cfg->max_k, cfg->default_k);
+    if (m->per_crowding_attribute_num_neighbors < 0)
+        return vbad(code, msg, cap, IA, "%sper_crowding_attribute_num_neighbors = %d is "
+                    "negative", where, m->per_crowding_attribute_num_neighbors);
+    if (m->approx_num_neighbors < 0 || m->approx_num_neighbors > VX_MAX_CANDIDATES)
+        return vbad(code, msg, cap, IA, "%sapprox_num_neighbors = %d, expected 0..%d", where,
+                    m->approx_num_neighbors, VX_MAX_CANDIDATES);
+    if (m->leaf_nodes_to_search_percent_override < 0 ||
+        m->leaf_nodes_to_search_percent_override > 100)
+        return vbad(code, msg, cap, IA, "%sleaf_nodes_to_search_percent_override = %d, expected "
+                    "0..100", where, m->leaf_nodes_to_search_percent_override);
+    double f = m->fraction_leaf_nodes_to_search_override;
+    if (!(f >= 0.0 && f <= 1.0))
+        return vbad(code, msg, cap, IA, "%sfraction_leaf_nodes_to_search_override = %g, "
+                    "expected (0, 1] (0 = the index default)", where, f);
+    if (m->ranking_case == GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__MATCH_REQUEST__RANKING_RRF) {
+        double a = m->rrf ? m->rrf->alpha : 1.0;
+        if (!(a >= 0.0 && a <= 1.0))
+            return vbad(code, msg, cap, IA, "%srrf.alpha = %g, expected 0..1", where, a);
+    }
+    for (size_t j = 0; j < m->n_restricts; j++)
+        if (!m->restricts[j]->name || !m->restricts[j]->name[0])
+            return vbad(code, msg, cap, IA, "%srestricts[%zu].name is empty", where, j);
+    for (size_t j = 0; j < m->n_numeric_restricts; j++) {
+        const vx_numeric *n = m->numeric_restricts[j];
+        if (!n->name || !n->name[0])
+            return vbad(code, msg, cap, IA, "%snumeric_restricts[%zu].name is empty", where, j);
+        if (n->value_case != VX_VAL(INT) && n->value_case != VX_VAL(FLOAT) &&
+            n->value_case != VX_VAL(DOUBLE))
+            return vbad(code, msg, cap, IA, "%snumeric_restricts[%zu] (%s) has no value_int/"
+                        "value_float/value_double", where, j, n->name);
+        switch (n->op) {
+        case VX_OP(LESS): case VX_OP(LESS_EQUAL): case VX_OP(EQUAL):
+        case VX_OP(GREATER_EQUAL): case VX_OP(GREATER): case VX_OP(NOT_EQUAL):
+            break;
+        case VX_OP(OPERATOR_UNSPECIFIED):
+            return vbad(code, msg, cap, IA, "%snumeric_restricts[%zu] (%s): op is "
+                        "OPERATOR_UNSPECIFIED (expected LESS, LESS_EQUAL, EQUAL, GREATER_EQUAL, "
+                        "GREATER or NOT_EQUAL)", where, j, n->name);
+        default:
+            return vbad(code, msg, cap, IA, "%snumeric_restricts[%zu] (%s): unknown op %d",
+                        where, j, n->name, (int)n->op);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- request translation */
+
+static Tessera__V1__NumericRestriction__Operator map_op(int op)
+{
+    switch (op) {
+    case VX_OP(LESS): return TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__LESS;
+    case VX_OP(LESS_EQUAL): return TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__LESS_EQUAL;
+    case VX_OP(EQUAL): return TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__EQUAL;
+    case VX_OP(GREATER_EQUAL): return TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__GREATER_EQUAL;
+    case VX_OP(GREATER): return TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__GREATER;
+    case VX_OP(NOT_EQUAL): return TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__NOT_EQUAL;
+    default: return TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__OPERATOR_UNSPECIFIED;
+    }
+}
+
+/* Fills q (borrowing from m and from stored, the datapoint of embedding_id or NULL). */
+static void to_query(vx_arena *a, const vx_match_req *m, const Tessera__V1__IndexDatapoint *stored,
+                     Tessera__V1__FindNeighborsRequest__Query *q)
+{
+    tessera__v1__find_neighbors_request__query__init(q);
+    Tessera__V1__IndexDatapoint *dp = ar(a, 1, sizeof *dp);
+    tessera__v1__index_datapoint__init(dp);
+    q->datapoint = dp;
+    if (m->n_float_val) {
+        dp->feature_vector = m->float_val;
+        dp->n_feature_vector = m->n_float_val;
+    } else if (stored) {
+        dp->feature_vector = stored->feature_vector;
+        dp->n_feature_vector = stored->n_feature_vector;
+    }
+    if (m->sparse_embedding && m->sparse_embedding->n_float_val) {
+        Tessera__V1__SparseEmbedding *se = ar(a, 1, sizeof *se);
+        tessera__v1__sparse_embedding__init(se);
+        se->values = m->sparse_embedding->float_val;
+        se->n_values = m->sparse_embedding->n_float_val;
+        se->dimensions = m->sparse_embedding->dimension;
+        se->n_dimensions = m->sparse_embedding->n_dimension;
+        dp->sparse_embedding = se;
+    }
+    if (m->n_restricts) {
+        dp->restricts = ar(a, m->n_restricts, sizeof *dp->restricts);
+        dp->n_restricts = m->n_restricts;
+        for (size_t j = 0; j < m->n_restricts; j++) {
+            const vx_namespace *ns = m->restricts[j];
+            Tessera__V1__Restriction *r = ar(a, 1, sizeof *r);
+            tessera__v1__restriction__init(r);
+            r->namespace_ = ns->name;
+            r->allow_list = ns->allow_tokens;
+            r->n_allow_list = ns->n_allow_tokens;
+            r->deny_list = ns->deny_tokens;
+            r->n_deny_list = ns->n_deny_tokens;
+            dp->restricts[j] = r;
+        }
+    }
+    if (m->n_numeric_restricts) {
+        dp->numeric_restricts = ar(a, m->n_numeric_restricts, sizeof *dp->numeric_restricts);
+        dp->n_numeric_restricts = m->n_numeric_restricts;
+        for (size_t j = 0; j < m->n_numeric_restricts; j++) {
+            const vx_numeric *n = m->numeric_restricts[j];
+            Tessera__V1__NumericRestriction *r = ar(a, 1, sizeof *r);
+            tessera__v1__numeric_restriction__init(r);
+            r->namespace_ = n->name;
+            r->op = map_op(n->op);
+            if (n->value_case == VX_VAL(INT)) {
+                r->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT;
+                r->value_int = n->value_int;
+            } else if (n->value_case == VX_VAL(FLOAT)) {
+                r->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT;
+                r->value_float = n->value_float;
+            } else {
+                r->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE;
+                r->value_double = n->value_double;
+            }
+            dp->numeric_restricts[j] = r;
+        }
+    }
+    q->neighbor_count = m->num_neighbors;
+    q->per_crowding_attribute_neighbor_count = m->per_crowding_attribute_num_neighbors;
+    q->approximate_neighbor_count = m->approx_num_neighbors;
+    /* the fraction wins; the deprecated percent is the fallback */
+    if (m->fraction_leaf_nodes_to_search_override > 0)
+        q->fraction_leaf_nodes_to_search_override = m->fraction_leaf_nodes_to_search_override;
+    else if (m->leaf_nodes_to_search_percent_override > 0)
+        q->fraction_leaf_nodes_to_search_override =
+            m->leaf_nodes_to_search_percent_override / 100.0;
+    if (m->ranking_case == GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__MATCH_REQUEST__RANKING_RRF) {
+        Tessera__V1__FindNeighborsRequest__Query__RRF *rrf = ar(a, 1, sizeof *rrf);
+        tessera__v1__find_neighbors_request__query__rrf__init(rrf);
+        rrf->alpha = m->rrf ? m->rrf->alpha : 1.0f;
+        q->ranking_case = TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF;
+        q->rrf = rrf;
+    }
+}
+
+/* ---------------------------------------------------------------- response translation */
+
+static const char *tag_of(const Tessera__V1__IndexDatapoint *dp)
+{
+    return dp && dp->crowding_tag ? dp->crowding_tag->crowding_attribute : NULL;
+}
+
+/* An Embedding borrowing from dp. */
+static vx_embedding *to_embedding(vx_arena *a, const Tessera__V1__IndexDatapoint *dp)
+{
+    vx_embedding *e = ar(a, 1, sizeof *e);
+    VX(embedding__init)(e);
+    e->id = dp->datapoint_id;
+    e->float_val = dp->feature_vector;
+    e->n_float_val = dp->n_feature_vector;
+    e->crowding_attribute = tsr__vertex_crowding_attribute(tag_of(dp));
+    if (dp->sparse_embedding && dp->sparse_embedding->n_values) {
+        vx_sparse *s = ar(a, 1, sizeof *s);
+        VX(sparse_embedding__init)(s);
+        s->float_val = dp->sparse_embedding->values;
+        s->n_float_val = dp->sparse_embedding->n_values;
+        s->dimension = dp->sparse_embedding->dimensions;
+        s->n_dimension = dp->sparse_embedding->n_dimensions;
+        e->sparse_embedding = s;
+    }
+    if (dp->n_restricts) {
+        e->restricts = ar(a, dp->n_restricts, sizeof *e->restricts);
+        e->n_restricts = dp->n_restricts;
+        for (size_t j = 0; j < dp->n_restricts; j++) {
+            const Tessera__V1__Restriction *r = dp->restricts[j];
+            vx_namespace *ns = ar(a, 1, sizeof *ns);
+            VX(namespace__init)(ns);
+            ns->name = r->namespace_;
+            ns->allow_tokens = r->allow_list;
+            ns->n_allow_tokens = r->n_allow_list;
+            ns->deny_tokens = r->deny_list;
+            ns->n_deny_tokens = r->n_deny_list;
+            e->restricts[j] = ns;
+        }
+    }
+    if (dp->n_numeric_restricts) {
+        e->numeric_restricts = ar(a, dp->n_numeric_restricts, sizeof *e->numeric_restricts);
+        for (size_t j = 0; j < dp->n_numeric_restricts; j++) {
+            const Tessera__V1__NumericRestriction *r = dp->numeric_restricts[j];
+            vx_numeric *n = ar(a, 1, sizeof *n);
+            VX(numeric_namespace__init)(n);
+            n->name = r->namespace_;
+            if (r->value_case == TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT) {
+                n->value_case = VX_VAL(INT);
+                n->value_int = r->value_int;
+            } else if (r->value_case == TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT) {
+                n->value_case = VX_VAL(FLOAT);
+                n->value_float = r->value_float;
+            } else if (r->value_case == TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE) {
+                n->value_case = VX_VAL(DOUBLE);
+                n->value_double = r->value_double;
+            }
+            e->numeric_restricts[e->n_numeric_restricts++] = n;
+        }
+    }
+    return e;
+}
+
+static vx_match_resp *to_match_resp(vx_arena *a,
+                                    const Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn,
+                                    int embeddings)
+{
+    vx_match_resp *mr = ar(a, 1, sizeof *mr);
+    VX(match_response__init)(mr);
+    size_t n = nn ? nn->n_neighbors : 0;
+    mr->neighbor = ar(a, n, sizeof *mr->neighbor);
+    mr->n_neighbor = n;
+    if (embeddings)
+        mr->embeddings = ar(a, n, sizeof *mr->embeddings);
+    for (size_t t = 0; t < n; t++) {
+        const Tessera__V1__FindNeighborsResponse__Neighbor *nb = nn->neighbors[t];
+        vx_neighbor *v = ar(a, 1, sizeof *v);
+        VX(match_response__neighbor__init)(v);
+        if (nb->datapoint)
+            v->id = nb->datapoint->datapoint_id;
+        v->distance = nb->distance;
+        v->sparse_distance = nb->sparse_distance;
+        v->crowding_attribute = tsr__vertex_crowding_attribute(tag_of(nb->datapoint));
+        mr->neighbor[t] = v;
+        if (embeddings && nb->datapoint)
+            mr->embeddings[mr->n_embeddings++] = to_embedding(a, nb->datapoint);
+    }
+    return mr;
+}
+
+/* ---------------------------------------------------------------- one index's requests */
+
+static int64_t remaining(tsr_rpc_reply *r)
+{
+    return tsr_rpc_reply_remaining_ms(r);
+}
+
+/* Answers n MatchRequests against the index: *out gets n MatchResponses (allocated in a,
+ * borrowing from responses kept in a). prefix(i) names request i in messages: "" for
+ * Match, "requests[k].requests[i]: " for BatchMatch (index k; k < 0 = Match). */
+static int answer(tsr__coord *c, vx_arena *a, vx_match_req *const *ms, size_t n, long k,
+                  tsr_rpc_reply *r, vx_match_resp ***out, int *code, char *msg, size_t cap)
+{
+    char where[64] = "";
+    for (size_t i = 0; i < n; i++) {
+        if (k >= 0)
+            snprintf(where, sizeof where, "requests[%ld].requests[%zu]: ", k, i);
+        int rc = check_match(c, ms[i], where, code, msg, cap);
+        if (rc)
+            return rc;
+    }
+    /* embedding_id: one read for every request that needs a stored vector */
+    const Tessera__V1__IndexDatapoint **stored = ar(a, n, sizeof *stored);
+    char **ids = ar(a, n, sizeof *ids);
+    size_t *who = ar(a, n, sizeof *who), nid = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ms[i]->n_float_val == 0 && ms[i]->embedding_id && ms[i]->embedding_id[0]) {
+            who[nid] = i;
+            ids[nid++] = ms[i]->embedding_id;
+        }
+    if (nid) {
+        Tessera__V1__ReadIndexDatapointsResponse *rd = NULL;
+        int rc = tsr__coord_read(c, ids, nid, remaining(r), &rd, code, msg, cap);
+        if (rc)
+            return rc;
+        keep_rd(a, rd);
+        /* found ids come back in request order, unknown ones omitted */
+        size_t p = 0;
+        for (size_t j = 0; j < nid; j++) {
+            if (p < rd->n_datapoints && strcmp(rd->datapoints[p]->datapoint_id, ids[j]) == 0)
+                stored[who[j]] = rd->datapoints[p++];
+            if (k >= 0)
+                snprintf(where, sizeof where, "requests[%ld].requests[%zu]: ", k, who[j]);
+            if (!stored[who[j]])
+                return vbad(code, msg, cap, TSR_RPC_NOT_FOUND, "%sembedding_id \"%s\" is not in "
+                            "the index", where, ids[j]);
+            if (stored[who[j]]->n_feature_vector == 0)
+                return vbad(code, msg, cap, TSR_RPC_INVALID_ARGUMENT, "%sembedding_id \"%s\" is "
+                            "a sparse-only datapoint: it has no dense embedding to query with",
+                            where, ids[j]);
+        }
+    }
+    *out = ar(a, n, sizeof **out);
+    size_t chunk = c->cfg.max_queries > 0 ? (size_t)c->cfg.max_queries : 1;
+    for (size_t s = 0; s < n; s += chunk) {
+        size_t m = n - s < chunk ? n - s : chunk;
+        Tessera__V1__FindNeighborsRequest rq = TESSERA__V1__FIND_NEIGHBORS_REQUEST__INIT;
+        rq.queries = ar(a, m, sizeof *rq.queries);
+        rq.n_queries = m;
+        for (size_t i = 0; i < m; i++) {
+            rq.queries[i] = ar(a, 1, sizeof **rq.queries);
+            to_query(a, ms[s + i], stored[s + i], rq.queries[i]);
+            rq.return_full_datapoint |= ms[s + i]->embedding_enabled;
+        }
+        int64_t left = remaining(r);
+        if (left <= 0)
+            return vbad(code, msg, cap, TSR_RPC_DEADLINE_EXCEEDED, "deadline exceeded before "
+                        "the search");
+        Tessera__V1__FindNeighborsResponse *fr = NULL;
+        int rc = tsr__coord_find_neighbors(c, &rq, left, &fr, code, msg, cap);
+        if (rc)
+            return rc;
+        keep_fn(a, fr);
+        for (size_t i = 0; i < m; i++)
+            (*out)[s + i] = to_match_resp(a, i < fr->n_nearest_neighbors
+                                                 ? fr->nearest_neighbors[i] : NULL,
+                                          ms[s + i]->embedding_enabled);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- handlers */
+
+int tsr__vertex_rpc_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    vx_match_req *m = VX(match_request__unpack)(NULL, len, req);
+    if (!m)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "MatchRequest: malformed "
+                                   "protobuf");
+    vx_arena a = {0};
+    vx_match_resp **out = NULL;
+    int code = 0, rc;
+    char msg[VX_MSG] = "";
+    rc = check_index(c, m->deployed_index_id, "", &code, msg, sizeof msg);
+    if (!rc)
+        rc = answer(c, &a, &m, 1, -1, r, &out, &code, msg, sizeof msg);
+    if (!rc)
+        rc = tsr_rpc_reply_pack(r, &out[0]->base);
+    else
+        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+    ar_free(&a);
+    VX(match_request__free_unpacked)(m, NULL);
+    return rc;
+}
+
+int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    vx_batch_req *b = VX(batch_match_request__unpack)(NULL, len, req);
+    if (!b)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "BatchMatchRequest: malformed "
+                                   "protobuf");
+    size_t total = 0;
+    for (size_t k = 0; k < b->n_requests; k++)
+        total += b->requests[k]->n_requests;
+    if (b->n_requests > VX_MAX_INDEXES || total > VX_MAX_BATCH) {
+        int rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "BatchMatchRequest: %zu "
+                                     "indexes and %zu requests, at most %d and %d per call",
+                                     b->n_requests, total, VX_MAX_INDEXES, VX_MAX_BATCH);
+        VX(batch_match_request__free_unpacked)(b, NULL);
+        return rc;
+    }
+    vx_arena a = {0};
+    vx_batch_resp out = GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__BATCH_MATCH_RESPONSE__INIT;
+    out.responses = ar(&a, b->n_requests, sizeof *out.responses);
+    out.n_responses = b->n_requests;
+    /* one entry per index, in order; a failing index gets its status and no responses,
+     * the others are answered as usual */
+    for (size_t k = 0; k < b->n_requests; k++) {
+        const vx_batch_req_idx *ix = b->requests[k];
+        vx_batch_resp_idx *o = ar(&a, 1, sizeof *o);
+        VX(batch_match_response__batch_match_response_per_index__init)(o);
+        o->deployed_index_id = ix->deployed_index_id;
+        Google__Rpc__Status *st = ar(&a, 1, sizeof *st);
+        google__rpc__status__init(st);
+        o->status = st;
+        out.responses[k] = o;
+        int code = 0;
+        char msg[VX_MSG] = "", where[48];
+        snprintf(where, sizeof where, "requests[%zu]: ", k);
+        int rc = check_index(c, ix->deployed_index_id, where, &code, msg, sizeof msg);
+        vx_match_resp **mr = NULL;
+        if (!rc && ix->n_requests)
+            rc = answer(c, &a, ix->requests, ix->n_requests, (long)k, r, &mr, &code, msg,
+                        sizeof msg);
+        if (rc) {
+            st->code = code ? code : TSR_RPC_INTERNAL;
+            st->message = strcpy(ar(&a, strlen(msg) + 1, 1), msg);
+            continue;
+        }
+        o->responses = mr;
+        o->n_responses = mr ? ix->n_requests : 0;
+    }
+    int rc = tsr_rpc_reply_pack(r, &out.base);
+    ar_free(&a);
+    VX(batch_match_request__free_unpacked)(b, NULL);
+    return rc;
+}
+
+int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t len,
+                                         tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    vx_get_req *g = VX(batch_get_embeddings_request__unpack)(NULL, len, req);
+    if (!g)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "BatchGetEmbeddingsRequest: "
+                                   "malformed protobuf");
+    vx_arena a = {0};
+    int code = 0;
+    char msg[VX_MSG] = "";
+    int rc = check_index(c, g->deployed_index_id, "", &code, msg, sizeof msg);
+    Tessera__V1__ReadIndexDatapointsResponse *rd = NULL;
+    if (!rc)
+        rc = tsr__coord_read(c, g->id, g->n_id, remaining(r), &rd, &code, msg, sizeof msg);
+    if (!rc) {
+        keep_rd(&a, rd);
+        vx_get_resp out = GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__BATCH_GET_EMBEDDINGS_RESPONSE__INIT;
+        out.embeddings = ar(&a, rd->n_datapoints, sizeof *out.embeddings);
+        out.n_embeddings = rd->n_datapoints;
+        for (size_t i = 0; i < rd->n_datapoints; i++)
+            out.embeddings[i] = to_embedding(&a, rd->datapoints[i]);
+        rc = tsr_rpc_reply_pack(r, &out.base);
+    } else {
+        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+    }
+    ar_free(&a);
+    VX(batch_get_embeddings_request__free_unpacked)(g, NULL);
+    return rc;
+}
