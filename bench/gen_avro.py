@@ -16,24 +16,11 @@ import sys
 import avro.io
 import avro.schema
 
-SCHEMA = {
-    "type": "record", "name": "FeatureVector", "fields": [
-        {"name": "id", "type": "string"},
-        {"name": "embedding", "type": {"type": "array", "items": "float"}},
-        {"name": "sparse_embedding", "type": ["null", {"type": "record", "name": "sparse_embedding", "fields": [
-            {"name": "values", "type": {"type": "array", "items": "float"}},
-            {"name": "dimensions", "type": {"type": "array", "items": "long"}}]}]},
-        {"name": "restricts", "type": ["null", {"type": "array", "items": {"type": "record", "name": "Restrict", "fields": [
-            {"name": "namespace", "type": "string"},
-            {"name": "allow", "type": ["null", {"type": "array", "items": "string"}]},
-            {"name": "deny", "type": ["null", {"type": "array", "items": "string"}]}]}}]},
-        {"name": "numeric_restricts", "type": ["null", {"type": "array", "items": {"name": "NumericRestrict", "type": "record", "fields": [
-            {"name": "namespace", "type": "string"},
-            {"name": "value_int", "type": ["null", "int"], "default": None},
-            {"name": "value_float", "type": ["null", "float"], "default": None},
-            {"name": "value_double", "type": ["null", "double"], "default": None}]}}], "default": None},
-        {"name": "crowding_tag", "type": ["null", "string"]},
-    ]}
+# Seed 003's FeatureVector schema, shared with the tests (one copy in the tree).
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data",
+                           "feature_vector.avsc")
+with open(SCHEMA_FILE) as _f:
+    SCHEMA = json.load(_f)
 
 
 def zigzag(n):

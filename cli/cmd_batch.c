@@ -72,6 +72,17 @@ static void put_float(FILE *f, float v)
     fputs(b, f);
 }
 
+static void put_floats(FILE *f, const float *v, size_t n)
+{
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            fputs(", ", f);
+        put_float(f, v[i]);
+    }
+    fputc(']', f);
+}
+
 static void put_strv(FILE *f, char **v, size_t n)
 {
     fputc('[', f);
@@ -88,22 +99,13 @@ static void put_record(FILE *f, const tsr_datapoint *dp)
     fputs("{\"id\": ", f);
     put_str(f, dp->id);
     if (dp->ndense > 0) {
-        fputs(", \"embedding\": [", f);
-        for (size_t i = 0; i < dp->ndense; i++) {
-            if (i)
-                fputs(", ", f);
-            put_float(f, dp->dense[i]);
-        }
-        fputc(']', f);
+        fputs(", \"embedding\": ", f);
+        put_floats(f, dp->dense, dp->ndense);
     }
     if (dp->nsparse > 0) {
-        fputs(", \"sparse_embedding\": {\"values\": [", f);
-        for (size_t i = 0; i < dp->nsparse; i++) {
-            if (i)
-                fputs(", ", f);
-            put_float(f, dp->sparse_vals[i]);
-        }
-        fputs("], \"dimensions\": [", f);
+        fputs(", \"sparse_embedding\": {\"values\": ", f);
+        put_floats(f, dp->sparse_vals, dp->nsparse);
+        fputs(", \"dimensions\": [", f);
         for (size_t i = 0; i < dp->nsparse; i++)
             fprintf(f, "%s%lld", i ? ", " : "", (long long)dp->sparse_dims[i]);
         fputs("]}", f);
@@ -253,11 +255,16 @@ int tsr_cmd_batch_inspect(int argc, char **argv)
     if (report != NULL) {
         char *js = tsr_batch_report_json(&b->report);
         FILE *f = fopen(report, "w");
-        if (f == NULL || js == NULL || fputs(js, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0) {
+        int bad = f == NULL || js == NULL || fputs(js, f) < 0 || fputc('\n', f) < 0;
+        int e = errno;
+        if (f != NULL && fclose(f) != 0 && !bad) { /* closed on every path */
+            bad = 1;
+            e = errno;
+        }
+        if (bad) {
             fprintf(stderr, "tessera batch inspect: cannot write the report to %s: %s\n", report,
-                    strerror(errno));
+                    strerror(e));
             exit_code = 1;
-            f = NULL;
         }
         free(js);
     }

@@ -152,13 +152,27 @@ static int sink_delete(void *ctx, uint64_t where, const char *id, size_t len)
 
 /* ---- workers -------------------------------------------------------------------------- */
 
+/* The readers' file-level messages begin with the path they were given ("<path>: ..."),
+ * so that they stand alone for other callers. The report puts the name relative to
+ * batch_root in front of file_error, so that prefix is dropped here: each message names
+ * the file once, and no full path of the reading machine ends up in the report. */
+static const char *without_path(const char *msg, const char *path)
+{
+    size_t n = strlen(path);
+    if (strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ')
+        return msg + n + 2;
+    return msg;
+}
+
 static void run_job(file_job *j)
 {
     tsr_record_sink sink = {j, sink_record, sink_invalid, sink_delete};
     tsr_error err = TSR_ERROR_INIT;
     int fd = open(j->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        j->rep.file_error = tsr_xstrdup(strerror(errno));
+        char msg[160];
+        snprintf(msg, sizeof msg, "cannot open: %s", strerror(errno));
+        j->rep.file_error = tsr_xstrdup(msg);
         return;
     }
     unsigned char magic[2];
@@ -191,7 +205,8 @@ static void run_job(file_job *j)
         break;
     }
     if (rc != 0)
-        j->rep.file_error = tsr_xstrdup(err.msg[0] ? err.msg : tsr_strerror(rc));
+        j->rep.file_error =
+            tsr_xstrdup(err.msg[0] ? without_path(err.msg, j->path) : tsr_strerror(rc));
     else if (j->oom)
         j->rep.file_error = tsr_xstrdup("out of memory while reading the file");
 }
@@ -211,6 +226,27 @@ static void *worker(void *arg)
             return NULL;
         run_job(&p->jobs[i]);
     }
+}
+
+/* Frees what the job owns besides its file report (records, delete ids, path). */
+static void job_free_data(file_job *j)
+{
+    for (size_t k = 0; k < j->nrecs; k++)
+        tsr_datapoint_close(&j->recs[k].dp);
+    for (size_t k = 0; k < j->ndels; k++)
+        free(j->dels[k].id);
+    free(j->recs);
+    free(j->dels);
+    free(j->path);
+}
+
+static void file_report_close(tsr_batch_file_report *f)
+{
+    free(f->name);
+    free(f->file_error);
+    for (size_t k = 0; k < f->nerrors; k++)
+        free(f->errors[k].msg);
+    free(f->errors);
 }
 
 /* ---- messages ------------------------------------------------------------------------- */
@@ -456,8 +492,8 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
     if (rc != 0) {
         tsr_batch_destroy(b);
         for (size_t i = 0; i < l.n; i++) {
-            free(l.v[i].path);
-            free(l.v[i].rep.name);
+            job_free_data(&l.v[i]);
+            file_report_close(&l.v[i].rep);
         }
         free(l.v);
         return rc;
@@ -506,11 +542,7 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
     unsigned char *keep_d = tsr_try_calloc(ndel ? ndel : 1, 1);
     if (rr == NULL || dr == NULL || keep_r == NULL || keep_d == NULL) {
         rc = tsr_err(err, TSR_ENOMEM, "out of memory merging %zu records", nrec);
-        free(rr);
-        free(dr);
-        free(keep_r);
-        free(keep_d);
-        goto fail;
+        goto fail_merge;
     }
     size_t o = 0, od = 0;
     for (size_t i = 0; i < l.n; i++) {
@@ -556,11 +588,7 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
     b->deletes = tsr_try_malloc(ud ? ud : 1, sizeof *b->deletes);
     if (b->records == NULL || b->deletes == NULL) {
         rc = tsr_err(err, TSR_ENOMEM, "out of memory merging %zu records", nrec);
-        free(rr);
-        free(dr);
-        free(keep_r);
-        free(keep_d);
-        goto fail;
+        goto fail_merge;
     }
     for (size_t i = 0; i < nrec; i++) {
         rec_entry *e = rr[i].item;
@@ -586,15 +614,8 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
     /* Move file reports; free the jobs. */
     rep->files = tsr_xcalloc(l.n ? l.n : 1, sizeof *rep->files);
     for (size_t i = 0; i < l.n; i++) {
-        file_job *j = &l.v[i];
-        rep->files[rep->nfiles++] = j->rep;
-        for (size_t k = 0; k < j->nrecs; k++)
-            tsr_datapoint_close(&j->recs[k].dp);
-        for (size_t k = 0; k < j->ndels; k++)
-            free(j->dels[k].id);
-        free(j->recs);
-        free(j->dels);
-        free(j->path);
+        rep->files[rep->nfiles++] = l.v[i].rep;
+        job_free_data(&l.v[i]);
     }
     free(l.v);
 
@@ -613,21 +634,14 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
     *out = b;
     return rep->rejected ? TSR_EREJECTED : 0;
 
-fail:
+fail_merge:
+    free(rr);
+    free(dr);
+    free(keep_r);
+    free(keep_d);
     for (size_t i = 0; i < l.n; i++) {
-        file_job *j = &l.v[i];
-        for (size_t k = 0; k < j->nrecs; k++)
-            tsr_datapoint_close(&j->recs[k].dp);
-        for (size_t k = 0; k < j->ndels; k++)
-            free(j->dels[k].id);
-        free(j->recs);
-        free(j->dels);
-        free(j->path);
-        free(j->rep.name);
-        free(j->rep.file_error);
-        for (size_t k = 0; k < j->rep.nerrors; k++)
-            free(j->rep.errors[k].msg);
-        free(j->rep.errors);
+        job_free_data(&l.v[i]);
+        file_report_close(&l.v[i].rep);
     }
     free(l.v);
     tsr_batch_destroy(b);
@@ -645,14 +659,8 @@ void tsr_batch_destroy(tsr_batch *b)
         free(b->deletes[i]);
     free(b->deletes);
     tsr_batch_report *r = &b->report;
-    for (size_t i = 0; i < r->nfiles; i++) {
-        tsr_batch_file_report *f = &r->files[i];
-        free(f->name);
-        free(f->file_error);
-        for (size_t k = 0; k < f->nerrors; k++)
-            free(f->errors[k].msg);
-        free(f->errors);
-    }
+    for (size_t i = 0; i < r->nfiles; i++)
+        file_report_close(&r->files[i]);
     free(r->files);
     for (size_t i = 0; i < r->nerrors; i++)
         free(r->errors[i]);

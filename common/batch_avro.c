@@ -31,6 +31,7 @@
 
 #include "batch_avro_codec.h"
 #include "batch_avro_schema.h"
+#include "batch_util.h"
 #include "mem.h"
 
 #define AVRO_MAGIC "Obj\x01"
@@ -105,44 +106,6 @@ static int src_long(src *s, int64_t *out)
     }
     return -2;
 }
-
-/* ---- UTF-8 ------------------------------------------------------------------------------ */
-
-/* 1 when s[0..n) is valid UTF-8 (no overlongs, surrogates, or code points > U+10FFFF). */
-static int utf8_ok(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        unsigned cp, min;
-        if ((c & 0xe0) == 0xc0) {
-            len = 2, cp = c & 0x1f, min = 0x80;
-        } else if ((c & 0xf0) == 0xe0) {
-            len = 3, cp = c & 0x0f, min = 0x800;
-        } else if ((c & 0xf8) == 0xf0) {
-            len = 4, cp = c & 0x07, min = 0x10000;
-        } else {
-            return 0;
-        }
-        if (n - i < len)
-            return 0;
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80)
-                return 0;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += len;
-    }
-    return 1;
-}
-
 
 enum codec { CODEC_NULL, CODEC_DEFLATE, CODEC_SNAPPY };
 
@@ -526,7 +489,7 @@ static int take_string(avro_value_t *v, const char *field, char **out, size_t *o
         BAD(TSR_REC_INVALID_AVRO_SYNTAX, "%s: not a string", field);
     size_t n = size > 0 ? size - 1 : 0; /* avro-c sizes include the NUL */
     char sn[64];
-    if (!utf8_ok((const unsigned char *)s, n)) {
+    if (!tsr__utf8_valid(s, n)) {
         tsr__avro_snippet(sn, sizeof sn, s, n);
         BAD(TSR_REC_INVALID_ENCODING, "%s '%s' is not valid UTF-8", field, sn);
     }

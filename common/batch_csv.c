@@ -22,10 +22,11 @@ typedef struct csv_state {
     int64_t *sdims;     /* reused per line */
     float *svals;
     size_t scap;
+    const tsr_record_sink *sink; /* borrowed */
     char msg[512];
 } csv_state;
 
-enum { LINE_OK = 0, LINE_BAD = 1 };
+enum { LINE_OK = 0, LINE_BAD = 1 }; /* the prc values of tsr__lines_result */
 
 #define BAD(t, ...)                                          \
     do {                                                     \
@@ -274,93 +275,66 @@ static int parse_line(csv_state *st, const char *line, size_t len, tsr_datapoint
     return LINE_OK;
 }
 
-static int only_ws(const char *s, size_t n)
+/* One line (tsr__line_fn): classifies it and hands a record or an error to the sink. */
+static int csv_line(void *ctx, const tsr__lines *r, const char *line, size_t len, int too_long,
+                    tsr_error *err)
 {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\t')
-            return 0;
-    return 1;
+    csv_state *st = ctx;
+    const tsr_record_sink *sink = st->sink;
+    uint64_t ln = r->lineno;
+    if (too_long)
+        return tsr__lines_too_long(r, sink, TSR_REC_INVALID_CSV_SYNTAX);
+    if (tsr__blank(line, len))
+        return sink->invalid(sink->ctx, ln, TSR_REC_EMPTY_LINE, "empty line") != 0;
+    if (memchr(line, '\0', len) != NULL)
+        return sink->invalid(sink->ctx, ln, TSR_REC_INVALID_ENCODING,
+                             "line contains a NUL byte") != 0;
+    if (!tsr__utf8_valid(line, len)) {
+        const char *c = memchr(line, ',', len);
+        size_t idlen = c ? (size_t)(c - line) : len;
+        return sink->invalid(sink->ctx, ln, TSR_REC_INVALID_ENCODING,
+                             tsr__utf8_valid(line, idlen)
+                                 ? "line is not valid UTF-8"
+                                 : "the id (first field) is not valid UTF-8") != 0;
+    }
+    tsr_datapoint dp;
+    tsr_datapoint_init(&dp);
+    enum tsr_rec_error type = TSR_REC_PARSING_ERROR;
+    int prc = parse_line(st, line, len, &dp, &type);
+    return tsr__lines_result(r, sink, prc, &dp, type, st->msg, err);
 }
 
-static int read_lines(tsr__lines *r, size_t dims, const tsr_record_sink *sink, tsr_error *err)
+/* path != NULL: the file; else data[0..len). */
+static int csv_run(const char *path, const void *data, size_t len, size_t dims,
+                   const tsr_record_sink *sink, tsr_error *err)
 {
     csv_state st;
     memset(&st, 0, sizeof st);
     st.dims = dims;
+    st.sink = sink;
     st.dense = tsr_try_malloc(dims ? dims : 1, sizeof *st.dense);
-    if (st.dense == NULL)
-        return tsr_err(err, TSR_ENOMEM, "out of memory for a %zu-dimension record", dims);
     int rc;
-    const char *line;
-    size_t len;
-    int too_long;
-    while ((rc = tsr__lines_next(r, &line, &len, &too_long, err)) == 1) {
-        uint64_t ln = r->lineno;
-        int stop;
-        if (too_long) {
-            snprintf(st.msg, sizeof st.msg, "line longer than the %zu-byte limit; skipped",
-                     r->max_line);
-            stop = sink->invalid(sink->ctx, ln, TSR_REC_INVALID_CSV_SYNTAX, st.msg);
-        } else if (only_ws(line, len)) {
-            stop = sink->invalid(sink->ctx, ln, TSR_REC_EMPTY_LINE, "empty line");
-        } else if (memchr(line, '\0', len) != NULL) {
-            stop = sink->invalid(sink->ctx, ln, TSR_REC_INVALID_ENCODING,
-                                 "line contains a NUL byte");
-        } else if (!tsr__utf8_valid(line, len)) {
-            const char *c = memchr(line, ',', len);
-            size_t idlen = c ? (size_t)(c - line) : len;
-            stop = sink->invalid(sink->ctx, ln, TSR_REC_INVALID_ENCODING,
-                                 tsr__utf8_valid(line, idlen)
-                                     ? "line is not valid UTF-8"
-                                     : "the id (first field) is not valid UTF-8");
-        } else {
-            tsr_datapoint dp;
-            tsr_datapoint_init(&dp);
-            enum tsr_rec_error type = TSR_REC_PARSING_ERROR;
-            int prc = parse_line(&st, line, len, &dp, &type);
-            if (prc < 0) {
-                tsr_datapoint_close(&dp);
-                rc = tsr_err(err, prc, "line %llu: out of memory", (unsigned long long)ln);
-                break;
-            }
-            if (prc == LINE_OK) {
-                stop = sink->record(sink->ctx, ln, &dp);
-            } else {
-                stop = sink->invalid(sink->ctx, ln, type, st.msg);
-            }
-            tsr_datapoint_close(&dp);
-        }
-        if (stop) {
-            rc = 0;
-            break;
-        }
+    if (st.dense == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory for a %zu-dimension record", dims);
+        if (path != NULL)
+            tsr_err_prefix(err, "%s", path);
+    } else {
+        rc = tsr__lines_run(path, data, len, csv_line, &st, err);
     }
     free(st.dense);
     free(st.sdims);
     free(st.svals);
-    return rc < 0 ? rc : 0;
+    return rc;
 }
 
 int tsr_batch_csv_read(const char *path, size_t dims, const tsr_record_sink *sink,
                        tsr_error *err)
 {
-    tsr__lines r;
-    int rc = tsr__lines_open(&r, path, err);
-    if (rc != 0)
-        return rc;
-    rc = read_lines(&r, dims, sink, err);
-    tsr__lines_close(&r);
-    if (rc != 0)
-        tsr_err_prefix(err, "%s", path);
-    return rc;
+    return csv_run(path, NULL, 0, dims, sink, err);
 }
 
 int tsr_batch_csv_read_mem(const void *data, size_t len, size_t dims,
                            const tsr_record_sink *sink, tsr_error *err)
 {
-    tsr__lines r;
-    tsr__lines_init_mem(&r, data, len);
-    int rc = read_lines(&r, dims, sink, err);
-    tsr__lines_close(&r);
-    return rc;
+    return csv_run(NULL, data, len, dims, sink, err);
 }

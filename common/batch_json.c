@@ -135,10 +135,11 @@ const char *tsr_batch_json_suggest(const char *name, const char *const *known)
 
 typedef struct json_state {
     size_t dims;
+    const tsr_record_sink *sink; /* borrowed */
     char msg[512];
 } json_state;
 
-enum { REC_OK = 0, REC_BAD = 1 };
+enum { REC_OK = 0, REC_BAD = 1 }; /* the prc values of tsr__lines_result */
 
 #define BAD(t, ...)                                          \
     do {                                                     \
@@ -433,86 +434,44 @@ static int parse_record(json_state *st, json_t *o, tsr_datapoint *dp, enum tsr_r
     return REC_OK;
 }
 
-static int only_ws(const char *s, size_t n)
+/* One line (tsr__line_fn): classifies it and hands a record or an error to the sink. */
+static int json_line(void *ctx, const tsr__lines *r, const char *line, size_t len, int too_long,
+                     tsr_error *err)
 {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\t')
-            return 0;
-    return 1;
-}
-
-static int read_lines(tsr__lines *r, size_t dims, const tsr_record_sink *sink, tsr_error *err)
-{
-    json_state st;
-    memset(&st, 0, sizeof st);
-    st.dims = dims;
-    int rc;
-    const char *line;
-    size_t len;
-    int too_long;
-    while ((rc = tsr__lines_next(r, &line, &len, &too_long, err)) == 1) {
-        uint64_t ln = r->lineno;
-        int stop;
-        if (too_long) {
-            snprintf(st.msg, sizeof st.msg, "line longer than the %zu-byte limit; skipped",
-                     r->max_line);
-            stop = sink->invalid(sink->ctx, ln, TSR_REC_INVALID_JSON_SYNTAX, st.msg);
-        } else if (only_ws(line, len)) {
-            stop = sink->invalid(sink->ctx, ln, TSR_REC_EMPTY_LINE, "empty line");
-        } else if (!tsr__utf8_valid(line, len)) {
-            stop = sink->invalid(sink->ctx, ln, TSR_REC_INVALID_ENCODING, "line is not valid UTF-8");
-        } else {
-            json_error_t jerr;
-            json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
-            if (o == NULL) {
-                snprintf(st.msg, sizeof st.msg, "column %d: %s", jerr.column, jerr.text);
-                stop = sink->invalid(sink->ctx, ln, TSR_REC_INVALID_JSON_SYNTAX, st.msg);
-            } else {
-                tsr_datapoint dp;
-                tsr_datapoint_init(&dp);
-                enum tsr_rec_error type = TSR_REC_PARSING_ERROR;
-                int prc = parse_record(&st, o, &dp, &type);
-                json_decref(o);
-                if (prc < 0) {
-                    tsr_datapoint_close(&dp);
-                    rc = tsr_err(err, prc, "line %llu: out of memory", (unsigned long long)ln);
-                    break;
-                }
-                if (prc == REC_OK)
-                    stop = sink->record(sink->ctx, ln, &dp);
-                else
-                    stop = sink->invalid(sink->ctx, ln, type, st.msg);
-                tsr_datapoint_close(&dp);
-            }
-        }
-        if (stop) {
-            rc = 0;
-            break;
-        }
+    json_state *st = ctx;
+    const tsr_record_sink *sink = st->sink;
+    uint64_t ln = r->lineno;
+    if (too_long)
+        return tsr__lines_too_long(r, sink, TSR_REC_INVALID_JSON_SYNTAX);
+    if (tsr__blank(line, len))
+        return sink->invalid(sink->ctx, ln, TSR_REC_EMPTY_LINE, "empty line") != 0;
+    if (!tsr__utf8_valid(line, len))
+        return sink->invalid(sink->ctx, ln, TSR_REC_INVALID_ENCODING,
+                             "line is not valid UTF-8") != 0;
+    json_error_t jerr;
+    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (o == NULL) {
+        snprintf(st->msg, sizeof st->msg, "column %d: %s", jerr.column, jerr.text);
+        return sink->invalid(sink->ctx, ln, TSR_REC_INVALID_JSON_SYNTAX, st->msg) != 0;
     }
-    return rc < 0 ? rc : 0;
+    tsr_datapoint dp;
+    tsr_datapoint_init(&dp);
+    enum tsr_rec_error type = TSR_REC_PARSING_ERROR;
+    int prc = parse_record(st, o, &dp, &type);
+    json_decref(o);
+    return tsr__lines_result(r, sink, prc, &dp, type, st->msg, err);
 }
 
 int tsr_batch_json_read(const char *path, size_t dims, const tsr_record_sink *sink,
                         tsr_error *err)
 {
-    tsr__lines r;
-    int rc = tsr__lines_open(&r, path, err);
-    if (rc != 0)
-        return rc;
-    rc = read_lines(&r, dims, sink, err);
-    tsr__lines_close(&r);
-    if (rc != 0)
-        tsr_err_prefix(err, "%s", path);
-    return rc;
+    json_state st = {.dims = dims, .sink = sink};
+    return tsr__lines_run(path, NULL, 0, json_line, &st, err);
 }
 
 int tsr_batch_json_read_mem(const void *data, size_t len, size_t dims,
                             const tsr_record_sink *sink, tsr_error *err)
 {
-    tsr__lines r;
-    tsr__lines_init_mem(&r, data, len);
-    int rc = read_lines(&r, dims, sink, err);
-    tsr__lines_close(&r);
-    return rc;
+    json_state st = {.dims = dims, .sink = sink};
+    return tsr__lines_run(NULL, data, len, json_line, &st, err);
 }

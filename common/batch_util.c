@@ -169,6 +169,65 @@ int tsr__lines_next(tsr__lines *r, const char **line, size_t *len, int *too_long
     }
 }
 
+int tsr__lines_run(const char *path, const void *data, size_t len, tsr__line_fn fn, void *ctx,
+                   tsr_error *err)
+{
+    tsr__lines r;
+    if (path != NULL) {
+        int rc = tsr__lines_open(&r, path, err);
+        if (rc != 0)
+            return rc; /* the message names path already */
+    } else {
+        tsr__lines_init_mem(&r, data, len);
+    }
+    int rc;
+    const char *line;
+    size_t n;
+    int too_long;
+    while ((rc = tsr__lines_next(&r, &line, &n, &too_long, err)) == 1) {
+        rc = fn(ctx, &r, line, n, too_long, err);
+        if (rc != 0)
+            break;
+    }
+    tsr__lines_close(&r);
+    if (rc > 0)
+        rc = 0; /* fn asked to stop */
+    if (rc != 0 && path != NULL)
+        tsr_err_prefix(err, "%s", path);
+    return rc;
+}
+
+int tsr__lines_too_long(const tsr__lines *r, const tsr_record_sink *sink,
+                        enum tsr_rec_error type)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "line longer than the %zu-byte limit; skipped", r->max_line);
+    return sink->invalid(sink->ctx, r->lineno, type, msg) != 0;
+}
+
+int tsr__lines_result(const tsr__lines *r, const tsr_record_sink *sink, int prc,
+                      tsr_datapoint *dp, enum tsr_rec_error type, const char *msg,
+                      tsr_error *err)
+{
+    int ret;
+    if (prc < 0)
+        ret = tsr_err(err, prc, "line %llu: out of memory", (unsigned long long)r->lineno);
+    else if (prc == 0)
+        ret = sink->record(sink->ctx, r->lineno, dp) != 0;
+    else
+        ret = sink->invalid(sink->ctx, r->lineno, type, msg) != 0;
+    tsr_datapoint_close(dp);
+    return ret;
+}
+
+int tsr__blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t')
+            return 0;
+    return 1;
+}
+
 /* ---- UTF-8 ---------------------------------------------------------------------------- */
 
 int tsr__utf8_valid(const char *str, size_t n)

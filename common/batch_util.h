@@ -1,5 +1,6 @@
 /*
- * batch_util — helpers shared by the batch readers (batch_csv, batch_json, batch_delete):
+ * batch_util — helpers shared by the batch readers (batch_csv, batch_json, batch_delete;
+ * batch_avro uses the UTF-8 check):
  * a bounded-memory line reader over a file descriptor or a memory buffer, UTF-8
  * validation, Java floating-point literal parsing (Float.parseFloat grammar) and small
  * builders that append restricts to a tsr_datapoint. Internal to the batch readers
@@ -40,6 +41,38 @@ void tsr__lines_close(tsr__lines *r);
  * when the line exceeded max_line: it was skipped and *len is 0. */
 int tsr__lines_next(tsr__lines *r, const char **line, size_t *len, int *too_long,
                     tsr_error *err);
+
+/* One line for tsr__lines_run: line[0..len) is valid until the call returns, too_long as
+ * from tsr__lines_next, r->lineno its 1-based number. Returns 0 to go on, 1 to stop
+ * reading (not an error: e.g. the sink asked), or a negative TSR_E* with err set. */
+typedef int (*tsr__line_fn)(void *ctx, const tsr__lines *r, const char *line, size_t len,
+                            int too_long, tsr_error *err);
+
+/* The open / read / close frame of the line-based readers (CSV, JSON, delete): reads the
+ * file at path, or when path is NULL the memory data[0..len) (borrowed), and calls fn
+ * once per line. Returns 0 at the end of input or when fn asked to stop, else the
+ * negative TSR_E* of the first failure. For a file the message names path once: open
+ * failures say "path: cannot open: ...", read failures and fn's errors get "path: " in
+ * front. */
+int tsr__lines_run(const char *path, const void *data, size_t len, tsr__line_fn fn, void *ctx,
+                   tsr_error *err);
+
+/* Reports an over-long line (too_long from tsr__lines_next) to sink->invalid as `type`
+ * with the line-limit message. Returns what tsr__line_fn returns (1 when the sink
+ * asked to stop, else 0). */
+int tsr__lines_too_long(const tsr__lines *r, const tsr_record_sink *sink,
+                        enum tsr_rec_error type);
+
+/* The end of a line callback that parsed a record into dp: prc 0 hands dp to
+ * sink->record, prc 1 reports (type, msg) to sink->invalid, prc < 0 (out of memory) sets
+ * err to "line N: out of memory". Closes dp either way. Returns what tsr__line_fn
+ * returns. */
+int tsr__lines_result(const tsr__lines *r, const tsr_record_sink *sink, int prc,
+                      tsr_datapoint *dp, enum tsr_rec_error type, const char *msg,
+                      tsr_error *err);
+
+/* 1 when s[0..n) is empty or only spaces and tabs (a blank line). */
+int tsr__blank(const char *s, size_t n);
 
 /* 1 when s[0..n) is valid UTF-8 (no overlongs, surrogates or code points > U+10FFFF). */
 int tsr__utf8_valid(const char *s, size_t n);

@@ -12,26 +12,9 @@ import json
 import os
 import random
 
-AVRO_SCHEMA = {
-    "type": "record", "name": "FeatureVector", "fields": [
-        {"name": "id", "type": "string"},
-        {"name": "embedding", "type": {"type": "array", "items": "float"}},
-        {"name": "sparse_embedding", "default": None, "type": ["null", {
-            "type": "record", "name": "sparse_embedding", "fields": [
-                {"name": "values", "type": {"type": "array", "items": "float"}},
-                {"name": "dimensions", "type": {"type": "array", "items": "long"}}]}]},
-        {"name": "restricts", "default": None, "type": ["null", {"type": "array", "items": {
-            "type": "record", "name": "Restrict", "fields": [
-                {"name": "namespace", "type": "string"},
-                {"name": "allow", "type": ["null", {"type": "array", "items": "string"}]},
-                {"name": "deny", "type": ["null", {"type": "array", "items": "string"}]}]}}]},
-        {"name": "numeric_restricts", "default": None, "type": ["null", {"type": "array", "items": {
-            "name": "NumericRestrict", "type": "record", "fields": [
-                {"name": "namespace", "type": "string"},
-                {"name": "value_int", "type": ["null", "int"], "default": None},
-                {"name": "value_float", "type": ["null", "float"], "default": None},
-                {"name": "value_double", "type": ["null", "double"], "default": None}]}}]},
-        {"name": "crowding_tag", "default": None, "type": ["null", "string"]}]}
+# Seed 003's FeatureVector schema, shared with the tests and bench/gen_avro.py.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "feature_vector.avsc")) as _f:
+    AVRO_SCHEMA = json.load(_f)
 
 
 def make_records(n, dims, seed):

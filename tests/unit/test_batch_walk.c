@@ -1,7 +1,8 @@
 /*
  * test_batch_walk — tsr_batch_load against the batch_root rules of SPEC §2: suffixes,
  * the 5,000-object limit, delete/ as the only subfolder, gzip by magic, duplicate ids,
- * data/delete conflicts, max_invalid_records, the merged order and the report.
+ * data/delete conflicts, max_invalid_records, the merged order and the report, and that
+ * file-level errors name the file exactly once (readers alone and through the report).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +19,10 @@
 #include <jansson.h>
 
 #include "batch.h"
+#include "batch_avro.h"
+#include "batch_csv.h"
+#include "batch_delete.h"
+#include "batch_json.h"
 
 static char root[512];
 
@@ -267,6 +272,166 @@ static void test_missing_root(void **state)
     assert_non_null(strstr(err.msg, "does-not-exist"));
 }
 
+/* ---- each error names its file once ----------------------------------------------- */
+
+static size_t count(const char *hay, const char *needle)
+{
+    size_t n = 0, l = strlen(needle);
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += l)
+        n++;
+    return n;
+}
+
+/* A file every open() accepts and every read() fails on (EIO at offset 0), also as root,
+ * where chmod 000 does not make a file unreadable. */
+static void put_unreadable(const char *name)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", root, name);
+    PUT(name, "");
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(symlink("/proc/self/mem", p), 0);
+}
+
+static const char *const NAMES[] = {"a.csv", "b.json", "c.avro", "delete/d"};
+
+/* The batch error of `name` starts with "name: " and names it only there; its
+ * file_error does not name it at all; the text report names it once per line; the
+ * full path of the batch root appears only where the report names the root. */
+static void check_named_once(const tsr_batch *b, const char *name, int file_level)
+{
+    char head[64];
+    snprintf(head, sizeof head, "%s: ", name);
+    int found = 0;
+    for (size_t i = 0; i < b->report.nerrors; i++) {
+        const char *e = b->report.errors[i];
+        if (strncmp(e, head, strlen(head)) != 0)
+            continue;
+        found = 1;
+        if (count(e, name) != 1 || strstr(e, root) != NULL)
+            fail_msg("batch error names %s more than once: %s", name, e);
+    }
+    assert_int_equal(found, file_level);
+    for (size_t i = 0; i < b->report.nfiles; i++) {
+        const tsr_batch_file_report *f = &b->report.files[i];
+        if (strcmp(f->name, name) != 0)
+            continue;
+        assert_int_equal(f->file_error != NULL, file_level);
+        if (f->file_error != NULL && (strstr(f->file_error, name) || strstr(f->file_error, root)))
+            fail_msg("file_error of %s repeats the file: %s", name, f->file_error);
+        for (size_t k = 0; k < f->nerrors; k++)
+            if (strstr(f->errors[k].msg, name) || strstr(f->errors[k].msg, root))
+                fail_msg("record error of %s repeats the file: %s", name, f->errors[k].msg);
+    }
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *mf = open_memstream(&text, &tlen);
+    assert_non_null(mf);
+    tsr_batch_report_text(&b->report, mf);
+    fclose(mf);
+    int lineno = 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n"), lineno++) {
+        if (count(line, name) > 1)
+            fail_msg("report line names %s more than once: %s", name, line);
+        if (lineno > 0 && strstr(line, root) != NULL)
+            fail_msg("report line has the full path: %s", line);
+    }
+    free(text);
+    char *js = tsr_batch_report_json(&b->report);
+    assert_non_null(js);
+    assert_int_equal(count(js, root), 1); /* "batch_root" */
+    free(js);
+}
+
+static void test_unreadable_files_named_once(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < 4; i++)
+        put_unreadable(NAMES[i]);
+    int rc;
+    tsr_batch *b = load(2, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_int_equal(b->report.errors_total, 4);
+    for (size_t i = 0; i < 4; i++)
+        check_named_once(b, NAMES[i], 1);
+    assert_true(has_error(b, "a.csv: read failed: "));
+    assert_true(has_error(b, "c.avro: read error at offset 0: "));
+    tsr_batch_destroy(b);
+    if (geteuid() != 0) { /* chmod 000 only keeps non-root out: open() fails */
+        char p[1024];
+        for (size_t i = 0; i < 4; i++) {
+            snprintf(p, sizeof p, "%s/%s", root, NAMES[i]);
+            unlink(p);
+            PUT(NAMES[i], "x\n");
+            assert_int_equal(chmod(p, 0), 0);
+        }
+        b = load(2, 0, &rc);
+        assert_int_equal(rc, TSR_EREJECTED);
+        for (size_t i = 0; i < 4; i++)
+            check_named_once(b, NAMES[i], 1);
+        assert_true(has_error(b, "b.json: cannot open: "));
+        tsr_batch_destroy(b);
+    }
+}
+
+static void test_malformed_first_line_named_once(void **state)
+{
+    (void)state;
+    PUT("a.csv", "x,notanumber,1\n");
+    PUT("b.json", "{\"id\": \n");
+    PUT("c.avro", "Obj\x01\x02garbage");
+    PUT("delete/d", "\xff\xfe\n");
+    int rc;
+    tsr_batch *b = load(2, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    check_named_once(b, "a.csv", 0);
+    check_named_once(b, "b.json", 0);
+    check_named_once(b, "c.avro", 1); /* a bad header is a file-level error */
+    check_named_once(b, "delete/d", 0);
+    assert_int_equal(b->report.invalid, 3);
+    for (size_t i = 0; i < b->report.nfiles; i++)
+        if (b->report.files[i].kind != TSR_BATCH_AVRO) {
+            assert_int_equal(b->report.files[i].nerrors, 1);
+            assert_int_equal(b->report.files[i].errors[0].where, 1); /* line 1 */
+        }
+    tsr_batch_destroy(b);
+}
+
+static int ignore_rec(void *c, uint64_t w, tsr_datapoint *dp)
+{
+    (void)c, (void)w, (void)dp;
+    return 0;
+}
+static int ignore_bad(void *c, uint64_t w, enum tsr_rec_error t, const char *m)
+{
+    (void)c, (void)w, (void)t, (void)m;
+    return 0;
+}
+static int ignore_del(void *c, uint64_t w, const char *id, size_t l)
+{
+    (void)c, (void)w, (void)id, (void)l;
+    return 0;
+}
+
+/* The readers on their own name the path they were given, once. */
+static void test_readers_name_path_once(void **state)
+{
+    (void)state;
+    tsr_record_sink sink = {NULL, ignore_rec, ignore_bad, ignore_del};
+    int (*const readers[4])(const char *, size_t, const tsr_record_sink *, tsr_error *) = {
+        tsr_batch_csv_read, tsr_batch_json_read, tsr_batch_avro_read, tsr_batch_delete_read};
+    char missing[700];
+    snprintf(missing, sizeof missing, "%s/missing", root);
+    const char *paths[2] = {missing, "/proc/self/mem"};
+    for (size_t k = 0; k < 2; k++)
+        for (size_t i = 0; i < 4; i++) {
+            tsr_error err = TSR_ERROR_INIT;
+            assert_int_not_equal(readers[i](paths[k], 2, &sink, &err), 0);
+            if (count(err.msg, paths[k]) != 1)
+                fail_msg("reader %zu on %s: %s", i, paths[k], err.msg);
+        }
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 int main(void)
 {
@@ -275,7 +440,8 @@ int main(void)
         T(test_data_and_delete_conflict),     T(test_bad_suffix_and_subfolder),
         T(test_gzip_rejected_whatever_the_name), T(test_object_limit),
         T(test_max_invalid_records),          T(test_report_caps_and_json),
-        T(test_missing_root),
+        T(test_missing_root),                 T(test_unreadable_files_named_once),
+        T(test_malformed_first_line_named_once), T(test_readers_name_path_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
