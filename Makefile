@@ -1,6 +1,7 @@
 # Tessera — GNU Makefile.
 #   make            build bin/tessera, bin/tessera-shard, bin/tessera-coordinator, libtessera.a
 #   make test       build and run every test (unit, interop, integration, fuzz-corpus replay)
+#   make test-san   the unit, integration and fault tests against the ASan+UBSan build
 #   make deps       install the Debian packages the project needs (idempotent)
 #   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
 #   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
@@ -66,7 +67,7 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: fuzz-build all deps test test-unit test-interop test-integration test-fuzz-replay fuzz clean \
+.PHONY: fuzz-build all deps test test-san test-unit test-interop test-integration test-fuzz-replay fuzz clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo
 all: $(TARGETS)
 
@@ -126,6 +127,16 @@ ifndef SANITIZE
 	@TSR_SAN_BIN=$(SAN_BIN) tests/run.sh all
 else
 	@tests/run.sh all
+endif
+
+# The unit, integration and fault suites against the ASan+UBSan build (the fuzz-corpus
+# replay, always sanitized, runs in `make test`). .ci/run runs it after `make test`.
+ifndef SANITIZE
+test-san:
+	@$(MAKE) --no-print-directory SANITIZE=address,undefined test-san
+else
+test-san: all $(UNIT_BINS)
+	@TSR_SAN_BIN=$(TSR_BIN) tests/run.sh unit integration faults
 endif
 
 test-unit: all $(UNIT_BINS)

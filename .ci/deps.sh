@@ -7,7 +7,7 @@ pkgs=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
   libjansson-dev libuv1-dev libavro-dev libopenblas-dev zlib1g-dev libcmocka-dev
   python3-faiss python3-numpy python3-avro python3-grpcio python3-grpc-tools python3-protobuf python3-yaml
-  iproute2 curl
+  iproute2 curl openssl
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -290,18 +290,6 @@ int tsr_cmd_cluster_up(int argc, char **argv)
             fprintf(stderr, "cluster: %s\n", err.msg);
             return 2;
         }
-        tls_paths[0] = abs_path(tls.cert);
-        tls_paths[1] = abs_path(tls.key);
-        tls_paths[2] = abs_path(tls.ca);
-        if (!tls_paths[0] || !tls_paths[1] || !tls_paths[2]) {
-            fprintf(stderr, "cluster: TLS files: %s\n", strerror(errno));
-            for (int i = 0; i < 3; i++)
-                free(tls_paths[i]);
-            return 2;
-        }
-        tls.cert = tls_paths[0];
-        tls.key = tls_paths[1];
-        tls.ca = tls_paths[2];
     }
     /* Binaries live beside this one (bin/tessera → bin/tessera-shard). */
     char bindir[PATH_MAX];
@@ -328,6 +316,20 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         if (access(cfg, R_OK) != 0 &&
             write_default_config(cfg, port, shards, dims, distance, nlist, pq_m, nprobe) != 0)
             return 1;
+    }
+    if (tls.cert) { /* checked above; absolute, as the children may log them */
+        tls_paths[0] = abs_path(tls.cert);
+        tls_paths[1] = abs_path(tls.key);
+        tls_paths[2] = abs_path(tls.ca);
+        if (!tls_paths[0] || !tls_paths[1] || !tls_paths[2]) {
+            fprintf(stderr, "cluster: TLS files: %s\n", strerror(errno));
+            for (int i = 0; i < 3; i++)
+                free(tls_paths[i]);
+            return 2;
+        }
+        tls.cert = tls_paths[0];
+        tls.key = tls_paths[1];
+        tls.ca = tls_paths[2];
     }
     memset(&sup, 0, sizeof sup);
     sup.loop = uv_default_loop();

@@ -596,7 +596,7 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
     grpc_arg args[] = {
         {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = (int)s->max_message}},
         {GRPC_ARG_INTEGER, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, {.integer = (int)s->max_message}},
-        /* Accept the clients' keepalive pings (rpc_client sends them every 10 s, also
+        /* Accept the clients' keepalive pings (rpc_client sends them every 5 s, also
          * without calls); without these the server answers with GOAWAY too_many_pings. */
         {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
         {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,

@@ -300,6 +300,32 @@ int tsr__coord_reconcile_once(tsr__coord *c)
     return off;
 }
 
+/* Release(below) to every replica in one parallel fan-out with the short search deadline:
+ * a hung replica must not hold reconcile for stage_deadline_ms. A replica that misses it
+ * keeps its old versions until the next Release (or drops them on its own timeout). */
+static void release_all(tsr__coord *c, int64_t below)
+{
+    size_t S = c->cfg.nshards, len = 0;
+    Tessera__V1__ReleaseRequest m = TESSERA__V1__RELEASE_REQUEST__INIT;
+    m.below_version = below;
+    uint8_t *one = tsr_rpc_pack(&m.base, &len);
+    uint8_t **bufs = tsr_xcalloc(S ? S : 1, sizeof *bufs);
+    size_t *lens = tsr_xcalloc(S ? S : 1, sizeof *lens);
+    for (size_t s = 0; s < S; s++) {
+        bufs[s] = one;
+        lens[s] = len;
+    }
+    tsr_error err = TSR_ERROR_INIT;
+    size_t bad = tsr__coord_all_fanout(c, TSR_SHARD_SVC "Release", bufs, lens,
+                                       c->cfg.search_deadline_ms, NULL, NULL, &err);
+    if (bad)
+        tsr_warn("reconcile: Release(below %lld): %zu replica(s) missed it: %s",
+                 (long long)below, bad, err.msg);
+    free(one);
+    free(bufs);
+    free(lens);
+}
+
 void tsr__coord_schedule_release(tsr__coord *c, uint64_t below)
 {
     pthread_mutex_lock(&c->rec_mu);
@@ -324,8 +350,7 @@ static void *rec_main(void *p)
         if (pthread_mutex_trylock(&c->update_mu) == 0) {
             off = tsr__coord_reconcile_once(c);
             if (rel_at && tsr__now_ms() >= rel_at) {
-                for (size_t k = 0; k < c->nrep; k++)
-                    call_version(c, k, "Release", (int64_t)below);
+                release_all(c, (int64_t)below);
                 pthread_mutex_lock(&c->rec_mu);
                 if (c->release_at_ms == rel_at)
                     c->release_at_ms = 0;

@@ -4,7 +4,9 @@
 # TSR_BIN (binaries) and TSR_BUILD (build dir) come from the Makefile.
 set -u
 cd "$(dirname "$0")/.."
-suite=${1:-all}
+# Several suites may be given: tests/run.sh unit integration fuzz-replay
+suites=" ${*:-all} "
+want() { [[ $suites == *" $1 "* || $suites == *" all "* ]]; }
 fails=0; passes=0; failed=()
 PY=/usr/bin/python3
 export PYTHONDONTWRITEBYTECODE=1
@@ -23,13 +25,13 @@ run() { # name cmd...
   rm -f "$log"
 }
 
-if [ "$suite" = unit ] || [ "$suite" = all ]; then
+if want unit; then
   for t in "$TSR_BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     run "unit/$(basename "$t")" "$t"
   done
 fi
-if [ "$suite" = interop ] || [ "$suite" = all ]; then
+if want interop; then
   for t in tests/interop/test_*.py; do
     [ -f "$t" ] || continue
     run "interop/$(basename "$t")" $PY "$t"
@@ -39,7 +41,7 @@ if [ "$suite" = interop ] || [ "$suite" = all ]; then
     run "interop/$(basename "$t")" bash "$t"
   done
 fi
-if [ "$suite" = integration ] || [ "$suite" = all ]; then
+if want integration; then
   for t in tests/integration/test_*.py; do
     [ -f "$t" ] || continue
     run "integration/$(basename "$t")" $PY "$t"
@@ -51,13 +53,13 @@ if [ "$suite" = integration ] || [ "$suite" = all ]; then
 fi
 # Fault tests across network namespaces (need root for `ip netns`; they create and remove
 # their own namespaces). Also runnable alone: tests/run.sh faults.
-if [ "$suite" = faults ] || [ "$suite" = all ]; then
+if want faults; then
   for t in tests/integration/multihost/test_*.py; do
     [ -f "$t" ] || continue
     run "faults/$(basename "$t")" $PY "$t"
   done
 fi
-if [ "$suite" = fuzz-replay ] || [ "$suite" = all ]; then
+if want fuzz-replay; then
   for f in build/fuzz/fuzz_*; do
     [ -x "$f" ] || continue
     n=$(basename "$f")

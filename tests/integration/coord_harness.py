@@ -68,6 +68,10 @@ class Cluster:
             self.shards.append(sh.Shard(os.path.join(self.root, "shard-%d" % i),
                                         bin_dir=self.bin))
         cfg = {"dimensions": dims, "shards": [s.target for s in self.shards]}
+        if "san-" in os.path.basename(os.path.dirname(os.path.abspath(self.bin))):
+            # ASan+UBSan binaries run 3-5x slower (more on a loaded CI machine): give the
+            # shard fan-out room unless the test sets its own deadline.
+            cfg["search_deadline_ms"] = 20000
         cfg.update(config or {})
         self.config = os.path.join(self.root, "coordinator.json")
         with open(self.config, "w") as f:

@@ -7,11 +7,13 @@
    before the kill, and the coordinator counted failovers (/metrics).
 2. The victim restarts on its address; reconcile sees it (tessera_shard_up 1) and it holds
    the coordinator's version; then its sibling is killed under load: still no failure
-   (so the restarted replica answers).
+   (so the restarted replica answers). A SIGSTOPped (hung) replica under load: no failure
+   either, every answer within the deadline (per-attempt deadline, then the sibling).
 3. With both back, an UpdateIndex adds new ids: it commits on every replica — each
    replica's Stats names the new version, the replicas of a group hold the same vectors,
    and a Shard.Read at the new version on each replica finds the same new labels as its
-   sibling (the groups together all of them). Then a replica killed before an update makes
+   sibling (the groups together all of them). A wiped replica restarted empty is re-seeded
+   from its sibling by reconcile and answers identically. Then a replica killed before an update makes
    the update FAIL naming it (a version is only the group's when all replicas have it).
 Counts answered/failed/hung are printed at the end.
 """
@@ -20,7 +22,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -178,11 +182,31 @@ def under_load(cl, tp, xs, expect, victim, before=1.5, after=2.0):
     return load, at_kill
 
 
+def bad_configs(root):
+    """Replica lists the config must refuse, naming the problem (exit 2)."""
+    cases = [([["127.0.0.1:1", "127.0.0.1:1"]], "listed twice"),
+             (["127.0.0.1:1", ["127.0.0.1:2", "127.0.0.1:1"]], "also a replica of shards[0]"),
+             ([{"replicas": []}], "non-empty array"),
+             ([["127.0.0.1:%d" % (10 + i) for i in range(17)]], "at most 16"),
+             ([{"replicas": ["127.0.0.1:1"], "x": 1}], "unknown key"),
+             ([["127.0.0.1:1", 5]], "replicas[1]")]
+    for shards, want in cases:
+        path = os.path.join(root, "bad.json")
+        with open(path, "w") as f:
+            json.dump({"dimensions": 16, "shards": shards}, f)
+        r = subprocess.run([os.path.join(ch.BIN, "tessera-coordinator"), "--listen",
+                            "127.0.0.1:0", "--data", os.path.join(root, "bad-data"), "--config",
+                            path], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and want in r.stderr, (shards, r.returncode, r.stderr)
+    print("config: %d bad replica lists refused with a message" % len(cases))
+
+
 def main():
     tp, _, sp, _ = ch.stubs()
     rng = np.random.default_rng(17)
     x = rng.normal(size=(N, D)).astype("float32")
     root = sh.tmpdir("tsr-coord-replicas-")
+    bad_configs(root)
     b0 = ch.write_batch(os.path.join(root, "b0"), [ch.dp_json("r%05d" % i, x[i])
                                                    for i in range(N)])
     cfg = {"nlist": 16, "pq_m": 4, "nprobe": 4, "search_deadline_ms": SEARCH_MS}
@@ -252,6 +276,28 @@ def main():
         cl.shards[0] = restart_shard(sib)
         wait_for("the sibling to be up", lambda: metric(
             metrics(mport), "tessera_shard_up", address=cl.shards[0].target) == 1)
+
+        # 2b. SIGSTOP (hung, not dead: the connection stays up) of a replica of group 1:
+        # its attempts hit the per-attempt deadline (half the query's) and are retried on
+        # the sibling, so queries still answer within their deadline
+        hung = cl.shards[2]
+        load = Load(cl, tp, xs, expect)
+        time.sleep(0.5)
+        hung.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(3.0)
+        finally:
+            hung.proc.send_signal(signal.SIGCONT)
+        load.finish()
+        for k in totals:
+            totals[k] += getattr(load, k)
+        print("SIGSTOP of replica %s for 3 s under load: answered %d, failed %d, hung %d, "
+              "wrong %d, slowest %.3fs" % (hung.target, load.answered, load.failed, load.hung,
+                                           load.wrong, load.slowest))
+        assert load.failed == 0 and load.hung == 0 and load.wrong == 0, load.errors[:5]
+        assert load.slowest < DEADLINE_S, load.slowest
+        wait_for("the stopped replica up again", lambda: metric(
+            metrics(mport), "tessera_shard_up", address=hung.target) == 1)
 
         # 3. an update commits on every replica
         newids = ["n%04d" % i for i in range(200)]

@@ -14,8 +14,10 @@ client certificate. Then:
 - mutual TLS on the coordinator (restarted with --tls-client-ca): a client without a
   certificate is refused, one with a certificate signed by the other CA too, one with the
   right certificate answers;
-- the CLI: `tessera query --tls-ca` (and --tls-cert/--tls-key against mutual TLS) answers,
-  without the client certificate it fails with exit 1, an unreadable --tls-ca is exit 2.
+- the CLI: `tessera query/stats/read --tls-ca` (and --tls-cert/--tls-key against mutual TLS) answers,
+  without the client certificate it fails with exit 1, an unreadable --tls-ca is exit 2;
+- `tessera cluster up --tls-cert --tls-key --tls-ca --mtls`: every port mutual TLS; stats
+  over mutual TLS show both shards available (the coordinator reached them over mutual TLS).
 """
 import json
 import os
@@ -248,7 +250,10 @@ def run(bin_dir):
         r = subprocess.run([cli, "stats", "--target", target, "--tls-ca", c["ca.pem"]],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0 and "version 1" in r.stdout, (r.stdout, r.stderr)
-        print("CLI query/stats --tls-ca answer; plaintext CLI fails; bad --tls-ca exit 2")
+        r = subprocess.run([cli, "read", "--target", target, "--tls-ca", c["ca.pem"], "v007"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and '"v007"' in r.stdout, (r.stdout, r.stderr)
+        print("CLI query/stats/read --tls-ca answer; plaintext CLI fails; bad --tls-ca exit 2")
 
         # mutual TLS on the public port
         for chan in chans[:3]:

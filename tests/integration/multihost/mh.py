@@ -66,9 +66,11 @@ def enter_netns(name):
 
 def grpc_channel(target):
     import grpc
-    # short reconnect backoff: the coordinator is killed and restarted in some cases
+    # short reconnect backoff: the coordinator is killed and restarted in some cases.
+    # min_reconnect_backoff is also the connect timeout (GRPC_C_CORE.md): keep it long
+    # enough for a busy sanitizer build to send its SETTINGS frame.
     return grpc.insecure_channel(target, options=[
-        ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 3000),
         ("grpc.max_reconnect_backoff_ms", 300)])
 
 
@@ -154,8 +156,10 @@ def check_clean(name, text):
 class Cluster:
     """Coordinator on host 0, shard i on host 1+i, the test process on the last host."""
 
-    def __init__(self, nshards=3, dims=16, config=None, prefix="tsr-mh-"):
+    def __init__(self, nshards=3, dims=16, config=None, prefix="tsr-mh-", replicas=1):
+        """nshards shard processes; with replicas R, groups of R consecutive ones."""
         self.S = nshards
+        self.R = replicas
         self.dims = dims
         self.net = netns.Net(nshards + 2)
         self.client_host = nshards + 1
@@ -165,7 +169,9 @@ class Cluster:
         self.coord = None
         self.cfg = {"dimensions": dims, "nlist": 16, "pq_m": 4, "nprobe": 16,
                     "search_deadline_ms": 700, "stage_deadline_ms": 20000,
-                    "shards": [self.shard_addr(i) for i in range(nshards)]}
+                    "shards": [self.shard_addr(i) for i in range(nshards)] if replicas == 1
+                    else [[self.shard_addr(g * replicas + j) for j in range(replicas)]
+                          for g in range(nshards // replicas)]}
         self.cfg.update(config or {})
         self.config = os.path.join(self.root, "coordinator.json")
         with open(self.config, "w") as f:
@@ -540,3 +546,30 @@ def check_fault_calls(cl, load, base, victim, down_from, down_to, up_at, name, m
     print("%s: down %d calls; first full answer %.3fs after recovery began" %
           (name, len(down), first if first is not None else -1))
     return first
+
+
+def probe_down(cl, victim, limit_s):
+    """While shard victim is unreachable: GetIndexStats answers within limit_s with the
+    shard not available, ReadIndexDatapoints of every id fails UNAVAILABLE naming it (or
+    answers, when the shard holds none of them) within limit_s. Returns the two latencies."""
+    import grpc
+    tp = stubs()[0]
+    t0 = time.monotonic()
+    st = cl.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=limit_s + 2)
+    t_stats = time.monotonic() - t0
+    assert t_stats <= limit_s, "GetIndexStats took %.3fs" % t_stats
+    assert not st.shards[victim].available, st.shards[victim]
+    assert all(s.available for k, s in enumerate(st.shards) if k != victim), st
+    t0 = time.monotonic()
+    try:
+        cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(
+            ids=["x%05d" % i for i in range(200)]), timeout=limit_s + 2)
+        raise AssertionError("ReadIndexDatapoints answered without shard %d" % victim)
+    except grpc.RpcError as e:
+        t_read = time.monotonic() - t0
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+        assert ("shard %d (%s)" % (victim, cl.shard_addr(victim))) in e.details(), e.details()
+    assert t_read <= limit_s, "ReadIndexDatapoints took %.3fs" % t_read
+    print("while down: GetIndexStats %.3fs (shard %d unavailable), ReadIndexDatapoints "
+          "UNAVAILABLE %.3fs" % (t_stats, victim, t_read))
+    return t_stats, t_read

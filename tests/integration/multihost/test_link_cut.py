@@ -10,6 +10,7 @@ Asserts:
   are UNAVAILABLE naming shard 2, allow_partial calls are answered naming it;
 - while cut, every non-partial call fails and every partial one names the shard;
 - keepalive drops the dead connection within keepalive time + timeout + 3 s;
+- GetIndexStats and ReadIndexDatapoints answer within the deadline + 1 s while cut;
 - every call started 2 s after the heal is a full answer, with the same coordinator.
 """
 import os
@@ -40,7 +41,7 @@ def main():
             "link within %.1fs" % limit
         print("keepalive dropped the coordinator's connection across the cut link after %.2fs"
               % took)
-        time.sleep(1.0)
+        mh.probe_down(cl, VICTIM, 0.7 + 1.0)
         t_heal = time.monotonic()
         cl.net.heal(cl.shard_host(VICTIM))
         time.sleep(3.5)

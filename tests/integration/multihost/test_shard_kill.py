@@ -10,6 +10,8 @@ touching the coordinator. Asserts:
   UNAVAILABLE naming the shard; allow_partial calls are answered, and an answer that
   lacks shard 1 names it in missing_shards (and only it);
 - while the shard is down, every non-partial call fails and every partial one names it;
+- GetIndexStats (shard 1 not available) and ReadIndexDatapoints (UNAVAILABLE naming it)
+  answer within the deadline + 1 s while it is down;
 - every call started 2 s after the restarted shard listens is a full answer (the same
   neighbours as before the fault), and the coordinator process is the same one.
 """
@@ -32,7 +34,9 @@ def main():
         t_kill = time.monotonic()
         rc = cl.shards[VICTIM].kill9()
         assert rc == -9, rc
-        time.sleep(2.0)
+        time.sleep(0.3)
+        mh.probe_down(cl, VICTIM, 0.7 + 1.0)
+        time.sleep(1.0)
         t_restart = time.monotonic()
         cl.start_shard(VICTIM)
         up_at = cl.shards[VICTIM].started_at

@@ -11,6 +11,7 @@ connection to it, then gets SIGCONT. Asserts:
 - keepalive detects the stopped peer: the coordinator's ESTABLISHED connection to the
   shard (seen with `ss` in the coordinator's namespace) is gone within keepalive time +
   timeout (common/rpc_client.c: 5 s + 3 s) + 3 s slack;
+- GetIndexStats and ReadIndexDatapoints answer within the deadline + 1 s while stopped;
 - every call started 2 s after SIGCONT is a full answer, with the same coordinator.
 """
 import os
@@ -41,7 +42,7 @@ def main():
             "shard within %.1fs (connections %s)" % (limit, cl.established(0, cl.shard_addr(VICTIM)))
         print("keepalive dropped the coordinator's connection to the stopped shard after %.2fs"
               % took)
-        time.sleep(1.0)
+        mh.probe_down(cl, VICTIM, 0.7 + 1.0)
         t_cont = time.monotonic()
         cl.shards[VICTIM].signal(signal.SIGCONT)
         time.sleep(3.5)
