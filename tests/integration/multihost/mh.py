@@ -156,8 +156,10 @@ def check_clean(name, text):
 class Cluster:
     """Coordinator on host 0, shard i on host 1+i, the test process on the last host."""
 
-    def __init__(self, nshards=3, dims=16, config=None, prefix="tsr-mh-"):
+    def __init__(self, nshards=3, dims=16, config=None, prefix="tsr-mh-", replicas=1):
+        """nshards shard processes; with replicas R, groups of R consecutive ones."""
         self.S = nshards
+        self.R = replicas
         self.dims = dims
         self.net = netns.Net(nshards + 2)
         self.client_host = nshards + 1
@@ -167,7 +169,9 @@ class Cluster:
         self.coord = None
         self.cfg = {"dimensions": dims, "nlist": 16, "pq_m": 4, "nprobe": 16,
                     "search_deadline_ms": 700, "stage_deadline_ms": 20000,
-                    "shards": [self.shard_addr(i) for i in range(nshards)]}
+                    "shards": [self.shard_addr(i) for i in range(nshards)] if replicas == 1
+                    else [[self.shard_addr(g * replicas + j) for j in range(replicas)]
+                          for g in range(nshards // replicas)]}
         self.cfg.update(config or {})
         self.config = os.path.join(self.root, "coordinator.json")
         with open(self.config, "w") as f:
@@ -529,9 +533,11 @@ def check_fault_calls(cl, load, base, victim, down_from, down_to, up_at, name, m
     assert len(down) >= 4, "too few calls while the shard was down: %d" % len(down)
     for c in down:
         if c.partial:
-            assert c.code == grpc.StatusCode.OK and c.missing == [vaddr], (c.code, c.missing)
+            assert c.code == grpc.StatusCode.OK and c.missing == [vaddr], \
+                (c.code, c.missing, "started %.3fs into the fault" % (c.t0 - down_from))
         else:
-            assert c.code == grpc.StatusCode.UNAVAILABLE, c.code
+            assert c.code == grpc.StatusCode.UNAVAILABLE, \
+                (c.code, "started %.3fs into the fault" % (c.t0 - down_from))
     after = [c for c in calls if c.t0 >= up_at + 2.0]
     assert len(after) >= 4, "too few calls after the restart: %d" % len(after)
     bad = [c for c in after if not is_full(c, base)]
