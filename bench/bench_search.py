@@ -180,6 +180,7 @@ def main():
         return NQ / fb, recall(fI), NQ / tb, recall(tI)
 
     have_tsr = os.path.exists(tsr_path) and "tessera_build_s" in meta
+    load0 = os.getloadavg()[0]
     rows = []
     for p in NPROBES:
         fq, fr, tq, tr = side_by_side(faiss_path, p)
@@ -212,6 +213,8 @@ def main():
     print("Build (train + add), one thread: Faiss %.1f s, Tessera %s%s"
           % (fb, "%.1f s" % tb if tb else "n/a",
              ", ratio %.2f" % (tb / fb) if tb and fb else ""))
+    print("Load average (1 min) at the start / end of the searches: %.1f / %.1f on %d cores"
+          % (load0, os.getloadavg()[0], os.cpu_count() or 0))
     print("(Columns 2-6: both engines on the same Faiss-built file, runs alternated, best "
           "of %s each; Faiss's own build is that file. Build times are cached from the first "
           "run. Shared machine: compare the ratios of one run.)"
