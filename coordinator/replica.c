@@ -121,7 +121,11 @@ void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, do
 {
     tsr__replica *r = &c->rep[k];
     char l[900];
+    /* snprintf returns the length it wanted: clamp it, or a long address would put the
+     * second part past the end of l (config.c bounds addresses; this stays safe anyway) */
     int o = snprintf(l, 600, "shard=%zu,replica=%zu,address=%s", r->group, r->index, r->addr);
+    if (o < 0 || o > 599)
+        o = o < 0 ? 0 : 599;
     tsr_metrics_histogram_observe("tessera_shard_call_duration_seconds", l, secs);
     snprintf(l + o, sizeof l - (size_t)o, ",method=%s,code=%s", method,
              tsr_rpc_code_name(code));
@@ -500,6 +504,8 @@ void tsr__coord_metrics_register(tsr__coord *c)
         snprintf(l, sizeof l, "shard=%zu", s);
         tsr_metrics_counter_add("tessera_shard_failovers_total", l, 0);
     }
+    tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=ok", 0);
+    tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=failed", 0);
     tsr_metrics_counter_add("tessera_queries_total", NULL, 0);
     tsr_metrics_counter_add("tessera_query_shards_touched_total", NULL, 0);
     tsr_metrics_counter_add("tessera_query_lists_probed_total", NULL, 0);
