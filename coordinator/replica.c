@@ -108,6 +108,13 @@ static int replica_fault(int code)
            code == TSR_RPC_FAILED_PRECONDITION || code == TSR_RPC_UNKNOWN;
 }
 
+/* "/tessera.v1.Shard/Stage" -> "Stage" (for messages); other methods as they are. */
+static const char *short_method(const char *method)
+{
+    size_t n = strlen(TSR_SHARD_SVC);
+    return strncmp(method, TSR_SHARD_SVC, n) == 0 ? method + n : method;
+}
+
 static void name_of(const tsr__coord *c, size_t k, char *buf, size_t cap)
 {
     const tsr__replica *r = &c->rep[k];
@@ -138,9 +145,7 @@ void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, do
             char nm[600];
             name_of(c, k, nm, sizeof nm);
             tsr_warn("%s: %s %s: marked down, queries go to the other replicas", nm,
-                     method + (strncmp(method, TSR_SHARD_SVC, strlen(TSR_SHARD_SVC)) == 0
-                                   ? strlen(TSR_SHARD_SVC) : 0),
-                     tsr_rpc_code_name(code));
+                     short_method(method), tsr_rpc_code_name(code));
         }
     } else {
         atomic_store(&r->fails, 0);
@@ -315,8 +320,6 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
     double t0 = tsr_metrics_now();
     tsr_rpc_fanout(calls, n);
     double secs = tsr_metrics_now() - t0;
-    const char *short_m = method + (strncmp(method, TSR_SHARD_SVC, strlen(TSR_SHARD_SVC)) == 0
-                                        ? strlen(TSR_SHARD_SVC) : 0);
     for (size_t i = 0; i < n; i++) {
         size_t k = (size_t)(uintptr_t)calls[i].user;
         tsr_rpc_result *r = &calls[i].result;
@@ -333,8 +336,9 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
             if (!bad) {
                 char nm[600];
                 name_of(c, k, nm, sizeof nm);
-                tsr_err(err, tsr_rpc_error_from_status(r->code), "%s: %s %s: %s", nm, short_m,
-                        tsr_rpc_code_name(r->code), r->message ? r->message : "");
+                tsr_err(err, tsr_rpc_error_from_status(r->code), "%s: %s %s: %s", nm,
+                        short_method(method), tsr_rpc_code_name(r->code),
+                        r->message ? r->message : "");
             }
             bad++;
         }
