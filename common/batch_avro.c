@@ -507,6 +507,29 @@ static int take_string(avro_value_t *v, const char *field, char **out, size_t *o
     return 0;
 }
 
+/* Entry i of the array arr (restricts or numeric_restricts, named by what) into *e and its
+ * namespace, a non-empty string, into *ns (new string). *count counts the entry as soon as
+ * it exists, before the namespace is taken, so that whatever was taken is freed with the
+ * datapoint when the record turns out invalid. */
+static int take_entry_ns(avro_value_t *arr, size_t i, const char *what, avro_value_t *e,
+                         size_t *count, char **ns, size_t *nslen, enum tsr_rec_error *type,
+                         char *msg, size_t msgcap)
+{
+    char field[64];
+    snprintf(field, sizeof field, "%s[%zu].namespace", what, i);
+    avro_value_t v;
+    if (avro_value_get_by_index(arr, i, e, NULL) != 0 ||
+        avro_value_get_by_name(e, "namespace", &v, NULL) != 0)
+        BAD(TSR_REC_NAMESPACE_MISSING, "%s: missing", field);
+    (*count)++;
+    int rc = take_string(&v, field, ns, nslen, TSR_REC_NAMESPACE_MISSING, type, msg, msgcap);
+    if (rc != 0)
+        return rc;
+    if (*nslen == 0)
+        BAD(TSR_REC_NAMESPACE_MISSING, "%s is empty", field);
+    return 0;
+}
+
 static int take_floats(avro_value_t *arr, float **out, size_t *n, const char *field,
                        enum tsr_rec_error *type, char *msg, size_t msgcap)
 {
@@ -746,20 +769,12 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
                 return -1;
         }
         for (size_t i = 0; i < cnt; i++) {
-            avro_value_t e, ns;
-            char field[48];
-            snprintf(field, sizeof field, "restricts[%zu].namespace", i);
-            if (avro_value_get_by_index(&v, i, &e, NULL) != 0 ||
-                avro_value_get_by_name(&e, "namespace", &ns, NULL) != 0)
-                BAD(TSR_REC_NAMESPACE_MISSING, "%s: missing", field);
+            avro_value_t e;
             tsr_token_restrict *t = &dp->restricts[i];
-            dp->nrestricts++;
             size_t nslen;
-            if ((rc = take_string(&ns, field, &t->ns, &nslen, TSR_REC_NAMESPACE_MISSING, type, msg,
-                                  msgcap)) != 0)
+            if ((rc = take_entry_ns(&v, i, "restricts", &e, &dp->nrestricts, &t->ns, &nslen, type,
+                                    msg, msgcap)) != 0)
                 return rc;
-            if (nslen == 0)
-                BAD(TSR_REC_NAMESPACE_MISSING, "%s is empty", field);
             if ((rc = take_tokens(&e, "allow", t->ns, i, &t->allow, &t->nallow, type, msg,
                                   msgcap)) != 0)
                 return rc;
@@ -781,20 +796,12 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
                 return -1;
         }
         for (size_t i = 0; i < cnt; i++) {
-            avro_value_t e, ns, x;
-            char field[56];
-            snprintf(field, sizeof field, "numeric_restricts[%zu].namespace", i);
-            if (avro_value_get_by_index(&v, i, &e, NULL) != 0 ||
-                avro_value_get_by_name(&e, "namespace", &ns, NULL) != 0)
-                BAD(TSR_REC_NAMESPACE_MISSING, "%s: missing", field);
+            avro_value_t e, x;
             tsr_numeric_restrict *nr = &dp->numeric[i];
-            dp->nnumeric++;
             size_t nslen;
-            if ((rc = take_string(&ns, field, &nr->ns, &nslen, TSR_REC_NAMESPACE_MISSING, type, msg,
-                                  msgcap)) != 0)
+            if ((rc = take_entry_ns(&v, i, "numeric_restricts", &e, &dp->nnumeric, &nr->ns, &nslen,
+                                    type, msg, msgcap)) != 0)
                 return rc;
-            if (nslen == 0)
-                BAD(TSR_REC_NAMESPACE_MISSING, "%s is empty", field);
             tsr__avro_snippet(sn, sizeof sn, nr->ns, nslen);
             int nset = 0;
             if (get_opt(&e, "value_int", &x)) {

@@ -33,7 +33,7 @@
 #include "ivfpq.h"
 
 /* Which scan kernel to use. AUTO: the env var TSR_SIMD (scalar|avx2|avx512) if set,
- * else the best the CPU supports. */
+ * else the fastest the CPU supports (measured once per process). */
 enum tsr_simd { TSR_SIMD_AUTO = 0, TSR_SIMD_SCALAR = 1, TSR_SIMD_AVX2 = 2, TSR_SIMD_AVX512 = 3 };
 
 /* Filter: return nonzero to accept `label`. Called only for candidates whose distance
@@ -84,10 +84,55 @@ void tsr_ivfpq_search_invalidate(tsr_ivfpq *ix);
 /* Called by tsr_ivfpq_destroy (weak symbol in ivfpq.c). */
 void tsr__ivfpq_search_cache_free(tsr_ivfpq *ix);
 
+/* ---- scanning lists held outside the index ------------------------------------------
+ * The pieces of search_preassigned for a caller that keeps its own inverted lists (the
+ * shard's copy-on-write version snapshots) and its own collector (filters, crowding,
+ * re-rank). Scores are "smaller is better": the L2 distance, or minus the inner product,
+ * computed exactly as tsr_ivfpq_search computes them (same kernels, same rounding). */
+
+typedef struct tsr_ivfpq_scanner tsr_ivfpq_scanner;
+
+/* Returns a new scanner over ix (borrowed: must outlive the scanner; only its quantizers
+ * are used, not its lists), or NULL with err set. One scanner per thread. */
+tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd simd,
+                                            tsr_error *err);
+void tsr_ivfpq_scanner_destroy(tsr_ivfpq_scanner *s); /* accepts NULL */
+
+/* Sets the query (d floats, copied into the per-query table). */
+void tsr_ivfpq_scanner_set_query(tsr_ivfpq_scanner *s, const float *x);
+
+/* The score offset of a list from its coarse distance (||x - c||^2 for L2, <x, c> for IP;
+ * ignored without by_residual). */
+float tsr_ivfpq_scanner_base(const tsr_ivfpq_scanner *s, float coarse_dis);
+
+/* Called for each code whose score is <= the current threshold, with its position i in
+ * the list; returns the new threshold (a collector's worst kept score, +inf while it is
+ * not full). */
+typedef float (*tsr_ivfpq_sink_fn)(void *ctx, size_t i, float score);
+
+/* Scans n codes (n * code_size bytes) of one list: score_i = base + term[i] +
+ * sum_m T[m][code_m]; term is the list's tsr_ivfpq_list_terms (NULL when
+ * tsr_ivfpq_has_terms is 0). thr is the initial threshold; returns the final one. */
+float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t n,
+                             const float *term, float base, float thr,
+                             tsr_ivfpq_sink_fn sink, void *ctx);
+
+/* 1 when scores need a per-vector term (L2 with by_residual), else 0. */
+int tsr_ivfpq_has_terms(const tsr_ivfpq *ix);
+
+/* term[i] = ||y_i||^2 + 2<c_list, y_i> for n codes of list `list` (y_i the PQ
+ * reconstruction; only when tsr_ivfpq_has_terms). Returns 0 or TSR_ENOMEM/TSR_EINVAL. */
+int tsr_ivfpq_list_terms(const tsr_ivfpq *ix, size_t list, const uint8_t *codes, size_t n,
+                         float *term, tsr_error *err);
+
 /* The kernel AUTO resolves to, and whether a given one can run on this CPU. */
 enum tsr_simd tsr_ivfpq_search_simd_auto(void);
 int tsr_ivfpq_search_simd_supported(enum tsr_simd s);
 const char *tsr_ivfpq_search_simd_name(enum tsr_simd s);
+
+/* Codes ahead that the scalar kernel prefetches (one 64-byte line per code at M = 64;
+ * ~100 ns of memory latency at ~10 ns per code). */
+#define TSR__SCAN_PREFETCH 12
 
 /* ---- internal: 8-bit scan kernels (ivfpq_search.c, _avx2.c, _avx512.c) -------------- */
 /* out[i] = base + (term ? term[i] : 0) + sum_m T[m * 256 + codes[i * M + m]], i < n. */

@@ -36,9 +36,12 @@
  *   Threads: `cqs` completion queues with one polling thread each (default 1 on one core,
  *   else 2; more than the cores is slower). A handler without TSR_RPC_LONG runs on the
  *   polling thread that received the call: it must be short and must never block on
- *   another RPC or on a lock held by slow work. TSR_RPC_LONG handlers run on a worker
- *   pool (`workers` threads) and their reply is sent from the worker. A handler that
- *   fans out to other servers (the coordinator's FindNeighbors) MUST be TSR_RPC_LONG.
+ *   another RPC or on a lock held by slow work. TSR_RPC_LONG handlers run on the polling
+ *   thread that received the call while another polling thread of its queue stays free
+ *   (two per queue), else on a worker pool (`workers` threads); either way the reply is
+ *   sent from the thread that ran them (env TSR_RPC_INLINE_LONG=0: always the pool). A
+ *   handler that fans out to other servers (the coordinator's FindNeighbors) MUST be
+ *   TSR_RPC_LONG.
  *   Handlers for the same or different methods run concurrently: they must be
  *   thread-safe with respect to their ctx.
  *

@@ -3,10 +3,11 @@
  *
  * A shard serves immutable, refcounted version snapshots (tsr__version). A version is
  * made of shared pieces so that version N+1 costs only what changed:
- *  - tsr__tmpl: the trained quantizer (coarse centroids + PQ, no vectors) and the
- *    per-list precomputed ADC term table; shared by every version built on it;
- *  - tsr__list: one inverted list's codes and labels; a list an update does not touch is
- *    shared by N and N+1 (copy-on-write per list);
+ *  - tsr__tmpl: the trained quantizer (coarse centroids + PQ, no vectors); shared by
+ *    every version built on it;
+ *  - tsr__list: one inverted list's codes, labels and per-code ADC terms (common/
+ *    ivfpq_search's tsr_ivfpq_list_terms); a list an update does not touch is shared by N
+ *    and N+1 (copy-on-write per list);
  *  - tsr__rec: one datapoint (id, raw dense vector, restricts, numeric, crowding tag,
  *    sparse); shared by every version that holds it.
  * The per-version parts are pointer arrays, the filter dictionary + row metadata, and
@@ -42,9 +43,7 @@
 
 typedef struct tsr__tmpl {
     atomic_int refs;
-    tsr_ivfpq *ix;   /* owned; lists all empty; never searched through its lists */
-    float *cnorm;    /* owned: M*ksub squared norms of the PQ sub-centroids (L2) */
-    float *ptab;     /* owned, may be NULL: nlist*M*ksub of 2<yC_m, c_mj> (L2 by_residual) */
+    tsr_ivfpq *ix;   /* owned; lists all empty; scanned only through tsr_ivfpq_scanner */
 } tsr__tmpl;
 
 typedef struct tsr__list {
@@ -52,6 +51,7 @@ typedef struct tsr__list {
     size_t n;
     uint8_t *codes;  /* owned: n * code_size */
     int64_t *ids;    /* owned: n labels */
+    float *term;     /* owned: n ADC terms (L2 by_residual), else NULL */
 } tsr__list;
 
 typedef struct tsr__rec {

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "faiss_io.h"
+#include "ivfpq_search.h"
 #include "mem.h"
 #include "shard.h"
 #include "sparse.h"
@@ -46,45 +47,13 @@ tsr__tmpl *tsr__tmpl_from_index(tsr_ivfpq *ix, tsr_error *err)
         memset(&ix->lists[i], 0, sizeof ix->lists[i]);
     }
     ix->ntotal = 0;
-    const tsr_pq *pq = &ix->pq;
-    size_t mk = pq->M * pq->ksub;
-    t->cnorm = tsr_try_malloc(mk, sizeof(float));
-    if (t->cnorm == NULL)
-        goto nomem;
-    for (size_t j = 0; j < mk; j++) {
-        const float *c = pq->centroids + j * pq->dsub;
-        float s = 0;
-        for (size_t q = 0; q < pq->dsub; q++)
-            s += c[q] * c[q];
-        t->cnorm[j] = s;
-    }
-    /* Faiss's precomputed table type 1: T[i][m][j] = ||c_mj||^2 + 2<yC_i,m, c_mj>, kept
-     * when it fits in 256 MB (Faiss's own limit is 2 GB); otherwise computed per list. */
-    size_t tab;
-    if (ix->metric == TSR_METRIC_L2 && ix->by_residual && tsr_mul_ok(ix->nlist, mk, &tab) == 0 &&
-        tab <= (256u << 20) / sizeof(float)) {
-        t->ptab = tsr_try_malloc(tab, sizeof(float));
-        if (t->ptab == NULL)
-            goto nomem;
-        for (size_t i = 0; i < ix->nlist; i++) {
-            const float *yc = ix->centroids + i * (size_t)ix->d;
-            float *T = t->ptab + i * mk;
-            for (size_t m = 0; m < pq->M; m++)
-                for (size_t j = 0; j < pq->ksub; j++) {
-                    const float *c = pq->centroids + (m * pq->ksub + j) * pq->dsub;
-                    const float *y = yc + m * pq->dsub;
-                    float ip = 0;
-                    for (size_t q = 0; q < pq->dsub; q++)
-                        ip += y[q] * c[q];
-                    T[m * pq->ksub + j] = t->cnorm[m * pq->ksub + j] + 2.0f * ip;
-                }
-        }
+    /* The scanner cache (transposed PQ centroids) now rather than under the first query
+     * (a template without quantizers fails later, at its first scan). */
+    if (ix->pq.centroids && ix->centroids && tsr_ivfpq_search_prepare(ix, err) != 0) {
+        tsr__tmpl_unref(t);
+        return NULL;
     }
     return t;
-nomem:
-    tsr_err(err, TSR_ENOMEM, "out of memory for the ADC tables");
-    tsr__tmpl_unref(t);
-    return NULL;
 }
 
 tsr__tmpl *tsr__tmpl_ref(tsr__tmpl *t)
@@ -99,8 +68,6 @@ void tsr__tmpl_unref(tsr__tmpl *t)
     if (t == NULL || atomic_fetch_sub(&t->refs, 1) != 1)
         return;
     tsr_ivfpq_destroy(t->ix);
-    free(t->cnorm);
-    free(t->ptab);
     free(t);
 }
 
@@ -117,7 +84,20 @@ void tsr__list_unref(tsr__list *l)
         return;
     free(l->codes);
     free(l->ids);
+    free(l->term);
     free(l);
+}
+
+/* The per-code ADC terms of a list just filled (see tsr__list). */
+static int list_terms(const tsr__tmpl *t, size_t list, tsr__list *l, tsr_error *err)
+{
+    if (!tsr_ivfpq_has_terms(t->ix) || l->n == 0)
+        return 0;
+    l->term = tsr_try_malloc(l->n, sizeof(float));
+    if (l->term == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory for the terms of list %zu (%zu codes)",
+                       list, l->n);
+    return tsr_ivfpq_list_terms(t->ix, list, l->codes, l->n, l->term, err);
 }
 
 tsr__rec *tsr__rec_ref(tsr__rec *r)
@@ -185,7 +165,8 @@ uint64_t tsr__version_memory(const tsr__version *v)
     size_t cs = v->tmpl ? v->tmpl->ix->code_size : 0;
     for (size_t i = 0; i < v->nlist; i++)
         if (v->lists[i])
-            b += v->lists[i]->n * (cs + sizeof(int64_t));
+            b += v->lists[i]->n * (cs + sizeof(int64_t) +
+                                   (v->lists[i]->term ? sizeof(float) : 0));
     for (size_t i = 0; i < v->nrecs; i++) {
         const tsr_datapoint *dp = &v->recs[i]->dp;
         b += sizeof(tsr__rec) + strlen(dp->id) + dp->ndense * sizeof(float) +
@@ -455,6 +436,8 @@ int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edi
         if (l->n == 0) {
             tsr__list_unref(l);
             v->lists[i] = NULL;
+        } else if ((rc = list_terms(v->tmpl, i, l, err)) != 0) {
+            goto fail;
         }
     }
     if ((rc = finish(v, base->dict, err)) != 0)
@@ -895,6 +878,9 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
         rc = err ? err->code : TSR_ENOMEM;
         goto fail;
     }
+    for (size_t i = 0; i < v->nlist; i++)
+        if (v->lists[i] && (rc = list_terms(v->tmpl, i, v->lists[i], err)) != 0)
+            goto fail;
 
     snprintf(path, sizeof path, "%s/meta", dir);
     if ((rc = read_all(path, &mb, &mn, err)) != 0)

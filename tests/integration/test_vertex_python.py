@@ -52,7 +52,7 @@ def expect_error(fn, code, *needles):
     raise AssertionError("expected %s %s" % (code, needles))
 
 
-def run(bin_dir):
+def run(bin_dir, distance="SQUARED_L2", nq=24):
     tp = ch.stubs()[0]
     mp, mpg = vh.vstubs()
     D = vh.dataset()
@@ -61,7 +61,8 @@ def run(bin_dir):
     orig = ch.Proc
     ch.Proc = lambda argv, env=None: orig(argv + ["--deployed-index-id", IDX], env)
     try:
-        cl = ch.Cluster(4, D.d, {"nlist": 8, "pq_m": 4, "nprobe": 2}, bin_dir=bin_dir)
+        cl = ch.Cluster(4, D.d, {"nlist": 8, "pq_m": 4, "nprobe": 2, "distance": distance},
+                        bin_dir=bin_dir)
     finally:
         ch.Proc = orig
     try:
@@ -113,7 +114,7 @@ def run(bin_dir):
         counts = {"match": 0, "filtered": 0, "crowd": 0, "knobs": 0, "sparse": 0, "rrf": 0,
                   "nonempty": 0}
         batch_items, batch_refs = [], []
-        for j in range(24):
+        for j in range(nq):
             qv = rng.normal(size=D.d).astype("float32")
             rs, qr = [], {}
             if j % 3:
@@ -170,7 +171,22 @@ def run(bin_dir):
                     same(mr, fn(qv, sparse=sq, alpha=al, frac=1.0, approx=D.n, **kw),
                          ("rrf", al, j))
                     counts["rrf"] += 1
-        print("Match == FindNeighbors:", counts)
+        print(distance, "Match == FindNeighbors:", counts)
+        if distance != "SQUARED_L2":
+            # the distance is FindNeighbors' (dot product, larger is nearer), also for a
+            # query by embedding_id (the stored, for COSINE normalized, vector)
+            for i in (5, 123):
+                mr = vs.Match(mreq(eid="p%04d" % i, frac=1.0, approx=D.n), timeout=30)
+                same(mr, fn(D.x[i], frac=1.0, approx=D.n), ("embedding_id", distance, i))
+                ds = [n.distance for n in mr.neighbor]
+                assert ds == sorted(ds, reverse=True) and len(ds) == K, ds
+                xs = D.x / np.linalg.norm(D.x, axis=1, keepdims=True) \
+                    if distance == "COSINE" else D.x
+                ref = xs @ xs[i]
+                top = np.argsort(-ref, kind="stable")[:K]
+                assert [n.id for n in mr.neighbor] == ["p%04d" % t for t in top], distance
+                assert np.allclose(ds, ref[top], rtol=1e-4, atol=1e-4)
+            return
         assert counts["nonempty"] > 0.8 * (counts["match"] + counts["crowd"] + counts["knobs"] +
                                            counts["sparse"] + counts["rrf"]), counts
 
@@ -335,6 +351,7 @@ def run(bin_dir):
 def main():
     for b in sh.bins():  # release, then the ASan+UBSan build under `make test`
         run(b)
+        run(b, "DOT_PRODUCT", nq=6)
         print("ok with", b)
     print("test_vertex_python: OK")
 

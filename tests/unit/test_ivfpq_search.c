@@ -197,6 +197,103 @@ static void check_query(const tsr_ivfpq *ix, const float *x, const int64_t *list
     free(c);
 }
 
+/* ---- the public scanner over the index's own lists ---- */
+typedef struct scan_ctx {
+    float *scores;
+    size_t n, cap;
+    float thr;     /* threshold the sink returns */
+    float maxseen; /* largest score offered */
+} scan_ctx;
+
+static float collect_sink(void *ctx, size_t i, float score)
+{
+    scan_ctx *c = ctx;
+    (void)i;
+    if (c->n < c->cap)
+        c->scores[c->n] = score;
+    c->n++;
+    if (score > c->maxseen)
+        c->maxseen = score;
+    return c->thr;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Every code of the probed lists is offered once with thr = +inf, the k best scores are
+ * the search's distances (bit for bit for L2: same kernels, same base; IP by_residual: the
+ * search recomputes <x, c>, the scanner takes it from the coarse step), and with a finite
+ * threshold only codes at or under it are offered. */
+static void check_scanner(const tsr_ivfpq *ix, const float *xq, size_t nq, const int64_t *cl,
+                          const float *cd, size_t nprobe, size_t k, const float *D0)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_ivfpq_scanner *sc = tsr_ivfpq_scanner_create(ix, TSR_SIMD_AUTO, &err);
+    assert_non_null(sc);
+    int ip = ix->metric == TSR_METRIC_IP;
+    size_t d = (size_t)ix->d;
+    for (size_t q = 0; q < nq; q++) {
+        size_t total = 0;
+        for (size_t p = 0; p < nprobe; p++)
+            total += ix->lists[cl[q * nprobe + p]].size;
+        scan_ctx c = {malloc((total ? total : 1) * sizeof(float)), 0, total, INFINITY,
+                      -INFINITY};
+        tsr_ivfpq_scanner_set_query(sc, xq + q * d);
+        for (size_t p = 0; p < nprobe; p++) {
+            const tsr_invlist *L = &ix->lists[cl[q * nprobe + p]];
+            float *term = NULL;
+            if (tsr_ivfpq_has_terms(ix)) {
+                term = malloc((L->size ? L->size : 1) * sizeof(float));
+                assert_int_equal(tsr_ivfpq_list_terms(ix, (size_t)cl[q * nprobe + p],
+                                                      L->codes, L->size, term, &err), 0);
+            }
+            float base = tsr_ivfpq_scanner_base(sc, cd[q * nprobe + p]);
+            assert_true(tsr_ivfpq_scanner_scan(sc, L->codes, L->size, term, base, INFINITY,
+                                               collect_sink, &c) == INFINITY);
+            free(term);
+        }
+        assert_int_equal(c.n, total);
+        qsort(c.scores, total, sizeof(float), cmp_float);
+        for (size_t r = 0; r < k && r < total; r++) {
+            float want = ip ? -D0[q * k + r] : D0[q * k + r];
+            if (!ip || !ix->by_residual)
+                assert_true(c.scores[r] == want);
+            else
+                assert_true(fabsf(c.scores[r] - want) <= 1e-5f * (fabsf(want) + 1.0f));
+        }
+        /* a finite threshold: the median; nothing above it is offered */
+        if (total > 0) {
+            float thr = c.scores[total / 2];
+            size_t under = 0;
+            while (under < total && c.scores[under] <= thr)
+                under++;
+            scan_ctx c2 = {NULL, 0, 0, thr, -INFINITY};
+            for (size_t p = 0; p < nprobe; p++) {
+                const tsr_invlist *L = &ix->lists[cl[q * nprobe + p]];
+                float *term = NULL;
+                if (tsr_ivfpq_has_terms(ix)) {
+                    term = malloc((L->size ? L->size : 1) * sizeof(float));
+                    assert_int_equal(tsr_ivfpq_list_terms(ix, (size_t)cl[q * nprobe + p],
+                                                          L->codes, L->size, term, &err), 0);
+                }
+                tsr_ivfpq_scanner_scan(sc, L->codes, L->size, term,
+                                       tsr_ivfpq_scanner_base(sc, cd[q * nprobe + p]), thr,
+                                       collect_sink, &c2);
+                free(term);
+            }
+            assert_true(c2.maxseen <= thr);
+            assert_int_equal(c2.n, under);
+        }
+        free(c.scores);
+    }
+    tsr_ivfpq_scanner_destroy(sc);
+    if (!tsr_ivfpq_has_terms(ix)) /* terms are refused where they do not apply */
+        assert_int_not_equal(tsr_ivfpq_list_terms(ix, 0, NULL, 0, NULL, &err), 0);
+}
+
 static void run_variant(int d, size_t M, size_t nbits, enum tsr_metric metric, int by_residual)
 {
     const size_t nlist = 8, nprobe = 3, k = 10;
@@ -244,6 +341,7 @@ static void run_variant(int d, size_t M, size_t nbits, enum tsr_metric metric, i
                      nq - same, nq);
     }
     o.simd = TSR_SIMD_AUTO;
+    check_scanner(ix, f.xq, nq, cl, cd, nprobe, k, D0);
 
     /* search_preassigned with the same lists gives the same answer; with lists shuffled
      * and one dropped, the answer matches the reference over those lists */

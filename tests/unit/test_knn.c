@@ -86,6 +86,70 @@ static void test_knn_ip(void **state)
     check_metric(TSR_METRIC_IP, 3, 4, 16, 9); /* k > ny: -1 padding */
 }
 
+/* Large k (the selection path: k >= 32) on coordinates in {0, 0.5, ..., 2}: every product
+ * and sum is exact in float, so the exact reference order (distance, then the smaller
+ * label; many ties) must come out label for label, whatever the algorithm. */
+static int ref_cmp_l2(const void *a, const void *b)
+{
+    const double *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] < y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+static void check_exact_ties(enum tsr_metric metric, size_t n, size_t ny, size_t d, size_t k)
+{
+    unsigned s = 11;
+    float *x = malloc(n * d * sizeof(float)), *y = malloc(ny * d * sizeof(float));
+    for (size_t i = 0; i < n * d; i++)
+        x[i] = 0.5f * (float)((s = s * 1103515245u + 12345u) >> 16 & 3);
+    for (size_t i = 0; i < ny * d; i++)
+        y[i] = 0.5f * (float)((s = s * 1103515245u + 12345u) >> 16 & 3);
+    float *D = malloc(n * k * sizeof(float));
+    int64_t *I = malloc(n * k * sizeof(int64_t));
+    double *ref = malloc(2 * ny * sizeof(double));
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_knn(x, n, y, ny, d, metric, k, NULL, D, I, &err), 0);
+    for (size_t q = 0; q < n; q++) {
+        for (size_t j = 0; j < ny; j++) {
+            double a = 0;
+            for (size_t t = 0; t < d; t++) {
+                double u = x[q * d + t], v = y[j * d + t];
+                a += metric == TSR_METRIC_L2 ? (u - v) * (u - v) : u * v;
+            }
+            ref[2 * j] = metric == TSR_METRIC_L2 ? a : -a; /* smaller is better */
+            ref[2 * j + 1] = (double)j;
+        }
+        qsort(ref, ny, 2 * sizeof(double), ref_cmp_l2);
+        for (size_t r = 0; r < k; r++) {
+            if (r >= ny) {
+                assert_int_equal(I[q * k + r], -1);
+                continue;
+            }
+            assert_int_equal(I[q * k + r], (int64_t)ref[2 * r + 1]);
+            double dv = metric == TSR_METRIC_L2 ? ref[2 * r] : -ref[2 * r];
+            assert_true(D[q * k + r] == (float)dv);
+        }
+    }
+    free(ref);
+    free(x);
+    free(y);
+    free(D);
+    free(I);
+}
+
+static void test_knn_large_k(void **state)
+{
+    (void)state;
+    const size_t ks[] = {32, 100, 257, 1999, 2000, 2300};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        check_exact_ties(TSR_METRIC_L2, 20, 2000, 8, ks[i]);
+        check_exact_ties(TSR_METRIC_IP, 20, 2000, 8, ks[i]);
+    }
+    check_exact_ties(TSR_METRIC_L2, 300, 4000, 16, 64); /* several x blocks */
+    check_exact_ties(TSR_METRIC_L2, 20, 2000, 8, 10);   /* heap path, same bar */
+}
+
 static void test_vecs_roundtrip(void **state)
 {
     (void)state;
@@ -117,6 +181,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_knn_l2),
         cmocka_unit_test(test_knn_ip),
+        cmocka_unit_test(test_knn_large_k),
         cmocka_unit_test(test_vecs_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

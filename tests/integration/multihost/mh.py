@@ -156,8 +156,10 @@ def check_clean(name, text):
 class Cluster:
     """Coordinator on host 0, shard i on host 1+i, the test process on the last host."""
 
-    def __init__(self, nshards=3, dims=16, config=None, prefix="tsr-mh-"):
+    def __init__(self, nshards=3, dims=16, config=None, prefix="tsr-mh-", replicas=1):
+        """nshards shard processes; with replicas R, groups of R consecutive ones."""
         self.S = nshards
+        self.R = replicas
         self.dims = dims
         self.net = netns.Net(nshards + 2)
         self.client_host = nshards + 1
@@ -167,7 +169,9 @@ class Cluster:
         self.coord = None
         self.cfg = {"dimensions": dims, "nlist": 16, "pq_m": 4, "nprobe": 16,
                     "search_deadline_ms": 700, "stage_deadline_ms": 20000,
-                    "shards": [self.shard_addr(i) for i in range(nshards)]}
+                    "shards": [self.shard_addr(i) for i in range(nshards)] if replicas == 1
+                    else [[self.shard_addr(g * replicas + j) for j in range(replicas)]
+                          for g in range(nshards // replicas)]}
         self.cfg.update(config or {})
         self.config = os.path.join(self.root, "coordinator.json")
         with open(self.config, "w") as f:
