@@ -533,9 +533,11 @@ def check_fault_calls(cl, load, base, victim, down_from, down_to, up_at, name, m
     assert len(down) >= 4, "too few calls while the shard was down: %d" % len(down)
     for c in down:
         if c.partial:
-            assert c.code == grpc.StatusCode.OK and c.missing == [vaddr], (c.code, c.missing)
+            assert c.code == grpc.StatusCode.OK and c.missing == [vaddr], \
+                (c.code, c.missing, "started %.3fs into the fault" % (c.t0 - down_from))
         else:
-            assert c.code == grpc.StatusCode.UNAVAILABLE, c.code
+            assert c.code == grpc.StatusCode.UNAVAILABLE, \
+                (c.code, "started %.3fs into the fault" % (c.t0 - down_from))
     after = [c for c in calls if c.t0 >= up_at + 2.0]
     assert len(after) >= 4, "too few calls after the restart: %d" % len(after)
     bad = [c for c in after if not is_full(c, base)]

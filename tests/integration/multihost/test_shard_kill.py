@@ -31,8 +31,8 @@ def main():
         coord_pid = cl.coord.pid
         load = mh.Load(cl, pool, deadline_s=2.0).start()
         time.sleep(1.5)
+        rc = cl.shards[VICTIM].kill9()  # returns once the process is gone
         t_kill = time.monotonic()
-        rc = cl.shards[VICTIM].kill9()
         assert rc == -9, rc
         time.sleep(0.3)
         mh.probe_down(cl, VICTIM, 0.7 + 1.0)
