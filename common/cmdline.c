@@ -10,12 +10,15 @@
 #include "cmdline.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <openssl/bio.h>
 #include <openssl/err.h>
@@ -210,9 +213,29 @@ enum { PEM_MAX = 1 << 20 };
  * buffer (caller frees) or NULL with err set. */
 static char *read_pem(const char *flag, const char *path, size_t *len, tsr_error *err)
 {
-    FILE *f = fopen(path, "rb");
+    /* O_NONBLOCK, then fstat: a FIFO (or a device) given by mistake must be refused, not
+     * block the start for ever waiting for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        tsr_err(err, TSR_EIO, "%s %s: cannot open: %s", flag, path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        tsr_err(err, TSR_EIO, "%s %s: cannot stat: %s", flag, path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        tsr_err(err, TSR_EIO, "%s %s: not a regular file (%s), expected a PEM file", flag, path,
+                S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, socket or device");
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
     if (f == NULL) {
         tsr_err(err, TSR_EIO, "%s %s: cannot open: %s", flag, path, strerror(errno));
+        close(fd);
         return NULL;
     }
     char *buf = tsr_try_malloc(PEM_MAX + 1, 1);
@@ -222,11 +245,10 @@ static char *read_pem(const char *flag, const char *path, size_t *len, tsr_error
         return NULL;
     }
     size_t n = fread(buf, 1, PEM_MAX + 1, f);
-    int bad = ferror(f);
+    int bad = ferror(f) ? errno : 0;
     fclose(f);
     if (bad) {
-        /* a directory opens but does not read */
-        tsr_err(err, TSR_EIO, "%s %s: cannot read (a directory?)", flag, path);
+        tsr_err(err, TSR_EIO, "%s %s: cannot read: %s", flag, path, strerror(bad));
         free(buf);
         return NULL;
     }

@@ -71,11 +71,14 @@ static const struct {
     {"tessera_rpc_duration_seconds", TSR_METRIC_HISTOGRAM,
      "Time from receiving an RPC to sending its status, by method."},
     {"tessera_shard_calls_total", TSR_METRIC_COUNTER,
-     "Calls the coordinator made to a shard, by shard address, method and status code."},
+     "Calls the coordinator made to a shard replica, by shard group, replica, address, "
+     "method and status code."},
     {"tessera_shard_call_duration_seconds", TSR_METRIC_HISTOGRAM,
-     "Duration of coordinator-to-shard calls, by shard address."},
+     "Duration of coordinator-to-replica calls (of the parallel fan-out round they were in), "
+     "by shard group, replica and address."},
     {"tessera_shard_up", TSR_METRIC_GAUGE,
-     "1 when the coordinator sees the shard as healthy (SERVING and reachable), else 0."},
+     "1 when the coordinator would send queries to this replica (no failure within its "
+     "back-off, channel not failing, holds the served version), else 0."},
     {"tessera_version", TSR_METRIC_GAUGE, "Index version this process currently serves."},
     {"tessera_vectors", TSR_METRIC_GAUGE, "Datapoints in the served version of this shard."},
     {"tessera_lists", TSR_METRIC_GAUGE,

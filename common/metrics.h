@@ -14,6 +14,9 @@
  *       → tessera_shard_calls_total{shard,method,code} tessera_shard_call_duration_seconds{shard}
  *   Coordinator, whenever its health view of a shard changes:
  *     tsr_metrics_shard_up(peer, 1 or 0);                  → tessera_shard_up{shard}
+ *   (The replicated coordinator does not use these two: coordinator/replica.c samples the
+ *   same families with the labels shard=<group>,replica=<j>,address=<host:port>, the ones
+ *   docs/operations.md documents and the HELP texts below describe.)
  *   Shard and coordinator, after a version became current:
  *     tsr_metrics_version_set(version);                     → tessera_version
  *   Shard, after a version is loaded / committed:

@@ -39,11 +39,37 @@ static int get_int(json_t *root, const char *path, const char *key, int *out, lo
     return 0;
 }
 
-/* Adds a group of n replicas (addresses copied); rejects an address used twice anywhere. */
+/* An address is a gRPC target ("host:port", "dns:///host:port", "[::1]:7001", ...). It also
+ * becomes a metrics label value and a log field, so it must be short (dialled through a
+ * fixed 512-byte target buffer; labels are built in fixed buffers) and free of the
+ * characters that would split or break a label ("," separates labels, quotes, control
+ * characters and spaces, which no target contains). */
+#define ADDR_MAX 255
+
+static int check_addr(const char *path, size_t i, const char *a, tsr_error *err)
+{
+    size_t len = strlen(a);
+    if (len > ADDR_MAX)
+        return tsr_err(err, TSR_EINVAL, "%s: shards[%zu]: address of %zu bytes, longer than %d "
+                       "(expected \"host:port\")", path, i, len, ADDR_MAX);
+    for (size_t k = 0; k < len; k++) {
+        unsigned char ch = (unsigned char)a[k];
+        if (ch <= ' ' || ch >= 0x7f || ch == ',' || ch == '"' || ch == '\\')
+            return tsr_err(err, TSR_EINVAL, "%s: shards[%zu]: address \"%.64s\" has a bad "
+                           "character at byte %zu (expected \"host:port\")", path, i, a, k);
+    }
+    return 0;
+}
+
+/* Adds a group of n replicas (addresses copied); rejects an address used twice anywhere,
+ * and addresses check_addr refuses. */
 static int add_group(tsr__coord_config *cfg, const char *path, size_t i, const char **addr,
                      size_t n, tsr_error *err)
 {
     for (size_t j = 0; j < n; j++) {
+        int rc = check_addr(path, i, addr[j], err);
+        if (rc)
+            return rc;
         for (size_t s = 0; s < cfg->nshards; s++)
             for (size_t r = 0; r < cfg->nreplicas[s]; r++)
                 if (strcmp(cfg->replicas[s][r], addr[j]) == 0)

@@ -78,6 +78,27 @@ void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
     tsr__snap_unref(old);
 }
 
+/* The served version's plan and directory name shard groups by number: every number
+ * must be a group of the config. A config with fewer groups than the stored version
+ * (a group removed) would otherwise start, and the next update would index its per-group
+ * arrays with the missing groups' numbers (out of bounds). */
+static int check_shards(const tsr__snap *sn, uint64_t v, size_t nshards, tsr_error *err)
+{
+    for (size_t l = 0; sn->plan && sn->tmpl && l < sn->tmpl->nlist; l++)
+        if (sn->plan[l] < 0 || (size_t)sn->plan[l] >= nshards)
+            return tsr_err(err, TSR_EINVAL, "version %llu (CURRENT): its plan puts list %zu on "
+                           "shard %d but the config has %zu shard group(s); shard groups may "
+                           "not be removed or reordered", (unsigned long long)v, l,
+                           (int)sn->plan[l], nshards);
+    for (size_t i = 0; i < sn->dir.n; i++)
+        if (sn->dir.e[i].shard < 0 || (size_t)sn->dir.e[i].shard >= nshards)
+            return tsr_err(err, TSR_EINVAL, "version %llu (CURRENT): its directory places id "
+                           "\"%.64s\" on shard %d but the config has %zu shard group(s); shard "
+                           "groups may not be removed or reordered", (unsigned long long)v,
+                           sn->dir.e[i].id, (int)sn->dir.e[i].shard, nshards);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *listen = NULL, *data = NULL, *config = NULL, *tmpl = NULL, *mlisten = NULL;
@@ -165,6 +186,9 @@ int main(int argc, char **argv)
         tsr_error_log("%s: version %llu (CURRENT) does not load: %s", data,
                       (unsigned long long)cur, err.msg);
         goto out;
+    } else if (check_shards(c->snap, cur, c->cfg.nshards, &err)) {
+        tsr_error_log("%s: %s", data, err.msg);
+        goto out;
     } else {
         if (c->snap->tmpl->d != c->cfg.dimensions)
             tsr_warn("version %llu has dimension %d but the config says %d; serving the "
@@ -221,11 +245,19 @@ int main(int argc, char **argv)
     }
     if (tsr__coord_reconcile_start(c) == 0)
         rec_started = 1;
+    else
+        tsr_error_log("cannot start the reconcile thread: shards are not repaired and old "
+                      "versions are not released until a restart");
+    /* the server is live: an UpdateIndex may already swap c->snap, so read it through
+     * snap_mu and a reference (a bare c->snap->version races with the swap and can read
+     * the freed snapshot) */
+    tsr__snap *sn = tsr__coord_snap_get(c);
     tsr_info("listening on %s (port %d) %s, data %s, %zu shards%s, version %llu", listen,
              tsr_rpc_server_port(srv),
              tls_ca ? "mutual TLS" : tls_cert ? "TLS" : "plaintext", data, c->cfg.nshards,
              sh_ca ? (sh_cert ? " over mutual TLS" : " over TLS") : "",
-             (unsigned long long)c->snap->version);
+             (unsigned long long)sn->version);
+    tsr__snap_unref(sn);
     int sig = tsr_cmdline_stop_wait();
     tsr_info("%s: shutting down", tsr_cmdline_signame(sig));
     code = 0;

@@ -108,6 +108,13 @@ static int replica_fault(int code)
            code == TSR_RPC_FAILED_PRECONDITION || code == TSR_RPC_UNKNOWN;
 }
 
+/* "/tessera.v1.Shard/Stage" -> "Stage" (for messages); other methods as they are. */
+static const char *short_method(const char *method)
+{
+    size_t n = strlen(TSR_SHARD_SVC);
+    return strncmp(method, TSR_SHARD_SVC, n) == 0 ? method + n : method;
+}
+
 static void name_of(const tsr__coord *c, size_t k, char *buf, size_t cap)
 {
     const tsr__replica *r = &c->rep[k];
@@ -121,7 +128,11 @@ void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, do
 {
     tsr__replica *r = &c->rep[k];
     char l[900];
+    /* snprintf returns the length it wanted: clamp it, or a long address would put the
+     * second part past the end of l (config.c bounds addresses; this stays safe anyway) */
     int o = snprintf(l, 600, "shard=%zu,replica=%zu,address=%s", r->group, r->index, r->addr);
+    if (o < 0 || o > 599)
+        o = o < 0 ? 0 : 599;
     tsr_metrics_histogram_observe("tessera_shard_call_duration_seconds", l, secs);
     snprintf(l + o, sizeof l - (size_t)o, ",method=%s,code=%s", method,
              tsr_rpc_code_name(code));
@@ -134,9 +145,7 @@ void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, do
             char nm[600];
             name_of(c, k, nm, sizeof nm);
             tsr_warn("%s: %s %s: marked down, queries go to the other replicas", nm,
-                     method + (strncmp(method, TSR_SHARD_SVC, strlen(TSR_SHARD_SVC)) == 0
-                                   ? strlen(TSR_SHARD_SVC) : 0),
-                     tsr_rpc_code_name(code));
+                     short_method(method), tsr_rpc_code_name(code));
         }
     } else {
         atomic_store(&r->fails, 0);
@@ -311,8 +320,6 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
     double t0 = tsr_metrics_now();
     tsr_rpc_fanout(calls, n);
     double secs = tsr_metrics_now() - t0;
-    const char *short_m = method + (strncmp(method, TSR_SHARD_SVC, strlen(TSR_SHARD_SVC)) == 0
-                                        ? strlen(TSR_SHARD_SVC) : 0);
     for (size_t i = 0; i < n; i++) {
         size_t k = (size_t)(uintptr_t)calls[i].user;
         tsr_rpc_result *r = &calls[i].result;
@@ -329,8 +336,9 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
             if (!bad) {
                 char nm[600];
                 name_of(c, k, nm, sizeof nm);
-                tsr_err(err, tsr_rpc_error_from_status(r->code), "%s: %s %s: %s", nm, short_m,
-                        tsr_rpc_code_name(r->code), r->message ? r->message : "");
+                tsr_err(err, tsr_rpc_error_from_status(r->code), "%s: %s %s: %s", nm,
+                        short_method(method), tsr_rpc_code_name(r->code),
+                        r->message ? r->message : "");
             }
             bad++;
         }
@@ -500,6 +508,8 @@ void tsr__coord_metrics_register(tsr__coord *c)
         snprintf(l, sizeof l, "shard=%zu", s);
         tsr_metrics_counter_add("tessera_shard_failovers_total", l, 0);
     }
+    tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=ok", 0);
+    tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=failed", 0);
     tsr_metrics_counter_add("tessera_queries_total", NULL, 0);
     tsr_metrics_counter_add("tessera_query_shards_touched_total", NULL, 0);
     tsr_metrics_counter_add("tessera_query_lists_probed_total", NULL, 0);

@@ -318,20 +318,9 @@ static size_t fan_version(tsr__coord *c, const char *what, int64_t version, int6
  * take it. Returns the number of failed replica calls. */
 static size_t commit_all(tsr__coord *c, int64_t version, int *missed, tsr_error *err)
 {
-    size_t S = c->cfg.nshards;
-    Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
-    m.version = version;
-    size_t len = 0;
-    uint8_t *one = tsr_rpc_pack(&m.base, &len);
-    ProtobufCMessage **resps = tsr_xcalloc(c->nrep, sizeof *resps);
-    uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
-    size_t *lens = tsr_xcalloc(S, sizeof *lens);
-    for (size_t s = 0; s < S; s++) {
-        bufs[s] = one;
-        lens[s] = len;
-    }
-    size_t bad = fan(c, TSR_SHARD_SVC "Commit", bufs, lens, c->cfg.stage_deadline_ms,
-                     &tessera__v1__commit_response__descriptor, resps, err);
+    ProtobufCMessage **resps = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *resps);
+    size_t bad = fan_version(c, "Commit", version, c->cfg.stage_deadline_ms,
+                             &tessera__v1__commit_response__descriptor, resps, err);
     for (size_t k = 0; k < c->nrep; k++) {
         if (!resps[k])
             missed[c->rep[k].group]++;
@@ -339,9 +328,6 @@ static size_t commit_all(tsr__coord *c, int64_t version, int *missed, tsr_error 
             protobuf_c_message_free_unpacked(resps[k], NULL);
     }
     free(resps);
-    free(bufs);
-    free(lens);
-    free(one);
     return bad;
 }
 

@@ -112,6 +112,35 @@ def wait_for(what, mport, pred, timeout=20):
         time.sleep(0.1)
 
 
+def documented_metrics():
+    """Metric names of the tables in docs/operations.md "## Metrics" (first column)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                        "operations.md")
+    with open(path) as f:
+        text = f.read()
+    sec = text.split("\n## Metrics", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in sec.splitlines():
+        if line.startswith("| `tessera_"):
+            names.update(re.findall(r"`(tessera_[a-z0-9_]+)`", line.split("|")[1]))
+    assert len(names) > 20, names
+    return names
+
+
+def check_docs(mport):
+    """Every documented metric is in a scrape (the coordinator has seen updates, queries,
+    failures by now), and every tessera_* family the coordinator exports is documented."""
+    types, _ = parse(scrape(mport))
+    docs = documented_metrics()
+    exported = {n for n in types if n.startswith("tessera_")}
+    missing = sorted(docs - exported)
+    assert not missing, "documented in docs/operations.md but not in /metrics: %s" % missing
+    # shard-only families are documented in prose; the coordinator does not export them
+    undocumented = sorted(exported - docs)
+    assert not undocumented, "in /metrics but not in docs/operations.md: %s" % undocumented
+    print("docs/operations.md: all %d documented metrics present in a scrape" % len(docs))
+
+
 def main():
     tp, _, sp, _ = ch.stubs()
     rng = np.random.default_rng(5)
@@ -250,6 +279,7 @@ def main():
         assert val(s, "tessera_shard_up", address=addr[0]) == 1
         print("killed shards: up 0 after %.2fs, consecutive failures %d" %
               (dt, val(s, "tessera_shard_consecutive_failures", address=addr[2])))
+        check_docs(mport)
         cl.shards[2] = sh.Shard(cl.shards[2].data)  # for a clean stop (new port, unused)
         cl.shards[1] = sh.Shard(cl.shards[1].data)
     finally:

@@ -10,7 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -159,12 +162,37 @@ static void test_tls_pairing(void **state)
     assert_int_not_equal(tsr_cmdline_check_tls(&dir, 1, NULL), 0);
 }
 
+/* A FIFO given as a PEM file is refused at once (it used to block in fopen for ever,
+ * waiting for a writer); alarm() turns a regression into a failure, not a hung run. */
+static void test_tls_fifo(void **state)
+{
+    (void)state;
+    const char *tmp = getenv("TMPDIR");
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/tsr-cmdline-XXXXXX", tmp && *tmp ? tmp : P_tmpdir);
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/ca.pem", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_cmdline_tls fifo = {NULL, NULL, NULL, NULL, path, "--tls-ca"};
+    alarm(10);
+    int rc = tsr_cmdline_check_tls(&fifo, 1, &err);
+    alarm(0);
+    unlink(path);
+    rmdir(dir);
+    assert_int_equal(rc, TSR_EIO);
+    assert_non_null(strstr(err.msg, "not a regular file"));
+    tsr_cmdline_tls dir_ca = {NULL, NULL, NULL, NULL, ".", "--tls-ca"};
+    assert_int_equal(tsr_cmdline_check_tls(&dir_ca, 1, &err), TSR_EIO);
+    assert_non_null(strstr(err.msg, "a directory"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_ok),     cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_sizes),        cmocka_unit_test(test_stop_signal),
-        cmocka_unit_test(test_tls_pairing),
+        cmocka_unit_test(test_tls_pairing),  cmocka_unit_test(test_tls_fifo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,7 +13,8 @@ shard writes it when asked to Prepare) fails with ENOSPC. Asserts:
 - every shard ends on version 1 with nothing staged or prepared (the others aborted);
 - nothing is corrupted: no temporary entries left on the tmpfs; shard 0 killed -9 and
   restarted loads version 1 (logged, no refusal) and answers in full;
-- with space again (tmpfs grown), the same update succeeds (version 2 everywhere).
+- with space again (tmpfs grown), the same update succeeds (version 2 everywhere);
+- part B (commit_on_full_disk): the disk fills after the commit point; see there.
 """
 import os
 import subprocess
@@ -36,6 +37,73 @@ def used_bytes(path):
 def remount(path, size):
     subprocess.run(["mount", "-o", "remount,size=%d" % size, path], check=True,
                    capture_output=True)
+
+
+def fill(path):
+    """Fills the file system of path completely; returns the filler's path."""
+    filler = os.path.join(path, "filler")
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for n in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * n)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def commit_on_full_disk(cl, data, tp, y):
+    """Part B: the disk fills up after the commit point. The coordinator is killed right
+    after it flipped its CURRENT to version 3 (every shard has prepared 3, none committed);
+    shard 0's disk is then filled completely, and the coordinator restarted. Reconcile's
+    Commit(3) on shard 0 cannot write its CURRENT (ENOSPC): asserts that shard 0 keeps
+    version 3 prepared (CURRENT on disk still 2) and queries on version 3 are answered in
+    full meanwhile (a shard answers a prepared version that is named), the coordinator
+    logs the failed Commit naming the shard and ENOSPC, and once space is freed the shard
+    converges on 3; restarted, it loads 3."""
+    import grpc
+    b = write_batch_near(cl, y)
+    cl.coord.stop()
+    cl.start_coord(env={"TSR_COORD_CRASH_AT": "flipped"})
+    try:
+        cl.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=b), timeout=10)
+    except grpc.RpcError:
+        pass
+    assert cl.coord.wait_exit(60) == 137, cl.coord.text()
+    filler = fill(data)
+    cl.start_coord()
+    mh.wait_until(lambda: "No space left on device" in cl.coord.text(), 10, step=0.1)
+    line = [ln for ln in cl.coord.log if "No space left on device" in ln]
+    assert line and "shard %d " % VICTIM in line[0] and cl.shard_addr(VICTIM) in line[0] and \
+        "Commit(3)" in line[0], \
+        cl.coord.text()
+    print("coordinator log: %s" % line[0])
+    st = cl.shard_versions()
+    assert st[VICTIM][0] == 2 and (3, mh.stubs()[2].ShardVersion.PREPARED) in st[VICTIM][1], st
+    assert all(cv == 3 for k, (cv, _) in enumerate(st) if k != VICTIM), st
+    with open(os.path.join(data, "CURRENT")) as f:
+        assert f.read().strip() == "v000002"
+    for k in range(5):
+        r = cl.stub.FindNeighbors(mh.make_query(tp, y[k] + 100.0), timeout=5)
+        # every shard (shard 0 too) answered for version 3; the new far-away ids are found
+        assert r.version == 3 and not r.missing_shards, r
+        assert all(i.startswith("z") for i in mh.answer_ids(r)), mh.answer_ids(r)
+    print("shard 0 with a full disk holds version 3 prepared (CURRENT 2) and answers for it")
+    os.unlink(filler)
+    took = cl.converge(3)
+    print("space freed: shard 0 committed version 3 %.2fs later" % took)
+    cl.shards[VICTIM].kill9()
+    sh = cl.start_shard(VICTIM)
+    assert "serving version 3" in sh.text() and "refused" not in sh.text(), sh.text()
+    cl.converge(3)
+
+
+def write_batch_near(cl, y):
+    return mh.write_batch(os.path.join(cl.root, "b3"),
+                          [("z%05d" % k, y[k] + 100.0) for k in range(50)])
 
 
 def main():
@@ -94,6 +162,7 @@ def main():
         r = cl.stub.FindNeighbors(mh.make_query(tp, y[7]), timeout=5)
         assert r.version == 2 and mh.answer_ids(r)[0] == "y00007", r
         print("with space again the update succeeds: version 2 everywhere")
+        commit_on_full_disk(cl, data, tp, y)
         cl.stop_all()
     del grpc
     print("test_disk_full: OK")
