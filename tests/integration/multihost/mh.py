@@ -7,7 +7,8 @@
         load = mh.Load(cl, pool, deadline_s=2.0); load.start(); ...; load.stop()
         load.report("case 1")                # answered / failed by code / hung
     # leaving the block kills every process, unmounts what it mounted and removes every
-    # namespace, veth and temp dir this run created (also on an exception)
+    # namespace, veth and temp dir this run created (also on an exception); a later run
+    # removes what a killed run left (namespaces: netns.py; tmpfs mounts: here)
 
 The test process itself moves into the client host's network namespace (setns on the
 main thread before any gRPC thread exists; threads inherit it), so its python grpcio
@@ -147,6 +148,32 @@ class Proc:
         return rc
 
 
+def reap_stale_mounts():
+    """Unmounts the tmpfs of earlier runs that were killed before their teardown (the
+    data dir names the pid: tsr-mh-<pid>-...)."""
+    try:
+        with open("/proc/mounts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for ln in lines:
+        f = ln.split()
+        if len(f) < 3 or f[0] != "tsr-mh" or f[2] != "tmpfs":
+            continue
+        m = re.search(r"/tsr-mh-(\d+)-[^/]*/", f[1])
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        subprocess.run(["umount", "-l", f[1]], capture_output=True)
+        shutil.rmtree(os.path.dirname(f[1]), True)
+
+
 def check_clean(name, text):
     for bad in ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer",
                 "ThreadSanitizer"):
@@ -163,7 +190,7 @@ class Cluster:
         self.dims = dims
         self.net = netns.Net(nshards + 2)
         self.client_host = nshards + 1
-        self.root = tempfile.mkdtemp(prefix=prefix)
+        self.root = tempfile.mkdtemp(prefix="%s%d-" % (prefix, os.getpid()))
         self.mounts = []
         self.shards = [None] * nshards
         self.coord = None
@@ -183,6 +210,7 @@ class Cluster:
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self):
         netns.skip_unless_available()
+        reap_stale_mounts()
         atexit.register(self.teardown)
         self.net.setup()
         stubs()  # generate before leaving the root namespace (protoc is local anyway)
