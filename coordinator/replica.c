@@ -139,7 +139,8 @@ void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, do
     tsr_metrics_counter_add("tessera_shard_calls_total", l, 1);
     if (replica_fault(code)) {
         int f = atomic_fetch_add(&r->fails, 1) + 1;
-        int64_t b = BACKOFF_MIN_MS << (f - 1 < 6 ? f - 1 : 6);
+        /* f - 1 in 0..6 (f wraps negative after 2^31 failures: never a negative shift) */
+        int64_t b = (int64_t)BACKOFF_MIN_MS << (f >= 1 && f <= 7 ? f - 1 : 6);
         atomic_store(&r->retry_at_ms, tsr__now_ms() + (b < BACKOFF_MAX_MS ? b : BACKOFF_MAX_MS));
         if (atomic_exchange(&r->up, 0) != 0 && c->grp[r->group].n > 1) {
             char nm[600];
