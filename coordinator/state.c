@@ -26,7 +26,7 @@
 
 uint64_t tsr__hash_str(const char *s)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a 64 */
+    uint64_t h = 1469598103934665603ull; /* FNV-1a 64 step with a non-standard offset basis (in-memory hashing only) */
     for (; *s; s++) {
         h ^= (unsigned char)*s;
         h *= 1099511628211ull;
