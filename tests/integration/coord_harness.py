@@ -9,11 +9,9 @@ Everything lives under one mktemp dir removed at exit; nothing is written to the
 """
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 import shard_harness as sh
@@ -37,35 +35,8 @@ def free_port():
     return p
 
 
-class Proc:
-    """A coordinator process; its log is collected, its port read from the log."""
-
-    def __init__(self, argv, env=None):
-        e = dict(os.environ)
-        e.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
-        if env:
-            e.update(env)
-        self.log = []
-        self.port = None
-        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     env=e, text=True)
-        got = threading.Event()
-
-        def reader():
-            for line in self.proc.stderr:
-                self.log.append(line.rstrip("\n"))
-                m = re.search(r"\(port (\d+)\)", line)
-                if m and self.port is None:
-                    self.port = int(m.group(1))
-                    got.set()
-            got.set()
-
-        self.thread = threading.Thread(target=reader, daemon=True)
-        self.thread.start()
-        got.wait(30)
-
-    def text(self):
-        return "\n".join(self.log)
+# A coordinator process; its log is collected, its port read from the log.
+Proc = sh.LoggedProc
 
 
 class Api:
