@@ -14,6 +14,7 @@ for the finished ones of earlier runs, unchanged; new operation ids never repeat
 damaged record file is named in a warning and the coordinator still starts.
 """
 import os
+import subprocess
 import sys
 import time
 
@@ -119,6 +120,23 @@ def main():
                   "operation %s: %s %s" % (step, expect, took, op_id,
                                            tp.Operation.State.Name(got.state), got.error))
             version = expect
+        # `tessera update` waits through a coordinator crash after the commit point and
+        # reports the outcome it finds after the restart
+        b = ch.write_batch(os.path.join(root, "b-cli"), [ch.dp_json("cli", x[1])])
+        cl.stop_coord()
+        cl.start(env={"TSR_COORD_CRASH_AT": "flipped"}, listen_port=port)
+        cli = subprocess.Popen([os.path.join(cl.bin, "tessera"), "update", "--target",
+                                cl.target, "--batch-root", b, "--timeout-s", "60"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert cl.wait_exit(60) == 137, cl.coord.text()
+        time.sleep(0.5)  # the CLI meets an unreachable coordinator for a while
+        cl.start(listen_port=port)
+        out, errs = cli.communicate(timeout=60)
+        version += 1
+        assert cli.returncode == 0 and "SUCCEEDED, version %d" % version in out, (out, errs)
+        assert "coordinator unavailable" in errs, errs
+        converge(cl, version)
+        print("tessera update across a crash after the flip:", out.strip())
         # and the next normal update works from there
         b = ch.write_batch(os.path.join(root, "b-last"), [ch.dp_json("last", x[0])])
         op = cl.update(b)
