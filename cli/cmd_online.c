@@ -578,6 +578,8 @@ static void update_usage(FILE *f)
             "                      [--max-invalid-records N] [--json] [--timeout-s T]\n"
             "  Applies a Vertex-format batch (a folder on the coordinator's file system) as a new\n"
             "  index version, waits for it, and prints the batch report. Exit 1 when rejected.\n"
+            "  A coordinator that restarts meanwhile is waited for (operations survive restarts;\n"
+            "  one interrupted before its commit point ends FAILED \"interrupted\").\n"
             TLS_USAGE);
 }
 
@@ -644,15 +646,32 @@ int tsr_cmd_update(int argc, char **argv)
     protobuf_c_message_free_unpacked(out, NULL);
     int tty = isatty(2);
     time_t t_end = time(NULL) + timeout_s;
+    int warned_unavailable = 0;
     for (;;) {
         Tessera__V1__GetOperationRequest g = TESSERA__V1__GET_OPERATION_REQUEST__INIT;
         g.operation_id = opid;
         out = NULL;
         if (tsr_rpc_call_pb(ch, SVC "GetOperation", &g.base, &tessera__v1__operation__descriptor,
                             10000, &out, &res) != TSR_RPC_OK) {
-            print_rpc_failure("GetOperation", target, &res);
-            break;
+            /* The coordinator restarting (or briefly unreachable) is not the end of the
+             * update: operations survive a restart, so keep asking until --timeout-s. */
+            int transient = res.code == TSR_RPC_UNAVAILABLE ||
+                            res.code == TSR_RPC_DEADLINE_EXCEEDED;
+            if (!transient || time(NULL) > t_end) {
+                print_rpc_failure("GetOperation", target, &res);
+                break;
+            }
+            if (!warned_unavailable) {
+                fprintf(stderr, "%stessera update: %s: coordinator unavailable (%s); still "
+                        "waiting for %s\n", tty ? "\n" : "", target, res.message, opid);
+                warned_unavailable = 1;
+            }
+            tsr_rpc_result_close(&res);
+            struct timespec ts = {0, 200 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            continue;
         }
+        warned_unavailable = 0;
         Tessera__V1__Operation *op = (Tessera__V1__Operation *)out;
         int done = op->state == TESSERA__V1__OPERATION__STATE__SUCCEEDED ||
                    op->state == TESSERA__V1__OPERATION__STATE__REJECTED ||

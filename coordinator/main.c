@@ -199,6 +199,10 @@ int main(int argc, char **argv)
                  (long long)c->snap->nsparse, c->snap->tmpl->nlist,
                  c->snap->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
     }
+    if (tsr__oplog_load(c, cur, &err)) {
+        tsr_error_log("%s: operations: %s", data, err.msg);
+        goto out;
+    }
     if (tsr__coord_channels_open(c, &shard_opts, &err)) {
         tsr_error_log("%s", err.msg);
         goto out;
