@@ -292,6 +292,17 @@ typedef struct tsr__gcall {
 size_t tsr__coord_group_fanout(tsr__coord *c, const char *method, tsr__gcall *calls, size_t n,
                                int64_t timeout_ms);
 
+/* The same without blocking, from inside an rpc handler (tsr_rpc_reply_fanout on the
+ * server's queue): starts the first attempts and returns; retries start from the polling
+ * thread that sees a round complete; when every call has its final result, fin(ud, r,
+ * calls, n) runs on a polling thread, and what it returns is the handler's return value
+ * (it fills r). method, calls and their requests are borrowed until then. Returns 0 (fin
+ * will run exactly once) or a negative TSR code (nothing started, fin will not run). */
+typedef int (*tsr__gfan_fin)(void *ud, tsr_rpc_reply *r, tsr__gcall *calls, size_t n);
+int tsr__coord_group_fanout_async(tsr__coord *c, tsr_rpc_reply *r, const char *method,
+                                  tsr__gcall *calls, size_t n, int64_t timeout_ms,
+                                  tsr__gfan_fin fin, void *ud);
+
 /* The same request bufs[s] (NULL = skip group s) to EVERY replica of each group, in one
  * parallel fan-out (updates: a version is the group's only when all replicas have it).
  * When rdesc is set, the reply of replica k is unpacked into resps[k] (nrep entries,
