@@ -1,7 +1,7 @@
 # Tessera — GNU Makefile.
 #   make            build bin/tessera, bin/tessera-shard, bin/tessera-coordinator, libtessera.a
 #   make test       build and run every test (unit, interop, integration, fuzz-corpus replay)
-#   make test-san   the unit, integration and fault tests against the ASan+UBSan build
+#   make test-san   the unit, interop, integration and fault tests against ASan+UBSan
 #   make deps       install the Debian packages the project needs (idempotent)
 #   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
 #   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
@@ -136,7 +136,7 @@ test-san:
 	@$(MAKE) --no-print-directory SANITIZE=address,undefined test-san
 else
 test-san: all $(UNIT_BINS)
-	@TSR_SAN_BIN=$(TSR_BIN) tests/run.sh unit integration faults
+	@TSR_SAN_BIN=$(TSR_BIN) tests/run.sh unit interop integration faults
 endif
 
 test-unit: all $(UNIT_BINS)

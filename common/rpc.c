@@ -88,6 +88,8 @@ uint8_t *tsr_rpc_pack(const ProtobufCMessage *msg, size_t *len)
 
 /* ---- internal helpers ---- */
 
+atomic_int tsr__rpc_pollers_running;
+
 char *tsr__rpc_read_file(const char *path, const char *what, tsr_error *err)
 {
     enum { MAX = 1 << 20 };

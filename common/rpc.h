@@ -33,15 +33,18 @@
  *   code: it is mapped with tsr_rpc_status_from_error and the message is tsr_strerror.
  *   An error status discards any response set.
  *
- *   Threads: `cqs` completion queues with one polling thread each (default 1 on one core,
- *   else 2; more than the cores is slower). A handler without TSR_RPC_LONG runs on the
- *   polling thread that received the call: it must be short and must never block on
- *   another RPC or on a lock held by slow work. TSR_RPC_LONG handlers run on the polling
- *   thread that received the call while another polling thread of its queue stays free
- *   (two per queue), else on a worker pool (`workers` threads); either way the reply is
- *   sent from the thread that ran them (env TSR_RPC_INLINE_LONG=0: always the pool). A
- *   handler that fans out to other servers (the coordinator's FindNeighbors) MUST be
- *   TSR_RPC_LONG.
+ *   Threads: `cqs` completion queues with `pollers` polling threads each (defaults 2 and
+ *   2; more than the cores is slower, and on gRPC's epoll engine every polling thread of
+ *   a process takes part in every event: fewer is faster when no handler blocks). A
+ *   handler without TSR_RPC_LONG runs on the polling thread that received the call: it
+ *   must be short and must never block on another RPC or on a lock held by slow work.
+ *   TSR_RPC_LONG handlers run on the polling thread that received the call while another
+ *   polling thread of its queue stays free, else on a worker pool (`workers` threads);
+ *   either way the reply is sent from the thread that ran them (env TSR_RPC_INLINE_LONG=0:
+ *   always the pool). A handler that fans out to other servers either uses
+ *   tsr_rpc_reply_fanout (asynchronous: it does not block, so it needs no TSR_RPC_LONG;
+ *   the coordinator's FindNeighbors) or blocks in tsr_rpc_fanout and MUST be TSR_RPC_LONG.
+ *   Env TSR_RPC_CQS / TSR_RPC_POLLERS override cqs / pollers (for A/B measurements).
  *   Handlers for the same or different methods run concurrently: they must be
  *   thread-safe with respect to their ctx.
  *
@@ -71,7 +74,9 @@
  *   retry of failed channels every 0.2 s, in ~0.1–0.3 s). A dead peer fails fast with UNAVAILABLE; a hung peer shows as
  *   DEADLINE_EXCEEDED, so every call has a deadline.
  *   tsr_rpc_fanout sends N calls in parallel on one completion queue and waits for all,
- *   each with its own deadline (the coordinator's one-Search-per-shard).
+ *   each with its own deadline. Completion queues for calls are pooled (TSR_RPC_CQ_POOL=0:
+ *   one per call, as before). Inside a server handler, tsr_rpc_reply_fanout does the same
+ *   without blocking (see the server section).
  *
  * Targets: "ipv4:127.0.0.1:PORT", "host:port", "dns:///host:port", "unix:/path".
  * Prefer ipv4: literal targets in tests (the localhost resolver leaks a few bytes once per
@@ -138,6 +143,7 @@ int tsr_rpc_error_from_status(int grpc_code);
 
 typedef struct tsr_rpc_server tsr_rpc_server;
 typedef struct tsr_rpc_reply tsr_rpc_reply; /* one call's reply; owned by rpc */
+typedef struct tsr_rpc_fanout_call tsr_rpc_fanout_call; /* client section */
 
 /* Handler: req/req_len borrow the request bytes (valid during the call only; req may be
  * NULL when req_len is 0). Fill `reply` (see the file comment). Returns 0 or a negative
@@ -152,7 +158,13 @@ typedef struct tsr_rpc_server_opts {
     /* "ADDR:PORT" to listen on; port 0 = an ephemeral port (see tsr_rpc_server_port).
      * Default "127.0.0.1:0". Borrowed during create. */
     const char *listen;
-    int cqs;             /* completion queues = polling threads; 0 = 1 on 1 core else 2 */
+    int cqs;             /* completion queues; 0 = 1 on 1 core else 2 */
+    /* Polling threads per queue; 0 = 2 (one of them may run a LONG handler in place while
+     * the other keeps polling). 1 = the fewest thread wake-ups per call (gRPC's epoll
+     * engine hands its one epoll set from thread to thread, waking the next one on every
+     * event): best for latency when no handler blocks; LONG handlers then always run on
+     * the worker pool. 1..8. */
+    int pollers;
     int workers;         /* worker threads for TSR_RPC_LONG handlers; 0 = 4 */
     int max_queued;      /* LONG calls waiting for a worker before RESOURCE_EXHAUSTED; 0 = 1024 */
     int pending_per_cq;  /* request_call slots kept armed per queue; 0 = 16 */
@@ -224,6 +236,28 @@ int tsr_rpc_reply_error(tsr_rpc_reply *r, int grpc_code, const char *fmt, ...)
 /* Sets the status mapped from err->code with err->msg as the message (code TSR_OK is
  * treated as TSR_EINTERNAL). Returns err->code (or TSR_EINTERNAL). */
 int tsr_rpc_reply_from_error(tsr_rpc_reply *r, const tsr_error *err);
+
+/* Called on a polling thread when every call of an asynchronous fan-out has completed
+ * (calls[i].result filled, as tsr_rpc_fanout does). reply is the reply of the call that
+ * started the fan-out. Like a handler it fills the reply and returns 0 or a negative TSR
+ * code; or it starts another fan-out (tsr_rpc_reply_fanout), and the reply waits for that
+ * one. It must not block. */
+typedef int (*tsr_rpc_fanout_done_fn)(void *ud, tsr_rpc_reply *reply, tsr_rpc_fanout_call *calls,
+                                      size_t n);
+
+/* Asynchronous fan-out (inside a handler, or a done callback): starts the n calls on the
+ * server's completion queue that received this call and returns at once; the reply is not
+ * sent when the handler returns but after done has run — on whichever polling thread
+ * completes the last call, so no thread blocks and no thread is woken just to wait. Each
+ * call has its own deadline (timeout_ms) as with tsr_rpc_fanout; calls whose channel or
+ * method is NULL fail with UNAVAILABLE without being sent. calls, their request buffers
+ * and ud are borrowed until done is called (done may free them). At most one fan-out per
+ * reply at a time. With it, a handler that fans out needs no TSR_RPC_LONG (it must still
+ * be short). Returns 0 (done will be called exactly once), or TSR_EINVAL (a fan-out is
+ * already pending, done NULL), TSR_ELIMIT, TSR_ENOMEM (nothing started, done will not be
+ * called). */
+int tsr_rpc_reply_fanout(tsr_rpc_reply *r, tsr_rpc_fanout_call *calls, size_t n,
+                         tsr_rpc_fanout_done_fn done, void *ud);
 
 /* Milliseconds left before the client's deadline (INT64_MAX when it set none; may be
  * negative). Pass it on when calling further servers. */
@@ -315,7 +349,7 @@ int tsr_rpc_call(tsr_rpc_channel *ch, const char *method, const void *req, size_
                  int64_t timeout_ms, tsr_rpc_result *res);
 
 /* One call of a fan-out. Fill the inputs; result is filled by tsr_rpc_fanout. */
-typedef struct tsr_rpc_fanout_call {
+struct tsr_rpc_fanout_call {
     tsr_rpc_channel *ch;    /* borrowed; NULL → result UNAVAILABLE "no channel" */
     const char *method;     /* borrowed */
     const void *req;        /* borrowed until tsr_rpc_fanout returns; several calls may
@@ -324,7 +358,7 @@ typedef struct tsr_rpc_fanout_call {
     int64_t timeout_ms;     /* own deadline, as tsr_rpc_call */
     tsr_rpc_result result;  /* output; init it once, fanout closes what it held */
     void *user;             /* for the caller (e.g. the shard index); untouched */
-} tsr_rpc_fanout_call;
+};
 
 /* Starts all n calls at once on one completion queue and waits until every one has
  * completed or hit its deadline. Returns the number of calls whose code is not OK. */

@@ -4,31 +4,41 @@
  * watcher, unary calls with deadlines and fan-out of N calls on one completion queue.
  *
  * Call sequence (GRPC_C_CORE.md "Client call sequence"): grpc_channel_create_call on a
- * queue made for this call or fan-out, one batch of six ops (SEND_INITIAL_METADATA,
- * SEND_MESSAGE, SEND_CLOSE_FROM_CLIENT, RECV_INITIAL_METADATA, RECV_MESSAGE,
- * RECV_STATUS_ON_CLIENT); the batch event always succeeds and the outcome is the received
- * status. The request bytes are sent from the caller's buffer without a copy (a static
- * slice): the call is unreffed before tsr_rpc_fanout returns, so core never holds it
- * longer than the caller keeps the buffer.
+ * completion queue taken from a small pool (creating and destroying one per call costs a
+ * pollset each time), one batch of six ops (SEND_INITIAL_METADATA, SEND_MESSAGE,
+ * SEND_CLOSE_FROM_CLIENT, RECV_INITIAL_METADATA, RECV_MESSAGE, RECV_STATUS_ON_CLIENT); the
+ * batch event always succeeds and the outcome is the received status. The request bytes
+ * are sent from the caller's buffer without a copy (a static slice): the call is unreffed
+ * before tsr_rpc_fanout returns, so core never holds it longer than the caller keeps the
+ * buffer. tsr__ccall_start/finish (rpc_internal.h) are shared with the server's
+ * asynchronous fan-out.
  *
- * DESIGN (watcher thread)
+ * DESIGN (watcher thread, queue pool)
  * - Idle channels are not polled by anyone, so a restarted peer would be noticed only at
  *   core's 5 s backup poll. One thread per process (started with the first watched
- *   channel, stopped with the last) keeps a grpc_channel_watch_connectivity_state with a
- *   short deadline on every channel and calls grpc_channel_check_connectivity_state(ch,
- *   1) on each wake-up, which keeps channels polled and connecting; for a channel in
- *   TRANSIENT_FAILURE it also resets the reconnect backoff every FAST_RECONNECT_MS, so a
- *   restarted peer is found in ~0.1–0.3 s instead of after the 1–2 s backoff.
- * - W.mu guards the watcher's list, each channel's watch_pending/closing and the thread's
- *   lifetime. The watcher touches a channel's grpc_channel only under W.mu and only while
- *   it is not closing; destroy sets closing under W.mu, destroys the grpc_channel (which
- *   completes the pending watch at once), then waits for watch_pending to clear.
+ *   channel, stopped with the last) calls grpc_channel_check_connectivity_state(ch, 1) on
+ *   every channel every WATCH_PERIOD_MS, which keeps idle channels connecting; for a
+ *   channel in TRANSIENT_FAILURE it also resets the reconnect backoff every
+ *   FAST_RECONNECT_MS, so a restarted peer is found in ~0.1–0.3 s instead of after the
+ *   1–2 s backoff. It does not wait in a completion queue: a thread blocked in
+ *   grpc_completion_queue_next joins gRPC's rotation of polling threads (epoll1 hands
+ *   the one epoll set to another waiting thread on every event, with a wake-up), which
+ *   cost every call of the process a wake of the watcher. Sockets are read by whoever
+ *   polls: a server's polling threads, a caller waiting for its call; when neither
+ *   exists (no server in the process: tsr__rpc_pollers_running == 0) the watcher makes
+ *   one zero-timeout poll per period, so a connect that finished is still processed.
+ * - W.life_mu serializes the thread's start and stop (watcher_add / _remove); W.mu guards
+ *   the channel list and the stop flag. The watcher touches a channel's grpc_channel only
+ *   under W.mu and only while it is on the list; destroy unlinks it under W.mu first.
+ *   Lock order: life_mu, then mu; P.mu (the queue pool) is taken alone.
  */
 #include "rpc.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
@@ -41,34 +51,96 @@
 
 #define WATCH_PERIOD_MS 100
 #define FAST_RECONNECT_MS 200
+#define CQ_POOL_MAX 64
 
 struct tsr_rpc_channel {
     grpc_channel *ch;
     char *target;
     int watched;
-    int watch_pending; /* W.mu */
-    int closing;       /* W.mu */
     int fast_reconnect;
     gpr_timespec last_reset; /* W.mu: last backoff reset by the watcher */
-    struct tsr_rpc_channel *next; /* W list */
+    struct tsr_rpc_channel *next, *prev; /* W list (W.mu) */
 };
 
 static struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* watch_pending cleared */
-    grpc_completion_queue *cq;
+    pthread_mutex_t life_mu; /* the thread's lifetime: held by watcher_add/remove */
+    pthread_mutex_t mu;      /* the channel list and stop */
+    pthread_cond_t cv;       /* stop requested */
+    grpc_completion_queue *cq; /* polling queue for the zero-timeout polls; never has ops */
     pthread_t thread;
-    int running;
+    int running, stop;
+    struct tsr_rpc_channel *head;
     int nchannels;
-} W = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0};
+} W = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL,
+       0, 0, 0, NULL, 0};
+
+/* ------------------------------------------------------------ queue pool -- */
+
+static struct {
+    pthread_mutex_t mu;
+    grpc_completion_queue *q[CQ_POOL_MAX];
+    int n;
+    int off;       /* TSR_RPC_CQ_POOL=0: a queue per call, as before (for A/B) */
+    long channels; /* alive; the pool is drained when the last one goes */
+} P = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, -1, 0};
+
+static grpc_completion_queue *cq_get(void)
+{
+    pthread_mutex_lock(&P.mu);
+    if (P.off < 0) {
+        const char *e = getenv("TSR_RPC_CQ_POOL");
+        P.off = e && strcmp(e, "0") == 0;
+    }
+    grpc_completion_queue *cq = P.n ? P.q[--P.n] : NULL;
+    pthread_mutex_unlock(&P.mu);
+    return cq ? cq : grpc_completion_queue_create_for_next(NULL);
+}
+
+static void cq_drain_destroy(grpc_completion_queue *cq)
+{
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+}
+
+static void cq_put(grpc_completion_queue *cq)
+{
+    pthread_mutex_lock(&P.mu);
+    if (!P.off && P.n < CQ_POOL_MAX) {
+        P.q[P.n++] = cq;
+        cq = NULL;
+    }
+    pthread_mutex_unlock(&P.mu);
+    if (cq)
+        cq_drain_destroy(cq);
+}
+
+static void pool_channel_added(void)
+{
+    pthread_mutex_lock(&P.mu);
+    P.channels++;
+    pthread_mutex_unlock(&P.mu);
+}
+
+/* The last channel going means no call can run: destroy the pooled queues (each needs
+ * gRPC initialized, and the channels hold the grpc_init references). */
+static void pool_channel_removed(void)
+{
+    pthread_mutex_lock(&P.mu);
+    if (--P.channels == 0)
+        while (P.n > 0)
+            cq_drain_destroy(P.q[--P.n]);
+    pthread_mutex_unlock(&P.mu);
+}
 
 /* ------------------------------------------------------------------------ watcher -- */
 
-/* W.mu held; ch not closing. */
-static void watch_arm(struct tsr_rpc_channel *ch)
+/* W.mu held. */
+static void watch_tick(struct tsr_rpc_channel *ch, gpr_timespec now)
 {
     grpc_connectivity_state st = grpc_channel_check_connectivity_state(ch->ch, 1);
-    gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
     if (st == GRPC_CHANNEL_TRANSIENT_FAILURE && ch->fast_reconnect &&
         gpr_time_to_millis(gpr_time_sub(now, ch->last_reset)) >= FAST_RECONNECT_MS) {
         /* Retry a failed peer every FAST_RECONNECT_MS instead of waiting out the backoff
@@ -77,83 +149,106 @@ static void watch_arm(struct tsr_rpc_channel *ch)
         grpc_channel_reset_connect_backoff(ch->ch);
         ch->last_reset = now;
     }
-    gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                   gpr_time_from_millis(WATCH_PERIOD_MS, GPR_TIMESPAN));
-    grpc_channel_watch_connectivity_state(ch->ch, st, dl, W.cq, ch);
-    ch->watch_pending = 1;
 }
 
 static void *watcher_main(void *arg)
 {
-    grpc_completion_queue *cq = arg;
-    for (;;) {
-        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        if (ev.type == GRPC_QUEUE_SHUTDOWN)
-            break;
-        if (ev.type != GRPC_OP_COMPLETE)
-            continue;
-        struct tsr_rpc_channel *ch = ev.tag;
-        pthread_mutex_lock(&W.mu);
-        ch->watch_pending = 0;
-        if (ch->closing)
-            pthread_cond_broadcast(&W.cv);
-        else
-            watch_arm(ch);
+    (void)arg;
+    pthread_mutex_lock(&W.mu);
+    while (!W.stop) {
+        gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
+        for (struct tsr_rpc_channel *ch = W.head; ch; ch = ch->next)
+            watch_tick(ch, now);
+        int poll = atomic_load(&tsr__rpc_pollers_running) == 0;
         pthread_mutex_unlock(&W.mu);
+        /* Without a server in the process nobody else polls between calls: one
+         * zero-timeout poll runs what the sockets have ready (a connect that finished). */
+        if (poll)
+            grpc_completion_queue_next(W.cq, gpr_now(GPR_CLOCK_MONOTONIC), NULL);
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        dl.tv_nsec += (long)WATCH_PERIOD_MS * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&W.mu);
+        while (!W.stop && pthread_cond_timedwait(&W.cv, &W.mu, &dl) == 0)
+            ;
     }
+    pthread_mutex_unlock(&W.mu);
     return NULL;
 }
 
 static void watcher_add(struct tsr_rpc_channel *ch)
 {
-    pthread_mutex_lock(&W.mu);
+    pthread_mutex_lock(&W.life_mu);
     if (!W.running) {
         grpc_init(); /* the watcher's own reference, released when it stops */
         W.cq = grpc_completion_queue_create_for_next(NULL);
-        if (pthread_create(&W.thread, NULL, watcher_main, W.cq) != 0) {
-            grpc_completion_queue_shutdown(W.cq);
-            while (grpc_completion_queue_next(W.cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
-                       .type != GRPC_QUEUE_SHUTDOWN)
-                ;
-            grpc_completion_queue_destroy(W.cq);
+        W.stop = 0;
+        pthread_attr_t at;
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_destroy(&W.cv);
+        pthread_cond_init(&W.cv, &ca);
+        pthread_condattr_destroy(&ca);
+        pthread_attr_init(&at);
+        int e = pthread_create(&W.thread, &at, watcher_main, NULL);
+        pthread_attr_destroy(&at);
+        if (e != 0) {
+            cq_drain_destroy(W.cq);
             W.cq = NULL;
             grpc_shutdown();
-            pthread_mutex_unlock(&W.mu);
+            pthread_mutex_unlock(&W.life_mu);
             tsr_warn("rpc: cannot start the connectivity watcher; %s is not watched",
                      ch->target);
             return;
         }
         W.running = 1;
     }
+    pthread_mutex_lock(&W.mu);
     W.nchannels++;
     ch->watched = 1;
-    watch_arm(ch);
+    ch->prev = NULL;
+    ch->next = W.head;
+    if (W.head)
+        W.head->prev = ch;
+    W.head = ch;
+    watch_tick(ch, gpr_now(GPR_CLOCK_MONOTONIC));
     pthread_mutex_unlock(&W.mu);
+    pthread_mutex_unlock(&W.life_mu);
 }
 
-/* Destroys ch->ch and unregisters ch. */
+/* Unregisters ch and destroys ch->ch. */
 static void watcher_remove_and_destroy(struct tsr_rpc_channel *ch)
 {
+    pthread_mutex_lock(&W.life_mu);
     pthread_mutex_lock(&W.mu);
-    ch->closing = 1;
+    if (ch->prev)
+        ch->prev->next = ch->next;
+    else
+        W.head = ch->next;
+    if (ch->next)
+        ch->next->prev = ch->prev;
+    int last = --W.nchannels == 0;
+    if (last) {
+        W.stop = 1;
+        pthread_cond_broadcast(&W.cv);
+    }
     pthread_mutex_unlock(&W.mu);
-    /* The watcher no longer touches ch->ch; destroying it completes the pending watch. */
+    /* the watcher touches channels only under W.mu, through the list: ch is out of it */
     grpc_channel_destroy(ch->ch);
     ch->ch = NULL;
-    pthread_mutex_lock(&W.mu);
-    while (ch->watch_pending)
-        pthread_cond_wait(&W.cv, &W.mu);
-    if (--W.nchannels == 0) {
-        /* No watch is pending on any channel, so the thread sees only QUEUE_SHUTDOWN and
-         * never needs W.mu: joining under the lock is safe. */
-        grpc_completion_queue_shutdown(W.cq);
+    if (last) {
         pthread_join(W.thread, NULL);
-        grpc_completion_queue_destroy(W.cq);
+        cq_drain_destroy(W.cq);
         W.cq = NULL;
         W.running = 0;
         grpc_shutdown();
     }
-    pthread_mutex_unlock(&W.mu);
+    pthread_mutex_unlock(&W.life_mu);
 }
 
 /* ------------------------------------------------------------------------ channel -- */
@@ -258,6 +353,7 @@ tsr_rpc_channel *tsr_rpc_channel_create(const char *target, const tsr_rpc_client
     }
     ch->fast_reconnect = !opts->slow_reconnect;
     ch->last_reset = gpr_time_0(GPR_CLOCK_MONOTONIC);
+    pool_channel_added();
     if (!opts->no_watch)
         watcher_add(ch);
     return ch;
@@ -271,6 +367,7 @@ void tsr_rpc_channel_destroy(tsr_rpc_channel *ch)
         watcher_remove_and_destroy(ch);
     else
         grpc_channel_destroy(ch->ch);
+    pool_channel_removed();
     free(ch->target);
     free(ch);
     grpc_shutdown();
@@ -329,22 +426,20 @@ static void result_set(tsr_rpc_result *r, int code, const char *msg)
 
 /* --------------------------------------------------------------------------- calls -- */
 
-struct ccall {
-    grpc_call *call;
-    grpc_metadata_array init_md, trail_md;
-    grpc_byte_buffer *send, *recv;
-    grpc_status_code status;
-    grpc_slice details;
-    const char *error_string;
-    int started;
-};
-
-static int ccall_start(struct ccall *cc, tsr_rpc_fanout_call *fc, grpc_completion_queue *cq)
+int tsr__ccall_start(struct tsr__ccall *cc, tsr_rpc_fanout_call *fc, grpc_completion_queue *cq,
+                     void *owner, size_t index)
 {
     memset(cc, 0, sizeof *cc);
+    cc->kind = TSR__TAG_CLIENT_CALL;
+    cc->owner = owner;
+    cc->index = index;
     grpc_metadata_array_init(&cc->init_md);
     grpc_metadata_array_init(&cc->trail_md);
     cc->details = grpc_empty_slice();
+    if (!fc->ch || !fc->method) {
+        cc->unusable = 1;
+        return -1;
+    }
     grpc_slice path = grpc_slice_from_copied_string(fc->method);
     cc->call = grpc_channel_create_call(fc->ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL,
                                         tsr__rpc_deadline(fc->timeout_ms), NULL);
@@ -371,17 +466,21 @@ static int ccall_start(struct ccall *cc, tsr_rpc_fanout_call *fc, grpc_completio
     ops[5].data.recv_status_on_client.status = &cc->status;
     ops[5].data.recv_status_on_client.status_details = &cc->details;
     ops[5].data.recv_status_on_client.error_string = &cc->error_string;
-    if (grpc_call_start_batch(cc->call, ops, 6, cc, NULL) != GRPC_CALL_OK)
+    cc->started = 1; /* set before the batch: its event may be handled at once elsewhere */
+    TSR_TSAN_RELEASE(cc);
+    if (grpc_call_start_batch(cc->call, ops, 6, cc, NULL) != GRPC_CALL_OK) {
+        cc->started = 0;
         return -1;
-    cc->started = 1;
+    }
     return 0;
 }
 
-/* Fills fc->result from a completed (or never started) call and frees everything. */
-static void ccall_finish(struct ccall *cc, tsr_rpc_fanout_call *fc)
+void tsr__ccall_finish(struct tsr__ccall *cc, tsr_rpc_fanout_call *fc)
 {
     tsr_rpc_result *r = &fc->result;
-    if (!cc->started) {
+    if (cc->unusable) {
+        result_set(r, TSR_RPC_UNAVAILABLE, fc->ch ? "no method" : "no channel");
+    } else if (!cc->started) {
         result_set(r, TSR_RPC_INTERNAL, "could not start the call");
     } else {
         tsr_rpc_result_close(r);
@@ -419,51 +518,35 @@ static void ccall_finish(struct ccall *cc, tsr_rpc_fanout_call *fc)
         gpr_free((void *)cc->error_string);
     if (cc->call)
         grpc_call_unref(cc->call);
+    memset(cc, 0, sizeof *cc);
 }
 
 size_t tsr_rpc_fanout(tsr_rpc_fanout_call *calls, size_t n)
 {
     if (n == 0)
         return 0;
-    struct ccall one, *cc = &one;
+    struct tsr__ccall one, *cc = &one;
     if (n > 1)
         cc = tsr_xcalloc(n, sizeof *cc);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_completion_queue *cq = cq_get();
     size_t outstanding = 0;
-    for (size_t i = 0; i < n; i++) {
-        tsr_rpc_fanout_call *fc = &calls[i];
-        if (!fc->ch || !fc->method) {
-            memset(&cc[i], 0, sizeof cc[i]);
-            cc[i].details = grpc_empty_slice();
-            grpc_metadata_array_init(&cc[i].init_md);
-            grpc_metadata_array_init(&cc[i].trail_md);
-            continue;
-        }
-        if (ccall_start(&cc[i], fc, cq) == 0)
+    for (size_t i = 0; i < n; i++)
+        if (tsr__ccall_start(&cc[i], &calls[i], cq, NULL, i) == 0)
             outstanding++;
-    }
     while (outstanding > 0) {
         grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        if (ev.type == GRPC_OP_COMPLETE)
+        if (ev.type == GRPC_OP_COMPLETE) {
+            TSR_TSAN_ACQUIRE(ev.tag);
             outstanding--;
+        }
     }
     size_t failed = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!calls[i].ch || !calls[i].method) {
-            ccall_finish(&cc[i], &calls[i]);
-            result_set(&calls[i].result, TSR_RPC_UNAVAILABLE,
-                       calls[i].ch ? "no method" : "no channel");
-        } else {
-            ccall_finish(&cc[i], &calls[i]);
-        }
+        tsr__ccall_finish(&cc[i], &calls[i]);
         if (calls[i].result.code != TSR_RPC_OK)
             failed++;
     }
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
+    cq_put(cq);
     if (cc != &one)
         free(cc);
     return failed;

@@ -10,11 +10,19 @@
  *              handler here (short) or hand the call to the worker pool (TSR_RPC_LONG)
  *   SENDING    final batch {SEND_INITIAL_METADATA, SEND_MESSAGE (if OK),
  *              SEND_STATUS_FROM_SERVER, RECV_CLOSE_ON_SERVER}; on its event free all.
+ *   FANOUT     (tsr_rpc_reply_fanout) the handler started client calls on this call's
+ *              queue and returned; their events come to the same pollers (tagged
+ *              struct tsr__ccall, told apart from call contexts by their first member);
+ *              the thread whose event completes the fan-out runs the done callback, which
+ *              replies (SENDING) or starts another fan-out.
  * Only one batch is outstanding per call at any time, so the event of a call is handled
- * by exactly one thread and the call context needs no lock.
+ * by exactly one thread and the call context needs no lock. A fan-out's client calls
+ * complete on any poller of the queue, concurrently: each fills only its own result, and
+ * an atomic count (calls in flight + 1 held by the code that started them until it has
+ * returned) decides which thread continues, so the handler and done never overlap.
  *
  * DESIGN (threads, ownership, locks)
- * - POLLERS_PER_CQ polling threads per completion queue (`cqs` queues) block in
+ * - `pollers` (default POLLERS_PER_CQ) polling threads per completion queue (`cqs` queues) block in
  *   grpc_completion_queue_next and run the state machine (and short handlers).
  *   `workers` threads run LONG handlers and start the final batch themselves
  *   (grpc_call_start_batch is thread-safe).
@@ -25,8 +33,15 @@
  *   switch on the critical path, tens to ~150 µs on a loaded 2-core machine, measured by
  *   bench/bench_e2e.c through the coordinator). TSR_RPC_INLINE_LONG=0 in the environment
  *   turns it off (every LONG call through the pool, as before), for A/B measurements.
+ * - Why few pollers: gRPC 1.51's epoll1 engine has one epoll set per process and one
+ *   designated polling thread at a time; when it returns from epoll_wait it wakes another
+ *   waiting thread to poll in its place (a futex wake and often a context switch), and an
+ *   event for a queue whose thread did not read it wakes that thread too. Every extra
+ *   thread blocked in grpc_completion_queue_next adds wake-ups to every call; the
+ *   coordinator runs one queue with one poller and never blocks it (asynchronous fan-out).
  * - A call context is owned by whichever thread handles its current event; it is handed
  *   to a worker through the work queue; it is freed by the thread handling its last event.
+ *   During a fan-out it is owned by the fan-out (the thread that completes it).
  * - s->mu guards: stopping, alive (number of call contexts, including armed requests),
  *   shutdown_seen, and health. arm() holds s->mu around grpc_server_request_call so that a
  *   request is never armed after grpc_server_shutdown_and_notify (that aborts in core).
@@ -66,6 +81,7 @@
 /* Polling threads per completion queue: one more than the one that must always poll, so
  * that a LONG call can run on the thread that received it (see "LONG calls" above). */
 #define POLLERS_PER_CQ 2
+#define MAX_POLLERS_PER_CQ 8
 
 struct method {
     char *path;
@@ -78,7 +94,7 @@ struct method {
 struct slot {
     struct tsr_rpc_server *srv;
     grpc_completion_queue *cq;
-    pthread_t threads[POLLERS_PER_CQ];
+    pthread_t threads[MAX_POLLERS_PER_CQ];
     int nthreads;      /* started */
     atomic_int avail;  /* of them, not running a LONG handler inline */
 };
@@ -95,7 +111,21 @@ struct tsr_rpc_reply {
     char *msg; /* status message or NULL */
 };
 
+/* An asynchronous fan-out of one call (tsr_rpc_reply_fanout). `left` counts the client
+ * calls still in flight plus one held by the code that started it until that code has
+ * returned (the handler or a done callback): whoever brings it to zero runs done. */
+struct afan {
+    struct call *owner;
+    tsr_rpc_fanout_call *calls; /* the caller's, borrowed */
+    size_t n;
+    atomic_size_t left;
+    tsr_rpc_fanout_done_fn done;
+    void *ud;
+    struct tsr__ccall cc[];
+};
+
 struct call {
+    int kind; /* TSR__TAG_SERVER_CALL; must stay first (rpc_internal.h) */
     enum call_state state;
     struct tsr_rpc_server *srv;
     struct slot *slot;
@@ -111,6 +141,7 @@ struct call {
     int has_status_details;
     int client_cancelled; /* RECV_CLOSE_ON_SERVER output */
     struct tsr_rpc_reply reply;
+    struct afan *fan;  /* the fan-out in flight, or NULL */
     double t0;         /* when the call arrived (tsr_metrics_now), for the latency metric */
     struct call *next; /* work queue link */
 };
@@ -128,6 +159,7 @@ struct tsr_rpc_server {
     size_t max_message;
     int grace_ms;
     int pending_per_cq;
+    int pollers_per_cq;
 
     struct method methods[MAX_METHODS];
     int nmethods;
@@ -199,6 +231,7 @@ static void arm(struct slot *slot)
         tsr_error_log("rpc: out of memory arming a call slot");
         return;
     }
+    c->kind = TSR__TAG_SERVER_CALL;
     c->srv = s;
     c->slot = slot;
     c->state = CS_REQUESTED;
@@ -250,14 +283,10 @@ static void set_status(struct tsr_rpc_reply *r, int code, const char *msg)
     reply_clear_resp(r);
 }
 
-static void run_handler(struct call *c)
+/* The status after a handler or a done callback returned rc. */
+static void settle(struct call *c, int rc)
 {
     struct tsr_rpc_reply *r = &c->reply;
-    const uint8_t *p = c->has_req ? GRPC_SLICE_START_PTR(c->req) : NULL;
-    size_t n = c->has_req ? GRPC_SLICE_LENGTH(c->req) : 0;
-    if (n == 0)
-        p = NULL;
-    int rc = c->m->fn(c->m->ctx, p, n, r);
     if (r->code == TSR_RPC_OK && rc < 0)
         set_status(r, tsr_rpc_status_from_error(rc), tsr_strerror(rc));
     if (r->code == TSR_RPC_OK && r->has_resp && GRPC_SLICE_LENGTH(r->resp) > c->srv->max_message) {
@@ -266,6 +295,54 @@ static void run_handler(struct call *c)
                  (size_t)GRPC_SLICE_LENGTH(r->resp), c->srv->max_message);
         set_status(r, TSR_RPC_RESOURCE_EXHAUSTED, buf);
     }
+}
+
+/* Runs done callbacks while the fan-out they wait for has completed; then sends the
+ * reply. Called by the thread that brought c->fan->left to zero. */
+static void fan_complete(struct call *c)
+{
+    for (;;) {
+        struct afan *f = c->fan;
+        c->fan = NULL;
+        int rc = f->done(f->ud, &c->reply, f->calls, f->n);
+        free(f);
+        if (c->fan) { /* the callback started another fan-out: release its hold */
+            if (atomic_fetch_sub(&c->fan->left, 1) == 1)
+                continue;
+            return;
+        }
+        settle(c, rc);
+        send_final(c);
+        return;
+    }
+}
+
+/* Runs the handler; sends the reply unless it started a fan-out (then the thread that
+ * completes the fan-out continues). c may be gone when this returns. */
+static void run_handler(struct call *c)
+{
+    struct tsr_rpc_reply *r = &c->reply;
+    const uint8_t *p = c->has_req ? GRPC_SLICE_START_PTR(c->req) : NULL;
+    size_t n = c->has_req ? GRPC_SLICE_LENGTH(c->req) : 0;
+    if (n == 0)
+        p = NULL;
+    int rc = c->m->fn(c->m->ctx, p, n, r);
+    if (c->fan) {
+        if (atomic_fetch_sub(&c->fan->left, 1) == 1)
+            fan_complete(c);
+        return;
+    }
+    settle(c, rc);
+    send_final(c);
+}
+
+/* The event of a client call started by tsr_rpc_reply_fanout. */
+static void on_client_event(struct tsr__ccall *cc)
+{
+    struct afan *f = cc->owner;
+    tsr__ccall_finish(cc, &f->calls[cc->index]);
+    if (atomic_fetch_sub(&f->left, 1) == 1)
+        fan_complete(f->owner);
 }
 
 /* ------------------------------------------------------------------- worker pool -- */
@@ -307,11 +384,12 @@ static void *worker_main(void *arg)
             s->wq_tail = NULL;
         s->wq_len--;
         pthread_mutex_unlock(&s->wq_mu);
-        if (atomic_load(&s->cancelling)) /* shutdown past its grace: do not start work */
+        if (atomic_load(&s->cancelling)) { /* shutdown past its grace: do not start work */
             set_status(&c->reply, TSR_RPC_UNAVAILABLE, "server shutting down");
-        else
-            run_handler(c);
-        send_final(c);
+            send_final(c);
+        } else {
+            run_handler(c); /* sends the reply (now or after its fan-out) */
+        }
     }
 }
 
@@ -424,11 +502,12 @@ static void on_event(struct call *c, int ok)
         if (c->m->flags & TSR_RPC_LONG) {
             struct slot *sl = c->slot;
             if (s->inline_long && take_poller(sl)) {
-                if (atomic_load(&s->cancelling))
+                if (atomic_load(&s->cancelling)) {
                     set_status(&c->reply, TSR_RPC_UNAVAILABLE, "server shutting down");
-                else
-                    run_handler(c);
-                send_final(c); /* c may be gone after this */
+                    send_final(c);
+                } else {
+                    run_handler(c); /* c may be gone after this */
+                }
                 atomic_fetch_add(&sl->avail, 1);
                 return;
             }
@@ -440,7 +519,6 @@ static void on_event(struct call *c, int ok)
             return;
         }
         run_handler(c);
-        send_final(c);
         return;
     case CS_SENDING:
         destroy_call(c);
@@ -467,7 +545,10 @@ static void *poller_main(void *arg)
             continue;
         }
         TSR_TSAN_ACQUIRE(ev.tag);
-        on_event(ev.tag, ev.success);
+        if (*(const int *)ev.tag == TSR__TAG_CLIENT_CALL)
+            on_client_event(ev.tag);
+        else
+            on_event(ev.tag, ev.success);
     }
     return NULL;
 }
@@ -599,9 +680,10 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
         return NULL;
     }
     if (o->cqs < 0 || o->cqs > 64 || o->workers < 0 || o->workers > 1024 || o->max_queued < 0 ||
-        o->pending_per_cq < 0 || o->pending_per_cq > 4096) {
-        tsr_err(err, TSR_EINVAL, "rpc server: cqs (0..64), workers (0..1024), max_queued, "
-                                 "pending_per_cq (0..4096) out of range");
+        o->pending_per_cq < 0 || o->pending_per_cq > 4096 || o->pollers < 0 ||
+        o->pollers > MAX_POLLERS_PER_CQ) {
+        tsr_err(err, TSR_EINVAL, "rpc server: cqs (0..64), pollers (0..8), workers (0..1024), "
+                                 "max_queued, pending_per_cq (0..4096) out of range");
         return NULL;
     }
     grpc_server_credentials *creds = server_creds(o, err);
@@ -615,6 +697,13 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
     s->grace_ms = o->grace_ms == 0 ? 2000 : (o->grace_ms < 0 ? 0 : o->grace_ms);
     s->pending_per_cq = o->pending_per_cq ? o->pending_per_cq : 16;
     s->nslots = o->cqs ? o->cqs : default_cqs();
+    s->pollers_per_cq = o->pollers ? o->pollers : POLLERS_PER_CQ;
+    const char *ev = getenv("TSR_RPC_CQS");
+    if (ev && atoi(ev) >= 1 && atoi(ev) <= 64)
+        s->nslots = atoi(ev);
+    ev = getenv("TSR_RPC_POLLERS");
+    if (ev && atoi(ev) >= 1 && atoi(ev) <= MAX_POLLERS_PER_CQ)
+        s->pollers_per_cq = atoi(ev);
     s->nworkers = o->workers ? o->workers : 4;
     s->wq_max = o->max_queued ? o->max_queued : 1024;
     const char *il = getenv("TSR_RPC_INLINE_LONG");
@@ -727,10 +816,11 @@ int tsr_rpc_server_start(tsr_rpc_server *s, tsr_error *err)
     }
     for (int i = 0; i < s->nslots; i++) {
         struct slot *sl = &s->slots[i];
-        for (int k = 0; k < POLLERS_PER_CQ; k++)
+        for (int k = 0; k < s->pollers_per_cq; k++)
             if (pthread_create(&sl->threads[sl->nthreads], NULL, poller_main, sl) == 0)
                 sl->nthreads++;
         atomic_store(&sl->avail, sl->nthreads);
+        atomic_fetch_add(&tsr__rpc_pollers_running, sl->nthreads);
     }
     if (s->nworkers_started == 0 || !s->slots[0].nthreads)
         return tsr_err(err, TSR_EINTERNAL, "rpc server: cannot create threads");
@@ -800,8 +890,10 @@ void tsr_rpc_server_shutdown(tsr_rpc_server *s)
     for (int i = 0; i < s->nworkers_started; i++)
         pthread_join(s->workers[i], NULL);
 
-    for (int i = 0; i < s->nslots; i++)
+    for (int i = 0; i < s->nslots; i++) {
+        atomic_fetch_sub(&tsr__rpc_pollers_running, s->slots[i].nthreads);
         grpc_completion_queue_shutdown(s->slots[i].cq);
+    }
     for (int i = 0; i < s->nslots; i++) {
         if (s->slots[i].nthreads) {
             for (int k = 0; k < s->slots[i].nthreads; k++)
@@ -908,6 +1000,37 @@ int tsr_rpc_reply_from_error(tsr_rpc_reply *r, const tsr_error *err)
     const char *msg = err && err->msg[0] ? err->msg : tsr_strerror(code);
     set_status(r, tsr_rpc_status_from_error(code), msg);
     return code;
+}
+
+int tsr_rpc_reply_fanout(tsr_rpc_reply *r, tsr_rpc_fanout_call *calls, size_t n,
+                         tsr_rpc_fanout_done_fn done, void *ud)
+{
+    struct call *c = r->call;
+    if (c->fan || !done || (n && !calls))
+        return TSR_EINVAL;
+    if (n > ((size_t)1 << 20))
+        return TSR_ELIMIT;
+    struct afan *f = tsr_try_malloc(1, sizeof *f + n * sizeof f->cc[0]);
+    if (!f)
+        return TSR_ENOMEM;
+    f->owner = c;
+    f->calls = calls;
+    f->n = n;
+    f->done = done;
+    f->ud = ud;
+    atomic_init(&f->left, n + 1); /* + the hold of the code running now */
+    c->fan = f;
+    TSR_TSAN_RELEASE(f);
+    size_t unstarted = 0;
+    for (size_t i = 0; i < n; i++)
+        if (tsr__ccall_start(&f->cc[i], &calls[i], c->slot->cq, f, i) != 0) {
+            tsr__ccall_finish(&f->cc[i], &calls[i]);
+            unstarted++;
+        }
+    /* never zero here: the hold is released when the handler or callback returns */
+    if (unstarted)
+        atomic_fetch_sub(&f->left, unstarted);
+    return 0;
 }
 
 int64_t tsr_rpc_reply_remaining_ms(const tsr_rpc_reply *r)

@@ -1016,3 +1016,122 @@ fail:
     tsr_store_abort(t);
     return rc;
 }
+
+/* ---- records beside the versions ---------------------------------------------------------- */
+
+static int aux_path(const tsr_store *s, const char *sub, const char *name, char *buf,
+                    size_t cap, tsr_error *err)
+{
+    if (!valid_name(sub) || (name && !valid_name(name)))
+        return tsr_err(err, TSR_EINVAL, "store: bad record name \"%.64s/%.64s\"", sub,
+                       name ? name : "");
+    int n = name ? snprintf(buf, cap, "%s/%s/%s", s->dir, sub, name)
+                 : snprintf(buf, cap, "%s/%s", s->dir, sub);
+    if (n < 0 || (size_t)n >= cap)
+        return tsr_err(err, TSR_ELIMIT, "store: path of %s/%s longer than %zu bytes", sub,
+                       name ? name : "", cap - 1);
+    return 0;
+}
+
+int tsr_store_aux_write(tsr_store *s, const char *sub, const char *name, const void *buf,
+                        size_t len, tsr_error *err)
+{
+    char dir[4096], path[4096], tmp[4096 + 8];
+    int rc, fd = -1;
+    if ((rc = aux_path(s, sub, NULL, dir, sizeof dir, err)) != 0 ||
+        (rc = aux_path(s, sub, name, path, sizeof path, err)) != 0)
+        return rc;
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", dir, name);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return tsr_err(err, TSR_EIO, "mkdir %s: %s", dir, strerror(errno));
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return tsr_err(err, TSR_EIO, "create %s: %s", tmp, strerror(errno));
+    if ((rc = write_all(fd, buf, len, tmp, err)) != 0 || (rc = fsync_fd(fd, tmp, err)) != 0)
+        goto fail;
+    if (close(fd) != 0) {
+        fd = -1;
+        rc = tsr_err(err, TSR_EIO, "close %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        rc = tsr_err(err, TSR_EIO, "rename %s to %s: %s", tmp, path, strerror(errno));
+        goto fail;
+    }
+    return fsync_dir(dir, err);
+fail:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    return rc;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int tsr_store_aux_list(tsr_store *s, const char *sub, char ***names, size_t *n,
+                       tsr_error *err)
+{
+    char dir[4096];
+    int rc;
+    *names = NULL;
+    *n = 0;
+    if ((rc = aux_path(s, sub, NULL, dir, sizeof dir, err)) != 0)
+        return rc;
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        if (errno == ENOENT)
+            return 0;
+        return tsr_err(err, TSR_EIO, "opendir %s: %s", dir, strerror(errno));
+    }
+    char **v = NULL;
+    size_t cnt = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, ".tmp-", 5) == 0) { /* an interrupted write */
+            unlinkat(dirfd(d), de->d_name, 0);
+            continue;
+        }
+        if (!valid_name(de->d_name))
+            continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            v = tsr_xrealloc(v, cap * sizeof *v);
+        }
+        v[cnt++] = tsr_xstrdup(de->d_name);
+    }
+    closedir(d);
+    if (cnt)
+        qsort(v, cnt, sizeof *v, cmp_name);
+    *names = v;
+    *n = cnt;
+    return 0;
+}
+
+int tsr_store_aux_read(const tsr_store *s, const char *sub, const char *name, size_t max_len,
+                       void **buf, size_t *len, tsr_error *err)
+{
+    char path[4096];
+    int rc;
+    if ((rc = aux_path(s, sub, name, path, sizeof path, err)) != 0)
+        return rc;
+    char *b;
+    rc = slurp(path, max_len, &b, len, err);
+    if (rc == 0)
+        *buf = b;
+    return rc;
+}
+
+int tsr_store_aux_remove(tsr_store *s, const char *sub, const char *name, tsr_error *err)
+{
+    char path[4096];
+    int rc;
+    if ((rc = aux_path(s, sub, name, path, sizeof path, err)) != 0)
+        return rc;
+    if (unlink(path) != 0 && errno != ENOENT)
+        return tsr_err(err, TSR_EIO, "remove %s: %s", path, strerror(errno));
+    return 0;
+}

@@ -73,6 +73,30 @@ int tsr_store_path(const tsr_store *s, uint64_t version, const char *name, char 
 int tsr_store_read_file(const tsr_store *s, uint64_t version, const char *name,
                         size_t max_len, void **buf, size_t *len, tsr_error *err);
 
+/* ---- records beside the versions -------------------------------------------------------
+ * Small files in one sub-directory of the data dir (e.g. "operations"), outside every
+ * version: written whole and atomically (`.tmp-NAME`, fsync, rename, fsync of the
+ * sub-directory), so a reader sees the old record or the new one, never a part. sub and name
+ * are plain names (letters, digits, '.', '_', '-'; no leading '.'). Used by one thread at a
+ * time per sub-directory. */
+
+/* Writes sub/name (creating sub when missing). */
+int tsr_store_aux_write(tsr_store *s, const char *sub, const char *name, const void *buf,
+                        size_t len, tsr_error *err);
+
+/* The names in sub (a missing sub is empty), sorted; leftover `.tmp-*` files are removed.
+ * *names is a new array of new strings (caller frees each and the array). */
+int tsr_store_aux_list(tsr_store *s, const char *sub, char ***names, size_t *n,
+                       tsr_error *err);
+
+/* Reads sub/name whole (as tsr_store_read_file: NUL-terminated, TSR_ELIMIT over max_len,
+ * TSR_ENOTFOUND when missing). */
+int tsr_store_aux_read(const tsr_store *s, const char *sub, const char *name, size_t max_len,
+                       void **buf, size_t *len, tsr_error *err);
+
+/* Removes sub/name; a missing file is not an error. */
+int tsr_store_aux_remove(tsr_store *s, const char *sub, const char *name, tsr_error *err);
+
 /* ---- writing a version ------------------------------------------------------------------- */
 
 /* Starts version `version` in `.tmp-vNNNNNN/` (replacing a stale one). TSR_ESTATE when the

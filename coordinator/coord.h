@@ -128,7 +128,8 @@ typedef struct tsr__op {
     char *report_json;          /* owned */
     uint8_t *report_pb;         /* owned; packed tessera.v1.BatchReport */
     size_t report_len;
-    int64_t version;
+    int64_t version;            /* produced (SUCCEEDED), else 0 */
+    int64_t target;             /* the version it is going to produce, once staging began */
     char *error;                /* owned */
     int64_t start_ms, end_ms;
     int staged;                 /* staging began (a failure then aborts N+1) */
@@ -137,6 +138,28 @@ typedef struct tsr__op {
     int overwrite;
     int64_t max_invalid;
 } tsr__op;
+
+#define TSR__OP_MAX_KEPT 64    /* operations remembered (in memory and in the oplog) */
+
+void tsr__op_free(tsr__op *op); /* accepts NULL */
+
+/* The GetOperation answer for op as being in `state` into *o (its progress in *pg, strings
+ * borrowed from op; o->report, when set, is new: the caller frees it with
+ * tessera__v1__batch_report__free_unpacked). Caller holds op_mu. */
+void tsr__op_to_pb(const tsr__op *op, int state, Tessera__V1__Operation *o,
+                   Tessera__V1__OperationProgress *pg);
+
+struct tsr__coord;
+
+/* oplog.c: operation records in DATA/operations/ (see there). save: writes op's record as
+ * being in `state` (0: op->state; an update records its end before GetOperation shows it;
+ * locked: the caller holds op_mu); forget: removes it; load: at start, before serving,
+ * fills c->ops from the records and resolves interrupted ones against `current` (the
+ * version CURRENT names, 0 for none). */
+int tsr__oplog_save(struct tsr__coord *c, tsr__op *op, int state, int locked,
+                    tsr_error *err);
+void tsr__oplog_forget(struct tsr__coord *c, const tsr__op *op);
+int tsr__oplog_load(struct tsr__coord *c, uint64_t current, tsr_error *err);
 
 /* ---- replicas ------------------------------------------------------------------------ */
 typedef struct tsr__replica {
@@ -268,6 +291,17 @@ typedef struct tsr__gcall {
 /* Sends all n calls in parallel; returns the number whose final code is not OK. */
 size_t tsr__coord_group_fanout(tsr__coord *c, const char *method, tsr__gcall *calls, size_t n,
                                int64_t timeout_ms);
+
+/* The same without blocking, from inside an rpc handler (tsr_rpc_reply_fanout on the
+ * server's queue): starts the first attempts and returns; retries start from the polling
+ * thread that sees a round complete; when every call has its final result, fin(ud, r,
+ * calls, n) runs on a polling thread, and what it returns is the handler's return value
+ * (it fills r). method, calls and their requests are borrowed until then. Returns 0 (fin
+ * will run exactly once) or a negative TSR code (nothing started, fin will not run). */
+typedef int (*tsr__gfan_fin)(void *ud, tsr_rpc_reply *r, tsr__gcall *calls, size_t n);
+int tsr__coord_group_fanout_async(tsr__coord *c, tsr_rpc_reply *r, const char *method,
+                                  tsr__gcall *calls, size_t n, int64_t timeout_ms,
+                                  tsr__gfan_fin fin, void *ud);
 
 /* The same request bufs[s] (NULL = skip group s) to EVERY replica of each group, in one
  * parallel fan-out (updates: a version is the group's only when all replicas have it).

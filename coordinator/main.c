@@ -42,8 +42,8 @@ static void usage(FILE *f)
             "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
             "  --deployed-index-id ID  Vertex MatchService: answer only this deployed_index_id\n"
             "                      (others get NOT_FOUND; default: any; docs/vertex-compat.md)\n"
-            "  --threads T         gRPC polling threads (default 1 on one core, else 2)\n"
-            "  --workers W         worker threads for FindNeighbors and the other fan-outs (8)\n"
+            "  --threads T         gRPC polling threads, one completion queue each (default 1)\n"
+            "  --workers W         worker threads for UpdateIndex, Read, Stats, MatchService (8)\n"
             "  --tls-cert FILE     PEM certificate chain: the public port speaks TLS only\n"
             "  --tls-key FILE      PEM private key of --tls-cert (unencrypted)\n"
             "  --tls-client-ca FILE  mutual TLS: require client certificates signed by this CA\n"
@@ -199,6 +199,10 @@ int main(int argc, char **argv)
                  (long long)c->snap->nsparse, c->snap->tmpl->nlist,
                  c->snap->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
     }
+    if (tsr__oplog_load(c, cur, &err)) {
+        tsr_error_log("%s: operations: %s", data, err.msg);
+        goto out;
+    }
     if (tsr__coord_channels_open(c, &shard_opts, &err)) {
         tsr_error_log("%s", err.msg);
         goto out;
@@ -207,7 +211,12 @@ int main(int argc, char **argv)
     tsr_rpc_server_opts o;
     tsr_rpc_server_opts_init(&o);
     o.listen = listen;
-    o.cqs = threads;
+    /* One queue with one polling thread by default: FindNeighbors never blocks
+     * (asynchronous fan-out), and every further polling thread costs thread wake-ups on
+     * each event (docs/performance.md "End to end"); the other fan-outs are TSR_RPC_LONG
+     * and run on the workers. */
+    o.cqs = threads ? threads : 1;
+    o.pollers = 1;
     o.workers = workers;
     o.max_message = max_message;
     o.tls_cert_file = tls_cert;
@@ -218,8 +227,10 @@ int main(int argc, char **argv)
         goto out;
     }
 #define SVC "/tessera.v1.VectorSearch/"
+    /* FindNeighbors fans out asynchronously (tsr_rpc_reply_fanout): it runs on the
+     * polling thread and never blocks, so it is not TSR_RPC_LONG */
     if (tsr_rpc_server_add_method(srv, SVC "FindNeighbors", tsr__coord_rpc_find_neighbors, c,
-                                  TSR_RPC_LONG) ||
+                                  0) ||
         tsr_rpc_server_add_method(srv, SVC "ReadIndexDatapoints", tsr__coord_rpc_read, c,
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, SVC "GetIndexStats", tsr__coord_rpc_stats, c,

@@ -8,8 +8,17 @@
  * Every query of a request is planned on one snapshot, and every ShardQuery names its
  * version, so the whole answer comes from that version (response.version).
  *
- * DESIGN (threads): runs on the rpc worker pool (TSR_RPC_LONG); reads only the immutable
- * snapshot it took a reference on; no lock is held across an RPC.
+ * DESIGN (threads): FindNeighbors runs on the rpc polling thread that received it and
+ * never blocks: fnq_plan (validation, coarse step, per-shard requests) runs in the
+ * handler, the shard calls go out with tsr__coord_group_fanout_async (tsr_rpc_reply_fanout
+ * on the server's own completion queue: retries on other replicas start from the poller
+ * that sees an attempt fail), and fnq_finish (merge, reply) runs on the polling thread
+ * that completes the last shard call. The state between the two (fn_async) is owned by
+ * whichever of those threads runs; they never overlap. The blocking form
+ * (tsr__coord_find_neighbors, for MatchService on the worker pool) is the same three steps
+ * with tsr__coord_group_fanout. ReadIndexDatapoints and GetIndexStats block (TSR_RPC_LONG,
+ * worker pool). All read only the immutable snapshot they took a reference on; no lock is
+ * held across an RPC.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -28,17 +37,51 @@
 
 /* ---------------------------------------------------------------- arena */
 
+/* Everything one request allocates (plans, shard requests, the unpacked shard replies, the
+ * response) comes from bump blocks that are freed together: one calloc per AR_BLOCK bytes
+ * instead of one per object (~60 per query plus ~100 in the unpacked replies). Memory is
+ * zeroed (fresh calloc blocks are never reused). Requests above AR_BIG get a block of
+ * their own. */
+#define AR_BLOCK 16384
+#define AR_BIG (AR_BLOCK / 4)
+#define AR_ALIGN 16
+
 typedef struct arena {
-    void **p;
+    void **p; /* owned blocks */
     size_t n, cap;
+    char *cur; /* free part of the current block */
+    size_t left;
 } arena;
+
+static void ar_own(arena *a, void *x)
+{
+    if (a->n == a->cap)
+        a->p = tsr_xrealloc(a->p, (a->cap = a->cap ? a->cap * 2 : 16) * sizeof *a->p);
+    a->p[a->n++] = x;
+}
 
 static void *ar(arena *a, size_t n, size_t size)
 {
-    if (a->n == a->cap)
-        a->p = tsr_xrealloc(a->p, (a->cap = a->cap ? a->cap * 2 : 64) * sizeof *a->p);
-    void *x = tsr_xcalloc(n ? n : 1, size ? size : 1);
-    a->p[a->n++] = x;
+    if (!n)
+        n = 1;
+    if (!size)
+        size = 1;
+    if (n > (SIZE_MAX - AR_ALIGN) / size)
+        return tsr_xcalloc(n, size); /* aborts: the product overflows */
+    size_t bytes = (n * size + AR_ALIGN - 1) & ~(size_t)(AR_ALIGN - 1);
+    if (bytes > AR_BIG) {
+        void *x = tsr_xcalloc(1, bytes);
+        ar_own(a, x);
+        return x;
+    }
+    if (bytes > a->left) {
+        a->cur = tsr_xcalloc(1, AR_BLOCK);
+        a->left = AR_BLOCK;
+        ar_own(a, a->cur);
+    }
+    void *x = a->cur;
+    a->cur += bytes;
+    a->left -= bytes;
     return x;
 }
 
@@ -50,10 +93,24 @@ static void ar_free(arena *a)
     memset(a, 0, sizeof *a);
 }
 
+/* protobuf-c allocator on an arena (unpacked messages are then freed with the arena, never
+ * with free_unpacked). */
+static void *pb_ar_alloc(void *ud, size_t size)
+{
+    return ar(ud, 1, size);
+}
+
+static void pb_ar_free(void *ud, void *p)
+{
+    (void)ud;
+    (void)p;
+}
+
 /* The response plus everything it borrows. resp must stay the first member. */
 typedef struct fn_out {
     Tessera__V1__FindNeighborsResponse resp;
     arena a;
+    ProtobufCAllocator pba; /* on a: the shard replies are unpacked into the arena */
     ProtobufCMessage **shard_resp;
     size_t nshards;
 } fn_out;
@@ -63,11 +120,7 @@ void tsr__coord_response_free(Tessera__V1__FindNeighborsResponse *r)
     if (!r)
         return;
     fn_out *o = (fn_out *)r;
-    for (size_t s = 0; s < o->nshards; s++)
-        if (o->shard_resp[s])
-            protobuf_c_message_free_unpacked(o->shard_resp[s], NULL);
-    free(o->shard_resp);
-    ar_free(&o->a);
+    ar_free(&o->a); /* shard_resp and the unpacked replies included */
     free(o);
 }
 
@@ -261,14 +314,33 @@ typedef struct qplan {
     size_t nrs;
 } qplan;
 
-int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
-                              int64_t remaining_ms, Tessera__V1__FindNeighborsResponse **outp,
-                              int *code, char *msg, size_t cap)
+/* A FindNeighbors between its plan and its merge: what the shard fan-out needs and what
+ * the merge reads afterwards. Everything but the snapshot reference lives in o's arena. */
+typedef struct fnq {
+    tsr__coord *c;
+    const Tessera__V1__FindNeighborsRequest *rq; /* borrowed */
+    tsr__snap *sn;                               /* reference */
+    fn_out *o;
+    qplan *qp;
+    Tessera__V1__ShardSearchRequest *sreq;
+    size_t **qmap; /* shard query j -> request query i */
+    size_t *slot;  /* (i, s) -> j + 1, 0 = not sent */
+    tsr__gcall *calls;
+    uint8_t **bufs;
+    size_t ncalls;
+    int64_t tmo;
+} fnq;
+
+/* Validates rq, takes a snapshot, runs the coarse step and packs one ShardSearchRequest
+ * per touched shard into q. Returns 0, or a negative code with *code and msg set (nothing
+ * held). */
+static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
+                    int64_t remaining_ms, fnq *q, int *code, char *msg, size_t cap)
 {
     const tsr__coord_config *cfg = &c->cfg;
     size_t S = cfg->nshards, d = (size_t)cfg->dimensions;
     size_t nq = rq->n_queries;
-    *outp = NULL;
+    memset(q, 0, sizeof *q);
     int IA = TSR_RPC_INVALID_ARGUMENT;
     if (nq == 0)
         return bad(code, msg, cap, IA, "queries is empty");
@@ -290,8 +362,8 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
     tessera__v1__find_neighbors_response__init(&o->resp);
     arena *a = &o->a;
     o->nshards = S;
-    o->shard_resp = tsr_xcalloc(S, sizeof *o->shard_resp);
-    int larger = cfg->distance != TSR_DIST_SQUARED_L2;
+    o->shard_resp = ar(a, S, sizeof *o->shard_resp);
+    o->pba = (ProtobufCAllocator){pb_ar_alloc, pb_ar_free, a};
     size_t nlist = sn->tmpl->nlist;
     int rc = 0;
 
@@ -450,7 +522,60 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
         tsr_rpc_result_init(&calls[ncalls].result);
         ncalls++;
     }
-    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Search", calls, ncalls, tmo);
+    q->c = c;
+    q->rq = rq;
+    q->sn = sn;
+    q->o = o;
+    q->qp = qp;
+    q->sreq = sreq;
+    q->qmap = qmap;
+    q->slot = slot;
+    q->calls = calls;
+    q->bufs = bufs;
+    q->ncalls = ncalls;
+    q->tmo = tmo;
+    return 0;
+fail:
+    tsr__snap_unref(sn);
+    tsr__coord_response_free(&o->resp);
+    return rc ? rc : TSR_EINTERNAL;
+}
+
+/* Releases everything q holds (a plan that will not be finished, or a failed merge). */
+static void fnq_drop(fnq *q)
+{
+    for (size_t k = 0; k < q->ncalls; k++) {
+        free(q->bufs[q->calls[k].group]);
+        q->bufs[q->calls[k].group] = NULL;
+        tsr_rpc_result_close(&q->calls[k].result);
+    }
+    tsr__snap_unref(q->sn);
+    tsr__coord_response_free(&q->o->resp);
+    memset(q, 0, sizeof *q);
+}
+
+/* After the fan-out (q->calls have their results): unpacks the shard replies and merges.
+ * Releases everything q holds; on success *outp is the response (caller frees with
+ * tsr__coord_response_free). */
+static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, int *code, char *msg,
+                      size_t cap)
+{
+    tsr__coord *c = q->c;
+    const tsr__coord_config *cfg = &c->cfg;
+    const Tessera__V1__FindNeighborsRequest *rq = q->rq;
+    tsr__snap *sn = q->sn;
+    fn_out *o = q->o;
+    arena *a = &o->a;
+    size_t S = cfg->nshards, nq = rq->n_queries;
+    int larger = cfg->distance != TSR_DIST_SQUARED_L2;
+    qplan *qp = q->qp;
+    Tessera__V1__ShardSearchRequest *sreq = q->sreq;
+    size_t **qmap = q->qmap, *slot = q->slot;
+    tsr__gcall *calls = q->calls;
+    uint8_t **bufs = q->bufs;
+    size_t ncalls = q->ncalls;
+    int rc = 0;
+    *outp = NULL;
     int *failed = ar(a, S, sizeof *failed);
     char **missing = ar(a, S, sizeof *missing);
     size_t nmissing = 0;
@@ -458,9 +583,10 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
         size_t s = calls[k].group;
         tsr_rpc_result *r = &calls[k].result;
         free(bufs[s]);
+        bufs[s] = NULL;
         if (r->code == TSR_RPC_OK) {
             o->shard_resp[s] = protobuf_c_message_unpack(&tessera__v1__shard_search_response__descriptor,
-                                                         NULL, r->len, r->data);
+                                                         &o->pba, r->len, r->data);
             Tessera__V1__ShardSearchResponse *sr =
                 (Tessera__V1__ShardSearchResponse *)o->shard_resp[s];
             if (!sr || sr->n_results != sreq[s].n_queries) {
@@ -629,9 +755,55 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
     *outp = &o->resp;
     return 0;
 fail:
-    tsr__snap_unref(sn);
-    tsr__coord_response_free(&o->resp);
+    fnq_drop(q);
     return rc ? rc : TSR_EINTERNAL;
+}
+
+int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
+                              int64_t remaining_ms, Tessera__V1__FindNeighborsResponse **outp,
+                              int *code, char *msg, size_t cap)
+{
+    fnq q;
+    *outp = NULL;
+    int rc = fnq_plan(c, rq, remaining_ms, &q, code, msg, cap);
+    if (rc)
+        return rc;
+    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Search", q.calls, q.ncalls, q.tmo);
+    return fnq_finish(&q, outp, code, msg, cap);
+}
+
+/* FindNeighbors without blocking (DESIGN at the top): the state of one call between its
+ * plan, on the polling thread that received it, and its merge, on the polling thread that
+ * sees the last shard reply. */
+typedef struct fn_async {
+    Tessera__V1__FindNeighborsRequest *rq; /* owned */
+    fnq q;
+    int code;
+    char msg[1024];
+} fn_async;
+
+static int fn_reply(tsr_rpc_reply *r, int rc, Tessera__V1__FindNeighborsResponse *out, int code,
+                    const char *msg)
+{
+    if (rc == 0)
+        rc = tsr_rpc_reply_pack(r, &out->base);
+    else
+        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+    tsr__coord_response_free(out);
+    return rc;
+}
+
+static int fn_async_fin(void *ud, tsr_rpc_reply *r, tsr__gcall *calls, size_t n)
+{
+    fn_async *f = ud;
+    (void)calls;
+    (void)n;
+    Tessera__V1__FindNeighborsResponse *out = NULL;
+    int rc = fnq_finish(&f->q, &out, &f->code, f->msg, sizeof f->msg);
+    rc = fn_reply(r, rc, out, f->code, f->msg);
+    tessera__v1__find_neighbors_request__free_unpacked(f->rq, NULL);
+    free(f);
+    return rc;
 }
 
 int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
@@ -642,17 +814,22 @@ int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr
     if (!rq)
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "FindNeighborsRequest: malformed "
                                    "protobuf");
-    Tessera__V1__FindNeighborsResponse *out = NULL;
-    int code = 0;
-    char msg[1024] = "";
-    int rc = tsr__coord_find_neighbors(c, rq, tsr_rpc_reply_remaining_ms(r), &out, &code, msg,
-                                       sizeof msg);
-    if (rc == 0)
-        rc = tsr_rpc_reply_pack(r, &out->base);
-    else
-        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
-    tsr__coord_response_free(out);
+    fn_async *f = tsr_xcalloc(1, sizeof *f);
+    f->rq = rq;
+    int rc = fnq_plan(c, rq, tsr_rpc_reply_remaining_ms(r), &f->q, &f->code, f->msg,
+                      sizeof f->msg);
+    if (rc == 0) {
+        rc = tsr__coord_group_fanout_async(c, r, TSR_SHARD_SVC "Search", f->q.calls,
+                                           f->q.ncalls, f->q.tmo, fn_async_fin, f);
+        if (rc == 0)
+            return 0; /* the reply is sent after fn_async_fin */
+        fnq_drop(&f->q); /* nothing started (out of memory) */
+        f->code = TSR_RPC_RESOURCE_EXHAUSTED;
+        snprintf(f->msg, sizeof f->msg, "cannot start the shard fan-out: %s", tsr_strerror(rc));
+    }
+    rc = fn_reply(r, rc, NULL, f->code, f->msg);
     tessera__v1__find_neighbors_request__free_unpacked(rq, NULL);
+    free(f);
     return rc;
 }
 

@@ -209,92 +209,190 @@ static int untried_left(const tsr__coord *c, size_t g, uint32_t tried)
     return 0;
 }
 
+/* One group fan-out in progress: the rounds of attempts (first replicas, then retries on
+ * other replicas of the groups whose attempt failed), shared by the blocking and the
+ * asynchronous form. */
+typedef struct gfan {
+    tsr__coord *c;
+    const char *method;
+    tsr__gcall *calls;
+    size_t n;
+    int64_t deadline;
+    uint32_t *tried;        /* per call: bit j = replica j of its group was tried */
+    int *pending;           /* per call: needs (another) attempt */
+    size_t *on;             /* per call: replica of the attempt in flight */
+    tsr_rpc_fanout_call *fc; /* this round's attempts */
+    size_t m;
+    double t0;
+    tsr__gfan_fin fin;      /* asynchronous form */
+    void *ud;
+} gfan;
+
+static gfan *gf_new(tsr__coord *c, const char *method, tsr__gcall *calls, size_t n,
+                    int64_t timeout_ms)
+{
+    gfan *g = tsr_xcalloc(1, sizeof *g);
+    g->c = c;
+    g->method = method;
+    g->calls = calls;
+    g->n = n;
+    g->deadline = tsr__now_ms() + (timeout_ms > 0 ? timeout_ms : 1);
+    g->tried = tsr_xcalloc(n ? n : 1, sizeof *g->tried);
+    g->pending = tsr_xcalloc(n ? n : 1, sizeof *g->pending);
+    g->on = tsr_xcalloc(n ? n : 1, sizeof *g->on);
+    g->fc = tsr_xcalloc(n ? n : 1, sizeof *g->fc);
+    for (size_t i = 0; i < n; i++) {
+        g->pending[i] = 1;
+        calls[i].attempts = 0;
+        calls[i].replica = c->grp[calls[i].group].first;
+    }
+    return g;
+}
+
+static void gf_free(gfan *g)
+{
+    free(g->tried);
+    free(g->pending);
+    free(g->on);
+    free(g->fc);
+    free(g);
+}
+
+/* Fills g->fc with one attempt per pending call (a replica not tried yet, with a per-attempt
+ * deadline that leaves time for another replica). Returns the number of attempts. */
+static size_t gf_round(gfan *g)
+{
+    tsr__coord *c = g->c;
+    int64_t now = tsr__now_ms(), left = g->deadline - now;
+    size_t m = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        if (!g->pending[i])
+            continue;
+        size_t gr = g->calls[i].group;
+        size_t k = pick(c, gr, g->tried[i], now);
+        g->tried[i] |= 1u << c->rep[k].index;
+        int64_t att = left;
+        if (untried_left(c, gr, g->tried[i])) {
+            /* keep time for another replica: a hung one must not eat the deadline */
+            int64_t a = c->cfg.replica_attempt_ms > 0 ? c->cfg.replica_attempt_ms : left / 2;
+            if (a < att)
+                att = a;
+        }
+        if (att < 1)
+            att = 1;
+        memset(&g->fc[m], 0, sizeof g->fc[m]);
+        g->fc[m].ch = c->rep[k].ch;
+        g->fc[m].method = g->method;
+        g->fc[m].req = g->calls[i].req;
+        g->fc[m].req_len = g->calls[i].len;
+        g->fc[m].timeout_ms = att;
+        g->fc[m].user = (void *)(uintptr_t)i;
+        tsr_rpc_result_init(&g->fc[m].result);
+        g->on[i] = k;
+        atomic_fetch_add(&c->rep[k].inflight, 1);
+        m++;
+    }
+    g->m = m;
+    g->t0 = tsr_metrics_now();
+    return m;
+}
+
+/* After a round: records the outcomes, moves the results into the calls and decides the
+ * retries. Returns nonzero when another round is needed. */
+static int gf_collect(gfan *g)
+{
+    tsr__coord *c = g->c;
+    double secs = tsr_metrics_now() - g->t0;
+    int again = 0;
+    int64_t now = tsr__now_ms();
+    for (size_t q = 0; q < g->m; q++) {
+        size_t i = (size_t)(uintptr_t)g->fc[q].user, k = g->on[i];
+        tsr__gcall *call = &g->calls[i];
+        atomic_fetch_sub(&c->rep[k].inflight, 1);
+        tsr__replica_note(c, k, g->method, g->fc[q].result.code, secs);
+        tsr_rpc_result_close(&call->result);
+        call->result = g->fc[q].result; /* moves message and data */
+        tsr_rpc_result_init(&g->fc[q].result);
+        call->replica = k;
+        call->attempts++;
+        int retry = call->result.code != TSR_RPC_OK && replica_fault(call->result.code) &&
+                    untried_left(c, call->group, g->tried[i]) && now < g->deadline;
+        if (retry) {
+            char nm[600], lbl[64];
+            name_of(c, k, nm, sizeof nm);
+            tsr_debug("%s: %s %s: %s; retrying on another replica", nm, g->method,
+                      tsr_rpc_code_name(call->result.code), call->result.message);
+            snprintf(lbl, sizeof lbl, "shard=%zu", call->group);
+            tsr_metrics_counter_add("tessera_shard_failovers_total", lbl, 1);
+        }
+        g->pending[i] = retry;
+        again |= retry;
+    }
+    return again;
+}
+
 size_t tsr__coord_group_fanout(tsr__coord *c, const char *method, tsr__gcall *calls, size_t n,
                                int64_t timeout_ms)
 {
     if (n == 0)
         return 0;
-    int64_t deadline = tsr__now_ms() + (timeout_ms > 0 ? timeout_ms : 1);
-    uint32_t *tried = tsr_xcalloc(n, sizeof *tried);
-    int *pending = tsr_xcalloc(n, sizeof *pending);
-    size_t *on = tsr_xcalloc(n, sizeof *on);
-    tsr_rpc_fanout_call *fc = tsr_xcalloc(n, sizeof *fc);
-    for (size_t i = 0; i < n; i++) {
-        pending[i] = 1;
-        calls[i].attempts = 0;
-        calls[i].replica = c->grp[calls[i].group].first;
-    }
+    gfan *g = gf_new(c, method, calls, n, timeout_ms);
     for (;;) {
-        int64_t now = tsr__now_ms(), left = deadline - now;
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!pending[i])
-                continue;
-            size_t g = calls[i].group;
-            size_t k = pick(c, g, tried[i], now);
-            tried[i] |= 1u << c->rep[k].index;
-            int64_t att = left;
-            if (untried_left(c, g, tried[i])) {
-                /* keep time for another replica: a hung one must not eat the deadline */
-                int64_t a = c->cfg.replica_attempt_ms > 0 ? c->cfg.replica_attempt_ms : left / 2;
-                if (a < att)
-                    att = a;
-            }
-            if (att < 1)
-                att = 1;
-            memset(&fc[m], 0, sizeof fc[m]);
-            fc[m].ch = c->rep[k].ch;
-            fc[m].method = method;
-            fc[m].req = calls[i].req;
-            fc[m].req_len = calls[i].len;
-            fc[m].timeout_ms = att;
-            fc[m].user = (void *)(uintptr_t)i;
-            tsr_rpc_result_init(&fc[m].result);
-            on[i] = k;
-            atomic_fetch_add(&c->rep[k].inflight, 1);
-            m++;
-        }
+        size_t m = gf_round(g);
         if (m == 0)
             break;
-        double t0 = tsr_metrics_now();
-        tsr_rpc_fanout(fc, m);
-        double secs = tsr_metrics_now() - t0;
-        int again = 0;
-        now = tsr__now_ms();
-        for (size_t q = 0; q < m; q++) {
-            size_t i = (size_t)(uintptr_t)fc[q].user, k = on[i];
-            atomic_fetch_sub(&c->rep[k].inflight, 1);
-            tsr__replica_note(c, k, method, fc[q].result.code, secs);
-            tsr_rpc_result_close(&calls[i].result);
-            calls[i].result = fc[q].result; /* moves message and data */
-            tsr_rpc_result_init(&fc[q].result);
-            calls[i].replica = k;
-            calls[i].attempts++;
-            int retry = calls[i].result.code != TSR_RPC_OK &&
-                        replica_fault(calls[i].result.code) &&
-                        untried_left(c, calls[i].group, tried[i]) && now < deadline;
-            if (retry) {
-                char nm[600], lbl[64];
-                name_of(c, k, nm, sizeof nm);
-                tsr_debug("%s: %s %s: %s; retrying on another replica", nm, method,
-                          tsr_rpc_code_name(calls[i].result.code), calls[i].result.message);
-                snprintf(lbl, sizeof lbl, "shard=%zu", calls[i].group);
-                tsr_metrics_counter_add("tessera_shard_failovers_total", lbl, 1);
-            }
-            pending[i] = retry;
-            again |= retry;
-        }
-        if (!again)
+        tsr_rpc_fanout(g->fc, m);
+        if (!gf_collect(g))
             break;
     }
+    gf_free(g);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += calls[i].result.code != TSR_RPC_OK;
-    free(tried);
-    free(pending);
-    free(on);
-    free(fc);
     return bad;
+}
+
+/* tsr_rpc_fanout_done_fn of the asynchronous form: the round has completed. */
+static int gf_done(void *ud, tsr_rpc_reply *r, tsr_rpc_fanout_call *fc, size_t m)
+{
+    gfan *g = ud;
+    (void)fc;
+    (void)m;
+    if (gf_collect(g) && gf_round(g) > 0) {
+        if (tsr_rpc_reply_fanout(r, g->fc, g->m, gf_done, g) == 0)
+            return 0;
+        /* could not start the retries (out of memory): the last failures stand */
+        for (size_t q = 0; q < g->m; q++) {
+            size_t i = (size_t)(uintptr_t)g->fc[q].user;
+            atomic_fetch_sub(&g->c->rep[g->on[i]].inflight, 1);
+            tsr_rpc_result_close(&g->fc[q].result);
+        }
+    }
+    tsr__gfan_fin fin = g->fin;
+    void *fud = g->ud;
+    tsr__gcall *calls = g->calls;
+    size_t n = g->n;
+    gf_free(g);
+    return fin(fud, r, calls, n);
+}
+
+int tsr__coord_group_fanout_async(tsr__coord *c, tsr_rpc_reply *r, const char *method,
+                                  tsr__gcall *calls, size_t n, int64_t timeout_ms,
+                                  tsr__gfan_fin fin, void *ud)
+{
+    gfan *g = gf_new(c, method, calls, n, timeout_ms);
+    g->fin = fin;
+    g->ud = ud;
+    gf_round(g);
+    int rc = tsr_rpc_reply_fanout(r, g->fc, g->m, gf_done, g);
+    if (rc != 0) {
+        for (size_t q = 0; q < g->m; q++) {
+            size_t i = (size_t)(uintptr_t)g->fc[q].user;
+            atomic_fetch_sub(&c->rep[g->on[i]].inflight, 1);
+        }
+        gf_free(g);
+    }
+    return rc;
 }
 
 size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, size_t *lens,

@@ -38,8 +38,6 @@
 #include "mem.h"
 #include "metrics.h"
 
-#define OP_MAX_KEPT 64
-
 int64_t tsr__now_ms(void)
 {
     struct timespec ts;
@@ -220,18 +218,30 @@ static void op_set(tsr__coord *c, tsr__op *op, int state)
     pthread_mutex_unlock(&c->op_mu);
 }
 
+/* Writes op's record (oplog.c); a failure is logged, the update goes on: the record only
+ * matters after a restart, and the log says it is missing. */
+static void op_save(tsr__coord *c, tsr__op *op, int state)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    if (tsr__oplog_save(c, op, state, 0, &err))
+        tsr_warn("update %s: cannot write its operation record: %s", op->id, err.msg);
+}
+
 /* Ends the operation; code is the TSR error code of a failure (for the metrics). */
 static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, int64_t version,
                       int code)
 {
     pthread_mutex_lock(&c->op_mu);
-    op->state = state;
     if (error)
         op->error = tsr_xstrdup(error);
     op->version = version;
     op->end_ms = tsr__now_ms();
     int staged = op->staged;
-    c->busy = 0;
+    pthread_mutex_unlock(&c->op_mu);
+    op_save(c, op, state); /* on disk before any client can see the end */
+    pthread_mutex_lock(&c->op_mu);
+    op->state = state;
+    c->busy = 0; /* with the state: a client that saw the end may start the next update */
     pthread_mutex_unlock(&c->op_mu);
     if (state == TESSERA__V1__OPERATION__STATE__SUCCEEDED) {
         tsr_metrics_update_done("committed", NULL);
@@ -247,7 +257,7 @@ static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, 
     }
 }
 
-static void op_free(tsr__op *op)
+void tsr__op_free(tsr__op *op)
 {
     if (!op)
         return;
@@ -261,7 +271,7 @@ static void op_free(tsr__op *op)
 void tsr__coord_ops_close(tsr__coord *c)
 {
     for (size_t i = 0; i < c->nops; i++)
-        op_free(c->ops[i]);
+        tsr__op_free(c->ops[i]);
     free(c->ops);
     c->ops = NULL;
     c->nops = 0;
@@ -568,7 +578,11 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
              overwrite ? "empty base" : "delta");
 
     /* STAGING */
-    op_set(c, op, TESSERA__V1__OPERATION__STATE__STAGING);
+    pthread_mutex_lock(&c->op_mu);
+    op->target = newv;
+    op->state = TESSERA__V1__OPERATION__STATE__STAGING;
+    pthread_mutex_unlock(&c->op_mu);
+    op_save(c, op, 0); /* after a crash from here on, CURRENT >= newv means it committed */
     tsr_metrics_update_phase("stage");
     size_t chunk = (size_t)cfg->stage_chunk;
     size_t rounds = 1;
@@ -662,6 +676,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     op->shards_staged = (int)S;
     op->state = TESSERA__V1__OPERATION__STATE__PREPARING;
     pthread_mutex_unlock(&c->op_mu);
+    op_save(c, op, 0);
     tsr__coord_crash_point("staged");
 
     /* PREPARING: every replica of every group must be ready */
@@ -697,6 +712,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     tsr__coord_snap_set(c, ns);
     ns = NULL;
     op_set(c, op, TESSERA__V1__OPERATION__STATE__COMMITTING);
+    op_save(c, op, 0);
 
     /* COMMITTING */
     tsr_metrics_update_phase("commit");
@@ -839,14 +855,18 @@ int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
     op->max_invalid = rq->max_invalid_records;
     op->start_ms = tsr__now_ms();
     op->shards_total = (int)c->cfg.nshards;
-    if (c->nops == OP_MAX_KEPT) { /* forget the oldest finished one */
-        op_free(c->ops[0]);
+    if (c->nops == TSR__OP_MAX_KEPT) { /* forget the oldest finished one */
+        tsr__oplog_forget(c, c->ops[0]);
+        tsr__op_free(c->ops[0]);
         memmove(c->ops, c->ops + 1, (c->nops - 1) * sizeof *c->ops);
         c->nops--;
     }
     c->ops = tsr_xrealloc(c->ops, (c->nops + 1) * sizeof *c->ops);
     c->ops[c->nops++] = op;
     c->busy = 1;
+    tsr_error serr = TSR_ERROR_INIT;
+    if (tsr__oplog_save(c, op, 0, 1, &serr)) /* accepted = on disk (op_mu held: one fsync) */
+        tsr_warn("update %s: cannot write its operation record: %s", op->id, serr.msg);
     upd_arg *a = tsr_xmalloc(sizeof *a);
     a->c = c;
     a->op = op;
@@ -885,37 +905,20 @@ int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_
             op = c->ops[i];
     if (!op) {
         pthread_mutex_unlock(&c->op_mu);
-        rc = tsr_rpc_reply_error(r, TSR_RPC_NOT_FOUND, "operation \"%s\" not found (operations "
-                                 "are kept in memory: the last %d since the coordinator started)",
-                                 rq->operation_id ? rq->operation_id : "", OP_MAX_KEPT);
+        rc = tsr_rpc_reply_error(r, TSR_RPC_NOT_FOUND, "operation \"%s\" not found (the last %d "
+                                 "operations are kept, across restarts)",
+                                 rq->operation_id ? rq->operation_id : "", TSR__OP_MAX_KEPT);
         tessera__v1__get_operation_request__free_unpacked(rq, NULL);
         return rc;
     }
-    Tessera__V1__Operation o = TESSERA__V1__OPERATION__INIT;
-    Tessera__V1__OperationProgress pg = TESSERA__V1__OPERATION_PROGRESS__INIT;
-    o.operation_id = op->id;
-    o.state = (Tessera__V1__Operation__State)op->state;
-    pg.files_total = op->files_total;
-    pg.files_read = op->files_read;
-    pg.records_read = op->records_read;
-    pg.shards_total = op->shards_total;
-    pg.shards_staged = op->shards_staged;
-    pg.shards_prepared = op->shards_prepared;
-    pg.shards_committed = op->shards_committed;
-    o.progress = &pg;
-    o.report_json = op->report_json ? op->report_json : (char *)"";
-    Tessera__V1__BatchReport *br = NULL;
-    if (op->report_pb)
-        br = tessera__v1__batch_report__unpack(NULL, op->report_len, op->report_pb);
-    o.report = br;
-    o.version = op->version;
-    o.error = op->error ? op->error : (char *)"";
-    o.start_time_ms = op->start_ms;
-    o.end_time_ms = op->end_ms;
+    Tessera__V1__Operation o;
+    Tessera__V1__OperationProgress pg;
+    tsr__op_to_pb(op, op->state, &o, &pg);
+    o.version = op->version; /* the API: produced (SUCCEEDED), else 0 — never the target */
     rc = tsr_rpc_reply_pack(r, &o.base);
     pthread_mutex_unlock(&c->op_mu);
-    if (br)
-        tessera__v1__batch_report__free_unpacked(br, NULL);
+    if (o.report)
+        tessera__v1__batch_report__free_unpacked(o.report, NULL);
     tessera__v1__get_operation_request__free_unpacked(rq, NULL);
     return rc;
 }

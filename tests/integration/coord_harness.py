@@ -9,10 +9,9 @@ Everything lives under one mktemp dir removed at exit; nothing is written to the
 """
 import json
 import os
-import re
 import signal
+import socket
 import subprocess
-import threading
 import time
 
 import shard_harness as sh
@@ -27,38 +26,49 @@ def stubs():
     return tessera_pb2, tessera_pb2_grpc, shard_pb2, shard_pb2_grpc
 
 
-class Proc:
-    """A coordinator process; its log is collected, its port read from the log."""
-
-    def __init__(self, argv, env=None):
-        e = dict(os.environ)
-        e.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
-        if env:
-            e.update(env)
-        self.log = []
-        self.port = None
-        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     env=e, text=True)
-        got = threading.Event()
-
-        def reader():
-            for line in self.proc.stderr:
-                self.log.append(line.rstrip("\n"))
-                m = re.search(r"\(port (\d+)\)", line)
-                if m and self.port is None:
-                    self.port = int(m.group(1))
-                    got.set()
-            got.set()
-
-        self.thread = threading.Thread(target=reader, daemon=True)
-        self.thread.start()
-        got.wait(30)
-
-    def text(self):
-        return "\n".join(self.log)
+def free_port():
+    """A loopback TCP port that was free a moment ago (for a restart on the same port)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
 
 
-class Cluster:
+# A coordinator process; its log is collected, its port read from the log.
+Proc = sh.LoggedProc
+
+
+class Api:
+    """UpdateIndex / GetOperation / GetIndexStats over self.stub (a VectorSearchStub); shared
+    by Cluster here and by the multi-host cluster (multihost/mh.py)."""
+
+    def update(self, batch_root, overwrite=False, max_invalid=0, timeout=180):
+        tp = stubs()[0]
+        r = self.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=batch_root,
+                                                        is_complete_overwrite=overwrite,
+                                                        max_invalid_records=max_invalid),
+                                  timeout=30)
+        return self.wait_op(r.operation_id, timeout)
+
+    def wait_op(self, op_id, timeout=180):
+        tp = stubs()[0]
+        t0 = time.time()
+        done = (tp.Operation.SUCCEEDED, tp.Operation.REJECTED, tp.Operation.FAILED)
+        while True:
+            op = self.stub.GetOperation(tp.GetOperationRequest(operation_id=op_id), timeout=10)
+            if op.state in done:
+                return op
+            if time.time() - t0 > timeout:
+                raise AssertionError("operation %s not done after %ds: %s" % (op_id, timeout, op))
+            time.sleep(0.05)
+
+    def stats(self):
+        tp = stubs()[0]
+        return self.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10)
+
+
+class Cluster(Api):
     def __init__(self, nshards=4, dims=32, config=None, template=None, env=None, bin_dir=None,
                  root=None):
         self.root = root or sh.tmpdir("tsr-coord-")
@@ -80,12 +90,13 @@ class Cluster:
         self.coord = None
         self.start(env)
 
-    def start(self, env=None, listen_port=0):
+    def start(self, env=None, listen_port=0, extra_args=()):
         argv = [os.path.join(self.bin, "tessera-coordinator"), "--listen",
                 "127.0.0.1:%d" % listen_port, "--data", os.path.join(self.root, "coordinator"),
                 "--config", self.config]
         if self.template:
             argv += ["--template", self.template]
+        argv += list(extra_args)
         self.coord = Proc(argv, env)
         if self.coord.port is None:
             self.coord.proc.kill()
@@ -130,30 +141,6 @@ class Cluster:
         for s in self.shards:
             s.stop()
 
-    # ---- API helpers
-    def update(self, batch_root, overwrite=False, max_invalid=0, timeout=180):
-        tp = stubs()[0]
-        r = self.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=batch_root,
-                                                        is_complete_overwrite=overwrite,
-                                                        max_invalid_records=max_invalid),
-                                  timeout=30)
-        return self.wait_op(r.operation_id, timeout)
-
-    def wait_op(self, op_id, timeout=180):
-        tp = stubs()[0]
-        t0 = time.time()
-        done = (tp.Operation.SUCCEEDED, tp.Operation.REJECTED, tp.Operation.FAILED)
-        while True:
-            op = self.stub.GetOperation(tp.GetOperationRequest(operation_id=op_id), timeout=10)
-            if op.state in done:
-                return op
-            if time.time() - t0 > timeout:
-                raise AssertionError("operation %s not done after %ds: %s" % (op_id, timeout, op))
-            time.sleep(0.05)
-
-    def stats(self):
-        tp = stubs()[0]
-        return self.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10)
 
 
 def dp_json(did, vec=None, sparse=None, restricts=None, numeric=None, tag=None):

@@ -68,19 +68,19 @@ def bins():
     return out
 
 
-class Shard:
-    def __init__(self, data, extra=(), env=None, bin_dir=None):
-        self.data = data
-        self.log = []
+class LoggedProc:
+    """A process whose stderr is collected line by line into self.log; self.port is the N of
+    its first "(port N)" line (the listen line of both binaries), None if none came in 30 s."""
+
+    def __init__(self, argv, env=None):
         e = dict(os.environ)
         e.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
         if env:
             e.update(env)
-        self.proc = subprocess.Popen([os.path.join(bin_dir or BIN, "tessera-shard"), "--listen",
-                                      "127.0.0.1:0", "--data", data] + list(extra),
-                                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     env=e, text=True)
+        self.log = []
         self.port = None
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     env=e, text=True)
         got = threading.Event()
 
         def reader():
@@ -95,6 +95,16 @@ class Shard:
         self.thread = threading.Thread(target=reader, daemon=True)
         self.thread.start()
         got.wait(30)
+
+    def text(self):
+        return "\n".join(self.log)
+
+
+class Shard(LoggedProc):
+    def __init__(self, data, extra=(), env=None, bin_dir=None):
+        self.data = data
+        super().__init__([os.path.join(bin_dir or BIN, "tessera-shard"), "--listen",
+                          "127.0.0.1:0", "--data", data] + list(extra), env)
         if self.port is None:
             self.proc.kill()
             raise RuntimeError("shard did not start:\n" + "\n".join(self.log))

@@ -10,7 +10,6 @@ missing_shards; GetIndexStats marks it unavailable; the `tessera` CLI talks to i
 """
 import json
 import os
-import signal
 import subprocess
 import sys
 import time

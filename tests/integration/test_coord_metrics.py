@@ -14,7 +14,6 @@
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -31,26 +30,9 @@ N = 20000
 NLIST = 32
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def start_coord(cl, port, mport):
-    import grpc
-    argv = [os.path.join(cl.bin, "tessera-coordinator"), "--listen", "127.0.0.1:%d" % port,
-            "--data", os.path.join(cl.root, "coordinator"), "--config", cl.config,
-            "--metrics-listen", "127.0.0.1:%d" % mport]
-    cl.coord = ch.Proc(argv)
-    if cl.coord.port is None:
-        cl.coord.proc.kill()
-        raise RuntimeError("coordinator did not start:\n" + cl.coord.text())
-    cl.target = "127.0.0.1:%d" % cl.coord.port
-    cl.channel = grpc.insecure_channel(cl.target)
-    cl.stub = ch.stubs()[1].VectorSearchStub(cl.channel)
+    """The coordinator on a fixed port (restarts keep it) with its metrics endpoint."""
+    cl.start(listen_port=port, extra_args=["--metrics-listen", "127.0.0.1:%d" % mport])
 
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
@@ -155,7 +137,7 @@ def main():
     c["shards"] = [[cl.shards[0].target, cl.shards[1].target], cl.shards[2].target]
     with open(cl.config, "w") as f:
         json.dump(c, f)
-    port, mport = free_port(), free_port()
+    port, mport = ch.free_port(), ch.free_port()
     start_coord(cl, port, mport)
     addr = [s.target for s in cl.shards]
     try:

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,26 +45,9 @@ if "san-" in os.path.basename(os.path.dirname(os.path.abspath(ch.BIN))):
     DEADLINE_S, SEARCH_MS = DEADLINE_S * 4, SEARCH_MS * 4
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def start_coord(cl, port, mport):
-    import grpc
-    argv = [os.path.join(cl.bin, "tessera-coordinator"), "--listen", "127.0.0.1:%d" % port,
-            "--data", os.path.join(cl.root, "coordinator"), "--config", cl.config,
-            "--metrics-listen", "127.0.0.1:%d" % mport]
-    cl.coord = ch.Proc(argv)
-    if cl.coord.port is None:
-        cl.coord.proc.kill()
-        raise RuntimeError("coordinator did not start:\n" + cl.coord.text())
-    cl.target = "127.0.0.1:%d" % cl.coord.port
-    cl.channel = grpc.insecure_channel(cl.target)
-    cl.stub = ch.stubs()[1].VectorSearchStub(cl.channel)
+    """The coordinator on a fixed port (restarts keep it) with its metrics endpoint."""
+    cl.start(listen_port=port, extra_args=["--metrics-listen", "127.0.0.1:%d" % mport])
 
 
 def metrics(mport):
@@ -245,7 +227,7 @@ def main():
                    {"replicas": [cl.shards[2].target, cl.shards[3].target]}]
     with open(cl.config, "w") as f:
         json.dump(c, f)
-    port, mport = free_port(), free_port()
+    port, mport = ch.free_port(), ch.free_port()
     start_coord(cl, port, mport)
     totals = {"answered": 0, "failed": 0, "hung": 0}
     try:

@@ -556,6 +556,62 @@ static void test_efbig(void **state)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* Records beside the versions: atomic write, sorted list without .tmp- leftovers, read with
+ * a size limit, overwrite, remove, bad names refused, versions unaffected. */
+static void test_aux_records(void **state)
+{
+    char dir[600], path[800];
+    sub(dir, sizeof dir, "aux");
+    tsr_store *s = NULL;
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_store_create(dir, &s, &err), 0);
+    char **names = NULL;
+    size_t n = 9;
+    assert_int_equal(tsr_store_aux_list(s, "ops", &names, &n, &err), 0); /* no sub yet */
+    assert_int_equal(n, 0);
+    assert_int_equal(tsr_store_aux_write(s, "ops", "b.pb", "second", 6, &err), 0);
+    assert_int_equal(tsr_store_aux_write(s, "ops", "a.pb", "first", 5, &err), 0);
+    assert_int_equal(tsr_store_aux_write(s, "ops", "a.pb", "FIRST!", 6, &err), 0);
+    snprintf(path, sizeof path, "%s/ops/.tmp-c.pb", dir); /* an interrupted write */
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("partial", f);
+    fclose(f);
+    assert_int_equal(tsr_store_aux_list(s, "ops", &names, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(names[0], "a.pb");
+    assert_string_equal(names[1], "b.pb");
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    assert_int_equal(access(path, F_OK), -1); /* the leftover is gone */
+    void *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(tsr_store_aux_read(s, "ops", "a.pb", 64, &buf, &len, &err), 0);
+    assert_int_equal(len, 6);
+    assert_memory_equal(buf, "FIRST!", 6);
+    free(buf);
+    assert_int_equal(tsr_store_aux_read(s, "ops", "a.pb", 5, &buf, &len, &err), TSR_ELIMIT);
+    assert_non_null(strstr(err.msg, "a.pb"));
+    assert_int_equal(tsr_store_aux_read(s, "ops", "zz.pb", 64, &buf, &len, &err),
+                     TSR_ENOTFOUND);
+    assert_int_equal(tsr_store_aux_write(s, "ops", "../x", "x", 1, &err), TSR_EINVAL);
+    assert_int_equal(tsr_store_aux_write(s, "../ops", "x", "x", 1, &err), TSR_EINVAL);
+    assert_int_equal(tsr_store_aux_write(s, "ops", ".hidden", "x", 1, &err), TSR_EINVAL);
+    assert_int_equal(tsr_store_aux_remove(s, "ops", "a.pb", &err), 0);
+    assert_int_equal(tsr_store_aux_remove(s, "ops", "a.pb", &err), 0); /* already gone */
+    assert_int_equal(tsr_store_aux_list(s, "ops", &names, &n, &err), 0);
+    assert_int_equal(n, 1);
+    free(names[0]);
+    free(names);
+    uint64_t *vs = NULL;
+    size_t nv = 9;
+    assert_int_equal(tsr_store_list(s, &vs, &nv, &err), 0); /* "ops" is no version */
+    assert_int_equal(nv, 0);
+    free(vs);
+    tsr_store_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -567,6 +623,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_crash_random_kills, setup, teardown),
         cmocka_unit_test_setup_teardown(test_enospc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_efbig, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_aux_records, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

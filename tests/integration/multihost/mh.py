@@ -32,6 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+import coord_harness as ch  # noqa: E402
 import netns  # noqa: E402
 import shard_harness as sh  # noqa: E402
 
@@ -46,11 +47,7 @@ KA_TIME_S = 5.0
 KA_TIMEOUT_S = 3.0
 
 
-def stubs():
-    """(tessera_pb2, tessera_pb2_grpc, shard_pb2, shard_pb2_grpc)"""
-    shard_pb2, shard_pb2_grpc, tessera_pb2, _, _ = sh.stubs()
-    from tessera.v1 import tessera_pb2_grpc
-    return tessera_pb2, tessera_pb2_grpc, shard_pb2, shard_pb2_grpc
+stubs = ch.stubs  # (tessera_pb2, tessera_pb2_grpc, shard_pb2, shard_pb2_grpc)
 
 
 def enter_netns(name):
@@ -180,7 +177,7 @@ def check_clean(name, text):
         assert bad not in text, "%s: sanitizer report:\n%s" % (name, text)
 
 
-class Cluster:
+class Cluster(ch.Api):
     """Coordinator on host 0, shard i on host 1+i, the test process on the last host."""
 
     def __init__(self, nshards=3, dims=16, config=None, prefix="tsr-mh-", replicas=1):
@@ -285,33 +282,15 @@ class Cluster:
             if s is not None and s.alive():
                 s.stop()
 
-    # -- API helpers ----------------------------------------------------------------------
-    def update(self, batch_root, overwrite=False, timeout=120):
-        tp = stubs()[0]
-        r = self.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=batch_root,
-                                                        is_complete_overwrite=overwrite),
-                                  timeout=20)
-        return self.wait_op(r.operation_id, timeout)
-
-    def wait_op(self, op_id, timeout=120):
-        tp = stubs()[0]
-        t0 = time.time()
-        done = (tp.Operation.SUCCEEDED, tp.Operation.REJECTED, tp.Operation.FAILED)
-        while True:
-            op = self.stub.GetOperation(tp.GetOperationRequest(operation_id=op_id), timeout=10)
-            if op.state in done:
-                return op
-            if time.time() - t0 > timeout:
-                raise AssertionError("operation %s not done after %ds: %s" % (op_id, timeout, op))
-            time.sleep(0.05)
+    # UpdateIndex / GetOperation / GetIndexStats: coord_harness.Api (self.stub)
 
     def shard_stats(self, i, timeout=5):
         _, _, sp, spg = stubs()
-        ch = grpc_channel(self.shard_addr(i))
+        chan = grpc_channel(self.shard_addr(i))
         try:
-            return spg.ShardStub(ch).Stats(sp.ShardStatsRequest(), timeout=timeout)
+            return spg.ShardStub(chan).Stats(sp.ShardStatsRequest(), timeout=timeout)
         finally:
-            ch.close()
+            chan.close()
 
     def shard_versions(self):
         """[(current_version, [(version, state) not serving])] for every shard."""
