@@ -695,6 +695,12 @@ int tsr_cmd_update(int argc, char **argv)
                 json_object_set_new(o, "elapsed_ms", json_integer(op->end_time_ms - op->start_time_ms));
                 if (op->error && op->error[0])
                     json_object_set_new(o, "error", json_string(op->error));
+                if (op->n_warnings) {
+                    json_t *wa = json_array();
+                    for (size_t i = 0; i < op->n_warnings; i++)
+                        json_array_append_new(wa, json_string(op->warnings[i]));
+                    json_object_set_new(o, "warnings", wa);
+                }
                 json_t *rep = op->report_json && op->report_json[0]
                                   ? json_loads(op->report_json, 0, NULL)
                                   : NULL;
@@ -705,6 +711,8 @@ int tsr_cmd_update(int argc, char **argv)
             } else {
                 if (op->report_json && op->report_json[0])
                     fprintf(stderr, "%s\n", op->report_json);
+                for (size_t i = 0; i < op->n_warnings; i++)
+                    fprintf(stderr, "warning: %s\n", op->warnings[i]);
                 printf("%s: %s", opid, state_name(op->state));
                 if (op->state == TESSERA__V1__OPERATION__STATE__SUCCEEDED)
                     printf(", version %lld, %lld ms", (long long)op->version,
