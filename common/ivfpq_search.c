@@ -625,6 +625,7 @@ typedef struct job {
     tsr__scan8_fn scan8;
     int refine;      /* IwQR refinement active */
     tsr__filter8_fn filter; /* the prefilter kernel, NULL = none (see filter_env) */
+    int wide_table;  /* build the table with AVX-512 (see wide_table_ok) */
     size_t k1;       /* candidates from the scan: k, or k_factor * k with refine */
     float *D;
     int64_t *I;
@@ -702,12 +703,18 @@ typedef float v4sf __attribute__((vector_size(16)));
 typedef int32_t v4si __attribute__((vector_size(16)));
 typedef uint8_t v16qu __attribute__((vector_size(16)));
 
-static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T)
+static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T,
+                        int wide)
 {
     const tsr_pq *pq = &ix->pq;
     const size_t ksub = pq->ksub, dsub = pq->dsub;
     const int mode = ix->metric == TSR_METRIC_IP ? 0 : ix->by_residual ? 1 : 2;
     const float scale = mode == 0 ? -1.0f : -2.0f;
+    /* wide: the AVX-512 form (same bits; ~3x faster, a twentieth of a query at nprobe 1) */
+    if (wide && mode != 2 && ksub % 16 == 0) {
+        tsr__table_avx512(ct, x, pq->M, dsub, ksub, scale, T);
+        return;
+    }
     const size_t k4 = ksub & ~(size_t)3; /* ksub < 4 only for nbits = 1 */
     for (size_t m = 0; m < pq->M; m++) {
         const float *xm = x + m * dsub;
@@ -1110,7 +1117,7 @@ static int search_one(worker *w, size_t qi)
     heap_init(h);
     if (h->k > 0) {
         next_query_prefetch(jb, qi);
-        build_table(ix, jb->cache->ct, xq, w->T);
+        build_table(ix, jb->cache->ct, xq, w->T, jb->wide_table);
         /* The prefilter pays from a few lists on (quantizing the table costs ~2 us). */
         filt fl, *flp = NULL;
         pfcur pf;
@@ -1246,6 +1253,13 @@ static int plain_forced(enum tsr_simd asked)
     return asked == TSR_SIMD_SCALAR || asked == TSR_SIMD_AVX2;
 }
 
+/* The AVX-512 table unless the caller or TSR_SIMD forced the scalar or AVX2 path (which
+ * the tests compare with it: that is what keeps the generic table tested). */
+static int wide_table_ok(enum tsr_simd asked)
+{
+    return !plain_forced(asked) && tsr_ivfpq_search_simd_supported(TSR_SIMD_AVX512);
+}
+
 int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
                                  size_t nprobe, const int64_t *lists,
                                  const float *coarse_dis, const tsr_ivfpq_search_opts *opts,
@@ -1280,6 +1294,7 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
     if (simd == TSR_SIMD_AUTO || !tsr_ivfpq_search_simd_supported(simd))
         simd = tsr_ivfpq_search_simd_auto();
     jb.scan8 = scan8_for(simd);
+    jb.wide_table = wide_table_ok(opts ? opts->simd : TSR_SIMD_AUTO);
     /* The prefilter runs with the automatic kernel choice or forced AVX-512 (a forced
      * scalar or AVX2 path stays that plain path), or forced by TSR_SEARCH_FILTER=scalar. */
     int fe = filter_env();
@@ -1392,6 +1407,7 @@ struct tsr_ivfpq_scanner {
     const tsr_ivfpq *ix;
     const search_cache *cache; /* for the transposed PQ centroids */
     tsr__scan8_fn scan8;
+    int wide_table;
     float *T;   /* M * ksub */
     float *dis; /* BLOCK */
 };
@@ -1399,6 +1415,7 @@ struct tsr_ivfpq_scanner {
 tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd simd,
                                             tsr_error *err)
 {
+    const enum tsr_simd simd0 = simd;
     if (check_index(ix, 1, err) != 0)
         return NULL;
     const search_cache *cache = cache_get(ix, err);
@@ -1411,6 +1428,7 @@ tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd s
     s->cache = cache;
     if (simd == TSR_SIMD_AUTO || !tsr_ivfpq_search_simd_supported(simd))
         simd = tsr_ivfpq_search_simd_auto();
+    s->wide_table = wide_table_ok(simd0);
     s->scan8 = scan8_for(simd);
     s->T = tsr_try_aligned(ix->pq.M * ix->pq.ksub, sizeof(float));
     s->dis = tsr_try_aligned(BLOCK, sizeof(float));
@@ -1435,7 +1453,7 @@ void tsr_ivfpq_scanner_destroy(tsr_ivfpq_scanner *s)
 
 void tsr_ivfpq_scanner_set_query(tsr_ivfpq_scanner *s, const float *x)
 {
-    build_table(s->ix, s->cache->ct, x, s->T);
+    build_table(s->ix, s->cache->ct, x, s->T, s->wide_table);
 }
 
 float tsr_ivfpq_scanner_base(const tsr_ivfpq_scanner *s, float coarse_dis)
