@@ -16,6 +16,7 @@ int tsr_cmd_query(int argc, char **argv);
 int tsr_cmd_update(int argc, char **argv);
 int tsr_cmd_read(int argc, char **argv);
 int tsr_cmd_stats(int argc, char **argv);
+int tsr_cmd_health(int argc, char **argv);
 int tsr_cmd_cluster_up(int argc, char **argv);
 
 /* True when argv contains -h or --help. */

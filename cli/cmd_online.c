@@ -20,6 +20,7 @@
 #include "cmdline.h"
 #include "mem.h"
 #include "rpc.h"
+#include "grpc/health/v1/health.pb-c.h"
 #include "tessera/v1/tessera.pb-c.h"
 #include "vecs_io.h"
 
@@ -694,6 +695,12 @@ int tsr_cmd_update(int argc, char **argv)
                 json_object_set_new(o, "elapsed_ms", json_integer(op->end_time_ms - op->start_time_ms));
                 if (op->error && op->error[0])
                     json_object_set_new(o, "error", json_string(op->error));
+                if (op->n_warnings) {
+                    json_t *wa = json_array();
+                    for (size_t i = 0; i < op->n_warnings; i++)
+                        json_array_append_new(wa, json_string(op->warnings[i]));
+                    json_object_set_new(o, "warnings", wa);
+                }
                 json_t *rep = op->report_json && op->report_json[0]
                                   ? json_loads(op->report_json, 0, NULL)
                                   : NULL;
@@ -704,6 +711,8 @@ int tsr_cmd_update(int argc, char **argv)
             } else {
                 if (op->report_json && op->report_json[0])
                     fprintf(stderr, "%s\n", op->report_json);
+                for (size_t i = 0; i < op->n_warnings; i++)
+                    fprintf(stderr, "warning: %s\n", op->warnings[i]);
                 printf("%s: %s", opid, state_name(op->state));
                 if (op->state == TESSERA__V1__OPERATION__STATE__SUCCEEDED)
                     printf(", version %lld, %lld ms", (long long)op->version,
@@ -856,6 +865,72 @@ int tsr_cmd_stats(int argc, char **argv)
             print_json(o);
         json_decref(o);
         rc = 0;
+        protobuf_c_message_free_unpacked(out, NULL);
+    }
+    tsr_rpc_result_close(&res);
+    tsr_rpc_channel_destroy(ch);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ health */
+
+/* `tessera health`: grpc.health.v1.Health/Check against a coordinator or a shard — a
+ * readiness / liveness probe that also speaks TLS (kubelet's grpc: probes do not). */
+int tsr_cmd_health(int argc, char **argv)
+{
+    static const struct option lo[] = {{"target", 1, 0, 't'},     {"service", 1, 0, 's'},
+                                       {"timeout-ms", 1, 0, 'T'}, {"help", 0, 0, 'h'},
+                                       TLS_LONG_OPTS,              {0, 0, 0, 0}};
+    const char *target = NULL, *service = "";
+    long timeout_ms = 2000;
+    tls_flags tls = {0};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        if (c == 't')
+            target = optarg;
+        else if (c == 's')
+            service = optarg;
+        else if (c == 'T')
+            timeout_ms = atol(optarg);
+        else if (!tls_opt(&tls, c, optarg)) {
+            fprintf(c == 'h' ? stdout : stderr,
+                    "usage: tessera health --target ADDR [--service NAME] [--timeout-ms T]\n"
+                    "                      [--tls-ca FILE ...]\n"
+                    "  grpc.health.v1.Health/Check: prints the status, exit 0 when SERVING, 1\n"
+                    "  otherwise (NOT_SERVING, unknown service, unreachable). A probe for\n"
+                    "  Kubernetes exec probes, which unlike grpc: probes work with TLS.\n"
+                    "  --service NAME         \"\" (default) = the server as a whole\n"
+                    "  --timeout-ms T         deadline (default 2000)\n" TLS_USAGE);
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    if (target == NULL || timeout_ms <= 0 || timeout_ms > 600000) {
+        fprintf(stderr, "usage: tessera health --target ADDR [--service NAME] "
+                        "[--timeout-ms 1..600000]\n");
+        return 2;
+    }
+    int rc = 1;
+    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
+    if (ch == NULL)
+        return rc;
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)service;
+    tsr_rpc_result res;
+    tsr_rpc_result_init(&res);
+    ProtobufCMessage *out = NULL;
+    rc = 1;
+    if (tsr_rpc_call_pb(ch, "/grpc.health.v1.Health/Check", &req.base,
+                        &grpc__health__v1__health_check_response__descriptor,
+                        (int64_t)timeout_ms, &out, &res) != TSR_RPC_OK) {
+        print_rpc_failure("Health/Check", target, &res);
+    } else {
+        Grpc__Health__V1__HealthCheckResponse *h = (Grpc__Health__V1__HealthCheckResponse *)out;
+        const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
+            &grpc__health__v1__health_check_response__serving_status__descriptor,
+            (int)h->status);
+        printf("%s\n", v ? v->name : "UNKNOWN");
+        rc = h->status == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING ? 0 : 1;
         protobuf_c_message_free_unpacked(out, NULL);
     }
     tsr_rpc_result_close(&res);

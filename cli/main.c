@@ -26,6 +26,7 @@ static const command commands[] = {
     {"update", NULL, tsr_cmd_update, "apply a batch_root as a new index version"},
     {"read", NULL, tsr_cmd_read, "read stored datapoints by id"},
     {"stats", NULL, tsr_cmd_stats, "index and shard statistics"},
+    {"health", NULL, tsr_cmd_health, "grpc.health.v1 check of a coordinator or shard (a probe)"},
     {"cluster", "up", tsr_cmd_cluster_up, "run a local coordinator + shards (supervised)"},
 };
 

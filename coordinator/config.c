@@ -15,7 +15,7 @@
 static const char *known[] = {"dimensions", "distance", "nlist", "pq_m", "pq_nbits", "nprobe",
                               "shards", "plan", "search_deadline_ms", "stage_deadline_ms",
                               "max_k", "max_queries_per_request", "seed", "stage_chunk",
-                              "default_k", "replica_attempt_ms", NULL};
+                              "default_k", "replica_attempt_ms", "update_min_replicas", NULL};
 
 const char *tsr__distance_name(enum tsr__distance d)
 {
@@ -191,7 +191,7 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
             rc = tsr_err(err, TSR_EINVAL, "%s: unknown key \"%s\" (known: dimensions, distance, "
                          "nlist, pq_m, pq_nbits, nprobe, shards, plan, search_deadline_ms, "
                          "stage_deadline_ms, max_k, max_queries_per_request, seed, stage_chunk, "
-                         "default_k, replica_attempt_ms)", path, key);
+                         "default_k, replica_attempt_ms, update_min_replicas)", path, key);
             goto out;
         }
     }
@@ -216,6 +216,8 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
         (rc = get_int(root, path, "stage_chunk", &cfg->stage_chunk, 1, 1000000, err)) ||
         (rc = get_int(root, path, "default_k", &cfg->default_k, 1, 10000, err)) ||
         (rc = get_int(root, path, "replica_attempt_ms", &cfg->replica_attempt_ms, 0, 3600000,
+                      err)) ||
+        (rc = get_int(root, path, "update_min_replicas", &cfg->update_min_replicas, 0, 64,
                       err)))
         goto out;
     cfg->seed = (uint64_t)seed;

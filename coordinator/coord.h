@@ -58,6 +58,8 @@ typedef struct tsr__coord_config {
     int max_k, max_queries;
     uint64_t seed;
     int stage_chunk;        /* upserts per Stage chunk */
+    int update_min_replicas; /* replicas per group an update needs (0 = all); the others are
+                                left out of the version and re-seeded by reconcile */
     int default_k;
 } tsr__coord_config;
 
@@ -132,6 +134,8 @@ typedef struct tsr__op {
     int64_t target;             /* the version it is going to produce, once staging began */
     char *error;                /* owned */
     int64_t start_ms, end_ms;
+    char **warnings;            /* owned, nwarnings lines (e.g. a replica left out) */
+    size_t nwarnings;
     int staged;                 /* staging began (a failure then aborts N+1) */
     /* inputs */
     char *batch_root;
@@ -304,13 +308,15 @@ int tsr__coord_group_fanout_async(tsr__coord *c, tsr_rpc_reply *r, const char *m
                                   tsr__gfan_fin fin, void *ud);
 
 /* The same request bufs[s] (NULL = skip group s) to EVERY replica of each group, in one
- * parallel fan-out (updates: a version is the group's only when all replicas have it).
- * When rdesc is set, the reply of replica k is unpacked into resps[k] (nrep entries,
- * caller frees). Returns the number of replica calls that failed; the first failure is in
- * err, naming the group and the replica. */
+ * parallel fan-out (updates: a version is the group's only when its replicas have it),
+ * except replicas k with skip[k] set (skip may be NULL). When rdesc is set, the reply of
+ * replica k is unpacked into resps[k] (nrep entries, caller frees; NULL for a failed
+ * call). Returns the number of replica calls that failed; the first failure is in err,
+ * naming the group and the replica. */
 size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, size_t *lens,
-                             int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
-                             ProtobufCMessage **resps, tsr_error *err);
+                             const char *skip, int64_t timeout_ms,
+                             const ProtobufCMessageDescriptor *rdesc, ProtobufCMessage **resps,
+                             tsr_error *err);
 /* Registers the /metrics collector (once per process). */
 void tsr__coord_metrics_register(tsr__coord *c);
 /* "EINVAL", "EUNAVAILABLE", ... for tessera_update_errors_total{type}. */

@@ -73,6 +73,8 @@ void tsr__op_to_pb(const tsr__op *op, int state, Tessera__V1__Operation *o,
     o->error = op->error ? op->error : (char *)"";
     o->start_time_ms = op->start_ms;
     o->end_time_ms = op->end_ms;
+    o->warnings = op->warnings;
+    o->n_warnings = op->nwarnings;
 }
 
 /* Packs op as being in `state` (caller holds op_mu); returns a new buffer. */
@@ -163,6 +165,11 @@ static tsr__op *op_from_record(const char *name, const uint8_t *buf, size_t len)
         op->error = tsr_xstrdup(o->error);
     op->start_ms = o->start_time_ms;
     op->end_ms = o->end_time_ms;
+    if (o->n_warnings) {
+        op->warnings = tsr_xcalloc(o->n_warnings, sizeof *op->warnings);
+        for (size_t i = 0; i < o->n_warnings; i++)
+            op->warnings[op->nwarnings++] = tsr_xstrdup(o->warnings[i] ? o->warnings[i] : "");
+    }
 out:
     tessera__v1__operation__free_unpacked(o, NULL);
     return op;

@@ -3,7 +3,8 @@
  * update": after a crash, the coordinator's CURRENT decides). One background thread, every
  * second (sooner when signalled), asks each shard for Stats and:
  *   - a staged or prepared version above CURRENT → Abort (an update that never reached
- *     the commit point);
+ *     the commit point); CURRENT itself still staging → Abort (a replica an update left
+ *     out under update_min_replicas; it is then lagging and re-seeded as below);
  *   - CURRENT held as PREPARED but not current → Commit (the coordinator flipped, then
  *     died or lost the shard before Commit reached it);
  *   - prepared versions below CURRENT → Abort;
@@ -246,7 +247,11 @@ int tsr__coord_reconcile_once(tsr__coord *c)
                 ok = call_version(c, k, "Commit", V) == TSR_RPC_OK;
                 if (ok)
                     atomic_store(&r->version, V);
-            } else if (pending && !sv->current && sv->version != V) {
+            } else if (pending && !sv->current &&
+                       (sv->version != V ||
+                        sv->state == TESSERA__V1__SHARD_VERSION__STATE__STAGING)) {
+                /* above CURRENT: an update that never committed; V itself still staging:
+                 * a replica left out of V (update_min_replicas) — neither can serve */
                 call_version(c, k, "Abort", sv->version);
             } else if (sv->version == V) {
                 has_v = 1; /* held (serving, not current): it can answer V */
@@ -316,7 +321,7 @@ static void release_all(tsr__coord *c, int64_t below)
         lens[s] = len;
     }
     tsr_error err = TSR_ERROR_INIT;
-    size_t bad = tsr__coord_all_fanout(c, TSR_SHARD_SVC "Release", bufs, lens,
+    size_t bad = tsr__coord_all_fanout(c, TSR_SHARD_SVC "Release", bufs, lens, NULL,
                                        c->cfg.search_deadline_ms, NULL, NULL, &err);
     if (bad)
         tsr_warn("reconcile: Release(below %lld): %zu replica(s) missed it: %s",

@@ -396,8 +396,9 @@ int tsr__coord_group_fanout_async(tsr__coord *c, tsr_rpc_reply *r, const char *m
 }
 
 size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, size_t *lens,
-                             int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
-                             ProtobufCMessage **resps, tsr_error *err)
+                             const char *skip, int64_t timeout_ms,
+                             const ProtobufCMessageDescriptor *rdesc, ProtobufCMessage **resps,
+                             tsr_error *err)
 {
     size_t n = 0, bad = 0;
     tsr_rpc_fanout_call *calls = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *calls);
@@ -406,6 +407,8 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
             continue;
         for (size_t j = 0; j < c->grp[s].n; j++) {
             size_t k = c->grp[s].first + j;
+            if (skip && skip[k])
+                continue;
             calls[n].ch = c->rep[k].ch;
             calls[n].method = method;
             calls[n].req = bufs[s];

@@ -265,6 +265,9 @@ void tsr__op_free(tsr__op *op)
     free(op->report_pb);
     free(op->error);
     free(op->batch_root);
+    for (size_t i = 0; i < op->nwarnings; i++)
+        free(op->warnings[i]);
+    free(op->warnings);
     free(op);
 }
 
@@ -283,15 +286,15 @@ void tsr__coord_ops_close(tsr__coord *c)
  * of the group. Returns the number of failed replica calls; the first failure's message
  * goes into err. resps (when set) has one entry per replica (c->nrep). */
 static size_t fan(tsr__coord *c, const char *method, uint8_t **bufs, size_t *lens,
-                  int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
+                  const char *skip, int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
                   ProtobufCMessage **resps, tsr_error *err)
 {
-    return tsr__coord_all_fanout(c, method, bufs, lens, timeout_ms, rdesc, resps, err);
+    return tsr__coord_all_fanout(c, method, bufs, lens, skip, timeout_ms, rdesc, resps, err);
 }
 
-static size_t fan_version(tsr__coord *c, const char *what, int64_t version, int64_t timeout_ms,
-                          const ProtobufCMessageDescriptor *rdesc, ProtobufCMessage **resps,
-                          tsr_error *err)
+static size_t fan_version(tsr__coord *c, const char *what, int64_t version, const char *skip,
+                          int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
+                          ProtobufCMessage **resps, tsr_error *err)
 {
     size_t S = c->cfg.nshards;
     uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
@@ -317,28 +320,98 @@ static size_t fan_version(tsr__coord *c, const char *what, int64_t version, int6
         bufs[s] = one;
         lens[s] = len;
     }
-    size_t bad = fan(c, method, bufs, lens, timeout_ms, rdesc, resps, err);
+    size_t bad = fan(c, method, bufs, lens, skip, timeout_ms, rdesc, resps, err);
     free(one);
     free(bufs);
     free(lens);
     return bad;
 }
 
-/* Commit(version) to every replica; missed[s] counts the replicas of group s that did not
- * take it. Returns the number of failed replica calls. */
-static size_t commit_all(tsr__coord *c, int64_t version, int *missed, tsr_error *err)
+/* Commit(version) to every replica not left out; missed[s] counts the replicas of group s
+ * that did not take it. Returns the number of failed replica calls. */
+static size_t commit_all(tsr__coord *c, int64_t version, const char *out, int *missed,
+                         tsr_error *err)
 {
     ProtobufCMessage **resps = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *resps);
-    size_t bad = fan_version(c, "Commit", version, c->cfg.stage_deadline_ms,
+    size_t bad = fan_version(c, "Commit", version, out, c->cfg.stage_deadline_ms,
                              &tessera__v1__commit_response__descriptor, resps, err);
     for (size_t k = 0; k < c->nrep; k++) {
-        if (!resps[k])
+        if (!resps[k] && !out[k])
             missed[c->rep[k].group]++;
         else
             protobuf_c_message_free_unpacked(resps[k], NULL);
     }
     free(resps);
     return bad;
+}
+
+/* update_min_replicas: after a fan-out of `what` to the groups with bufs[s] set (bufs NULL:
+ * every group) and the replicas not yet left out (out[k] = 0), resps[k] NULL marks a
+ * failed replica. Returns 0 when there was no failure, or when update_min_replicas lets
+ * every failed replica be left out of this version (out[k] = 1, a warning on op each)
+ * while each group keeps enough replicas; otherwise the error code, with err naming the
+ * failure (and the group that fell short). Frees nothing. */
+static int absorb_failures(tsr__coord *c, tsr__op *op, const char *what, int64_t version,
+                           uint8_t **bufs, ProtobufCMessage **resps, char *out, size_t bad,
+                           tsr_error *err)
+{
+    if (!bad)
+        return 0;
+    int code = err->code ? err->code : TSR_EUNAVAILABLE;
+    int min = c->cfg.update_min_replicas;
+    if (min <= 0)
+        return code;
+    for (size_t s = 0; s < c->cfg.nshards; s++) {
+        if (bufs && !bufs[s])
+            continue;
+        const tsr__group *g = &c->grp[s];
+        size_t need = (size_t)min < g->n ? (size_t)min : g->n, ok = 0;
+        for (size_t j = 0; j < g->n; j++)
+            ok += !out[g->first + j] && resps[g->first + j] != NULL;
+        if (ok < need) {
+            char first[sizeof err->msg];
+            snprintf(first, sizeof first, "%s", err->msg);
+            return tsr_err(err, code, "update_min_replicas %d: shard %zu has %zu of %zu "
+                           "replicas left for version %lld (first failure of the %s fan-out: "
+                           "%s)", min, s, ok, g->n, (long long)version, what, first);
+        }
+    }
+    for (size_t k = 0; k < c->nrep; k++) {
+        if (out[k] || resps[k] || (bufs && !bufs[c->rep[k].group]))
+            continue;
+        out[k] = 1;
+        char w[700];
+        snprintf(w, sizeof w, "shard %zu replica %zu (%s) left out of version %lld: its %s "
+                 "failed (reconcile re-seeds it from a sibling replica)", c->rep[k].group,
+                 c->rep[k].index, c->rep[k].addr, (long long)version, what);
+        tsr_warn("update %s: %s; first failure of the fan-out: %s", op->id, w, err->msg);
+        pthread_mutex_lock(&c->op_mu);
+        op->warnings = tsr_xrealloc(op->warnings, (op->nwarnings + 1) * sizeof *op->warnings);
+        op->warnings[op->nwarnings++] = tsr_xstrdup(w);
+        pthread_mutex_unlock(&c->op_mu);
+    }
+    tsr_error_clear(err);
+    return 0;
+}
+
+/* Abort(version) to the replicas left out (they may have staged part of it, or be
+ * unreachable: best effort, reconcile aborts a leftover later). An update whose every
+ * replica is in (the usual case) sends nothing. */
+static void abort_left_out(tsr__coord *c, tsr__op *op, int64_t version, const char *out)
+{
+    char *in = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
+    size_t nout = 0;
+    for (size_t k = 0; k < c->nrep; k++) {
+        in[k] = !out[k];
+        nout += out[k] != 0;
+    }
+    if (nout) {
+        tsr_error aerr = TSR_ERROR_INIT;
+        if (fan_version(c, "Abort", version, in, c->cfg.search_deadline_ms, NULL, NULL, &aerr))
+            tsr_warn("update %s: Abort(%lld) to a replica left out failed (reconcile aborts "
+                     "it when it is back): %s", op->id, (long long)version, aerr.msg);
+    }
+    free(in);
 }
 
 /* ---------------------------------------------------------------- the update */
@@ -474,6 +547,8 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     int64_t newv = (int64_t)base->version + 1;
     uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
     size_t *lens = tsr_xcalloc(S, sizeof *lens);
+    char *out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1); /* replicas left out of N+1 */
+    ProtobufCMessage **sr = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *sr);
     int rc;
 
     if (cfg->distance == TSR_DIST_COSINE)
@@ -656,8 +731,13 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
             free(sup);
             free(sdp);
         }
-        if (fan(c, TSR_SHARD_SVC "Stage", bufs, lens, cfg->stage_deadline_ms, NULL, NULL, err))
-            rc = err->code ? err->code : TSR_EUNAVAILABLE;
+        size_t sbad = fan(c, TSR_SHARD_SVC "Stage", bufs, lens, out, cfg->stage_deadline_ms,
+                          &tessera__v1__stage_response__descriptor, sr, err);
+        rc = absorb_failures(c, op, "Stage", newv, bufs, sr, out, sbad, err);
+        for (size_t k = 0; k < c->nrep; k++) {
+            protobuf_c_message_free_unpacked(sr[k], NULL); /* accepts NULL */
+            sr[k] = NULL;
+        }
         for (size_t s = 0; s < S; s++) {
             free(bufs[s]);
             bufs[s] = NULL;
@@ -682,22 +762,26 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     /* PREPARING: every replica of every group must be ready */
     tsr_metrics_update_phase("prepare");
     ProtobufCMessage **pr = tsr_xcalloc(c->nrep, sizeof *pr);
-    size_t bad = fan_version(c, "Prepare", newv, cfg->stage_deadline_ms,
+    size_t bad = fan_version(c, "Prepare", newv, out, cfg->stage_deadline_ms,
                              &tessera__v1__prepare_response__descriptor, pr, err);
     for (size_t k = 0; k < c->nrep; k++) {
         Tessera__V1__PrepareResponse *p = (Tessera__V1__PrepareResponse *)pr[k];
-        if (p && !p->ready && !bad++)
-            tsr_err(err, TSR_ESTATE, "shard %zu replica %zu (%s): Prepare(%lld) not ready: %s",
-                    c->rep[k].group, c->rep[k].index, c->rep[k].addr, (long long)newv,
-                    p->reason ? p->reason : "");
-        if (p)
+        if (p && !p->ready) {
+            if (!bad++)
+                tsr_err(err, TSR_ESTATE, "shard %zu replica %zu (%s): Prepare(%lld) not ready: "
+                        "%s", c->rep[k].group, c->rep[k].index, c->rep[k].addr,
+                        (long long)newv, p->reason ? p->reason : "");
             protobuf_c_message_free_unpacked(pr[k], NULL);
+            pr[k] = NULL; /* failed */
+        }
     }
+    rc = absorb_failures(c, op, "Prepare", newv, NULL, pr, out, bad, err);
+    for (size_t k = 0; k < c->nrep; k++)
+        protobuf_c_message_free_unpacked(pr[k], NULL); /* accepts NULL */
     free(pr);
-    if (bad) {
-        rc = err->code ? err->code : TSR_EUNAVAILABLE;
+    if (rc)
         goto out;
-    }
+    abort_left_out(c, op, newv, out); /* before the flip: they must not commit N+1 */
     pthread_mutex_lock(&c->op_mu);
     op->shards_prepared = (int)S;
     pthread_mutex_unlock(&c->op_mu);
@@ -709,6 +793,9 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
         goto out;
     staged_any = 0; /* past the commit point: never abort N+1 */
     tsr__coord_crash_point("flipped");
+    for (size_t k = 0; k < c->nrep; k++)
+        if (out[k]) /* not queried on N+1 until reconcile re-seeded it */
+            atomic_store(&c->rep[k].lagging, 1);
     tsr__coord_snap_set(c, ns);
     ns = NULL;
     op_set(c, op, TESSERA__V1__OPERATION__STATE__COMMITTING);
@@ -719,7 +806,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     tsr_metrics_version_set((uint64_t)newv);
     tsr_error cerr = TSR_ERROR_INIT;
     int *missed = tsr_xcalloc(S, sizeof *missed);
-    bad = commit_all(c, newv, missed, &cerr);
+    bad = commit_all(c, newv, out, missed, &cerr);
     size_t groups_missed = 0;
     for (size_t s = 0; s < S; s++)
         groups_missed += missed[s] != 0;
@@ -753,7 +840,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
 out:
     if (rc && staged_any) {
         tsr_error aerr = TSR_ERROR_INIT;
-        if (fan_version(c, "Abort", newv, cfg->search_deadline_ms, NULL, NULL, &aerr))
+        if (fan_version(c, "Abort", newv, NULL, cfg->search_deadline_ms, NULL, NULL, &aerr))
             tsr_warn("update %s: Abort(%lld) failed on some shard (reconcile will retry): %s",
                      op->id, (long long)newv, aerr.msg);
     }
@@ -764,6 +851,8 @@ out:
     free(w);
     free(bufs);
     free(lens);
+    free(out);
+    free(sr);
     free(assign);
     tsr_ivfpq_destroy(tmpl);
     tsr__snap_unref(ns);

@@ -115,7 +115,10 @@ class Shard(LoggedProc):
         self.stub = spg.ShardStub(self.channel)
 
     def stop(self, sig=signal.SIGTERM, timeout=20):
-        """Stops the process; returns its exit code. Fails on a sanitizer report."""
+        """Stops the process; returns its exit code. Fails on a sanitizer report. A second
+        stop (e.g. a cluster's teardown after a test killed this shard) returns the code."""
+        if getattr(self, "stopped_rc", None) is not None:
+            return self.stopped_rc
         try:
             self.channel.close()
         except Exception:
@@ -134,6 +137,7 @@ class Shard(LoggedProc):
                 and "LeakSanitizer" not in text and "ThreadSanitizer" not in text, \
                 "sanitizer report:\n" + text
             assert rc == 0, "shard exit code %s:\n%s" % (rc, text)
+        self.stopped_rc = rc
         return rc
 
     def kill(self):

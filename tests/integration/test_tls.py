@@ -254,6 +254,26 @@ def run(bin_dir):
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0 and '"v007"' in r.stdout, (r.stdout, r.stderr)
         print("CLI query/stats/read --tls-ca answer; plaintext CLI fails; bad --tls-ca exit 2")
+        # `tessera health`: the probe that works with TLS (kubelet's grpc: probes do not)
+        hc = [cli, "health", "--target", target]
+        r = subprocess.run(hc + ["--tls-ca", c["ca.pem"]], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0 and r.stdout.strip() == "SERVING", (r.stdout, r.stderr)
+        r = subprocess.run(hc + ["--tls-ca", c["ca.pem"], "--service", "no.such.Service"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and "NOT_FOUND" in r.stderr, (r.returncode, r.stderr)
+        r = subprocess.run(hc + ["--timeout-ms", "3000"], capture_output=True, text=True,
+                           timeout=30)  # plaintext against the TLS port
+        assert r.returncode == 1 and "UNAVAILABLE" in r.stderr, (r.returncode, r.stderr)
+        r = subprocess.run(hc + ["--timeout-ms", "0"], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        dead = [cli, "health", "--target", "127.0.0.1:%d" % ch.free_port(), "--timeout-ms",
+                "3000"]
+        r = subprocess.run(dead, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and "UNAVAILABLE" in r.stderr, (r.returncode, r.stderr)
+        print("tessera health: SERVING over TLS (exit 0); unknown service, plaintext, dead port "
+              "exit 1")
 
         # mutual TLS on the public port
         for chan in chans[:3]:
