@@ -18,11 +18,13 @@
  */
 #include "ivfpq_search.h"
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "knn.h"
@@ -204,57 +206,6 @@ void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
     }
 }
 
-/* The scalar kernel with early abandon (L2 by_residual, M % 32 == 0). Every sub-space
- * term of ||x - c - y||^2 = sum_m ||r_m - y_m||^2 is >= 0, so after the first M/2 (and
- * 3M/4) sub-quantizers lb = ||r_H||^2 + tpre + partial sum is a lower bound of the
- * distance; a code whose bound exceeds lim (the heap top plus a margin that covers every
- * rounding difference between the bound and the final sum, see search_one) cannot enter
- * the heap and gets +inf. The other codes get exactly tsr__scan8_scalar's value (same
- * accumulators, same order), so results do not change, only work. */
-static void scan8_abandon(const float *T, size_t M, const uint8_t *codes, size_t n,
-                          const float *term, const float *tpre, float base, float r1, float r2,
-                          float lim, float *out)
-{
-    const size_t c1 = M / 2, c2 = M / 4 * 3;
-    for (size_t i = 0; i < n; i++) {
-        const uint8_t *c = codes + i * M;
-        __builtin_prefetch(c + TSR__SCAN_PREFETCH * M);
-        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        size_t m = 0;
-#define STEP8                                          \
-    do {                                               \
-        uint64_t w;                                    \
-        memcpy(&w, c + m, 8);                          \
-        w = le64(w);                                   \
-        const float *t = T + m * 256;                  \
-        a0 += t[w & 255];                              \
-        a1 += t[256 + ((w >> 8) & 255)];               \
-        a2 += t[512 + ((w >> 16) & 255)];              \
-        a3 += t[768 + ((w >> 24) & 255)];              \
-        a0 += t[1024 + ((w >> 32) & 255)];             \
-        a1 += t[1280 + ((w >> 40) & 255)];             \
-        a2 += t[1536 + ((w >> 48) & 255)];             \
-        a3 += t[1792 + (w >> 56)];                     \
-    } while (0)
-        for (; m < c1; m += 8)
-            STEP8;
-        if ((r1 + tpre[2 * i]) + ((a0 + a1) + (a2 + a3)) > lim) {
-            out[i] = INFINITY;
-            continue;
-        }
-        for (; m < c2; m += 8)
-            STEP8;
-        if ((r2 + tpre[2 * i + 1]) + ((a0 + a1) + (a2 + a3)) > lim) {
-            out[i] = INFINITY;
-            continue;
-        }
-        for (; m < M; m += 8)
-            STEP8;
-#undef STEP8
-        out[i] = (base + term[i]) + ((a0 + a1) + (a2 + a3));
-    }
-}
-
 /* Any nbits: sub-codes unpacked with the Faiss bit order. */
 static void scan_generic(const float *T, const tsr_pq *pq, const uint8_t *codes, size_t n,
                          const float *term, float base, float *out)
@@ -268,6 +219,45 @@ static void scan_generic(const float *T, const tsr_pq *pq, const uint8_t *codes,
     }
 }
 
+/* The quantized prefilter, scalar form (see ivfpq_search.h; the AVX-512 VBMI kernel
+ * must return the same bits). */
+uint64_t tsr__filter8_scalar(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb)
+{
+    uint64_t mask = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t q = 0;
+        for (size_t m = 0; m < M; m++)
+            q += Tq[m * 256 + blk[m * TSR__FBLOCK + i]];
+        float l = (base + (term ? term[i] : 0.0f)) + (qmin + delta * (float)q);
+        if (lb != NULL)
+            lb[i] = l;
+        if (!(l > lim))
+            mask |= (uint64_t)1 << i;
+    }
+    return mask;
+}
+
+/* sum_m T[m][code[m]] of code `lane` of a transposed block, in tsr__scan8_scalar's
+ * order (accumulator m % 4, the sub-quantizers past the last multiple of 4 into the
+ * first): the filter's survivors get exactly the plain kernels' distances. */
+static inline float exact_t(const float *T, size_t M, const uint8_t *blk, size_t lane)
+{
+    const uint8_t *c = blk + lane;
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    size_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+        a0 += T[(m + 0) * 256 + c[(m + 0) * TSR__FBLOCK]];
+        a1 += T[(m + 1) * 256 + c[(m + 1) * TSR__FBLOCK]];
+        a2 += T[(m + 2) * 256 + c[(m + 2) * TSR__FBLOCK]];
+        a3 += T[(m + 3) * 256 + c[(m + 3) * TSR__FBLOCK]];
+    }
+    for (; m < M; m++)
+        a0 += T[m * 256 + c[m * TSR__FBLOCK]];
+    return (a0 + a1) + (a2 + a3);
+}
+
 /* ---- search cache: per stored vector ||y||^2 + 2<c, y> (L2 by_residual) ---------------- */
 
 typedef struct search_cache {
@@ -276,10 +266,13 @@ typedef struct search_cache {
     size_t *offsets;  /* start of each list in term[] */
     float *term;      /* ntotal floats; NULL when the variant needs no term */
     float *ct;        /* PQ centroids transposed to M x dsub x ksub (table building) */
-    /* Early abandon (see scan8_abandon; L2 by_residual, 8 bits, M % 32 == 0): */
-    float *tpre;      /* NULL or 2 per vector: the term over sub-quantizers < M/2, < 3M/4 */
-    float *cnorm;     /* nlist: ||c||^2 of the coarse centroids (rounding margin) */
-    float tmax;       /* max |term|, |tpre| over all vectors (rounding margin) */
+    float tmax;       /* max |term| over all vectors (rounding margin; inf if any NaN) */
+    /* The quantized prefilter (8-bit codes, M <= 256; see ivfpq_search.h): */
+    uint8_t *tcodes;  /* NULL or a copy of the codes, transposed by blocks of TSR__FBLOCK
+                         (zero-padded); list l's blocks at toffsets[l], M * TSR__FBLOCK
+                         bytes each, 64-aligned */
+    size_t *toffsets; /* nlist byte offsets into tcodes */
+    size_t tbytes;    /* size of tcodes */
 } search_cache;
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -292,8 +285,8 @@ static void cache_free(search_cache *c)
     free(c->offsets);
     free(c->term);
     free(c->ct);
-    free(c->tpre);
-    free(c->cnorm);
+    free(c->tcodes);
+    free(c->toffsets);
     free(c);
 }
 
@@ -373,6 +366,50 @@ int tsr_ivfpq_list_terms(const tsr_ivfpq *ix, size_t list, const uint8_t *codes,
     return 0;
 }
 
+/* TSR_SEARCH_FILTER: "0" = no prefilter, "scalar" = the scalar filter kernel (tests),
+ * otherwise the AVX-512 VBMI kernel where the CPU has it, else none. */
+static int filter_env(void)
+{
+    const char *e = getenv("TSR_SEARCH_FILTER");
+    if (e && strcmp(e, "0") == 0)
+        return 0;
+    if (e && strcmp(e, "scalar") == 0)
+        return 1;
+    return tsr__filter8_avx512_supported() ? 2 : 0;
+}
+
+/* The transposed copy is built only where a filter kernel will use it. */
+static int filter_wanted(const tsr_pq *pq)
+{
+    return pq->nbits == 8 && pq->M <= 256 && filter_env() != 0;
+}
+
+/* The prefilter reads ~16 KB from each of nprobe lists scattered over the copy: with
+ * 4 KB pages nearly every list costs TLB misses (two-level page walks in a VM), so the
+ * copy asks for transparent huge pages (2 MB aligned; madvise is a hint: without THP it
+ * is an ordinary allocation). Freed with free(). */
+static void *alloc_huge(size_t bytes)
+{
+    const size_t huge = (size_t)2 << 20;
+    void *p = NULL;
+    if (bytes >= huge) {
+        size_t r = (bytes + huge - 1) / huge * huge;
+        if (r >= bytes && posix_memalign(&p, huge, r) == 0) {
+            (void)madvise(p, r, MADV_HUGEPAGE);
+            return p;
+        }
+        return NULL;
+    }
+    return tsr_try_aligned(bytes ? bytes : 1, 1);
+}
+
+/* Bytes of one prefilter block: M rows of TSR__FBLOCK code bytes, then the block's
+ * terms when the variant has them (a multiple of 64: blocks stay 64-aligned). */
+static size_t fblock_bytes(const search_cache *c, size_t M)
+{
+    return M * TSR__FBLOCK + (c->term ? TSR__FBLOCK * sizeof(float) : 0);
+}
+
 static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
 {
     const tsr_pq *pq = &ix->pq;
@@ -399,45 +436,55 @@ static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
             for (size_t j = 0; j < pq->ksub; j++)
                 c->ct[(m * pq->dsub + t) * pq->ksub + j] =
                     pq->centroids[(m * pq->ksub + j) * pq->dsub + t];
-    if (!(ix->metric == TSR_METRIC_L2 && ix->by_residual))
-        return c;
-    c->term = tsr_try_malloc(total ? total : 1, sizeof(float));
-    P = tsr_try_malloc(pq->M * pq->ksub, sizeof(float));
-    if (c->term == NULL || P == NULL)
-        goto oom;
-    int abandon = pq->nbits == 8 && pq->M >= 32 && pq->M % 32 == 0;
-    if (abandon) {
-        c->tpre = tsr_try_malloc(total ? 2 * total : 1, sizeof(float));
-        c->cnorm = tsr_try_malloc(ix->nlist, sizeof(float));
-        if (c->tpre == NULL || c->cnorm == NULL)
+    if (ix->metric == TSR_METRIC_L2 && ix->by_residual) {
+        c->term = tsr_try_malloc(total ? total : 1, sizeof(float));
+        P = tsr_try_malloc(pq->M * pq->ksub, sizeof(float));
+        if (c->term == NULL || P == NULL)
             goto oom;
+        for (size_t l = 0; l < ix->nlist; l++) {
+            const tsr_invlist *L = &ix->lists[l];
+            if (L->size == 0)
+                continue;
+            float *t = c->term + c->offsets[l];
+            list_terms(ix, l, L->codes, L->size, P, t);
+            for (size_t i = 0; i < L->size; i++) {
+                float a = fabsf(t[i]);
+                if (!(a <= c->tmax)) /* NaN: never filter (tmax = inf) */
+                    c->tmax = a == a ? a : INFINITY;
+            }
+        }
     }
-    for (size_t l = 0; l < ix->nlist; l++) {
-        const tsr_invlist *L = &ix->lists[l];
-        if (abandon)
-            c->cnorm[l] = dot(ix->centroids + l * (size_t)ix->d,
-                              ix->centroids + l * (size_t)ix->d, (size_t)ix->d);
-        if (L->size == 0)
-            continue;
-        float *t = c->term + c->offsets[l];
-        list_terms(ix, l, L->codes, L->size, P, t);
-        for (size_t i = 0; abandon && i < L->size; i++) {
-            /* P is list l's table (list_terms left it there) */
-            const uint8_t *code = L->codes + i * pq->M;
-            float s1 = 0, s2;
-            size_t m = 0;
-            for (; m < pq->M / 2; m++)
-                s1 += P[m * 256 + code[m]];
-            s2 = s1;
-            for (; m < pq->M / 4 * 3; m++)
-                s2 += P[m * 256 + code[m]];
-            float *tp = c->tpre + 2 * (c->offsets[l] + i);
-            tp[0] = s1;
-            tp[1] = s2;
-            float a = fabsf(t[i]) > fabsf(s1) ? fabsf(t[i]) : fabsf(s1);
-            a = a > fabsf(s2) ? a : fabsf(s2);
-            if (!(a <= c->tmax)) /* NaN: never abandon (tmax = inf) */
-                c->tmax = a == a ? a : INFINITY;
+    if (filter_wanted(pq)) {
+        /* One stream per list for the prefilter: each block holds its codes transposed
+         * and then (L2 by_residual) its 64 terms, so a list is read front to back. */
+        size_t bytes = 0, bsz = fblock_bytes(c, pq->M);
+        c->toffsets = tsr_try_malloc(ix->nlist, sizeof(size_t));
+        if (c->toffsets == NULL)
+            goto oom;
+        for (size_t l = 0; l < ix->nlist; l++) {
+            size_t nb = (ix->lists[l].size + TSR__FBLOCK - 1) / TSR__FBLOCK, add;
+            c->toffsets[l] = bytes;
+            if (tsr_mul_ok(nb, bsz, &add) != 0 || bytes + add < bytes)
+                goto oom;
+            bytes += add;
+        }
+        c->tbytes = bytes;
+        c->tcodes = alloc_huge(bytes);
+        if (c->tcodes == NULL)
+            goto oom;
+        memset(c->tcodes, 0, bytes);
+        for (size_t l = 0; l < ix->nlist; l++) {
+            const tsr_invlist *L = &ix->lists[l];
+            uint8_t *dst = c->tcodes + c->toffsets[l];
+            for (size_t i = 0; i < L->size; i++) {
+                uint8_t *bp = dst + i / TSR__FBLOCK * bsz;
+                const uint8_t *code = L->codes + i * pq->M;
+                for (size_t m = 0; m < pq->M; m++)
+                    bp[m * TSR__FBLOCK + i % TSR__FBLOCK] = code[m];
+                if (c->term != NULL)
+                    memcpy(bp + pq->M * TSR__FBLOCK + i % TSR__FBLOCK * sizeof(float),
+                           c->term + c->offsets[l] + i, sizeof(float));
+            }
         }
     }
     free(P);
@@ -471,6 +518,10 @@ static const search_cache *cache_get(const tsr_ivfpq *cix, tsr_error *err)
 
 int tsr_ivfpq_search_prepare(tsr_ivfpq *ix, tsr_error *err)
 {
+    /* The kernel calibration (once per process, a few ms) belongs to preparing too: it
+     * would otherwise land in the first search (a tenth of a 2000-query batch at
+     * nprobe 1). */
+    (void)tsr_ivfpq_search_simd_auto();
     return cache_get(ix, err) != NULL ? 0 : (err ? err->code : TSR_ENOMEM);
 }
 
@@ -550,6 +601,10 @@ static void heap_sort(heap *h)
 /* ---- per-thread workspace and the scan of one query ----------------------------------- */
 
 #define BLOCK 256 /* distances computed per kernel call */
+#define FILTER_MIN_NPROBE 2 /* the prefilter from this nprobe on */
+#ifndef FILTER_PF_LEAD
+#define FILTER_PF_LEAD 16384 /* bytes the prefetch cursor runs ahead of the prefilter */
+#endif
 
 typedef struct job {
     const tsr_ivfpq *ix;
@@ -561,7 +616,7 @@ typedef struct job {
     const tsr_ivfpq_search_opts *opts;
     tsr__scan8_fn scan8;
     int refine;      /* IwQR refinement active */
-    int abandon;     /* early abandon allowed (TSR_SEARCH_ABANDON != 0) */
+    tsr__filter8_fn filter; /* the prefilter kernel, NULL = none (see filter_env) */
     size_t k1;       /* candidates from the scan: k, or k_factor * k with refine */
     float *D;
     int64_t *I;
@@ -571,6 +626,7 @@ typedef struct job {
 typedef struct worker {
     job *jb;
     float *T;        /* M * ksub table */
+    uint8_t *Tq;     /* NULL or M * 256: T quantized for the prefilter */
     float *dis;      /* BLOCK distances */
     heap h;
     heap hr;         /* refine heap (k entries) */
@@ -583,6 +639,7 @@ typedef struct worker {
 static void worker_close(worker *w)
 {
     free(w->T);
+    free(w->Tq);
     free(w->dis);
     free(w->h.d);
     free(w->h.id);
@@ -605,6 +662,10 @@ static int worker_init(worker *w, job *jb)
     w->h.d = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(float));
     w->h.id = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(int64_t));
     int ok = w->T && w->dis && w->h.d && w->h.id;
+    if (jb->filter != NULL) {
+        w->Tq = tsr_try_aligned(pq->M * 256, 1);
+        ok = ok && w->Tq;
+    }
     if (jb->refine) {
         w->h.aux = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(int64_t));
         w->hr.k = jb->k;
@@ -630,6 +691,8 @@ static int worker_init(worker *w, job *jb)
  * folded into x_t: (s x_t) c = s (x_t c) and the sums scale exactly, which saves a
  * second pass over the 64 KB table (it was half of the table time). */
 typedef float v4sf __attribute__((vector_size(16)));
+typedef int32_t v4si __attribute__((vector_size(16)));
+typedef uint8_t v16qu __attribute__((vector_size(16)));
 
 static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T)
 {
@@ -696,25 +759,92 @@ static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, fl
  * loop of search and of the public scanner. */
 typedef float (*sink_fn)(void *ctx, size_t i, float score);
 
-/* Early abandon for one list (scan8_abandon): the list's prefix terms, ||r_H||^2 at the
- * two check points and the rounding margin. */
-typedef struct abandon {
-    const float *tpre;
-    float r1, r2, margin;
-} abandon;
+/* The prefilter for one list: the kernel, the quantized table, the list's transposed
+ * codes, the table's offset and step, and the rounding margin. */
+/* A prefetch cursor that runs ahead of the prefilter through the transposed codes of
+ * the probed lists, across list boundaries (a list is ~16 KB at M = 64: the hardware
+ * prefetcher does not cross into the next one, and random 16 KB chunks read at about a
+ * third of the sequential bandwidth). */
+typedef struct pfcur {
+    const search_cache *ca;
+    const int64_t *lists;
+    size_t np, p;          /* next probe to enter */
+    const uint8_t *at;     /* next line to prefetch ... */
+    size_t left;           /* ... and bytes left of the current list */
+    size_t bsz;
+} pfcur;
+
+static void pf_run(pfcur *c, size_t bytes)
+{
+    while (bytes > 0) {
+        if (c->left == 0) {
+            if (c->p >= c->np)
+                return;
+            int64_t l = c->lists[c->p++];
+            if (l < 0 || (size_t)l >= c->ca->nlist)
+                continue;
+            c->at = c->ca->tcodes + c->ca->toffsets[l];
+            c->left = (c->ca->sizes[l] + TSR__FBLOCK - 1) / TSR__FBLOCK * c->bsz;
+            continue;
+        }
+        size_t take = bytes < c->left ? bytes : c->left;
+        for (size_t o = 0; o < take; o += 64)
+            __builtin_prefetch(c->at + o);
+        c->at += take;
+        c->left -= take;
+        bytes -= take;
+    }
+}
+
+/* The prefilter for one list: the kernel, the quantized table, the list's transposed
+ * blocks and their size, the table's offset and step, the rounding margin and the
+ * prefetch cursor. */
+typedef struct filt {
+    tsr__filter8_fn fn;
+    const uint8_t *Tq;
+    const uint8_t *blocks;
+    size_t bsz;
+    float qmin, delta, margin;
+    pfcur *pf;
+} filt;
 
 static float scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, float *dis,
                        const uint8_t *codes, size_t n, const float *term, float base,
-                       const abandon *ab, float thr, sink_fn sink, void *ctx)
+                       const filt *f, float thr, sink_fn sink, void *ctx)
 {
+    if (f != NULL) {
+        /* Block by block of TSR__FBLOCK codes: the bound for all, the exact distance only
+         * for the codes whose bound is within the margin of the heap top (a fraction of
+         * a percent on the bench data from the second list on). A code the filter drops
+         * has a distance > thr, so it could not have entered, and thr only decreases:
+         * the sink sees the same candidates in the same order as without the filter. */
+        const size_t bsz = f->bsz;
+        for (size_t b = 0; b < n; b += TSR__FBLOCK) {
+            size_t nb = n - b < TSR__FBLOCK ? n - b : TSR__FBLOCK;
+            const uint8_t *blk = f->blocks + b / TSR__FBLOCK * bsz;
+            const float *tb = term ? (const float *)(const void *)(blk + pq->M * TSR__FBLOCK)
+                                   : NULL;
+            if (f->pf != NULL)
+                pf_run(f->pf, bsz);
+            uint64_t mask = thr < INFINITY
+                                ? f->fn(f->Tq, pq->M, blk, nb, tb, base, f->qmin, f->delta,
+                                        thr + f->margin, NULL)
+                                : (nb == 64 ? ~(uint64_t)0 : ((uint64_t)1 << nb) - 1);
+            while (mask) {
+                size_t i = (size_t)__builtin_ctzll(mask);
+                mask &= mask - 1;
+                float d = (base + (tb ? tb[i] : 0.0f)) + exact_t(T, pq->M, blk, i);
+                if (d <= thr)
+                    thr = sink(ctx, b + i, d);
+            }
+        }
+        return thr;
+    }
     for (size_t b = 0; b < n; b += BLOCK) {
         size_t nb = n - b < BLOCK ? n - b : BLOCK;
         const uint8_t *cb = codes + b * pq->code_size;
         const float *tb = term ? term + b : NULL;
-        if (ab && thr < INFINITY) /* (a code at +inf is never offered: inf <= thr fails) */
-            scan8_abandon(T, pq->M, cb, nb, tb, ab->tpre + 2 * b, base, ab->r1, ab->r2,
-                          thr + ab->margin, dis);
-        else if (pq->nbits == 8)
+        if (pq->nbits == 8)
             scan8(T, pq->M, cb, nb, tb, base, dis);
         else
             scan_generic(T, pq, cb, nb, tb, base, dis);
@@ -723,6 +853,110 @@ static float scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, fl
                 thr = sink(ctx, b + i, dis[i]);
     }
     return thr;
+}
+
+/* Quantizes the table down for the prefilter: Tq[m][j] = floor((T[m][j] - min_m) /
+ * delta) clamped to 255, one delta for all m (so the bound is qmin + delta * sum of the
+ * bytes), qmin = sum_m min_m. tabs = sum_m max_j |T[m][j]| (rounding margin). Returns 0
+ * when the table is not finite (no filter then). */
+/* Lane-wise min / max / clamp (C has no vector ?:). vmin4(a, b) is a where a < b, else
+ * b (so a NaN in a is skipped); vclamp255(v) is v where v < 255, else 255. */
+static inline v4sf vsel4(v4si m, v4sf a, v4sf b)
+{
+    v4si r = (m & (v4si)a) | (~m & (v4si)b);
+    return (v4sf)r;
+}
+static inline v4sf vmin4(v4sf a, v4sf b) { return vsel4(a < b, a, b); }
+static inline v4sf vmax4(v4sf a, v4sf b) { return vsel4(a > b, a, b); }
+static inline v4sf vclamp255(v4sf v)
+{
+    const v4sf c = {255.0f, 255.0f, 255.0f, 255.0f};
+    return vsel4(v < c, v, c);
+}
+
+int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, float *delta,
+                        float *tabs)
+{
+    float mins[256], maxr = 0, qm = 0, ta = 0;
+    for (size_t m = 0; m < M; m++) {
+        /* 4-wide min / max with 4 independent chains (a scalar chain of 256 dependent
+         * minss/maxss was 15 % of the search at nprobe 64) */
+        const float *t = T + m * 256;
+        v4sf n0, n1, n2, n3, x0, x1, x2, x3;
+        memcpy(&n0, t, 16);
+        memcpy(&n1, t + 4, 16);
+        memcpy(&n2, t + 8, 16);
+        memcpy(&n3, t + 12, 16);
+        x0 = n0, x1 = n1, x2 = n2, x3 = n3;
+        for (size_t j = 16; j < 256; j += 16) {
+            v4sf v0, v1, v2, v3;
+            memcpy(&v0, t + j, 16);
+            memcpy(&v1, t + j + 4, 16);
+            memcpy(&v2, t + j + 8, 16);
+            memcpy(&v3, t + j + 12, 16);
+            n0 = vmin4(v0, n0);
+            n1 = vmin4(v1, n1);
+            n2 = vmin4(v2, n2);
+            n3 = vmin4(v3, n3);
+            x0 = vmax4(v0, x0);
+            x1 = vmax4(v1, x1);
+            x2 = vmax4(v2, x2);
+            x3 = vmax4(v3, x3);
+        }
+        n0 = vmin4(n1, n0);
+        n2 = vmin4(n3, n2);
+        n0 = vmin4(n2, n0);
+        x0 = vmax4(x1, x0);
+        x2 = vmax4(x3, x2);
+        x0 = vmax4(x2, x0);
+        float mn = n0[0], mx = x0[0];
+        for (int r = 1; r < 4; r++) {
+            mn = n0[r] < mn ? n0[r] : mn;
+            mx = x0[r] > mx ? x0[r] : mx;
+        }
+        /* The comparisons skip a NaN entry; that is harmless: its byte becomes 255 (see
+         * below) and a code using it has a NaN distance on every path, which never
+         * enters the heap. Infinities make the bound useless: no filter. */
+        if (!(mn > -INFINITY && mx < INFINITY))
+            return 0;
+        mins[m] = mn;
+        maxr = mx - mn > maxr ? mx - mn : maxr;
+        ta += fabsf(mn) > fabsf(mx) ? fabsf(mn) : fabsf(mx);
+        qm += mn;
+    }
+    float dl = maxr / 255.0f, inv = dl > 0 ? 1.0f / dl : 0.0f;
+    if (!(dl >= FLT_MIN && inv < INFINITY)) { /* all rows (nearly) constant: bound = qmin */
+        dl = 1.0f;
+        inv = 0.0f;
+    }
+    for (size_t m = 0; m < M; m++) {
+        const float *t = T + m * 256;
+        const float mn = mins[m];
+        uint8_t *q = Tq + m * 256;
+        /* (t - mn) * inv is in [0, 255 (1 + eps)]; truncation rounds down, the clamp too,
+         * so q * delta <= t - mn up to rounding that the margin covers. */
+        for (size_t j = 0; j < 256; j += 16) {
+            v4sf v[4];
+            v4si iv[4];
+            for (int r = 0; r < 4; r++) {
+                memcpy(&v[r], t + j + 4 * r, 16);
+                v[r] = vclamp255((v[r] - mn) * inv); /* also a NaN -> 255 */
+                iv[r] = __builtin_convertvector(v[r], v4si);
+            }
+            /* 16 int32 in 0..255 to 16 bytes (GCC packs these with SSE) */
+            v16qu b = {(uint8_t)iv[0][0], (uint8_t)iv[0][1], (uint8_t)iv[0][2],
+                       (uint8_t)iv[0][3], (uint8_t)iv[1][0], (uint8_t)iv[1][1],
+                       (uint8_t)iv[1][2], (uint8_t)iv[1][3], (uint8_t)iv[2][0],
+                       (uint8_t)iv[2][1], (uint8_t)iv[2][2], (uint8_t)iv[2][3],
+                       (uint8_t)iv[3][0], (uint8_t)iv[3][1], (uint8_t)iv[3][2],
+                       (uint8_t)iv[3][3]};
+            memcpy(q + j, &b, 16);
+        }
+    }
+    *qmin = qm;
+    *delta = dl;
+    *tabs = ta;
+    return qm > -INFINITY && qm < INFINITY && ta < INFINITY;
 }
 
 /* Decodes a PQ code into d floats. */
@@ -795,6 +1029,22 @@ static float search_sink_fn(void *ctx, size_t i, float dd)
     return h->d[0];
 }
 
+/* The per-list data a probe reads first (the list's size, its codes and ids pointers,
+ * its offsets in the cache): random in memory, so one cache miss each per probed list
+ * (a fifth of the search at nprobe 64 before this prefetch, a few probes ahead). */
+#define META_AHEAD 8
+
+static inline void meta_prefetch(const tsr_ivfpq *ix, const search_cache *ca, int64_t l)
+{
+    if (l < 0 || (size_t)l >= ix->nlist)
+        return;
+    __builtin_prefetch(&ix->lists[l]);
+    __builtin_prefetch(&ca->sizes[l]);
+    __builtin_prefetch(&ca->offsets[l]);
+    if (ca->toffsets != NULL)
+        __builtin_prefetch(&ca->toffsets[l]);
+}
+
 static int search_one(worker *w, size_t qi)
 {
     job *jb = w->jb;
@@ -815,27 +1065,34 @@ static int search_one(worker *w, size_t qi)
     heap_init(h);
     if (h->k > 0) {
         build_table(ix, jb->cache->ct, xq, w->T);
-        /* Early abandon pays from a few thousand codes on (it costs a pass over the
-         * table for the margin and ||r||^2 per list); TSR_SEARCH_ABANDON=0 turns it off. */
-        int use_abandon = jb->cache->tpre != NULL && !ip && ix->by_residual &&
-                          jb->nprobe >= 8 && jb->abandon;
-        float xnorm = 0, tabs = 0;
-        if (use_abandon) {
-            xnorm = dot(xq, xq, (size_t)ix->d);
-            for (size_t m = 0; m < pq->M; m++) {
-                float mx = 0;
-                for (size_t j = 0; j < pq->ksub; j++) {
-                    float a = fabsf(w->T[m * pq->ksub + j]);
-                    mx = a > mx ? a : mx;
-                }
-                tabs += mx;
-            }
-            if (!(tabs < INFINITY && xnorm < INFINITY))
-                use_abandon = 0;
+        /* The prefilter pays from a few lists on (quantizing the table costs ~2 us). */
+        filt fl, *flp = NULL;
+        pfcur pf;
+        const int64_t *qlists = jb->lists + qi * jb->nprobe;
+        for (size_t p = 0; p < jb->nprobe && p < META_AHEAD; p++)
+            meta_prefetch(ix, jb->cache, qlists[p]);
+        float tabs = 0;
+        if (jb->filter != NULL && jb->nprobe >= FILTER_MIN_NPROBE &&
+            tsr__quantize_table(w->T, pq->M, w->Tq, &fl.qmin, &fl.delta, &tabs)) {
+            fl.fn = jb->filter;
+            fl.Tq = w->Tq;
+            fl.bsz = fblock_bytes(jb->cache, pq->M);
+            pf.ca = jb->cache;
+            pf.lists = jb->lists + qi * jb->nprobe;
+            pf.np = jb->nprobe;
+            pf.p = 0;
+            pf.at = NULL;
+            pf.left = 0;
+            pf.bsz = fl.bsz;
+            pf_run(&pf, FILTER_PF_LEAD);
+            fl.pf = &pf;
+            flp = &fl;
         }
         size_t nscan = 0;
         for (size_t p = 0; p < jb->nprobe; p++) {
             int64_t key = jb->lists[qi * jb->nprobe + p];
+            if (p + META_AHEAD < jb->nprobe)
+                meta_prefetch(ix, jb->cache, qlists[p + META_AHEAD]);
             if (key < 0)
                 continue;
             const tsr_invlist *L = &ix->lists[key];
@@ -855,32 +1112,27 @@ static int search_one(worker *w, size_t qi)
             const float *term =
                 jb->cache->term ? jb->cache->term + jb->cache->offsets[key] : NULL;
             const uint8_t *lcodes = L->codes;
-            if (p + 1 < jb->nprobe) { /* the next list's first codes: a list is ~16 KB */
+            const search_cache *ca = jb->cache;
+            if (flp == NULL && p + 1 < jb->nprobe) { /* the next list's first codes */
                 int64_t nk = jb->lists[qi * jb->nprobe + p + 1];
                 if (nk >= 0 && (size_t)nk < ix->nlist && ix->lists[nk].size > 0)
                     for (size_t c = 0; c < TSR__SCAN_PREFETCH; c++)
                         __builtin_prefetch(ix->lists[nk].codes + c * 64);
             }
             search_sink sk = {h, L->ids, key, accept, actx, store_pairs};
-            abandon ab, *abp = NULL;
-            if (use_abandon) {
-                /* ||r||^2 over the dimensions of the first M/2 and 3M/4 sub-quantizers */
-                const float *cent = ix->centroids + (size_t)key * (size_t)ix->d;
-                size_t d1 = pq->M / 2 * pq->dsub, d2 = pq->M / 4 * 3 * pq->dsub;
-                ab.r1 = l2sqr(xq, cent, d1);
-                ab.r2 = ab.r1 + l2sqr(xq + d1, cent + d1, d2 - d1);
-                /* Every rounding error between the bound and the final sum is below
-                 * ~70 float epsilons (2^-24) times A, the sum of the magnitudes involved
-                 * (the coarse distance and its ||x||^2 + ||c||^2 - 2<x, c> form, the
-                 * terms, the table entries); 2^-12 A leaves a factor ~50. */
-                float A = fabsf(base) + 2.0f * (xnorm + jb->cache->cnorm[key]) + tabs +
-                          jb->cache->tmax;
-                ab.margin = A * (1.0f / 4096.0f);
-                ab.tpre = jb->cache->tpre + 2 * jb->cache->offsets[key];
-                if (ab.margin < INFINITY && ab.r2 == ab.r2)
-                    abp = &ab;
+            const filt *f = NULL;
+            if (flp != NULL) {
+                /* Every rounding error between the bound and the exact sum (the table
+                 * offsets summed, delta * Q, the kernel's 64 additions, base + term) is
+                 * below ~200 float epsilons (2^-24) times A, the sum of the magnitudes
+                 * involved; 2^-12 A leaves a factor ~20. */
+                float A = fabsf(base) + ca->tmax + 2.0f * tabs;
+                fl.margin = A * (1.0f / 4096.0f);
+                fl.blocks = ca->tcodes + ca->toffsets[key];
+                if (fl.margin < INFINITY)
+                    f = flp;
             }
-            scan_list(pq, jb->scan8, w->T, w->dis, lcodes, L->size, term, base, abp, h->d[0],
+            scan_list(pq, jb->scan8, w->T, w->dis, lcodes, L->size, term, base, f, h->d[0],
                       search_sink_fn, &sk);
             nscan += L->size;
             if (max_codes && nscan >= max_codes)
@@ -937,6 +1189,17 @@ static int check_index(const tsr_ivfpq *ix, size_t k, tsr_error *err)
     return 0;
 }
 
+/* 1 when the caller or TSR_SIMD asked for the scalar or the AVX2 path. */
+static int plain_forced(enum tsr_simd asked)
+{
+    if (asked == TSR_SIMD_AUTO) {
+        const char *e = getenv("TSR_SIMD");
+        if (e && (strcmp(e, "scalar") == 0 || strcmp(e, "avx2") == 0))
+            return 1;
+    }
+    return asked == TSR_SIMD_SCALAR || asked == TSR_SIMD_AVX2;
+}
+
 int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
                                  size_t nprobe, const int64_t *lists,
                                  const float *coarse_dis, const tsr_ivfpq_search_opts *opts,
@@ -971,8 +1234,13 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
     if (simd == TSR_SIMD_AUTO || !tsr_ivfpq_search_simd_supported(simd))
         simd = tsr_ivfpq_search_simd_auto();
     jb.scan8 = scan8_for(simd);
-    const char *ae = getenv("TSR_SEARCH_ABANDON");
-    jb.abandon = !(ae && strcmp(ae, "0") == 0);
+    /* The prefilter runs with the automatic kernel choice or forced AVX-512 (a forced
+     * scalar or AVX2 path stays that plain path), or forced by TSR_SEARCH_FILTER=scalar. */
+    int fe = filter_env();
+    if (cache->tcodes != NULL && fe == 1)
+        jb.filter = tsr__filter8_scalar;
+    else if (cache->tcodes != NULL && fe == 2 && !plain_forced(opts ? opts->simd : 0))
+        jb.filter = tsr__filter8_avx512;
     jb.refine = ix->is_refine && !(opts && opts->no_refine);
     jb.k1 = k;
     if (jb.refine) {

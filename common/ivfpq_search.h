@@ -145,4 +145,31 @@ void tsr__scan8_avx2(const float *T, size_t M, const uint8_t *codes, size_t n,
 void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
                        const float *term, float base, float *out);
 
+/* ---- internal: the quantized prefilter (ivfpq_search.c, _avx512.c) -----------------
+ * Codes of a list are kept in the search cache transposed by blocks of TSR__FBLOCK:
+ * byte m of code i of a block at blk[m * TSR__FBLOCK + i]. Tq (M x 256 bytes) is the
+ * per-query table quantized down (Tq[m][j] * delta + qmin_m <= T[m][j]), so
+ *   lb_i = (base + term_i) + (qmin + delta * (float)Q_i),  Q_i = sum_m Tq[m][code_i[m]]
+ * (qmin = sum_m qmin_m) is a lower bound of the distance up to float rounding. Returns the
+ * mask of codes i < n (n <= TSR__FBLOCK) with !(lb_i > lim); lb (NULL or n floats) gets
+ * the bounds. Both kernels return bit-identical masks and bounds. */
+#define TSR__FBLOCK 64
+typedef uint64_t (*tsr__filter8_fn)(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                                    const float *term, float base, float qmin, float delta,
+                                    float lim, float *lb);
+uint64_t tsr__filter8_scalar(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb);
+uint64_t tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb);
+/* Quantizes a per-query table T (M <= 256 rows of 256 floats) down to Tq for the filter:
+ * Tq[m][j] = floor((T[m][j] - min_m) / delta) clamped to 255, one delta for all rows,
+ * *qmin = sum_m min_m, *tabs = sum_m max_j |T[m][j]| (for the rounding margin). Returns
+ * 0 when T has an infinity (no filter then), else 1. */
+int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, float *delta,
+                        float *tabs);
+/* 1 when the CPU runs tsr__filter8_avx512 (AVX-512 F, BW and VBMI). */
+int tsr__filter8_avx512_supported(void);
+
 #endif

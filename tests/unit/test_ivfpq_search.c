@@ -446,54 +446,88 @@ static void run_variant(int d, size_t M, size_t nbits, enum tsr_metric metric, i
     fixture_free(&f);
 }
 
-/* Early abandon (L2 by_residual, M % 32 == 0, nprobe >= 8): the same labels and the
- * bit-identical distances as without it (TSR_SEARCH_ABANDON=0), and the reference. */
-static void test_abandon(void **st)
+/* The quantized prefilter (8-bit codes, nprobe >= 2): with the scalar filter kernel
+ * (TSR_SEARCH_FILTER=scalar) and the default one (AVX-512 VBMI where present), the same
+ * labels and bit-identical distances as without it (TSR_SEARCH_FILTER=0), and the
+ * reference; for every metric / residual variant, an M that is not a multiple of 4, k
+ * from 1 to more than a block, the accept filter and two threads. */
+static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual)
 {
-    (void)st;
     const size_t nlist = 16, nprobe = 12;
-    for (size_t M = 32; M <= 64; M += 32) {
-        fixture f = make(64, nlist, M, 8, TSR_METRIC_L2, 1, 4000, 40);
-        tsr_ivfpq *ix = f.ix;
-        tsr_error err = TSR_ERROR_INIT;
+    const char *modes[] = {"0", "scalar", NULL};
+    fixture f[3];
+    for (int mo = 0; mo < 3; mo++) {
+        /* one index per mode: the transposed copy is built with the cache */
+        f[mo] = make(d, nlist, M, 8, metric, by_residual, 3000, 30);
         /* Pull the lists together (any centroids make a valid index): the answers then
-         * spread over several lists and many codes survive one or both check points, so
-         * the bound is really put to the test (not only codes far off). */
+         * spread over several lists and many codes come close to the heap top, so the
+         * bound is really put to the test (not only codes far off). */
         unsigned s = 5;
-        for (size_t i = 0; i < nlist * 64; i++)
-            ix->centroids[i] = ix->centroids[i] * 0.02f + frand(&s) * 0.5f;
-        for (size_t i = 0; i < f.nq * 64; i++)
-            f.xq[i] = frand(&s) * 2.0f;
-        const size_t ks[] = {1, 10, 60};
-        for (size_t ki = 0; ki < 3; ki++) {
-            size_t k = ks[ki], nq = f.nq;
-            float *D0 = malloc(nq * k * sizeof(float)), *D1 = malloc(nq * k * sizeof(float));
-            int64_t *I0 = malloc(nq * k * sizeof(int64_t)), *I1 = malloc(nq * k * 8);
+        for (size_t i = 0; i < nlist * (size_t)d; i++)
+            f[mo].ix->centroids[i] = f[mo].ix->centroids[i] * 0.02f + frand(&s) * 0.5f;
+        for (size_t i = 0; i < f[mo].nq * (size_t)d; i++)
+            f[mo].xq[i] = frand(&s) * 2.0f;
+    }
+    const size_t ks[] = {1, 10, 70};
+    size_t nq = f[0].nq;
+    tsr_error err = TSR_ERROR_INIT;
+    for (size_t ki = 0; ki < 3; ki++) {
+        size_t k = ks[ki];
+        for (int acc = 0; acc < 2; acc++) {
+            float *D[3];
+            int64_t *I[3];
+            for (int mo = 0; mo < 3; mo++) {
+                D[mo] = malloc(nq * k * sizeof(float));
+                I[mo] = malloc(nq * k * sizeof(int64_t));
+                tsr_ivfpq_search_opts o;
+                tsr_ivfpq_search_opts_init(&o);
+                o.nprobe = nprobe;
+                o.threads = acc ? 1 : 2; /* (accept_odd counts without atomics) */
+                size_t calls = 0;
+                if (acc) {
+                    o.accept = accept_odd;
+                    o.accept_ctx = &calls;
+                }
+                if (modes[mo])
+                    setenv("TSR_SEARCH_FILTER", modes[mo], 1);
+                else
+                    unsetenv("TSR_SEARCH_FILTER");
+                assert_int_equal(tsr_ivfpq_search(f[mo].ix, nq, f[mo].xq, k, &o, D[mo], I[mo],
+                                                  &err), 0);
+                unsetenv("TSR_SEARCH_FILTER");
+            }
+            for (int mo = 1; mo < 3; mo++) {
+                assert_memory_equal(I[0], I[mo], nq * k * sizeof(int64_t));
+                assert_memory_equal(D[0], D[mo], nq * k * sizeof(float));
+            }
             float *cd = malloc(nq * nprobe * sizeof(float));
             int64_t *cl = malloc(nq * nprobe * sizeof(int64_t));
-            tsr_ivfpq_search_opts o;
-            tsr_ivfpq_search_opts_init(&o);
-            o.nprobe = nprobe;
-            setenv("TSR_SEARCH_ABANDON", "0", 1);
-            assert_int_equal(tsr_ivfpq_search(ix, nq, f.xq, k, &o, D0, I0, &err), 0);
-            unsetenv("TSR_SEARCH_ABANDON");
-            assert_int_equal(tsr_ivfpq_search(ix, nq, f.xq, k, &o, D1, I1, &err), 0);
-            assert_memory_equal(I0, I1, nq * k * sizeof(int64_t));
-            assert_memory_equal(D0, D1, nq * k * sizeof(float));
-            assert_int_equal(tsr_knn(f.xq, nq, ix->centroids, nlist, 64, TSR_METRIC_L2, nprobe,
-                                     NULL, cd, cl, &err), 0);
+            assert_int_equal(tsr_knn(f[2].xq, nq, f[2].ix->centroids, nlist, (size_t)d, metric,
+                                     nprobe, NULL, cd, cl, &err), 0);
             for (size_t q = 0; q < nq; q++)
-                check_query(ix, f.xq + q * 64, cl + q * nprobe, nprobe, k, D1 + q * k,
-                            I1 + q * k, 0);
-            free(D0);
-            free(D1);
-            free(I0);
-            free(I1);
+                check_query(f[2].ix, f[2].xq + q * (size_t)d, cl + q * nprobe, nprobe, k,
+                            D[2] + q * k, I[2] + q * k, acc);
+            for (int mo = 0; mo < 3; mo++) {
+                free(D[mo]);
+                free(I[mo]);
+            }
             free(cd);
             free(cl);
         }
-        fixture_free(&f);
     }
+    for (int mo = 0; mo < 3; mo++)
+        fixture_free(&f[mo]);
+}
+
+static void test_filter(void **st)
+{
+    (void)st;
+    filter_case(64, 64, TSR_METRIC_L2, 1);
+    filter_case(64, 32, TSR_METRIC_L2, 1);
+    filter_case(16, 8, TSR_METRIC_L2, 0);
+    filter_case(32, 16, TSR_METRIC_IP, 1);
+    filter_case(24, 6, TSR_METRIC_IP, 0);
+    filter_case(18, 9, TSR_METRIC_L2, 1);
 }
 
 static void test_l2_res_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_L2, 1); }
@@ -571,7 +605,7 @@ int main(void)
         cmocka_unit_test(test_kernels),       cmocka_unit_test(test_simd_env),
         cmocka_unit_test(test_l2_res_8),      cmocka_unit_test(test_l2_nores_8),
         cmocka_unit_test(test_ip_res_8),      cmocka_unit_test(test_ip_nores_8),
-        cmocka_unit_test(test_abandon),
+        cmocka_unit_test(test_filter),
         cmocka_unit_test(test_l2_res_4),      cmocka_unit_test(test_ip_nores_4),
         cmocka_unit_test(test_l2_res_m6),     cmocka_unit_test(test_ip_res_m16),
         cmocka_unit_test(test_l2_nores_m9_5), cmocka_unit_test(test_ip_res_nbits1),

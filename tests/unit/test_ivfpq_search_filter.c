@@ -1,0 +1,222 @@
+/*
+ * test_ivfpq_search_filter — the quantized prefilter of the 8-bit scan in isolation.
+ *
+ * tsr__quantize_table must give a lower bound that is also tight (the sum of the quantized
+ * entries is within M * delta of the exact sum, so the filter really drops codes), and the
+ * scalar and the AVX-512 VBMI filter kernels must return the same masks and bit-identical
+ * bounds for every block length, with and without terms, for limits around the bounds.
+ * The search-level tests (filter on / off / scalar, identical results) are in
+ * test_ivfpq_search.c.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ivfpq_search.h"
+
+static float frand(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return (float)((*s >> 8) & 0xffff) / 65536.0f - 0.5f;
+}
+
+static unsigned urand(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return *s >> 8;
+}
+
+/* The exact sum in the plain kernels' order, from row-major codes. */
+static float exact(const float *T, size_t M, const uint8_t *code)
+{
+    float out;
+    tsr__scan8_scalar(T, M, code, 1, NULL, 0.0f, &out);
+    return out;
+}
+
+static void test_quantize_bound(void **st)
+{
+    (void)st;
+    unsigned s = 7;
+    const size_t Ms[] = {4, 16, 64, 256};
+    for (size_t mi = 0; mi < 4; mi++) {
+        size_t M = Ms[mi];
+        float *T = malloc(M * 256 * sizeof(float));
+        uint8_t *Tq = malloc(M * 256);
+        /* rows of different spread and offset, like -2 <x_m, c_mj> of real queries */
+        for (size_t m = 0; m < M; m++) {
+            float sc = 1.0f + (float)(m % 7) * 3.0f, off = frand(&s) * 50.0f;
+            for (size_t j = 0; j < 256; j++)
+                T[m * 256 + j] = off + sc * frand(&s);
+        }
+        float qmin, delta, tabs;
+        assert_int_equal(tsr__quantize_table(T, M, Tq, &qmin, &delta, &tabs), 1);
+        assert_true(delta > 0 && tabs > 0);
+        uint8_t *code = malloc(M);
+        for (int r = 0; r < 2000; r++) {
+            uint32_t q = 0;
+            for (size_t m = 0; m < M; m++) {
+                code[m] = (uint8_t)urand(&s);
+                q += Tq[m * 256 + code[m]];
+            }
+            float lb = qmin + delta * (float)q, ex = exact(T, M, code);
+            float margin = tabs * (1.0f / 65536.0f);
+            if (!(lb <= ex + margin))
+                fail_msg("M=%zu: bound %.9g above the exact sum %.9g", M, lb, ex);
+            if (!(ex - lb <= (float)M * delta + margin))
+                fail_msg("M=%zu: bound %.9g loose by more than M * delta (exact %.9g, "
+                         "delta %g)", M, lb, ex, delta);
+        }
+        /* the extreme entries map to 0 and (in the widest row) to 255 */
+        int has0 = 0, has255 = 0;
+        for (size_t i = 0; i < M * 256; i++) {
+            has0 |= Tq[i] == 0;
+            has255 |= Tq[i] == 255;
+        }
+        assert_true(has0 && has255);
+        free(code);
+        free(T);
+        free(Tq);
+    }
+}
+
+static void test_quantize_special(void **st)
+{
+    (void)st;
+    const size_t M = 8;
+    float T[8 * 256];
+    uint8_t Tq[8 * 256];
+    float qmin, delta, tabs;
+    /* constant rows: the bound is the sum of the constants, exact */
+    for (size_t i = 0; i < M * 256; i++)
+        T[i] = (float)(i / 256) - 3.0f;
+    assert_int_equal(tsr__quantize_table(T, M, Tq, &qmin, &delta, &tabs), 1);
+    for (size_t i = 0; i < M * 256; i++)
+        assert_int_equal(Tq[i], 0);
+    assert_true(qmin == 4.0f); /* -3 -2 -1 0 1 2 3 4 */
+    /* an infinity: no filter */
+    T[5 * 256 + 17] = INFINITY;
+    assert_int_equal(tsr__quantize_table(T, M, Tq, &qmin, &delta, &tabs), 0);
+    T[5 * 256 + 17] = -INFINITY;
+    assert_int_equal(tsr__quantize_table(T, M, Tq, &qmin, &delta, &tabs), 0);
+}
+
+/* Row-major codes to one transposed block (zero padded). */
+static void transpose(const uint8_t *codes, size_t M, size_t n, uint8_t *blk)
+{
+    memset(blk, 0, M * TSR__FBLOCK);
+    for (size_t i = 0; i < n; i++)
+        for (size_t m = 0; m < M; m++)
+            blk[m * TSR__FBLOCK + i] = codes[i * M + m];
+}
+
+static void test_filter_kernels(void **st)
+{
+    (void)st;
+    int have512 = tsr__filter8_avx512_supported();
+    if (!have512)
+        fprintf(stderr, "(no AVX-512 VBMI here: only the scalar filter is checked)\n");
+    unsigned s = 11;
+    const size_t Ms[] = {1, 3, 8, 64, 200, 256};
+    const size_t ns[] = {1, 15, 16, 17, 33, 63, 64};
+    for (size_t mi = 0; mi < 6; mi++) {
+        size_t M = Ms[mi];
+        float *T = malloc(M * 256 * sizeof(float));
+        uint8_t *Tq = aligned_alloc(64, (M * 256 + 63) / 64 * 64);
+        uint8_t *codes = malloc(M * TSR__FBLOCK);
+        uint8_t *blk = aligned_alloc(64, M * TSR__FBLOCK);
+        for (size_t i = 0; i < M * 256; i++)
+            T[i] = frand(&s) * 10.0f;
+        float qmin, delta, tabs;
+        assert_int_equal(tsr__quantize_table(T, M, Tq, &qmin, &delta, &tabs), 1);
+        for (size_t ni = 0; ni < 7; ni++) {
+            size_t n = ns[ni];
+            for (size_t i = 0; i < M * n; i++)
+                codes[i] = (uint8_t)urand(&s);
+            transpose(codes, M, n, blk);
+            float term[TSR__FBLOCK], lb0[TSR__FBLOCK], lb1[TSR__FBLOCK];
+            for (size_t i = 0; i < n; i++)
+                term[i] = frand(&s) * 4.0f;
+            for (int wt = 0; wt < 2; wt++) {
+                const float *tp = wt ? term : NULL;
+                float base = 1.5f;
+                uint64_t m0 = tsr__filter8_scalar(Tq, M, blk, n, tp, base, qmin, delta,
+                                                  INFINITY, lb0);
+                assert_true(m0 == (n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1));
+                for (size_t i = 0; i < n; i++) {
+                    /* the bound, from the row-major code */
+                    uint32_t q = 0;
+                    for (size_t m = 0; m < M; m++)
+                        q += Tq[m * 256 + codes[i * M + m]];
+                    float want = (base + (tp ? tp[i] : 0.0f)) + (qmin + delta * (float)q);
+                    assert_memory_equal(&want, &lb0[i], sizeof want);
+                    float ex = (base + (tp ? tp[i] : 0.0f)) + exact(T, M, codes + i * M);
+                    assert_true(lb0[i] <= ex + (tabs + 8.0f) * (1.0f / 65536.0f));
+                }
+                /* limits at, just under and between the bounds */
+                for (size_t li = 0; li < n + 2; li++) {
+                    float lim = li < n ? lb0[li] : (li == n ? -INFINITY : lb0[0] * 0.5f);
+                    if (li < n && li % 2)
+                        lim = nextafterf(lim, -INFINITY);
+                    uint64_t want = 0;
+                    for (size_t i = 0; i < n; i++)
+                        if (!(lb0[i] > lim))
+                            want |= (uint64_t)1 << i;
+                    uint64_t got = tsr__filter8_scalar(Tq, M, blk, n, tp, base, qmin, delta,
+                                                       lim, NULL);
+                    assert_true(got == want);
+                    if (have512) {
+                        memset(lb1, 0, sizeof lb1);
+                        uint64_t g5 = tsr__filter8_avx512(Tq, M, blk, n, tp, base, qmin,
+                                                          delta, lim, lb1);
+                        if (g5 != want)
+                            fail_msg("M=%zu n=%zu: avx512 mask %llx, scalar %llx", M, n,
+                                     (unsigned long long)g5, (unsigned long long)want);
+                        assert_memory_equal(lb0, lb1, n * sizeof(float));
+                    }
+                }
+            }
+        }
+        free(T);
+        free(Tq);
+        free(codes);
+        free(blk);
+    }
+}
+
+/* A NaN limit keeps everything (!(lb > NaN)), a NaN bound is kept too. */
+static void test_filter_nan(void **st)
+{
+    (void)st;
+    const size_t M = 8;
+    uint8_t Tq[8 * 256], blk[8 * TSR__FBLOCK];
+    memset(Tq, 1, sizeof Tq);
+    memset(blk, 0, sizeof blk);
+    float term[3] = {0.0f, NAN, 100.0f};
+    uint64_t m = tsr__filter8_scalar(Tq, M, blk, 3, term, 0.0f, 0.0f, 1.0f, 50.0f, NULL);
+    assert_true(m == 3); /* 8 <= 50, NaN kept, 108 > 50 dropped */
+    m = tsr__filter8_scalar(Tq, M, blk, 3, term, 0.0f, 0.0f, 1.0f, NAN, NULL);
+    assert_true(m == 7);
+    if (tsr__filter8_avx512_supported()) {
+        assert_true(tsr__filter8_avx512(Tq, M, blk, 3, term, 0.0f, 0.0f, 1.0f, 50.0f, NULL) ==
+                    3);
+        assert_true(tsr__filter8_avx512(Tq, M, blk, 3, term, 0.0f, 0.0f, 1.0f, NAN, NULL) == 7);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantize_bound),
+        cmocka_unit_test(test_quantize_special),
+        cmocka_unit_test(test_filter_kernels),
+        cmocka_unit_test(test_filter_nan),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
