@@ -10,9 +10,10 @@
  *            (tsr_rpc_fanout), unpack and tsr_topk_merge — "the sum of the parts";
  *   coord    one FindNeighbors call to the coordinator (tsr_rpc_call), unpacked;
  *   hop      one grpc.health.v1.Health/Check to the coordinator (an inline handler: the
- *            bare cost of one more loopback RPC, no worker hand-off, no work).
+ *            bare cost of one more loopback RPC, no work).
  * coord − direct is what the coordinator process adds (one more loopback hop, the
- * server's thread hand-off, the request/response protobufs, its planning and merge).
+ * server's own fan-out of the shard calls, the request/response protobufs, its planning and
+ * merge).
  * Then a throughput run: --threads client threads sending FindNeighbors back to back.
  * It checks that the three paths return the same top-k ids (labels = ids "v%06d").
  * Prints one JSON object on stdout.

@@ -253,6 +253,8 @@ def main():
     if not os.path.exists(CLIENT):
         sys.exit("bench_e2e: the C client %s is missing (make bench-e2e builds it)" % CLIENT)
     xb_p, xq_p, ix_p, batch = data()
+    load0 = os.getloadavg()
+    t_start = time.strftime("%H:%M", time.gmtime())
     xq = read_fvecs(xq_p)
     tsr_st, tsr_I = tsr_index_search(ix_p, xq_p)
     fz = faiss_bench(ix_p, xq, tsr_I)
@@ -263,8 +265,10 @@ def main():
         cols.append(r["plan"])
     print()
     print("End to end: %d x %d (%s data), IVF%d / PQ%d x 8, L2; %d queries, k=%d, nprobe=%d; "
-          "coordinator + 4 shards on loopback; load average %.1f" %
-          (N, D, GEN, NLIST, M, NQ, K, NPROBE, os.getloadavg()[0]))
+          "coordinator + 4 shards on loopback; %s-%s UTC, load average %.1f at the start, "
+          "%.1f at the end" %
+          (N, D, GEN, NLIST, M, NQ, K, NPROBE, t_start, time.strftime("%H:%M", time.gmtime()),
+           load0[0], os.getloadavg()[0]))
     hdr = "| path (one query per call unless noted) |"
     sep = "|---|"
     for c in cols:
@@ -310,7 +314,7 @@ def main():
          lambda r: med(r["runs"], "coord", "p50_us") - med(r["runs"], "direct", "p50_us"))
     line("coordinator added, median of per-query differences, µs",
          lambda r: statistics.median(x["paired_diff_p50_us"] for x in r["runs"]))
-    line("coordinator added minus the bare hop (hand-off + its own work), µs",
+    line("coordinator added minus the bare hop (its own work and fan-out), µs",
          lambda r: med(r["runs"], "coord", "p50_us") - med(r["runs"], "direct", "p50_us") -
          med(r["runs"], "hop", "p50_us"))
     line("coordinator vs in-process at p50 (ratio)",

@@ -2,6 +2,7 @@
  * kmeans_kernels — scalar argmin/argmax of the assignment step and the run-time choice of
  * the AVX-512 versions (kmeans_avx512.c). Set TSR_NO_SIMD=1 to force the scalar path.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "kmeans_int.h"
@@ -40,15 +41,19 @@ void tsr__norms(const float *x, size_t n, size_t d, float *out)
     }
 }
 
-static int use_avx512 = -1;
+/* Decided once, lazily, by whichever k-means thread gets here first; the training threads
+ * race to it, so it is atomic (they all compute the same value; TSan flagged the plain int). */
+static atomic_int use_avx512 = -1;
 
 static int simd_ok(void)
 {
-    if (use_avx512 < 0) {
+    int v = atomic_load_explicit(&use_avx512, memory_order_relaxed);
+    if (v < 0) {
         const char *e = getenv("TSR_NO_SIMD");
-        use_avx512 = !(e != NULL && *e && *e != '0') && __builtin_cpu_supports("avx512f");
+        v = !(e != NULL && *e && *e != '0') && __builtin_cpu_supports("avx512f");
+        atomic_store_explicit(&use_avx512, v, memory_order_relaxed);
     }
-    return use_avx512;
+    return v;
 }
 
 size_t tsr__argmin_l2(const float *ip, const float *cn, size_t n)

@@ -4,13 +4,14 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 static const char *program = "tessera";
-static int threshold = -1;
+static atomic_int threshold = -1; /* lazily from TSR_LOG_LEVEL; any thread may be first */
 
 void tsr_log_set_program(const char *name)
 {
@@ -33,9 +34,12 @@ static int level_from_env(void)
 
 void tsr_log(enum tsr_log_level level, const char *fmt, ...)
 {
-    if (threshold < 0)
-        threshold = level_from_env();
-    if ((int)level < threshold)
+    int t = atomic_load_explicit(&threshold, memory_order_relaxed);
+    if (t < 0) {
+        t = level_from_env();
+        atomic_store_explicit(&threshold, t, memory_order_relaxed);
+    }
+    if ((int)level < t)
         return;
     static const char *names[] = {"debug", "info", "warn", "error"};
     char line[2048];

@@ -33,9 +33,9 @@
  *   code: it is mapped with tsr_rpc_status_from_error and the message is tsr_strerror.
  *   An error status discards any response set.
  *
- *   Threads: `cqs` completion queues with `pollers` polling threads each (defaults 2 and
- *   2; more than the cores is slower, and on gRPC's epoll engine every polling thread of
- *   a process takes part in every event: fewer is faster when no handler blocks). A
+ *   Threads: `cqs` completion queues with `pollers` polling threads each (defaults 1 and
+ *   1: on gRPC's epoll engine every polling thread of a process takes part in every event,
+ *   so fewer is faster as long as no handler blocks a poller for long). A
  *   handler without TSR_RPC_LONG runs on the polling thread that received the call: it
  *   must be short and must never block on another RPC or on a lock held by slow work.
  *   TSR_RPC_LONG handlers run on the polling thread that received the call while another
@@ -158,12 +158,12 @@ typedef struct tsr_rpc_server_opts {
     /* "ADDR:PORT" to listen on; port 0 = an ephemeral port (see tsr_rpc_server_port).
      * Default "127.0.0.1:0". Borrowed during create. */
     const char *listen;
-    int cqs;             /* completion queues; 0 = 1 on 1 core else 2 */
-    /* Polling threads per queue; 0 = 2 (one of them may run a LONG handler in place while
-     * the other keeps polling). 1 = the fewest thread wake-ups per call (gRPC's epoll
+    int cqs;             /* completion queues; 0 = 1 */
+    /* Polling threads per queue; 0 = 1: the fewest thread wake-ups per call (gRPC's epoll
      * engine hands its one epoll set from thread to thread, waking the next one on every
-     * event): best for latency when no handler blocks; LONG handlers then always run on
-     * the worker pool. 1..8. */
+     * event), best for latency when no handler blocks; LONG handlers then always run on
+     * the worker pool. With 2 or more, a LONG handler may run in place on the receiving
+     * poller while another keeps polling. 1..8. */
     int pollers;
     int workers;         /* worker threads for TSR_RPC_LONG handlers; 0 = 4 */
     int max_queued;      /* LONG calls waiting for a worker before RESOURCE_EXHAUSTED; 0 = 1024 */

@@ -334,6 +334,14 @@ tsr_rpc_channel *tsr_rpc_channel_create(const char *target, const tsr_rpc_client
     IARG(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, minb);
     IARG(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, minb);
     IARG(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, maxb);
+    /* No gRPC retries: rpc sets no retry policy, and callers fail over themselves (the
+     * coordinator's replicas); the retry machinery still costs every call ~7-13 % CPU
+     * (bench_rpc --chain under perf stat). TSR_RPC_RETRIES=1 turns it back on. */
+    {
+        const char *e = getenv("TSR_RPC_RETRIES");
+        if (!(e && strcmp(e, "1") == 0))
+            IARG(GRPC_ARG_ENABLE_RETRIES, 0);
+    }
 #undef IARG
     if (opts->tls_ca_file && opts->tls_server_name)
         args[na++] = (grpc_arg){GRPC_ARG_STRING, (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,

@@ -22,7 +22,7 @@
  * returned) decides which thread continues, so the handler and done never overlap.
  *
  * DESIGN (threads, ownership, locks)
- * - `pollers` (default POLLERS_PER_CQ) polling threads per completion queue (`cqs` queues) block in
+ * - `pollers` (default 1) polling threads per completion queue (`cqs` queues, default 1) block in
  *   grpc_completion_queue_next and run the state machine (and short handlers).
  *   `workers` threads run LONG handlers and start the final batch themselves
  *   (grpc_call_start_batch is thread-safe).
@@ -78,9 +78,13 @@
 #define MAX_HEALTH 32
 #define HEALTH_NAME_MAX 128
 #define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
-/* Polling threads per completion queue: one more than the one that must always poll, so
- * that a LONG call can run on the thread that received it (see "LONG calls" above). */
-#define POLLERS_PER_CQ 2
+/* Default polling threads per completion queue, and queues: one of each. Every further
+ * polling thread adds wake-ups to every event (see "Why few pollers" above); measured with
+ * bench/bench_e2e.c through the coordinator and the shards (docs/performance.md "End to
+ * end"): one poller per process halved the bare hop and cut the shard calls by ~40 %. With
+ * one, LONG handlers always run on the worker pool. */
+#define POLLERS_PER_CQ 1
+#define DEFAULT_CQS 1
 #define MAX_POLLERS_PER_CQ 8
 
 struct method {
@@ -662,12 +666,6 @@ out:
     return creds;
 }
 
-static int default_cqs(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n <= 1 ? 1 : 2;
-}
-
 tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *err)
 {
     tsr_rpc_server_opts def;
@@ -696,7 +694,7 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
         s->max_message = INT32_MAX;
     s->grace_ms = o->grace_ms == 0 ? 2000 : (o->grace_ms < 0 ? 0 : o->grace_ms);
     s->pending_per_cq = o->pending_per_cq ? o->pending_per_cq : 16;
-    s->nslots = o->cqs ? o->cqs : default_cqs();
+    s->nslots = o->cqs ? o->cqs : DEFAULT_CQS;
     s->pollers_per_cq = o->pollers ? o->pollers : POLLERS_PER_CQ;
     const char *ev = getenv("TSR_RPC_CQS");
     if (ev && atoi(ev) >= 1 && atoi(ev) <= 64)

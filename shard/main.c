@@ -35,7 +35,7 @@ static void usage(FILE *f)
             "                  MANIFEST}; created when missing (then the shard starts empty at\n"
             "                  version 0 and receives its first version through Stage/Prepare/Commit)\n"
             "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
-            "  --threads T     gRPC polling threads (default: 1 on one core, else 2)\n"
+            "  --threads T     gRPC polling threads (default 1; one completion queue each)\n"
             "  --workers W     worker threads for Stage/Prepare/Commit/Abort/Release (default 2)\n"
             "  --tls-cert FILE PEM certificate chain: the port speaks TLS only (no plaintext)\n"
             "  --tls-key FILE  PEM private key of --tls-cert (unencrypted)\n"

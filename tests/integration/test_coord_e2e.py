@@ -6,7 +6,8 @@ vectors are upserted through UpdateIndex; then 1000 queries through FindNeighbor
 one index (ids "v%06d" sort like their numbers, so the coordinator's labels equal Faiss's
 sequential ids), and with crowding (per_crowding 2 over 7 tags) exactly the greedy pass
 over Faiss's candidate order. Stats: vectors per shard add up, plan balance, shards
-touched per query.
+touched per query. The four shards' slice.faiss files merged with stock Faiss's
+merge_from give the reference's answers (the offline backup docs/operations.md describes).
 """
 import os
 import sys
@@ -114,6 +115,23 @@ def main():
         print("queries served %d, mean shards touched per query %.2f (of 4, nprobe 8)" %
               (st.queries_served, st.mean_shards_touched))
         assert 1.0 <= st.mean_shards_touched <= 4.0
+
+        # docs/operations.md "Backups": every shard's slice is a stock Faiss file, and
+        # merge_from of the four gives one index of the whole cluster = the reference
+        merged = None
+        for s in cl.shards:
+            part = faiss.read_index(os.path.join(s.data, "v000001", "slice.faiss"))
+            if merged is None:
+                merged = part
+            else:
+                merged.merge_from(part, 0)
+        assert merged.ntotal == N, merged.ntotal
+        merged.nprobe = 8
+        Dm, Im = merged.search(xq, K)
+        msame = int(sum((Im[i] == Ir[i]).all() for i in range(NQ)))
+        assert msame >= NQ - 3 and np.allclose(Dm, Dr, rtol=1e-4, atol=1e-4), msame
+        print("the 4 slices merged with faiss merge_from: %d vectors, top-10 as the reference "
+              "for %d/%d queries" % (merged.ntotal, msame, NQ))
     finally:
         cl.stop()
     print("test_coord_e2e: OK")
