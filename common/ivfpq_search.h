@@ -169,6 +169,10 @@ uint64_t tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, si
  * 0 when T has an infinity (no filter then), else 1. */
 int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, float *delta,
                         float *tabs);
+/* The per-query table for IP and L2 by_residual (see build_table in ivfpq_search.c),
+ * bit-identical to the generic code; ksub % 16 == 0, AVX-512F. */
+void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
+                       float scale, float *T);
 /* 1 when the CPU runs tsr__filter8_avx512 (AVX-512 F, BW and VBMI). */
 int tsr__filter8_avx512_supported(void);
 

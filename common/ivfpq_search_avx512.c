@@ -118,3 +118,32 @@ int tsr__filter8_avx512_supported(void)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vbmi");
 }
+
+/* The per-query table of the scaled-dot forms (IP, L2 by_residual), 16 entries at a time
+ * with the 16 accumulators of a 256-entry row in registers: T[m][j] = s x_0 c_0j, then
+ * + s x_t c_tj for t = 1 .. dsub - 1, each a multiply then an add, in this order: the
+ * same operations as build_table's 4-wide loop, so the same bits. ksub % 16 == 0. */
+void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
+                       float scale, float *T)
+{
+    for (size_t m = 0; m < M; m++) {
+        const float *xm = x + m * dsub;
+        const float *cm = ct + m * dsub * ksub;
+        float *tab = T + m * ksub;
+        for (size_t j0 = 0; j0 < ksub; j0 += 256) {
+            size_t nj = ksub - j0 < 256 ? ksub - j0 : 256; /* a multiple of 16 */
+            __m512 acc[16];
+            const __m512 x0 = _mm512_set1_ps(scale * xm[0]);
+            for (size_t g = 0; g < nj / 16; g++)
+                acc[g] = _mm512_mul_ps(x0, _mm512_loadu_ps(cm + j0 + g * 16));
+            for (size_t t = 1; t < dsub; t++) {
+                const __m512 xt = _mm512_set1_ps(scale * xm[t]);
+                const float *c = cm + t * ksub + j0;
+                for (size_t g = 0; g < nj / 16; g++)
+                    acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(xt, _mm512_loadu_ps(c + g * 16)));
+            }
+            for (size_t g = 0; g < nj / 16; g++)
+                _mm512_storeu_ps(tab + j0 + g * 16, acc[g]);
+        }
+    }
+}
