@@ -1,4 +1,4 @@
-# rpc benchmark (owner: rpc). `make bench-rpc [BENCH_RPC_ARGS="--seconds 3 --size 1024"]`
+# rpc benchmark (owner: rpc). `make bench-rpc [BENCH_RPC_ARGS="--seconds 3 --size 1024 | --cqs N --pollers N | --chain 4"]`
 BENCH_RPC_BIN := $(BUILD)/bench/bench_rpc
 BENCH_RPC_ARGS ?=
 
