@@ -7,8 +7,12 @@
  * with base = ||x - c||^2 (L2 residual), -<x, c> (IP residual) or 0, term = ||y||^2 +
  * 2<c, y> (L2 residual only, from the cache) and T the per-query table (negated for IP;
  * negation is exact in float, so IP results are the negated scan values bit for bit).
- * The scan computes a block of distances with a SIMD kernel, then a scalar pass offers
- * the few that beat the heap top to the filter and the heap.
+ * The scan computes a block of distances with a kernel, then a scalar pass offers the
+ * few that beat the heap top to the filter and the heap. From nprobe 2 on (8-bit codes,
+ * AVX-512 VBMI) a quantized prefilter bounds 64 codes at a time from a transposed copy of
+ * the codes kept in the search cache, and only the codes whose bound is within a
+ * rounding margin of the heap top get the exact sum: same results, ~3x less work at
+ * nprobe 64 (see scan_list and tsr__quantize_table; docs/performance.md has figures).
  *
  * DESIGN (threads): a batch is split into query blocks that worker threads take from an
  * atomic counter; each worker owns its workspace (table, distance block, heap) and writes

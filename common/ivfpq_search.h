@@ -18,6 +18,10 @@
  * ||x - c - y - r||^2 with r the refine-PQ reconstruction of the label's refine code,
  * exactly as Faiss's IndexIVFPQR::search_preassigned.
  *
+ * Env knobs (results never change, only speed): TSR_SIMD=scalar|avx2|avx512 forces a
+ * scan kernel, TSR_SEARCH_FILTER=0|scalar turns the quantized prefilter off or forces its
+ * scalar kernel (read when the cache is built and at each search).
+ *
  * Thread safety: concurrent searches on one index are safe. The search cache is built on
  * first use (under a lock) from the lists as they are then; an index must not be modified
  * while searched, and after modifying lists call tsr_ivfpq_search_invalidate (a scan
