@@ -1060,43 +1060,6 @@ static inline void meta_prefetch(const tsr_ivfpq *ix, const search_cache *ca, in
         __builtin_prefetch(&ca->toffsets[l]);
 }
 
-/* Queries are scanned one after the other and their lists are known in advance: while
- * query qi runs, the first list of query qi + 1 is fetched (the probe's metadata one
- * query earlier still). At nprobe 1 a query reads one ~16 KB list that is otherwise
- * cold (a fresh process reads the index once): this took ~a quarter off it. */
-#define NEXT_PF_BYTES 16384
-
-static void pf_lines(const void *p, size_t bytes)
-{
-    for (size_t o = 0; o < bytes; o += 64)
-        __builtin_prefetch((const char *)p + o);
-}
-
-static void next_query_prefetch(const job *jb, size_t qi)
-{
-    const tsr_ivfpq *ix = jb->ix;
-    const search_cache *ca = jb->cache;
-    if (qi + 2 < jb->n)
-        meta_prefetch(ix, ca, jb->lists[(qi + 2) * jb->nprobe]);
-    if (qi + 1 >= jb->n)
-        return;
-    int64_t l = jb->lists[(qi + 1) * jb->nprobe];
-    if (l < 0 || (size_t)l >= ix->nlist || ca->sizes[l] != ix->lists[l].size)
-        return;
-    size_t n = ix->lists[l].size, bytes;
-    if (jb->filter != NULL && jb->nprobe >= FILTER_MIN_NPROBE) {
-        bytes = (n + TSR__FBLOCK - 1) / TSR__FBLOCK * fblock_bytes(ca, ix->pq.M);
-        pf_lines(ca->tcodes + ca->toffsets[l], bytes < NEXT_PF_BYTES ? bytes : NEXT_PF_BYTES);
-    } else {
-        bytes = n * ix->code_size;
-        pf_lines(ix->lists[l].codes, bytes < NEXT_PF_BYTES ? bytes : NEXT_PF_BYTES);
-        if (ca->term != NULL)
-            pf_lines(ca->term + ca->offsets[l], n * sizeof(float) < 2048 ? n * sizeof(float)
-                                                                         : 2048);
-    }
-    pf_lines(ix->lists[l].ids, n * sizeof(int64_t) < 4096 ? n * sizeof(int64_t) : 4096);
-}
-
 static int search_one(worker *w, size_t qi)
 {
     job *jb = w->jb;
@@ -1116,7 +1079,6 @@ static int search_one(worker *w, size_t qi)
     h->ip = ip;
     heap_init(h);
     if (h->k > 0) {
-        next_query_prefetch(jb, qi);
         build_table(ix, jb->cache->ct, xq, w->T, jb->wide_table);
         /* The prefilter pays from a few lists on (quantizing the table costs ~2 us). */
         filt fl, *flp = NULL;

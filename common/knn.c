@@ -324,6 +324,11 @@ int tsr_knn(const float *x, size_t n, const float *y, size_t ny, size_t d,
         tsr_knn_norms(y, ny, d, yn_own);
         yn = yn_own;
     }
+    /* AVX-512 for the k = 1 scan unless TSR_SIMD forces the scalar or AVX2 path (the
+     * tests run both) */
+    const char *se = getenv("TSR_SIMD");
+    int wide = __builtin_cpu_supports("avx512f") &&
+               !(se && (strcmp(se, "scalar") == 0 || strcmp(se, "avx2") == 0));
     if (k >= SELECT_MIN_K && ny <= SELECT_MAX_NY) {
         rc = knn_select(x, n, y, ny, d, k, lb, yn, D, I, err);
         goto clamp;
@@ -349,7 +354,13 @@ int tsr_knn(const float *x, size_t n, const float *y, size_t ny, size_t d,
                 if (k == 1) {
                     float best = Dq[0];
                     int64_t bi = Iq[0];
-                    for (size_t j = 0; j < nyb; j++) {
+                    size_t j0 = 0;
+                    if (wide && !lb) { /* the same winner, 16 lanes at a time */
+                        j0 = nyb & ~(size_t)15;
+                        if (j0 > 0)
+                            tsr__knn_argmin_avx512(row, yn + y0, xn[i], j0, &best, &bi, y0);
+                    }
+                    for (size_t j = j0; j < nyb; j++) {
                         float v = lb ? row[j] : xn[i] + yn[y0 + j] - 2 * row[j];
                         if (lb ? v > best : v < best) {
                             best = v;

@@ -4,7 +4,7 @@
  *
  * Small integer coordinates make every product and norm exact in float whatever the
  * order of the sgemm, so the reference can recompute the very distances and require the
- * same winner: the first (smallest) index among exact ties, across the 8-lane groups, the
+ * same winner: the first (smallest) index among exact ties, across the 16-lane groups, the
  * scalar tail and the 1024-column blocks; rows with NaN and infinite coordinates never
  * win (unless nothing else can).
  */
@@ -76,19 +76,29 @@ static void run(size_t n, size_t ny, size_t d, unsigned seed, int specials)
     free(xn);
 }
 
+/* Each case with the AVX-512 scan (where the CPU has it) and the scalar one. */
+static void both(size_t n, size_t ny, size_t d, unsigned seed, int specials)
+{
+    unsetenv("TSR_SIMD");
+    run(n, ny, d, seed, specials);
+    setenv("TSR_SIMD", "scalar", 1);
+    run(n, ny, d, seed, specials);
+    unsetenv("TSR_SIMD");
+}
+
 static void test_ties(void **st)
 {
     (void)st;
-    run(300, 2500, 8, 1, 0);  /* 3 column blocks, a tail of 4, 3 row blocks */
-    run(7, 13, 4, 2, 0);      /* one 8-lane group and a tail */
-    run(5, 7, 3, 3, 0);       /* tail only */
-    run(130, 1031, 16, 4, 0); /* a block boundary inside a group of 8 */
+    both(300, 2500, 8, 1, 0);  /* 3 column blocks, a tail of 4, 3 row blocks */
+    both(7, 37, 4, 2, 0);      /* two 16-lane groups and a tail */
+    both(5, 7, 3, 3, 0);       /* tail only */
+    both(130, 1031, 16, 4, 0); /* 64 groups of 16 and a tail of 7 */
 }
 
 static void test_specials(void **st)
 {
     (void)st;
-    run(200, 2100, 6, 5, 1);
+    both(200, 2100, 6, 5, 1);
 }
 
 int main(void)
