@@ -81,6 +81,10 @@ def commit_on_full_disk(cl, data, tp, y):
         "Commit(3)" in line[0], \
         cl.coord.text()
     print("coordinator log: %s" % line[0])
+    # reconcile commits the shards one after the other (the victim is the first): wait for
+    # the others rather than reading them the moment the victim's failure is logged
+    mh.wait_until(lambda: all(cv == 3 for k, (cv, _) in enumerate(cl.shard_versions())
+                              if k != VICTIM), 10, step=0.1)
     st = cl.shard_versions()
     assert st[VICTIM][0] == 2 and (3, mh.stubs()[2].ShardVersion.PREPARED) in st[VICTIM][1], st
     assert all(cv == 3 for k, (cv, _) in enumerate(st) if k != VICTIM), st
