@@ -146,12 +146,17 @@ def main():
         _, I = ix.search(xq, K)
         return time.time() - t, I
 
+    # Both engines get the same warm-up: Faiss searches xq[:50] at nprobe 1 once after
+    # loading (faiss_once); each Tessera round is a fresh process, so it does the same
+    # (--warmup 50, untimed) before its timed search. Faiss's later rounds also run in a
+    # process warmed by the earlier ones, Tessera's do not.
     def tsr_once(path, nprobe):
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         op = os.path.join(OUT, "tsr_out.ivecs")
         r = subprocess.run([BIN, "index", "search", "--index", path, "--queries", xq_path,
                             "--k", str(K), "--nprobe", str(nprobe), "--threads", "1",
-                            "--out", op, "--stats"], env=env, capture_output=True, text=True)
+                            "--out", op, "--stats", "--warmup", "50"], env=env,
+                           capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit("tessera index search failed: " + r.stderr)
         st = json.loads(r.stderr.strip().splitlines()[-1])

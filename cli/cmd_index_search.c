@@ -41,7 +41,10 @@ static void help(void)
            "                    none; the row width replaces --nprobe, which may be omitted)\n"
            "  --coarse-dis C    with --lists: the coarse distances (.fvecs, same shape)\n"
            "  --simd S          scan kernel: auto|scalar|avx2|avx512 (default auto; env TSR_SIMD)\n"
-           "  --stats           print one JSON line of timings to stderr\n\n"
+           "  --stats           print one JSON line of timings to stderr\n"
+           "  --warmup N        before the timed search, search the first N queries once at\n"
+           "                    nprobe 1, untimed, results dropped (what a benchmark does to a\n"
+           "                    library it calls in-process, e.g. bench/bench_search.py to Faiss)\n\n"
            "Exit 0 on success, 1 on bad input (unreadable or invalid file, dimension\n"
            "mismatch, label beyond int32), 2 on usage errors.\n");
 }
@@ -67,6 +70,22 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* --warmup: the first n queries once at nprobe 1, results dropped (pages in what the
+ * timed search touches first, as a benchmark's warm-up call of an in-process library). */
+static int warmup_pass(tsr_ivfpq *ix, const float *x, size_t n, size_t k,
+                       const tsr_ivfpq_search_opts *o, tsr_error *err)
+{
+    tsr_ivfpq_search_opts w = *o;
+    w.nprobe = 1;
+    float *D = tsr_try_malloc(n * k, sizeof(float));
+    int64_t *I = tsr_try_malloc(n * k, sizeof(int64_t));
+    int rc = D && I ? tsr_ivfpq_search(ix, n, x, k, &w, D, I, err)
+                    : tsr_err(err, TSR_ENOMEM, "out of memory for the warm-up");
+    free(D);
+    free(I);
+    return rc;
+}
+
 int tsr_cmd_index_search(int argc, char **argv)
 {
     if (tsr_cli_wants_help(argc, argv)) {
@@ -75,7 +94,7 @@ int tsr_cmd_index_search(int argc, char **argv)
     }
     const char *index = NULL, *queries = NULL, *out = NULL, *dist = NULL, *simd = NULL;
     const char *lists_path = NULL, *coarse_path = NULL;
-    size_t k = 0, nprobe = 0, threads = 1;
+    size_t k = 0, nprobe = 0, threads = 1, warmup = 0;
     float k_factor = 0;
     int no_refine = 0, stats = 0;
     for (int i = 1; i < argc; i++) {
@@ -105,7 +124,7 @@ int tsr_cmd_index_search(int argc, char **argv)
             strcmp(a, "--k") == 0 || strcmp(a, "--nprobe") == 0 ||
             strcmp(a, "--threads") == 0 || strcmp(a, "--simd") == 0 ||
             strcmp(a, "--k-factor") == 0 || strcmp(a, "--lists") == 0 ||
-            strcmp(a, "--coarse-dis") == 0) {
+            strcmp(a, "--coarse-dis") == 0 || strcmp(a, "--warmup") == 0) {
             if (v == NULL) {
                 fprintf(stderr, "tessera: index search: %s needs a value (see --help)\n", a);
                 return 2;
@@ -129,6 +148,7 @@ int tsr_cmd_index_search(int argc, char **argv)
         else if (strcmp(a, "--coarse-dis") == 0) coarse_path = v;
         else if (strcmp(a, "--k") == 0) { if (parse_size(a, v, &k)) return 2; }
         else if (strcmp(a, "--nprobe") == 0) { if (parse_size(a, v, &nprobe)) return 2; }
+        else if (strcmp(a, "--warmup") == 0) { if (parse_size(a, v, &warmup)) return 2; }
         else if (strcmp(a, "--threads") == 0) {
             if (parse_size(a, v, &threads) || threads > 256) {
                 fprintf(stderr, "tessera: index search: --threads expects 1..256\n");
@@ -192,6 +212,8 @@ int tsr_cmd_index_search(int argc, char **argv)
         goto fail;
     }
     if (tsr_ivfpq_search_prepare(ix, &err) != 0)
+        goto fail;
+    if (warmup > 0 && nq > 0 && warmup_pass(ix, x, warmup < nq ? warmup : nq, k, &o, &err))
         goto fail;
     double t1 = now_s();
     D = tsr_try_malloc(nq ? nq * k : 1, sizeof(float));
