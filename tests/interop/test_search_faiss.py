@@ -155,11 +155,24 @@ def main():
                 # threads give the same answer as one thread (same lists, so that BLAS
                 # threading of the coarse step cannot change rounding)
                 Dt1, It1 = run_tessera(tmp, path, xq, 0, ["--lists", lp, "--coarse-dis", cp])
+                qp_any = os.path.join(tmp, "q.fvecs")  # written by run_tessera
                 Dt2, It2 = run_tessera(tmp, path, xq, 0, ["--lists", lp, "--coarse-dis", cp,
                                                           "--threads", "2"])
                 if not (np.array_equal(It1, It2) and np.array_equal(Dt1, Dt2)):
                     print("threads 2 differs from threads 1  FAIL")
                     failures.append("threads")
+                # --warmup (the benchmark's untimed warm-up pass) changes nothing
+                Dw0, Iw0 = run_tessera(tmp, path, xq, 16)
+                Dw1, Iw1 = run_tessera(tmp, path, xq, 16, ["--warmup", "50"])
+                if not (np.array_equal(Iw0, Iw1) and np.array_equal(Dw0, Dw1)):
+                    print("--warmup changes the results  FAIL")
+                    failures.append("warmup")
+                r = subprocess.run([BIN, "index", "search", "--index", path, "--queries", qp_any,
+                                    "--k", "1", "--nprobe", "1", "--out", os.path.join(tmp, "w"),
+                                    "--warmup", "0"], capture_output=True, text=True)
+                if r.returncode != 2 or "--warmup" not in r.stderr:
+                    print("--warmup 0 not refused as a usage error  FAIL")
+                    failures.append("warmup 0")
                 # k larger than the candidates: -1 / +inf padding, as Faiss
                 few = xq[:20]
                 ix.nprobe = 1
