@@ -161,41 +161,32 @@ static void select_smallest(uint64_t *a, size_t n, size_t k)
     }
 }
 
+/* Sift x down from slot i of the max-heap a[0..n). */
+static inline void sift_down(uint64_t *a, size_t i, size_t n, uint64_t x)
+{
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && a[c + 1] > a[c])
+            c++;
+        if (a[c] <= x)
+            break;
+        a[i] = a[c];
+        i = c;
+    }
+    a[i] = x;
+}
+
 static void sort_keys(uint64_t *a, size_t n)
 {
     /* heap sort: n is k (hundreds), no recursion, no comparator calls */
-    for (size_t s = n / 2; s-- > 0;) {
-        size_t i = s;
-        uint64_t x = a[i];
-        for (;;) {
-            size_t c = 2 * i + 1;
-            if (c >= n)
-                break;
-            if (c + 1 < n && a[c + 1] > a[c])
-                c++;
-            if (a[c] <= x)
-                break;
-            a[i] = a[c];
-            i = c;
-        }
-        a[i] = x;
-    }
+    for (size_t s = n / 2; s-- > 0;)
+        sift_down(a, s, n, a[s]);
     for (size_t e = n; e-- > 1;) {
         uint64_t x = a[e];
         a[e] = a[0];
-        size_t i = 0;
-        for (;;) {
-            size_t c = 2 * i + 1;
-            if (c >= e)
-                break;
-            if (c + 1 < e && a[c + 1] > a[c])
-                c++;
-            if (a[c] <= x)
-                break;
-            a[i] = a[c];
-            i = c;
-        }
-        a[i] = x;
+        sift_down(a, 0, e, x);
     }
 }
 
