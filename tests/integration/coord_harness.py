@@ -10,7 +10,6 @@ Everything lives under one mktemp dir removed at exit; nothing is written to the
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 
@@ -26,13 +25,7 @@ def stubs():
     return tessera_pb2, tessera_pb2_grpc, shard_pb2, shard_pb2_grpc
 
 
-def free_port():
-    """A loopback TCP port that was free a moment ago (for a restart on the same port)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+free_port = sh.free_port  # (tests call ch.free_port)
 
 
 # A coordinator process; its log is collected, its port read from the log.

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,15 @@ def stubs():
     from tessera.v1 import shard_pb2, shard_pb2_grpc, tessera_pb2
     from tsr_health import health_pb2, health_pb2_grpc
     return shard_pb2, shard_pb2_grpc, tessera_pb2, health_pb2, health_pb2_grpc
+
+
+def free_port():
+    """A loopback TCP port that was free a moment ago (for a restart on the same port)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
 
 
 def bins():

@@ -2,21 +2,16 @@
 latency histogram move when RPCs run (and unknown methods share one label)."""
 import os
 import re
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 
 import grpc
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.dirname(__file__))
+from shard_harness import free_port  # noqa: E402
 
 
 def scrape(port):
