@@ -49,7 +49,7 @@ build/gen/%.pb-c.c build/gen/%.pb-c.h: proto/%.proto
 	protoc-c --proto_path=proto --c_out=build/gen $<
 
 # ---- sources ----------------------------------------------------------------------------
-COMMON_SRC := $(wildcard common/*.c)
+COMMON_SRC := $(wildcard common/*/*.c)
 CLI_SRC    := $(wildcard cli/*.c)
 SHARD_SRC  := $(wildcard shard/*.c)
 COORD_SRC  := $(wildcard coordinator/*.c)

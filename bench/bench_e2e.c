@@ -29,15 +29,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "faiss_io.h"
-#include "ivfpq_search.h"
-#include "knn.h"
-#include "mem.h"
-#include "rpc.h"
+#include "index/faiss_io.h"
+#include "index/ivfpq_search.h"
+#include "index/knn.h"
+#include "core/mem.h"
+#include "net/rpc.h"
 #include "tessera/v1/shard.pb-c.h"
 #include "tessera/v1/tessera.pb-c.h"
-#include "topk.h"
-#include "vecs_io.h"
+#include "query/topk.h"
+#include "index/vecs_io.h"
 
 #define MAXS 64
 

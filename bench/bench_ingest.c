@@ -12,12 +12,12 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "batch_csv.h"
-#include "batch_json.h"
-#include "batch_util.h"
+#include "batch/batch_csv.h"
+#include "batch/batch_json.h"
+#include "batch/batch_util.h"
 #if defined(__has_include)
 #if __has_include("batch_avro.h")
-#include "batch_avro.h"
+#include "batch/batch_avro.h"
 #define HAVE_AVRO 1
 #endif
 #endif

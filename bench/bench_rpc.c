@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rpc.h"
+#include "net/rpc.h"
 
 #define ECHO "/tessera.bench.Echo/Echo"
 

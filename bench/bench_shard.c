@@ -20,9 +20,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "knn.h"
-#include "mem.h"
-#include "rpc.h"
+#include "index/knn.h"
+#include "core/mem.h"
+#include "net/rpc.h"
 #include "shard.h"
 #include "shard_service.h"
 

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch.h"
-#include "batch_util.h"
+#include "batch/batch.h"
+#include "batch/batch_util.h"
 #include "cli.h"
 
 static void usage(FILE *f)

@@ -23,8 +23,8 @@
 #include <uv.h>
 
 #include "cli.h"
-#include "cmdline.h"
-#include "mem.h"
+#include "core/cmdline.h"
+#include "core/mem.h"
 
 enum { MAX_SHARDS = 64, STOP_GRACE_MS = 5000 };
 

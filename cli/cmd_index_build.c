@@ -14,14 +14,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "batch.h"
+#include "batch/batch.h"
 #include "cli.h"
-#include "faiss_io.h"
-#include "idmap.h"
-#include "ivfpq.h"
-#include "ivfpq_build.h"
-#include "knn.h"
-#include "vecs_io.h"
+#include "index/faiss_io.h"
+#include "index/idmap.h"
+#include "index/ivfpq.h"
+#include "index/ivfpq_build.h"
+#include "index/knn.h"
+#include "index/vecs_io.h"
 
 static const char *usage_text =
     "usage: tessera index build (--fvecs X.fvecs | --batch-root DIR --dimensions D)\n"

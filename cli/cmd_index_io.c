@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "faiss_io.h"
+#include "index/faiss_io.h"
 
 /* Collects the non-option arguments; returns -1 (after a message) on an unknown option. */
 static int positional(int argc, char **argv, const char *cmd, char **out, int max)

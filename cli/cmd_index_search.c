@@ -12,11 +12,11 @@
 #include <time.h>
 
 #include "cli.h"
-#include "faiss_io.h"
-#include "ivfpq_search.h"
-#include "knn.h"
-#include "mem.h"
-#include "vecs_io.h"
+#include "index/faiss_io.h"
+#include "index/ivfpq_search.h"
+#include "index/knn.h"
+#include "core/mem.h"
+#include "index/vecs_io.h"
 
 static void help(void)
 {

@@ -17,12 +17,12 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "cmdline.h"
-#include "mem.h"
-#include "rpc.h"
+#include "core/cmdline.h"
+#include "core/mem.h"
+#include "net/rpc.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "tessera/v1/tessera.pb-c.h"
-#include "vecs_io.h"
+#include "index/vecs_io.h"
 
 #define SVC "/tessera.v1.VectorSearch/"
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "log.h"
+#include "core/log.h"
 
 typedef struct {
     const char *group;

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "coord.h"
-#include "mem.h"
+#include "core/mem.h"
 
 static const char *known[] = {"dimensions", "distance", "nlist", "pq_m", "pq_nbits", "nprobe",
                               "shards", "plan", "search_deadline_ms", "stage_deadline_ms",

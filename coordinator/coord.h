@@ -30,10 +30,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "error.h"
-#include "ivfpq.h"
-#include "rpc.h"
-#include "store.h"
+#include "core/error.h"
+#include "index/ivfpq.h"
+#include "net/rpc.h"
+#include "store/store.h"
 #include "tessera/v1/shard.pb-c.h"
 #include "tessera/v1/tessera.pb-c.h"
 

@@ -15,11 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmdline.h"
+#include "core/cmdline.h"
 #include "coord.h"
-#include "metrics_http.h"
-#include "log.h"
-#include "mem.h"
+#include "net/metrics_http.h"
+#include "core/log.h"
+#include "core/mem.h"
 
 static void usage(FILE *f)
 {

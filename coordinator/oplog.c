@@ -32,8 +32,8 @@
 #include <string.h>
 
 #include "coord.h"
-#include "log.h"
-#include "mem.h"
+#include "core/log.h"
+#include "core/mem.h"
 
 #define OPLOG_DIR "operations"
 #define OPLOG_MAX_RECORD (64u << 20) /* a record holds a batch report; far more than one */

@@ -27,11 +27,11 @@
 #include <string.h>
 
 #include "coord.h"
-#include "knn.h"
-#include "log.h"
-#include "mem.h"
-#include "metrics.h"
-#include "topk.h"
+#include "index/knn.h"
+#include "core/log.h"
+#include "core/mem.h"
+#include "net/metrics.h"
+#include "query/topk.h"
 
 #define SHARD_MAX_CANDIDATES 10000
 

@@ -26,9 +26,9 @@
 #include <time.h>
 
 #include "coord.h"
-#include "log.h"
-#include "mem.h"
-#include "metrics.h"
+#include "core/log.h"
+#include "core/mem.h"
+#include "net/metrics.h"
 
 #define RESYNC_RETRY_MS 5000
 

@@ -21,9 +21,9 @@
 #include <string.h>
 
 #include "coord.h"
-#include "log.h"
-#include "mem.h"
-#include "metrics.h"
+#include "core/log.h"
+#include "core/mem.h"
+#include "net/metrics.h"
 
 /* Back-off after a failed call: 50 ms doubled per consecutive failure, at most 2 s. A
  * replica in back-off is skipped while another one of its group is healthy; reconcile's

@@ -17,10 +17,10 @@
 #include <string.h>
 
 #include "coord.h"
-#include "faiss_io.h"
-#include "kmeans.h"
-#include "knn.h"
-#include "mem.h"
+#include "index/faiss_io.h"
+#include "index/kmeans.h"
+#include "index/knn.h"
+#include "core/mem.h"
 
 /* ---------------------------------------------------------------- directory */
 

@@ -30,13 +30,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "batch.h"
+#include "batch/batch.h"
 #include "coord.h"
-#include "faiss_io.h"
-#include "ivfpq_build.h"
-#include "log.h"
-#include "mem.h"
-#include "metrics.h"
+#include "index/faiss_io.h"
+#include "index/ivfpq_build.h"
+#include "core/log.h"
+#include "core/mem.h"
+#include "net/metrics.h"
 
 int64_t tsr__now_ms(void)
 {

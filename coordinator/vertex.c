@@ -24,7 +24,7 @@
 
 #include "coord.h"
 #include "google/cloud/aiplatform/container/v1/match_service.pb-c.h"
-#include "mem.h"
+#include "core/mem.h"
 
 typedef Google__Cloud__Aiplatform__Container__V1__MatchRequest vx_match_req;
 typedef Google__Cloud__Aiplatform__Container__V1__MatchResponse vx_match_resp;

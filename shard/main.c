@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmdline.h"
-#include "log.h"
-#include "rpc.h"
-#include "metrics_http.h"
+#include "core/cmdline.h"
+#include "core/log.h"
+#include "net/rpc.h"
+#include "net/metrics_http.h"
 #include "shard.h"
 #include "shard_service.h"
 

@@ -25,11 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ivfpq_search.h"
-#include "mem.h"
+#include "index/ivfpq_search.h"
+#include "core/mem.h"
 #include "shard.h"
-#include "sparse.h"
-#include "topk.h"
+#include "query/sparse.h"
+#include "query/topk.h"
 
 void tsr__encode(const tsr__tmpl *t, const float *x, int32_t list, uint8_t *code)
 {

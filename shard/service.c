@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
-#include "rpc.h"
+#include "core/log.h"
+#include "core/mem.h"
+#include "net/rpc.h"
 #include "shard.h"
 #include "shard_service.h"
 

@@ -28,11 +28,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "datapoint.h"
-#include "error.h"
-#include "filter.h"
-#include "ivfpq.h"
-#include "store.h"
+#include "core/datapoint.h"
+#include "core/error.h"
+#include "query/filter.h"
+#include "index/ivfpq.h"
+#include "store/store.h"
 
 #include "tessera/v1/shard.pb-c.h"
 #include "tessera/v1/tessera.pb-c.h"

@@ -4,7 +4,7 @@
 #ifndef TSR_SHARD_SERVICE_H
 #define TSR_SHARD_SERVICE_H
 
-#include "rpc.h"
+#include "net/rpc.h"
 #include "shard.h"
 
 /* Registers every Shard method with ctx s (borrowed; must outlive the server). */

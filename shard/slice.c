@@ -22,11 +22,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "faiss_io.h"
-#include "ivfpq_search.h"
-#include "mem.h"
+#include "index/faiss_io.h"
+#include "index/ivfpq_search.h"
+#include "core/mem.h"
 #include "shard.h"
-#include "sparse.h"
+#include "query/sparse.h"
 
 /* ------------------------------------------------------------------ shared pieces */
 

@@ -30,9 +30,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "faiss_io.h"
-#include "log.h"
-#include "mem.h"
+#include "index/faiss_io.h"
+#include "core/log.h"
+#include "core/mem.h"
 #include "shard.h"
 
 typedef struct upent {

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch_avro.h"
-#include "datapoint.h"
+#include "batch/batch_avro.h"
+#include "core/datapoint.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

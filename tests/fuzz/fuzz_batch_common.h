@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch_util.h"
-#include "datapoint.h"
+#include "batch/batch_util.h"
+#include "core/datapoint.h"
 
 static size_t fuzz_dims;
 

@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "batch_delete.h"
+#include "batch/batch_delete.h"
 #include "fuzz_batch_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "batch_json.h"
+#include "batch/batch_json.h"
 #include "fuzz_batch_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

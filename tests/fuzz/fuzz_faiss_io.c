@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "faiss_io.h"
+#include "index/faiss_io.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "filter.h"
+#include "query/filter.h"
 
 typedef struct rd {
     const uint8_t *p;

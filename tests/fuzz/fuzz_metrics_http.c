@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "metrics.h"
-#include "metrics_http.h"
+#include "net/metrics.h"
+#include "net/metrics_http.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "datapoint.h"
+#include "core/datapoint.h"
 
 typedef struct coll {
     tsr_datapoint recs[64];

@@ -28,8 +28,8 @@
 
 #include <zlib.h>
 
-#include "batch_avro.h"
-#include "datapoint.h"
+#include "batch/batch_avro.h"
+#include "core/datapoint.h"
 
 /* ---- JSON output (dump mode) -------------------------------------------------------------- */
 

@@ -12,8 +12,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "batch_csv.h"
-#include "batch_util.h"
+#include "batch/batch_csv.h"
+#include "batch/batch_util.h"
 #include "batch_test_sink.h"
 
 static coll *parse(const char *text, size_t dims)

@@ -10,7 +10,7 @@
 
 #include <stdio.h>
 
-#include "batch_json.h"
+#include "batch/batch_json.h"
 #include "batch_test_sink.h"
 
 static coll *parse(const char *text, size_t dims)

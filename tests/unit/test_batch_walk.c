@@ -18,11 +18,11 @@
 
 #include <jansson.h>
 
-#include "batch.h"
-#include "batch_avro.h"
-#include "batch_csv.h"
-#include "batch_delete.h"
-#include "batch_json.h"
+#include "batch/batch.h"
+#include "batch/batch_avro.h"
+#include "batch/batch_csv.h"
+#include "batch/batch_delete.h"
+#include "batch/batch_json.h"
 
 static char root[512];
 

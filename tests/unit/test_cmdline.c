@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "cmdline.h"
+#include "core/cmdline.h"
 
 static int usage_calls;
 static void usage(FILE *f)

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "faiss_io.h"
+#include "index/faiss_io.h"
 
 /* Shape of the test index: small so that offsets are easy to compute. */
 #define D 4

@@ -14,8 +14,8 @@
 
 #include <cmocka.h>
 
-#include "filter.h"
-#include "mem.h"
+#include "query/filter.h"
+#include "core/mem.h"
 
 /* Adds namespace ns with tokens "a,b,!c" ("!" = deny) to a restrict array. */
 static void add_restrict(tsr_token_restrict **rs, size_t *n, const char *ns, const char *spec)

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "idmap.h"
+#include "index/idmap.h"
 
 static char dir[200];
 

@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ivfpq_search.h"
-#include "knn.h"
+#include "index/ivfpq_search.h"
+#include "index/knn.h"
 
 static float frand(unsigned *s)
 {

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ivfpq_search.h"
+#include "index/ivfpq_search.h"
 
 static float frand(unsigned *s)
 {

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kmeans.h"
-#include "kmeans_int.h"
+#include "index/kmeans.h"
+#include "index/kmeans_int.h"
 
 static float gauss(tsr_rng *r)
 {

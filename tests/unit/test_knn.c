@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "knn.h"
-#include "vecs_io.h"
+#include "index/knn.h"
+#include "index/vecs_io.h"
 
 static float frand(unsigned *s)
 {

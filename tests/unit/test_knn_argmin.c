@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "knn.h"
+#include "index/knn.h"
 
 static unsigned urand(unsigned *s)
 {

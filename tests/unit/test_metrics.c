@@ -24,9 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "metrics.h"
-#include "metrics_http.h"
+#include "core/error.h"
+#include "net/metrics.h"
+#include "net/metrics_http.h"
 
 static int setup(void **state)
 {

@@ -13,12 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ivfpq.h"
-#include "ivfpq_build.h"
-#include "kmeans.h"
-#include "pq.h"
-#include "pq_code.h"
-#include "pq_train.h"
+#include "index/ivfpq.h"
+#include "index/ivfpq_build.h"
+#include "index/kmeans.h"
+#include "index/pq.h"
+#include "index/pq_code.h"
+#include "index/pq_train.h"
 
 static float gauss(tsr_rng *r)
 {

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "grpc/health/v1/health.pb-c.h"
-#include "rpc.h"
+#include "net/rpc.h"
 #include "tessera/v1/shard.pb-c.h"
 
 #define ECHO "/tessera.test.Echo/Echo"

@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rpc.h"
+#include "net/rpc.h"
 
 #define ECHO "/tessera.test.Async/Echo"
 #define SLOW "/tessera.test.Async/Slow"

@@ -15,10 +15,10 @@
 
 #include <cmocka.h>
 
-#include "filter.h"
-#include "mem.h"
-#include "sparse.h"
-#include "topk.h"
+#include "query/filter.h"
+#include "core/mem.h"
+#include "query/sparse.h"
+#include "query/topk.h"
 
 static uint64_t rng_state;
 static uint32_t rnd(void)

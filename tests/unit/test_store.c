@@ -27,7 +27,7 @@
 
 #include <cmocka.h>
 
-#include "store.h"
+#include "store/store.h"
 
 static char base[512];
 

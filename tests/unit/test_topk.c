@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "error.h"
-#include "topk.h"
+#include "core/error.h"
+#include "query/topk.h"
 
 static uint64_t rng_state;
 static uint32_t rnd(void)

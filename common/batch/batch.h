@@ -1,0 +1,95 @@
+/*
+ * batch — loads a Vertex AI Vector Search batch_root (SPEC §2): enforces the folder
+ * rules, reads the data files (.csv, .json, .avro) and delete/ files in parallel, merges
+ * everything into one batch sorted by id, and builds the report (per-file counts, the
+ * first errors of each file with line / record index, Vertex error type and message,
+ * counts per type, batch-level errors and warnings).
+ *
+ * Decisions (docs/batch-format.md): of several records with the same id the last one
+ * in (file name, line) order wins and a warning names all copies; an id in a data file
+ * and a delete file is a batch-level error; folder-rule violations and file-level
+ * failures reject the batch whatever max_invalid_records says.
+ */
+#ifndef TSR_BATCH_H
+#define TSR_BATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/datapoint.h"
+#include "core/error.h"
+
+#define TSR_BATCH_MAX_OBJECTS 5000
+#define TSR_BATCH_MAX_FILE_ERRORS 50  /* errors kept per file in the report */
+#define TSR_BATCH_MAX_MESSAGES 100    /* batch-level errors / warnings kept */
+
+enum tsr_batch_kind { TSR_BATCH_CSV, TSR_BATCH_JSON, TSR_BATCH_AVRO, TSR_BATCH_DELETE };
+
+typedef struct tsr_batch_rec_error {
+    uint64_t where;            /* 1-based line, or 0-based Avro record index */
+    enum tsr_rec_error type;
+    char *msg;                 /* owned */
+} tsr_batch_rec_error;
+
+typedef struct tsr_batch_file_report {
+    char *name;                /* owned; relative to batch_root ("a.csv", "delete/x") */
+    enum tsr_batch_kind kind;
+    uint64_t valid;            /* valid records, or ids for a delete file */
+    uint64_t invalid;
+    uint64_t type_counts[TSR_REC__COUNT];
+    tsr_batch_rec_error *errors; /* owned; the first TSR_BATCH_MAX_FILE_ERRORS */
+    size_t nerrors;
+    char *file_error;          /* owned; file-level failure, NULL if none */
+} tsr_batch_file_report;
+
+typedef struct tsr_batch_report {
+    char *root;                    /* owned */
+    tsr_batch_file_report *files;  /* owned, sorted by name */
+    size_t nfiles;
+    uint64_t type_counts[TSR_REC__COUNT];
+    uint64_t valid, invalid;       /* over all files (before duplicate merging) */
+    uint64_t records, deletes;     /* unique ids in the merged batch */
+    uint64_t duplicates;           /* extra copies dropped (data and delete files) */
+    char **errors;                 /* owned; batch-level errors (first TSR_BATCH_MAX_MESSAGES) */
+    size_t nerrors;
+    uint64_t errors_total;
+    char **warnings;               /* owned; first TSR_BATCH_MAX_MESSAGES */
+    size_t nwarnings;
+    uint64_t warnings_total;
+    uint64_t max_invalid;
+    int rejected;
+    char reason[512];              /* why rejected; empty when accepted */
+} tsr_batch_report;
+
+typedef struct tsr_batch {
+    tsr_datapoint *records;        /* owned, sorted by id (bytewise), ids unique */
+    size_t nrecords;
+    char **deletes;                /* owned, sorted, unique */
+    size_t ndeletes;
+    tsr_batch_report report;
+} tsr_batch;
+
+typedef struct tsr_batch_options {
+    size_t dims;                   /* index dimension (dense length), > 0 */
+    uint64_t max_invalid;          /* invalid records tolerated (skipped); default 0 */
+    unsigned threads;              /* reader threads; 0 = number of online cores */
+} tsr_batch_options;
+
+/* Reads the batch under root. On success (0) or rejection (TSR_EREJECTED) *out is a new
+ * batch with its report (caller destroys); when rejected the records are whatever could
+ * be read, for inspection only. Other negative codes (root unreadable, out of memory)
+ * leave *out NULL and set err. */
+int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **out,
+                   tsr_error *err);
+void tsr_batch_destroy(tsr_batch *b);
+
+/* The report as a JSON document (new string, caller frees), NULL on out of memory. */
+char *tsr_batch_report_json(const tsr_batch_report *r);
+/* The report as text for a person. */
+void tsr_batch_report_text(const tsr_batch_report *r, FILE *f);
+
+/* "csv", "json", "avro", "delete". */
+const char *tsr_batch_kind_name(enum tsr_batch_kind k);
+
+#endif

@@ -1,0 +1,402 @@
+/*
+ * cmdline — option table parsing, the stop-signal semaphore and TLS file checks for the
+ * server binaries (cmdline.h). The TLS checks use OpenSSL directly (gRPC core links it
+ * already): gRPC itself only reads the PEM text at start and fails later, at the first
+ * handshake or when the port is added, without saying which file is wrong.
+ *
+ * DESIGN (signals): the only state shared with a signal handler is stop_sem (posted) and
+ * stop_sig (written before the post, read after the wait).
+ */
+#include "core/cmdline.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include "core/log.h"
+#include "core/mem.h"
+
+/* ------------------------------------------------------------------ option parsing */
+
+int tsr_cmdline_parse_size(const char *s, size_t *out)
+{
+    if (s == NULL || *s < '0' || *s > '9')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno == ERANGE)
+        return -1;
+    unsigned long long mul = 1;
+    switch (*end) {
+    case 0: break;
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    default: return -1;
+    }
+    if (mul > 1 && (*end == 'i' || *end == 'I') && (end[1] == 'B' || end[1] == 'b'))
+        end += 2; /* "64KiB" */
+    else if (mul > 1 && (*end == 'B' || *end == 'b'))
+        end++;    /* "64KB", still binary: a size flag is never decimal here */
+    if (*end != 0 || v > SIZE_MAX / mul)
+        return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+static int set_value(const char *prog, const tsr_cmdline_opt *o, const char *v)
+{
+    switch (o->kind) {
+    case TSR_CMDLINE_STR:
+        if (*v == 0) {
+            fprintf(stderr, "%s: %s: empty value\n", prog, o->name);
+            return -1;
+        }
+        *(const char **)o->dest = v;
+        return 0;
+    case TSR_CMDLINE_INT: {
+        char *end;
+        errno = 0;
+        long long n = strtoll(v, &end, 10);
+        if (*v == 0 || *end != 0 || errno == ERANGE || n < o->min || n > o->max) {
+            fprintf(stderr, "%s: %s %s: expected an integer in %lld..%lld\n", prog, o->name, v,
+                    o->min, o->max);
+            return -1;
+        }
+        *(int *)o->dest = (int)n;
+        return 0;
+    }
+    case TSR_CMDLINE_SIZE: {
+        size_t n;
+        if (tsr_cmdline_parse_size(v, &n) != 0 || (long long)n < o->min ||
+            (unsigned long long)n > (unsigned long long)o->max) {
+            fprintf(stderr, "%s: %s %s: expected a size in bytes (suffix K, M or G allowed) in "
+                            "%lld..%lld\n", prog, o->name, v, o->min, o->max);
+            return -1;
+        }
+        *(size_t *)o->dest = n;
+        return 0;
+    }
+    default:
+        fprintf(stderr, "%s: %s: bad option table\n", prog, o->name);
+        return -1;
+    }
+}
+
+int tsr_cmdline_parse(const char *prog, int argc, char **argv, const tsr_cmdline_opt *opts,
+                      size_t n, void (*usage)(FILE *), int *exit_code)
+{
+    unsigned char seen[128] = {0};
+    if (n > sizeof seen) {
+        fprintf(stderr, "%s: too many options in the table\n", prog);
+        *exit_code = 2;
+        return 1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            *exit_code = 0;
+            return 1;
+        }
+        const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+        size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
+        const tsr_cmdline_opt *o = NULL;
+        size_t k = 0;
+        for (; k < n; k++)
+            if (strlen(opts[k].name) == nlen && strncmp(opts[k].name, a, nlen) == 0) {
+                o = &opts[k];
+                break;
+            }
+        if (o == NULL) {
+            fprintf(stderr, "%s: unknown option %.*s\n\n", prog, (int)nlen, a);
+            goto usage_error;
+        }
+        if (o->kind == TSR_CMDLINE_FLAG) {
+            if (eq) {
+                fprintf(stderr, "%s: %s takes no value\n\n", prog, o->name);
+                goto usage_error;
+            }
+            *(int *)o->dest = 1;
+        } else {
+            const char *v;
+            if (eq) {
+                v = eq + 1;
+            } else if (i + 1 < argc) {
+                v = argv[++i];
+            } else {
+                fprintf(stderr, "%s: %s needs a value\n\n", prog, o->name);
+                goto usage_error;
+            }
+            if (set_value(prog, o, v) != 0) {
+                *exit_code = 2;
+                return 1;
+            }
+        }
+        seen[k] = 1;
+    }
+    for (size_t k = 0; k < n; k++)
+        if (opts[k].required && !seen[k]) {
+            fprintf(stderr, "%s: %s is required\n\n", prog, opts[k].name);
+            goto usage_error;
+        }
+    return 0;
+usage_error:
+    usage(stderr);
+    *exit_code = 2;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ stop signal */
+
+static sem_t stop_sem;
+static volatile sig_atomic_t stop_sig;
+static int stop_ready;
+
+static void on_stop_signal(int sig)
+{
+    if (stop_sig == 0)
+        stop_sig = sig;
+    sem_post(&stop_sem); /* async-signal-safe */
+}
+
+void tsr_cmdline_stop_init(void)
+{
+    if (stop_ready)
+        return;
+    stop_ready = 1;
+    sem_init(&stop_sem, 0, 0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    /* SA_RESTART: a signal landing on a thread in read() during a load must not turn into
+     * a spurious I/O error (sem_wait is never restarted; stop_wait loops on EINTR). */
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+int tsr_cmdline_stop_wait(void)
+{
+    tsr_cmdline_stop_init();
+    while (sem_wait(&stop_sem) != 0 && errno == EINTR)
+        ;
+    return stop_sig;
+}
+
+const char *tsr_cmdline_signame(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal";
+}
+
+/* ------------------------------------------------------------------ TLS file checks */
+
+enum { PEM_MAX = 1 << 20 };
+
+/* Reads a whole PEM file (at most 1 MiB, as rpc does). Returns a new NUL-terminated
+ * buffer (caller frees) or NULL with err set. */
+static char *read_pem(const char *flag, const char *path, size_t *len, tsr_error *err)
+{
+    /* O_NONBLOCK, then fstat: a FIFO (or a device) given by mistake must be refused, not
+     * block the start for ever waiting for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        tsr_err(err, TSR_EIO, "%s %s: cannot open: %s", flag, path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        tsr_err(err, TSR_EIO, "%s %s: cannot stat: %s", flag, path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        tsr_err(err, TSR_EIO, "%s %s: not a regular file (%s), expected a PEM file", flag, path,
+                S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, socket or device");
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (f == NULL) {
+        tsr_err(err, TSR_EIO, "%s %s: cannot open: %s", flag, path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    char *buf = tsr_try_malloc(PEM_MAX + 1, 1);
+    if (buf == NULL) {
+        fclose(f);
+        tsr_err(err, TSR_ENOMEM, "%s %s: out of memory", flag, path);
+        return NULL;
+    }
+    size_t n = fread(buf, 1, PEM_MAX + 1, f);
+    int bad = ferror(f) ? errno : 0;
+    fclose(f);
+    if (bad) {
+        tsr_err(err, TSR_EIO, "%s %s: cannot read: %s", flag, path, strerror(bad));
+        free(buf);
+        return NULL;
+    }
+    if (n > PEM_MAX) {
+        tsr_err(err, TSR_EFORMAT, "%s %s: larger than 1 MiB, expected a PEM file", flag, path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static void warn_validity(const char *flag, const char *path, X509 *x, int idx)
+{
+    char name[256] = "?";
+    X509_NAME_oneline(X509_get_subject_name(x), name, sizeof name);
+    if (X509_cmp_current_time(X509_get0_notAfter(x)) < 0)
+        tsr_warn("%s %s: certificate %d (%s) has expired: peers will refuse it", flag, path,
+                 idx, name);
+    else if (X509_cmp_current_time(X509_get0_notBefore(x)) > 0)
+        tsr_warn("%s %s: certificate %d (%s) is not valid yet (clock skew?)", flag, path, idx,
+                 name);
+}
+
+/* Parses every certificate of a PEM text; returns the first (caller frees) or NULL with
+ * err set. *count = number of certificates. */
+static X509 *load_certs(const char *flag, const char *path, const char *text, size_t len,
+                        int *count, tsr_error *err)
+{
+    BIO *b = BIO_new_mem_buf(text, (int)len);
+    X509 *first = NULL;
+    *count = 0;
+    if (b == NULL) {
+        tsr_err(err, TSR_ENOMEM, "%s %s: out of memory", flag, path);
+        return NULL;
+    }
+    for (;;) {
+        X509 *x = PEM_read_bio_X509(b, NULL, NULL, NULL);
+        if (x == NULL)
+            break;
+        warn_validity(flag, path, x, *count);
+        if (first == NULL)
+            first = x;
+        else
+            X509_free(x);
+        (*count)++;
+    }
+    BIO_free(b);
+    ERR_clear_error(); /* the loop ends with a "no start line" error */
+    if (first == NULL) {
+        if (strstr(text, "PRIVATE KEY-----"))
+            tsr_err(err, TSR_EFORMAT, "%s %s: holds a private key, expected a PEM certificate "
+                    "(-----BEGIN CERTIFICATE-----); were the cert and key files swapped?", flag,
+                    path);
+        else if (strstr(text, "-----BEGIN CERTIFICATE-----"))
+            tsr_err(err, TSR_EFORMAT, "%s %s: the PEM certificate does not parse", flag, path);
+        else
+            tsr_err(err, TSR_EFORMAT, "%s %s: no PEM certificate in it (expected -----BEGIN "
+                    "CERTIFICATE-----)", flag, path);
+    }
+    return first;
+}
+
+static int no_password(char *buf, int size, int rwflag, void *u)
+{
+    (void)buf, (void)size, (void)rwflag, (void)u;
+    return -1; /* never prompt on a terminal: an encrypted key is an error */
+}
+
+static EVP_PKEY *load_key(const char *flag, const char *path, const char *text, size_t len,
+                          tsr_error *err)
+{
+    BIO *b = BIO_new_mem_buf(text, (int)len);
+    if (b == NULL) {
+        tsr_err(err, TSR_ENOMEM, "%s %s: out of memory", flag, path);
+        return NULL;
+    }
+    EVP_PKEY *k = PEM_read_bio_PrivateKey(b, NULL, no_password, NULL);
+    BIO_free(b);
+    ERR_clear_error();
+    if (k == NULL) {
+        if (strstr(text, "ENCRYPTED"))
+            tsr_err(err, TSR_EFORMAT, "%s %s: the private key is encrypted; gRPC needs an "
+                    "unencrypted PEM key (openssl pkey -in KEY -out PLAIN)", flag, path);
+        else if (strstr(text, "-----BEGIN CERTIFICATE-----"))
+            tsr_err(err, TSR_EFORMAT, "%s %s: holds a certificate, expected a PEM private key "
+                    "(-----BEGIN PRIVATE KEY-----); were the cert and key files swapped?",
+                    flag, path);
+        else
+            tsr_err(err, TSR_EFORMAT, "%s %s: no PEM private key in it (expected -----BEGIN "
+                    "PRIVATE KEY----- or -----BEGIN RSA/EC PRIVATE KEY-----)", flag, path);
+    }
+    return k;
+}
+
+int tsr_cmdline_check_tls(const tsr_cmdline_tls *t, int client, tsr_error *errp)
+{
+    tsr_error local = TSR_ERROR_INIT, *err = errp ? errp : &local;
+    const char *cf = t->cert_flag ? t->cert_flag : "certificate";
+    const char *kf = t->key_flag ? t->key_flag : "key";
+    const char *af = t->ca_flag ? t->ca_flag : "CA";
+    if (!t->cert != !t->key)
+        return tsr_err(err, TSR_EINVAL, "%s and %s go together: give both or neither", cf, kf);
+    if (!client && t->ca && !t->cert)
+        return tsr_err(err, TSR_EINVAL, "%s needs %s and %s (mutual TLS is on top of TLS)", af,
+                       cf, kf);
+    if (client && t->cert && !t->ca)
+        return tsr_err(err, TSR_EINVAL, "%s needs %s (the CA that signed the server's "
+                       "certificate)", cf, af);
+    int rc = 0, count = 0;
+    size_t len = 0;
+    char *text = NULL;
+    X509 *cert = NULL, *ca = NULL;
+    EVP_PKEY *key = NULL;
+    if (t->ca) {
+        if ((text = read_pem(af, t->ca, &len, err)) == NULL ||
+            (ca = load_certs(af, t->ca, text, len, &count, err)) == NULL) {
+            rc = err->code ? err->code : TSR_EFORMAT;
+            goto out;
+        }
+        free(text);
+        text = NULL;
+    }
+    if (t->cert) {
+        if ((text = read_pem(cf, t->cert, &len, err)) == NULL ||
+            (cert = load_certs(cf, t->cert, text, len, &count, err)) == NULL) {
+            rc = err->code ? err->code : TSR_EFORMAT;
+            goto out;
+        }
+        free(text);
+        if ((text = read_pem(kf, t->key, &len, err)) == NULL ||
+            (key = load_key(kf, t->key, text, len, err)) == NULL) {
+            rc = err->code ? err->code : TSR_EFORMAT;
+            goto out;
+        }
+        if (X509_check_private_key(cert, key) != 1) {
+            ERR_clear_error();
+            rc = tsr_err(err, TSR_EFORMAT, "%s %s does not match the certificate of %s %s (the "
+                         "key's public half differs from the certificate's public key)", kf,
+                         t->key, cf, t->cert);
+            goto out;
+        }
+    }
+out:
+    free(text);
+    X509_free(cert);
+    X509_free(ca);
+    EVP_PKEY_free(key);
+    return rc;
+}

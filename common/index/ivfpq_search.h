@@ -1,0 +1,183 @@
+/*
+ * ivfpq_search — search of an in-memory IVFPQ index with the semantics of Faiss 1.7.3
+ * IndexIVFPQ::search / search_preassigned (and IndexIVFPQR for IwQR files).
+ *
+ * Distances (x = query, c = the probed list's centroid, y = the PQ reconstruction):
+ *   L2, by_residual:  ||x - c||^2 (the coarse distance)  +  (||y||^2 + 2<c, y>)  -  2<x, y>
+ *   IP, by_residual:  <x, c> (the coarse distance)       +  <x, y>
+ *   by_residual = 0:  plain ADC on x: sum_m ||x_m - c_m,j||^2 (L2) or <x_m, c_m,j> (IP)
+ * The middle L2 term does not depend on the query; it is computed once per stored vector
+ * and kept in ix->search_cache, so a query needs one M x 2^nbits table that does not
+ * depend on the list (Faiss's precomputed table type 1 rebuilds a table per probed list;
+ * both give the same value up to float rounding, which only reorders exact near-ties).
+ *
+ * Results are sorted best first (L2 ascending, IP descending), ties broken by the smaller
+ * label; missing results are label -1 with distance +inf (L2) / -inf (IP), as Faiss.
+ *
+ * IwQR (ix->is_refine): k_factor * k candidates from the PQ scan are re-ranked by
+ * ||x - c - y - r||^2 with r the refine-PQ reconstruction of the label's refine code,
+ * exactly as Faiss's IndexIVFPQR::search_preassigned.
+ *
+ * Env knobs (results never change, only speed): TSR_SIMD=scalar|avx2|avx512 forces a
+ * scan kernel, TSR_SEARCH_FILTER=0|scalar turns the quantized prefilter off or forces its
+ * scalar kernel (read when the cache is built and at each search).
+ *
+ * Thread safety: concurrent searches on one index are safe. The search cache is built on
+ * first use (under a lock) from the lists as they are then; an index must not be modified
+ * while searched, and after modifying lists call tsr_ivfpq_search_invalidate (a scan
+ * that finds a list whose size differs from the cache fails with TSR_ESTATE).
+ */
+#ifndef TSR_IVFPQ_SEARCH_H
+#define TSR_IVFPQ_SEARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "index/ivfpq.h"
+
+/* Which scan kernel to use. AUTO: the env var TSR_SIMD (scalar|avx2|avx512) if set,
+ * else the fastest the CPU supports (measured once per process). */
+enum tsr_simd { TSR_SIMD_AUTO = 0, TSR_SIMD_SCALAR = 1, TSR_SIMD_AVX2 = 2, TSR_SIMD_AVX512 = 3 };
+
+/* Filter: return nonzero to accept `label`. Called only for candidates whose distance
+ * would put them into the current top-k (so rejected-by-distance codes cost nothing);
+ * may be called from several threads at once when threads > 1. */
+typedef int (*tsr_accept_fn)(void *ctx, int64_t label);
+
+/* Search options. Initialize with tsr_ivfpq_search_opts_init; every field added later
+ * defaults to "off" when zero, so zero-initialized structs stay valid. */
+typedef struct tsr_ivfpq_search_opts {
+    size_t nprobe;         /* lists to probe (search only); 0 = ix->nprobe; clamped to nlist */
+    int threads;           /* worker threads for a batch; <= 1 = the calling thread only */
+    tsr_accept_fn accept;  /* optional filter (NULL = accept all) */
+    void *accept_ctx;      /* passed to accept for every query ... */
+    void *const *accept_ctxs; /* ... unless this is non-NULL: accept_ctxs[i] for query i */
+    size_t max_codes;      /* stop a query after scanning this many codes (whole lists,
+                              as Faiss's max_codes); 0 = unlimited */
+    float k_factor;        /* IwQR: candidates per result; 0 = the file's k_factor */
+    int no_refine;         /* IwQR: nonzero = return the PQ scan results unrefined */
+    enum tsr_simd simd;    /* scan kernel; TSR_SIMD_AUTO by default */
+} tsr_ivfpq_search_opts;
+
+void tsr_ivfpq_search_opts_init(tsr_ivfpq_search_opts *o);
+
+/* Searches n queries x (n*d floats, borrowed): the opts->nprobe nearest lists by the
+ * coarse quantizer, then the scan. D (n*k floats) and I (n*k labels) are caller-allocated.
+ * Returns 0 or a TSR_E* code with err set. */
+int tsr_ivfpq_search(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
+                     const tsr_ivfpq_search_opts *opts, float *D, int64_t *I,
+                     tsr_error *err);
+
+/* As Faiss's search_preassigned: lists (n*nprobe list numbers, -1 = no list, skipped) and
+ * coarse_dis (n*nprobe coarse distances: ||x - c||^2 for L2, <x, c> for IP; only used
+ * when by_residual) are given by the caller (borrowed). opts->nprobe is ignored.
+ * A list number >= nlist is TSR_EINVAL. */
+int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
+                                 size_t nprobe, const int64_t *lists,
+                                 const float *coarse_dis, const tsr_ivfpq_search_opts *opts,
+                                 float *D, int64_t *I, tsr_error *err);
+
+/* Builds the search cache now (otherwise the first search does it). Idempotent. */
+int tsr_ivfpq_search_prepare(tsr_ivfpq *ix, tsr_error *err);
+
+/* Drops the search cache (after lists changed); the next search rebuilds it. Not safe
+ * while other threads search the index. */
+void tsr_ivfpq_search_invalidate(tsr_ivfpq *ix);
+
+/* Called by tsr_ivfpq_destroy (weak symbol in ivfpq.c). */
+void tsr__ivfpq_search_cache_free(tsr_ivfpq *ix);
+
+/* ---- scanning lists held outside the index ------------------------------------------
+ * The pieces of search_preassigned for a caller that keeps its own inverted lists (the
+ * shard's copy-on-write version snapshots) and its own collector (filters, crowding,
+ * re-rank). Scores are "smaller is better": the L2 distance, or minus the inner product,
+ * computed exactly as tsr_ivfpq_search computes them (same kernels, same rounding). */
+
+typedef struct tsr_ivfpq_scanner tsr_ivfpq_scanner;
+
+/* Returns a new scanner over ix (borrowed: must outlive the scanner; only its quantizers
+ * are used, not its lists), or NULL with err set. One scanner per thread. */
+tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd simd,
+                                            tsr_error *err);
+void tsr_ivfpq_scanner_destroy(tsr_ivfpq_scanner *s); /* accepts NULL */
+
+/* Sets the query (d floats, copied into the per-query table). */
+void tsr_ivfpq_scanner_set_query(tsr_ivfpq_scanner *s, const float *x);
+
+/* The score offset of a list from its coarse distance (||x - c||^2 for L2, <x, c> for IP;
+ * ignored without by_residual). */
+float tsr_ivfpq_scanner_base(const tsr_ivfpq_scanner *s, float coarse_dis);
+
+/* Called for each code whose score is <= the current threshold, with its position i in
+ * the list; returns the new threshold (a collector's worst kept score, +inf while it is
+ * not full). */
+typedef float (*tsr_ivfpq_sink_fn)(void *ctx, size_t i, float score);
+
+/* Scans n codes (n * code_size bytes) of one list: score_i = base + term[i] +
+ * sum_m T[m][code_m]; term is the list's tsr_ivfpq_list_terms (NULL when
+ * tsr_ivfpq_has_terms is 0). thr is the initial threshold; returns the final one. */
+float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t n,
+                             const float *term, float base, float thr,
+                             tsr_ivfpq_sink_fn sink, void *ctx);
+
+/* 1 when scores need a per-vector term (L2 with by_residual), else 0. */
+int tsr_ivfpq_has_terms(const tsr_ivfpq *ix);
+
+/* term[i] = ||y_i||^2 + 2<c_list, y_i> for n codes of list `list` (y_i the PQ
+ * reconstruction; only when tsr_ivfpq_has_terms). Returns 0 or TSR_ENOMEM/TSR_EINVAL. */
+int tsr_ivfpq_list_terms(const tsr_ivfpq *ix, size_t list, const uint8_t *codes, size_t n,
+                         float *term, tsr_error *err);
+
+/* The kernel AUTO resolves to, and whether a given one can run on this CPU. */
+enum tsr_simd tsr_ivfpq_search_simd_auto(void);
+int tsr_ivfpq_search_simd_supported(enum tsr_simd s);
+const char *tsr_ivfpq_search_simd_name(enum tsr_simd s);
+
+/* Codes ahead that the scalar kernel prefetches (one 64-byte line per code at M = 64;
+ * ~100 ns of memory latency at ~10 ns per code). */
+#define TSR__SCAN_PREFETCH 12
+
+/* ---- internal: 8-bit scan kernels (ivfpq_search.c, _avx2.c, _avx512.c) -------------- */
+/* out[i] = base + (term ? term[i] : 0) + sum_m T[m * 256 + codes[i * M + m]], i < n. */
+typedef void (*tsr__scan8_fn)(const float *T, size_t M, const uint8_t *codes, size_t n,
+                              const float *term, float base, float *out);
+void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
+                       const float *term, float base, float *out);
+void tsr__scan8_avx2(const float *T, size_t M, const uint8_t *codes, size_t n,
+                     const float *term, float base, float *out);
+void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
+                       const float *term, float base, float *out);
+
+/* ---- internal: the quantized prefilter (ivfpq_search.c, _avx512.c) -----------------
+ * Codes of a list are kept in the search cache transposed by blocks of TSR__FBLOCK:
+ * byte m of code i of a block at blk[m * TSR__FBLOCK + i]. Tq (M x 256 bytes) is the
+ * per-query table quantized down (Tq[m][j] * delta + qmin_m <= T[m][j]), so
+ *   lb_i = (base + term_i) + (qmin + delta * (float)Q_i),  Q_i = sum_m Tq[m][code_i[m]]
+ * (qmin = sum_m qmin_m) is a lower bound of the distance up to float rounding. Returns the
+ * mask of codes i < n (n <= TSR__FBLOCK) with !(lb_i > lim); lb (NULL or n floats) gets
+ * the bounds. Both kernels return bit-identical masks and bounds. */
+#define TSR__FBLOCK 64
+typedef uint64_t (*tsr__filter8_fn)(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                                    const float *term, float base, float qmin, float delta,
+                                    float lim, float *lb);
+uint64_t tsr__filter8_scalar(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb);
+uint64_t tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb);
+/* Quantizes a per-query table T (M <= 256 rows of 256 floats) down to Tq for the filter:
+ * Tq[m][j] = floor((T[m][j] - min_m) / delta) clamped to 255, one delta for all rows,
+ * *qmin = sum_m min_m, *tabs = sum_m max_j |T[m][j]| (for the rounding margin). Returns
+ * 0 when T has an infinity (no filter then), else 1. */
+int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, float *delta,
+                        float *tabs);
+/* The per-query table for IP and L2 by_residual (see build_table in ivfpq_search.c),
+ * bit-identical to the generic code; ksub % 16 == 0, AVX-512F. */
+void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
+                       float scale, float *T);
+/* 1 when the CPU runs tsr__filter8_avx512 (AVX-512 F, BW and VBMI). */
+int tsr__filter8_avx512_supported(void);
+
+#endif

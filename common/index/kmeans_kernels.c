@@ -1,0 +1,67 @@
+/*
+ * kmeans_kernels — scalar argmin/argmax of the assignment step and the run-time choice of
+ * the AVX-512 versions (kmeans_avx512.c). Set TSR_NO_SIMD=1 to force the scalar path.
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "index/kmeans_int.h"
+
+size_t tsr__argmin_l2_scalar(const float *ip, const float *cn, size_t n)
+{
+    size_t b = 0;
+    float bv = cn[0] - 2 * ip[0];
+    for (size_t j = 1; j < n; j++) {
+        float v = cn[j] - 2 * ip[j];
+        if (v < bv) {
+            bv = v;
+            b = j;
+        }
+    }
+    return b;
+}
+
+size_t tsr__argmax_scalar(const float *v, size_t n)
+{
+    size_t b = 0;
+    for (size_t j = 1; j < n; j++)
+        if (v[j] > v[b])
+            b = j;
+    return b;
+}
+
+void tsr__norms(const float *x, size_t n, size_t d, float *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float *r = x + i * d;
+        float s = 0;
+        for (size_t j = 0; j < d; j++)
+            s += r[j] * r[j];
+        out[i] = s;
+    }
+}
+
+/* Decided once, lazily, by whichever k-means thread gets here first; the training threads
+ * race to it, so it is atomic (they all compute the same value; TSan flagged the plain int). */
+static atomic_int use_avx512 = -1;
+
+static int simd_ok(void)
+{
+    int v = atomic_load_explicit(&use_avx512, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("TSR_NO_SIMD");
+        v = !(e != NULL && *e && *e != '0') && __builtin_cpu_supports("avx512f");
+        atomic_store_explicit(&use_avx512, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+size_t tsr__argmin_l2(const float *ip, const float *cn, size_t n)
+{
+    return simd_ok() ? tsr__argmin_l2_avx512(ip, cn, n) : tsr__argmin_l2_scalar(ip, cn, n);
+}
+
+size_t tsr__argmax(const float *v, size_t n)
+{
+    return simd_ok() ? tsr__argmax_avx512(v, n) : tsr__argmax_scalar(v, n);
+}

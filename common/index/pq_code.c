@@ -1,0 +1,191 @@
+/*
+ * pq_code — PQ encode/decode (see pq_code.h).
+ *
+ * DESIGN (threads): the vectors are split into contiguous ranges, one per thread; each
+ * thread has its own scratch buffers and writes only the codes of its range.
+ */
+#include "index/pq_code.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "index/kmeans_int.h"
+#include "index/knn.h"
+#include "core/mem.h"
+
+enum { ENC_BLOCK = 1024 };
+
+typedef struct {
+    float v;
+    uint32_t i;
+} vi;
+
+static int cmp_vi(const void *a, const void *b)
+{
+    const vi *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v < y->v ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+typedef struct {
+    const tsr_pq *pq;
+    const float *x;
+    uint8_t *codes;
+    /* dsub = 1: per sub-space sorted sub-centroids and, per sorted position, the first
+     * position holding the same value (so equal values resolve to the smallest number) */
+    vi *sorted;         /* M * ksub */
+    float *sorted_v;    /* M * ksub: the values of `sorted` alone, for the SIMD count */
+    int simd;           /* count with AVX-512 (ksub a multiple of 16, at most 1024) */
+    uint32_t *run;      /* M * ksub */
+    float *cnorms;      /* M * ksub (dsub > 1) */
+    int rc[TSR__MAX_THREADS];
+} enc_ctx;
+
+size_t tsr__count_le_avx512(const float *v, size_t k, float x);
+
+/* Number of sorted centroids <= x (binary search). */
+static inline size_t count_le(const vi *cs, size_t k, float x)
+{
+    size_t lo = 0, len = k;
+    while (len > 0) {
+        size_t half = len / 2;
+        if (cs[lo + half].v <= x) {
+            lo += half + 1;
+            len -= half + 1;
+        } else {
+            len = half;
+        }
+    }
+    return lo;
+}
+
+/* Nearest of the sorted 1-D centroids cs[0..k) to x given p = count of centroids <= x;
+ * ties to the smaller number. */
+static inline uint32_t nearest_1d(const vi *cs, const uint32_t *run, size_t k, float x, size_t p)
+{
+    if (p == 0)
+        return cs[0].i;
+    size_t a = run[p - 1];
+    if (p == k)
+        return cs[a].i;
+    float dl = (x - cs[a].v) * (x - cs[a].v), dh = (cs[p].v - x) * (cs[p].v - x);
+    return dh < dl || (dh == dl && cs[p].i < cs[a].i) ? cs[p].i : cs[a].i;
+}
+
+static void encode_range(void *arg, size_t begin, size_t end, int tid)
+{
+    enc_ctx *c = arg;
+    const tsr_pq *pq = c->pq;
+    size_t M = pq->M, dsub = pq->dsub, ksub = pq->ksub, d = pq->d, cs = pq->code_size;
+    memset(c->codes + begin * cs, 0, (end - begin) * cs);
+    if (dsub == 1) {
+        for (size_t i = begin; i < end; i++) {
+            const float *xr = c->x + i * d;
+            uint8_t *code = c->codes + i * cs;
+            for (size_t m = 0; m < M; m++) {
+                const vi *so = c->sorted + m * ksub;
+                float v = xr[m];
+                /* NaN compares false everywhere: p = 0 either way */
+                size_t p = c->simd ? tsr__count_le_avx512(c->sorted_v + m * ksub, ksub, v)
+                                   : count_le(so, ksub, v);
+                uint32_t j = nearest_1d(so, c->run + m * ksub, ksub, v, p);
+                tsr_pq_code_put(code, m, pq->nbits, j);
+            }
+        }
+        return;
+    }
+    float *slice = tsr_try_malloc(ENC_BLOCK, dsub * sizeof(float));
+    float *scratch = tsr_try_malloc(TSR__ASSIGN_SCRATCH, sizeof(float));
+    int64_t *as = tsr_try_malloc(ENC_BLOCK, sizeof(int64_t));
+    if (slice == NULL || scratch == NULL || as == NULL) {
+        c->rc[tid] = TSR_ENOMEM;
+        goto cleanup;
+    }
+    for (size_t b0 = begin; b0 < end; b0 += ENC_BLOCK) {
+        size_t nb = end - b0 < ENC_BLOCK ? end - b0 : ENC_BLOCK;
+        for (size_t m = 0; m < M; m++) {
+            for (size_t i = 0; i < nb; i++)
+                memcpy(slice + i * dsub, c->x + (b0 + i) * d + m * dsub, dsub * sizeof(float));
+            tsr__assign_rows(slice, nb, dsub, pq->centroids + m * ksub * dsub, ksub,
+                             c->cnorms + m * ksub, 0, scratch, as, NULL);
+            for (size_t i = 0; i < nb; i++)
+                tsr_pq_code_put(c->codes + (b0 + i) * cs, m, pq->nbits, (uint32_t)as[i]);
+        }
+    }
+cleanup:
+    free(slice);
+    free(scratch);
+    free(as);
+}
+
+int tsr_pq_encode(const tsr_pq *pq, const float *x, size_t n, uint8_t *codes, int threads,
+                  tsr_error *err)
+{
+    int rc = 0;
+    size_t M = pq->M, ksub = pq->ksub, dsub = pq->dsub;
+    enc_ctx *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return tsr_err(err, TSR_ENOMEM, "PQ encode: out of memory");
+    c->pq = pq;
+    c->x = x;
+    c->codes = codes;
+    if (dsub == 1) {
+        c->sorted = tsr_try_malloc(M * ksub, sizeof(vi));
+        c->run = tsr_try_malloc(M * ksub, sizeof(uint32_t));
+        c->sorted_v = tsr_try_malloc(M * ksub, sizeof(float));
+        if (c->sorted == NULL || c->run == NULL || c->sorted_v == NULL) {
+            rc = tsr_err(err, TSR_ENOMEM, "PQ encode: out of memory");
+            goto cleanup;
+        }
+        for (size_t m = 0; m < M; m++) {
+            vi *s = c->sorted + m * ksub;
+            uint32_t *r = c->run + m * ksub;
+            for (size_t j = 0; j < ksub; j++)
+                s[j] = (vi){pq->centroids[m * ksub + j], (uint32_t)j};
+            qsort(s, ksub, sizeof(vi), cmp_vi);
+            for (size_t j = 0; j < ksub; j++) {
+                r[j] = j > 0 && s[j].v == s[j - 1].v ? r[j - 1] : (uint32_t)j;
+                c->sorted_v[m * ksub + j] = s[j].v;
+            }
+        }
+        const char *e = getenv("TSR_NO_SIMD");
+        c->simd = ksub % 16 == 0 && ksub <= 1024 && !(e != NULL && *e && *e != '0') &&
+                  __builtin_cpu_supports("avx512f");
+    } else {
+        c->cnorms = tsr_try_malloc(M * ksub, sizeof(float));
+        if (c->cnorms == NULL) {
+            rc = tsr_err(err, TSR_ENOMEM, "PQ encode: out of memory");
+            goto cleanup;
+        }
+        tsr__norms(pq->centroids, M * ksub, dsub, c->cnorms);
+    }
+    if (threads > 1 && dsub > 1)
+        tsr_blas_set_threads(1); /* one BLAS thread inside each of ours */
+    tsr__parallel_for(threads, n, encode_range, c);
+    for (int t = 0; t < TSR__MAX_THREADS; t++)
+        if (c->rc[t] != 0) {
+            rc = tsr_err(err, c->rc[t], "PQ encode: out of memory");
+            break;
+        }
+cleanup:
+    free(c->sorted);
+    free(c->run);
+    free(c->sorted_v);
+    free(c->cnorms);
+    free(c);
+    return rc;
+}
+
+void tsr_pq_decode(const tsr_pq *pq, const uint8_t *codes, size_t n, float *x)
+{
+    size_t M = pq->M, dsub = pq->dsub, ksub = pq->ksub;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *code = codes + i * pq->code_size;
+        float *xr = x + i * pq->d;
+        for (size_t m = 0; m < M; m++) {
+            uint32_t j = tsr_pq_code_get(code, m, pq->nbits);
+            memcpy(xr + m * dsub, pq->centroids + (m * ksub + j) * dsub, dsub * sizeof(float));
+        }
+    }
+}

@@ -1,0 +1,188 @@
+/*
+ * rpc — the parts of the rpc module shared by server and client: status code names, the
+ * one mapping between TSR error codes and gRPC status codes, protobuf-c packing helpers,
+ * and small gRPC core utilities (reading byte buffers, deadlines, PEM files).
+ * The server is in rpc_server.c, the client in rpc_client.c; the API is in rpc.h.
+ */
+#include "net/rpc.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/support/time.h>
+
+#include "core/mem.h"
+#include "net/rpc_int.h"
+
+const char *tsr_rpc_code_name(int code)
+{
+    static const char *const names[] = {
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    };
+    if (code < 0 || code >= (int)(sizeof names / sizeof names[0]))
+        return "UNKNOWN_CODE";
+    return names[code];
+}
+
+int tsr_rpc_status_from_error(int tsr_code)
+{
+    switch (tsr_code) {
+    case TSR_OK: return TSR_RPC_OK;
+    case TSR_EINVAL: return TSR_RPC_INVALID_ARGUMENT;
+    case TSR_ENOTFOUND: return TSR_RPC_NOT_FOUND;
+    case TSR_ESTATE: return TSR_RPC_FAILED_PRECONDITION;
+    case TSR_EUNAVAILABLE: return TSR_RPC_UNAVAILABLE;
+    case TSR_ETIMEOUT: return TSR_RPC_DEADLINE_EXCEEDED;
+    case TSR_ELIMIT: return TSR_RPC_RESOURCE_EXHAUSTED;
+    default: return TSR_RPC_INTERNAL;
+    }
+}
+
+int tsr_rpc_error_from_status(int grpc_code)
+{
+    switch (grpc_code) {
+    case TSR_RPC_OK: return TSR_OK;
+    case TSR_RPC_INVALID_ARGUMENT:
+    case TSR_RPC_OUT_OF_RANGE: return TSR_EINVAL;
+    case TSR_RPC_NOT_FOUND: return TSR_ENOTFOUND;
+    case TSR_RPC_FAILED_PRECONDITION:
+    case TSR_RPC_ABORTED: return TSR_ESTATE;
+    case TSR_RPC_UNAVAILABLE:
+    case TSR_RPC_CANCELLED: return TSR_EUNAVAILABLE;
+    case TSR_RPC_DEADLINE_EXCEEDED: return TSR_ETIMEOUT;
+    case TSR_RPC_RESOURCE_EXHAUSTED: return TSR_ELIMIT;
+    case TSR_RPC_UNIMPLEMENTED: return TSR_EUNSUPPORTED;
+    default: return TSR_EINTERNAL;
+    }
+}
+
+uint8_t *tsr_rpc_pack(const ProtobufCMessage *msg, size_t *len)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = tsr_try_malloc(n ? n : 1, 1);
+    if (!buf)
+        return NULL;
+    *len = protobuf_c_message_pack(msg, buf);
+    return buf;
+}
+
+/* ---- internal helpers ---- */
+
+atomic_int tsr__rpc_pollers_running;
+
+char *tsr__rpc_read_file(const char *path, const char *what, tsr_error *err)
+{
+    enum { MAX = 1 << 20 };
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        tsr_err(err, TSR_EIO, "%s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    char *buf = tsr_try_malloc(MAX + 1, 1);
+    if (!buf) {
+        fclose(f);
+        tsr_err(err, TSR_ENOMEM, "%s %s: out of memory", what, path);
+        return NULL;
+    }
+    size_t n = fread(buf, 1, MAX + 1, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        tsr_err(err, TSR_EIO, "%s %s: read error", what, path);
+        return NULL;
+    }
+    if (n > MAX) {
+        free(buf);
+        tsr_err(err, TSR_ELIMIT, "%s %s: larger than 1 MiB, not a PEM file", what, path);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
+char *tsr__rpc_slice_strdup(grpc_slice s)
+{
+    size_t n = GRPC_SLICE_LENGTH(s);
+    char *p = tsr_xmalloc(n + 1);
+    if (n)
+        memcpy(p, GRPC_SLICE_START_PTR(s), n);
+    p[n] = 0;
+    return p;
+}
+
+grpc_slice tsr__rpc_buffer_to_slice(grpc_byte_buffer *bb)
+{
+    grpc_byte_buffer_reader rd;
+    if (!grpc_byte_buffer_reader_init(&rd, bb))
+        return grpc_empty_slice();
+    grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
+    grpc_byte_buffer_reader_destroy(&rd);
+    return s;
+}
+
+int64_t tsr__rpc_remaining_ms(gpr_timespec d)
+{
+    if (gpr_time_cmp(d, gpr_inf_future(d.clock_type)) == 0)
+        return INT64_MAX;
+    gpr_timespec m = gpr_convert_clock_type(d, GPR_CLOCK_MONOTONIC);
+    gpr_timespec left = gpr_time_sub(m, gpr_now(GPR_CLOCK_MONOTONIC));
+    return gpr_time_to_millis(left);
+}
+
+gpr_timespec tsr__rpc_deadline(int64_t timeout_ms)
+{
+    if (timeout_ms <= 0)
+        timeout_ms = 30000;
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+}
+
+#if defined(__SANITIZE_THREAD__)
+/* gRPC core, gpr and abseil are not built with ThreadSanitizer, so their internal
+ * synchronization is invisible to it and their own accesses show up as races (e.g. abseil's
+ * deadlock-detection graph, epoll fds). Suppress reports that happen inside those
+ * libraries; races in Tessera's code still report (rpc marks its hand-overs to core with
+ * TSR_TSAN_RELEASE/ACQUIRE). Picked up by the TSan runtime in every binary that links
+ * the rpc module. */
+const char *__tsan_default_suppressions(void);
+const char *__tsan_default_suppressions(void)
+{
+    return "called_from_lib:libgrpc.so\n"
+           "called_from_lib:libgpr.so\n"
+           "called_from_lib:libupb.so\n"
+           "called_from_lib:libcrypto.so.3\n"
+           "called_from_lib:libssl.so.3\n"
+           "race:libcrypto.so\n"
+           "race:libssl.so\n"
+           "race:absl::\n"
+           "race:grpc_core::\n"
+           "race:grpc_event_engine::\n"
+           "race:libgrpc.so\n"
+           "race:libgpr.so\n"
+           "race:libabsl_*\n"
+           "deadlock:libgrpc.so\n"
+           "deadlock:libabsl_*\n"
+           "mutex:libgrpc.so\n";
+}
+#endif
