@@ -1,11 +1,13 @@
 # Tessera — GNU Makefile.
 #   make            build bin/tessera, bin/tessera-shard, bin/tessera-coordinator, libtessera.a
-#   make test       build and run every test (unit, interop, integration, fuzz-corpus replay)
+#   make test       build and run every test (layers, unit, tools, interop, deploy, integration,
+#                   fuzz-corpus replay)
+#   make check-layers  the include rules between common/'s layers (part of make test)
 #   make test-san   the unit, interop, integration and fault tests against ASan+UBSan
 #   make deps       install the Debian packages the project needs (idempotent)
 #   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
 #   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
-#   make bench-search | bench-ingest | bench-rpc | bench-e2e   benchmarks (not part of test)
+#   make bench-search | bench-ingest | bench-rpc | bench-e2e | bench-query   benchmarks (not part of test)
 
 CC       ?= cc
 OPT      ?= -O2
@@ -67,7 +69,7 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: fuzz-build all deps test test-san test-unit test-interop test-integration test-fuzz-replay fuzz clean \
+PHONY: check-layers fuzz-build all deps test test-san test-unit test-interop test-integration test-fuzz-replay fuzz clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo
 all: $(TARGETS)
 
@@ -121,7 +123,7 @@ export TSR_BUILD := $(abspath $(BUILD))
 # `make test` also builds the ASan+UBSan binaries (tests that probe hostile input run them
 # too, via TSR_SAN_BIN) and the libFuzzer harnesses whose corpora it replays.
 SAN_BIN := $(abspath build/san-address-undefined/bin)
-test: all $(UNIT_BINS) fuzz-build
+test: check-layers all $(UNIT_BINS) fuzz-build
 ifndef SANITIZE
 	@$(MAKE) --no-print-directory SANITIZE=address,undefined all
 	@TSR_SAN_BIN=$(SAN_BIN) tests/run.sh all
@@ -138,6 +140,11 @@ else
 test-san: all $(UNIT_BINS)
 	@TSR_SAN_BIN=$(TSR_BIN) tests/run.sh unit interop integration faults
 endif
+
+# The include rules of docs/architecture.md ("Layers"): a file includes only its own layer
+# and the layers below it; an internal header (*_int.h) only from its own folder.
+check-layers:
+	@/usr/bin/python3 tests/tools/check_layers.py
 
 test-unit: all $(UNIT_BINS)
 	@tests/run.sh unit

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Test runner for `make test`. Suites: unit, interop, integration, faults, fuzz-replay, all.
-# Every suite prints PASS/FAIL per test and the runner exits non-zero if any failed.
+# Test runner for `make test`. Suites: unit, tools, interop, deploy, integration, faults,
+# fuzz-replay, all.
+# Every suite prints PASS/FAIL/SKIP per test and the runner exits non-zero if any failed.
+# A test that cannot run here (no root, a missing tool) exits 77 (the automake convention)
+# and shows as SKIP with its reason (its last output line), never as PASS.
 # TSR_BIN (binaries) and TSR_BUILD (build dir) come from the Makefile.
 set -u
 cd "$(dirname "$0")/.."
 # Several suites may be given: tests/run.sh unit integration fuzz-replay
 suites=" ${*:-all} "
 want() { [[ $suites == *" $1 "* || $suites == *" all "* ]]; }
-fails=0; passes=0; failed=()
+fails=0; passes=0; skips=0; failed=()
 PY=/usr/bin/python3
 export PYTHONDONTWRITEBYTECODE=1
 
@@ -15,9 +18,14 @@ run() { # name cmd...
   local name=$1; shift
   local t0=$(date +%s%N)
   local log; log=$(mktemp)
-  if "$@" >"$log" 2>&1; then
+  "$@" >"$log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then
     passes=$((passes+1)); local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     printf 'PASS %-50s %4d.%03ds\n' "$name" $((ms/1000)) $((ms%1000))
+  elif [ $rc -eq 77 ]; then
+    skips=$((skips+1))
+    printf 'SKIP %-50s %s\n' "$name" "$(grep -v '^[[:space:]]*$' "$log" | tail -1)"
   else
     fails=$((fails+1)); failed+=("$name")
     printf 'FAIL %-50s\n' "$name"; sed 's/^/    | /' "$log" | tail -60
@@ -31,6 +39,13 @@ if want unit; then
     run "unit/$(basename "$t")" "$t"
   done
 fi
+# The tree's own checkers (tests/tools: check-layers and its planted violations).
+if want tools; then
+  for t in tests/tools/test_*.py; do
+    [ -f "$t" ] || continue
+    run "tools/$(basename "$t")" $PY "$t"
+  done
+fi
 if want interop; then
   for t in tests/interop/test_*.py; do
     [ -f "$t" ] || continue
@@ -39,6 +54,14 @@ if want interop; then
   for t in tests/interop/test_*.sh; do
     [ -f "$t" ] || continue
     run "interop/$(basename "$t")" bash "$t"
+  done
+fi
+# Deployment lint: the Dockerfile and the Kubernetes manifests against the Makefile and
+# the binaries' flags (static checks; tests/deploy/).
+if want deploy; then
+  for t in tests/deploy/test_*.py; do
+    [ -f "$t" ] || continue
+    run "deploy/$(basename "$t")" $PY "$t"
   done
 fi
 if want integration; then
@@ -67,5 +90,5 @@ if want fuzz-replay; then
     run "fuzz-replay/$n" "$f" -runs=0 "tests/fuzz/corpus/$n"
   done
 fi
-echo "---- $passes passed, $fails failed"
+echo "---- $passes passed, $fails failed, $skips skipped"
 [ $fails -eq 0 ] || { printf '  failed: %s\n' "${failed[@]}"; exit 1; }

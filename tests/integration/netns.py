@@ -83,7 +83,7 @@ def available():
 def skip_unless_available():
     if not available():
         print(SKIP_MSG)
-        sys.exit(0)
+        sys.exit(77)
 
 
 class Net:

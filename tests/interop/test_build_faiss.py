@@ -5,8 +5,7 @@ nlist 100, PQ 8 x 8 bits; plus one 6-bit run):
   * the file loads with faiss.read_index and its ntotal / nlist / metric / by_residual /
     PQ shape are what was asked for, every vector is in the list of its nearest centroid;
   * Faiss's search on it equals `tessera index search` (same labels in the same order for
-    >= 99% of 1000 queries at k = 10, distances within 1e-4 relative) -- skipped with a
-    message while `index search` is still the placeholder;
+    >= 99% of 1000 queries at k = 10, distances within 1e-4 relative);
   * recall 10@10 at nprobe 16 is not below that of an index Faiss trains on the same
     data with the same parameters by more than 0.01.
 Env: TSR_BIN (directory of the tessera binary).
@@ -48,11 +47,6 @@ def clustered(rng, n, d, nc):
 
 def recall(I, G):
     return float(np.mean([len(set(I[i]) & set(G[i])) / K for i in range(len(G))]))
-
-
-def search_is_placeholder():
-    r = subprocess.run([TSR, "index", "search", "--help"], capture_output=True, text=True)
-    return r.returncode == 2 and "not built yet" in (r.stdout + r.stderr)
 
 
 def check_batch(tmp, failures):
@@ -136,10 +130,6 @@ def main():
     x = clustered(rng, N, D, 300)
     q = (x[rng.integers(0, N, NQ)] + 0.7 * rng.normal(size=(NQ, D))).astype(np.float32)
     failures = []
-    placeholder = search_is_placeholder()
-    if placeholder:
-        print("SKIP search comparison: `tessera index search` is still the placeholder on "
-              "this branch (merge main once the search module lands)")
     with tempfile.TemporaryDirectory() as tmp:
         xf = os.path.join(tmp, "x.fvecs")
         qf = os.path.join(tmp, "q.fvecs")
@@ -214,8 +204,6 @@ def main():
                     failures.append("%s: recall %.4f is more than 0.01 below Faiss's %.4f" %
                                     (name, r_t, r_f))
 
-            if placeholder:
-                continue
             io = os.path.join(tmp, "I.ivecs")
             do = os.path.join(tmp, "D.fvecs")
             r = subprocess.run([TSR, "index", "search", "--index", out, "--queries", qf, "--k",

@@ -553,66 +553,13 @@ static void test_random_reference(void **state)
     }
 }
 
-/* Speed of the per-row test (printed; a figure for docs, not a pass/fail bound). */
-static void test_match_speed(void **state)
-{
-    enum { R = 200000 };
-    static const char *colors[] = {"red", "green", "blue", "black", "white"};
-    static const char *shapes[] = {"square", "circle", "star"};
-    tsr_filter_dict *d = tsr_filter_dict_create();
-    tsr_filter_meta *m = tsr_filter_meta_create(d);
-    srand(3);
-    for (int i = 0; i < R; i++) {
-        tsr_datapoint dp;
-        tsr_datapoint_init(&dp);
-        char spec[64];
-        snprintf(spec, sizeof spec, "%s,%s", colors[rand() % 5], colors[rand() % 5]);
-        add_restrict(&dp.restricts, &dp.nrestricts, "color", spec);
-        add_restrict(&dp.restricts, &dp.nrestricts, "shape", shapes[rand() % 3]);
-        snprintf(spec, sizeof spec, "t%d", rand() % 1000);
-        add_restrict(&dp.restricts, &dp.nrestricts, "tag", spec);
-        add_numeric(&dp, "price", TSR_NUM_INT, 0, rand() % 100);
-        assert_int_equal(tsr_filter_meta_add(m, i, &dp, NULL, NULL), 0);
-        tsr_datapoint_close(&dp);
-    }
-    tsr_token_restrict *q = NULL;
-    size_t nq = 0;
-    add_restrict(&q, &nq, "color", "red,blue,!black");
-    add_restrict(&q, &nq, "shape", "square,star");
-    tsr_numeric_query nn = {"price", TSR_NUM_INT, {.i = 50}, TSR_OP_LESS};
-    tsr_filter *f;
-    assert_int_equal(tsr_filter_compile(d, q, nq, &nn, 1, &f, NULL), 0);
-    struct timespec t0, t1;
-    size_t hits = 0;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-    for (int rep = 0; rep < 5; rep++)
-        for (uint32_t r = 0; r < R; r++)
-            hits += (size_t)tsr_filter_match(f, m, r);
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-    double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / (5.0 * R);
-    tsr_filter_scan scan = {f, m};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-    size_t hits2 = 0;
-    for (int64_t l = 0; l < R; l++)
-        hits2 += (size_t)tsr_filter_accept_label(&scan, l);
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-    double ns2 = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / R;
-    assert_int_equal(hits, 5 * hits2);
-    printf("filter (CPU time): %.1f ns per row (tsr_filter_match), %.1f ns per label (accept callback), "
-           "%zu of %d rows match\n", ns, ns2, hits2, R);
-    tsr_filter_destroy(f);
-    free_restricts(q, nq);
-    tsr_filter_meta_destroy(m);
-    tsr_filter_dict_destroy(d);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worked_example),     cmocka_unit_test(test_and_across_namespaces),
         cmocka_unit_test(test_numeric_ops),        cmocka_unit_test(test_numeric_int_exact),
         cmocka_unit_test(test_numeric_and_tokens), cmocka_unit_test(test_dict_meta_callback),
-        cmocka_unit_test(test_random_reference),   cmocka_unit_test(test_match_speed),
+        cmocka_unit_test(test_random_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

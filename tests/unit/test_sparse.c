@@ -282,51 +282,12 @@ static void test_duplicates_and_errors(void **state)
     tsr_sparse_builder_destroy(b);
 }
 
-static void test_build_speed(void **state)
-{
-    /* 100k rows x 20 nonzeros = 2M nonzeros over 30k dims */
-    enum { R = 100000, Z = 20 };
-    tsr_sparse_builder *b = tsr_sparse_builder_create();
-    int64_t d[Z];
-    float v[Z];
-    rng_state = 1;
-    for (uint32_t r = 0; r < R; r++) {
-        for (int j = 0; j < Z; j++) {
-            d[j] = (int64_t)(rnd() % 30000);
-            v[j] = (float)(rnd() % 100) / 100.0f;
-        }
-        assert_int_equal(tsr_sparse_builder_add(b, r, d, v, Z, NULL), 0);
-    }
-    struct timespec t0, t1, t2;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-    tsr_sparse_index *ix;
-    assert_int_equal(tsr_sparse_builder_finish(b, R, &ix, NULL), 0);
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-    tsr_hit out[10];
-    size_t n;
-    for (int q = 0; q < 200; q++) {
-        for (int j = 0; j < 10; j++) {
-            d[j] = (int64_t)(rnd() % 30000);
-            v[j] = 1.0f;
-        }
-        assert_int_equal(tsr_sparse_search(ix, d, v, 10, 10, 0, NULL, NULL, out, &n, NULL), 0);
-    }
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t2);
-    double bs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    double qs = (double)(t2.tv_sec - t1.tv_sec) + (double)(t2.tv_nsec - t1.tv_nsec) / 1e9;
-    printf("sparse (CPU time): build of %d nonzeros %.3f s; 10-dim query over %d rows %.1f us\n", R * Z,
-           bs, R, qs / 200 * 1e6);
-    tsr_sparse_index_destroy(ix);
-    tsr_sparse_builder_destroy(b);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_brute_force),
         cmocka_unit_test(test_filter_crowding),
         cmocka_unit_test(test_duplicates_and_errors),
-        cmocka_unit_test(test_build_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
