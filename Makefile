@@ -69,7 +69,7 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-PHONY: check-layers fuzz-build all deps test test-san test-unit test-interop test-integration test-fuzz-replay fuzz clean \
+.PHONY: check-layers fuzz-build all deps test test-san test-unit test-interop test-integration test-fuzz-replay fuzz clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo
 all: $(TARGETS)
 
