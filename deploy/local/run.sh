@@ -3,11 +3,12 @@
 # supervised by `tessera cluster up`), apply a generated sample batch (dense + sparse +
 # restricts + numeric restricts + crowding tags), print sample queries with their answers,
 # then keep serving until Ctrl-C.   deploy/local/run.sh [--demo]   (--demo: exit after)
-# Env: TSR_PORT (default 7000), TSR_RUN_DIR (default build/run), TSR_SHARDS (default 4).
+# Env: TSR_PORT (default 7000), TSR_RUN_DIR (default build/run-$TSR_PORT: one folder per
+# port, so a second local cluster never touches the first one's data), TSR_SHARDS (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 demo=0; [ "${1:-}" = "--demo" ] && demo=1
-port=${TSR_PORT:-7000}; dir=${TSR_RUN_DIR:-build/run}; shards=${TSR_SHARDS:-4}
+port=${TSR_PORT:-7000}; dir=${TSR_RUN_DIR:-build/run-$port}; shards=${TSR_SHARDS:-4}
 bin=${TSR_BIN:-bin}
 target=127.0.0.1:$port
 # The coordinator takes $port and shard i takes $port+1+i: refuse to start when one of them
@@ -19,6 +20,19 @@ for p in $(seq "$port" $((port + shards))); do
     exit 1
   fi
 done
+# The folder is rebuilt from scratch: refuse when a process still holds one of its data
+# directories (each holds DIR/LOCK with flock while it runs), whatever port it serves.
+if [ -d "$dir" ]; then
+  for lock in "$dir"/coordinator/LOCK "$dir"/shard-*/LOCK; do
+    [ -f "$lock" ] || continue
+    if ! flock -n "$lock" true 2>/dev/null; then
+      echo "$dir is in use by a running cluster ($lock is locked); stop it first, or pick" \
+           "another folder: TSR_RUN_DIR=build/run-other TSR_PORT=$((port + 100))" \
+           "make $([ $demo = 1 ] && echo demo || echo run)" >&2
+      exit 1
+    fi
+  done
+fi
 rm -rf "$dir"; mkdir -p "$dir"
 echo "== generating a sample batch in $dir/sample/batch"
 /usr/bin/python3 tests/data/gen_sample.py "$dir/sample/batch" --n 6000 --dims 64
