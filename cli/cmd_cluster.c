@@ -221,7 +221,7 @@ static void usage(FILE *f)
             "  --tls-server-name); the coordinator verifies the shards with --tls-ca. --mtls also\n"
             "  requires client certificates signed by --tls-ca on every port (the coordinator\n"
             "  presents the same certificate to the shards: it needs clientAuth usage or none).\n"
-            "  Ranges: --shards 1..64, --port 1..65535 (with P+S <= 65535), --dimensions 1..65536,\n"
+            "  Ranges: --shards 1..64, --port 1..65535 (P+S <= 65535), --dimensions 1..65536,\n"
             "  --nlist 1..1048576, --pq-m 1..65536, --nprobe 1..1048576.\n"
             "Exit status: 0 after SIGINT or SIGTERM stopped the cluster, 1 when it cannot start\n"
             "(data directory, config file), 2 on usage errors (flags, TLS files).\n");

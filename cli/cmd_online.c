@@ -224,9 +224,6 @@ typedef struct {
     "  --tls-ca FILE          use TLS, trusting this CA (PEM) for the coordinator's certificate\n" \
     "  --tls-cert FILE --tls-key FILE  client certificate (coordinator with mutual TLS)\n"       \
     "  --tls-server-name N    name to check in the certificate instead of ADDR's host\n"
-/* The end of every online command's --help. */
-#define EXIT_USAGE(one)                                                                    \
-    "Exit status: 0 success, 1 " one ", 2 usage error (flags, TLS files).\n"
 
 /* Parses an online command's flags; max_args positional arguments go to argv[1..*nargs].
  * Returns -1 to go on, else the exit code (0 after --help, 2 usage error). */
@@ -368,18 +365,18 @@ static void query_usage(FILE *f)
             "  --k K                  neighbors per query, 1..10000 (default 10)\n"
             "  --restrict ns=a,b      allow tokens a or b in namespace ns (repeatable; AND across ns)\n"
             "  --deny ns=c            deny token c in namespace ns (repeatable)\n"
-            "  --numeric \"ns>=3\"      numeric restrict (repeatable); ops < <= = == != >= > (= is ==);\n"
-            "                         value 3 int, 1.5 double, 1.5f float\n"
+            "  --numeric \"ns>=3\"      numeric restrict, repeatable; OP: < <= = == != >= >\n"
+            "                         (= is ==); value 3 int, 1.5 double, 1.5f float\n"
             "  --crowding N           at most N neighbors per crowding tag (0 = no limit)\n"
-            "  --candidates N         approximate_neighbor_count, 0..10000: re-rank N PQ candidates\n"
-            "                         exactly\n"
-            "  --fraction F           fraction of coarse lists to probe, 0..1 (0 = the index default)\n"
+            "  --candidates N         approximate_neighbor_count, 0..10000: re-rank N PQ\n"
+            "                         candidates exactly\n"
+            "  --fraction F           fraction of coarse lists to probe, 0..1 (0: index default)\n"
             "  --full                 return full datapoints\n"
             "  --allow-partial        answer from the reachable shards if one is down\n"
             "  --timeout-ms T         deadline, 1..86400000 (default 10000)\n"
             "  --json                 one JSON document on stdout\n" TLS_USAGE
-            EXIT_USAGE("the coordinator refused or failed the query (or the queries file is "
-                       "unreadable)"));
+            "Exit status: 0 success, 1 the query failed (coordinator refused or unreachable,\n"
+            "unreadable --queries file), 2 usage error (flags, TLS files).\n");
 }
 
 /* Adds the --restrict, --deny and --numeric values to the query. Returns 0, or 2 after
@@ -637,8 +634,8 @@ static void update_usage(FILE *f)
             "  --timeout-s T            how long to wait for the operation, 0..31536000 (default\n"
             "                           3600)\n"
             TLS_USAGE
-            EXIT_USAGE("the batch was rejected, the update failed or is still running after "
-                       "--timeout-s"));
+            "Exit status: 0 the update succeeded, 1 it was rejected or failed (or still runs\n"
+            "after --timeout-s), 2 usage error (flags, TLS files).\n");
 }
 
 int tsr_cmd_update(int argc, char **argv)
@@ -792,7 +789,9 @@ static void read_usage(FILE *f)
     fprintf(f, "usage: tessera read --target ADDR [--tls-ca FILE ...] [--] ID...\n"
                "  Prints the stored datapoints of the ids, one JSON line each (ids that start\n"
                "  with '-' go after --).\n"
-               TLS_USAGE EXIT_USAGE("an id is missing or the coordinator refused the read"));
+               TLS_USAGE
+               "Exit status: 0 success, 1 an id is missing or the read failed, 2 usage error\n"
+               "(flags, TLS files).\n");
 }
 
 int tsr_cmd_read(int argc, char **argv)
@@ -851,7 +850,9 @@ static void stats_usage(FILE *f)
 {
     fprintf(f, "usage: tessera stats --target ADDR [--json] [--tls-ca FILE ...]\n"
                "  Prints the index version, vector counts and per-shard state.\n"
-               TLS_USAGE EXIT_USAGE("the coordinator is unreachable or refused"));
+               TLS_USAGE
+               "Exit status: 0 success, 1 the coordinator refused or is unreachable, 2 usage\n"
+               "error (flags, TLS files).\n");
 }
 
 int tsr_cmd_stats(int argc, char **argv)

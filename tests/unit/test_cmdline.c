@@ -266,7 +266,8 @@ static void test_positional(void **state)
     char *two[] = {"prog", "in", "out", "more", NULL};
     assert_int_equal(parse_typed(4, two, 2, &n, &code), 1);
     assert_int_equal(code, 2);
-    assert_string_equal(captured, "tessera x: unexpected argument 'more' (see 'tessera x --help')\n");
+    assert_string_equal(captured,
+                        "tessera x: unexpected argument 'more' (see 'tessera x --help')\n");
     assert_int_equal(TYPED(&code, "--k", "3", "stray"), 1); /* max_args 0 */
     assert_int_equal(code, 2);
     /* tsr_cmdline_parse takes no positional argument */
