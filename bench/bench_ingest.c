@@ -16,7 +16,7 @@
 #include "batch/batch_csv.h"
 #include "batch/batch_json.h"
 #if defined(__has_include)
-#if __has_include("batch_avro.h")
+#if __has_include("batch/batch_avro.h")
 #include "batch/batch_avro.h"
 #define HAVE_AVRO 1
 #endif

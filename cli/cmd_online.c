@@ -410,6 +410,51 @@ static int query_restricts(const tsr_cmdline_list *allow, const tsr_cmdline_list
     return 0;
 }
 
+/* Prints the neighbors of each query of resp (a table unless as_json) and appends one
+ * JSON object per query to all. sparse: the query had a sparse part (print its distance). */
+static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int sparse,
+                            int as_json, json_t *all)
+{
+    for (size_t i = 0; i < resp->n_nearest_neighbors; i++) {
+        const Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn =
+            resp->nearest_neighbors[i];
+        json_t *qo = json_object(), *na = json_array();
+        json_object_set_new(qo, "query", json_string(nn->id));
+        if (!as_json)
+            printf("query %s (version %lld)\n", nn->id, (long long)resp->version);
+        for (size_t j = 0; j < nn->n_neighbors; j++) {
+            const Tessera__V1__FindNeighborsResponse__Neighbor *nb1 = nn->neighbors[j];
+            json_t *no = nb1->datapoint ? datapoint_json(nb1->datapoint) : json_object();
+            json_object_set_new(no, "distance", json_real(nb1->distance));
+            if (sparse)
+                json_object_set_new(no, "sparse_distance", json_real(nb1->sparse_distance));
+            if (!as_json) {
+                const char *tag = nb1->datapoint && nb1->datapoint->crowding_tag
+                                      ? nb1->datapoint->crowding_tag->crowding_attribute
+                                      : "";
+                printf("  %2zu  %-24s distance %-12.6g", j + 1,
+                       nb1->datapoint ? nb1->datapoint->datapoint_id : "?", nb1->distance);
+                if (sparse)
+                    printf(" sparse %-12.6g", nb1->sparse_distance);
+                printf("%s%s\n", tag && tag[0] ? " tag " : "", tag && tag[0] ? tag : "");
+            }
+            json_array_append_new(na, no);
+        }
+        json_object_set_new(qo, "neighbors", na);
+        json_object_set_new(qo, "version", json_integer(resp->version));
+        if (resp->n_missing_shards) {
+            json_t *ms = json_array();
+            for (size_t m = 0; m < resp->n_missing_shards; m++)
+                json_array_append_new(ms, json_string(resp->missing_shards[m]));
+            json_object_set_new(qo, "missing_shards", ms);
+            if (!as_json)
+                fprintf(stderr, PROG ": partial answer, %zu shard(s) missing\n",
+                        resp->n_missing_shards);
+        }
+        json_array_append_new(all, qo);
+    }
+}
+
 int tsr_cmd_query(int argc, char **argv)
 {
     const char *target = NULL, *vector = NULL, *qfile = NULL, *sparse = NULL;
@@ -541,45 +586,8 @@ int tsr_cmd_query(int argc, char **argv)
             print_rpc_failure(PROG, "FindNeighbors", target, &res);
             rc = 1;
         } else {
-            Tessera__V1__FindNeighborsResponse *resp = (Tessera__V1__FindNeighborsResponse *)out;
-            for (size_t i = 0; i < resp->n_nearest_neighbors; i++) {
-                const Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn =
-                    resp->nearest_neighbors[i];
-                json_t *qo = json_object(), *na = json_array();
-                json_object_set_new(qo, "query", json_string(nn->id));
-                if (!as_json)
-                    printf("query %s (version %lld)\n", nn->id, (long long)resp->version);
-                for (size_t j = 0; j < nn->n_neighbors; j++) {
-                    const Tessera__V1__FindNeighborsResponse__Neighbor *nb1 = nn->neighbors[j];
-                    json_t *no = nb1->datapoint ? datapoint_json(nb1->datapoint) : json_object();
-                    json_object_set_new(no, "distance", json_real(nb1->distance));
-                    if (sparse)
-                        json_object_set_new(no, "sparse_distance", json_real(nb1->sparse_distance));
-                    if (!as_json) {
-                        const char *tag = nb1->datapoint && nb1->datapoint->crowding_tag
-                                              ? nb1->datapoint->crowding_tag->crowding_attribute
-                                              : "";
-                        printf("  %2zu  %-24s distance %-12.6g", j + 1,
-                               nb1->datapoint ? nb1->datapoint->datapoint_id : "?", nb1->distance);
-                        if (sparse)
-                            printf(" sparse %-12.6g", nb1->sparse_distance);
-                        printf("%s%s\n", tag && tag[0] ? " tag " : "", tag && tag[0] ? tag : "");
-                    }
-                    json_array_append_new(na, no);
-                }
-                json_object_set_new(qo, "neighbors", na);
-                json_object_set_new(qo, "version", json_integer(resp->version));
-                if (resp->n_missing_shards) {
-                    json_t *ms = json_array();
-                    for (size_t m = 0; m < resp->n_missing_shards; m++)
-                        json_array_append_new(ms, json_string(resp->missing_shards[m]));
-                    json_object_set_new(qo, "missing_shards", ms);
-                    if (!as_json)
-                        fprintf(stderr, PROG ": partial answer, %zu shard(s) missing\n",
-                                resp->n_missing_shards);
-                }
-                json_array_append_new(all, qo);
-            }
+            print_neighbors((Tessera__V1__FindNeighborsResponse *)out, sparse != NULL, as_json,
+                            all);
             protobuf_c_message_free_unpacked(out, NULL);
         }
         tsr_rpc_result_close(&res);
