@@ -12,11 +12,11 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "batch/batch.h"
 #include "batch/batch_csv.h"
 #include "batch/batch_json.h"
-#include "batch/batch_util.h"
 #if defined(__has_include)
-#if __has_include("batch_avro.h")
+#if __has_include("batch/batch_avro.h")
 #include "batch/batch_avro.h"
 #define HAVE_AVRO 1
 #endif
@@ -86,7 +86,7 @@ static void gen(const char *path, int json, size_t n, size_t dims)
         else
             fprintf(f, "id-%07zu", i);
         for (size_t d = 0; d < dims; d++) {
-            tsr__fmt_float(num, sizeof num, rnd());
+            tsr_batch_fmt_float(num, sizeof num, rnd());
             if (json)
                 fprintf(f, d ? ", %s" : "%s", num);
             else

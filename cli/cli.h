@@ -2,6 +2,11 @@
  * cli — shared declarations of the `tessera` command-line tool. Each command lives in
  * its own cmd_*.c and is reached from the table in main.c. A command returns the
  * process exit code: 0 success, 1 failure (bad input, rejected batch), 2 usage error.
+ *
+ * Conventions of every command: options are parsed with tsr_cmdline_parse_spec (brief
+ * usage errors: one line naming the flag, then a pointer to --help); every message
+ * starts with "tessera <command>: " (e.g. "tessera index search: ", "tessera query: ");
+ * --help ends with the exit codes.
  */
 #ifndef TSR_CLI_H
 #define TSR_CLI_H
@@ -18,8 +23,5 @@ int tsr_cmd_read(int argc, char **argv);
 int tsr_cmd_stats(int argc, char **argv);
 int tsr_cmd_health(int argc, char **argv);
 int tsr_cmd_cluster_up(int argc, char **argv);
-
-/* True when argv contains -h or --help. */
-int tsr_cli_wants_help(int argc, char **argv);
 
 #endif

@@ -5,14 +5,15 @@
  * Exit 0 accepted, 1 rejected (nothing printed on stdout), 2 usage error.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "batch/batch.h"
-#include "batch/batch_util.h"
 #include "cli.h"
+#include "core/cmdline.h"
+
+#define PROG "tessera batch inspect"
 
 static void usage(FILE *f)
 {
@@ -31,7 +32,7 @@ static void usage(FILE *f)
             "  --max-invalid-records N     skip up to N invalid records (default 0: any invalid\n"
             "                              record rejects the batch)\n"
             "  --report FILE               also write the report as JSON to FILE\n"
-            "  --threads T                 reader threads (default: number of cores)\n"
+            "  --threads T                 reader threads, 0..256 (default 0: number of cores)\n"
             "\n"
             "Exit status: 0 batch accepted, 1 batch rejected, 2 usage error.\n");
 }
@@ -68,7 +69,7 @@ static void put_str(FILE *f, const char *s)
 static void put_float(FILE *f, float v)
 {
     char b[48];
-    tsr__fmt_float(b, sizeof b, v);
+    tsr_batch_fmt_float(b, sizeof b, v);
     fputs(b, f);
 }
 
@@ -140,11 +141,11 @@ static void put_record(FILE *f, const tsr_datapoint *dp)
                 fprintf(f, ", \"value_int\": %lld}", (long long)r->v.i);
                 break;
             case TSR_NUM_FLOAT:
-                tsr__fmt_float(b, sizeof b, r->v.f);
+                tsr_batch_fmt_float(b, sizeof b, r->v.f);
                 fprintf(f, ", \"value_float\": %s}", b);
                 break;
             case TSR_NUM_DOUBLE:
-                tsr__fmt_double(b, sizeof b, r->v.d);
+                tsr_batch_fmt_double(b, sizeof b, r->v.d);
                 fprintf(f, ", \"value_double\": %s}", b);
                 break;
             }
@@ -158,84 +159,27 @@ static void put_record(FILE *f, const tsr_datapoint *dp)
     fputs("}\n", f);
 }
 
-static int parse_u64(const char *s, unsigned long long *out)
-{
-    if (s == NULL || *s == '\0' || *s == '-')
-        return -1;
-    char *end;
-    errno = 0;
-    *out = strtoull(s, &end, 10);
-    return (errno != 0 || *end != '\0') ? -1 : 0;
-}
-
 int tsr_cmd_batch_inspect(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"batch-root", required_argument, NULL, 'r'},
-        {"dimensions", required_argument, NULL, 'd'},
-        {"max-invalid-records", required_argument, NULL, 'm'},
-        {"report", required_argument, NULL, 'o'},
-        {"threads", required_argument, NULL, 't'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
     const char *root = NULL, *report = NULL;
-    unsigned long long dims = 0, maxinv = 0, threads = 0;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'r':
-            root = optarg;
-            break;
-        case 'd':
-            if (parse_u64(optarg, &dims) || dims == 0 || dims > (1u << 20)) {
-                fprintf(stderr, "tessera batch inspect: --dimensions must be 1..1048576, got '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case 'm':
-            if (parse_u64(optarg, &maxinv)) {
-                fprintf(stderr,
-                        "tessera batch inspect: --max-invalid-records must be a number >= 0, got '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case 'o':
-            report = optarg;
-            break;
-        case 't':
-            if (parse_u64(optarg, &threads) || threads > 256) {
-                fprintf(stderr, "tessera batch inspect: --threads must be 0..256\n");
-                return 2;
-            }
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "tessera batch inspect: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
-    if (root == NULL || dims == 0) {
-        fprintf(stderr, "tessera batch inspect: --batch-root and --dimensions are required\n");
-        usage(stderr);
-        return 2;
-    }
+    uint64_t dims = 0, maxinv = 0, threads = 0;
+    const tsr_cmdline_opt opts[] = {
+        {"--batch-root", TSR_CMDLINE_STR, &root, 0, 0, 1},
+        {"--dimensions", TSR_CMDLINE_UINT64, &dims, 1, 1 << 20, 1},
+        {"--max-invalid-records", TSR_CMDLINE_UINT64, &maxinv, 0, -1, 0},
+        {"--report", TSR_CMDLINE_STR, &report, 0, 0, 0},
+        {"--threads", TSR_CMDLINE_UINT64, &threads, 0, 256, 0},
+    };
+    const tsr_cmdline_spec spec = {PROG, opts, sizeof opts / sizeof opts[0], usage, 0, 1};
+    int code;
+    if (tsr_cmdline_parse_spec(&spec, argc, argv, NULL, &code))
+        return code;
     tsr_batch_options o = {(size_t)dims, maxinv, (unsigned)threads};
     tsr_batch *b = NULL;
     tsr_error err = TSR_ERROR_INIT;
     int rc = tsr_batch_load(root, &o, &b, &err);
     if (b == NULL) {
-        fprintf(stderr, "tessera batch inspect: %s\n", err.msg);
+        fprintf(stderr, PROG ": %s\n", err.msg);
         return 1;
     }
     if (rc == 0) {
@@ -262,7 +206,7 @@ int tsr_cmd_batch_inspect(int argc, char **argv)
             e = errno;
         }
         if (bad) {
-            fprintf(stderr, "tessera batch inspect: cannot write the report to %s: %s\n", report,
+            fprintf(stderr, PROG ": cannot write the report to %s: %s\n", report,
                     strerror(e));
             exit_code = 1;
         }

@@ -12,7 +12,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,6 +24,8 @@
 #include "cli.h"
 #include "core/cmdline.h"
 #include "core/mem.h"
+
+#define PROG "tessera cluster up"
 
 enum { MAX_SHARDS = 64, STOP_GRACE_MS = 5000 };
 
@@ -67,7 +68,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
     sup.alive--;
     uv_close((uv_handle_t *)p, NULL);
     if (sup.stopping) {
-        fprintf(stderr, "cluster: %s stopped\n", c->name);
+        fprintf(stderr, PROG ": %s stopped\n", c->name);
         if (sup.alive == 0) {
             uv_timer_stop(&sup.kill_timer);
             uv_stop(sup.loop);
@@ -77,7 +78,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
     /* Unexpected exit: restart, sooner if it had run for a while. */
     uint64_t ran = uv_now(sup.loop) - c->started_ms;
     uint64_t delay = ran > 10000 ? 200 : (uint64_t)(500 * (c->restarts < 8 ? c->restarts + 1 : 8));
-    fprintf(stderr, "cluster: %s exited (status %lld, signal %d); restarting in %llu ms (log %s)\n",
+    fprintf(stderr, PROG ": %s exited (status %lld, signal %d); restarting in %llu ms (log %s)\n",
             c->name, (long long)status, term_signal, (unsigned long long)delay, c->log_path);
     c->restarts++;
     uv_timer_start(&c->restart_timer, on_restart_timer, delay, 0);
@@ -87,7 +88,7 @@ static void start_child(child *c)
 {
     int fd = open(c->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
-        fprintf(stderr, "cluster: %s: cannot open log %s: %s\n", c->name, c->log_path,
+        fprintf(stderr, PROG ": %s: cannot open log %s: %s\n", c->name, c->log_path,
                 strerror(errno));
         return;
     }
@@ -108,7 +109,7 @@ static void start_child(child *c)
     int r = uv_spawn(sup.loop, &c->proc, &o);
     close(fd);
     if (r != 0) {
-        fprintf(stderr, "cluster: cannot start %s (%s): %s\n", c->name, c->args[0], uv_strerror(r));
+        fprintf(stderr, PROG ": cannot start %s (%s): %s\n", c->name, c->args[0], uv_strerror(r));
         c->restarts++;
         uv_timer_start(&c->restart_timer, on_restart_timer, 1000, 0);
         return;
@@ -123,7 +124,7 @@ static void on_kill_timer(uv_timer_t *t)
     (void)t;
     for (int i = 0; i < sup.nkids; i++)
         if (sup.kids[i].running) {
-            fprintf(stderr, "cluster: %s did not stop in %d ms; killing\n", sup.kids[i].name,
+            fprintf(stderr, PROG ": %s did not stop in %d ms; killing\n", sup.kids[i].name,
                     STOP_GRACE_MS);
             uv_process_kill(&sup.kids[i].proc, SIGKILL);
         }
@@ -135,7 +136,7 @@ static void on_signal(uv_signal_t *h, int signum)
     if (sup.stopping)
         return;
     sup.stopping = 1;
-    fprintf(stderr, "cluster: signal %d, stopping %d processes\n", signum, sup.alive);
+    fprintf(stderr, PROG ": signal %d, stopping %d processes\n", signum, sup.alive);
     for (int i = 0; i < sup.nkids; i++) {
         uv_timer_stop(&sup.kids[i].restart_timer);
         if (sup.kids[i].running)
@@ -219,7 +220,11 @@ static void usage(FILE *f)
             "  port TLS-only with that certificate (it must name 127.0.0.1 or the name given with\n"
             "  --tls-server-name); the coordinator verifies the shards with --tls-ca. --mtls also\n"
             "  requires client certificates signed by --tls-ca on every port (the coordinator\n"
-            "  presents the same certificate to the shards: it needs clientAuth usage or none).\n");
+            "  presents the same certificate to the shards: it needs clientAuth usage or none).\n"
+            "  Ranges: --shards 1..64, --port 1..65535 (P+S <= 65535), --dimensions 1..65536,\n"
+            "  --nlist 1..1048576, --pq-m 1..65536, --nprobe 1..1048576.\n"
+            "Exit status: 0 after SIGINT or SIGTERM stopped the cluster, 1 when it cannot start\n"
+            "(data directory, config file), 2 on usage errors (flags, TLS files).\n");
 }
 
 static int write_default_config(const char *path, int port, int shards, int dims,
@@ -227,7 +232,7 @@ static int write_default_config(const char *path, int port, int shards, int dims
 {
     FILE *f = fopen(path, "w");
     if (f == NULL) {
-        fprintf(stderr, "cluster: cannot write %s: %s\n", path, strerror(errno));
+        fprintf(stderr, PROG ": cannot write %s: %s\n", path, strerror(errno));
         return -1;
     }
     fprintf(f, "{\n  \"dimensions\": %d,\n  \"distance\": \"%s\",\n  \"nlist\": %d,\n"
@@ -241,45 +246,37 @@ static int write_default_config(const char *path, int port, int shards, int dims
 
 int tsr_cmd_cluster_up(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"data", 1, 0, 'd'},   {"shards", 1, 0, 's'},   {"port", 1, 0, 'p'},
-        {"config", 1, 0, 'c'}, {"dimensions", 1, 0, 'D'}, {"distance", 1, 0, 'M'},
-        {"nlist", 1, 0, 'n'},  {"pq-m", 1, 0, 'm'},     {"nprobe", 1, 0, 'P'},
-        {"tls-cert", 1, 0, 1000}, {"tls-key", 1, 0, 1001}, {"tls-ca", 1, 0, 1002},
-        {"tls-server-name", 1, 0, 1003}, {"mtls", 0, 0, 1004},
-        {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
     cluster_tls tls = {0};
     const char *data = NULL, *config = NULL, *distance = "SQUARED_L2";
-    int shards = 4, port = 7000, dims = 64, nlist = 64, pq_m = 16, nprobe = 8, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        switch (c) {
-        case 'd': data = optarg; break;
-        case 's': shards = atoi(optarg); break;
-        case 'p': port = atoi(optarg); break;
-        case 'c': config = optarg; break;
-        case 'D': dims = atoi(optarg); break;
-        case 'M': distance = optarg; break;
-        case 'n': nlist = atoi(optarg); break;
-        case 'm': pq_m = atoi(optarg); break;
-        case 'P': nprobe = atoi(optarg); break;
-        case 1000: tls.cert = optarg; break;
-        case 1001: tls.key = optarg; break;
-        case 1002: tls.ca = optarg; break;
-        case 1003: tls.name = optarg; break;
-        case 1004: tls.mtls = 1; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (data == NULL || shards < 1 || shards > MAX_SHARDS || port < 1 || port + shards > 65535 ||
-        dims < 1) {
-        usage(stderr);
+    int shards = 4, port = 7000, dims = 64, nlist = 64, pq_m = 16, nprobe = 8;
+    const tsr_cmdline_opt opts[] = {
+        {"--data", TSR_CMDLINE_STR, &data, 0, 0, 1},
+        {"--shards", TSR_CMDLINE_INT, &shards, 1, MAX_SHARDS, 0},
+        {"--port", TSR_CMDLINE_INT, &port, 1, 65535, 0},
+        {"--config", TSR_CMDLINE_STR, &config, 0, 0, 0},
+        {"--dimensions", TSR_CMDLINE_INT, &dims, 1, 65536, 0},
+        {"--distance", TSR_CMDLINE_STR, &distance, 0, 0, 0},
+        {"--nlist", TSR_CMDLINE_INT, &nlist, 1, 1 << 20, 0},
+        {"--pq-m", TSR_CMDLINE_INT, &pq_m, 1, 65536, 0},
+        {"--nprobe", TSR_CMDLINE_INT, &nprobe, 1, 1 << 20, 0},
+        {"--tls-cert", TSR_CMDLINE_STR, &tls.cert, 0, 0, 0},
+        {"--tls-key", TSR_CMDLINE_STR, &tls.key, 0, 0, 0},
+        {"--tls-ca", TSR_CMDLINE_STR, &tls.ca, 0, 0, 0},
+        {"--tls-server-name", TSR_CMDLINE_STR, &tls.name, 0, 0, 0},
+        {"--mtls", TSR_CMDLINE_FLAG, &tls.mtls, 0, 0, 0},
+    };
+    const tsr_cmdline_spec spec = {PROG, opts, sizeof opts / sizeof opts[0], usage, 0, 1};
+    int code;
+    if (tsr_cmdline_parse_spec(&spec, argc, argv, NULL, &code))
+        return code;
+    if (port + shards > 65535) {
+        fprintf(stderr, PROG ": --port %d with --shards %d: the shard ports pass 65535\n", port,
+                shards);
         return 2;
     }
     if ((tls.cert || tls.key || tls.ca || tls.name || tls.mtls) &&
         !(tls.cert && tls.key && tls.ca)) {
-        fprintf(stderr, "cluster: TLS needs all of --tls-cert, --tls-key and --tls-ca\n");
+        fprintf(stderr, PROG ": TLS needs all of --tls-cert, --tls-key and --tls-ca\n");
         return 2;
     }
     char *tls_paths[3] = {NULL, NULL, NULL};
@@ -287,7 +284,7 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         tsr_error err = TSR_ERROR_INIT;
         tsr_cmdline_tls chk = {tls.cert, "--tls-cert", tls.key, "--tls-key", tls.ca, "--tls-ca"};
         if (tsr_cmdline_check_tls(&chk, 1, &err) != 0) {
-            fprintf(stderr, "cluster: %s\n", err.msg);
+            fprintf(stderr, PROG ": %s\n", err.msg);
             return 2;
         }
     }
@@ -295,14 +292,14 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     char bindir[PATH_MAX];
     size_t sz = sizeof bindir;
     if (uv_exepath(bindir, &sz) != 0) {
-        fprintf(stderr, "cluster: cannot find my own path\n");
+        fprintf(stderr, PROG ": cannot find my own path\n");
         return 1;
     }
     char *slash = strrchr(bindir, '/');
     if (slash)
         *slash = '\0';
     if (mkdir(data, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "cluster: cannot create %s: %s\n", data, strerror(errno));
+        fprintf(stderr, PROG ": cannot create %s: %s\n", data, strerror(errno));
         return 1;
     }
     char path[PATH_MAX + 64], exe[PATH_MAX + 32], addr[64];
@@ -322,7 +319,7 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         tls_paths[1] = abs_path(tls.key);
         tls_paths[2] = abs_path(tls.ca);
         if (!tls_paths[0] || !tls_paths[1] || !tls_paths[2]) {
-            fprintf(stderr, "cluster: TLS files: %s\n", strerror(errno));
+            fprintf(stderr, PROG ": TLS files: %s\n", strerror(errno));
             for (int i = 0; i < 3; i++)
                 free(tls_paths[i]);
             return 2;
@@ -372,11 +369,11 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     uv_signal_init(sup.loop, &sup.sigterm);
     uv_signal_start(&sup.sigint, on_signal, SIGINT);
     uv_signal_start(&sup.sigterm, on_signal, SIGTERM);
-    printf("cluster: coordinator listening on 127.0.0.1:%d (config %s%s)\n", port, cfg,
+    printf(PROG ": coordinator listening on 127.0.0.1:%d (config %s%s)\n", port, cfg,
            tls.cert ? (tls.mtls ? ", mutual TLS" : ", TLS") : "");
     for (int i = 0; i < shards; i++)
-        printf("cluster: shard-%d listening on 127.0.0.1:%d\n", i, port + 1 + i);
-    printf("cluster: logs in %s/logs; Ctrl-C stops the cluster\n", data);
+        printf(PROG ": shard-%d listening on 127.0.0.1:%d\n", i, port + 1 + i);
+    printf(PROG ": logs in %s/logs; Ctrl-C stops the cluster\n", data);
     fflush(stdout);
     uv_run(sup.loop, UV_RUN_DEFAULT);
     /* Close the remaining handles so the loop can be closed cleanly. */
@@ -397,6 +394,6 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     }
     for (int i = 0; i < 3; i++)
         free(tls_paths[i]);
-    fprintf(stderr, "cluster: stopped\n");
+    fprintf(stderr, PROG ": stopped\n");
     return 0;
 }

@@ -16,12 +16,15 @@
 
 #include "batch/batch.h"
 #include "cli.h"
+#include "core/cmdline.h"
 #include "index/faiss_io.h"
 #include "index/idmap.h"
 #include "index/ivfpq.h"
 #include "index/ivfpq_build.h"
 #include "index/knn.h"
 #include "index/vecs_io.h"
+
+#define PROG "tessera index build"
 
 static const char *usage_text =
     "usage: tessera index build (--fvecs X.fvecs | --batch-root DIR --dimensions D)\n"
@@ -64,24 +67,6 @@ static double cpu_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    if (s == NULL || *s == '\0' || *s == '-') {
-        fprintf(stderr, "tessera: index build: %s expects a number (see --help)\n", opt);
-        return -1;
-    }
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "tessera: index build: %s '%s': expected an integer in %" PRIu64
-                        "..%" PRIu64 "\n", opt, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 typedef struct {
     double t0;
     int tty;
@@ -96,7 +81,7 @@ static void progress(void *ctx, const char *phase, size_t done, size_t total)
     const char *what = strcmp(phase, "coarse") == 0 ? "coarse k-means round"
                        : strcmp(phase, "pq") == 0   ? "PQ sub-space"
                                                     : "adding vectors";
-    fprintf(stderr, "\r\033[Ktessera: index build: %s %zu/%zu (%.1f s)", what, done, total,
+    fprintf(stderr, "\r\033[K" PROG ": %s %zu/%zu (%.1f s)", what, done, total,
             now_s() - ps->t0);
     fflush(stderr);
     ps->last_phase = phase;
@@ -119,12 +104,12 @@ static int load_batch(const char *root, size_t dims, uint64_t max_invalid, int t
     tsr_batch_options o = {dims, max_invalid, (unsigned)threads};
     int rc = tsr_batch_load(root, &o, batch, &err);
     if (*batch == NULL) {
-        fprintf(stderr, "tessera: index build: %s\n", err.msg);
+        fprintf(stderr, PROG ": %s\n", err.msg);
         return -1;
     }
     if (rc != 0) {
         tsr_batch_report_text(&(*batch)->report, stderr);
-        fprintf(stderr, "tessera: index build: %s: batch rejected\n", root);
+        fprintf(stderr, PROG ": %s: batch rejected\n", root);
         return -1;
     }
     tsr_batch *b = *batch;
@@ -134,19 +119,19 @@ static int load_batch(const char *root, size_t dims, uint64_t max_invalid, int t
     for (size_t i = 0; i < b->nrecords; i++)
         nd += b->records[i].dense != NULL;
     if (b->nrecords > nd)
-        fprintf(stderr, "tessera: index build: %zu sparse-only records are not in the IVF "
+        fprintf(stderr, PROG ": %zu sparse-only records are not in the IVF "
                         "index (it holds dense embeddings only)\n", b->nrecords - nd);
     if (b->ndeletes > 0)
-        fprintf(stderr, "tessera: index build: %zu deleted ids ignored: a new index has nothing "
+        fprintf(stderr, PROG ": %zu deleted ids ignored: a new index has nothing "
                         "to delete\n", b->ndeletes);
     if (nd == 0) {
-        fprintf(stderr, "tessera: index build: %s: no record with a dense embedding\n", root);
+        fprintf(stderr, PROG ": %s: no record with a dense embedding\n", root);
         return -1;
     }
     *x = malloc(nd * dims * sizeof(float));
     *ids = malloc(nd * sizeof(char *));
     if (*x == NULL || *ids == NULL) {
-        fprintf(stderr, "tessera: index build: out of memory for %zu vectors\n", nd);
+        fprintf(stderr, PROG ": out of memory for %zu vectors\n", nd);
         return -1;
     }
     size_t k = 0;
@@ -161,81 +146,56 @@ static int load_batch(const char *root, size_t dims, uint64_t max_invalid, int t
     return 0;
 }
 
+static void usage(FILE *f)
+{
+    fputs(usage_text, f);
+}
+
 int tsr_cmd_index_build(int argc, char **argv)
 {
-    if (tsr_cli_wants_help(argc, argv)) {
-        fputs(usage_text, stdout);
-        return 0;
-    }
     const char *fvecs = NULL, *out = NULL, *metric_s = "l2", *root = NULL;
     uint64_t dims = 0, max_invalid = 0;
-    uint64_t nlist = 0, pq_m = 0, nbits = 8, seed = 1234, threads = 1;
+    uint64_t nlist = 0, pq_m = 0, nbits = 8, seed = 1234;
     uint64_t coarse_niter = 10, pq_niter = 25, max_ppc = 256;
-    int by_residual = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int r = 0, takes = 1;
-        if (strcmp(a, "--fvecs") == 0)
-            fvecs = v;
-        else if (strcmp(a, "--batch-root") == 0)
-            root = v;
-        else if (strcmp(a, "--dimensions") == 0)
-            r = parse_u64(a, v, 1, 1u << 20, &dims);
-        else if (strcmp(a, "--max-invalid-records") == 0)
-            r = parse_u64(a, v, 0, UINT64_MAX, &max_invalid);
-        else if (strcmp(a, "--out") == 0)
-            out = v;
-        else if (strcmp(a, "--metric") == 0)
-            metric_s = v;
-        else if (strcmp(a, "--nlist") == 0)
-            r = parse_u64(a, v, 1, 1u << 24, &nlist);
-        else if (strcmp(a, "--pq-m") == 0)
-            r = parse_u64(a, v, 1, 1u << 16, &pq_m);
-        else if (strcmp(a, "--pq-nbits") == 0)
-            r = parse_u64(a, v, 1, 16, &nbits);
-        else if (strcmp(a, "--seed") == 0)
-            r = parse_u64(a, v, 0, UINT64_MAX, &seed);
-        else if (strcmp(a, "--threads") == 0)
-            r = parse_u64(a, v, 1, 256, &threads);
-        else if (strcmp(a, "--coarse-niter") == 0)
-            r = parse_u64(a, v, 0, 1000, &coarse_niter);
-        else if (strcmp(a, "--pq-niter") == 0)
-            r = parse_u64(a, v, 0, 1000, &pq_niter);
-        else if (strcmp(a, "--max-points-per-centroid") == 0)
-            r = parse_u64(a, v, 1, 1u << 20, &max_ppc);
-        else if (strcmp(a, "--no-residual") == 0) {
-            by_residual = 0;
-            takes = 0;
-        } else {
-            fprintf(stderr, "tessera: index build: unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-        if (r != 0)
-            return 2;
-        if (takes && v == NULL) {
-            fprintf(stderr, "tessera: index build: %s expects a value (see --help)\n", a);
-            return 2;
-        }
-        i += takes;
-    }
+    int threads = 1, no_residual = 0;
+    const tsr_cmdline_opt opts[] = {
+        {"--fvecs", TSR_CMDLINE_STR, &fvecs, 0, 0, 0},
+        {"--batch-root", TSR_CMDLINE_STR, &root, 0, 0, 0},
+        {"--dimensions", TSR_CMDLINE_UINT64, &dims, 1, 1 << 20, 0},
+        {"--max-invalid-records", TSR_CMDLINE_UINT64, &max_invalid, 0, -1, 0},
+        {"--nlist", TSR_CMDLINE_UINT64, &nlist, 1, 1 << 24, 1},
+        {"--pq-m", TSR_CMDLINE_UINT64, &pq_m, 1, 1 << 16, 1},
+        {"--pq-nbits", TSR_CMDLINE_UINT64, &nbits, 1, 16, 0},
+        {"--metric", TSR_CMDLINE_STR, &metric_s, 0, 0, 0},
+        {"--no-residual", TSR_CMDLINE_FLAG, &no_residual, 0, 0, 0},
+        {"--seed", TSR_CMDLINE_UINT64, &seed, 0, -1, 0},
+        {"--threads", TSR_CMDLINE_INT, &threads, 1, 256, 0},
+        {"--out", TSR_CMDLINE_STR, &out, 0, 0, 1},
+        {"--coarse-niter", TSR_CMDLINE_UINT64, &coarse_niter, 0, 1000, 0},
+        {"--pq-niter", TSR_CMDLINE_UINT64, &pq_niter, 0, 1000, 0},
+        {"--max-points-per-centroid", TSR_CMDLINE_UINT64, &max_ppc, 1, 1 << 20, 0},
+    };
+    const tsr_cmdline_spec spec = {PROG, opts, sizeof opts / sizeof opts[0], usage, 0, 1};
+    int code;
+    if (tsr_cmdline_parse_spec(&spec, argc, argv, NULL, &code))
+        return code;
+    int by_residual = !no_residual;
     enum tsr_metric metric;
-    if (metric_s != NULL && strcmp(metric_s, "l2") == 0) {
+    if (strcmp(metric_s, "l2") == 0) {
         metric = TSR_METRIC_L2;
-    } else if (metric_s != NULL && strcmp(metric_s, "ip") == 0) {
+    } else if (strcmp(metric_s, "ip") == 0) {
         metric = TSR_METRIC_IP;
     } else {
-        fprintf(stderr, "tessera: index build: --metric '%s': expected l2 or ip\n", metric_s);
+        fprintf(stderr, PROG ": --metric: expected l2 or ip, got '%s'\n", metric_s);
         return 2;
     }
-    if ((fvecs == NULL) == (root == NULL) || out == NULL || nlist == 0 || pq_m == 0) {
-        fprintf(stderr, "tessera: index build: one of --fvecs or --batch-root, and --nlist, "
-                        "--pq-m and --out are required (see --help)\n");
+    if ((fvecs == NULL) == (root == NULL)) {
+        fprintf(stderr, PROG ": give one of --fvecs or --batch-root (see '" PROG " --help')\n");
         return 2;
     }
     if ((root != NULL) != (dims != 0)) {
-        fprintf(stderr, "tessera: index build: --batch-root and --dimensions go together "
-                        "(see --help)\n");
+        fprintf(stderr, PROG ": --batch-root and --dimensions go together (see '" PROG
+                        " --help')\n");
         return 2;
     }
 
@@ -251,10 +211,10 @@ int tsr_cmd_index_build(int argc, char **argv)
     double t_start = now_s(), c_start = cpu_s();
     if (fvecs != NULL) {
         if (tsr_fvecs_read(fvecs, &x, &n, &d, &err) != 0) {
-            fprintf(stderr, "tessera: index build: %s\n", err.msg);
+            fprintf(stderr, PROG ": %s\n", err.msg);
             goto cleanup;
         }
-    } else if (load_batch(root, (size_t)dims, max_invalid, (int)threads, &batch, &x, &n, &ids) != 0) {
+    } else if (load_batch(root, (size_t)dims, max_invalid, threads, &batch, &x, &n, &ids) != 0) {
         goto cleanup;
     } else {
         d = (size_t)dims;
@@ -266,21 +226,21 @@ int tsr_cmd_index_build(int argc, char **argv)
         memcpy(ids_path + pl, ".ids", 5);
     }
     if (d % pq_m != 0) {
-        fprintf(stderr, "tessera: index build: --pq-m %" PRIu64 " does not divide the "
+        fprintf(stderr, PROG ": --pq-m %" PRIu64 " does not divide the "
                         "dimension %zu of %s\n", pq_m, d, input);
         goto cleanup;
     }
     ix = tsr_ivfpq_create((int)d, (size_t)nlist, (size_t)pq_m, (size_t)nbits, metric,
                           by_residual, &err);
     if (ix == NULL) {
-        fprintf(stderr, "tessera: index build: %s\n", err.msg);
+        fprintf(stderr, PROG ": %s\n", err.msg);
         goto cleanup;
     }
-    tsr_blas_set_threads((int)threads); /* BLAS fans out only when we do not */
+    tsr_blas_set_threads(threads); /* BLAS fans out only when we do not */
     tsr_build_params bp;
     tsr_build_params_default(&bp);
     bp.seed = seed;
-    bp.threads = (int)threads;
+    bp.threads = threads;
     bp.coarse_niter = (int)coarse_niter;
     bp.pq_niter = (int)pq_niter;
     bp.max_points_per_centroid = (size_t)max_ppc;
@@ -290,29 +250,29 @@ int tsr_cmd_index_build(int argc, char **argv)
     double t0 = now_s(), c0 = cpu_s();
     if (tsr_ivfpq_train(ix, x, n, &bp, &err) != 0) {
         progress_end(&ps);
-        fprintf(stderr, "tessera: index build: %s: %s\n", input, err.msg);
+        fprintf(stderr, PROG ": %s: %s\n", input, err.msg);
         goto cleanup;
     }
     double t1 = now_s(), c1 = cpu_s();
     if (tsr_ivfpq_add(ix, x, n, NULL, &bp, &err) != 0) {
         progress_end(&ps);
-        fprintf(stderr, "tessera: index build: %s\n", err.msg);
+        fprintf(stderr, PROG ": %s\n", err.msg);
         goto cleanup;
     }
     progress_end(&ps);
     double t2 = now_s(), c2 = cpu_s();
     if (tsr_faiss_write_file(ix, out, &err) != 0) {
-        fprintf(stderr, "tessera: index build: %s\n", err.msg);
+        fprintf(stderr, PROG ": %s\n", err.msg);
         goto cleanup;
     }
     if (ids_path != NULL && tsr_idmap_write(ids_path, ids, n, &err) != 0) {
-        fprintf(stderr, "tessera: index build: %s\n", err.msg);
+        fprintf(stderr, PROG ": %s\n", err.msg);
         goto cleanup;
     }
     double t3 = now_s(), c3 = cpu_s();
     fprintf(stderr,
-            "tessera: index build: %zu x %zu, nlist %" PRIu64 ", PQ %" PRIu64 "x%" PRIu64
-            ", %s%s, %" PRIu64 " thread%s: read %.2f s, train %.2f s, add %.2f s, write %.2f s,"
+            PROG ": %zu x %zu, nlist %" PRIu64 ", PQ %" PRIu64 "x%" PRIu64
+            ", %s%s, %d thread%s: read %.2f s, train %.2f s, add %.2f s, write %.2f s,"
             " total %.2f s (CPU: train %.2f s, add %.2f s, total %.2f s) -> %s\n",
             n, d, nlist, pq_m, nbits, metric == TSR_METRIC_L2 ? "l2" : "ip",
             by_residual ? "" : ", no residual", threads, threads == 1 ? "" : "s", t0 - t_start,

@@ -8,54 +8,69 @@
 #include <string.h>
 
 #include "cli.h"
+#include "core/cmdline.h"
 #include "index/faiss_io.h"
 
-/* Collects the non-option arguments; returns -1 (after a message) on an unknown option. */
-static int positional(int argc, char **argv, const char *cmd, char **out, int max)
-{
-    int n = 0, opts = 1;
-    for (int i = 1; i < argc; i++) {
-        if (opts && strcmp(argv[i], "--") == 0) {
-            opts = 0;
-            continue;
-        }
-        if (opts && argv[i][0] == '-' && argv[i][1] != '\0') {
-            fprintf(stderr, "tessera: index %s: unknown option '%s' (see --help)\n", cmd, argv[i]);
-            return -1;
-        }
-        if (n == max) {
-            fprintf(stderr, "tessera: index %s: too many arguments (see --help)\n", cmd);
-            return -1;
-        }
-        out[n++] = argv[i];
-    }
-    return n;
-}
+#define PROG_CHECK "tessera index check"
+#define PROG_INFO "tessera index info"
+#define PROG_REWRITE "tessera index rewrite"
 
-int tsr_cmd_index_check(int argc, char **argv)
+static void check_usage(FILE *f)
 {
-    if (tsr_cli_wants_help(argc, argv)) {
-        printf("usage: tessera index check FILE [FILE...]\n\n"
+    fprintf(f, "usage: tessera index check FILE [FILE...]\n\n"
                "Validates Faiss IndexIVFPQ (IwPQ) / IndexIVFPQR (IwQR) files as a hostile\n"
                "input: prints 'FILE: ok' on stdout for each valid file and a one-line error\n"
                "(byte offset, field, what was expected) on stderr for each invalid one.\n"
                "Exit 0 when all files are valid, 1 when any is not, 2 on usage errors.\n");
-        return 0;
-    }
-    char **files = argv; /* positional() never yields more than argc-1 entries */
-    int n = positional(argc, argv, "check", files, argc);
-    if (n < 0)
+}
+
+static void info_usage(FILE *f)
+{
+    fprintf(f, "usage: tessera index info FILE\n\n"
+               "Prints one JSON object describing a Faiss IwPQ / IwQR file: fourcc, d, ntotal,\n"
+               "nlist, nprobe, metric (l2|ip), by_residual, code_size, pq_m, pq_nbits,\n"
+               "direct_map (none|array|hashtable), list_type (full|sprs, as stored in the\n"
+               "file), nonempty_lists, is_trained, quantizer (IxF2|IxFI); IwQR files add\n"
+               "refine_pq_m, refine_pq_nbits, refine_code_size and k_factor.\n"
+               "Exit 0 on success, 1 on an invalid file, 2 on usage errors.\n");
+}
+
+static void rewrite_usage(FILE *f)
+{
+    fprintf(f, "usage: tessera index rewrite IN OUT\n\n"
+               "Reads the Faiss IwPQ / IwQR file IN and writes it back to OUT (atomically,\n"
+               "via OUT.tmp). A file written by Faiss comes back byte for byte.\n"
+               "Exit 0 on success, 1 on an invalid input or a write error, 2 on usage errors.\n");
+}
+
+/* Parses a command that takes only files: min..max of them (max -1: any), moved to
+ * argv[1..*n]. Returns -1 to go on, else the exit code (0 after --help, 2 usage error). */
+static int files_args(const char *prog, void (*usage)(FILE *), int argc, char **argv, int min,
+                      int max, const char *what, int *n)
+{
+    tsr_cmdline_spec spec = {prog, NULL, 0, usage, max, 1};
+    int code;
+    if (tsr_cmdline_parse_spec(&spec, argc, argv, n, &code))
+        return code;
+    if (*n < min) {
+        fprintf(stderr, "%s: expected %s (see '%s --help')\n", prog, what, prog);
         return 2;
-    if (n == 0) {
-        fprintf(stderr, "tessera: index check: expected at least one FILE (see --help)\n");
-        return 2;
     }
+    return -1;
+}
+
+int tsr_cmd_index_check(int argc, char **argv)
+{
+    int n, code = files_args(PROG_CHECK, check_usage, argc, argv, 1, -1, "at least one FILE", &n);
+    if (code >= 0)
+        return code;
+    char **files = argv + 1;
     int bad = 0;
     for (int i = 0; i < n; i++) {
         tsr_error err = TSR_ERROR_INIT;
         tsr_ivfpq *ix = NULL;
         if (tsr_faiss_read_file(files[i], &ix, &err) != 0) {
-            fprintf(stderr, "tessera: index check: %s\n", err.msg);
+            fprintf(stderr, PROG_CHECK ": %s\n", err.msg);
             bad = 1;
         } else {
             printf("%s: ok\n", files[i]);
@@ -68,27 +83,14 @@ int tsr_cmd_index_check(int argc, char **argv)
 
 int tsr_cmd_index_info(int argc, char **argv)
 {
-    if (tsr_cli_wants_help(argc, argv)) {
-        printf("usage: tessera index info FILE\n\n"
-               "Prints one JSON object describing a Faiss IwPQ / IwQR file: fourcc, d, ntotal,\n"
-               "nlist, nprobe, metric (l2|ip), by_residual, code_size, pq_m, pq_nbits,\n"
-               "direct_map (none|array|hashtable), list_type (full|sprs, as stored in the\n"
-               "file), nonempty_lists, is_trained, quantizer (IxF2|IxFI); IwQR files add\n"
-               "refine_pq_m, refine_pq_nbits, refine_code_size and k_factor.\n"
-               "Exit 1 on an invalid file, 2 on usage errors.\n");
-        return 0;
-    }
-    char *files[1];
-    int n = positional(argc, argv, "info", files, 1);
-    if (n != 1) {
-        if (n == 0)
-            fprintf(stderr, "tessera: index info: expected FILE (see --help)\n");
-        return 2;
-    }
+    int n, code = files_args(PROG_INFO, info_usage, argc, argv, 1, 1, "FILE", &n);
+    if (code >= 0)
+        return code;
+    char **files = argv + 1;
     tsr_error err = TSR_ERROR_INIT;
     tsr_ivfpq *ix = NULL;
     if (tsr_faiss_read_file(files[0], &ix, &err) != 0) {
-        fprintf(stderr, "tessera: index info: %s\n", err.msg);
+        fprintf(stderr, PROG_INFO ": %s\n", err.msg);
         return 1;
     }
     static const char *dm[] = {"none", "array", "hashtable"};
@@ -111,29 +113,19 @@ int tsr_cmd_index_info(int argc, char **argv)
 
 int tsr_cmd_index_rewrite(int argc, char **argv)
 {
-    if (tsr_cli_wants_help(argc, argv)) {
-        printf("usage: tessera index rewrite IN OUT\n\n"
-               "Reads the Faiss IwPQ / IwQR file IN and writes it back to OUT (atomically,\n"
-               "via OUT.tmp). A file written by Faiss comes back byte for byte.\n"
-               "Exit 1 on an invalid input or a write error, 2 on usage errors.\n");
-        return 0;
-    }
-    char *files[2];
-    int n = positional(argc, argv, "rewrite", files, 2);
-    if (n != 2) {
-        if (n >= 0)
-            fprintf(stderr, "tessera: index rewrite: expected IN and OUT (see --help)\n");
-        return 2;
-    }
+    int n, code = files_args(PROG_REWRITE, rewrite_usage, argc, argv, 2, 2, "IN and OUT", &n);
+    if (code >= 0)
+        return code;
+    char **files = argv + 1;
     tsr_error err = TSR_ERROR_INIT;
     tsr_ivfpq *ix = NULL;
     int rc = 1;
     if (tsr_faiss_read_file(files[0], &ix, &err) != 0) {
-        fprintf(stderr, "tessera: index rewrite: %s\n", err.msg);
+        fprintf(stderr, PROG_REWRITE ": %s\n", err.msg);
         goto out;
     }
     if (tsr_faiss_write_file(ix, files[1], &err) != 0) {
-        fprintf(stderr, "tessera: index rewrite: %s\n", err.msg);
+        fprintf(stderr, PROG_REWRITE ": %s\n", err.msg);
         goto out;
     }
     rc = 0;

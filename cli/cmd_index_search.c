@@ -12,15 +12,18 @@
 #include <time.h>
 
 #include "cli.h"
+#include "core/cmdline.h"
 #include "index/faiss_io.h"
 #include "index/ivfpq_search.h"
 #include "index/knn.h"
 #include "core/mem.h"
 #include "index/vecs_io.h"
 
-static void help(void)
+#define PROG "tessera index search"
+
+static void usage(FILE *f)
 {
-    printf("usage: tessera index search --index F --queries Q.fvecs --k K --nprobe P\n"
+    fprintf(f, "usage: tessera index search --index F --queries Q.fvecs --k K --nprobe P\n"
            "                            [--threads T] --out I.ivecs [--distances D.fvecs]\n\n"
            "Searches a Faiss IndexIVFPQ (IwPQ) or IndexIVFPQR (IwQR) file with the queries of\n"
            "Q.fvecs as Faiss's IndexIVFPQ::search does (IwQR: re-ranked with the refine codes),\n"
@@ -29,38 +32,25 @@ static void help(void)
            "+inf / -inf for missing).\n\n"
            "  --index F         index file\n"
            "  --queries Q       queries, .fvecs, dimension = the index's d\n"
-           "  --k K             results per query (> 0)\n"
-           "  --nprobe P        lists to probe (> 0; clamped to nlist)\n"
-           "  --threads T       search threads (default 1; also the BLAS threads of the\n"
-           "                    coarse step)\n"
+           "  --k K             results per query (1..2^31)\n"
+           "  --nprobe P        lists to probe (1..2^31; clamped to nlist)\n"
+           "  --threads T       search threads, 1..256 (default 1; also the BLAS threads of\n"
+           "                    the coarse step)\n"
            "  --out I           labels output (.ivecs)\n"
            "  --distances D     distances output (.fvecs)\n"
-           "  --k-factor F      IwQR: candidates per result (default: the file's k_factor)\n"
+           "  --k-factor F      IwQR: candidates per result, 1..1e6 (default: the file's\n"
+           "                    k_factor)\n"
            "  --no-refine       IwQR: return the PQ scan results without refinement\n"
            "  --lists L.ivecs   search_preassigned: probe these lists (one row per query, -1 =\n"
            "                    none; the row width replaces --nprobe, which may be omitted)\n"
            "  --coarse-dis C    with --lists: the coarse distances (.fvecs, same shape)\n"
            "  --simd S          scan kernel: auto|scalar|avx2|avx512 (default auto; env TSR_SIMD)\n"
            "  --stats           print one JSON line of timings to stderr\n"
-           "  --warmup N        before the timed search, search the first N queries once at\n"
-           "                    nprobe 1, untimed, results dropped (what a benchmark does to a\n"
+           "  --warmup N        before the timed search, search the first N (>= 1) queries once\n"
+           "                    at nprobe 1, untimed, results dropped (what a benchmark does to a\n"
            "                    library it calls in-process, e.g. bench/bench_search.py to Faiss)\n\n"
            "Exit 0 on success, 1 on bad input (unreadable or invalid file, dimension\n"
            "mismatch, label beyond int32), 2 on usage errors.\n");
-}
-
-static int parse_size(const char *opt, const char *v, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (errno || end == v || *end || v[0] == '-' || x == 0 || x > (1ull << 31)) {
-        fprintf(stderr, "tessera: index search: %s expects a positive integer, got '%s'\n", opt,
-                v);
-        return -1;
-    }
-    *out = (size_t)x;
-    return 0;
 }
 
 static double now_s(void)
@@ -88,86 +78,36 @@ static int warmup_pass(tsr_ivfpq *ix, const float *x, size_t n, size_t k,
 
 int tsr_cmd_index_search(int argc, char **argv)
 {
-    if (tsr_cli_wants_help(argc, argv)) {
-        help();
-        return 0;
-    }
     const char *index = NULL, *queries = NULL, *out = NULL, *dist = NULL, *simd = NULL;
     const char *lists_path = NULL, *coarse_path = NULL;
-    size_t k = 0, nprobe = 0, threads = 1, warmup = 0;
-    float k_factor = 0;
-    int no_refine = 0, stats = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--no-refine") == 0) {
-            no_refine = 1;
-            continue;
-        }
-        if (strcmp(a, "--stats") == 0) {
-            stats = 1;
-            continue;
-        }
-        const char *v = NULL;
-        const char *eq = strchr(a, '=');
-        char name[32];
-        if (strncmp(a, "--", 2) == 0 && eq != NULL && (size_t)(eq - a) < sizeof name) {
-            memcpy(name, a, (size_t)(eq - a));
-            name[eq - a] = '\0';
-            a = name;
-            v = eq + 1;
-        } else if (i + 1 < argc) {
-            v = argv[i + 1];
-        }
-        int known = 1;
-        if (strcmp(a, "--index") == 0 || strcmp(a, "--queries") == 0 ||
-            strcmp(a, "--out") == 0 || strcmp(a, "--distances") == 0 ||
-            strcmp(a, "--k") == 0 || strcmp(a, "--nprobe") == 0 ||
-            strcmp(a, "--threads") == 0 || strcmp(a, "--simd") == 0 ||
-            strcmp(a, "--k-factor") == 0 || strcmp(a, "--lists") == 0 ||
-            strcmp(a, "--coarse-dis") == 0 || strcmp(a, "--warmup") == 0) {
-            if (v == NULL) {
-                fprintf(stderr, "tessera: index search: %s needs a value (see --help)\n", a);
-                return 2;
-            }
-            if (eq == NULL)
-                i++;
-        } else {
-            known = 0;
-        }
-        if (!known) {
-            fprintf(stderr, "tessera: index search: unknown argument '%s' (see --help)\n",
-                    argv[i]);
-            return 2;
-        }
-        if (strcmp(a, "--index") == 0) index = v;
-        else if (strcmp(a, "--queries") == 0) queries = v;
-        else if (strcmp(a, "--out") == 0) out = v;
-        else if (strcmp(a, "--distances") == 0) dist = v;
-        else if (strcmp(a, "--simd") == 0) simd = v;
-        else if (strcmp(a, "--lists") == 0) lists_path = v;
-        else if (strcmp(a, "--coarse-dis") == 0) coarse_path = v;
-        else if (strcmp(a, "--k") == 0) { if (parse_size(a, v, &k)) return 2; }
-        else if (strcmp(a, "--nprobe") == 0) { if (parse_size(a, v, &nprobe)) return 2; }
-        else if (strcmp(a, "--warmup") == 0) { if (parse_size(a, v, &warmup)) return 2; }
-        else if (strcmp(a, "--threads") == 0) {
-            if (parse_size(a, v, &threads) || threads > 256) {
-                fprintf(stderr, "tessera: index search: --threads expects 1..256\n");
-                return 2;
-            }
-        } else if (strcmp(a, "--k-factor") == 0) {
-            char *end;
-            k_factor = strtof(v, &end);
-            if (end == v || *end || !(k_factor >= 1.0f && k_factor <= 1e6f)) {
-                fprintf(stderr, "tessera: index search: --k-factor expects a number >= 1\n");
-                return 2;
-            }
-        }
-    }
-    const char *missing = !index ? "--index" : !queries ? "--queries" : !k ? "--k"
-                        : !nprobe && !lists_path ? "--nprobe" : !out ? "--out"
+    uint64_t k = 0, nprobe = 0, warmup = 0;
+    int threads = 1, no_refine = 0, stats = 0;
+    double k_factor = 0;
+    const long long most = 1ll << 31;
+    const tsr_cmdline_opt opts[] = {
+        {"--index", TSR_CMDLINE_STR, &index, 0, 0, 1},
+        {"--queries", TSR_CMDLINE_STR, &queries, 0, 0, 1},
+        {"--k", TSR_CMDLINE_UINT64, &k, 1, most, 1},
+        {"--nprobe", TSR_CMDLINE_UINT64, &nprobe, 1, most, 0},
+        {"--threads", TSR_CMDLINE_INT, &threads, 1, 256, 0},
+        {"--out", TSR_CMDLINE_STR, &out, 0, 0, 1},
+        {"--distances", TSR_CMDLINE_STR, &dist, 0, 0, 0},
+        {"--k-factor", TSR_CMDLINE_DOUBLE, &k_factor, 1, 1000000, 0},
+        {"--no-refine", TSR_CMDLINE_FLAG, &no_refine, 0, 0, 0},
+        {"--lists", TSR_CMDLINE_STR, &lists_path, 0, 0, 0},
+        {"--coarse-dis", TSR_CMDLINE_STR, &coarse_path, 0, 0, 0},
+        {"--simd", TSR_CMDLINE_STR, &simd, 0, 0, 0},
+        {"--stats", TSR_CMDLINE_FLAG, &stats, 0, 0, 0},
+        {"--warmup", TSR_CMDLINE_UINT64, &warmup, 1, most, 0},
+    };
+    const tsr_cmdline_spec spec = {PROG, opts, sizeof opts / sizeof opts[0], usage, 0, 1};
+    int code;
+    if (tsr_cmdline_parse_spec(&spec, argc, argv, NULL, &code))
+        return code;
+    const char *missing = !nprobe && !lists_path ? "--nprobe (or --lists)"
                         : coarse_path && !lists_path ? "--lists (with --coarse-dis)" : NULL;
     if (missing) {
-        fprintf(stderr, "tessera: index search: %s is required (see --help)\n", missing);
+        fprintf(stderr, PROG ": %s is required (see '" PROG " --help')\n", missing);
         return 2;
     }
     tsr_ivfpq_search_opts o;
@@ -178,19 +118,20 @@ int tsr_cmd_index_search(int argc, char **argv)
         else if (strcmp(simd, "avx2") == 0) o.simd = TSR_SIMD_AVX2;
         else if (strcmp(simd, "avx512") == 0) o.simd = TSR_SIMD_AVX512;
         else {
-            fprintf(stderr, "tessera: index search: --simd expects auto|scalar|avx2|avx512\n");
+            fprintf(stderr, PROG ": --simd: expected auto, scalar, avx2 or avx512, got '%s'\n",
+                    simd);
             return 2;
         }
         if (!tsr_ivfpq_search_simd_supported(o.simd)) {
-            fprintf(stderr, "tessera: index search: this CPU cannot run --simd %s\n", simd);
+            fprintf(stderr, PROG ": this CPU cannot run --simd %s\n", simd);
             return 1;
         }
     }
     o.nprobe = nprobe;
-    o.threads = (int)threads;
-    o.k_factor = k_factor;
+    o.threads = threads;
+    o.k_factor = (float)k_factor;
     o.no_refine = no_refine;
-    tsr_blas_set_threads((int)threads);
+    tsr_blas_set_threads(threads);
 
     int rc = 1;
     tsr_error err = TSR_ERROR_INIT;
@@ -281,7 +222,7 @@ int tsr_cmd_index_search(int argc, char **argv)
     rc = 0;
     goto done;
 fail:
-    fprintf(stderr, "tessera: index search: %s\n", err.msg);
+    fprintf(stderr, PROG ": %s\n", err.msg);
 done:
     tsr_ivfpq_destroy(ix);
     free(x);

@@ -1,13 +1,12 @@
 /*
  * cmd_online — the client commands of `tessera` that talk to a running coordinator over
- * gRPC (tessera.v1.VectorSearch): query, update, read, stats.
+ * gRPC (tessera.v1.VectorSearch): query, update, read, stats, and the health probe.
  *
  * Output is a human-readable table by default and one JSON document with --json, so that
  * scripts and tests can parse it. Exit codes: 0 success, 1 the server said no (or the
  * batch was rejected), 2 usage error.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -112,11 +111,33 @@ static Tessera__V1__Restriction *restriction_for(restrict_list *l, const char *n
     return r;
 }
 
+/* The accepted forms, for the usage errors of --restrict / --deny / --numeric. */
+#define RESTRICT_FORMS                                                                     \
+    "expected NS=TOKEN[,TOKEN...] (--restrict allows the tokens, --deny excludes them; NS "   \
+    "without spaces or any of < > = ! ~), e.g. --restrict color=red,blue --deny color=green"
+#define NUMERIC_FORMS                                                                      \
+    "expected NS OP VALUE with OP one of < <= = == != >= > and VALUE an integer (3), a "     \
+    "double (2.5) or a float (2.5f), NS without spaces or any of < > = ! ~, e.g. "          \
+    "--numeric 'price>=3'"
+
+/* 1 when ns[0..len) can name a namespace on the command line: not empty, and no space or
+ * operator character (so that a mistyped operator, "price~=3" or "color!=red", is an
+ * error instead of a namespace "price~" or "color!"). */
+static int good_ns(const char *ns, size_t len)
+{
+    if (len == 0)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (strchr("<>=!~ \t\n\r", ns[i]) != NULL)
+            return 0;
+    return 1;
+}
+
 /* "ns=a,b" into the allow (or deny) list of namespace ns */
 static int parse_restrict(restrict_list *l, const char *arg, int deny)
 {
     const char *eq = strchr(arg, '=');
-    if (eq == NULL || eq == arg || eq[1] == '\0')
+    if (eq == NULL || !good_ns(arg, (size_t)(eq - arg)) || eq[1] == '\0')
         return -1;
     Tessera__V1__Restriction *r = restriction_for(l, arg, (size_t)(eq - arg));
     const char *p = eq + 1;
@@ -134,8 +155,8 @@ static int parse_restrict(restrict_list *l, const char *arg, int deny)
     return 0;
 }
 
-/* "ns>=3", "ns<2.5", "ns==7", "ns!=1.5f": int when it parses as one, float with an f
- * suffix, double otherwise. */
+/* "ns>=3", "ns<2.5", "ns==7" (or "ns=7"), "ns!=1.5f": int when it parses as one, float
+ * with an f suffix, double otherwise. NULL when arg is none of these. */
 static Tessera__V1__NumericRestriction *parse_numeric(const char *arg)
 {
     static const struct {
@@ -151,7 +172,7 @@ static Tessera__V1__NumericRestriction *parse_numeric(const char *arg)
         {">", TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__GREATER},
     };
     const char *pos = strpbrk(arg, "<>=!");
-    if (pos == NULL || pos == arg)
+    if (pos == NULL || !good_ns(arg, (size_t)(pos - arg)))
         return NULL;
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         size_t tl = strlen(ops[i].tok);
@@ -173,7 +194,7 @@ static Tessera__V1__NumericRestriction *parse_numeric(const char *arg)
             return nr;
         }
         double dv = strtod(val, &end);
-        if (end != val && (*end == 'f' || *end == 'F') && end[1] == '\0') {
+        if (end != val && (*end == 'f' || *end == 'F') && end[1] == '\0' && isfinite(dv)) {
             nr->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT;
             nr->value_float = (float)dv;
             return nr;
@@ -190,35 +211,35 @@ static Tessera__V1__NumericRestriction *parse_numeric(const char *arg)
     return NULL;
 }
 
-/* --tls-* flags of every online command (long-only option codes) */
-enum { OPT_TLS_CA = 1000, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_NAME };
-#define TLS_LONG_OPTS                                                                      \
-    {"tls-ca", 1, 0, OPT_TLS_CA}, {"tls-cert", 1, 0, OPT_TLS_CERT},                        \
-        {"tls-key", 1, 0, OPT_TLS_KEY}, {"tls-server-name", 1, 0, OPT_TLS_NAME}
+/* --tls-* flags of every online command */
+typedef struct {
+    const char *ca, *cert, *key, *name;
+} tls_flags;
+#define TLS_OPTS(t)                                                                        \
+    {"--tls-ca", TSR_CMDLINE_STR, &(t).ca, 0, 0, 0},                                      \
+        {"--tls-cert", TSR_CMDLINE_STR, &(t).cert, 0, 0, 0},                              \
+        {"--tls-key", TSR_CMDLINE_STR, &(t).key, 0, 0, 0},                                \
+        {"--tls-server-name", TSR_CMDLINE_STR, &(t).name, 0, 0, 0}
 #define TLS_USAGE                                                                          \
     "  --tls-ca FILE          use TLS, trusting this CA (PEM) for the coordinator's certificate\n" \
     "  --tls-cert FILE --tls-key FILE  client certificate (coordinator with mutual TLS)\n"       \
     "  --tls-server-name N    name to check in the certificate instead of ADDR's host\n"
-typedef struct {
-    const char *ca, *cert, *key, *name;
-} tls_flags;
 
-/* Takes one --tls-* option; returns 1 when c was one. */
-static int tls_opt(tls_flags *t, int c, const char *arg)
+/* Parses an online command's flags; max_args positional arguments go to argv[1..*nargs].
+ * Returns -1 to go on, else the exit code (0 after --help, 2 usage error). */
+static int parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
+                       void (*usage)(FILE *), int max_args, int argc, char **argv, int *nargs)
 {
-    switch (c) {
-    case OPT_TLS_CA: t->ca = arg; return 1;
-    case OPT_TLS_CERT: t->cert = arg; return 1;
-    case OPT_TLS_KEY: t->key = arg; return 1;
-    case OPT_TLS_NAME: t->name = arg; return 1;
-    default: return 0;
-    }
+    const tsr_cmdline_spec spec = {prog, opts, n, usage, max_args, 1};
+    int code;
+    return tsr_cmdline_parse_spec(&spec, argc, argv, nargs, &code) ? code : -1;
 }
 
 /* Opens the channel. Returns NULL on failure with *code = 2 (TLS flags or files are
  * wrong: a usage error) or 1. TSR_TLS_CA / TSR_TLS_SERVER_NAME stand in for --tls-ca /
  * --tls-server-name when those are not given. */
-static tsr_rpc_channel *connect_target(const char *target, const tls_flags *t, int *code)
+static tsr_rpc_channel *connect_target(const char *prog, const char *target, const tls_flags *t,
+                                       int *code)
 {
     tsr_error err = TSR_ERROR_INIT;
     tsr_rpc_client_opts o;
@@ -229,28 +250,29 @@ static tsr_rpc_channel *connect_target(const char *target, const tls_flags *t, i
     o.tls_key_file = t->key;
     o.tls_server_name = t->name ? t->name : getenv("TSR_TLS_SERVER_NAME");
     if (o.tls_server_name && !o.tls_ca_file) {
-        fprintf(stderr, "tessera: --tls-server-name needs --tls-ca\n");
+        fprintf(stderr, "%s: --tls-server-name needs --tls-ca\n", prog);
         *code = 2;
         return NULL;
     }
     tsr_cmdline_tls chk = {o.tls_cert_file, "--tls-cert", o.tls_key_file, "--tls-key",
                            o.tls_ca_file, t->ca ? "--tls-ca" : "TSR_TLS_CA"};
     if (tsr_cmdline_check_tls(&chk, 1, &err) != 0) {
-        fprintf(stderr, "tessera: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", prog, err.msg);
         *code = 2;
         return NULL;
     }
     tsr_rpc_channel *ch = tsr_rpc_channel_create(target, &o, &err);
     if (ch == NULL) {
-        fprintf(stderr, "tessera: %s: %s\n", target, err.msg);
+        fprintf(stderr, "%s: %s: %s\n", prog, target, err.msg);
         *code = 1;
     }
     return ch;
 }
 
-static void print_rpc_failure(const char *what, const char *target, const tsr_rpc_result *res)
+static void print_rpc_failure(const char *prog, const char *what, const char *target,
+                              const tsr_rpc_result *res)
 {
-    fprintf(stderr, "tessera: %s on %s failed: %s: %s\n", what, target,
+    fprintf(stderr, "%s: %s on %s failed: %s: %s\n", prog, what, target,
             tsr_rpc_code_name(res->code), res->message ? res->message : "");
 }
 
@@ -327,6 +349,8 @@ static void print_json(json_t *j)
 
 /* ------------------------------------------------------------------ query */
 
+#define PROG "tessera query"
+
 static void query_usage(FILE *f)
 {
     fprintf(f,
@@ -336,110 +360,174 @@ static void query_usage(FILE *f)
             "  --vector V             one dense query, comma-separated floats\n"
             "  --queries F            dense queries from a .fvecs file (one request per 100)\n"
             "  --sparse S             sparse query \"dim:value,...\" (alone or with a dense one)\n"
-            "  --alpha A              RRF weight of the dense ranking (1 dense only, 0 sparse only)\n"
-            "  --k K                  neighbors per query (default 10)\n"
+            "  --alpha A              RRF weight of the dense ranking, 0..1 (1 dense only, 0\n"
+            "                         sparse only)\n"
+            "  --k K                  neighbors per query, 1..10000 (default 10)\n"
             "  --restrict ns=a,b      allow tokens a or b in namespace ns (repeatable; AND across ns)\n"
             "  --deny ns=c            deny token c in namespace ns (repeatable)\n"
-            "  --numeric \"ns>=3\"      numeric restrict; ops < <= == != >= > (int, 1.5 double, 1.5f float)\n"
-            "  --crowding N           at most N neighbors per crowding tag\n"
-            "  --candidates N         approximate_neighbor_count: re-rank N PQ candidates exactly\n"
-            "  --fraction F           fraction of coarse lists to probe (0,1]\n"
+            "  --numeric \"ns>=3\"      numeric restrict, repeatable; OP: < <= = == != >= >\n"
+            "                         (= is ==); value 3 int, 1.5 double, 1.5f float\n"
+            "  --crowding N           at most N neighbors per crowding tag (0 = no limit)\n"
+            "  --candidates N         approximate_neighbor_count, 0..10000: re-rank N PQ\n"
+            "                         candidates exactly\n"
+            "  --fraction F           fraction of coarse lists to probe, 0..1 (0: index default)\n"
             "  --full                 return full datapoints\n"
             "  --allow-partial        answer from the reachable shards if one is down\n"
-            "  --timeout-ms T         deadline (default 10000)\n"
-            "  --json                 one JSON document on stdout\n" TLS_USAGE);
+            "  --timeout-ms T         deadline, 1..86400000 (default 10000)\n"
+            "  --json                 one JSON document on stdout\n" TLS_USAGE
+            "Exit status: 0 success, 1 the query failed (coordinator refused or unreachable,\n"
+            "unreadable --queries file), 2 usage error (flags, TLS files).\n");
+}
+
+/* Adds the --restrict, --deny and --numeric values to the query. Returns 0, or 2 after
+ * a message naming the bad value and listing the accepted forms. */
+static int query_restricts(const tsr_cmdline_list *allow, const tsr_cmdline_list *deny,
+                           const tsr_cmdline_list *numeric, restrict_list *rl,
+                           Tessera__V1__NumericRestriction ***nums, size_t *nnums)
+{
+    for (int d = 0; d < 2; d++) {
+        const tsr_cmdline_list *l = d ? deny : allow;
+        for (size_t i = 0; i < l->n; i++)
+            if (parse_restrict(rl, l->v[i], d) != 0) {
+                const char *v = l->v[i], *ne = strstr(v, "!=");
+                fprintf(stderr, PROG ": %s '%s': " RESTRICT_FORMS "\n",
+                        d ? "--deny" : "--restrict", v);
+                if (ne != NULL && ne > v && ne[2] != '\0')
+                    fprintf(stderr, PROG ": to exclude a token: --deny '%.*s=%s'\n",
+                            (int)(ne - v), v, ne + 2);
+                return 2;
+            }
+    }
+    for (size_t i = 0; i < numeric->n; i++) {
+        Tessera__V1__NumericRestriction *nr = parse_numeric(numeric->v[i]);
+        if (nr == NULL) {
+            fprintf(stderr, PROG ": --numeric '%s': " NUMERIC_FORMS "\n", numeric->v[i]);
+            return 2;
+        }
+        *nums = tsr_xrealloc(*nums, (*nnums + 1) * sizeof **nums);
+        (*nums)[(*nnums)++] = nr;
+    }
+    return 0;
+}
+
+/* Prints the neighbors of each query of resp (a table unless as_json) and appends one
+ * JSON object per query to all. sparse: the query had a sparse part (print its distance). */
+static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int sparse,
+                            int as_json, json_t *all)
+{
+    for (size_t i = 0; i < resp->n_nearest_neighbors; i++) {
+        const Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn =
+            resp->nearest_neighbors[i];
+        json_t *qo = json_object(), *na = json_array();
+        json_object_set_new(qo, "query", json_string(nn->id));
+        if (!as_json)
+            printf("query %s (version %lld)\n", nn->id, (long long)resp->version);
+        for (size_t j = 0; j < nn->n_neighbors; j++) {
+            const Tessera__V1__FindNeighborsResponse__Neighbor *nb1 = nn->neighbors[j];
+            json_t *no = nb1->datapoint ? datapoint_json(nb1->datapoint) : json_object();
+            json_object_set_new(no, "distance", json_real(nb1->distance));
+            if (sparse)
+                json_object_set_new(no, "sparse_distance", json_real(nb1->sparse_distance));
+            if (!as_json) {
+                const char *tag = nb1->datapoint && nb1->datapoint->crowding_tag
+                                      ? nb1->datapoint->crowding_tag->crowding_attribute
+                                      : "";
+                printf("  %2zu  %-24s distance %-12.6g", j + 1,
+                       nb1->datapoint ? nb1->datapoint->datapoint_id : "?", nb1->distance);
+                if (sparse)
+                    printf(" sparse %-12.6g", nb1->sparse_distance);
+                printf("%s%s\n", tag && tag[0] ? " tag " : "", tag && tag[0] ? tag : "");
+            }
+            json_array_append_new(na, no);
+        }
+        json_object_set_new(qo, "neighbors", na);
+        json_object_set_new(qo, "version", json_integer(resp->version));
+        if (resp->n_missing_shards) {
+            json_t *ms = json_array();
+            for (size_t m = 0; m < resp->n_missing_shards; m++)
+                json_array_append_new(ms, json_string(resp->missing_shards[m]));
+            json_object_set_new(qo, "missing_shards", ms);
+            if (!as_json)
+                fprintf(stderr, PROG ": partial answer, %zu shard(s) missing\n",
+                        resp->n_missing_shards);
+        }
+        json_array_append_new(all, qo);
+    }
 }
 
 int tsr_cmd_query(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"target", 1, 0, 't'},   {"vector", 1, 0, 'v'},   {"queries", 1, 0, 'q'},
-        {"sparse", 1, 0, 's'},   {"alpha", 1, 0, 'a'},    {"k", 1, 0, 'k'},
-        {"restrict", 1, 0, 'r'}, {"deny", 1, 0, 'd'},     {"numeric", 1, 0, 'n'},
-        {"crowding", 1, 0, 'c'}, {"candidates", 1, 0, 'C'}, {"fraction", 1, 0, 'f'},
-        {"full", 0, 0, 'F'},     {"allow-partial", 0, 0, 'P'}, {"timeout-ms", 1, 0, 'T'},
-        {"json", 0, 0, 'j'},     {"help", 0, 0, 'h'},     TLS_LONG_OPTS,
-        {0, 0, 0, 0}};
     const char *target = NULL, *vector = NULL, *qfile = NULL, *sparse = NULL;
     tls_flags tls = {0};
-    int k = 10, crowding = 0, candidates = 0, full = 0, as_json = 0, partial = 0, have_alpha = 0;
-    double fraction = 0, alpha = 1;
-    long timeout = 10000;
+    int k = 10, crowding = 0, candidates = 0, full = 0, as_json = 0, partial = 0;
+    double fraction = 0, alpha = -1; /* -1: not given */
+    int64_t timeout = 10000;
+    tsr_cmdline_list allow = {0}, deny = {0}, numeric = {0};
+    const tsr_cmdline_opt opts[] = {
+        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
+        {"--vector", TSR_CMDLINE_STR, &vector, 0, 0, 0},
+        {"--queries", TSR_CMDLINE_STR, &qfile, 0, 0, 0},
+        {"--sparse", TSR_CMDLINE_STR, &sparse, 0, 0, 0},
+        {"--alpha", TSR_CMDLINE_DOUBLE, &alpha, 0, 1, 0},
+        {"--k", TSR_CMDLINE_INT, &k, 1, 10000, 0},
+        {"--restrict", TSR_CMDLINE_LIST, &allow, 0, 0, 0},
+        {"--deny", TSR_CMDLINE_LIST, &deny, 0, 0, 0},
+        {"--numeric", TSR_CMDLINE_LIST, &numeric, 0, 0, 0},
+        {"--crowding", TSR_CMDLINE_INT, &crowding, 0, INT32_MAX, 0},
+        {"--candidates", TSR_CMDLINE_INT, &candidates, 0, 10000, 0},
+        {"--fraction", TSR_CMDLINE_DOUBLE, &fraction, 0, 1, 0},
+        {"--full", TSR_CMDLINE_FLAG, &full, 0, 0, 0},
+        {"--allow-partial", TSR_CMDLINE_FLAG, &partial, 0, 0, 0},
+        {"--timeout-ms", TSR_CMDLINE_INT64, &timeout, 1, 86400000, 0},
+        {"--json", TSR_CMDLINE_FLAG, &as_json, 0, 0, 0},
+        TLS_OPTS(tls),
+    };
     restrict_list rl = {0};
     Tessera__V1__NumericRestriction **nums = NULL;
     size_t nnums = 0;
-    int rc = 2, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        switch (c) {
-        case 't': target = optarg; break;
-        case 'v': vector = optarg; break;
-        case 'q': qfile = optarg; break;
-        case 's': sparse = optarg; break;
-        case 'a': alpha = atof(optarg); have_alpha = 1; break;
-        case 'k': k = atoi(optarg); break;
-        case 'c': crowding = atoi(optarg); break;
-        case 'C': candidates = atoi(optarg); break;
-        case 'f': fraction = atof(optarg); break;
-        case 'F': full = 1; break;
-        case 'P': partial = 1; break;
-        case 'T': timeout = atol(optarg); break;
-        case 'j': as_json = 1; break;
-        case 'r':
-        case 'd':
-            if (parse_restrict(&rl, optarg, c == 'd') != 0) {
-                fprintf(stderr, "tessera query: --%s %s: expected ns=token[,token...]\n",
-                        c == 'd' ? "deny" : "restrict", optarg);
-                goto cleanup;
-            }
-            break;
-        case 'n': {
-            Tessera__V1__NumericRestriction *nr = parse_numeric(optarg);
-            if (nr == NULL) {
-                fprintf(stderr, "tessera query: --numeric %s: expected ns OP value, e.g. \"price>=3\"\n",
-                        optarg);
-                goto cleanup;
-            }
-            nums = tsr_xrealloc(nums, (nnums + 1) * sizeof *nums);
-            nums[nnums++] = nr;
-            break;
-        }
-        case 'h': query_usage(stdout); rc = 0; goto cleanup;
-        default:
-            if (tls_opt(&tls, c, optarg))
-                break;
-            query_usage(stderr);
-            goto cleanup;
-        }
-    }
-    if (target == NULL || (vector == NULL && qfile == NULL && sparse == NULL) ||
-        (vector && qfile) || k <= 0) {
-        query_usage(stderr);
+    int rc = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], query_usage, 0, argc, argv,
+                         NULL);
+    if (rc >= 0)
+        goto cleanup;
+    rc = 2;
+    int have_alpha = alpha >= 0;
+    if (!have_alpha)
+        alpha = 1;
+    if (vector == NULL && qfile == NULL && sparse == NULL) {
+        fprintf(stderr, PROG ": give --vector, --queries or --sparse (see '" PROG " --help')\n");
         goto cleanup;
     }
+    if (vector && qfile) {
+        fprintf(stderr, PROG ": --vector and --queries exclude each other\n");
+        goto cleanup;
+    }
+    if (query_restricts(&allow, &deny, &numeric, &rl, &nums, &nnums) != 0)
+        goto cleanup;
     float *qv = NULL;
     size_t nq = 1, d = 0;
     if (vector && parse_floats(vector, &qv, &d) != 0) {
-        fprintf(stderr, "tessera query: --vector: expected comma-separated finite floats\n");
+        fprintf(stderr, PROG ": --vector: expected comma-separated finite floats, got '%s'\n",
+                vector);
         goto cleanup;
     }
     if (qfile) {
         tsr_error err = TSR_ERROR_INIT;
         if (tsr_fvecs_read(qfile, &qv, &nq, &d, &err) != 0) {
-            fprintf(stderr, "tessera query: %s\n", err.msg);
+            fprintf(stderr, PROG ": %s\n", err.msg);
             rc = 1;
             goto cleanup;
         }
     }
     Tessera__V1__SparseEmbedding se = TESSERA__V1__SPARSE_EMBEDDING__INIT;
     if (sparse && parse_sparse(sparse, &se) != 0) {
-        fprintf(stderr, "tessera query: --sparse: expected dim:value[,dim:value...]\n");
+        fprintf(stderr, PROG ": --sparse: expected DIM:VALUE[,DIM:VALUE...], got '%s'\n",
+                sparse);
         free(qv);
         free(se.values);
         free(se.dimensions);
         goto cleanup;
     }
-    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
+    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
     if (ch == NULL) {
         free(qv);
         goto cleanup;
@@ -495,48 +583,11 @@ int tsr_cmd_query(int argc, char **argv)
         tsr_rpc_call_pb(ch, SVC "FindNeighbors", &req.base,
                         &tessera__v1__find_neighbors_response__descriptor, timeout, &out, &res);
         if (res.code != TSR_RPC_OK) {
-            print_rpc_failure("FindNeighbors", target, &res);
+            print_rpc_failure(PROG, "FindNeighbors", target, &res);
             rc = 1;
         } else {
-            Tessera__V1__FindNeighborsResponse *resp = (Tessera__V1__FindNeighborsResponse *)out;
-            for (size_t i = 0; i < resp->n_nearest_neighbors; i++) {
-                const Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn =
-                    resp->nearest_neighbors[i];
-                json_t *qo = json_object(), *na = json_array();
-                json_object_set_new(qo, "query", json_string(nn->id));
-                if (!as_json)
-                    printf("query %s (version %lld)\n", nn->id, (long long)resp->version);
-                for (size_t j = 0; j < nn->n_neighbors; j++) {
-                    const Tessera__V1__FindNeighborsResponse__Neighbor *nb1 = nn->neighbors[j];
-                    json_t *no = nb1->datapoint ? datapoint_json(nb1->datapoint) : json_object();
-                    json_object_set_new(no, "distance", json_real(nb1->distance));
-                    if (sparse)
-                        json_object_set_new(no, "sparse_distance", json_real(nb1->sparse_distance));
-                    if (!as_json) {
-                        const char *tag = nb1->datapoint && nb1->datapoint->crowding_tag
-                                              ? nb1->datapoint->crowding_tag->crowding_attribute
-                                              : "";
-                        printf("  %2zu  %-24s distance %-12.6g", j + 1,
-                               nb1->datapoint ? nb1->datapoint->datapoint_id : "?", nb1->distance);
-                        if (sparse)
-                            printf(" sparse %-12.6g", nb1->sparse_distance);
-                        printf("%s%s\n", tag && tag[0] ? " tag " : "", tag && tag[0] ? tag : "");
-                    }
-                    json_array_append_new(na, no);
-                }
-                json_object_set_new(qo, "neighbors", na);
-                json_object_set_new(qo, "version", json_integer(resp->version));
-                if (resp->n_missing_shards) {
-                    json_t *ms = json_array();
-                    for (size_t m = 0; m < resp->n_missing_shards; m++)
-                        json_array_append_new(ms, json_string(resp->missing_shards[m]));
-                    json_object_set_new(qo, "missing_shards", ms);
-                    if (!as_json)
-                        fprintf(stderr, "tessera query: partial answer, %zu shard(s) missing\n",
-                                resp->n_missing_shards);
-                }
-                json_array_append_new(all, qo);
-            }
+            print_neighbors((Tessera__V1__FindNeighborsResponse *)out, sparse != NULL, as_json,
+                            all);
             protobuf_c_message_free_unpacked(out, NULL);
         }
         tsr_rpc_result_close(&res);
@@ -560,8 +611,12 @@ cleanup:
     for (size_t i = 0; i < nnums; i++)
         tessera__v1__numeric_restriction__free_unpacked(nums[i], NULL);
     free(nums);
+    tsr_cmdline_list_free(&allow);
+    tsr_cmdline_list_free(&deny);
+    tsr_cmdline_list_free(&numeric);
     return rc;
 }
+#undef PROG
 
 /* ------------------------------------------------------------------ update */
 
@@ -572,61 +627,51 @@ static const char *state_name(Tessera__V1__Operation__State s)
     return v ? v->name : "UNKNOWN";
 }
 
+#define PROG "tessera update"
+
 static void update_usage(FILE *f)
 {
     fprintf(f,
             "usage: tessera update --target ADDR --batch-root DIR [--complete-overwrite]\n"
             "                      [--max-invalid-records N] [--json] [--timeout-s T]\n"
             "  Applies a Vertex-format batch (a folder on the coordinator's file system) as a new\n"
-            "  index version, waits for it, and prints the batch report. Exit 1 when rejected.\n"
+            "  index version, waits for it, and prints the batch report.\n"
             "  A coordinator that restarts meanwhile is waited for (operations survive restarts;\n"
             "  one interrupted before its commit point ends FAILED \"interrupted\").\n"
-            TLS_USAGE);
+            "  --max-invalid-records N  invalid records to skip, 0..2147483647 (default 0)\n"
+            "  --timeout-s T            how long to wait for the operation, 0..31536000 (default\n"
+            "                           3600)\n"
+            TLS_USAGE
+            "Exit status: 0 the update succeeded, 1 it was rejected or failed (or still runs\n"
+            "after --timeout-s), 2 usage error (flags, TLS files).\n");
 }
 
 int tsr_cmd_update(int argc, char **argv)
 {
-    static const struct option lo[] = {{"target", 1, 0, 't'},
-                                       {"batch-root", 1, 0, 'b'},
-                                       {"complete-overwrite", 0, 0, 'o'},
-                                       {"max-invalid-records", 1, 0, 'm'},
-                                       {"json", 0, 0, 'j'},
-                                       {"timeout-s", 1, 0, 'T'},
-                                       {"help", 0, 0, 'h'},
-                                       TLS_LONG_OPTS,
-                                       {0, 0, 0, 0}};
     const char *target = NULL, *root = NULL;
     tls_flags tls = {0};
-    int overwrite = 0, max_invalid = 0, as_json = 0, c;
-    long timeout_s = 3600;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        switch (c) {
-        case 't': target = optarg; break;
-        case 'b': root = optarg; break;
-        case 'o': overwrite = 1; break;
-        case 'm': max_invalid = atoi(optarg); break;
-        case 'j': as_json = 1; break;
-        case 'T': timeout_s = atol(optarg); break;
-        case 'h': update_usage(stdout); return 0;
-        default:
-            if (tls_opt(&tls, c, optarg))
-                break;
-            update_usage(stderr);
-            return 2;
-        }
-    }
-    if (target == NULL || root == NULL || max_invalid < 0) {
-        update_usage(stderr);
-        return 2;
-    }
+    int overwrite = 0, max_invalid = 0, as_json = 0;
+    int64_t timeout_s = 3600;
+    const tsr_cmdline_opt opts[] = {
+        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
+        {"--batch-root", TSR_CMDLINE_STR, &root, 0, 0, 1},
+        {"--complete-overwrite", TSR_CMDLINE_FLAG, &overwrite, 0, 0, 0},
+        {"--max-invalid-records", TSR_CMDLINE_INT, &max_invalid, 0, INT32_MAX, 0},
+        {"--json", TSR_CMDLINE_FLAG, &as_json, 0, 0, 0},
+        {"--timeout-s", TSR_CMDLINE_INT64, &timeout_s, 0, 31536000, 0},
+        TLS_OPTS(tls),
+    };
+    int code = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], update_usage, 0, argc, argv,
+                           NULL);
+    if (code >= 0)
+        return code;
     char absroot[4096];
     if (realpath(root, absroot) == NULL) {
-        fprintf(stderr, "tessera update: %s: %s\n", root, strerror(errno));
+        fprintf(stderr, PROG ": %s: %s\n", root, strerror(errno));
         return 1;
     }
     int rc = 1;
-    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
+    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     rc = 1;
@@ -640,7 +685,7 @@ int tsr_cmd_update(int argc, char **argv)
     if (tsr_rpc_call_pb(ch, SVC "UpdateIndex", &req.base,
                         &tessera__v1__update_index_response__descriptor, 30000, &out,
                         &res) != TSR_RPC_OK) {
-        print_rpc_failure("UpdateIndex", target, &res);
+        print_rpc_failure(PROG, "UpdateIndex", target, &res);
         goto done;
     }
     char *opid = tsr_xstrdup(((Tessera__V1__UpdateIndexResponse *)out)->operation_id);
@@ -659,11 +704,11 @@ int tsr_cmd_update(int argc, char **argv)
             int transient = res.code == TSR_RPC_UNAVAILABLE ||
                             res.code == TSR_RPC_DEADLINE_EXCEEDED;
             if (!transient || time(NULL) > t_end) {
-                print_rpc_failure("GetOperation", target, &res);
+                print_rpc_failure(PROG, "GetOperation", target, &res);
                 break;
             }
             if (!warned_unavailable) {
-                fprintf(stderr, "%stessera update: %s: coordinator unavailable (%s); still "
+                fprintf(stderr, "%s" PROG ": %s: coordinator unavailable (%s); still "
                         "waiting for %s\n", tty ? "\n" : "", target, res.message, opid);
                 warned_unavailable = 1;
             }
@@ -727,7 +772,8 @@ int tsr_cmd_update(int argc, char **argv)
         }
         protobuf_c_message_free_unpacked(out, NULL);
         if (time(NULL) > t_end) {
-            fprintf(stderr, "tessera update: %s still running after %ld s\n", opid, timeout_s);
+            fprintf(stderr, PROG ": %s still running after %lld s\n", opid,
+                    (long long)timeout_s);
             break;
         }
         struct timespec ts = {0, 100 * 1000 * 1000};
@@ -740,38 +786,45 @@ done:
     return rc;
 }
 
+#undef PROG
+
 /* ------------------------------------------------------------------ read, stats */
+
+#define PROG "tessera read"
+
+static void read_usage(FILE *f)
+{
+    fprintf(f, "usage: tessera read --target ADDR [--tls-ca FILE ...] [--] ID...\n"
+               "  Prints the stored datapoints of the ids, one JSON line each (ids that start\n"
+               "  with '-' go after --).\n"
+               TLS_USAGE
+               "Exit status: 0 success, 1 an id is missing or the read failed, 2 usage error\n"
+               "(flags, TLS files).\n");
+}
 
 int tsr_cmd_read(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"target", 1, 0, 't'}, {"help", 0, 0, 'h'}, TLS_LONG_OPTS, {0, 0, 0, 0}};
     const char *target = NULL;
     tls_flags tls = {0};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        if (c == 't')
-            target = optarg;
-        else if (!tls_opt(&tls, c, optarg)) {
-            fprintf(c == 'h' ? stdout : stderr,
-                    "usage: tessera read --target ADDR [--tls-ca FILE ...] ID...\n"
-                    "  Prints the stored datapoints of the ids, one JSON line each; exit 1 if any is missing.\n"
-                    TLS_USAGE);
-            return c == 'h' ? 0 : 2;
-        }
-    }
-    if (target == NULL || optind >= argc) {
-        fprintf(stderr, "usage: tessera read --target ADDR ID...\n");
+    const tsr_cmdline_opt opts[] = {
+        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
+        TLS_OPTS(tls),
+    };
+    int nids = 0, code = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], read_usage, -1,
+                                     argc, argv, &nids);
+    if (code >= 0)
+        return code;
+    if (nids == 0) {
+        fprintf(stderr, PROG ": expected at least one ID (see '" PROG " --help')\n");
         return 2;
     }
     int rc = 1;
-    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
+    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     Tessera__V1__ReadIndexDatapointsRequest req = TESSERA__V1__READ_INDEX_DATAPOINTS_REQUEST__INIT;
-    req.ids = argv + optind;
-    req.n_ids = (size_t)(argc - optind);
+    req.ids = argv + 1;
+    req.n_ids = (size_t)nids;
     tsr_rpc_result res;
     tsr_rpc_result_init(&res);
     ProtobufCMessage *out = NULL;
@@ -779,7 +832,7 @@ int tsr_cmd_read(int argc, char **argv)
     if (tsr_rpc_call_pb(ch, SVC "ReadIndexDatapoints", &req.base,
                         &tessera__v1__read_index_datapoints_response__descriptor, 10000, &out,
                         &res) != TSR_RPC_OK) {
-        print_rpc_failure("ReadIndexDatapoints", target, &res);
+        print_rpc_failure(PROG, "ReadIndexDatapoints", target, &res);
     } else {
         Tessera__V1__ReadIndexDatapointsResponse *r = (Tessera__V1__ReadIndexDatapointsResponse *)out;
         for (size_t i = 0; i < r->n_datapoints; i++) {
@@ -789,7 +842,7 @@ int tsr_cmd_read(int argc, char **argv)
         }
         rc = r->n_datapoints == req.n_ids ? 0 : 1;
         if (rc)
-            fprintf(stderr, "tessera read: %zu of %zu ids not found\n", req.n_ids - r->n_datapoints,
+            fprintf(stderr, PROG ": %zu of %zu ids not found\n", req.n_ids - r->n_datapoints,
                     req.n_ids);
         protobuf_c_message_free_unpacked(out, NULL);
     }
@@ -798,33 +851,34 @@ int tsr_cmd_read(int argc, char **argv)
     return rc;
 }
 
+#undef PROG
+#define PROG "tessera stats"
+
+static void stats_usage(FILE *f)
+{
+    fprintf(f, "usage: tessera stats --target ADDR [--json] [--tls-ca FILE ...]\n"
+               "  Prints the index version, vector counts and per-shard state.\n"
+               TLS_USAGE
+               "Exit status: 0 success, 1 the coordinator refused or is unreachable, 2 usage\n"
+               "error (flags, TLS files).\n");
+}
+
 int tsr_cmd_stats(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"target", 1, 0, 't'}, {"json", 0, 0, 'j'}, {"help", 0, 0, 'h'}, TLS_LONG_OPTS,
-        {0, 0, 0, 0}};
     const char *target = NULL;
     tls_flags tls = {0};
-    int as_json = 0, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        if (c == 't')
-            target = optarg;
-        else if (c == 'j')
-            as_json = 1;
-        else if (!tls_opt(&tls, c, optarg)) {
-            fprintf(c == 'h' ? stdout : stderr,
-                    "usage: tessera stats --target ADDR [--json] [--tls-ca FILE ...]\n"
-                    "  Prints the index version, vector counts and per-shard state.\n" TLS_USAGE);
-            return c == 'h' ? 0 : 2;
-        }
-    }
-    if (target == NULL) {
-        fprintf(stderr, "usage: tessera stats --target ADDR [--json]\n");
-        return 2;
-    }
+    int as_json = 0;
+    const tsr_cmdline_opt opts[] = {
+        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
+        {"--json", TSR_CMDLINE_FLAG, &as_json, 0, 0, 0},
+        TLS_OPTS(tls),
+    };
+    int code = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], stats_usage, 0, argc, argv,
+                           NULL);
+    if (code >= 0)
+        return code;
     int rc = 1;
-    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
+    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     Tessera__V1__GetIndexStatsRequest req = TESSERA__V1__GET_INDEX_STATS_REQUEST__INIT;
@@ -835,7 +889,7 @@ int tsr_cmd_stats(int argc, char **argv)
     if (tsr_rpc_call_pb(ch, SVC "GetIndexStats", &req.base,
                         &tessera__v1__get_index_stats_response__descriptor, 10000, &out,
                         &res) != TSR_RPC_OK) {
-        print_rpc_failure("GetIndexStats", target, &res);
+        print_rpc_failure(PROG, "GetIndexStats", target, &res);
     } else {
         Tessera__V1__GetIndexStatsResponse *s = (Tessera__V1__GetIndexStatsResponse *)out;
         json_t *o = json_object(), *sh = json_array();
@@ -872,46 +926,43 @@ int tsr_cmd_stats(int argc, char **argv)
     return rc;
 }
 
+#undef PROG
+
 /* ------------------------------------------------------------------ health */
 
 /* `tessera health`: grpc.health.v1.Health/Check against a coordinator or a shard — a
  * readiness / liveness probe that also speaks TLS (kubelet's grpc: probes do not). */
+#define PROG "tessera health"
+
+static void health_usage(FILE *f)
+{
+    fprintf(f, "usage: tessera health --target ADDR [--service NAME] [--timeout-ms T]\n"
+               "                      [--tls-ca FILE ...]\n"
+               "  grpc.health.v1.Health/Check: prints the status. A probe for Kubernetes exec\n"
+               "  probes, which unlike grpc: probes work with TLS.\n"
+               "  --service NAME         \"\" (default) = the server as a whole\n"
+               "  --timeout-ms T         deadline, 1..600000 (default 2000)\n" TLS_USAGE
+               "Exit status: 0 SERVING, 1 otherwise (NOT_SERVING, unknown service, unreachable),\n"
+               "2 usage error (flags, TLS files).\n");
+}
+
 int tsr_cmd_health(int argc, char **argv)
 {
-    static const struct option lo[] = {{"target", 1, 0, 't'},     {"service", 1, 0, 's'},
-                                       {"timeout-ms", 1, 0, 'T'}, {"help", 0, 0, 'h'},
-                                       TLS_LONG_OPTS,              {0, 0, 0, 0}};
     const char *target = NULL, *service = "";
-    long timeout_ms = 2000;
+    int64_t timeout_ms = 2000;
     tls_flags tls = {0};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        if (c == 't')
-            target = optarg;
-        else if (c == 's')
-            service = optarg;
-        else if (c == 'T')
-            timeout_ms = atol(optarg);
-        else if (!tls_opt(&tls, c, optarg)) {
-            fprintf(c == 'h' ? stdout : stderr,
-                    "usage: tessera health --target ADDR [--service NAME] [--timeout-ms T]\n"
-                    "                      [--tls-ca FILE ...]\n"
-                    "  grpc.health.v1.Health/Check: prints the status, exit 0 when SERVING, 1\n"
-                    "  otherwise (NOT_SERVING, unknown service, unreachable). A probe for\n"
-                    "  Kubernetes exec probes, which unlike grpc: probes work with TLS.\n"
-                    "  --service NAME         \"\" (default) = the server as a whole\n"
-                    "  --timeout-ms T         deadline (default 2000)\n" TLS_USAGE);
-            return c == 'h' ? 0 : 2;
-        }
-    }
-    if (target == NULL || timeout_ms <= 0 || timeout_ms > 600000) {
-        fprintf(stderr, "usage: tessera health --target ADDR [--service NAME] "
-                        "[--timeout-ms 1..600000]\n");
-        return 2;
-    }
+    const tsr_cmdline_opt opts[] = {
+        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
+        {"--service", TSR_CMDLINE_STR_ANY, &service, 0, 0, 0},
+        {"--timeout-ms", TSR_CMDLINE_INT64, &timeout_ms, 1, 600000, 0},
+        TLS_OPTS(tls),
+    };
+    int code = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], health_usage, 0, argc, argv,
+                           NULL);
+    if (code >= 0)
+        return code;
     int rc = 1;
-    tsr_rpc_channel *ch = connect_target(target, &tls, &rc);
+    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
@@ -923,7 +974,7 @@ int tsr_cmd_health(int argc, char **argv)
     if (tsr_rpc_call_pb(ch, "/grpc.health.v1.Health/Check", &req.base,
                         &grpc__health__v1__health_check_response__descriptor,
                         (int64_t)timeout_ms, &out, &res) != TSR_RPC_OK) {
-        print_rpc_failure("Health/Check", target, &res);
+        print_rpc_failure(PROG, "Health/Check", target, &res);
     } else {
         Grpc__Health__V1__HealthCheckResponse *h = (Grpc__Health__V1__HealthCheckResponse *)out;
         const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
@@ -937,3 +988,4 @@ int tsr_cmd_health(int argc, char **argv)
     tsr_rpc_channel_destroy(ch);
     return rc;
 }
+#undef PROG

@@ -1,16 +1,19 @@
 /*
- * main — `tessera`: dispatches `tessera <group> <command> ...` to the cmd_* modules.
- * Every command prints its own --help.
+ * main — `tessera`: dispatches `tessera <group> [<command>] ...` to the cmd_* modules.
+ * Every command parses its own options (core/cmdline.h) and prints its own --help; here
+ * are only the top level (--help, --version, `help [GROUP [COMMAND]]`) and the usage of
+ * a group given without its command (`tessera index`).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
 #include "core/log.h"
+#include "core/version.h"
 
 typedef struct {
     const char *group;
-    const char *name;
+    const char *name; /* NULL: the group is the command (`tessera query`) */
     int (*fn)(int, char **);
     const char *summary;
 } command;
@@ -29,41 +32,111 @@ static const command commands[] = {
     {"health", NULL, tsr_cmd_health, "grpc.health.v1 check of a coordinator or shard (a probe)"},
     {"cluster", "up", tsr_cmd_cluster_up, "run a local coordinator + shards (supervised)"},
 };
+enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 
-int tsr_cli_wants_help(int argc, char **argv)
+static int is_help(const char *a)
 {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
-            return 1;
-    return 0;
+    return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
 }
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: tessera <group> <command> [options]   (tessera <group> <command> --help)\n\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "usage: tessera <group> [<command>] [options]\n"
+               "       tessera help [<group> [<command>]]   (= tessera <group> <command> --help)\n"
+               "       tessera --version\n\n");
+    for (size_t i = 0; i < NCOMMANDS; i++)
         fprintf(f, "  %-7s %-10s %s\n", commands[i].group, commands[i].name ? commands[i].name : "",
                 commands[i].summary);
+    fprintf(f, "\nExit status: 0 success, 1 failure (see each command's --help), 2 usage error.\n");
+}
+
+/* The commands of a group with subcommands (`tessera index`). */
+static void group_usage(FILE *f, const char *group)
+{
+    fprintf(f, "usage: tessera %s <command> [options]   (tessera %s <command> --help)\n\n", group,
+            group);
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (strcmp(commands[i].group, group) == 0)
+            fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+/* The command named by words[0..n) (group, then command for grouped ones), or NULL.
+ * *group_only is set when words[0] is a group that needs a command and words[1] is
+ * missing. */
+static const command *find(int n, char **words, int *group_only)
+{
+    *group_only = 0;
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        const command *c = &commands[i];
+        if (n < 1 || strcmp(words[0], c->group) != 0)
+            continue;
+        if (c->name == NULL)
+            return c;
+        if (n < 2 || is_help(words[1])) {
+            *group_only = 1;
+            return NULL;
+        }
+        if (strcmp(words[1], c->name) == 0)
+            return c;
+    }
+    return NULL;
+}
+
+static int unknown(int n, char **words)
+{
+    int grouped = 0; /* words[0] is a group with commands: point at its list */
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        grouped |= commands[i].name != NULL && strcmp(words[0], commands[i].group) == 0;
+    fprintf(stderr, "tessera: unknown command '%s%s%s' (see 'tessera %s%s--help')\n", words[0],
+            n >= 2 ? " " : "", n >= 2 ? words[1] : "", grouped ? words[0] : "",
+            grouped ? " " : "");
+    return 2;
+}
+
+/* `tessera help [GROUP [COMMAND]]`: the usage of the tool, a group or a command. */
+static int help(int n, char **words)
+{
+    if (n == 0) {
+        usage(stdout);
+        return 0;
+    }
+    int group_only;
+    const command *c = find(n, words, &group_only);
+    if (group_only) {
+        group_usage(stdout, words[0]);
+        return 0;
+    }
+    if (c == NULL)
+        return unknown(n, words);
+    char *argv[] = {words[c->name ? 1 : 0], "--help", NULL};
+    return c->fn(2, argv);
 }
 
 int main(int argc, char **argv)
 {
     tsr_log_set_program("tessera");
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-        const command *c = &commands[i];
-        if (strcmp(argv[1], c->group) != 0)
-            continue;
-        if (c->name == NULL)
-            return c->fn(argc - 1, argv + 1);
-        if (argc >= 3 && strcmp(argv[2], c->name) == 0)
-            return c->fn(argc - 2, argv + 2);
+    if (is_help(argv[1])) {
+        usage(stdout);
+        return 0;
     }
-    fprintf(stderr, "tessera: unknown command '%s%s%s'\n", argv[1], argc >= 3 ? " " : "",
-            argc >= 3 ? argv[2] : "");
-    usage(stderr);
-    return 2;
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("tessera %s\n", TSR_VERSION);
+        return 0;
+    }
+    if (strcmp(argv[1], "help") == 0)
+        return help(argc - 2, argv + 2);
+    int group_only;
+    const command *c = find(argc - 1, argv + 1, &group_only);
+    if (group_only) { /* `tessera index` is a usage error, `tessera index --help` is not */
+        int asked = argc >= 3 && is_help(argv[2]);
+        group_usage(asked ? stdout : stderr, argv[1]);
+        return asked ? 0 : 2;
+    }
+    if (c == NULL)
+        return unknown(argc - 1, argv + 1);
+    return c->name ? c->fn(argc - 2, argv + 2) : c->fn(argc - 1, argv + 1);
 }

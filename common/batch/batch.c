@@ -25,7 +25,7 @@
 #include "batch/batch_csv.h"
 #include "batch/batch_delete.h"
 #include "batch/batch_json.h"
-#include "batch/batch_util.h"
+#include "batch/batch_int.h"
 #include "core/mem.h"
 
 #if defined(__has_include)
@@ -794,4 +794,28 @@ void tsr_batch_report_text(const tsr_batch_report *r, FILE *f)
             fprintf(f, "    ... %llu more invalid records in %s\n",
                     (unsigned long long)(fr->invalid - fr->nerrors), fr->name);
     }
+}
+
+/* ------------------------------------------------------------------ number text */
+
+int tsr_batch_fmt_float(char *buf, size_t cap, float f)
+{
+    int len = 0;
+    for (int p = 6; p <= 9; p++) {
+        len = snprintf(buf, cap, "%.*g", p, (double)f);
+        if (strtof(buf, NULL) == f)
+            break;
+    }
+    return len;
+}
+
+int tsr_batch_fmt_double(char *buf, size_t cap, double d)
+{
+    int len = 0;
+    for (int p = 15; p <= 17; p++) {
+        len = snprintf(buf, cap, "%.*g", p, d);
+        if (strtod(buf, NULL) == d)
+            break;
+    }
+    return len;
 }

@@ -92,4 +92,10 @@ void tsr_batch_report_text(const tsr_batch_report *r, FILE *f);
 /* "csv", "json", "avro", "delete". */
 const char *tsr_batch_kind_name(enum tsr_batch_kind k);
 
+/* The text of a number as `tessera batch inspect` prints it: the shortest "%.Ng" that
+ * reads back (strtof / strtod, hence also the batch readers) to the same bits. cap >= 32
+ * bytes. Returns the length. Only for finite values. */
+int tsr_batch_fmt_float(char *buf, size_t cap, float f);
+int tsr_batch_fmt_double(char *buf, size_t cap, double d);
+
 #endif

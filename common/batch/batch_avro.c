@@ -31,7 +31,7 @@
 
 #include "batch/batch_avro_codec.h"
 #include "batch/batch_avro_schema.h"
-#include "batch/batch_util.h"
+#include "batch/batch_int.h"
 #include "core/mem.h"
 
 #define AVRO_MAGIC "Obj\x01"

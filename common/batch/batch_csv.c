@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch/batch_util.h"
+#include "batch/batch_int.h"
 #include "core/mem.h"
 
 typedef struct csv_state {

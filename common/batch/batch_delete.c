@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-#include "batch/batch_util.h"
+#include "batch/batch_int.h"
 
 /* One line (tsr__line_fn); ctx is the sink. */
 static int delete_line(void *ctx, const tsr__lines *r, const char *line, size_t len,

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch/batch_util.h"
+#include "batch/batch_int.h"
 #include "core/mem.h"
 
 static const char *const top_fields[] = {"id",         "embedding",         "sparse_embedding",

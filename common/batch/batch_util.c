@@ -1,6 +1,6 @@
 /*
- * batch_util — line reader, UTF-8 check, Java float literals, float formatting and
- * restrict builders for the batch readers.
+ * batch_util — the internal helpers of the batch readers (declared in batch_int.h): line
+ * reader, UTF-8 check, Java float literals and restrict builders.
  *
  * The float parser validates the Java grammar itself and computes the common case
  * (<= 19 significant digits, |exponent| <= 22) with one correctly rounded double
@@ -8,7 +8,7 @@
  * rounding midpoint (the only case where double rounding can differ from direct
  * rounding), in which case, like every other hard case, strtof/strtod decides.
  */
-#include "batch/batch_util.h"
+#include "batch/batch_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -544,28 +544,6 @@ int tsr__parse_int64(const char *s, size_t n, int64_t *out)
         return TSR__NUM_RANGE;
     *out = neg ? (int64_t)(0 - v) : (int64_t)v;
     return TSR__NUM_OK;
-}
-
-int tsr__fmt_float(char *buf, size_t cap, float f)
-{
-    int len = 0;
-    for (int p = 6; p <= 9; p++) {
-        len = snprintf(buf, cap, "%.*g", p, (double)f);
-        if (strtof(buf, NULL) == f)
-            break;
-    }
-    return len;
-}
-
-int tsr__fmt_double(char *buf, size_t cap, double d)
-{
-    int len = 0;
-    for (int p = 15; p <= 17; p++) {
-        len = snprintf(buf, cap, "%.*g", p, d);
-        if (strtod(buf, NULL) == d)
-            break;
-    }
-    return len;
 }
 
 void tsr__snippet(char *out, size_t cap, const char *s, size_t n, size_t max)

@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <semaphore.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,37 +59,105 @@ int tsr_cmdline_parse_size(const char *s, size_t *out)
     return 0;
 }
 
+void tsr_cmdline_list_free(tsr_cmdline_list *l)
+{
+    if (l == NULL)
+        return;
+    free(l->v);
+    l->v = NULL;
+    l->n = 0;
+}
+
+/* strtoll / strtoull of the whole of v; -1 when v is not a decimal integer (no spaces, no
+ * '+') or out of range. */
+static int whole_ll(const char *v, long long *out)
+{
+    char *end;
+    errno = 0;
+    *out = strtoll(v, &end, 10);
+    /* strtoll skips leading spaces: " 5" is not a value as typed */
+    return ((*v != '-' && (*v < '0' || *v > '9')) || *end != 0 || errno == ERANGE) ? -1 : 0;
+}
+
+static int whole_ull(const char *v, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    *out = strtoull(v, &end, 10);
+    /* strtoull takes "-1" as ULLONG_MAX: a sign is not an unsigned integer */
+    return (*v < '0' || *v > '9' || *end != 0 || errno == ERANGE) ? -1 : 0;
+}
+
+/* Stores v into o->dest; on a bad value prints "prog: --name: expected ..., got 'v'". */
 static int set_value(const char *prog, const tsr_cmdline_opt *o, const char *v)
 {
+    long long n;
+    unsigned long long u;
     switch (o->kind) {
     case TSR_CMDLINE_STR:
         if (*v == 0) {
-            fprintf(stderr, "%s: %s: empty value\n", prog, o->name);
+            fprintf(stderr, "%s: %s: expected a value, got ''\n", prog, o->name);
             return -1;
         }
         *(const char **)o->dest = v;
         return 0;
-    case TSR_CMDLINE_INT: {
-        char *end;
-        errno = 0;
-        long long n = strtoll(v, &end, 10);
-        if (*v == 0 || *end != 0 || errno == ERANGE || n < o->min || n > o->max) {
-            fprintf(stderr, "%s: %s %s: expected an integer in %lld..%lld\n", prog, o->name, v,
-                    o->min, o->max);
+    case TSR_CMDLINE_STR_ANY:
+        *(const char **)o->dest = v;
+        return 0;
+    case TSR_CMDLINE_LIST: {
+        if (*v == 0) {
+            fprintf(stderr, "%s: %s: expected a value, got ''\n", prog, o->name);
             return -1;
         }
-        *(int *)o->dest = (int)n;
+        tsr_cmdline_list *l = o->dest;
+        l->v = tsr_xrealloc(l->v, (l->n + 1) * sizeof *l->v);
+        l->v[l->n++] = v;
+        return 0;
+    }
+    case TSR_CMDLINE_INT:
+    case TSR_CMDLINE_INT64:
+        if (whole_ll(v, &n) != 0 || n < o->min || n > o->max) {
+            fprintf(stderr, "%s: %s: expected an integer from %lld to %lld, got '%s'\n", prog,
+                    o->name, o->min, o->max, v);
+            return -1;
+        }
+        if (o->kind == TSR_CMDLINE_INT)
+            *(int *)o->dest = (int)n;
+        else
+            *(int64_t *)o->dest = (int64_t)n;
+        return 0;
+    case TSR_CMDLINE_UINT64:
+        if (whole_ull(v, &u) != 0 || u < (unsigned long long)o->min ||
+            u > (unsigned long long)o->max) {
+            fprintf(stderr, "%s: %s: expected an integer from %llu to %llu, got '%s'\n", prog,
+                    o->name, (unsigned long long)o->min, (unsigned long long)o->max, v);
+            return -1;
+        }
+        *(uint64_t *)o->dest = (uint64_t)u;
+        return 0;
+    case TSR_CMDLINE_DOUBLE: {
+        char *end;
+        errno = 0;
+        double d = strtod(v, &end);
+        /* the range test also refuses nan and the infinities */
+        if (*v == 0 || *v == ' ' || *v == '\t' || *end != 0 || errno == ERANGE ||
+            !(d >= (double)o->min && d <= (double)o->max)) {
+            fprintf(stderr, "%s: %s: expected a number from %lld to %lld, got '%s'\n", prog,
+                    o->name, o->min, o->max, v);
+            return -1;
+        }
+        *(double *)o->dest = d;
         return 0;
     }
     case TSR_CMDLINE_SIZE: {
-        size_t n;
-        if (tsr_cmdline_parse_size(v, &n) != 0 || (long long)n < o->min ||
-            (unsigned long long)n > (unsigned long long)o->max) {
-            fprintf(stderr, "%s: %s %s: expected a size in bytes (suffix K, M or G allowed) in "
-                            "%lld..%lld\n", prog, o->name, v, o->min, o->max);
+        size_t sz;
+        if (tsr_cmdline_parse_size(v, &sz) != 0 || (long long)sz < o->min ||
+            (unsigned long long)sz > (unsigned long long)o->max) {
+            fprintf(stderr, "%s: %s: expected a size in bytes from %lld to %lld (suffix K, M "
+                            "or G allowed), got '%s'\n", prog, o->name, o->min, o->max, v);
             return -1;
         }
-        *(size_t *)o->dest = n;
+        *(size_t *)o->dest = sz;
         return 0;
     }
     default:
@@ -97,68 +166,98 @@ static int set_value(const char *prog, const tsr_cmdline_opt *o, const char *v)
     }
 }
 
-int tsr_cmdline_parse(const char *prog, int argc, char **argv, const tsr_cmdline_opt *opts,
-                      size_t n, void (*usage)(FILE *), int *exit_code)
+static const tsr_cmdline_opt *find_opt(const tsr_cmdline_opt *opts, size_t n, const char *a,
+                                       size_t nlen, size_t *k)
+{
+    for (*k = 0; *k < n; (*k)++)
+        if (strlen(opts[*k].name) == nlen && strncmp(opts[*k].name, a, nlen) == 0)
+            return &opts[*k];
+    return NULL;
+}
+
+/* A usage error: prints "prog: <message>", then the usage (or, brief, a pointer to
+ * --help); sets *exit_code to 2 and returns 1. */
+static int usage_error(const tsr_cmdline_spec *s, int *exit_code, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: ", s->prog);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    if (s->brief) {
+        fprintf(stderr, " (see '%s --help')\n", s->prog);
+    } else {
+        fputs("\n\n", stderr);
+        s->usage(stderr);
+    }
+    *exit_code = 2;
+    return 1;
+}
+
+int tsr_cmdline_parse_spec(const tsr_cmdline_spec *s, int argc, char **argv, int *nargs,
+                           int *exit_code)
 {
     unsigned char seen[128] = {0};
-    if (n > sizeof seen) {
-        fprintf(stderr, "%s: too many options in the table\n", prog);
+    int npos = 0, only_args = 0;
+    if (s->nopts > sizeof seen) {
+        fprintf(stderr, "%s: too many options in the table\n", s->prog);
         *exit_code = 2;
         return 1;
     }
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        char *a = argv[i];
+        if (only_args || a[0] != '-' || a[1] == 0) {
+            if (s->max_args >= 0 && npos >= s->max_args)
+                return usage_error(s, exit_code, "unexpected argument '%s'", a);
+            argv[1 + npos++] = a; /* 1 + npos <= i: only consumed slots are reused */
+            continue;
+        }
+        if (strcmp(a, "--") == 0) {
+            only_args = 1;
+            continue;
+        }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
+            s->usage(stdout);
             *exit_code = 0;
             return 1;
         }
         const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
-        size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
-        const tsr_cmdline_opt *o = NULL;
-        size_t k = 0;
-        for (; k < n; k++)
-            if (strlen(opts[k].name) == nlen && strncmp(opts[k].name, a, nlen) == 0) {
-                o = &opts[k];
-                break;
-            }
-        if (o == NULL) {
-            fprintf(stderr, "%s: unknown option %.*s\n\n", prog, (int)nlen, a);
-            goto usage_error;
-        }
+        size_t nlen = eq ? (size_t)(eq - a) : strlen(a), k;
+        const tsr_cmdline_opt *o = find_opt(s->opts, s->nopts, a, nlen, &k);
+        if (o == NULL)
+            return usage_error(s, exit_code, "unknown option %.*s", (int)nlen, a);
         if (o->kind == TSR_CMDLINE_FLAG) {
-            if (eq) {
-                fprintf(stderr, "%s: %s takes no value\n\n", prog, o->name);
-                goto usage_error;
-            }
+            if (eq)
+                return usage_error(s, exit_code, "%s takes no value", o->name);
             *(int *)o->dest = 1;
         } else {
             const char *v;
-            if (eq) {
+            if (eq)
                 v = eq + 1;
-            } else if (i + 1 < argc) {
+            else if (i + 1 < argc)
                 v = argv[++i];
-            } else {
-                fprintf(stderr, "%s: %s needs a value\n\n", prog, o->name);
-                goto usage_error;
-            }
-            if (set_value(prog, o, v) != 0) {
+            else
+                return usage_error(s, exit_code, "%s needs a value", o->name);
+            if (set_value(s->prog, o, v) != 0) {
                 *exit_code = 2;
                 return 1;
             }
         }
         seen[k] = 1;
     }
-    for (size_t k = 0; k < n; k++)
-        if (opts[k].required && !seen[k]) {
-            fprintf(stderr, "%s: %s is required\n\n", prog, opts[k].name);
-            goto usage_error;
-        }
+    for (size_t k = 0; k < s->nopts; k++)
+        if (s->opts[k].required && !seen[k])
+            return usage_error(s, exit_code, "%s is required", s->opts[k].name);
+    if (nargs != NULL)
+        *nargs = npos;
     return 0;
-usage_error:
-    usage(stderr);
-    *exit_code = 2;
-    return 1;
+}
+
+int tsr_cmdline_parse(const char *prog, int argc, char **argv, const tsr_cmdline_opt *opts,
+                      size_t n, void (*usage)(FILE *), int *exit_code)
+{
+    tsr_cmdline_spec s = {prog, opts, n, usage, 0, 0};
+    return tsr_cmdline_parse_spec(&s, argc, argv, NULL, exit_code);
 }
 
 /* ------------------------------------------------------------------ stop signal */

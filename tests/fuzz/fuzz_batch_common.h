@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch/batch_util.h"
+#include "batch/batch_int.h"
 #include "core/datapoint.h"
 
 static size_t fuzz_dims;

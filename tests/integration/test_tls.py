@@ -109,7 +109,7 @@ def bad_flags(root, c, bin_dir):
         (base + ["--tls-cert", c["server.pem"], "--tls-key", c["server.key"],
                  "--tls-client-ca", c["server.key"]],
          ["--tls-client-ca", c["server.key"], "expected a PEM certificate"]),
-        (base + ["--max-message", "12q"], ["--max-message 12q", "expected a size"]),
+        (base + ["--max-message", "12q"], ["--max-message:", "got '12q'", "expected a size"]),
         ([coord, "--listen", "127.0.0.1:0", "--data", data, "--config", missing,
           "--shard-tls-cert", c["client.pem"], "--shard-tls-key", c["client.key"]],
          ["--shard-tls-cert needs --shard-tls-ca"]),

@@ -318,7 +318,7 @@ def run_check_many(exe, names, cwd):
     for line in r.stdout.splitlines():
         if line.endswith(": ok"):
             res[line[:-4]] = True
-    pat = re.compile(r"^tessera: index check: (\S+): offset \d+: \S+: .+")
+    pat = re.compile(r"^tessera index check: (\S+): offset \d+: \S+: .+")
     for line in r.stderr.splitlines():
         m = pat.match(line)
         if not m:

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "batch/batch_csv.h"
-#include "batch/batch_util.h"
+#include "batch/batch_int.h"
 #include "batch_test_sink.h"
 
 static coll *parse(const char *text, size_t dims)

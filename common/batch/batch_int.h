@@ -1,13 +1,13 @@
 /*
- * batch_util — helpers shared by the batch readers (batch_csv, batch_json, batch_delete;
+ * batch_int — helpers shared by the batch readers (batch_csv, batch_json, batch_delete;
  * batch_avro uses the UTF-8 check):
  * a bounded-memory line reader over a file descriptor or a memory buffer, UTF-8
  * validation, Java floating-point literal parsing (Float.parseFloat grammar) and small
  * builders that append restricts to a tsr_datapoint. Internal to the batch readers
  * (tsr__ prefix); not a public API.
  */
-#ifndef TSR_BATCH_UTIL_H
-#define TSR_BATCH_UTIL_H
+#ifndef TSR_BATCH_INT_H
+#define TSR_BATCH_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -89,11 +89,6 @@ int tsr__parse_java_double(const char *s, size_t n, double *out);
 /* Java Long.parseLong: optional sign, decimal digits, no spaces; TSR__NUM_RANGE when
  * outside int64. */
 int tsr__parse_int64(const char *s, size_t n, int64_t *out);
-
-/* Shortest "%.Ng" that reads back (strtof/strtod) to the same bits. buf >= 32 bytes.
- * Returns the length. Only for finite values. */
-int tsr__fmt_float(char *buf, size_t cap, float f);
-int tsr__fmt_double(char *buf, size_t cap, double d);
 
 /* Copies at most max bytes of s[0..n) into out (cap >= max+4) as printable text:
  * control bytes become '?', a cut never splits a UTF-8 sequence, "..." marks a cut.
