@@ -133,7 +133,7 @@ typedef struct tsr__op {
     int64_t version;            /* produced (SUCCEEDED), else 0 */
     int64_t target;             /* the version it is going to produce, once staging began */
     char *error;                /* owned */
-    int64_t start_ms, end_ms;
+    int64_t start_ms, end_ms;   /* wall clock (tsr_clock_wall_ms): shown and stored */
     char **warnings;            /* owned, nwarnings lines (e.g. a replica left out) */
     size_t nwarnings;
     int staged;                 /* staging began (a failure then aborts N+1) */
@@ -172,12 +172,13 @@ typedef struct tsr__replica {
     tsr_rpc_channel *ch;        /* owned */
     atomic_int inflight;        /* query attempts in flight on it (least-outstanding pick) */
     atomic_int fails;           /* consecutive failed calls; 0 after a success */
-    atomic_llong retry_at_ms;   /* after a failure: not picked (if another is) before this */
+    atomic_llong retry_at_ms;   /* after a failure: not picked (if another is) before this
+                                   (tsr_clock_mono_ms) */
     atomic_int up;              /* last verdict exported to /metrics: -1 unknown, 0, 1 */
     atomic_int lagging;         /* reconcile: it does not hold the coordinator's version */
     atomic_llong version;       /* current version from its last Stats, -1 unknown */
     atomic_llong vectors, sparse, lists; /* from its last Stats */
-    int64_t resync_at_ms;       /* reconcile thread only: next re-seed attempt */
+    int64_t resync_at_ms;       /* reconcile thread only: next re-seed attempt (mono) */
 } tsr__replica;
 
 typedef struct tsr__group {
@@ -212,7 +213,8 @@ typedef struct tsr__coord {
     pthread_mutex_t rec_mu;
     pthread_cond_t rec_cv;
     int stopping;
-    int64_t release_at_ms;      /* when to send Release(below = version); 0 = none */
+    int64_t release_at_ms;      /* when to send Release(below = version), on
+                                   tsr_clock_mono_ms; 0 = none */
     uint64_t release_below;
 
     /* Vertex MatchService: the one accepted deployed_index_id (borrowed, argv); NULL =
@@ -225,7 +227,6 @@ typedef struct tsr__coord {
 
 tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unrefs */
 void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference */
-int64_t tsr__now_ms(void);
 
 /* Handlers (rpc.h signature) */
 int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
@@ -277,7 +278,7 @@ void tsr__coord_target_of(const char *addr, char *buf, size_t cap);
 /* Records the outcome of one call to replica k (health, failure count, metrics). */
 void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, double secs);
 /* Healthy for queries: no recent failure, channel not in TRANSIENT_FAILURE, not lagging. */
-int tsr__replica_healthy(tsr__coord *c, size_t k, int64_t now_ms);
+int tsr__replica_healthy(tsr__coord *c, size_t k, int64_t now_ms); /* now: tsr_clock_mono_ms */
 
 /* One call per shard group, answered by one of its replicas (balanced over healthy ones;
  * on UNAVAILABLE, a per-attempt deadline, CANCELLED, RESOURCE_EXHAUSTED or
@@ -319,8 +320,6 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
                              tsr_error *err);
 /* Registers the /metrics collector (once per process). */
 void tsr__coord_metrics_register(tsr__coord *c);
-/* "EINVAL", "EUNAVAILABLE", ... for tessera_update_errors_total{type}. */
-const char *tsr__errcode_name(int code);
 
 /* Reconcile */
 int tsr__coord_reconcile_start(tsr__coord *c);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "core/cmdline.h"
 #include "coord.h"
 #include "net/metrics_http.h"
@@ -58,24 +59,6 @@ static void usage(FILE *f)
             "  --help              this text\n"
             "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_COORD_CRASH_AT=staged|prepared|flipped|\n"
             "committed makes an update _exit(137) at that step (crash tests only).\n");
-}
-
-tsr__snap *tsr__coord_snap_get(tsr__coord *c)
-{
-    pthread_mutex_lock(&c->snap_mu);
-    tsr__snap *s = c->snap;
-    atomic_fetch_add(&s->refs, 1);
-    pthread_mutex_unlock(&c->snap_mu);
-    return s;
-}
-
-void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
-{
-    pthread_mutex_lock(&c->snap_mu);
-    tsr__snap *old = c->snap;
-    c->snap = s;
-    pthread_mutex_unlock(&c->snap_mu);
-    tsr__snap_unref(old);
 }
 
 /* The served version's plan and directory name shard groups by number: every number
@@ -162,7 +145,7 @@ int main(int argc, char **argv)
     pthread_mutex_init(&c->update_mu, NULL);
     pthread_mutex_init(&c->op_mu, NULL);
     pthread_mutex_init(&c->rec_mu, NULL);
-    pthread_cond_init(&c->rec_cv, NULL);
+    tsr_clock_cond_init(&c->rec_cv); /* reconcile sleeps on CLOCK_MONOTONIC */
     c->template_path = tmpl;
     c->deployed_index_id = deployed;
     if (tsr__coord_config_load(config, &c->cfg, &err)) {

@@ -34,16 +34,10 @@
 #include "coord.h"
 #include "index/faiss_io.h"
 #include "index/ivfpq_build.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
-
-int64_t tsr__now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void tsr__coord_crash_point(const char *step)
 {
@@ -235,7 +229,7 @@ static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, 
     if (error)
         op->error = tsr_xstrdup(error);
     op->version = version;
-    op->end_ms = tsr__now_ms();
+    op->end_ms = tsr_clock_wall_ms();
     int staged = op->staged;
     pthread_mutex_unlock(&c->op_mu);
     op_save(c, op, state); /* on disk before any client can see the end */
@@ -250,34 +244,11 @@ static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, 
     } else {
         int rej = state == TESSERA__V1__OPERATION__STATE__REJECTED;
         tsr_metrics_update_done(rej ? "rejected" : staged ? "aborted" : "failed",
-                                tsr__errcode_name(rej ? TSR_EREJECTED
+                                tsr_errcode_name(rej ? TSR_EREJECTED
                                                       : code ? code : TSR_EINTERNAL));
         tsr_warn("update %s: %s%s%s", op->id, rej ? "REJECTED" : "FAILED", error ? ": " : "",
                  error ? error : "");
     }
-}
-
-void tsr__op_free(tsr__op *op)
-{
-    if (!op)
-        return;
-    free(op->report_json);
-    free(op->report_pb);
-    free(op->error);
-    free(op->batch_root);
-    for (size_t i = 0; i < op->nwarnings; i++)
-        free(op->warnings[i]);
-    free(op->warnings);
-    free(op);
-}
-
-void tsr__coord_ops_close(tsr__coord *c)
-{
-    for (size_t i = 0; i < c->nops; i++)
-        tsr__op_free(c->ops[i]);
-    free(c->ops);
-    c->ops = NULL;
-    c->nops = 0;
 }
 
 /* ---------------------------------------------------------------- shard calls */
@@ -515,7 +486,7 @@ static int get_template(tsr__coord *c, tsr__snap *base, tsr_batch *b, tsr_ivfpq 
     bp.quiet = 1;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     bp.threads = ncpu > 0 ? (int)ncpu : 1;
-    int64_t t0 = tsr__now_ms();
+    int64_t t0 = tsr_clock_mono_ms();
     int rc = tsr_ivfpq_train(ix, x, nd, &bp, err);
     free(x);
     if (rc) {
@@ -525,7 +496,7 @@ static int get_template(tsr__coord *c, tsr__snap *base, tsr_batch *b, tsr_ivfpq 
     ix->nprobe = (size_t)cfg->nprobe;
     tsr_info("trained the index from %zu vectors (nlist %d, pq_m %d, seed %llu) in %lld ms", nd,
              cfg->nlist, cfg->pq_m, (unsigned long long)cfg->seed,
-             (long long)(tsr__now_ms() - t0));
+             (long long)(tsr_clock_mono_ms() - t0));
     *out = ix;
     return 0;
 }
@@ -937,12 +908,12 @@ int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
     }
     tsr__op *op = tsr_xcalloc(1, sizeof *op);
     snprintf(op->id, sizeof op->id, "op-%llu-%lld", (unsigned long long)++c->op_seq,
-             (long long)(tsr__now_ms() % 1000000));
+             (long long)(tsr_clock_wall_ms() % 1000000));
     op->state = TESSERA__V1__OPERATION__STATE__PENDING;
     op->batch_root = tsr_xstrdup(rq->batch_root);
     op->overwrite = rq->is_complete_overwrite;
     op->max_invalid = rq->max_invalid_records;
-    op->start_ms = tsr__now_ms();
+    op->start_ms = tsr_clock_wall_ms();
     op->shards_total = (int)c->cfg.nshards;
     if (c->nops == TSR__OP_MAX_KEPT) { /* forget the oldest finished one */
         tsr__oplog_forget(c, c->ops[0]);
