@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/clock.h"
 #include "core/cmdline.h"
 #include "core/mem.h"
 #include "net/rpc.h"
@@ -646,7 +647,8 @@ int tsr_cmd_update(int argc, char **argv)
     char *opid = tsr_xstrdup(((Tessera__V1__UpdateIndexResponse *)out)->operation_id);
     protobuf_c_message_free_unpacked(out, NULL);
     int tty = isatty(2);
-    time_t t_end = time(NULL) + timeout_s;
+    /* monotonic: a step of the wall clock neither ends nor extends the wait */
+    int64_t t_end = tsr_clock_mono_ms() + (int64_t)timeout_s * 1000;
     int warned_unavailable = 0;
     for (;;) {
         Tessera__V1__GetOperationRequest g = TESSERA__V1__GET_OPERATION_REQUEST__INIT;
@@ -658,7 +660,7 @@ int tsr_cmd_update(int argc, char **argv)
              * update: operations survive a restart, so keep asking until --timeout-s. */
             int transient = res.code == TSR_RPC_UNAVAILABLE ||
                             res.code == TSR_RPC_DEADLINE_EXCEEDED;
-            if (!transient || time(NULL) > t_end) {
+            if (!transient || tsr_clock_mono_ms() > t_end) {
                 print_rpc_failure("GetOperation", target, &res);
                 break;
             }
@@ -726,7 +728,7 @@ int tsr_cmd_update(int argc, char **argv)
             break;
         }
         protobuf_c_message_free_unpacked(out, NULL);
-        if (time(NULL) > t_end) {
+        if (tsr_clock_mono_ms() > t_end) {
             fprintf(stderr, "tessera update: %s still running after %ld s\n", opid, timeout_s);
             break;
         }
