@@ -4,7 +4,10 @@
  *   config.c     the JSON config (jansson), defaults, validation
  *   state.c      immutable version snapshots: template, partition plan, id directory;
  *                their on-disk form (common/store) and the plan builders
- *   update.c     UpdateIndex: background two-phase update, operations, GetOperation
+ *   update_plan.c  an update's shard-free half: template, assignment, plan, directory,
+ *                per-group work
+ *   update.c     UpdateIndex: background two-phase update (its shard phases), GetOperation
+ *   oplog.c      operations: their records on disk (survive a restart), free, to protobuf
  *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge)
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
@@ -30,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batch/batch.h"
 #include "core/error.h"
 #include "index/ivfpq.h"
 #include "net/rpc.h"
@@ -120,6 +124,32 @@ int tsr__snap_load(tsr_store *st, uint64_t version, tsr__snap **out, tsr_error *
 /* Plans list -> shard from list sizes (sizes: nlist counts). */
 void tsr__plan_build(enum tsr__plan_kind kind, const tsr_ivfpq *tmpl, const int64_t *sizes,
                      size_t nshards, uint64_t seed, int32_t *plan);
+
+/* ---- update_plan.c: the half of an update that talks to no shard -------------------- */
+typedef struct tsr__shard_work {
+    size_t *ups;                /* owned; indices into the batch's records */
+    size_t nups, cap;
+    Tessera__V1__StagedDelete *dels; /* owned */
+    size_t ndels, dcap;
+} tsr__shard_work;
+
+typedef struct tsr__upd_plan {
+    tsr__snap *ns;              /* owned ref: the next snapshot (base version + 1), unsaved */
+    tsr__shard_work *w;         /* owned; nshards entries: what each group stages */
+    size_t nshards;
+    int overwrite;              /* staged on an empty base (complete overwrite, or the first) */
+    int64_t nmoved, ndeleted;   /* ids moved between groups; ids deleted */
+} tsr__upd_plan;
+
+/* Plans the update of base (borrowed) by batch b (borrowed; for the cosine distance its
+ * dense vectors are normalised in place): template, list of each record, plan, directory,
+ * and per group the upserts and deletes. overwrite: the request's is_complete_overwrite;
+ * tmpl_path: --template (NULL = train from b when there is no index yet). Returns 0 with
+ * *p filled (tsr__upd_plan_close it) or an error code with err set (*p closed). */
+int tsr__upd_plan_build(const tsr__coord_config *cfg, const char *tmpl_path,
+                        const tsr__snap *base, tsr_batch *b, int overwrite, tsr__upd_plan *p,
+                        tsr_error *err);
+void tsr__upd_plan_close(tsr__upd_plan *p); /* accepts a closed plan */
 
 /* ---- operations ---------------------------------------------------------------------- */
 typedef struct tsr__op {
