@@ -265,22 +265,27 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
 int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 
+/* The one mapping of the query path's errors to a gRPC status (err->code; 0 counts as
+ * INTERNAL), used by the RPC handlers only: status_of gives the code, reply_error sends
+ * it with err->msg. */
+int tsr__coord_status_of(const tsr_error *err);
+int tsr__coord_reply_error(tsr_rpc_reply *r, const tsr_error *err);
+
 /* The query path, reusable by other front ends (Vertex MatchService): answers rq (borrowed)
  * within remaining_ms. On success *out is a new response (caller frees with
- * tsr__coord_response_free). On failure returns a negative TSR code with *grpc_code and
- * msg (cap bytes) set. */
+ * tsr__coord_response_free). On failure returns a negative TSR code with err set (a
+ * front end maps it with tsr__coord_status_of). */
 int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                               int64_t remaining_ms, Tessera__V1__FindNeighborsResponse **out,
-                              int *grpc_code, char *msg, size_t cap);
+                              tsr_error *err);
 void tsr__coord_response_free(Tessera__V1__FindNeighborsResponse *r);
 
 /* ReadIndexDatapoints, reusable likewise (Vertex BatchGetEmbeddings and embedding_id): the
  * stored datapoints of ids (borrowed) on one snapshot, within remaining_ms. On success *out
  * is a new response (found ids in request order, unknown ids omitted; caller frees with
- * tsr__coord_read_free). On failure a negative TSR code with *grpc_code and msg set. */
+ * tsr__coord_read_free). On failure a negative TSR code with err set. */
 int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remaining_ms,
-                    Tessera__V1__ReadIndexDatapointsResponse **out, int *grpc_code, char *msg,
-                    size_t cap);
+                    Tessera__V1__ReadIndexDatapointsResponse **out, tsr_error *err);
 void tsr__coord_read_free(Tessera__V1__ReadIndexDatapointsResponse *r);
 
 /* vertex.c: google.cloud.aiplatform.container.v1.MatchService (docs/vertex-compat.md);
