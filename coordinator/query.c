@@ -318,6 +318,90 @@ typedef struct fnq {
     int64_t tmo;
 } fnq;
 
+/* The plan of each query of rq into qp (nq entries): k, crowding, candidates, nprobe (of
+ * nlist), merged restricts. Returns the number of dense queries. */
+static size_t plan_queries(const tsr__coord_config *cfg,
+                           const Tessera__V1__FindNeighborsRequest *rq, size_t nlist, arena *a,
+                           qplan *qp)
+{
+    size_t ndq = 0;
+    for (size_t i = 0; i < rq->n_queries; i++) {
+        const Tessera__V1__FindNeighborsRequest__Query *q = rq->queries[i];
+        const Tessera__V1__IndexDatapoint *dp = q->datapoint;
+        qplan *p = &qp[i];
+        p->k = q->neighbor_count ? (size_t)q->neighbor_count : (size_t)cfg->default_k;
+        p->c = (size_t)q->per_crowding_attribute_neighbor_count;
+        p->cand = (size_t)q->approximate_neighbor_count;
+        p->has_dense = dp->n_feature_vector > 0;
+        p->has_sparse = dp->sparse_embedding && dp->sparse_embedding->n_values > 0;
+        p->rrf = q->ranking_case == TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF;
+        p->alpha = p->rrf && q->rrf ? q->rrf->alpha : 1.0;
+        double f = q->fraction_leaf_nodes_to_search_override;
+        p->nprobe = f > 0 ? (size_t)ceil(f * (double)nlist - 1e-9) : (size_t)cfg->nprobe;
+        if (p->nprobe < 1)
+            p->nprobe = 1;
+        if (p->nprobe > nlist)
+            p->nprobe = nlist;
+        merge_restricts(dp, a, &p->rs, &p->nrs);
+        ndq += p->has_dense;
+    }
+    return ndq;
+}
+
+/* The coarse step of the ndq dense queries (normalised for cosine; qp[i].x set): the
+ * maxp nearest lists of each into *CD / *CI (ndq x maxp, in the arena). */
+static int coarse_step(const tsr__coord_config *cfg, const tsr__snap *sn,
+                       const Tessera__V1__FindNeighborsRequest *rq, qplan *qp, size_t ndq,
+                       size_t maxp, arena *a, float **CD, int64_t **CI, tsr_error *err)
+{
+    size_t d = (size_t)cfg->dimensions, nlist = sn->tmpl->nlist;
+    float *X = ar(a, ndq * d, sizeof *X);
+    *CD = ar(a, ndq * maxp, sizeof **CD);
+    *CI = ar(a, ndq * maxp, sizeof **CI);
+    size_t j = 0;
+    for (size_t i = 0; i < rq->n_queries; i++) {
+        if (!qp[i].has_dense)
+            continue;
+        float *row = X + j * d;
+        memcpy(row, rq->queries[i]->datapoint->feature_vector, d * sizeof(float));
+        if (cfg->distance == TSR_DIST_COSINE) {
+            double s = 0;
+            for (size_t t = 0; t < d; t++)
+                s += (double)row[t] * row[t];
+            if (s > 0)
+                for (size_t t = 0; t < d; t++)
+                    row[t] = (float)(row[t] / sqrt(s));
+        }
+        qp[i].x = row;
+        j++;
+    }
+    tsr_error e = TSR_ERROR_INIT;
+    if (tsr_knn(X, ndq, sn->tmpl->centroids, nlist, d, sn->tmpl->metric, maxp,
+                sn->tmpl->metric == TSR_METRIC_L2 ? sn->cent_norms : NULL, *CD, *CI, &e))
+        return tsr_err(err, TSR_EINTERNAL, "coarse step: %s", e.msg);
+    return 0;
+}
+
+/* One call per group with queries: its packed request into bufs[s] (owned by the caller)
+ * and calls. Returns the number of calls. */
+static size_t pack_calls(Tessera__V1__ShardSearchRequest *sreq, size_t S, tsr__gcall *calls,
+                         uint8_t **bufs)
+{
+    size_t ncalls = 0;
+    for (size_t s = 0; s < S; s++) {
+        if (!sreq[s].n_queries)
+            continue;
+        size_t len = 0;
+        bufs[s] = tsr_rpc_pack(&sreq[s].base, &len);
+        calls[ncalls].group = s;
+        calls[ncalls].req = bufs[s];
+        calls[ncalls].len = len;
+        tsr_rpc_result_init(&calls[ncalls].result);
+        ncalls++;
+    }
+    return ncalls;
+}
+
 /* Validates rq, takes a snapshot, runs the coarse step and packs one ShardSearchRequest
  * per touched shard into q. Returns 0, or a negative code with err set (nothing
  * held). */
@@ -355,61 +439,14 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
 
     /* plans and the coarse step for the dense queries */
     qplan *qp = ar(a, nq, sizeof *qp);
-    size_t ndq = 0, maxp = 0;
-    for (size_t i = 0; i < nq; i++) {
-        const Tessera__V1__FindNeighborsRequest__Query *q = rq->queries[i];
-        const Tessera__V1__IndexDatapoint *dp = q->datapoint;
-        qplan *p = &qp[i];
-        p->k = q->neighbor_count ? (size_t)q->neighbor_count : (size_t)cfg->default_k;
-        p->c = (size_t)q->per_crowding_attribute_neighbor_count;
-        p->cand = (size_t)q->approximate_neighbor_count;
-        p->has_dense = dp->n_feature_vector > 0;
-        p->has_sparse = dp->sparse_embedding && dp->sparse_embedding->n_values > 0;
-        p->rrf = q->ranking_case == TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF;
-        p->alpha = p->rrf && q->rrf ? q->rrf->alpha : 1.0;
-        double f = q->fraction_leaf_nodes_to_search_override;
-        p->nprobe = f > 0 ? (size_t)ceil(f * (double)nlist - 1e-9) : (size_t)cfg->nprobe;
-        if (p->nprobe < 1)
-            p->nprobe = 1;
-        if (p->nprobe > nlist)
-            p->nprobe = nlist;
-        merge_restricts(dp, a, &p->rs, &p->nrs);
-        if (p->has_dense) {
-            ndq++;
-            if (p->nprobe > maxp)
-                maxp = p->nprobe;
-        }
-    }
-    float *X = NULL, *CD = NULL;
+    size_t ndq = plan_queries(cfg, rq, nlist, a, qp), maxp = 0;
+    for (size_t i = 0; i < nq; i++)
+        if (qp[i].has_dense && qp[i].nprobe > maxp)
+            maxp = qp[i].nprobe;
+    float *CD = NULL;
     int64_t *CI = NULL;
-    if (ndq) {
-        X = ar(a, ndq * d, sizeof *X);
-        CD = ar(a, ndq * maxp, sizeof *CD);
-        CI = ar(a, ndq * maxp, sizeof *CI);
-        size_t j = 0;
-        for (size_t i = 0; i < nq; i++) {
-            if (!qp[i].has_dense)
-                continue;
-            float *row = X + j * d;
-            memcpy(row, rq->queries[i]->datapoint->feature_vector, d * sizeof(float));
-            if (cfg->distance == TSR_DIST_COSINE) {
-                double s = 0;
-                for (size_t t = 0; t < d; t++)
-                    s += (double)row[t] * row[t];
-                if (s > 0)
-                    for (size_t t = 0; t < d; t++)
-                        row[t] = (float)(row[t] / sqrt(s));
-            }
-            qp[i].x = row;
-            j++;
-        }
-        tsr_error e = TSR_ERROR_INIT;
-        if (tsr_knn(X, ndq, sn->tmpl->centroids, nlist, d, sn->tmpl->metric, maxp,
-                    sn->tmpl->metric == TSR_METRIC_L2 ? sn->cent_norms : NULL, CD, CI, &e)) {
-            rc = tsr_err(err, TSR_EINTERNAL, "coarse step: %s", e.msg);
-            goto fail;
-        }
-    }
+    if (ndq && (rc = coarse_step(cfg, sn, rq, qp, ndq, maxp, a, &CD, &CI, err)))
+        goto fail;
 
     /* per-shard requests */
     Tessera__V1__ShardSearchRequest *sreq = ar(a, S, sizeof *sreq);
@@ -496,18 +533,7 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         tmo = 1;
     tsr__gcall *calls = ar(a, S, sizeof *calls);
     uint8_t **bufs = ar(a, S, sizeof *bufs);
-    size_t ncalls = 0;
-    for (size_t s = 0; s < S; s++) {
-        if (!sreq[s].n_queries)
-            continue;
-        size_t len = 0;
-        bufs[s] = tsr_rpc_pack(&sreq[s].base, &len);
-        calls[ncalls].group = s;
-        calls[ncalls].req = bufs[s];
-        calls[ncalls].len = len;
-        tsr_rpc_result_init(&calls[ncalls].result);
-        ncalls++;
-    }
+    size_t ncalls = pack_calls(sreq, S, calls, bufs);
     q->c = c;
     q->rq = rq;
     q->sn = sn;
@@ -540,30 +566,72 @@ static void fnq_drop(fnq *q)
     memset(q, 0, sizeof *q);
 }
 
-/* After the fan-out (q->calls have their results): unpacks the shard replies and merges.
- * Releases everything q holds; on success *outp is the response (caller frees with
- * tsr__coord_response_free). */
-static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_error *err)
+/* The answer for fused hit h of query i: distances, and the datapoint (the shard's full
+ * one when asked for, else id and crowding tag) from the candidate it came from. */
+static Tessera__V1__FindNeighborsResponse__Neighbor *neighbor_of(const fnq *q, size_t i,
+                                                                 const tsr_rrf_hit *h,
+                                                                 const cand *cs, size_t ncs)
+{
+    fn_out *o = q->o;
+    arena *a = &o->a;
+    size_t S = q->c->cfg.nshards, *slot = q->slot;
+    Tessera__V1__FindNeighborsResponse__Neighbor *nb = ar(a, 1, sizeof *nb);
+    tessera__v1__find_neighbors_response__neighbor__init(nb);
+    const cand *cd = find_cand(cs, ncs, h->label, h->in_dense ? 0 : 1);
+    const cand *cs2 = find_cand(cs, ncs, h->label, 1);
+    nb->distance = h->in_dense ? h->dist : 0.0;
+    if (cs2) {
+        Tessera__V1__ShardQueryResult *res2 =
+            ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cs2->shard])
+                ->results[slot[i * S + cs2->shard] - 1];
+        nb->sparse_distance = res2->sparse_scores[cs2->idx];
+    }
+    if (!cd)
+        return nb;
+    Tessera__V1__ShardQueryResult *res =
+        ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cd->shard])
+            ->results[slot[i * S + cd->shard] - 1];
+    Tessera__V1__IndexDatapoint *full = NULL;
+    if (q->rq->return_full_datapoint)
+        full = cd->sparse ? (cd->idx < res->n_sparse_datapoints ? res->sparse_datapoints[cd->idx]
+                                                                : NULL)
+                          : (cd->idx < res->n_datapoints ? res->datapoints[cd->idx] : NULL);
+    if (full) {
+        nb->datapoint = full;
+        return nb;
+    }
+    Tessera__V1__IndexDatapoint *dp = ar(a, 1, sizeof *dp);
+    tessera__v1__index_datapoint__init(dp);
+    dp->datapoint_id = cd->sparse ? res->sparse_ids[cd->idx] : res->ids[cd->idx];
+    const char *tag = cd->sparse
+        ? (cd->idx < res->n_sparse_crowding_tags ? res->sparse_crowding_tags[cd->idx] : "")
+        : (cd->idx < res->n_crowding_tags ? res->crowding_tags[cd->idx] : "");
+    if (tag && tag[0]) {
+        Tessera__V1__CrowdingTag *ct = ar(a, 1, sizeof *ct);
+        tessera__v1__crowding_tag__init(ct);
+        ct->crowding_attribute = (char *)tag;
+        dp->crowding_tag = ct;
+    }
+    nb->datapoint = dp;
+    return nb;
+}
+
+/* The shard replies of q into o->shard_resp (failed[s] set for a group that gave none,
+ * its name into missing). Returns 0, or an error when a failed group served a query that
+ * does not allow partial answers. */
+static int collect_shards(fnq *q, int *failed, char **missing, size_t *nmissing,
+                          tsr_error *err)
 {
     tsr__coord *c = q->c;
     const tsr__coord_config *cfg = &c->cfg;
     const Tessera__V1__FindNeighborsRequest *rq = q->rq;
-    tsr__snap *sn = q->sn;
     fn_out *o = q->o;
-    arena *a = &o->a;
-    size_t S = cfg->nshards, nq = rq->n_queries;
-    int larger = cfg->distance != TSR_DIST_SQUARED_L2;
-    qplan *qp = q->qp;
     Tessera__V1__ShardSearchRequest *sreq = q->sreq;
-    size_t **qmap = q->qmap, *slot = q->slot;
+    size_t **qmap = q->qmap;
     tsr__gcall *calls = q->calls;
     uint8_t **bufs = q->bufs;
     size_t ncalls = q->ncalls;
     int rc = 0;
-    *outp = NULL;
-    int *failed = ar(a, S, sizeof *failed);
-    char **missing = ar(a, S, sizeof *missing);
-    size_t nmissing = 0;
     for (size_t k = 0; k < ncalls; k++) {
         size_t s = calls[k].group;
         tsr_rpc_result *r = &calls[k].result;
@@ -597,10 +665,33 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
                              cfg->shards[s], tsr_rpc_code_name(r->code),
                              r->message ? r->message : "");
             }
-            missing[nmissing++] = cfg->shards[s];
+            missing[(*nmissing)++] = cfg->shards[s];
         }
         tsr_rpc_result_close(r);
     }
+    return rc;
+}
+
+/* After the fan-out (q->calls have their results): unpacks the shard replies and merges.
+ * Releases everything q holds; on success *outp is the response (caller frees with
+ * tsr__coord_response_free). */
+static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_error *err)
+{
+    tsr__coord *c = q->c;
+    const tsr__coord_config *cfg = &c->cfg;
+    const Tessera__V1__FindNeighborsRequest *rq = q->rq;
+    tsr__snap *sn = q->sn;
+    fn_out *o = q->o;
+    arena *a = &o->a;
+    size_t S = cfg->nshards, nq = rq->n_queries;
+    int larger = cfg->distance != TSR_DIST_SQUARED_L2;
+    qplan *qp = q->qp;
+    size_t *slot = q->slot;
+    *outp = NULL;
+    int *failed = ar(a, S, sizeof *failed);
+    char **missing = ar(a, S, sizeof *missing);
+    size_t nmissing = 0;
+    int rc = collect_shards(q, failed, missing, &nmissing, err);
     if (rc)
         goto fail;
 
@@ -693,48 +784,8 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
         }
         nn->neighbors = ar(a, nf, sizeof *nn->neighbors);
         nn->n_neighbors = nf;
-        for (size_t t = 0; t < nf; t++) {
-            Tessera__V1__FindNeighborsResponse__Neighbor *nb = ar(a, 1, sizeof *nb);
-            tessera__v1__find_neighbors_response__neighbor__init(nb);
-            const cand *cd = find_cand(cs, ncs, fh[t].label, fh[t].in_dense ? 0 : 1);
-            const cand *cs2 = find_cand(cs, ncs, fh[t].label, 1);
-            nb->distance = fh[t].in_dense ? fh[t].dist : 0.0;
-            if (cs2) {
-                Tessera__V1__ShardQueryResult *res2 =
-                    ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cs2->shard])
-                        ->results[slot[i * S + cs2->shard] - 1];
-                nb->sparse_distance = res2->sparse_scores[cs2->idx];
-            }
-            if (cd) {
-                Tessera__V1__ShardQueryResult *res =
-                    ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cd->shard])
-                        ->results[slot[i * S + cd->shard] - 1];
-                Tessera__V1__IndexDatapoint *full = NULL;
-                if (rq->return_full_datapoint)
-                    full = cd->sparse ? (cd->idx < res->n_sparse_datapoints
-                                             ? res->sparse_datapoints[cd->idx] : NULL)
-                                      : (cd->idx < res->n_datapoints ? res->datapoints[cd->idx]
-                                                                     : NULL);
-                if (full) {
-                    nb->datapoint = full;
-                } else {
-                    Tessera__V1__IndexDatapoint *dp = ar(a, 1, sizeof *dp);
-                    tessera__v1__index_datapoint__init(dp);
-                    dp->datapoint_id = cd->sparse ? res->sparse_ids[cd->idx] : res->ids[cd->idx];
-                    const char *tag = cd->sparse
-                        ? (cd->idx < res->n_sparse_crowding_tags ? res->sparse_crowding_tags[cd->idx] : "")
-                        : (cd->idx < res->n_crowding_tags ? res->crowding_tags[cd->idx] : "");
-                    if (tag && tag[0]) {
-                        Tessera__V1__CrowdingTag *ct = ar(a, 1, sizeof *ct);
-                        tessera__v1__crowding_tag__init(ct);
-                        ct->crowding_attribute = (char *)tag;
-                        dp->crowding_tag = ct;
-                    }
-                    nb->datapoint = dp;
-                }
-            }
-            nn->neighbors[t] = nb;
-        }
+        for (size_t t = 0; t < nf; t++)
+            nn->neighbors[t] = neighbor_of(q, i, &fh[t], cs, ncs);
     }
     tsr__snap_unref(sn);
     *outp = &o->resp;
