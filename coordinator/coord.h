@@ -8,11 +8,20 @@
  *                per-group work
  *   update.c     UpdateIndex: background two-phase update (its shard phases), GetOperation
  *   oplog.c      operations: their records on disk (survive a restart), free, to protobuf
- *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge)
+ *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge);
+ *                errors are tsr_error, mapped to a gRPC status in the handlers only
+ *   vertex.c     the Vertex MatchService front end on the query path
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
  *                all-replica fan-outs; the coordinator's /metrics collector
  *   main.c       command line, server, signals
+ *
+ * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
+ * fails on a loop): config, oplog, state call no other file of the folder; replica ->
+ * state; reconcile -> replica, state; query -> config, replica, state; update_plan ->
+ * config, state; update -> oplog, reconcile, replica, state, update_plan; vertex -> query;
+ * main -> all of them, and nothing calls main.c. Everything but main.c is
+ * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
  * DESIGN (threads): queries run on the rpc worker pool (TSR_RPC_LONG) and read one
  * refcounted, immutable tsr__snap taken with tsr__coord_snap_get (snap_mu is held only to

@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import coord_harness as ch  # noqa: E402
 import shard_harness as sh  # noqa: E402
-from test_coord_replicas import metric, metrics, restart_shard, wait_for  # noqa: E402
+from test_coord_replicas import answers as ask, metric, metrics, restart_shard, wait_for  # noqa: E402
 
 D = 16
 N = 1500
@@ -51,17 +51,6 @@ def step(path, offset_ms):
         f.write("%d\n" % offset_ms)
     os.replace(path + ".tmp", path)
     time.sleep(0.05)  # the shim re-reads the file every 5 ms
-
-
-def ask(cl, tp, xs):
-    """Answers of one-query FindNeighbors requests (each must succeed)."""
-    out = []
-    for x in xs:
-        r = cl.stub.FindNeighbors(tp.FindNeighborsRequest(queries=[ch.query(tp, x, 10,
-                                                                            fraction=1.0)]),
-                                  timeout=10)
-        out.append([n.datapoint.datapoint_id for n in r.nearest_neighbors[0].neighbors])
-    return out
 
 
 def main():
