@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/clock.h"
 #include "core/cmdline.h"
 #include "core/mem.h"
 #include "net/rpc.h"
@@ -691,7 +692,8 @@ int tsr_cmd_update(int argc, char **argv)
     char *opid = tsr_xstrdup(((Tessera__V1__UpdateIndexResponse *)out)->operation_id);
     protobuf_c_message_free_unpacked(out, NULL);
     int tty = isatty(2);
-    time_t t_end = time(NULL) + timeout_s;
+    /* monotonic: a step of the wall clock neither ends nor extends the wait */
+    int64_t t_end = tsr_clock_mono_ms() + (int64_t)timeout_s * 1000;
     int warned_unavailable = 0;
     for (;;) {
         Tessera__V1__GetOperationRequest g = TESSERA__V1__GET_OPERATION_REQUEST__INIT;
@@ -703,7 +705,7 @@ int tsr_cmd_update(int argc, char **argv)
              * update: operations survive a restart, so keep asking until --timeout-s. */
             int transient = res.code == TSR_RPC_UNAVAILABLE ||
                             res.code == TSR_RPC_DEADLINE_EXCEEDED;
-            if (!transient || time(NULL) > t_end) {
+            if (!transient || tsr_clock_mono_ms() > t_end) {
                 print_rpc_failure(PROG, "GetOperation", target, &res);
                 break;
             }
@@ -771,7 +773,7 @@ int tsr_cmd_update(int argc, char **argv)
             break;
         }
         protobuf_c_message_free_unpacked(out, NULL);
-        if (time(NULL) > t_end) {
+        if (tsr_clock_mono_ms() > t_end) {
             fprintf(stderr, PROG ": %s still running after %lld s\n", opid,
                     (long long)timeout_s);
             break;

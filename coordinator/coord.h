@@ -4,12 +4,24 @@
  *   config.c     the JSON config (jansson), defaults, validation
  *   state.c      immutable version snapshots: template, partition plan, id directory;
  *                their on-disk form (common/store) and the plan builders
- *   update.c     UpdateIndex: background two-phase update, operations, GetOperation
- *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge)
+ *   update_plan.c  an update's shard-free half: template, assignment, plan, directory,
+ *                per-group work
+ *   update.c     UpdateIndex: background two-phase update (its shard phases), GetOperation
+ *   oplog.c      operations: their records on disk (survive a restart), free, to protobuf
+ *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge);
+ *                errors are tsr_error, mapped to a gRPC status in the handlers only
+ *   vertex.c     the Vertex MatchService front end on the query path
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
  *                all-replica fan-outs; the coordinator's /metrics collector
  *   main.c       command line, server, signals
+ *
+ * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
+ * fails on a loop): config, oplog, state call no other file of the folder; replica ->
+ * state; reconcile -> replica, state; query -> config, replica, state; update_plan ->
+ * config, state; update -> oplog, reconcile, replica, state, update_plan; vertex -> query;
+ * main -> all of them, and nothing calls main.c. Everything but main.c is
+ * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
  * DESIGN (threads): queries run on the rpc worker pool (TSR_RPC_LONG) and read one
  * refcounted, immutable tsr__snap taken with tsr__coord_snap_get (snap_mu is held only to
@@ -30,6 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batch/batch.h"
 #include "core/error.h"
 #include "index/ivfpq.h"
 #include "net/rpc.h"
@@ -121,6 +134,32 @@ int tsr__snap_load(tsr_store *st, uint64_t version, tsr__snap **out, tsr_error *
 void tsr__plan_build(enum tsr__plan_kind kind, const tsr_ivfpq *tmpl, const int64_t *sizes,
                      size_t nshards, uint64_t seed, int32_t *plan);
 
+/* ---- update_plan.c: the half of an update that talks to no shard -------------------- */
+typedef struct tsr__shard_work {
+    size_t *ups;                /* owned; indices into the batch's records */
+    size_t nups, cap;
+    Tessera__V1__StagedDelete *dels; /* owned */
+    size_t ndels, dcap;
+} tsr__shard_work;
+
+typedef struct tsr__upd_plan {
+    tsr__snap *ns;              /* owned ref: the next snapshot (base version + 1), unsaved */
+    tsr__shard_work *w;         /* owned; nshards entries: what each group stages */
+    size_t nshards;
+    int overwrite;              /* staged on an empty base (complete overwrite, or the first) */
+    int64_t nmoved, ndeleted;   /* ids moved between groups; ids deleted */
+} tsr__upd_plan;
+
+/* Plans the update of base (borrowed) by batch b (borrowed; for the cosine distance its
+ * dense vectors are normalised in place): template, list of each record, plan, directory,
+ * and per group the upserts and deletes. overwrite: the request's is_complete_overwrite;
+ * tmpl_path: --template (NULL = train from b when there is no index yet). Returns 0 with
+ * *p filled (tsr__upd_plan_close it) or an error code with err set (*p closed). */
+int tsr__upd_plan_build(const tsr__coord_config *cfg, const char *tmpl_path,
+                        const tsr__snap *base, tsr_batch *b, int overwrite, tsr__upd_plan *p,
+                        tsr_error *err);
+void tsr__upd_plan_close(tsr__upd_plan *p); /* accepts a closed plan */
+
 /* ---- operations ---------------------------------------------------------------------- */
 typedef struct tsr__op {
     char id[32];
@@ -133,7 +172,7 @@ typedef struct tsr__op {
     int64_t version;            /* produced (SUCCEEDED), else 0 */
     int64_t target;             /* the version it is going to produce, once staging began */
     char *error;                /* owned */
-    int64_t start_ms, end_ms;
+    int64_t start_ms, end_ms;   /* wall clock (tsr_clock_wall_ms): shown and stored */
     char **warnings;            /* owned, nwarnings lines (e.g. a replica left out) */
     size_t nwarnings;
     int staged;                 /* staging began (a failure then aborts N+1) */
@@ -172,12 +211,13 @@ typedef struct tsr__replica {
     tsr_rpc_channel *ch;        /* owned */
     atomic_int inflight;        /* query attempts in flight on it (least-outstanding pick) */
     atomic_int fails;           /* consecutive failed calls; 0 after a success */
-    atomic_llong retry_at_ms;   /* after a failure: not picked (if another is) before this */
+    atomic_llong retry_at_ms;   /* after a failure: not picked (if another is) before this
+                                   (tsr_clock_mono_ms) */
     atomic_int up;              /* last verdict exported to /metrics: -1 unknown, 0, 1 */
     atomic_int lagging;         /* reconcile: it does not hold the coordinator's version */
     atomic_llong version;       /* current version from its last Stats, -1 unknown */
     atomic_llong vectors, sparse, lists; /* from its last Stats */
-    int64_t resync_at_ms;       /* reconcile thread only: next re-seed attempt */
+    int64_t resync_at_ms;       /* reconcile thread only: next re-seed attempt (mono) */
 } tsr__replica;
 
 typedef struct tsr__group {
@@ -212,7 +252,8 @@ typedef struct tsr__coord {
     pthread_mutex_t rec_mu;
     pthread_cond_t rec_cv;
     int stopping;
-    int64_t release_at_ms;      /* when to send Release(below = version); 0 = none */
+    int64_t release_at_ms;      /* when to send Release(below = version), on
+                                   tsr_clock_mono_ms; 0 = none */
     uint64_t release_below;
 
     /* Vertex MatchService: the one accepted deployed_index_id (borrowed, argv); NULL =
@@ -225,7 +266,6 @@ typedef struct tsr__coord {
 
 tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unrefs */
 void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference */
-int64_t tsr__now_ms(void);
 
 /* Handlers (rpc.h signature) */
 int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
@@ -234,22 +274,27 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
 int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 
+/* The one mapping of the query path's errors to a gRPC status (err->code; 0 counts as
+ * INTERNAL), used by the RPC handlers only: status_of gives the code, reply_error sends
+ * it with err->msg. */
+int tsr__coord_status_of(const tsr_error *err);
+int tsr__coord_reply_error(tsr_rpc_reply *r, const tsr_error *err);
+
 /* The query path, reusable by other front ends (Vertex MatchService): answers rq (borrowed)
  * within remaining_ms. On success *out is a new response (caller frees with
- * tsr__coord_response_free). On failure returns a negative TSR code with *grpc_code and
- * msg (cap bytes) set. */
+ * tsr__coord_response_free). On failure returns a negative TSR code with err set (a
+ * front end maps it with tsr__coord_status_of). */
 int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                               int64_t remaining_ms, Tessera__V1__FindNeighborsResponse **out,
-                              int *grpc_code, char *msg, size_t cap);
+                              tsr_error *err);
 void tsr__coord_response_free(Tessera__V1__FindNeighborsResponse *r);
 
 /* ReadIndexDatapoints, reusable likewise (Vertex BatchGetEmbeddings and embedding_id): the
  * stored datapoints of ids (borrowed) on one snapshot, within remaining_ms. On success *out
  * is a new response (found ids in request order, unknown ids omitted; caller frees with
- * tsr__coord_read_free). On failure a negative TSR code with *grpc_code and msg set. */
+ * tsr__coord_read_free). On failure a negative TSR code with err set. */
 int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remaining_ms,
-                    Tessera__V1__ReadIndexDatapointsResponse **out, int *grpc_code, char *msg,
-                    size_t cap);
+                    Tessera__V1__ReadIndexDatapointsResponse **out, tsr_error *err);
 void tsr__coord_read_free(Tessera__V1__ReadIndexDatapointsResponse *r);
 
 /* vertex.c: google.cloud.aiplatform.container.v1.MatchService (docs/vertex-compat.md);
@@ -277,7 +322,7 @@ void tsr__coord_target_of(const char *addr, char *buf, size_t cap);
 /* Records the outcome of one call to replica k (health, failure count, metrics). */
 void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, double secs);
 /* Healthy for queries: no recent failure, channel not in TRANSIENT_FAILURE, not lagging. */
-int tsr__replica_healthy(tsr__coord *c, size_t k, int64_t now_ms);
+int tsr__replica_healthy(tsr__coord *c, size_t k, int64_t now_ms); /* now: tsr_clock_mono_ms */
 
 /* One call per shard group, answered by one of its replicas (balanced over healthy ones;
  * on UNAVAILABLE, a per-attempt deadline, CANCELLED, RESOURCE_EXHAUSTED or
@@ -319,8 +364,6 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
                              tsr_error *err);
 /* Registers the /metrics collector (once per process). */
 void tsr__coord_metrics_register(tsr__coord *c);
-/* "EINVAL", "EUNAVAILABLE", ... for tessera_update_errors_total{type}. */
-const char *tsr__errcode_name(int code);
 
 /* Reconcile */
 int tsr__coord_reconcile_start(tsr__coord *c);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "core/cmdline.h"
 #include "coord.h"
 #include "net/metrics_http.h"
@@ -60,24 +61,6 @@ static void usage(FILE *f)
             "committed makes an update _exit(137) at that step (crash tests only).\n");
 }
 
-tsr__snap *tsr__coord_snap_get(tsr__coord *c)
-{
-    pthread_mutex_lock(&c->snap_mu);
-    tsr__snap *s = c->snap;
-    atomic_fetch_add(&s->refs, 1);
-    pthread_mutex_unlock(&c->snap_mu);
-    return s;
-}
-
-void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
-{
-    pthread_mutex_lock(&c->snap_mu);
-    tsr__snap *old = c->snap;
-    c->snap = s;
-    pthread_mutex_unlock(&c->snap_mu);
-    tsr__snap_unref(old);
-}
-
 /* The served version's plan and directory name shard groups by number: every number
  * must be a group of the config. A config with fewer groups than the stored version
  * (a group removed) would otherwise start, and the next update would index its per-group
@@ -96,6 +79,72 @@ static int check_shards(const tsr__snap *sn, uint64_t v, size_t nshards, tsr_err
                            "\"%.64s\" on shard %d but the config has %zu shard group(s); shard "
                            "groups may not be removed or reordered", (unsigned long long)v,
                            sn->dir.e[i].id, (int)sn->dir.e[i].shard, nshards);
+    return 0;
+}
+
+/* Opens the data directory, loads the version CURRENT names (or starts empty) and the
+ * operation records. Returns 0, or -1 with the reason logged. */
+static int load_state(tsr__coord *c, const char *data)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    if (tsr_store_create(data, &c->store, &err)) {
+        tsr_error_log("cannot open %s: %s", data, err.msg);
+        return -1;
+    }
+    uint64_t cur = 0;
+    int rc = tsr_store_current(c->store, &cur, &err);
+    if (rc == TSR_ENOTFOUND) {
+        c->snap = tsr__snap_create();
+        tsr_info("data %s: no version yet (the first UpdateIndex creates the index)", data);
+    } else if (rc) {
+        tsr_error_log("%s: CURRENT: %s", data, err.msg);
+        return -1;
+    } else if (tsr__snap_load(c->store, cur, &c->snap, &err)) {
+        tsr_error_log("%s: version %llu (CURRENT) does not load: %s", data,
+                      (unsigned long long)cur, err.msg);
+        return -1;
+    } else if (check_shards(c->snap, cur, c->cfg.nshards, &err)) {
+        tsr_error_log("%s: %s", data, err.msg);
+        return -1;
+    } else {
+        if (c->snap->tmpl->d != c->cfg.dimensions)
+            tsr_warn("version %llu has dimension %d but the config says %d; serving the "
+                     "stored index", (unsigned long long)cur, c->snap->tmpl->d,
+                     c->cfg.dimensions);
+        tsr_info("loaded version %llu: %zu ids (%lld dense, %lld sparse), nlist %zu, plan %s",
+                 (unsigned long long)cur, c->snap->dir.n, (long long)c->snap->ndense,
+                 (long long)c->snap->nsparse, c->snap->tmpl->nlist,
+                 c->snap->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
+    }
+    if (tsr__oplog_load(c, cur, &err)) {
+        tsr_error_log("%s: operations: %s", data, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Registers the coordinator's methods on srv. Returns 0 or a TSR code. */
+static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
+{
+#define SVC "/tessera.v1.VectorSearch/"
+    /* FindNeighbors fans out asynchronously (tsr_rpc_reply_fanout): it runs on the
+     * polling thread and never blocks, so it is not TSR_RPC_LONG */
+    if (tsr_rpc_server_add_method(srv, SVC "FindNeighbors", tsr__coord_rpc_find_neighbors, c,
+                                  0) ||
+        tsr_rpc_server_add_method(srv, SVC "ReadIndexDatapoints", tsr__coord_rpc_read, c,
+                                  TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, SVC "GetIndexStats", tsr__coord_rpc_stats, c,
+                                  TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, SVC "UpdateIndex", tsr__coord_rpc_update, c, 0) ||
+        tsr_rpc_server_add_method(srv, SVC "GetOperation", tsr__coord_rpc_get_operation, c, 0) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
+                                  TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,
+                                  c, TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchGetEmbeddings",
+                                  tsr__vertex_rpc_batch_get_embeddings, c, TSR_RPC_LONG))
+        return TSR_EINTERNAL;
+#undef SVC
     return 0;
 }
 
@@ -162,7 +211,7 @@ int main(int argc, char **argv)
     pthread_mutex_init(&c->update_mu, NULL);
     pthread_mutex_init(&c->op_mu, NULL);
     pthread_mutex_init(&c->rec_mu, NULL);
-    pthread_cond_init(&c->rec_cv, NULL);
+    tsr_clock_cond_init(&c->rec_cv); /* reconcile sleeps on CLOCK_MONOTONIC */
     c->template_path = tmpl;
     c->deployed_index_id = deployed;
     if (tsr__coord_config_load(config, &c->cfg, &err)) {
@@ -170,39 +219,8 @@ int main(int argc, char **argv)
         free(c);
         return 2;
     }
-    if (tsr_store_create(data, &c->store, &err)) {
-        tsr_error_log("cannot open %s: %s", data, err.msg);
+    if (load_state(c, data) != 0)
         goto out;
-    }
-    uint64_t cur = 0;
-    int rc = tsr_store_current(c->store, &cur, &err);
-    if (rc == TSR_ENOTFOUND) {
-        c->snap = tsr__snap_create();
-        tsr_info("data %s: no version yet (the first UpdateIndex creates the index)", data);
-    } else if (rc) {
-        tsr_error_log("%s: CURRENT: %s", data, err.msg);
-        goto out;
-    } else if (tsr__snap_load(c->store, cur, &c->snap, &err)) {
-        tsr_error_log("%s: version %llu (CURRENT) does not load: %s", data,
-                      (unsigned long long)cur, err.msg);
-        goto out;
-    } else if (check_shards(c->snap, cur, c->cfg.nshards, &err)) {
-        tsr_error_log("%s: %s", data, err.msg);
-        goto out;
-    } else {
-        if (c->snap->tmpl->d != c->cfg.dimensions)
-            tsr_warn("version %llu has dimension %d but the config says %d; serving the "
-                     "stored index", (unsigned long long)cur, c->snap->tmpl->d,
-                     c->cfg.dimensions);
-        tsr_info("loaded version %llu: %zu ids (%lld dense, %lld sparse), nlist %zu, plan %s",
-                 (unsigned long long)cur, c->snap->dir.n, (long long)c->snap->ndense,
-                 (long long)c->snap->nsparse, c->snap->tmpl->nlist,
-                 c->snap->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
-    }
-    if (tsr__oplog_load(c, cur, &err)) {
-        tsr_error_log("%s: operations: %s", data, err.msg);
-        goto out;
-    }
     if (tsr__coord_channels_open(c, &shard_opts, &err)) {
         tsr_error_log("%s", err.msg);
         goto out;
@@ -226,24 +244,7 @@ int main(int argc, char **argv)
         tsr_error_log("cannot listen on %s: %s", listen, err.msg);
         goto out;
     }
-#define SVC "/tessera.v1.VectorSearch/"
-    /* FindNeighbors fans out asynchronously (tsr_rpc_reply_fanout): it runs on the
-     * polling thread and never blocks, so it is not TSR_RPC_LONG */
-    if (tsr_rpc_server_add_method(srv, SVC "FindNeighbors", tsr__coord_rpc_find_neighbors, c,
-                                  0) ||
-        tsr_rpc_server_add_method(srv, SVC "ReadIndexDatapoints", tsr__coord_rpc_read, c,
-                                  TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, SVC "GetIndexStats", tsr__coord_rpc_stats, c,
-                                  TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, SVC "UpdateIndex", tsr__coord_rpc_update, c, 0) ||
-        tsr_rpc_server_add_method(srv, SVC "GetOperation", tsr__coord_rpc_get_operation, c, 0) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
-                                  TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,
-                                  c, TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchGetEmbeddings",
-                                  tsr__vertex_rpc_batch_get_embeddings, c, TSR_RPC_LONG) ||
-        tsr_rpc_server_start(srv, &err)) {
+    if (add_methods(srv, c) || tsr_rpc_server_start(srv, &err)) {
         tsr_error_log("cannot start the server: %s", err.msg);
         goto out;
     }

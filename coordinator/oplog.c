@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
 
@@ -48,6 +49,29 @@ static int final_state(int st)
 static void record_name(const char *id, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s.pb", id);
+}
+
+void tsr__op_free(tsr__op *op)
+{
+    if (!op)
+        return;
+    free(op->report_json);
+    free(op->report_pb);
+    free(op->error);
+    free(op->batch_root);
+    for (size_t i = 0; i < op->nwarnings; i++)
+        free(op->warnings[i]);
+    free(op->warnings);
+    free(op);
+}
+
+void tsr__coord_ops_close(tsr__coord *c)
+{
+    for (size_t i = 0; i < c->nops; i++)
+        tsr__op_free(c->ops[i]);
+    free(c->ops);
+    c->ops = NULL;
+    c->nops = 0;
 }
 
 void tsr__op_to_pb(const tsr__op *op, int state, Tessera__V1__Operation *o,
@@ -203,7 +227,7 @@ static void resolve_interrupted(tsr__coord *c, tsr__op *op, uint64_t current)
         op->error = tsr_xstrdup(msg);
         tsr_warn("operation %s: %s", op->id, msg);
     }
-    op->end_ms = tsr__now_ms();
+    op->end_ms = tsr_clock_wall_ms();
     tsr_error err = TSR_ERROR_INIT;
     if (tsr__oplog_save(c, op, 0, 1, &err))
         tsr_warn("operation %s: cannot write its resolved record: %s", op->id, err.msg);

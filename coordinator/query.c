@@ -183,80 +183,67 @@ static const cand *find_cand(const cand *cs, size_t n, int64_t label, int sparse
 
 /* ---------------------------------------------------------------- validation */
 
-static int bad(int *code, char *msg, size_t cap, int c, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int bad(int *code, char *msg, size_t cap, int c, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, cap, fmt, ap);
-    va_end(ap);
-    *code = c;
-    return tsr_rpc_error_from_status(c);
-}
-
 static int check_query(const tsr__coord *c, const Tessera__V1__FindNeighborsRequest__Query *q,
-                       size_t i, int *code, char *msg, size_t cap)
+                       size_t i, tsr_error *err)
 {
     const tsr__coord_config *cfg = &c->cfg;
     const Tessera__V1__IndexDatapoint *dp = q->datapoint;
-    int IA = TSR_RPC_INVALID_ARGUMENT;
     if (!dp)
-        return bad(code, msg, cap, IA, "queries[%zu]: datapoint is missing", i);
+        return tsr_err(err, TSR_EINVAL, "queries[%zu]: datapoint is missing", i);
     size_t nsp = dp->sparse_embedding ? dp->sparse_embedding->n_values : 0;
     if (dp->sparse_embedding &&
         dp->sparse_embedding->n_values != dp->sparse_embedding->n_dimensions)
-        return bad(code, msg, cap, IA, "queries[%zu]: sparse_embedding has %zu values and %zu "
+        return tsr_err(err, TSR_EINVAL, "queries[%zu]: sparse_embedding has %zu values and %zu "
                    "dimensions", i, dp->sparse_embedding->n_values,
                    dp->sparse_embedding->n_dimensions);
     if (dp->n_feature_vector == 0 && nsp == 0)
-        return bad(code, msg, cap, IA, "queries[%zu]: empty query: no feature_vector and no "
+        return tsr_err(err, TSR_EINVAL, "queries[%zu]: empty query: no feature_vector and no "
                    "sparse_embedding", i);
     if (dp->n_feature_vector && dp->n_feature_vector != (size_t)cfg->dimensions)
-        return bad(code, msg, cap, IA, "queries[%zu]: feature_vector has %zu values, the index "
+        return tsr_err(err, TSR_EINVAL, "queries[%zu]: feature_vector has %zu values, the index "
                    "has dimensions %d", i, dp->n_feature_vector, cfg->dimensions);
     for (size_t j = 0; j < dp->n_feature_vector; j++)
         if (!isfinite(dp->feature_vector[j]))
-            return bad(code, msg, cap, IA, "queries[%zu]: feature_vector[%zu] is not finite", i, j);
+            return tsr_err(err, TSR_EINVAL, "queries[%zu]: feature_vector[%zu] is not finite", i, j);
     for (size_t j = 0; j < nsp; j++)
         if (!isfinite(dp->sparse_embedding->values[j]))
-            return bad(code, msg, cap, IA, "queries[%zu]: sparse_embedding.values[%zu] is not "
+            return tsr_err(err, TSR_EINVAL, "queries[%zu]: sparse_embedding.values[%zu] is not "
                        "finite", i, j);
     if (q->neighbor_count < 0 || q->neighbor_count > cfg->max_k)
-        return bad(code, msg, cap, IA, "queries[%zu]: neighbor_count = %d, expected 1..%d (max_k; "
+        return tsr_err(err, TSR_EINVAL, "queries[%zu]: neighbor_count = %d, expected 1..%d (max_k; "
                    "0 = default %d)", i, q->neighbor_count, cfg->max_k, cfg->default_k);
     if (q->per_crowding_attribute_neighbor_count < 0)
-        return bad(code, msg, cap, IA, "queries[%zu]: per_crowding_attribute_neighbor_count = %d "
+        return tsr_err(err, TSR_EINVAL, "queries[%zu]: per_crowding_attribute_neighbor_count = %d "
                    "is negative", i, q->per_crowding_attribute_neighbor_count);
     if (q->approximate_neighbor_count < 0 || q->approximate_neighbor_count > SHARD_MAX_CANDIDATES)
-        return bad(code, msg, cap, IA, "queries[%zu]: approximate_neighbor_count = %d, expected "
+        return tsr_err(err, TSR_EINVAL, "queries[%zu]: approximate_neighbor_count = %d, expected "
                    "0..%d", i, q->approximate_neighbor_count, SHARD_MAX_CANDIDATES);
     double f = q->fraction_leaf_nodes_to_search_override;
     if (!(f >= 0.0 && f <= 1.0))
-        return bad(code, msg, cap, IA, "queries[%zu]: fraction_leaf_nodes_to_search_override = "
+        return tsr_err(err, TSR_EINVAL, "queries[%zu]: fraction_leaf_nodes_to_search_override = "
                    "%g, expected (0, 1] (0 = the index default)", i, f);
     if (q->ranking_case == TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF) {
         double a = q->rrf ? q->rrf->alpha : 1.0;
         if (!(a >= 0.0 && a <= 1.0))
-            return bad(code, msg, cap, IA, "queries[%zu]: rrf.alpha = %g, expected 0..1", i, a);
+            return tsr_err(err, TSR_EINVAL, "queries[%zu]: rrf.alpha = %g, expected 0..1", i, a);
     }
     for (size_t j = 0; j < dp->n_restricts; j++)
         if (!dp->restricts[j]->namespace_ || !dp->restricts[j]->namespace_[0])
-            return bad(code, msg, cap, IA, "queries[%zu]: restricts[%zu].namespace is empty", i, j);
+            return tsr_err(err, TSR_EINVAL, "queries[%zu]: restricts[%zu].namespace is empty", i, j);
     for (size_t j = 0; j < dp->n_numeric_restricts; j++) {
         const Tessera__V1__NumericRestriction *n = dp->numeric_restricts[j];
         if (!n->namespace_ || !n->namespace_[0])
-            return bad(code, msg, cap, IA, "queries[%zu]: numeric_restricts[%zu].namespace is "
+            return tsr_err(err, TSR_EINVAL, "queries[%zu]: numeric_restricts[%zu].namespace is "
                        "empty", i, j);
         if (n->value_case == TESSERA__V1__NUMERIC_RESTRICTION__VALUE__NOT_SET)
-            return bad(code, msg, cap, IA, "queries[%zu]: numeric_restricts[%zu] (%s) has no "
+            return tsr_err(err, TSR_EINVAL, "queries[%zu]: numeric_restricts[%zu] (%s) has no "
                        "value_int/value_float/value_double", i, j, n->namespace_);
         if (n->op == TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__OPERATOR_UNSPECIFIED)
-            return bad(code, msg, cap, IA, "queries[%zu]: numeric_restricts[%zu] (%s): op is "
+            return tsr_err(err, TSR_EINVAL, "queries[%zu]: numeric_restricts[%zu] (%s): op is "
                        "unset (LESS, LESS_EQUAL, EQUAL, GREATER_EQUAL, GREATER, NOT_EQUAL)", i, j,
                        n->namespace_);
         if ((int)n->op < 1 || (int)n->op > 6)
-            return bad(code, msg, cap, IA, "queries[%zu]: numeric_restricts[%zu]: unknown op %d",
+            return tsr_err(err, TSR_EINVAL, "queries[%zu]: numeric_restricts[%zu]: unknown op %d",
                        i, j, (int)n->op);
     }
     return 0;
@@ -331,46 +318,14 @@ typedef struct fnq {
     int64_t tmo;
 } fnq;
 
-/* Validates rq, takes a snapshot, runs the coarse step and packs one ShardSearchRequest
- * per touched shard into q. Returns 0, or a negative code with *code and msg set (nothing
- * held). */
-static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
-                    int64_t remaining_ms, fnq *q, int *code, char *msg, size_t cap)
+/* The plan of each query of rq into qp (nq entries): k, crowding, candidates, nprobe (of
+ * nlist), merged restricts. Returns the number of dense queries. */
+static size_t plan_queries(const tsr__coord_config *cfg,
+                           const Tessera__V1__FindNeighborsRequest *rq, size_t nlist, arena *a,
+                           qplan *qp)
 {
-    const tsr__coord_config *cfg = &c->cfg;
-    size_t S = cfg->nshards, d = (size_t)cfg->dimensions;
-    size_t nq = rq->n_queries;
-    memset(q, 0, sizeof *q);
-    int IA = TSR_RPC_INVALID_ARGUMENT;
-    if (nq == 0)
-        return bad(code, msg, cap, IA, "queries is empty");
-    if (nq > (size_t)cfg->max_queries)
-        return bad(code, msg, cap, IA, "%zu queries in one request, at most "
-                   "max_queries_per_request = %d", nq, cfg->max_queries);
-    for (size_t i = 0; i < nq; i++) {
-        int rc = check_query(c, rq->queries[i], i, code, msg, cap);
-        if (rc)
-            return rc;
-    }
-    tsr__snap *sn = tsr__coord_snap_get(c);
-    if (sn->version == 0) {
-        tsr__snap_unref(sn);
-        return bad(code, msg, cap, TSR_RPC_FAILED_PRECONDITION, "the index is empty: no version "
-                   "yet (apply a batch with UpdateIndex first)");
-    }
-    fn_out *o = tsr_xcalloc(1, sizeof *o);
-    tessera__v1__find_neighbors_response__init(&o->resp);
-    arena *a = &o->a;
-    o->nshards = S;
-    o->shard_resp = ar(a, S, sizeof *o->shard_resp);
-    o->pba = (ProtobufCAllocator){pb_ar_alloc, pb_ar_free, a};
-    size_t nlist = sn->tmpl->nlist;
-    int rc = 0;
-
-    /* plans and the coarse step for the dense queries */
-    qplan *qp = ar(a, nq, sizeof *qp);
-    size_t ndq = 0, maxp = 0;
-    for (size_t i = 0; i < nq; i++) {
+    size_t ndq = 0;
+    for (size_t i = 0; i < rq->n_queries; i++) {
         const Tessera__V1__FindNeighborsRequest__Query *q = rq->queries[i];
         const Tessera__V1__IndexDatapoint *dp = q->datapoint;
         qplan *p = &qp[i];
@@ -388,42 +343,110 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         if (p->nprobe > nlist)
             p->nprobe = nlist;
         merge_restricts(dp, a, &p->rs, &p->nrs);
-        if (p->has_dense) {
-            ndq++;
-            if (p->nprobe > maxp)
-                maxp = p->nprobe;
-        }
+        ndq += p->has_dense;
     }
-    float *X = NULL, *CD = NULL;
-    int64_t *CI = NULL;
-    if (ndq) {
-        X = ar(a, ndq * d, sizeof *X);
-        CD = ar(a, ndq * maxp, sizeof *CD);
-        CI = ar(a, ndq * maxp, sizeof *CI);
-        size_t j = 0;
-        for (size_t i = 0; i < nq; i++) {
-            if (!qp[i].has_dense)
-                continue;
-            float *row = X + j * d;
-            memcpy(row, rq->queries[i]->datapoint->feature_vector, d * sizeof(float));
-            if (cfg->distance == TSR_DIST_COSINE) {
-                double s = 0;
+    return ndq;
+}
+
+/* The coarse step of the ndq dense queries (normalised for cosine; qp[i].x set): the
+ * maxp nearest lists of each into *CD / *CI (ndq x maxp, in the arena). */
+static int coarse_step(const tsr__coord_config *cfg, const tsr__snap *sn,
+                       const Tessera__V1__FindNeighborsRequest *rq, qplan *qp, size_t ndq,
+                       size_t maxp, arena *a, float **CD, int64_t **CI, tsr_error *err)
+{
+    size_t d = (size_t)cfg->dimensions, nlist = sn->tmpl->nlist;
+    float *X = ar(a, ndq * d, sizeof *X);
+    *CD = ar(a, ndq * maxp, sizeof **CD);
+    *CI = ar(a, ndq * maxp, sizeof **CI);
+    size_t j = 0;
+    for (size_t i = 0; i < rq->n_queries; i++) {
+        if (!qp[i].has_dense)
+            continue;
+        float *row = X + j * d;
+        memcpy(row, rq->queries[i]->datapoint->feature_vector, d * sizeof(float));
+        if (cfg->distance == TSR_DIST_COSINE) {
+            double s = 0;
+            for (size_t t = 0; t < d; t++)
+                s += (double)row[t] * row[t];
+            if (s > 0)
                 for (size_t t = 0; t < d; t++)
-                    s += (double)row[t] * row[t];
-                if (s > 0)
-                    for (size_t t = 0; t < d; t++)
-                        row[t] = (float)(row[t] / sqrt(s));
-            }
-            qp[i].x = row;
-            j++;
+                    row[t] = (float)(row[t] / sqrt(s));
         }
-        tsr_error e = TSR_ERROR_INIT;
-        if (tsr_knn(X, ndq, sn->tmpl->centroids, nlist, d, sn->tmpl->metric, maxp,
-                    sn->tmpl->metric == TSR_METRIC_L2 ? sn->cent_norms : NULL, CD, CI, &e)) {
-            rc = bad(code, msg, cap, TSR_RPC_INTERNAL, "coarse step: %s", e.msg);
-            goto fail;
-        }
+        qp[i].x = row;
+        j++;
     }
+    tsr_error e = TSR_ERROR_INIT;
+    if (tsr_knn(X, ndq, sn->tmpl->centroids, nlist, d, sn->tmpl->metric, maxp,
+                sn->tmpl->metric == TSR_METRIC_L2 ? sn->cent_norms : NULL, *CD, *CI, &e))
+        return tsr_err(err, TSR_EINTERNAL, "coarse step: %s", e.msg);
+    return 0;
+}
+
+/* One call per group with queries: its packed request into bufs[s] (owned by the caller)
+ * and calls. Returns the number of calls. */
+static size_t pack_calls(Tessera__V1__ShardSearchRequest *sreq, size_t S, tsr__gcall *calls,
+                         uint8_t **bufs)
+{
+    size_t ncalls = 0;
+    for (size_t s = 0; s < S; s++) {
+        if (!sreq[s].n_queries)
+            continue;
+        size_t len = 0;
+        bufs[s] = tsr_rpc_pack(&sreq[s].base, &len);
+        calls[ncalls].group = s;
+        calls[ncalls].req = bufs[s];
+        calls[ncalls].len = len;
+        tsr_rpc_result_init(&calls[ncalls].result);
+        ncalls++;
+    }
+    return ncalls;
+}
+
+/* Validates rq, takes a snapshot, runs the coarse step and packs one ShardSearchRequest
+ * per touched shard into q. Returns 0, or a negative code with err set (nothing
+ * held). */
+static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
+                    int64_t remaining_ms, fnq *q, tsr_error *err)
+{
+    const tsr__coord_config *cfg = &c->cfg;
+    size_t S = cfg->nshards, d = (size_t)cfg->dimensions;
+    size_t nq = rq->n_queries;
+    memset(q, 0, sizeof *q);
+    if (nq == 0)
+        return tsr_err(err, TSR_EINVAL, "queries is empty");
+    if (nq > (size_t)cfg->max_queries)
+        return tsr_err(err, TSR_EINVAL, "%zu queries in one request, at most "
+                   "max_queries_per_request = %d", nq, cfg->max_queries);
+    for (size_t i = 0; i < nq; i++) {
+        int rc = check_query(c, rq->queries[i], i, err);
+        if (rc)
+            return rc;
+    }
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    if (sn->version == 0) {
+        tsr__snap_unref(sn);
+        return tsr_err(err, TSR_ESTATE, "the index is empty: no version "
+                   "yet (apply a batch with UpdateIndex first)");
+    }
+    fn_out *o = tsr_xcalloc(1, sizeof *o);
+    tessera__v1__find_neighbors_response__init(&o->resp);
+    arena *a = &o->a;
+    o->nshards = S;
+    o->shard_resp = ar(a, S, sizeof *o->shard_resp);
+    o->pba = (ProtobufCAllocator){pb_ar_alloc, pb_ar_free, a};
+    size_t nlist = sn->tmpl->nlist;
+    int rc = 0;
+
+    /* plans and the coarse step for the dense queries */
+    qplan *qp = ar(a, nq, sizeof *qp);
+    size_t ndq = plan_queries(cfg, rq, nlist, a, qp), maxp = 0;
+    for (size_t i = 0; i < nq; i++)
+        if (qp[i].has_dense && qp[i].nprobe > maxp)
+            maxp = qp[i].nprobe;
+    float *CD = NULL;
+    int64_t *CI = NULL;
+    if (ndq && (rc = coarse_step(cfg, sn, rq, qp, ndq, maxp, a, &CD, &CI, err)))
+        goto fail;
 
     /* per-shard requests */
     Tessera__V1__ShardSearchRequest *sreq = ar(a, S, sizeof *sreq);
@@ -510,18 +533,7 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         tmo = 1;
     tsr__gcall *calls = ar(a, S, sizeof *calls);
     uint8_t **bufs = ar(a, S, sizeof *bufs);
-    size_t ncalls = 0;
-    for (size_t s = 0; s < S; s++) {
-        if (!sreq[s].n_queries)
-            continue;
-        size_t len = 0;
-        bufs[s] = tsr_rpc_pack(&sreq[s].base, &len);
-        calls[ncalls].group = s;
-        calls[ncalls].req = bufs[s];
-        calls[ncalls].len = len;
-        tsr_rpc_result_init(&calls[ncalls].result);
-        ncalls++;
-    }
+    size_t ncalls = pack_calls(sreq, S, calls, bufs);
     q->c = c;
     q->rq = rq;
     q->sn = sn;
@@ -554,31 +566,72 @@ static void fnq_drop(fnq *q)
     memset(q, 0, sizeof *q);
 }
 
-/* After the fan-out (q->calls have their results): unpacks the shard replies and merges.
- * Releases everything q holds; on success *outp is the response (caller frees with
- * tsr__coord_response_free). */
-static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, int *code, char *msg,
-                      size_t cap)
+/* The answer for fused hit h of query i: distances, and the datapoint (the shard's full
+ * one when asked for, else id and crowding tag) from the candidate it came from. */
+static Tessera__V1__FindNeighborsResponse__Neighbor *neighbor_of(const fnq *q, size_t i,
+                                                                 const tsr_rrf_hit *h,
+                                                                 const cand *cs, size_t ncs)
+{
+    fn_out *o = q->o;
+    arena *a = &o->a;
+    size_t S = q->c->cfg.nshards, *slot = q->slot;
+    Tessera__V1__FindNeighborsResponse__Neighbor *nb = ar(a, 1, sizeof *nb);
+    tessera__v1__find_neighbors_response__neighbor__init(nb);
+    const cand *cd = find_cand(cs, ncs, h->label, h->in_dense ? 0 : 1);
+    const cand *cs2 = find_cand(cs, ncs, h->label, 1);
+    nb->distance = h->in_dense ? h->dist : 0.0;
+    if (cs2) {
+        Tessera__V1__ShardQueryResult *res2 =
+            ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cs2->shard])
+                ->results[slot[i * S + cs2->shard] - 1];
+        nb->sparse_distance = res2->sparse_scores[cs2->idx];
+    }
+    if (!cd)
+        return nb;
+    Tessera__V1__ShardQueryResult *res =
+        ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cd->shard])
+            ->results[slot[i * S + cd->shard] - 1];
+    Tessera__V1__IndexDatapoint *full = NULL;
+    if (q->rq->return_full_datapoint)
+        full = cd->sparse ? (cd->idx < res->n_sparse_datapoints ? res->sparse_datapoints[cd->idx]
+                                                                : NULL)
+                          : (cd->idx < res->n_datapoints ? res->datapoints[cd->idx] : NULL);
+    if (full) {
+        nb->datapoint = full;
+        return nb;
+    }
+    Tessera__V1__IndexDatapoint *dp = ar(a, 1, sizeof *dp);
+    tessera__v1__index_datapoint__init(dp);
+    dp->datapoint_id = cd->sparse ? res->sparse_ids[cd->idx] : res->ids[cd->idx];
+    const char *tag = cd->sparse
+        ? (cd->idx < res->n_sparse_crowding_tags ? res->sparse_crowding_tags[cd->idx] : "")
+        : (cd->idx < res->n_crowding_tags ? res->crowding_tags[cd->idx] : "");
+    if (tag && tag[0]) {
+        Tessera__V1__CrowdingTag *ct = ar(a, 1, sizeof *ct);
+        tessera__v1__crowding_tag__init(ct);
+        ct->crowding_attribute = (char *)tag;
+        dp->crowding_tag = ct;
+    }
+    nb->datapoint = dp;
+    return nb;
+}
+
+/* The shard replies of q into o->shard_resp (failed[s] set for a group that gave none,
+ * its name into missing). Returns 0, or an error when a failed group served a query that
+ * does not allow partial answers. */
+static int collect_shards(fnq *q, int *failed, char **missing, size_t *nmissing,
+                          tsr_error *err)
 {
     tsr__coord *c = q->c;
     const tsr__coord_config *cfg = &c->cfg;
     const Tessera__V1__FindNeighborsRequest *rq = q->rq;
-    tsr__snap *sn = q->sn;
     fn_out *o = q->o;
-    arena *a = &o->a;
-    size_t S = cfg->nshards, nq = rq->n_queries;
-    int larger = cfg->distance != TSR_DIST_SQUARED_L2;
-    qplan *qp = q->qp;
     Tessera__V1__ShardSearchRequest *sreq = q->sreq;
-    size_t **qmap = q->qmap, *slot = q->slot;
+    size_t **qmap = q->qmap;
     tsr__gcall *calls = q->calls;
     uint8_t **bufs = q->bufs;
     size_t ncalls = q->ncalls;
     int rc = 0;
-    *outp = NULL;
-    int *failed = ar(a, S, sizeof *failed);
-    char **missing = ar(a, S, sizeof *missing);
-    size_t nmissing = 0;
     for (size_t k = 0; k < ncalls; k++) {
         size_t s = calls[k].group;
         tsr_rpc_result *r = &calls[k].result;
@@ -601,21 +654,44 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, int *co
             for (size_t j = 0; j < sreq[s].n_queries; j++)
                 need |= !rq->queries[qmap[s][j]]->allow_partial;
             if (need && !rc) {
-                int st = r->code == TSR_RPC_INVALID_ARGUMENT ? TSR_RPC_INTERNAL : TSR_RPC_UNAVAILABLE;
+                int st = r->code == TSR_RPC_INVALID_ARGUMENT ? TSR_EINTERNAL : TSR_EUNAVAILABLE;
                 const tsr__replica *rp = &c->rep[calls[k].replica];
                 if (c->grp[s].n > 1)
-                    rc = bad(code, msg, cap, st, "shard %zu (%s) failed on %d replica(s), last "
+                    rc = tsr_err(err, st, "shard %zu (%s) failed on %d replica(s), last "
                              "%s: %s: %s", s, cfg->shards[s], calls[k].attempts, rp->addr,
                              tsr_rpc_code_name(r->code), r->message ? r->message : "");
                 else
-                    rc = bad(code, msg, cap, st, "shard %zu (%s) failed: %s: %s", s,
+                    rc = tsr_err(err, st, "shard %zu (%s) failed: %s: %s", s,
                              cfg->shards[s], tsr_rpc_code_name(r->code),
                              r->message ? r->message : "");
             }
-            missing[nmissing++] = cfg->shards[s];
+            missing[(*nmissing)++] = cfg->shards[s];
         }
         tsr_rpc_result_close(r);
     }
+    return rc;
+}
+
+/* After the fan-out (q->calls have their results): unpacks the shard replies and merges.
+ * Releases everything q holds; on success *outp is the response (caller frees with
+ * tsr__coord_response_free). */
+static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_error *err)
+{
+    tsr__coord *c = q->c;
+    const tsr__coord_config *cfg = &c->cfg;
+    const Tessera__V1__FindNeighborsRequest *rq = q->rq;
+    tsr__snap *sn = q->sn;
+    fn_out *o = q->o;
+    arena *a = &o->a;
+    size_t S = cfg->nshards, nq = rq->n_queries;
+    int larger = cfg->distance != TSR_DIST_SQUARED_L2;
+    qplan *qp = q->qp;
+    size_t *slot = q->slot;
+    *outp = NULL;
+    int *failed = ar(a, S, sizeof *failed);
+    char **missing = ar(a, S, sizeof *missing);
+    size_t nmissing = 0;
+    int rc = collect_shards(q, failed, missing, &nmissing, err);
     if (rc)
         goto fail;
 
@@ -681,14 +757,14 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, int *co
         size_t nd = 0, ns = 0;
         if (tsr_topk_merge(dl, dn, ndl, larger, p->k, p->c, dh, &nd) ||
             tsr_topk_merge(sl, sn_, nsl, 1, p->k, p->c, sh, &ns)) {
-            rc = bad(code, msg, cap, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory in the merge");
+            rc = tsr_err(err, TSR_ELIMIT, "out of memory in the merge");
             goto fail;
         }
         tsr_rrf_hit *fh = ar(a, p->k, sizeof *fh);
         size_t nf = 0;
         if (p->has_dense && p->has_sparse && p->rrf) {
             if (tsr_rrf_fuse(dh, nd, sh, ns, p->alpha, TSR_RRF_K0, p->k, p->c, fh, &nf)) {
-                rc = bad(code, msg, cap, TSR_RPC_INTERNAL, "rrf fusion failed");
+                rc = tsr_err(err, TSR_EINTERNAL, "rrf fusion failed");
                 goto fail;
             }
         } else if (p->has_dense) {
@@ -708,48 +784,8 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, int *co
         }
         nn->neighbors = ar(a, nf, sizeof *nn->neighbors);
         nn->n_neighbors = nf;
-        for (size_t t = 0; t < nf; t++) {
-            Tessera__V1__FindNeighborsResponse__Neighbor *nb = ar(a, 1, sizeof *nb);
-            tessera__v1__find_neighbors_response__neighbor__init(nb);
-            const cand *cd = find_cand(cs, ncs, fh[t].label, fh[t].in_dense ? 0 : 1);
-            const cand *cs2 = find_cand(cs, ncs, fh[t].label, 1);
-            nb->distance = fh[t].in_dense ? fh[t].dist : 0.0;
-            if (cs2) {
-                Tessera__V1__ShardQueryResult *res2 =
-                    ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cs2->shard])
-                        ->results[slot[i * S + cs2->shard] - 1];
-                nb->sparse_distance = res2->sparse_scores[cs2->idx];
-            }
-            if (cd) {
-                Tessera__V1__ShardQueryResult *res =
-                    ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cd->shard])
-                        ->results[slot[i * S + cd->shard] - 1];
-                Tessera__V1__IndexDatapoint *full = NULL;
-                if (rq->return_full_datapoint)
-                    full = cd->sparse ? (cd->idx < res->n_sparse_datapoints
-                                             ? res->sparse_datapoints[cd->idx] : NULL)
-                                      : (cd->idx < res->n_datapoints ? res->datapoints[cd->idx]
-                                                                     : NULL);
-                if (full) {
-                    nb->datapoint = full;
-                } else {
-                    Tessera__V1__IndexDatapoint *dp = ar(a, 1, sizeof *dp);
-                    tessera__v1__index_datapoint__init(dp);
-                    dp->datapoint_id = cd->sparse ? res->sparse_ids[cd->idx] : res->ids[cd->idx];
-                    const char *tag = cd->sparse
-                        ? (cd->idx < res->n_sparse_crowding_tags ? res->sparse_crowding_tags[cd->idx] : "")
-                        : (cd->idx < res->n_crowding_tags ? res->crowding_tags[cd->idx] : "");
-                    if (tag && tag[0]) {
-                        Tessera__V1__CrowdingTag *ct = ar(a, 1, sizeof *ct);
-                        tessera__v1__crowding_tag__init(ct);
-                        ct->crowding_attribute = (char *)tag;
-                        dp->crowding_tag = ct;
-                    }
-                    nb->datapoint = dp;
-                }
-            }
-            nn->neighbors[t] = nb;
-        }
+        for (size_t t = 0; t < nf; t++)
+            nn->neighbors[t] = neighbor_of(q, i, &fh[t], cs, ncs);
     }
     tsr__snap_unref(sn);
     *outp = &o->resp;
@@ -761,15 +797,25 @@ fail:
 
 int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                               int64_t remaining_ms, Tessera__V1__FindNeighborsResponse **outp,
-                              int *code, char *msg, size_t cap)
+                              tsr_error *err)
 {
     fnq q;
     *outp = NULL;
-    int rc = fnq_plan(c, rq, remaining_ms, &q, code, msg, cap);
+    int rc = fnq_plan(c, rq, remaining_ms, &q, err);
     if (rc)
         return rc;
     tsr__coord_group_fanout(c, TSR_SHARD_SVC "Search", q.calls, q.ncalls, q.tmo);
-    return fnq_finish(&q, outp, code, msg, cap);
+    return fnq_finish(&q, outp, err);
+}
+
+int tsr__coord_reply_error(tsr_rpc_reply *r, const tsr_error *err)
+{
+    return tsr_rpc_reply_error(r, tsr__coord_status_of(err), "%s", err->msg);
+}
+
+int tsr__coord_status_of(const tsr_error *err)
+{
+    return tsr_rpc_status_from_error(err->code ? err->code : TSR_EINTERNAL);
 }
 
 /* FindNeighbors without blocking (DESIGN at the top): the state of one call between its
@@ -778,17 +824,16 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
 typedef struct fn_async {
     Tessera__V1__FindNeighborsRequest *rq; /* owned */
     fnq q;
-    int code;
-    char msg[1024];
+    tsr_error err;
 } fn_async;
 
-static int fn_reply(tsr_rpc_reply *r, int rc, Tessera__V1__FindNeighborsResponse *out, int code,
-                    const char *msg)
+static int fn_reply(tsr_rpc_reply *r, int rc, Tessera__V1__FindNeighborsResponse *out,
+                    const tsr_error *err)
 {
     if (rc == 0)
         rc = tsr_rpc_reply_pack(r, &out->base);
     else
-        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+        rc = tsr__coord_reply_error(r, err);
     tsr__coord_response_free(out);
     return rc;
 }
@@ -799,8 +844,8 @@ static int fn_async_fin(void *ud, tsr_rpc_reply *r, tsr__gcall *calls, size_t n)
     (void)calls;
     (void)n;
     Tessera__V1__FindNeighborsResponse *out = NULL;
-    int rc = fnq_finish(&f->q, &out, &f->code, f->msg, sizeof f->msg);
-    rc = fn_reply(r, rc, out, f->code, f->msg);
+    int rc = fnq_finish(&f->q, &out, &f->err);
+    rc = fn_reply(r, rc, out, &f->err);
     tessera__v1__find_neighbors_request__free_unpacked(f->rq, NULL);
     free(f);
     return rc;
@@ -816,18 +861,17 @@ int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr
                                    "protobuf");
     fn_async *f = tsr_xcalloc(1, sizeof *f);
     f->rq = rq;
-    int rc = fnq_plan(c, rq, tsr_rpc_reply_remaining_ms(r), &f->q, &f->code, f->msg,
-                      sizeof f->msg);
+    int rc = fnq_plan(c, rq, tsr_rpc_reply_remaining_ms(r), &f->q, &f->err);
     if (rc == 0) {
         rc = tsr__coord_group_fanout_async(c, r, TSR_SHARD_SVC "Search", f->q.calls,
                                            f->q.ncalls, f->q.tmo, fn_async_fin, f);
         if (rc == 0)
             return 0; /* the reply is sent after fn_async_fin */
         fnq_drop(&f->q); /* nothing started (out of memory) */
-        f->code = TSR_RPC_RESOURCE_EXHAUSTED;
-        snprintf(f->msg, sizeof f->msg, "cannot start the shard fan-out: %s", tsr_strerror(rc));
+        rc = tsr_err(&f->err, TSR_ELIMIT, "cannot start the shard fan-out: %s",
+                     tsr_strerror(rc));
     }
-    rc = fn_reply(r, rc, NULL, f->code, f->msg);
+    rc = fn_reply(r, rc, NULL, &f->err);
     tessera__v1__find_neighbors_request__free_unpacked(rq, NULL);
     free(f);
     return rc;
@@ -856,13 +900,12 @@ void tsr__coord_read_free(Tessera__V1__ReadIndexDatapointsResponse *r)
 }
 
 int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remaining_ms,
-                    Tessera__V1__ReadIndexDatapointsResponse **outp, int *code, char *msg,
-                    size_t cap)
+                    Tessera__V1__ReadIndexDatapointsResponse **outp, tsr_error *err)
 {
     size_t S = c->cfg.nshards;
     *outp = NULL;
     if (n_ids > 10000)
-        return bad(code, msg, cap, TSR_RPC_INVALID_ARGUMENT, "%zu ids, at most 10000 per call",
+        return tsr_err(err, TSR_EINVAL, "%zu ids, at most 10000 per call",
                    n_ids);
     tsr__snap *sn = tsr__coord_snap_get(c);
     rd_out *o = tsr_xcalloc(1, sizeof *o);
@@ -921,7 +964,7 @@ int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remai
             }
         }
         if (res->code != TSR_RPC_OK && !rc)
-            rc = bad(code, msg, cap, TSR_RPC_UNAVAILABLE, "shard %zu (%s) failed: %s: %s", s,
+            rc = tsr_err(err, TSR_EUNAVAILABLE, "shard %zu (%s) failed: %s: %s", s,
                      c->cfg.shards[s], tsr_rpc_code_name(res->code),
                      res->message ? res->message : "");
         tsr_rpc_result_close(res);
@@ -954,14 +997,12 @@ int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
                                    "malformed protobuf");
     Tessera__V1__ReadIndexDatapointsResponse *out = NULL;
-    int code = 0;
-    char msg[1024] = "";
-    int rc = tsr__coord_read(c, rq->ids, rq->n_ids, tsr_rpc_reply_remaining_ms(r), &out, &code,
-                             msg, sizeof msg);
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = tsr__coord_read(c, rq->ids, rq->n_ids, tsr_rpc_reply_remaining_ms(r), &out, &err);
     if (rc == 0)
         rc = tsr_rpc_reply_pack(r, &out->base);
     else
-        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+        rc = tsr__coord_reply_error(r, &err);
     tsr__coord_read_free(out);
     tessera__v1__read_index_datapoints_request__free_unpacked(rq, NULL);
     return rc;

@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "coord.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
@@ -82,7 +83,7 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
     int64_t V = (int64_t)sn->version;
     size_t g = r->group, nlist = sn->tmpl ? sn->tmpl->nlist : 0;
     size_t chunk = (size_t)c->cfg.stage_chunk < 5000 ? (size_t)c->cfg.stage_chunk : 5000;
-    int64_t t0 = tsr__now_ms();
+    int64_t t0 = tsr_clock_mono_ms();
     /* the group's labels and lists, and the lists it owns */
     size_t n = 0;
     for (size_t i = 0; i < sn->dir.n; i++)
@@ -192,7 +193,7 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
     } else {
         tsr_info("reconcile: shard %zu replica %zu (%s): re-seeded at version %lld from replica "
                  "%zu in %lld ms", g, r->index, r->addr, (long long)V, src->index,
-                 (long long)(tsr__now_ms() - t0));
+                 (long long)(tsr_clock_mono_ms() - t0));
         tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=ok", 1);
     }
     tsr_rpc_result_close(&res);
@@ -264,8 +265,8 @@ int tsr__coord_reconcile_once(tsr__coord *c)
             if (!lag) {
                 tsr_info("reconcile: shard %zu replica %zu (%s) holds version %lld again",
                          r->group, r->index, r->addr, (long long)V);
-            } else if (tsr__now_ms() - last_log > 10000) {
-                last_log = tsr__now_ms();
+            } else if (tsr_clock_mono_ms() - last_log > 10000) {
+                last_log = tsr_clock_mono_ms();
                 tsr_error_log("reconcile: shard %zu replica %zu (%s) serves version %lld and "
                               "does not hold the coordinator's version %lld: not queried; "
                               "re-seeded from a sibling replica when one holds it, otherwise "
@@ -282,7 +283,7 @@ int tsr__coord_reconcile_once(tsr__coord *c)
     /* lagging replicas with a sibling that holds V: re-seed them from it (at most one
      * attempt per replica every RESYNC_RETRY_MS, so a failing copy is not a busy loop) */
     for (size_t k = 0; k < R; k++) {
-        if (!need[k] || tsr__now_ms() < c->rep[k].resync_at_ms)
+        if (!need[k] || tsr_clock_mono_ms() < c->rep[k].resync_at_ms)
             continue;
         const tsr__group *gr = &c->grp[c->rep[k].group];
         size_t from = SIZE_MAX;
@@ -291,7 +292,7 @@ int tsr__coord_reconcile_once(tsr__coord *c)
                 from = gr->first + j;
         if (from == SIZE_MAX)
             continue;
-        c->rep[k].resync_at_ms = tsr__now_ms() + RESYNC_RETRY_MS;
+        c->rep[k].resync_at_ms = tsr_clock_mono_ms() + RESYNC_RETRY_MS;
         if (resync(c, k, from, sn) == 0) {
             atomic_store(&c->rep[k].lagging, 0);
             atomic_store(&c->rep[k].version, V);
@@ -335,7 +336,7 @@ void tsr__coord_schedule_release(tsr__coord *c, uint64_t below)
 {
     pthread_mutex_lock(&c->rec_mu);
     c->release_below = below;
-    c->release_at_ms = tsr__now_ms() + c->cfg.search_deadline_ms + 1000;
+    c->release_at_ms = tsr_clock_mono_ms() + c->cfg.search_deadline_ms + 1000;
     pthread_mutex_unlock(&c->rec_mu);
 }
 
@@ -354,7 +355,7 @@ static void *rec_main(void *p)
         pthread_mutex_unlock(&c->rec_mu);
         if (pthread_mutex_trylock(&c->update_mu) == 0) {
             off = tsr__coord_reconcile_once(c);
-            if (rel_at && tsr__now_ms() >= rel_at) {
+            if (rel_at && tsr_clock_mono_ms() >= rel_at) {
                 release_all(c, (int64_t)below);
                 pthread_mutex_lock(&c->rec_mu);
                 if (c->release_at_ms == rel_at)
@@ -365,12 +366,8 @@ static void *rec_main(void *p)
         }
         pthread_mutex_lock(&c->rec_mu);
         if (!c->stopping) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            long ms = off ? 300 : 1000;
-            ts.tv_nsec += ms * 1000000L;
-            ts.tv_sec += ts.tv_nsec / 1000000000L;
-            ts.tv_nsec %= 1000000000L;
+            /* rec_cv waits on CLOCK_MONOTONIC (tsr_clock_cond_init in main.c) */
+            struct timespec ts = tsr_clock_mono_timespec(off ? 300 : 1000);
             pthread_cond_timedwait(&c->rec_cv, &c->rec_mu, &ts);
         }
         pthread_mutex_unlock(&c->rec_mu);

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
@@ -141,7 +142,7 @@ void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, do
         int f = atomic_fetch_add(&r->fails, 1) + 1;
         /* f - 1 in 0..6 (f wraps negative after 2^31 failures: never a negative shift) */
         int64_t b = (int64_t)BACKOFF_MIN_MS << (f >= 1 && f <= 7 ? f - 1 : 6);
-        atomic_store(&r->retry_at_ms, tsr__now_ms() + (b < BACKOFF_MAX_MS ? b : BACKOFF_MAX_MS));
+        atomic_store(&r->retry_at_ms, tsr_clock_mono_ms() + (b < BACKOFF_MAX_MS ? b : BACKOFF_MAX_MS));
         if (atomic_exchange(&r->up, 0) != 0 && c->grp[r->group].n > 1) {
             char nm[600];
             name_of(c, k, nm, sizeof nm);
@@ -236,7 +237,7 @@ static gfan *gf_new(tsr__coord *c, const char *method, tsr__gcall *calls, size_t
     g->method = method;
     g->calls = calls;
     g->n = n;
-    g->deadline = tsr__now_ms() + (timeout_ms > 0 ? timeout_ms : 1);
+    g->deadline = tsr_clock_mono_ms() + (timeout_ms > 0 ? timeout_ms : 1);
     g->tried = tsr_xcalloc(n ? n : 1, sizeof *g->tried);
     g->pending = tsr_xcalloc(n ? n : 1, sizeof *g->pending);
     g->on = tsr_xcalloc(n ? n : 1, sizeof *g->on);
@@ -263,7 +264,7 @@ static void gf_free(gfan *g)
 static size_t gf_round(gfan *g)
 {
     tsr__coord *c = g->c;
-    int64_t now = tsr__now_ms(), left = g->deadline - now;
+    int64_t now = tsr_clock_mono_ms(), left = g->deadline - now;
     size_t m = 0;
     for (size_t i = 0; i < g->n; i++) {
         if (!g->pending[i])
@@ -304,7 +305,7 @@ static int gf_collect(gfan *g)
     tsr__coord *c = g->c;
     double secs = tsr_metrics_now() - g->t0;
     int again = 0;
-    int64_t now = tsr__now_ms();
+    int64_t now = tsr_clock_mono_ms();
     for (size_t q = 0; q < g->m; q++) {
         size_t i = (size_t)(uintptr_t)g->fc[q].user, k = g->on[i];
         tsr__gcall *call = &g->calls[i];
@@ -452,17 +453,6 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
 
 /* ---------------------------------------------------------------- metrics */
 
-const char *tsr__errcode_name(int code)
-{
-    switch (code) {
-#define TSR_X_NAME(name, value, text) \
-    case name: return &#name[4];
-        TSR_ERRORS(TSR_X_NAME)
-#undef TSR_X_NAME
-    default: return "EUNKNOWN";
-    }
-}
-
 static pthread_mutex_t coll_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t plan_version = UINT64_MAX;
 static int64_t *plan_vec, *plan_lists;
@@ -471,7 +461,7 @@ static size_t plan_n;
 static void collect(void *ud)
 {
     tsr__coord *c = ud;
-    int64_t now = tsr__now_ms();
+    int64_t now = tsr_clock_mono_ms();
     size_t S = c->cfg.nshards;
     char l[700];
     pthread_mutex_lock(&coll_mu);

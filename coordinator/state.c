@@ -8,6 +8,8 @@
  *                   i64 label, i32 list, i32 shard, u8 dense, u8 sparse)
  *
  * plus the store's MANIFEST (sizes + CRC-32), verified before a version is loaded.
+ * The served snapshot is read and swapped through tsr__coord_snap_get/set (here, beside
+ * the snapshot, so every other file reaches it without going through main.c).
  * The plan builders: balanced (greedy largest list first onto the least-loaded shard)
  * and locality (k-means of the centroids into S groups, each group onto its own shard
  * while it stays within 10 % of the mean load, the rest balanced).
@@ -119,6 +121,26 @@ void tsr__snap_unref(tsr__snap *s)
     free(s->plan);
     tsr__dir_close(&s->dir);
     free(s);
+}
+
+/* The served snapshot: snap_mu is held only to copy the pointer and bump the count (or
+ * swap it), never across a call (coord.h: lock order). */
+tsr__snap *tsr__coord_snap_get(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->snap_mu);
+    tsr__snap *s = c->snap;
+    atomic_fetch_add(&s->refs, 1);
+    pthread_mutex_unlock(&c->snap_mu);
+    return s;
+}
+
+void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
+{
+    pthread_mutex_lock(&c->snap_mu);
+    tsr__snap *old = c->snap;
+    c->snap = s;
+    pthread_mutex_unlock(&c->snap_mu);
+    tsr__snap_unref(old);
 }
 
 int tsr__snap_set_template(tsr__snap *s, tsr_ivfpq *tmpl, tsr_error *err)

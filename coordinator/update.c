@@ -23,7 +23,6 @@
  * thread holds update_mu for the whole update; op fields are written under op_mu and read
  * by GetOperation under op_mu.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,18 +31,10 @@
 
 #include "batch/batch.h"
 #include "coord.h"
-#include "index/faiss_io.h"
-#include "index/ivfpq_build.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
-
-int64_t tsr__now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void tsr__coord_crash_point(const char *step)
 {
@@ -235,7 +226,7 @@ static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, 
     if (error)
         op->error = tsr_xstrdup(error);
     op->version = version;
-    op->end_ms = tsr__now_ms();
+    op->end_ms = tsr_clock_wall_ms();
     int staged = op->staged;
     pthread_mutex_unlock(&c->op_mu);
     op_save(c, op, state); /* on disk before any client can see the end */
@@ -250,34 +241,11 @@ static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, 
     } else {
         int rej = state == TESSERA__V1__OPERATION__STATE__REJECTED;
         tsr_metrics_update_done(rej ? "rejected" : staged ? "aborted" : "failed",
-                                tsr__errcode_name(rej ? TSR_EREJECTED
+                                tsr_errcode_name(rej ? TSR_EREJECTED
                                                       : code ? code : TSR_EINTERNAL));
         tsr_warn("update %s: %s%s%s", op->id, rej ? "REJECTED" : "FAILED", error ? ": " : "",
                  error ? error : "");
     }
-}
-
-void tsr__op_free(tsr__op *op)
-{
-    if (!op)
-        return;
-    free(op->report_json);
-    free(op->report_pb);
-    free(op->error);
-    free(op->batch_root);
-    for (size_t i = 0; i < op->nwarnings; i++)
-        free(op->warnings[i]);
-    free(op->warnings);
-    free(op);
-}
-
-void tsr__coord_ops_close(tsr__coord *c)
-{
-    for (size_t i = 0; i < c->nops; i++)
-        tsr__op_free(c->ops[i]);
-    free(c->ops);
-    c->ops = NULL;
-    c->nops = 0;
 }
 
 /* ---------------------------------------------------------------- shard calls */
@@ -414,326 +382,176 @@ static void abort_left_out(tsr__coord *c, tsr__op *op, int64_t version, const ch
     free(in);
 }
 
+/* ---------------------------------------------------------------- op progress */
+
+/* Each takes op_mu for one change GetOperation may read. */
+static void op_begin_staging(tsr__coord *c, tsr__op *op, int64_t target)
+{
+    pthread_mutex_lock(&c->op_mu);
+    op->target = target;
+    op->state = TESSERA__V1__OPERATION__STATE__STAGING;
+    pthread_mutex_unlock(&c->op_mu);
+}
+
+static void op_mark_staged(tsr__coord *c, tsr__op *op)
+{
+    pthread_mutex_lock(&c->op_mu);
+    op->staged = 1;
+    pthread_mutex_unlock(&c->op_mu);
+}
+
+static void op_set_records(tsr__coord *c, tsr__op *op, int64_t n)
+{
+    pthread_mutex_lock(&c->op_mu);
+    op->records_read = n;
+    pthread_mutex_unlock(&c->op_mu);
+}
+
+static void op_set_shards(tsr__coord *c, tsr__op *op, int *field, int n, int state)
+{
+    pthread_mutex_lock(&c->op_mu);
+    *field = n;
+    if (state)
+        op->state = state;
+    pthread_mutex_unlock(&c->op_mu);
+}
+
+/* Wakes reconcile now (a replica missed Commit). */
+static void reconcile_kick(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->rec_mu);
+    pthread_cond_signal(&c->rec_cv);
+    pthread_mutex_unlock(&c->rec_mu);
+}
+
 /* ---------------------------------------------------------------- the update */
 
-typedef struct shard_work {
-    size_t *ups;        /* indices into batch records */
-    size_t nups, cap;
-    Tessera__V1__StagedDelete *dels;
-    size_t ndels, dcap;
-} shard_work;
+/* One update between its phases. */
+typedef struct upd {
+    tsr__coord *c;
+    tsr__op *op;
+    tsr_batch *b;               /* borrowed */
+    tsr__snap *base;            /* ref: the version the update starts from */
+    tsr__upd_plan p;            /* the next snapshot and each group's work */
+    int64_t newv;
+    char *out;                  /* per replica: left out of newv (update_min_replicas) */
+    int staged_any;             /* shards may hold part of newv: a failure aborts it */
+} upd;
 
-static void push_up(shard_work *w, size_t i)
+/* The planning phase (update_plan.c). */
+static int upd_plan(upd *u, tsr_error *err)
 {
-    if (w->nups == w->cap)
-        w->ups = tsr_xrealloc(w->ups, (w->cap = w->cap ? w->cap * 2 : 256) * sizeof *w->ups);
-    w->ups[w->nups++] = i;
-}
-
-static void push_del(shard_work *w, int64_t label, int32_t list)
-{
-    if (w->ndels == w->dcap)
-        w->dels = tsr_xrealloc(w->dels, (w->dcap = w->dcap ? w->dcap * 2 : 64) * sizeof *w->dels);
-    Tessera__V1__StagedDelete *d = &w->dels[w->ndels++];
-    tessera__v1__staged_delete__init(d);
-    d->label = label;
-    d->list = list;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-static int cmp_rec(const void *key, const void *rec)
-{
-    return strcmp((const char *)key, ((const tsr_datapoint *)rec)->id);
-}
-
-static void normalize(float *v, size_t d)
-{
-    double s = 0;
-    for (size_t i = 0; i < d; i++)
-        s += (double)v[i] * v[i];
-    if (s > 0) {
-        float inv = (float)(1.0 / sqrt(s));
-        for (size_t i = 0; i < d; i++)
-            v[i] *= inv;
-    }
-}
-
-static int get_template(tsr__coord *c, tsr__snap *base, tsr_batch *b, tsr_ivfpq **out,
-                        int *fresh, tsr_error *err)
-{
-    const tsr__coord_config *cfg = &c->cfg;
-    enum tsr_metric metric = cfg->distance == TSR_DIST_SQUARED_L2 ? TSR_METRIC_L2 : TSR_METRIC_IP;
-    *fresh = 0;
-    if (base->tmpl)
-        return tsr_faiss_read_mem(base->tmpl_bytes, base->tmpl_len, out, err);
-    *fresh = 1;
-    if (c->template_path) {
-        int rc = tsr_faiss_read_file(c->template_path, out, err);
-        if (rc)
-            return rc;
-        tsr_ivfpq *ix = *out;
-        if (ix->d != cfg->dimensions || ix->metric != metric || !ix->is_trained) {
-            rc = tsr_err(err, TSR_EINVAL, "--template %s: d=%d metric=%s trained=%d, but the "
-                         "config says dimensions=%d distance=%s", c->template_path, ix->d,
-                         ix->metric == TSR_METRIC_L2 ? "L2" : "IP", ix->is_trained,
-                         cfg->dimensions, tsr__distance_name(cfg->distance));
-            tsr_ivfpq_destroy(ix);
-            *out = NULL;
-            return rc;
-        }
-        if ((int)ix->nlist != cfg->nlist)
-            tsr_info("template nlist %zu overrides config nlist %d", ix->nlist, cfg->nlist);
-        return 0;
-    }
-    size_t nd = 0, d = (size_t)cfg->dimensions;
-    for (size_t i = 0; i < b->nrecords; i++)
-        nd += b->records[i].dense != NULL;
-    if (nd < (size_t)cfg->nlist || nd < ((size_t)1 << cfg->pq_nbits))
-        return tsr_err(err, TSR_EINVAL, "cannot train the index: the first batch has %zu dense "
-                       "vectors, at least max(nlist = %d, 2^pq_nbits = %d) are needed (or start "
-                       "the coordinator with --template F.faiss)", nd, cfg->nlist,
-                       1 << cfg->pq_nbits);
-    float *x = tsr_try_malloc(nd * d, sizeof(float));
-    if (!x)
-        return tsr_err(err, TSR_ENOMEM, "training: %zu vectors", nd);
-    size_t j = 0;
-    for (size_t i = 0; i < b->nrecords; i++)
-        if (b->records[i].dense)
-            memcpy(x + (j++) * d, b->records[i].dense, d * sizeof(float));
-    tsr_ivfpq *ix = tsr_ivfpq_create(cfg->dimensions, (size_t)cfg->nlist, (size_t)cfg->pq_m,
-                                     (size_t)cfg->pq_nbits, metric, 1, err);
-    if (!ix) {
-        free(x);
-        return err->code ? err->code : TSR_EINVAL;
-    }
-    tsr_build_params bp;
-    tsr_build_params_default(&bp);
-    bp.seed = cfg->seed;
-    bp.quiet = 1;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    bp.threads = ncpu > 0 ? (int)ncpu : 1;
-    int64_t t0 = tsr__now_ms();
-    int rc = tsr_ivfpq_train(ix, x, nd, &bp, err);
-    free(x);
-    if (rc) {
-        tsr_ivfpq_destroy(ix);
+    int rc = tsr__upd_plan_build(&u->c->cfg, u->c->template_path, u->base, u->b,
+                                 u->op->overwrite, &u->p, err);
+    if (rc)
         return rc;
-    }
-    ix->nprobe = (size_t)cfg->nprobe;
-    tsr_info("trained the index from %zu vectors (nlist %d, pq_m %d, seed %llu) in %lld ms", nd,
-             cfg->nlist, cfg->pq_m, (unsigned long long)cfg->seed,
-             (long long)(tsr__now_ms() - t0));
-    *out = ix;
+    tsr_info("update %s: version %lld: %zu upserts (%lld moved between shards), %lld deletes, "
+             "%s", u->op->id, (long long)u->newv, u->b->nrecords, (long long)u->p.nmoved,
+             (long long)u->p.ndeleted, u->p.overwrite ? "empty base" : "delta");
     return 0;
 }
 
-/* Runs the update; returns the final state and fills err / *version. */
-static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version,
-                      tsr_error *err)
+/* Stage chunk r for group s (chunk 0 carries own_lists and, on an empty base, the
+ * template): a new packed StageRequest, or NULL when group s has nothing left at r > 0. */
+static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *own,
+                              size_t nown, size_t *len)
 {
-    const tsr__coord_config *cfg = &c->cfg;
-    size_t S = cfg->nshards, d = (size_t)cfg->dimensions;
-    tsr__snap *base = tsr__coord_snap_get(c);
-    tsr__snap *ns = NULL;
-    tsr_ivfpq *tmpl = NULL;
-    int64_t *assign = NULL;
-    shard_work *w = tsr_xcalloc(S, sizeof *w);
-    int state = TESSERA__V1__OPERATION__STATE__FAILED;
-    int staged_any = 0, fresh = 0;
-    int overwrite = op->overwrite || base->version == 0;
-    int64_t newv = (int64_t)base->version + 1;
-    uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
-    size_t *lens = tsr_xcalloc(S, sizeof *lens);
-    char *out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1); /* replicas left out of N+1 */
-    ProtobufCMessage **sr = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *sr);
-    int rc;
+    const tsr__shard_work *w = &u->p.w[s];
+    const tsr__snap *ns = u->p.ns;
+    size_t chunk = (size_t)u->c->cfg.stage_chunk;
+    size_t u0 = r * chunk, d0 = r * chunk;
+    if (r > 0 && u0 >= w->nups && d0 >= w->ndels)
+        return NULL;
+    Tessera__V1__StageRequest m = TESSERA__V1__STAGE_REQUEST__INIT;
+    m.version = u->newv;
+    m.base_version = u->p.overwrite ? 0 : (int64_t)u->base->version;
+    m.chunk = (int32_t)r;
+    if (r == 0) {
+        if (u->p.overwrite) {
+            m.template_faiss.data = ns->tmpl_bytes;
+            m.template_faiss.len = ns->tmpl_len;
+        }
+        m.own_lists = (int32_t *)own;
+        m.n_own_lists = nown;
+    }
+    size_t nu = u0 < w->nups ? w->nups - u0 : 0;
+    if (nu > chunk)
+        nu = chunk;
+    size_t ndl = d0 < w->ndels ? w->ndels - d0 : 0;
+    if (ndl > chunk)
+        ndl = chunk;
+    Tessera__V1__StagedUpsert *su = tsr_xcalloc(nu + 1, sizeof *su);
+    Tessera__V1__StagedUpsert **sup = tsr_xcalloc(nu + 1, sizeof *sup);
+    pbdp *pd = tsr_xcalloc(nu + 1, sizeof *pd);
+    Tessera__V1__StagedDelete **sdp = tsr_xcalloc(ndl + 1, sizeof *sdp);
+    for (size_t k = 0; k < nu; k++) {
+        const tsr_datapoint *rec = &u->b->records[w->ups[u0 + k]];
+        tessera__v1__staged_upsert__init(&su[k]);
+        const tsr__dir_entry *e = tsr__dir_find(&ns->dir, rec->id);
+        su[k].label = e->label;
+        su[k].list = e->list;
+        dp_to_pb(rec, &pd[k]);
+        su[k].datapoint = &pd[k].dp;
+        sup[k] = &su[k];
+    }
+    for (size_t k = 0; k < ndl; k++)
+        sdp[k] = &w->dels[d0 + k];
+    m.upserts = sup;
+    m.n_upserts = nu;
+    m.deletes = sdp;
+    m.n_deletes = ndl;
+    uint8_t *buf = tsr_rpc_pack(&m.base, len);
+    for (size_t k = 0; k < nu; k++)
+        pbdp_free(&pd[k]);
+    free(pd);
+    free(su);
+    free(sup);
+    free(sdp);
+    return buf;
+}
 
-    if (cfg->distance == TSR_DIST_COSINE)
-        for (size_t i = 0; i < b->nrecords; i++)
-            if (b->records[i].dense)
-                normalize(b->records[i].dense, d);
-    if ((rc = get_template(c, base, b, &tmpl, &fresh, err)))
-        goto out;
-    size_t nlist = tmpl->nlist;
-    /* assignment */
-    size_t nd = 0;
-    for (size_t i = 0; i < b->nrecords; i++)
-        nd += b->records[i].dense != NULL;
-    assign = tsr_xcalloc(b->nrecords + 1, sizeof *assign);
-    if (nd) {
-        float *x = tsr_try_malloc(nd * d, sizeof(float));
-        int64_t *a = tsr_xcalloc(nd, sizeof *a);
-        if (!x) {
-            free(a);
-            rc = tsr_err(err, TSR_ENOMEM, "assignment of %zu vectors", nd);
-            goto out;
-        }
-        size_t j = 0;
-        for (size_t i = 0; i < b->nrecords; i++)
-            if (b->records[i].dense)
-                memcpy(x + (j++) * d, b->records[i].dense, d * sizeof(float));
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        rc = tsr_ivfpq_assign(tmpl, x, nd, ncpu > 0 ? (int)ncpu : 1, a, err);
-        free(x);
-        if (rc) {
-            free(a);
-            goto out;
-        }
-        j = 0;
-        for (size_t i = 0; i < b->nrecords; i++)
-            assign[i] = b->records[i].dense ? a[j++] : -1;
-        free(a);
-    } else {
-        for (size_t i = 0; i < b->nrecords; i++)
-            assign[i] = -1;
-    }
-    /* new snapshot: template, plan */
-    ns = tsr__snap_create();
-    ns->version = (uint64_t)newv;
-    if ((rc = tsr__snap_set_template(ns, tmpl, err)))
-        goto out;
-    tmpl = NULL;
-    ns->plan = tsr_xmalloc(nlist * sizeof *ns->plan);
-    if (base->plan && base->tmpl && base->tmpl->nlist == nlist) {
-        memcpy(ns->plan, base->plan, nlist * sizeof *ns->plan);
-        ns->plan_kind = base->plan_kind;
-    } else {
-        int64_t *sizes = tsr_xcalloc(nlist, sizeof *sizes);
-        for (size_t i = 0; i < b->nrecords; i++)
-            if (assign[i] >= 0)
-                sizes[assign[i]]++;
-        tsr__plan_build(cfg->plan, ns->tmpl, sizes, S, cfg->seed, ns->plan);
-        ns->plan_kind = cfg->plan;
-        free(sizes);
-    }
-    /* directory + routing */
-    ns->next_label = base->next_label;
-    if (!op->overwrite) {
-        for (size_t i = 0; i < base->dir.n; i++) {
-            const tsr__dir_entry *e = &base->dir.e[i];
-            if (bsearch(e->id, b->records, b->nrecords, sizeof *b->records, cmp_rec))
-                continue;
-            if (b->ndeletes && bsearch(&e->id, b->deletes, b->ndeletes, sizeof *b->deletes,
-                                       cmp_str))
-                continue;
-            tsr__dir_add(&ns->dir, e->id, e->label, e->list, e->shard, e->dense, e->sparse);
-        }
-    }
-    int64_t ndeleted = 0, nmoved = 0;
-    for (size_t i = 0; i < b->nrecords; i++) {
-        const tsr_datapoint *r = &b->records[i];
-        const tsr__dir_entry *old = tsr__dir_find(&base->dir, r->id);
-        int64_t label = old ? old->label : ns->next_label++;
-        int32_t list = (int32_t)assign[i];
-        int32_t shard = list >= 0 ? ns->plan[list] : (int32_t)(tsr__hash_str(r->id) % S);
-        if (old && !overwrite && old->shard != shard && (size_t)old->shard < S) {
-            push_del(&w[old->shard], old->label, old->list);
-            nmoved++;
-        }
-        push_up(&w[shard], i);
-        tsr__dir_add(&ns->dir, r->id, label, list, shard, r->dense != NULL, r->nsparse > 0);
-    }
-    if (!overwrite)
-        for (size_t i = 0; i < b->ndeletes; i++) {
-            const tsr__dir_entry *old = tsr__dir_find(&base->dir, b->deletes[i]);
-            if (old && (size_t)old->shard < S) {
-                push_del(&w[old->shard], old->label, old->list);
-                ndeleted++;
-            }
-        }
-    for (size_t i = 0; i < ns->dir.n; i++) {
-        ns->ndense += ns->dir.e[i].dense;
-        ns->nsparse += ns->dir.e[i].sparse;
-    }
-    tsr_info("update %s: version %lld: %zu upserts (%lld moved between shards), %lld deletes, "
-             "%s", op->id, (long long)newv, b->nrecords, (long long)nmoved, (long long)ndeleted,
-             overwrite ? "empty base" : "delta");
-
-    /* STAGING */
-    pthread_mutex_lock(&c->op_mu);
-    op->target = newv;
-    op->state = TESSERA__V1__OPERATION__STATE__STAGING;
-    pthread_mutex_unlock(&c->op_mu);
-    op_save(c, op, 0); /* after a crash from here on, CURRENT >= newv means it committed */
-    tsr_metrics_update_phase("stage");
-    size_t chunk = (size_t)cfg->stage_chunk;
-    size_t rounds = 1;
-    for (size_t s = 0; s < S; s++) {
-        size_t r1 = (w[s].nups + chunk - 1) / chunk, r2 = (w[s].ndels + chunk - 1) / chunk;
+/* Stage rounds: the most chunks any group needs (at least one: chunk 0 names the lists). */
+static size_t stage_rounds(const upd *u)
+{
+    size_t chunk = (size_t)u->c->cfg.stage_chunk, rounds = 1;
+    for (size_t s = 0; s < u->p.nshards; s++) {
+        const tsr__shard_work *w = &u->p.w[s];
+        size_t r1 = (w->nups + chunk - 1) / chunk, r2 = (w->ndels + chunk - 1) / chunk;
         if (r1 > rounds)
             rounds = r1;
         if (r2 > rounds)
             rounds = r2;
     }
+    return rounds;
+}
+
+/* STAGING: the chunks of newv to every replica not left out, one fan-out per round. */
+static int upd_stage(upd *u, tsr_error *err)
+{
+    tsr__coord *c = u->c;
+    size_t S = u->p.nshards, nlist = u->p.ns->tmpl->nlist;
+    op_begin_staging(c, u->op, u->newv);
+    op_save(c, u->op, 0); /* after a crash from here on, CURRENT >= newv means it committed */
+    tsr_metrics_update_phase("stage");
     int32_t **own = tsr_xcalloc(S, sizeof *own);
     size_t *nown = tsr_xcalloc(S, sizeof *nown);
     for (size_t s = 0; s < S; s++)
         own[s] = tsr_xmalloc((nlist + 1) * sizeof(int32_t));
     for (size_t l = 0; l < nlist; l++)
-        own[ns->plan[l]][nown[ns->plan[l]]++] = (int32_t)l;
-    staged_any = 1;
-    pthread_mutex_lock(&c->op_mu);
-    op->staged = 1;
-    pthread_mutex_unlock(&c->op_mu);
+        own[u->p.ns->plan[l]][nown[u->p.ns->plan[l]]++] = (int32_t)l;
+    uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
+    size_t *lens = tsr_xcalloc(S, sizeof *lens);
+    ProtobufCMessage **sr = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *sr);
+    u->staged_any = 1;
+    op_mark_staged(c, u->op);
+    int rc = 0;
+    size_t rounds = stage_rounds(u);
     for (size_t r = 0; r < rounds && rc == 0; r++) {
-        for (size_t s = 0; s < S; s++) {
-            size_t u0 = r * chunk, d0 = r * chunk;
-            if (r > 0 && u0 >= w[s].nups && d0 >= w[s].ndels) {
-                bufs[s] = NULL;
-                continue;
-            }
-            Tessera__V1__StageRequest m = TESSERA__V1__STAGE_REQUEST__INIT;
-            m.version = newv;
-            m.base_version = overwrite ? 0 : (int64_t)base->version;
-            m.chunk = (int32_t)r;
-            if (r == 0) {
-                if (overwrite) {
-                    m.template_faiss.data = ns->tmpl_bytes;
-                    m.template_faiss.len = ns->tmpl_len;
-                }
-                m.own_lists = own[s];
-                m.n_own_lists = nown[s];
-            }
-            size_t nu = u0 < w[s].nups ? w[s].nups - u0 : 0;
-            if (nu > chunk)
-                nu = chunk;
-            size_t ndl = d0 < w[s].ndels ? w[s].ndels - d0 : 0;
-            if (ndl > chunk)
-                ndl = chunk;
-            Tessera__V1__StagedUpsert *su = tsr_xcalloc(nu + 1, sizeof *su);
-            Tessera__V1__StagedUpsert **sup = tsr_xcalloc(nu + 1, sizeof *sup);
-            pbdp *pd = tsr_xcalloc(nu + 1, sizeof *pd);
-            Tessera__V1__StagedDelete **sdp = tsr_xcalloc(ndl + 1, sizeof *sdp);
-            for (size_t k = 0; k < nu; k++) {
-                size_t i = w[s].ups[u0 + k];
-                tessera__v1__staged_upsert__init(&su[k]);
-                const tsr__dir_entry *e = tsr__dir_find(&ns->dir, b->records[i].id);
-                su[k].label = e->label;
-                su[k].list = e->list;
-                dp_to_pb(&b->records[i], &pd[k]);
-                su[k].datapoint = &pd[k].dp;
-                sup[k] = &su[k];
-            }
-            for (size_t k = 0; k < ndl; k++)
-                sdp[k] = &w[s].dels[d0 + k];
-            m.upserts = sup;
-            m.n_upserts = nu;
-            m.deletes = sdp;
-            m.n_deletes = ndl;
-            bufs[s] = tsr_rpc_pack(&m.base, &lens[s]);
-            for (size_t k = 0; k < nu; k++)
-                pbdp_free(&pd[k]);
-            free(pd);
-            free(su);
-            free(sup);
-            free(sdp);
-        }
-        size_t sbad = fan(c, TSR_SHARD_SVC "Stage", bufs, lens, out, cfg->stage_deadline_ms,
-                          &tessera__v1__stage_response__descriptor, sr, err);
-        rc = absorb_failures(c, op, "Stage", newv, bufs, sr, out, sbad, err);
+        for (size_t s = 0; s < S; s++)
+            bufs[s] = stage_request(u, s, r, own[s], nown[s], &lens[s]);
+        size_t bad = fan(c, TSR_SHARD_SVC "Stage", bufs, lens, u->out, c->cfg.stage_deadline_ms,
+                         &tessera__v1__stage_response__descriptor, sr, err);
+        rc = absorb_failures(c, u->op, "Stage", u->newv, bufs, sr, u->out, bad, err);
         for (size_t k = 0; k < c->nrep; k++) {
             protobuf_c_message_free_unpacked(sr[k], NULL); /* accepts NULL */
             sr[k] = NULL;
@@ -742,27 +560,32 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
             free(bufs[s]);
             bufs[s] = NULL;
         }
-        pthread_mutex_lock(&c->op_mu);
-        op->records_read = (int64_t)b->nrecords;
-        pthread_mutex_unlock(&c->op_mu);
+        op_set_records(c, u->op, (int64_t)u->b->nrecords);
     }
     for (size_t s = 0; s < S; s++)
         free(own[s]);
     free(own);
     free(nown);
+    free(bufs);
+    free(lens);
+    free(sr);
     if (rc)
-        goto out;
-    pthread_mutex_lock(&c->op_mu);
-    op->shards_staged = (int)S;
-    op->state = TESSERA__V1__OPERATION__STATE__PREPARING;
-    pthread_mutex_unlock(&c->op_mu);
-    op_save(c, op, 0);
+        return rc;
+    op_set_shards(c, u->op, &u->op->shards_staged, (int)S,
+                  TESSERA__V1__OPERATION__STATE__PREPARING);
+    op_save(c, u->op, 0);
     tsr__coord_crash_point("staged");
+    return 0;
+}
 
-    /* PREPARING: every replica of every group must be ready */
+/* PREPARING: every replica not left out must be ready (or be left out, within
+ * update_min_replicas); then the ones left out are aborted. */
+static int upd_prepare(upd *u, tsr_error *err)
+{
+    tsr__coord *c = u->c;
     tsr_metrics_update_phase("prepare");
-    ProtobufCMessage **pr = tsr_xcalloc(c->nrep, sizeof *pr);
-    size_t bad = fan_version(c, "Prepare", newv, out, cfg->stage_deadline_ms,
+    ProtobufCMessage **pr = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *pr);
+    size_t bad = fan_version(c, "Prepare", u->newv, u->out, c->cfg.stage_deadline_ms,
                              &tessera__v1__prepare_response__descriptor, pr, err);
     for (size_t k = 0; k < c->nrep; k++) {
         Tessera__V1__PrepareResponse *p = (Tessera__V1__PrepareResponse *)pr[k];
@@ -770,94 +593,117 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
             if (!bad++)
                 tsr_err(err, TSR_ESTATE, "shard %zu replica %zu (%s): Prepare(%lld) not ready: "
                         "%s", c->rep[k].group, c->rep[k].index, c->rep[k].addr,
-                        (long long)newv, p->reason ? p->reason : "");
+                        (long long)u->newv, p->reason ? p->reason : "");
             protobuf_c_message_free_unpacked(pr[k], NULL);
             pr[k] = NULL; /* failed */
         }
     }
-    rc = absorb_failures(c, op, "Prepare", newv, NULL, pr, out, bad, err);
+    int rc = absorb_failures(c, u->op, "Prepare", u->newv, NULL, pr, u->out, bad, err);
     for (size_t k = 0; k < c->nrep; k++)
         protobuf_c_message_free_unpacked(pr[k], NULL); /* accepts NULL */
     free(pr);
     if (rc)
-        goto out;
-    abort_left_out(c, op, newv, out); /* before the flip: they must not commit N+1 */
-    pthread_mutex_lock(&c->op_mu);
-    op->shards_prepared = (int)S;
-    pthread_mutex_unlock(&c->op_mu);
+        return rc;
+    abort_left_out(c, u->op, u->newv, u->out); /* before the flip: they must not commit */
+    op_set_shards(c, u->op, &u->op->shards_prepared, (int)u->p.nshards, 0);
     tsr__coord_crash_point("prepared");
+    return 0;
+}
 
-    /* commit point */
-    if ((rc = tsr__snap_save(ns, c->store, err)) ||
-        (rc = tsr_store_set_current(c->store, (uint64_t)newv, err)))
-        goto out;
-    staged_any = 0; /* past the commit point: never abort N+1 */
+/* The commit point: the coordinator's v(newv) on disk, CURRENT flipped, the snapshot
+ * published. Past a success newv is never aborted. */
+static int upd_flip(upd *u, tsr_error *err)
+{
+    tsr__coord *c = u->c;
+    int rc;
+    if ((rc = tsr__snap_save(u->p.ns, c->store, err)) ||
+        (rc = tsr_store_set_current(c->store, (uint64_t)u->newv, err)))
+        return rc;
+    u->staged_any = 0;
     tsr__coord_crash_point("flipped");
     for (size_t k = 0; k < c->nrep; k++)
-        if (out[k]) /* not queried on N+1 until reconcile re-seeded it */
+        if (u->out[k]) /* not queried on newv until reconcile re-seeded it */
             atomic_store(&c->rep[k].lagging, 1);
-    tsr__coord_snap_set(c, ns);
-    ns = NULL;
-    op_set(c, op, TESSERA__V1__OPERATION__STATE__COMMITTING);
-    op_save(c, op, 0);
+    tsr__coord_snap_set(c, u->p.ns);
+    u->p.ns = NULL;
+    op_set(c, u->op, TESSERA__V1__OPERATION__STATE__COMMITTING);
+    op_save(c, u->op, 0);
+    return 0;
+}
 
-    /* COMMITTING */
+/* COMMITTING: Commit(newv) to every replica not left out (one that misses it is fixed by
+ * reconcile), then the delayed Release and the removal of old stored versions (the
+ * previous one stays as a fallback). Nothing here fails the update. */
+static void upd_commit(upd *u)
+{
+    tsr__coord *c = u->c;
+    size_t S = u->p.nshards;
     tsr_metrics_update_phase("commit");
-    tsr_metrics_version_set((uint64_t)newv);
+    tsr_metrics_version_set((uint64_t)u->newv);
     tsr_error cerr = TSR_ERROR_INIT;
-    int *missed = tsr_xcalloc(S, sizeof *missed);
-    bad = commit_all(c, newv, out, missed, &cerr);
+    int *missed = tsr_xcalloc(S ? S : 1, sizeof *missed);
+    size_t bad = commit_all(c, u->newv, u->out, missed, &cerr);
     size_t groups_missed = 0;
     for (size_t s = 0; s < S; s++)
         groups_missed += missed[s] != 0;
     free(missed);
     if (bad) {
         tsr_warn("update %s: %zu replica(s) missed Commit(%lld) (reconcile will retry): %s",
-                 op->id, bad, (long long)newv, cerr.msg);
-        pthread_mutex_lock(&c->rec_mu);
-        pthread_cond_signal(&c->rec_cv);
-        pthread_mutex_unlock(&c->rec_mu);
+                 u->op->id, bad, (long long)u->newv, cerr.msg);
+        reconcile_kick(c);
     }
-    pthread_mutex_lock(&c->op_mu);
-    op->shards_committed = (int)(S - groups_missed);
-    pthread_mutex_unlock(&c->op_mu);
+    op_set_shards(c, u->op, &u->op->shards_committed, (int)(S - groups_missed), 0);
     tsr__coord_crash_point("committed");
-    tsr__coord_schedule_release(c, (uint64_t)newv);
-    /* old stored coordinator versions: keep the previous one as a fallback */
-    if (newv >= 3) {
+    tsr__coord_schedule_release(c, (uint64_t)u->newv);
+    if (u->newv >= 3) {
         tsr_error e2 = TSR_ERROR_INIT;
         uint64_t *vs = NULL;
         size_t nv = 0;
         if (tsr_store_list(c->store, &vs, &nv, &e2) == 0) {
             for (size_t i = 0; i < nv; i++)
-                if (vs[i] + 1 < (uint64_t)newv)
+                if (vs[i] + 1 < (uint64_t)u->newv)
                     tsr_store_remove(c->store, vs[i], &e2);
             free(vs);
         }
     }
-    *version = newv;
-    state = TESSERA__V1__OPERATION__STATE__SUCCEEDED;
-out:
-    if (rc && staged_any) {
+}
+
+/* Cleanup: a failure after staging began aborts newv on every shard (N stays served). */
+static void upd_cleanup(upd *u, int rc)
+{
+    if (rc && u->staged_any) {
         tsr_error aerr = TSR_ERROR_INIT;
-        if (fan_version(c, "Abort", newv, NULL, cfg->search_deadline_ms, NULL, NULL, &aerr))
+        if (fan_version(u->c, "Abort", u->newv, NULL, u->c->cfg.search_deadline_ms, NULL, NULL,
+                        &aerr))
             tsr_warn("update %s: Abort(%lld) failed on some shard (reconcile will retry): %s",
-                     op->id, (long long)newv, aerr.msg);
+                     u->op->id, (long long)u->newv, aerr.msg);
     }
-    for (size_t s = 0; s < S; s++) {
-        free(w[s].ups);
-        free(w[s].dels);
+    tsr__upd_plan_close(&u->p);
+    free(u->out);
+    tsr__snap_unref(u->base);
+}
+
+/* Runs the update, phase by phase; returns the final state and fills err / *version. */
+static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version,
+                      tsr_error *err)
+{
+    upd u = {.c = c, .op = op, .b = b};
+    u.base = tsr__coord_snap_get(c);
+    u.newv = (int64_t)u.base->version + 1;
+    u.out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
+    int rc = upd_plan(&u, err);
+    if (rc == 0)
+        rc = upd_stage(&u, err);
+    if (rc == 0)
+        rc = upd_prepare(&u, err);
+    if (rc == 0)
+        rc = upd_flip(&u, err);
+    if (rc == 0) {
+        upd_commit(&u);
+        *version = u.newv;
     }
-    free(w);
-    free(bufs);
-    free(lens);
-    free(out);
-    free(sr);
-    free(assign);
-    tsr_ivfpq_destroy(tmpl);
-    tsr__snap_unref(ns);
-    tsr__snap_unref(base);
-    return state;
+    upd_cleanup(&u, rc);
+    return rc ? TESSERA__V1__OPERATION__STATE__FAILED : TESSERA__V1__OPERATION__STATE__SUCCEEDED;
 }
 
 typedef struct upd_arg {
@@ -937,12 +783,12 @@ int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
     }
     tsr__op *op = tsr_xcalloc(1, sizeof *op);
     snprintf(op->id, sizeof op->id, "op-%llu-%lld", (unsigned long long)++c->op_seq,
-             (long long)(tsr__now_ms() % 1000000));
+             (long long)(tsr_clock_wall_ms() % 1000000));
     op->state = TESSERA__V1__OPERATION__STATE__PENDING;
     op->batch_root = tsr_xstrdup(rq->batch_root);
     op->overwrite = rq->is_complete_overwrite;
     op->max_invalid = rq->max_invalid_records;
-    op->start_ms = tsr__now_ms();
+    op->start_ms = tsr_clock_wall_ms();
     op->shards_total = (int)c->cfg.nshards;
     if (c->nops == TSR__OP_MAX_KEPT) { /* forget the oldest finished one */
         tsr__oplog_forget(c, c->ops[0]);

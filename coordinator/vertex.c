@@ -48,7 +48,6 @@ typedef Google__Cloud__Aiplatform__Container__V1__BatchGetEmbeddingsResponse vx_
 
 /* Same bound as the shard's candidate limit (query.c SHARD_MAX_CANDIDATES). */
 #define VX_MAX_CANDIDATES 10000
-#define VX_MSG 1024
 /* BatchMatch bounds (the work and the reply grow with them; protobuf-c has already
  * allocated the request, these keep the rest proportionate). */
 #define VX_MAX_INDEXES 1000
@@ -103,18 +102,6 @@ static void ar_free(vx_arena *a)
     memset(a, 0, sizeof *a);
 }
 
-static int vbad(int *code, char *msg, size_t cap, int c, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int vbad(int *code, char *msg, size_t cap, int c, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, cap, fmt, ap);
-    va_end(ap);
-    *code = c;
-    return tsr_rpc_error_from_status(c);
-}
-
 /* ---------------------------------------------------------------- crowding attribute */
 
 int64_t tsr__vertex_crowding_attribute(const char *tag)
@@ -147,84 +134,82 @@ int64_t tsr__vertex_crowding_attribute(const char *tag)
 
 /* ---------------------------------------------------------------- validation */
 
-static int check_index(const tsr__coord *c, const char *id, const char *where, int *code,
-                       char *msg, size_t cap)
+static int check_index(const tsr__coord *c, const char *id, const char *where, tsr_error *err)
 {
     const char *want = c->deployed_index_id;
     if (!want || !want[0] || !id || !id[0] || strcmp(id, want) == 0)
         return 0;
-    return vbad(code, msg, cap, TSR_RPC_NOT_FOUND, "%sdeployed_index_id \"%s\" is not served "
+    return tsr_err(err, TSR_ENOTFOUND, "%sdeployed_index_id \"%s\" is not served "
                 "here (this cluster serves \"%s\")", where, id, want);
 }
 
 /* where: "" or "requests[i].requests[j]: " to prefix messages with. */
 static int check_match(const tsr__coord *c, const vx_match_req *m, const char *where,
-                       int *code, char *msg, size_t cap)
+                       tsr_error *err)
 {
     const tsr__coord_config *cfg = &c->cfg;
-    int IA = TSR_RPC_INVALID_ARGUMENT;
     const vx_sparse *sp = m->sparse_embedding;
     if (sp && sp->n_float_val != sp->n_dimension)
-        return vbad(code, msg, cap, IA, "%ssparse_embedding has %zu float_val and %zu dimension",
+        return tsr_err(err, TSR_EINVAL, "%ssparse_embedding has %zu float_val and %zu dimension",
                     where, sp->n_float_val, sp->n_dimension);
     size_t nsp = sp ? sp->n_float_val : 0;
     int has_id = m->embedding_id && m->embedding_id[0];
     if (m->n_float_val == 0 && !has_id && nsp == 0)
-        return vbad(code, msg, cap, IA, "%sempty query: float_val, embedding_id and "
+        return tsr_err(err, TSR_EINVAL, "%sempty query: float_val, embedding_id and "
                     "sparse_embedding are all empty", where);
     if (m->n_float_val && m->n_float_val != (size_t)cfg->dimensions)
-        return vbad(code, msg, cap, IA, "%sfloat_val has %zu values, the index has dimensions "
+        return tsr_err(err, TSR_EINVAL, "%sfloat_val has %zu values, the index has dimensions "
                     "%d", where, m->n_float_val, cfg->dimensions);
     for (size_t j = 0; j < m->n_float_val; j++)
         if (!isfinite(m->float_val[j]))
-            return vbad(code, msg, cap, IA, "%sfloat_val[%zu] is not finite", where, j);
+            return tsr_err(err, TSR_EINVAL, "%sfloat_val[%zu] is not finite", where, j);
     for (size_t j = 0; j < nsp; j++)
         if (!isfinite(sp->float_val[j]))
-            return vbad(code, msg, cap, IA, "%ssparse_embedding.float_val[%zu] is not finite",
+            return tsr_err(err, TSR_EINVAL, "%ssparse_embedding.float_val[%zu] is not finite",
                         where, j);
     if (m->num_neighbors < 0 || m->num_neighbors > cfg->max_k)
-        return vbad(code, msg, cap, IA, "%snum_neighbors = %d, expected 1..%d (0 = default %d)",
+        return tsr_err(err, TSR_EINVAL, "%snum_neighbors = %d, expected 1..%d (0 = default %d)",
                     where, m->num_neighbors, cfg->max_k, cfg->default_k);
     if (m->per_crowding_attribute_num_neighbors < 0)
-        return vbad(code, msg, cap, IA, "%sper_crowding_attribute_num_neighbors = %d is "
+        return tsr_err(err, TSR_EINVAL, "%sper_crowding_attribute_num_neighbors = %d is "
                     "negative", where, m->per_crowding_attribute_num_neighbors);
     if (m->approx_num_neighbors < 0 || m->approx_num_neighbors > VX_MAX_CANDIDATES)
-        return vbad(code, msg, cap, IA, "%sapprox_num_neighbors = %d, expected 0..%d", where,
+        return tsr_err(err, TSR_EINVAL, "%sapprox_num_neighbors = %d, expected 0..%d", where,
                     m->approx_num_neighbors, VX_MAX_CANDIDATES);
     if (m->leaf_nodes_to_search_percent_override < 0 ||
         m->leaf_nodes_to_search_percent_override > 100)
-        return vbad(code, msg, cap, IA, "%sleaf_nodes_to_search_percent_override = %d, expected "
+        return tsr_err(err, TSR_EINVAL, "%sleaf_nodes_to_search_percent_override = %d, expected "
                     "0..100", where, m->leaf_nodes_to_search_percent_override);
     double f = m->fraction_leaf_nodes_to_search_override;
     if (!(f >= 0.0 && f <= 1.0))
-        return vbad(code, msg, cap, IA, "%sfraction_leaf_nodes_to_search_override = %g, "
+        return tsr_err(err, TSR_EINVAL, "%sfraction_leaf_nodes_to_search_override = %g, "
                     "expected (0, 1] (0 = the index default)", where, f);
     if (m->ranking_case == GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__MATCH_REQUEST__RANKING_RRF) {
         double a = m->rrf ? m->rrf->alpha : 1.0;
         if (!(a >= 0.0 && a <= 1.0))
-            return vbad(code, msg, cap, IA, "%srrf.alpha = %g, expected 0..1", where, a);
+            return tsr_err(err, TSR_EINVAL, "%srrf.alpha = %g, expected 0..1", where, a);
     }
     for (size_t j = 0; j < m->n_restricts; j++)
         if (!m->restricts[j]->name || !m->restricts[j]->name[0])
-            return vbad(code, msg, cap, IA, "%srestricts[%zu].name is empty", where, j);
+            return tsr_err(err, TSR_EINVAL, "%srestricts[%zu].name is empty", where, j);
     for (size_t j = 0; j < m->n_numeric_restricts; j++) {
         const vx_numeric *n = m->numeric_restricts[j];
         if (!n->name || !n->name[0])
-            return vbad(code, msg, cap, IA, "%snumeric_restricts[%zu].name is empty", where, j);
+            return tsr_err(err, TSR_EINVAL, "%snumeric_restricts[%zu].name is empty", where, j);
         if (n->value_case != VX_VAL(INT) && n->value_case != VX_VAL(FLOAT) &&
             n->value_case != VX_VAL(DOUBLE))
-            return vbad(code, msg, cap, IA, "%snumeric_restricts[%zu] (%s) has no value_int/"
+            return tsr_err(err, TSR_EINVAL, "%snumeric_restricts[%zu] (%s) has no value_int/"
                         "value_float/value_double", where, j, n->name);
         switch (n->op) {
         case VX_OP(LESS): case VX_OP(LESS_EQUAL): case VX_OP(EQUAL):
         case VX_OP(GREATER_EQUAL): case VX_OP(GREATER): case VX_OP(NOT_EQUAL):
             break;
         case VX_OP(OPERATOR_UNSPECIFIED):
-            return vbad(code, msg, cap, IA, "%snumeric_restricts[%zu] (%s): op is "
+            return tsr_err(err, TSR_EINVAL, "%snumeric_restricts[%zu] (%s): op is "
                         "OPERATOR_UNSPECIFIED (expected LESS, LESS_EQUAL, EQUAL, GREATER_EQUAL, "
                         "GREATER or NOT_EQUAL)", where, j, n->name);
         default:
-            return vbad(code, msg, cap, IA, "%snumeric_restricts[%zu] (%s): unknown op %d",
+            return tsr_err(err, TSR_EINVAL, "%snumeric_restricts[%zu] (%s): unknown op %d",
                         where, j, n->name, (int)n->op);
         }
     }
@@ -426,13 +411,13 @@ static int64_t remaining(tsr_rpc_reply *r)
  * borrowing from responses kept in a). prefix(i) names request i in messages: "" for
  * Match, "requests[k].requests[i]: " for BatchMatch (index k; k < 0 = Match). */
 static int answer(tsr__coord *c, vx_arena *a, vx_match_req *const *ms, size_t n, long k,
-                  tsr_rpc_reply *r, vx_match_resp ***out, int *code, char *msg, size_t cap)
+                  tsr_rpc_reply *r, vx_match_resp ***out, tsr_error *err)
 {
     char where[64] = "";
     for (size_t i = 0; i < n; i++) {
         if (k >= 0)
             snprintf(where, sizeof where, "requests[%ld].requests[%zu]: ", k, i);
-        int rc = check_match(c, ms[i], where, code, msg, cap);
+        int rc = check_match(c, ms[i], where, err);
         if (rc)
             return rc;
     }
@@ -447,7 +432,7 @@ static int answer(tsr__coord *c, vx_arena *a, vx_match_req *const *ms, size_t n,
         }
     if (nid) {
         Tessera__V1__ReadIndexDatapointsResponse *rd = NULL;
-        int rc = tsr__coord_read(c, ids, nid, remaining(r), &rd, code, msg, cap);
+        int rc = tsr__coord_read(c, ids, nid, remaining(r), &rd, err);
         if (rc)
             return rc;
         keep_rd(a, rd);
@@ -459,10 +444,10 @@ static int answer(tsr__coord *c, vx_arena *a, vx_match_req *const *ms, size_t n,
             if (k >= 0)
                 snprintf(where, sizeof where, "requests[%ld].requests[%zu]: ", k, who[j]);
             if (!stored[who[j]])
-                return vbad(code, msg, cap, TSR_RPC_NOT_FOUND, "%sembedding_id \"%s\" is not in "
+                return tsr_err(err, TSR_ENOTFOUND, "%sembedding_id \"%s\" is not in "
                             "the index", where, ids[j]);
             if (stored[who[j]]->n_feature_vector == 0)
-                return vbad(code, msg, cap, TSR_RPC_INVALID_ARGUMENT, "%sembedding_id \"%s\" is "
+                return tsr_err(err, TSR_EINVAL, "%sembedding_id \"%s\" is "
                             "a sparse-only datapoint: it has no dense embedding to query with",
                             where, ids[j]);
         }
@@ -481,10 +466,10 @@ static int answer(tsr__coord *c, vx_arena *a, vx_match_req *const *ms, size_t n,
         }
         int64_t left = remaining(r);
         if (left <= 0)
-            return vbad(code, msg, cap, TSR_RPC_DEADLINE_EXCEEDED, "deadline exceeded before "
+            return tsr_err(err, TSR_ETIMEOUT, "deadline exceeded before "
                         "the search");
         Tessera__V1__FindNeighborsResponse *fr = NULL;
-        int rc = tsr__coord_find_neighbors(c, &rq, left, &fr, code, msg, cap);
+        int rc = tsr__coord_find_neighbors(c, &rq, left, &fr, err);
         if (rc)
             return rc;
         keep_fn(a, fr);
@@ -507,15 +492,14 @@ int tsr__vertex_rpc_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
                                    "protobuf");
     vx_arena a = {0};
     vx_match_resp **out = NULL;
-    int code = 0, rc;
-    char msg[VX_MSG] = "";
-    rc = check_index(c, m->deployed_index_id, "", &code, msg, sizeof msg);
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = check_index(c, m->deployed_index_id, "", &err);
     if (!rc)
-        rc = answer(c, &a, &m, 1, -1, r, &out, &code, msg, sizeof msg);
+        rc = answer(c, &a, &m, 1, -1, r, &out, &err);
     if (!rc)
         rc = tsr_rpc_reply_pack(r, &out[0]->base);
     else
-        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+        rc = tsr__coord_reply_error(r, &err);
     ar_free(&a);
     VX(match_request__free_unpacked)(m, NULL);
     return rc;
@@ -553,17 +537,16 @@ int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_r
         google__rpc__status__init(st);
         o->status = st;
         out.responses[k] = o;
-        int code = 0;
-        char msg[VX_MSG] = "", where[48];
+        tsr_error err = TSR_ERROR_INIT;
+        char where[48];
         snprintf(where, sizeof where, "requests[%zu]: ", k);
-        int rc = check_index(c, ix->deployed_index_id, where, &code, msg, sizeof msg);
+        int rc = check_index(c, ix->deployed_index_id, where, &err);
         vx_match_resp **mr = NULL;
         if (!rc && ix->n_requests)
-            rc = answer(c, &a, ix->requests, ix->n_requests, (long)k, r, &mr, &code, msg,
-                        sizeof msg);
+            rc = answer(c, &a, ix->requests, ix->n_requests, (long)k, r, &mr, &err);
         if (rc) {
-            st->code = code ? code : TSR_RPC_INTERNAL;
-            st->message = strcpy(ar(&a, strlen(msg) + 1, 1), msg);
+            st->code = tsr__coord_status_of(&err);
+            st->message = strcpy(ar(&a, strlen(err.msg) + 1, 1), err.msg);
             continue;
         }
         o->responses = mr;
@@ -584,12 +567,11 @@ int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t l
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "BatchGetEmbeddingsRequest: "
                                    "malformed protobuf");
     vx_arena a = {0};
-    int code = 0;
-    char msg[VX_MSG] = "";
-    int rc = check_index(c, g->deployed_index_id, "", &code, msg, sizeof msg);
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = check_index(c, g->deployed_index_id, "", &err);
     Tessera__V1__ReadIndexDatapointsResponse *rd = NULL;
     if (!rc)
-        rc = tsr__coord_read(c, g->id, g->n_id, remaining(r), &rd, &code, msg, sizeof msg);
+        rc = tsr__coord_read(c, g->id, g->n_id, remaining(r), &rd, &err);
     if (!rc) {
         keep_rd(&a, rd);
         vx_get_resp out = GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__BATCH_GET_EMBEDDINGS_RESPONSE__INIT;
@@ -599,7 +581,7 @@ int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t l
             out.embeddings[i] = to_embedding(&a, rd->datapoints[i]);
         rc = tsr_rpc_reply_pack(r, &out.base);
     } else {
-        rc = tsr_rpc_reply_error(r, code ? code : TSR_RPC_INTERNAL, "%s", msg);
+        rc = tsr__coord_reply_error(r, &err);
     }
     ar_free(&a);
     VX(batch_get_embeddings_request__free_unpacked)(g, NULL);

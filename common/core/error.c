@@ -20,6 +20,19 @@ const char *tsr_strerror(int code)
     }
 }
 
+const char *tsr_errcode_name(int code)
+{
+    switch (code) {
+#define TSR_X_NAME(name, value, text) \
+    case name:                        \
+        return &#name[4];
+        TSR_ERRORS(TSR_X_NAME)
+#undef TSR_X_NAME
+    default:
+        return "EUNKNOWN";
+    }
+}
+
 int tsr_err(tsr_error *err, int code, const char *fmt, ...)
 {
     if (err == NULL)

@@ -46,6 +46,10 @@ typedef struct tsr_error {
 /* Static text for a code; never NULL. */
 const char *tsr_strerror(int code);
 
+/* The code's name without the "TSR_" prefix ("EINVAL", "EUNAVAILABLE"; "OK" for 0,
+ * "EUNKNOWN" for a code outside the list), e.g. for a metrics label; never NULL. */
+const char *tsr_errcode_name(int code);
+
 /* Sets code and formatted message on err (err may be NULL); returns code, so that
  * `return tsr_err(err, TSR_EFORMAT, "...")` reads naturally. */
 int tsr_err(tsr_error *err, int code, const char *fmt, ...)

@@ -1,0 +1,29 @@
+# tessera-coordinator extras (owner: coordinator).
+#  - libtsr_coord.a: the coordinator minus main.c, so its modules (plan builder, id
+#    directory, oplog, update phases) get C unit tests. The binary links the same objects.
+#  - tests/unit/test_coord_*.c link it (and see coordinator/coord.h: -Icoordinator).
+#  - clockstep.so: the LD_PRELOAD shim that steps the wall clock a process sees
+#    (tests/shim/clockstep.c; tests/integration/test_coord_clock.py).
+COORD_LIB := $(BUILD)/libtsr_coord.a
+COORD_LIB_OBJ := $(filter-out %/coordinator/main.o,$(call obj,$(COORD_SRC)))
+CLOCKSTEP := $(BUILD)/tests/clockstep.so
+
+all: $(COORD_LIB) $(CLOCKSTEP)
+
+$(COORD_LIB): $(COORD_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  AR      $@"
+	@rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/obj/tests/unit/test_coord_%.o: CFLAGS += -Icoordinator
+$(BUILD)/tests/test_coord_%: $(BUILD)/obj/tests/unit/test_coord_%.o $(COORD_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
+# Not sanitized: it is preloaded into any build (the test tells ASan not to insist on
+# coming first).
+$(CLOCKSTEP): tests/shim/clockstep.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $@"
+	@$(CC) -std=c11 -O2 -g -Wall -Wextra $(WERROR) -fPIC -shared -o $@ $< -ldl
