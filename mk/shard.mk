@@ -2,11 +2,34 @@
 # point 7). `make bench-rpc` runs it (as a prerequisite, beside rpc's own bench-rpc
 # recipe); `make bench-shard-rpc [BENCH_SHARD_ARGS="--n 100000 --nprobe 16 --threads 4"]`
 # runs only it.
+#
+# shard/ minus main.c is also a static library, libtsr_shard.a, so its modules (slice
+# metadata, update phases, scan) can be linked into C unit tests: a unit test named
+# tests/unit/test_shard_*.c is compiled with -Ishard (it includes "shard.h") and linked
+# with the library before libtessera.a. `make all` builds the library too.
 SHARD_LIB_OBJ := $(filter-out %/shard/main.o,$(call obj,$(SHARD_SRC)))
+SHARD_LIB := $(BUILD)/libtsr_shard.a
 BENCH_SHARD_ARGS ?=
 
+all: $(SHARD_LIB)
+
+$(SHARD_LIB): $(SHARD_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  AR      $@"
+	@rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/obj/tests/unit/test_shard_%.o: tests/unit/test_shard_%.c | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) -Ishard -c $< -o $@
+
+$(BUILD)/tests/test_shard_%: $(BUILD)/obj/tests/unit/test_shard_%.o $(SHARD_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
 .PHONY: bench-shard-rpc
-$(BUILD)/bench/bench_shard: $(BUILD)/obj/bench/bench_shard.o $(SHARD_LIB_OBJ) $(LIB)
+$(BUILD)/bench/bench_shard: $(BUILD)/obj/bench/bench_shard.o $(SHARD_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

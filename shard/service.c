@@ -132,24 +132,35 @@ static void free_result(Tessera__V1__ShardQueryResult *r)
     free(r);
 }
 
-/* Validates query i against version v and runs it into res. Returns 0 or sets the
- * reply status. */
-static int run_query(tsr_rpc_reply *reply, const tsr__version *v,
-                     const Tessera__V1__ShardQuery *q, size_t qi, tsr__qresult *res)
-{
-    int rc = 0;
-    tsr_error err = TSR_ERROR_INIT;
-    tsr_token_restrict *tr = NULL;
-    tsr_numeric_query *nq = NULL;
-    tsr_filter *f = NULL;
-    spent *sp = NULL;
-    int64_t *spd = NULL;
-    float *spv = NULL;
-    int32_t *sorted = NULL;
-    size_t nsp = 0;
-    size_t d = v->tmpl ? (size_t)v->tmpl->ix->d : 0;
-    int has_sparse = q->sparse && (q->sparse->n_values || q->sparse->n_dimensions);
+/* What run_query derives from a query before the search, freed by query_parts_free
+ * (the same lifetimes as when it was one function). */
+typedef struct query_parts {
+    int32_t *sorted;        /* the lists, sorted (the duplicate check) */
+    spent *sp;              /* the sparse entries, sorted by dimension */
+    int64_t *spd;           /* ... duplicates summed: nsp dimensions */
+    float *spv;             /* ... and their values */
+    size_t nsp;
+    tsr_token_restrict *tr; /* the restricts, as the filter module takes them */
+    tsr_numeric_query *nq;
+    tsr_filter *f;          /* NULL = no filter */
+} query_parts;
 
+static void query_parts_free(query_parts *p)
+{
+    free(p->sorted);
+    free(p->sp);
+    free(p->spd);
+    free(p->spv);
+    free(p->tr);
+    free(p->nq);
+    tsr_filter_destroy(p->f);
+}
+
+/* The scalar fields, the dense vector and the lists of query qi against version v (d its
+ * dimension, 0 = no template). Returns 0 or sets the reply status. */
+static int check_query(tsr_rpc_reply *reply, const tsr__version *v,
+                       const Tessera__V1__ShardQuery *q, size_t qi, size_t d, int has_sparse)
+{
     if (q->n_vector == 0 && !has_sparse)
         return bad(reply, "queries[%zu]: empty query (no %s and no sparse)", "vector", qi);
     if (q->k <= 0 || q->k > TSR__MAX_K)
@@ -198,98 +209,126 @@ static int run_query(tsr_rpc_reply *reply, const tsr__version *v,
                                        "queries[%zu].coarse_distances[%zu]: not a finite number",
                                        qi, j);
     }
-    if (q->n_lists > 1) {
-        sorted = tsr_try_malloc(q->n_lists, sizeof *sorted);
-        if (sorted == NULL)
-            return tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-        memcpy(sorted, q->lists, q->n_lists * sizeof *sorted);
-        qsort(sorted, q->n_lists, sizeof *sorted, i32_cmp);
-        for (size_t j = 1; j < q->n_lists; j++)
-            if (sorted[j] == sorted[j - 1]) {
-                rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                         "queries[%zu].lists: list %d appears twice", qi, sorted[j]);
-                goto out;
-            }
+    return 0;
+}
+
+/* No list named twice (a sorted copy in p->sorted). */
+static int check_unique_lists(tsr_rpc_reply *reply, const Tessera__V1__ShardQuery *q,
+                              size_t qi, query_parts *p)
+{
+    if (q->n_lists <= 1)
+        return 0;
+    p->sorted = tsr_try_malloc(q->n_lists, sizeof *p->sorted);
+    if (p->sorted == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    memcpy(p->sorted, q->lists, q->n_lists * sizeof *p->sorted);
+    qsort(p->sorted, q->n_lists, sizeof *p->sorted, i32_cmp);
+    for (size_t j = 1; j < q->n_lists; j++)
+        if (p->sorted[j] == p->sorted[j - 1])
+            return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                       "queries[%zu].lists: list %d appears twice", qi,
+                                       p->sorted[j]);
+    return 0;
+}
+
+/* The sparse part of the query, sorted by dimension with duplicates summed, as
+ * datapoints are (SPEC §2), into p->spd / p->spv / p->nsp. */
+static int parse_sparse(tsr_rpc_reply *reply, const Tessera__V1__SparseEmbedding *s, size_t qi,
+                        query_parts *p)
+{
+    if (s->n_values != s->n_dimensions)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "queries[%zu].sparse: %zu values but %zu dimensions", qi,
+                                   s->n_values, s->n_dimensions);
+    p->sp = tsr_try_malloc(s->n_values, sizeof *p->sp);
+    p->spd = tsr_try_malloc(s->n_values, sizeof *p->spd);
+    p->spv = tsr_try_malloc(s->n_values, sizeof *p->spv);
+    if (!p->sp || !p->spd || !p->spv)
+        return tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t j = 0; j < s->n_values; j++) {
+        if (!isfinite(s->values[j]))
+            return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                       "queries[%zu].sparse.values[%zu]: not a finite number",
+                                       qi, j);
+        p->sp[j] = (spent){s->dimensions[j], s->values[j]};
     }
-    if (has_sparse) {
-        const Tessera__V1__SparseEmbedding *s = q->sparse;
-        if (s->n_values != s->n_dimensions) {
-            rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                     "queries[%zu].sparse: %zu values but %zu dimensions", qi,
-                                     s->n_values, s->n_dimensions);
-            goto out;
-        }
-        sp = tsr_try_malloc(s->n_values, sizeof *sp);
-        spd = tsr_try_malloc(s->n_values, sizeof *spd);
-        spv = tsr_try_malloc(s->n_values, sizeof *spv);
-        if (!sp || !spd || !spv) {
-            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-            goto out;
-        }
-        for (size_t j = 0; j < s->n_values; j++) {
-            if (!isfinite(s->values[j])) {
-                rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                         "queries[%zu].sparse.values[%zu]: not a finite number",
-                                         qi, j);
-                goto out;
-            }
-            sp[j] = (spent){s->dimensions[j], s->values[j]};
-        }
-        /* Sorted with duplicates summed, as datapoints are (SPEC §2). */
-        qsort(sp, s->n_values, sizeof *sp, sp_cmp);
-        for (size_t j = 0; j < s->n_values; j++) {
-            if (nsp && spd[nsp - 1] == sp[j].dim) {
-                spv[nsp - 1] += sp[j].val;
-            } else {
-                spd[nsp] = sp[j].dim;
-                spv[nsp++] = sp[j].val;
-            }
-        }
-    }
-    if (q->n_restricts || q->n_numeric_restricts) {
-        tr = tsr_try_calloc(q->n_restricts + 1, sizeof *tr);
-        nq = tsr_try_calloc(q->n_numeric_restricts + 1, sizeof *nq);
-        if (!tr || !nq) {
-            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-            goto out;
-        }
-        for (size_t j = 0; j < q->n_restricts; j++) {
-            const Tessera__V1__Restriction *r = q->restricts[j];
-            tr[j].ns = r->namespace_;
-            tr[j].allow = r->allow_list;
-            tr[j].nallow = r->n_allow_list;
-            tr[j].deny = r->deny_list;
-            tr[j].ndeny = r->n_deny_list;
-        }
-        for (size_t j = 0; j < q->n_numeric_restricts; j++) {
-            const Tessera__V1__NumericRestriction *n = q->numeric_restricts[j];
-            nq[j].ns = n->namespace_;
-            nq[j].op = (enum tsr_num_op)n->op;
-            switch (n->value_case) {
-            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT:
-                nq[j].type = TSR_NUM_INT, nq[j].v.i = n->value_int;
-                break;
-            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT:
-                nq[j].type = TSR_NUM_FLOAT, nq[j].v.f = n->value_float;
-                break;
-            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE:
-                nq[j].type = TSR_NUM_DOUBLE, nq[j].v.d = n->value_double;
-                break;
-            default:
-                rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                         "queries[%zu].numeric_restricts[%zu] ('%s'): no value",
-                                         qi, j, n->namespace_);
-                goto out;
-            }
-        }
-        if (tsr_filter_compile(v->dict, tr, q->n_restricts, nq, q->n_numeric_restricts, &f,
-                               &err) != 0) {
-            rc = tsr_rpc_reply_error(reply, err.code == TSR_ENOMEM ? TSR_RPC_RESOURCE_EXHAUSTED
-                                                                  : TSR_RPC_INVALID_ARGUMENT,
-                                     "queries[%zu] filters: %s", qi, err.msg);
-            goto out;
+    qsort(p->sp, s->n_values, sizeof *p->sp, sp_cmp);
+    for (size_t j = 0; j < s->n_values; j++) {
+        if (p->nsp && p->spd[p->nsp - 1] == p->sp[j].dim) {
+            p->spv[p->nsp - 1] += p->sp[j].val;
+        } else {
+            p->spd[p->nsp] = p->sp[j].dim;
+            p->spv[p->nsp++] = p->sp[j].val;
         }
     }
+    return 0;
+}
+
+/* The query's token and numeric restricts compiled against v's dictionary into p->f. */
+static int compile_filter(tsr_rpc_reply *reply, const tsr__version *v,
+                          const Tessera__V1__ShardQuery *q, size_t qi, query_parts *p)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    p->tr = tsr_try_calloc(q->n_restricts + 1, sizeof *p->tr);
+    p->nq = tsr_try_calloc(q->n_numeric_restricts + 1, sizeof *p->nq);
+    if (!p->tr || !p->nq)
+        return tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t j = 0; j < q->n_restricts; j++) {
+        const Tessera__V1__Restriction *r = q->restricts[j];
+        p->tr[j].ns = r->namespace_;
+        p->tr[j].allow = r->allow_list;
+        p->tr[j].nallow = r->n_allow_list;
+        p->tr[j].deny = r->deny_list;
+        p->tr[j].ndeny = r->n_deny_list;
+    }
+    for (size_t j = 0; j < q->n_numeric_restricts; j++) {
+        const Tessera__V1__NumericRestriction *n = q->numeric_restricts[j];
+        tsr_numeric_query *nq = &p->nq[j];
+        nq->ns = n->namespace_;
+        nq->op = (enum tsr_num_op)n->op;
+        switch (n->value_case) {
+        case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT:
+            nq->type = TSR_NUM_INT, nq->v.i = n->value_int;
+            break;
+        case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT:
+            nq->type = TSR_NUM_FLOAT, nq->v.f = n->value_float;
+            break;
+        case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE:
+            nq->type = TSR_NUM_DOUBLE, nq->v.d = n->value_double;
+            break;
+        default:
+            return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                       "queries[%zu].numeric_restricts[%zu] ('%s'): no value",
+                                       qi, j, n->namespace_);
+        }
+    }
+    if (tsr_filter_compile(v->dict, p->tr, q->n_restricts, p->nq, q->n_numeric_restricts,
+                           &p->f, &err) != 0)
+        return tsr_rpc_reply_error(reply, err.code == TSR_ENOMEM ? TSR_RPC_RESOURCE_EXHAUSTED
+                                                                : TSR_RPC_INVALID_ARGUMENT,
+                                   "queries[%zu] filters: %s", qi, err.msg);
+    return 0;
+}
+
+/* Validates query i against version v and runs it into res. Returns 0 or sets the
+ * reply status. */
+static int run_query(tsr_rpc_reply *reply, const tsr__version *v,
+                     const Tessera__V1__ShardQuery *q, size_t qi, tsr__qresult *res)
+{
+    int rc;
+    tsr_error err = TSR_ERROR_INIT;
+    query_parts p = {0};
+    size_t d = v->tmpl ? (size_t)v->tmpl->ix->d : 0;
+    int has_sparse = q->sparse && (q->sparse->n_values || q->sparse->n_dimensions);
+
+    if ((rc = check_query(reply, v, q, qi, d, has_sparse)) != 0 ||
+        (rc = check_unique_lists(reply, q, qi, &p)) != 0)
+        goto out;
+    if (has_sparse && (rc = parse_sparse(reply, q->sparse, qi, &p)) != 0)
+        goto out;
+    if ((q->n_restricts || q->n_numeric_restricts) &&
+        (rc = compile_filter(reply, v, q, qi, &p)) != 0)
+        goto out;
     tsr__query sq = {0};
     sq.x = q->n_vector ? q->vector : NULL;
     sq.lists = q->lists;
@@ -299,20 +338,14 @@ static int run_query(tsr_rpc_reply *reply, const tsr__version *v,
     sq.candidates = (size_t)q->candidates;
     sq.sparse_k = (size_t)q->sparse_k;
     sq.crowd = (uint32_t)q->crowding_limit;
-    sq.filter = f;
-    sq.sp_dims = spd;
-    sq.sp_vals = spv;
-    sq.nsp = nsp;
+    sq.filter = p.f;
+    sq.sp_dims = p.spd;
+    sq.sp_vals = p.spv;
+    sq.nsp = p.nsp;
     if (tsr__search_one(v, &sq, res, &err) != 0)
         rc = tsr_rpc_reply_from_error(reply, &err);
 out:
-    free(sorted);
-    free(sp);
-    free(spd);
-    free(spv);
-    free(tr);
-    free(nq);
-    tsr_filter_destroy(f);
+    query_parts_free(&p);
     return rc;
 }
 

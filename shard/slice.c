@@ -298,40 +298,11 @@ static tsr__rec *find_up(const tsr__edits *e, int64_t label)
     return NULL;
 }
 
-int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edits *e,
-                       int64_t version, tsr__version **out, tsr_error *err)
+/* Ownership of a new version: the full set when given, else the base's plus the upserts'
+ * lists; touched[] gets the upserts' lists, dropped[] the lists it stops owning. */
+static void build_ownership(const tsr__version *base, const tsr__edits *e, tsr__version *v,
+                            uint8_t *touched, uint8_t *dropped)
 {
-    int rc = TSR_ENOMEM;
-    uint8_t *touched = NULL, *dropped = NULL;
-    tsr__version *v = calloc(1, sizeof *v);
-    if (v == NULL)
-        return tsr_err(err, TSR_ENOMEM, "out of memory");
-    atomic_init(&v->refs, 1);
-    v->version = version;
-    v->tmpl = tsr__tmpl_ref(tmpl ? tmpl : base->tmpl);
-    if (v->tmpl == NULL) {
-        rc = tsr_err(err, TSR_ESTATE, "version %lld: no template (the base is empty and "
-                     "chunk 0 carried no template_faiss)", (long long)version);
-        goto fail;
-    }
-    const tsr_ivfpq *ix = v->tmpl->ix;
-    size_t cs = ix->code_size, d = (size_t)ix->d;
-    v->nlist = ix->nlist;
-    int same_tmpl = base->tmpl == v->tmpl;
-    if (base->tmpl && (base->nlist != v->nlist || (size_t)base->tmpl->ix->d != d)) {
-        rc = tsr_err(err, TSR_EINVAL, "template shape d=%zu nlist=%zu differs from the base's "
-                     "d=%d nlist=%zu", d, v->nlist, base->tmpl->ix->d, base->nlist);
-        goto fail;
-    }
-    v->lists = tsr_try_calloc(v->nlist, sizeof(tsr__list *));
-    v->owned = tsr_try_calloc(v->nlist, 1);
-    touched = tsr_try_calloc(v->nlist, 1);
-    dropped = tsr_try_calloc(v->nlist, 1);
-    v->recs = tsr_try_malloc(base->nrecs + e->nups + 1, sizeof(tsr__rec *));
-    if (!v->lists || !v->owned || !touched || !dropped || !v->recs)
-        goto nomem;
-
-    /* Ownership: the full set when given, else the base's plus the upserts' lists. */
     if (e->have_own) {
         for (size_t i = 0; i < e->nown; i++)
             v->owned[e->own[i]] = 1;
@@ -351,8 +322,13 @@ int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edi
         for (size_t i = 0; i < v->nlist; i++)
             if (base->owned[i] && !v->owned[i])
                 dropped[i] = 1;
+}
 
-    /* Records: merge base (minus removed, minus dropped lists) with the upserts. */
+/* Records of a new version: base (minus removed, minus dropped lists) merged with the
+ * upserts, by label; marks the lists of replaced and deleted records touched. */
+static void merge_records(const tsr__version *base, const tsr__edits *e, tsr__version *v,
+                          uint8_t *touched, const uint8_t *dropped)
+{
     size_t bi = 0, ui = 0;
     while (bi < base->nrecs || ui < e->nups) {
         tsr__rec *b = bi < base->nrecs ? base->recs[bi] : NULL;
@@ -377,68 +353,114 @@ int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edi
             continue;
         v->recs[v->nrecs++] = tsr__rec_ref(b);
     }
+}
 
-    /* Lists: share what is untouched, rebuild the rest (base order, then new entries in
-     * label order, like Faiss's add appends). */
+/* Rebuilds list i of v: the base list's entries that stay (codes copied, or re-encoded
+ * from the raw vectors when the template changed), then the upserts to it in label
+ * order, like Faiss's add appends. v->lists[i] is NULL when nothing is left. */
+static int build_list(const tsr__version *base, const tsr__edits *e, tsr__version *v,
+                      size_t i, int same_tmpl, tsr_error *err)
+{
+    const tsr__list *bl = base->lists ? base->lists[i] : NULL;
+    size_t cs = v->tmpl->ix->code_size, d = (size_t)v->tmpl->ix->d;
+    size_t cap = (bl ? bl->n : 0);
+    for (size_t j = 0; j < e->nups; j++)
+        cap += e->ups[j]->list == (int32_t)i;
+    if (cap == 0)
+        return 0;
+    tsr__list *l = calloc(1, sizeof *l);
+    if (l == NULL)
+        goto nomem;
+    atomic_init(&l->refs, 1);
+    v->lists[i] = l;
+    l->codes = tsr_try_malloc(cap, cs);
+    l->ids = tsr_try_malloc(cap, sizeof(int64_t));
+    if (!l->codes || !l->ids)
+        goto nomem;
+    for (size_t j = 0; bl && j < bl->n; j++) {
+        int64_t lab = bl->ids[j];
+        if (find_up(e, lab) || in_sorted(e->dels, e->ndels, lab))
+            continue;
+        if (same_tmpl) {
+            memcpy(l->codes + l->n * cs, bl->codes + j * cs, cs);
+        } else {
+            tsr__rec *r = tsr__version_find(base, lab);
+            if (r == NULL || r->dp.dense == NULL)
+                return tsr_err(err, TSR_EINTERNAL, "label %lld: no raw vector to re-encode",
+                               (long long)lab);
+            memset(l->codes + l->n * cs, 0, cs);
+            tsr__encode(v->tmpl, r->dp.dense, (int32_t)i, l->codes + l->n * cs);
+        }
+        l->ids[l->n++] = lab;
+    }
+    for (size_t j = 0; j < e->nups; j++) {
+        tsr__rec *u = e->ups[j];
+        if (u->list != (int32_t)i)
+            continue;
+        if (u->dp.ndense != d)
+            return tsr_err(err, TSR_EINVAL, "label %lld: dense vector has %zu values, the index "
+                           "dimension is %zu", (long long)u->label, u->dp.ndense, d);
+        memset(l->codes + l->n * cs, 0, cs);
+        tsr__encode(v->tmpl, u->dp.dense, (int32_t)i, l->codes + l->n * cs);
+        l->ids[l->n++] = u->label;
+    }
+    if (l->n == 0) {
+        tsr__list_unref(l);
+        v->lists[i] = NULL;
+        return 0;
+    }
+    return list_terms(v->tmpl, i, l, err);
+nomem:
+    return tsr_err(err, TSR_ENOMEM, "out of memory building version %lld",
+                   (long long)v->version);
+}
+
+int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edits *e,
+                       int64_t version, tsr__version **out, tsr_error *err)
+{
+    int rc = TSR_ENOMEM;
+    uint8_t *touched = NULL, *dropped = NULL;
+    tsr__version *v = calloc(1, sizeof *v);
+    if (v == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    atomic_init(&v->refs, 1);
+    v->version = version;
+    v->tmpl = tsr__tmpl_ref(tmpl ? tmpl : base->tmpl);
+    if (v->tmpl == NULL) {
+        rc = tsr_err(err, TSR_ESTATE, "version %lld: no template (the base is empty and "
+                     "chunk 0 carried no template_faiss)", (long long)version);
+        goto fail;
+    }
+    const tsr_ivfpq *ix = v->tmpl->ix;
+    size_t d = (size_t)ix->d;
+    v->nlist = ix->nlist;
+    int same_tmpl = base->tmpl == v->tmpl;
+    if (base->tmpl && (base->nlist != v->nlist || (size_t)base->tmpl->ix->d != d)) {
+        rc = tsr_err(err, TSR_EINVAL, "template shape d=%zu nlist=%zu differs from the base's "
+                     "d=%d nlist=%zu", d, v->nlist, base->tmpl->ix->d, base->nlist);
+        goto fail;
+    }
+    v->lists = tsr_try_calloc(v->nlist, sizeof(tsr__list *));
+    v->owned = tsr_try_calloc(v->nlist, 1);
+    touched = tsr_try_calloc(v->nlist, 1);
+    dropped = tsr_try_calloc(v->nlist, 1);
+    v->recs = tsr_try_malloc(base->nrecs + e->nups + 1, sizeof(tsr__rec *));
+    if (!v->lists || !v->owned || !touched || !dropped || !v->recs) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory building version %lld", (long long)version);
+        goto fail;
+    }
+    build_ownership(base, e, v, touched, dropped);
+    merge_records(base, e, v, touched, dropped);
+    /* Lists: share what is untouched, rebuild the rest. */
     for (size_t i = 0; i < v->nlist; i++) {
-        const tsr__list *bl = base->lists ? base->lists[i] : NULL;
         if (dropped[i] && !v->owned[i])
             continue;
         if (!touched[i] && same_tmpl) {
-            v->lists[i] = list_ref((tsr__list *)bl);
+            v->lists[i] = list_ref(base->lists ? base->lists[i] : NULL);
             continue;
         }
-        size_t cap = (bl ? bl->n : 0);
-        for (size_t j = 0; j < e->nups; j++)
-            cap += e->ups[j]->list == (int32_t)i;
-        if (cap == 0)
-            continue;
-        tsr__list *l = calloc(1, sizeof *l);
-        if (l == NULL)
-            goto nomem;
-        atomic_init(&l->refs, 1);
-        v->lists[i] = l;
-        l->codes = tsr_try_malloc(cap, cs);
-        l->ids = tsr_try_malloc(cap, sizeof(int64_t));
-        if (!l->codes || !l->ids)
-            goto nomem;
-        for (size_t j = 0; bl && j < bl->n; j++) {
-            int64_t lab = bl->ids[j];
-            if (find_up(e, lab) || in_sorted(e->dels, e->ndels, lab))
-                continue;
-            if (same_tmpl) {
-                memcpy(l->codes + l->n * cs, bl->codes + j * cs, cs);
-            } else {
-                tsr__rec *r = tsr__version_find(base, lab);
-                if (r == NULL || r->dp.dense == NULL) {
-                    rc = tsr_err(err, TSR_EINTERNAL, "label %lld: no raw vector to re-encode",
-                                 (long long)lab);
-                    goto fail;
-                }
-                memset(l->codes + l->n * cs, 0, cs);
-                tsr__encode(v->tmpl, r->dp.dense, (int32_t)i, l->codes + l->n * cs);
-            }
-            l->ids[l->n++] = lab;
-        }
-        for (size_t j = 0; j < e->nups; j++) {
-            tsr__rec *u = e->ups[j];
-            if (u->list != (int32_t)i)
-                continue;
-            if (u->dp.ndense != d) {
-                rc = tsr_err(err, TSR_EINVAL, "label %lld: dense vector has %zu values, the index "
-                             "dimension is %zu", (long long)u->label, u->dp.ndense, d);
-                goto fail;
-            }
-            memset(l->codes + l->n * cs, 0, cs);
-            tsr__encode(v->tmpl, u->dp.dense, (int32_t)i, l->codes + l->n * cs);
-            l->ids[l->n++] = u->label;
-        }
-        if (l->n == 0) {
-            tsr__list_unref(l);
-            v->lists[i] = NULL;
-        } else if ((rc = list_terms(v->tmpl, i, l, err)) != 0) {
+        if ((rc = build_list(base, e, v, i, same_tmpl, err)) != 0)
             goto fail;
-        }
     }
     if ((rc = finish(v, base->dict, err)) != 0)
         goto fail;
@@ -446,8 +468,6 @@ int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edi
     free(dropped);
     *out = v;
     return 0;
-nomem:
-    rc = tsr_err(err, TSR_ENOMEM, "out of memory building version %lld", (long long)version);
 fail:
     free(touched);
     free(dropped);
@@ -838,22 +858,16 @@ static int rec_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_error *err)
+/* slice.faiss of a version directory into v: the lists (moved out of the file's index),
+ * the template and the lists' terms; *d gets the dimension. */
+static int load_slice_index(const char *dir, tsr__version *v, size_t *d, tsr_error *err)
 {
     char path[4096];
     int rc;
-    uint8_t *mb = NULL, *vb = NULL;
-    size_t mn = 0, vn = 0;
     tsr_ivfpq *ix = NULL;
-    tsr__version *v = calloc(1, sizeof *v);
-    if (v == NULL)
-        return tsr_err(err, TSR_ENOMEM, "out of memory");
-    atomic_init(&v->refs, 1);
-    v->version = version;
-
     snprintf(path, sizeof path, "%s/slice.faiss", dir);
     if ((rc = tsr_faiss_read_file(path, &ix, err)) != 0)
-        goto fail;
+        return rc;
     v->nlist = ix->nlist;
     v->lists = tsr_try_calloc(v->nlist, sizeof(tsr__list *));
     v->owned = tsr_try_calloc(v->nlist, 1);
@@ -871,16 +885,139 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
         memset(il, 0, sizeof *il);
         v->lists[i] = l;
     }
-    size_t d = (size_t)ix->d;
+    *d = (size_t)ix->d;
     v->tmpl = tsr__tmpl_from_index(ix, err);
-    ix = NULL;
-    if (v->tmpl == NULL) {
-        rc = err ? err->code : TSR_ENOMEM;
-        goto fail;
-    }
+    if (v->tmpl == NULL)
+        return err ? err->code : TSR_ENOMEM;
     for (size_t i = 0; i < v->nlist; i++)
         if (v->lists[i] && (rc = list_terms(v->tmpl, i, v->lists[i], err)) != 0)
-            goto fail;
+            return rc;
+    return 0;
+nomem:
+    tsr_ivfpq_destroy(ix);
+    return tsr_err(err, TSR_ENOMEM, "%s: out of memory", dir);
+}
+
+/* A cursor over the bytes of a version's meta file (format in tsr__version_save). */
+typedef struct meta_rd {
+    const char *dir;
+    const uint8_t *p;
+    size_t n, off;
+} meta_rd;
+
+static int meta_need(const meta_rd *m, size_t n, const char *what, tsr_error *err)
+{
+    if (m->n - m->off < n)
+        return tsr_err(err, TSR_EFORMAT, "%s/meta: offset %zu: %s truncated", m->dir, m->off,
+                       what);
+    return 0;
+}
+
+/* The meta header and the owned lists (into v->owned); *nrecs gets the record count,
+ * checked against the bytes left. */
+static int load_meta_header(meta_rd *m, int64_t version, size_t d, tsr__version *v,
+                            uint64_t *nrecs, tsr_error *err)
+{
+    int rc;
+    const char *dir = m->dir;
+    if ((rc = meta_need(m, 4 + 4 + 8 + 4 + 8, "header", err)) != 0)
+        return rc;
+    uint32_t fmt, md;
+    int64_t mver;
+    uint64_t nowned;
+    if (memcmp(m->p, "TSRM", 4) != 0)
+        return tsr_err(err, TSR_EFORMAT, "%s/meta: offset 0: magic is not TSRM", dir);
+    memcpy(&fmt, m->p + 4, 4);
+    memcpy(&mver, m->p + 8, 8);
+    memcpy(&md, m->p + 16, 4);
+    memcpy(&nowned, m->p + 20, 8);
+    m->off = 28;
+    if (fmt != 1 || md != d || mver != version)
+        return tsr_err(err, TSR_EFORMAT, "%s/meta: format %u, d %u, version %lld; expected 1, "
+                       "%zu, %lld", dir, fmt, md, (long long)mver, d, (long long)version);
+    if (nowned > v->nlist)
+        return tsr_err(err, TSR_EFORMAT, "%s/meta: offset 20: %llu owned lists > nlist %zu", dir,
+                       (unsigned long long)nowned, v->nlist);
+    if ((rc = meta_need(m, (size_t)(nowned * 4 + 8), "owned lists", err)) != 0)
+        return rc;
+    for (uint64_t i = 0; i < nowned; i++, m->off += 4) {
+        int32_t li;
+        memcpy(&li, m->p + m->off, 4);
+        if (li < 0 || (size_t)li >= v->nlist)
+            return tsr_err(err, TSR_EFORMAT, "%s/meta: offset %zu: owned list %d out of range",
+                           dir, m->off, li);
+        v->owned[li] = 1;
+    }
+    memcpy(nrecs, m->p + m->off, 8);
+    m->off += 8;
+    if (*nrecs > (m->n - m->off) / 4)
+        return tsr_err(err, TSR_EFORMAT, "%s/meta: %llu records do not fit in the file", dir,
+                       (unsigned long long)*nrecs);
+    return 0;
+}
+
+/* Record i from the meta cursor into v->recs (with its raw vector from vectors.f32 at
+ * *voff when it is in a list). */
+static int load_record(meta_rd *m, uint64_t i, size_t d, const uint8_t *vb, size_t vn,
+                       size_t *voff, tsr__version *v, tsr_error *err)
+{
+    int rc;
+    const char *dir = m->dir;
+    uint32_t len;
+    if ((rc = meta_need(m, 4, "record length", err)) != 0)
+        return rc;
+    memcpy(&len, m->p + m->off, 4);
+    m->off += 4;
+    if ((rc = meta_need(m, len, "record", err)) != 0)
+        return rc;
+    Tessera__V1__StagedUpsert *up = tessera__v1__staged_upsert__unpack(NULL, len, m->p + m->off);
+    if (up == NULL)
+        return tsr_err(err, TSR_EFORMAT, "%s/meta: offset %zu: record %llu does not parse", dir,
+                       m->off, (unsigned long long)i);
+    m->off += len;
+    tsr__rec *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        tessera__v1__staged_upsert__free_unpacked(up, NULL);
+        return tsr_err(err, TSR_ENOMEM, "%s: out of memory", dir);
+    }
+    atomic_init(&r->refs, 1);
+    r->label = up->label;
+    r->list = up->list;
+    rc = tsr__dp_from_proto(up->datapoint, d, &r->dp, err);
+    tessera__v1__staged_upsert__free_unpacked(up, NULL);
+    v->recs[v->nrecs++] = r;
+    if (rc != 0)
+        return rc;
+    if (r->list >= (int32_t)v->nlist || r->list < -1)
+        return tsr_err(err, TSR_EFORMAT, "%s/meta: record %llu: list %d out of range", dir,
+                       (unsigned long long)i, r->list);
+    if (r->list >= 0) {
+        if (vn - *voff < d * sizeof(float))
+            return tsr_err(err, TSR_EFORMAT, "%s/vectors.f32: truncated at record %llu", dir,
+                           (unsigned long long)i);
+        r->dp.dense = tsr_try_malloc(d, sizeof(float));
+        if (r->dp.dense == NULL)
+            return tsr_err(err, TSR_ENOMEM, "%s: out of memory", dir);
+        memcpy(r->dp.dense, vb + *voff, d * sizeof(float));
+        r->dp.ndense = d;
+        *voff += d * sizeof(float);
+    }
+    return 0;
+}
+
+int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_error *err)
+{
+    char path[4096];
+    int rc;
+    uint8_t *mb = NULL, *vb = NULL;
+    size_t mn = 0, vn = 0, d = 0;
+    tsr__version *v = calloc(1, sizeof *v);
+    if (v == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    atomic_init(&v->refs, 1);
+    v->version = version;
+    if ((rc = load_slice_index(dir, v, &d, err)) != 0)
+        goto fail;
 
     snprintf(path, sizeof path, "%s/meta", dir);
     if ((rc = read_all(path, &mb, &mn, err)) != 0)
@@ -888,108 +1025,22 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
     snprintf(path, sizeof path, "%s/vectors.f32", dir);
     if ((rc = read_all(path, &vb, &vn, err)) != 0)
         goto fail;
-    size_t off = 0;
-#define NEED(n_, what)                                                                     \
-    do {                                                                                   \
-        if (mn - off < (size_t)(n_)) {                                                     \
-            rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset %zu: %s truncated", dir, off, what); \
-            goto fail;                                                                     \
-        }                                                                                  \
-    } while (0)
-    NEED(4 + 4 + 8 + 4 + 8, "header");
-    uint32_t fmt, md;
-    int64_t mver;
-    uint64_t nowned, nrecs;
-    if (memcmp(mb, "TSRM", 4) != 0) {
-        rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset 0: magic is not TSRM", dir);
+    meta_rd m = {dir, mb, mn, 0};
+    uint64_t nrecs = 0;
+    if ((rc = load_meta_header(&m, version, d, v, &nrecs, err)) != 0)
         goto fail;
-    }
-    memcpy(&fmt, mb + 4, 4);
-    memcpy(&mver, mb + 8, 8);
-    memcpy(&md, mb + 16, 4);
-    memcpy(&nowned, mb + 20, 8);
-    off = 28;
-    if (fmt != 1 || md != d || mver != version) {
-        rc = tsr_err(err, TSR_EFORMAT, "%s/meta: format %u, d %u, version %lld; expected 1, %zu, "
-                     "%lld", dir, fmt, md, (long long)mver, d, (long long)version);
-        goto fail;
-    }
-    if (nowned > v->nlist) {
-        rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset 20: %llu owned lists > nlist %zu", dir,
-                     (unsigned long long)nowned, v->nlist);
-        goto fail;
-    }
-    NEED(nowned * 4 + 8, "owned lists");
-    for (uint64_t i = 0; i < nowned; i++, off += 4) {
-        int32_t li;
-        memcpy(&li, mb + off, 4);
-        if (li < 0 || (size_t)li >= v->nlist) {
-            rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset %zu: owned list %d out of range", dir,
-                         off, li);
-            goto fail;
-        }
-        v->owned[li] = 1;
-    }
-    memcpy(&nrecs, mb + off, 8);
-    off += 8;
-    if (nrecs > (mn - off) / 4) {
-        rc = tsr_err(err, TSR_EFORMAT, "%s/meta: %llu records do not fit in the file", dir,
-                     (unsigned long long)nrecs);
-        goto fail;
-    }
     v->recs = tsr_try_calloc(nrecs ? nrecs : 1, sizeof(tsr__rec *));
-    if (v->recs == NULL)
-        goto nomem;
-    size_t voff = 0;
-    for (uint64_t i = 0; i < nrecs; i++) {
-        uint32_t len;
-        NEED(4, "record length");
-        memcpy(&len, mb + off, 4);
-        off += 4;
-        NEED(len, "record");
-        Tessera__V1__StagedUpsert *up = tessera__v1__staged_upsert__unpack(NULL, len, mb + off);
-        if (up == NULL) {
-            rc = tsr_err(err, TSR_EFORMAT, "%s/meta: offset %zu: record %llu does not parse", dir,
-                         off, (unsigned long long)i);
-            goto fail;
-        }
-        off += len;
-        tsr__rec *r = calloc(1, sizeof *r);
-        if (r == NULL) {
-            tessera__v1__staged_upsert__free_unpacked(up, NULL);
-            goto nomem;
-        }
-        atomic_init(&r->refs, 1);
-        r->label = up->label;
-        r->list = up->list;
-        rc = tsr__dp_from_proto(up->datapoint, d, &r->dp, err);
-        tessera__v1__staged_upsert__free_unpacked(up, NULL);
-        v->recs[v->nrecs++] = r;
-        if (rc != 0)
-            goto fail;
-        if (r->list >= (int32_t)v->nlist || r->list < -1) {
-            rc = tsr_err(err, TSR_EFORMAT, "%s/meta: record %llu: list %d out of range", dir,
-                         (unsigned long long)i, r->list);
-            goto fail;
-        }
-        if (r->list >= 0) {
-            if (vn - voff < d * sizeof(float)) {
-                rc = tsr_err(err, TSR_EFORMAT, "%s/vectors.f32: truncated at record %llu", dir,
-                             (unsigned long long)i);
-                goto fail;
-            }
-            r->dp.dense = tsr_try_malloc(d, sizeof(float));
-            if (r->dp.dense == NULL)
-                goto nomem;
-            memcpy(r->dp.dense, vb + voff, d * sizeof(float));
-            r->dp.ndense = d;
-            voff += d * sizeof(float);
-        }
+    if (v->recs == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory", dir);
+        goto fail;
     }
-#undef NEED
-    if (voff != vn || off != mn) {
+    size_t voff = 0;
+    for (uint64_t i = 0; i < nrecs; i++)
+        if ((rc = load_record(&m, i, d, vb, vn, &voff, v, err)) != 0)
+            goto fail;
+    if (voff != vn || m.off != mn) {
         rc = tsr_err(err, TSR_EFORMAT, "%s: trailing bytes in meta (%zu/%zu) or vectors.f32 "
-                     "(%zu/%zu)", dir, off, mn, voff, vn);
+                     "(%zu/%zu)", dir, m.off, mn, voff, vn);
         goto fail;
     }
     if (v->nrecs > 1)
@@ -1008,12 +1059,9 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
     free(vb);
     *out = v;
     return 0;
-nomem:
-    rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory", dir);
 fail:
     free(mb);
     free(vb);
-    tsr_ivfpq_destroy(ix);
     tsr__version_unref(v);
     return rc;
 }

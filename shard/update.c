@@ -268,182 +268,171 @@ static int list_ok(const tsr__staging *st, int32_t list)
     return t && list >= 0 && (size_t)list < t->ix->nlist;
 }
 
-int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
-                     Tessera__V1__StageResponse *resp, tsr_error *err)
+/* Checks the version and chunk numbers of a Stage against the version table; *cur gets
+ * the current version. Caller holds update_mu. */
+static int stage_check_version(tsr__shard *s, const Tessera__V1__StageRequest *rq,
+                               int64_t *cur, tsr_error *err)
 {
-    int rc = 0;
-    tsr__rec **recs = NULL;
-    size_t nrecs = 0;
-    pthread_mutex_lock(&s->update_mu);
-    tsr__staging *st = s->staging;
-    if (rq->version <= 0) {
-        rc = tsr_err(err, TSR_EINVAL, "StageRequest.version %lld: must be > 0",
-                     (long long)rq->version);
-        goto out;
-    }
-    if (rq->chunk < 0) {
-        rc = tsr_err(err, TSR_EINVAL, "StageRequest.chunk %d: must be >= 0", rq->chunk);
-        goto out;
-    }
+    if (rq->version <= 0)
+        return tsr_err(err, TSR_EINVAL, "StageRequest.version %lld: must be > 0",
+                       (long long)rq->version);
+    if (rq->chunk < 0)
+        return tsr_err(err, TSR_EINVAL, "StageRequest.chunk %d: must be >= 0", rq->chunk);
     pthread_mutex_lock(&s->table_mu);
-    int64_t cur = s->current->version;
+    *cur = s->current->version;
     int exists = find_held(s, rq->version) != NULL;
     pthread_mutex_unlock(&s->table_mu);
-    if (rq->version <= cur || exists) {
-        rc = tsr_err(err, TSR_ESTATE, "StageRequest.version %lld: the shard already has "
-                     "version %lld%s", (long long)rq->version,
-                     (long long)(exists ? rq->version : cur), exists ? "" : " (current)");
-        goto out;
-    }
-    if (st && st->version == rq->version && rq->chunk == st->chunks - 1 && rq->chunk > 0) {
-        /* A retry of the last chunk: acknowledged, not applied twice. */
-        goto reply;
-    }
-    if (rq->chunk == 0) {
-        /* A new update replaces any unfinished staging (a coordinator that restarted). */
-        if (st) {
-            tsr_warn("staging of version %lld dropped by a new Stage of version %lld",
-                     (long long)st->version, (long long)rq->version);
-            staging_free(st);
-            s->staging = st = NULL;
-            atomic_store(&s->staging_version, 0);
-        }
-        st = calloc(1, sizeof *st);
-        if (st == NULL) {
-            rc = tsr_err(err, TSR_ENOMEM, "out of memory");
-            goto out;
-        }
-        st->version = rq->version;
-        st->base_version = rq->base_version;
-        if (rq->base_version == 0) {
-            st->base = tsr__version_empty(err);
-        } else {
-            st->base = tsr__shard_get(s, rq->base_version);
-            if (st->base == NULL)
-                tsr_err(err, TSR_ESTATE, "StageRequest.base_version %lld: the shard does not "
-                        "have it (current %lld)", (long long)rq->base_version, (long long)cur);
-        }
-        if (st->base == NULL) {
-            rc = err ? err->code : TSR_ESTATE;
-            staging_free(st);
-            st = NULL;
-            goto out;
-        }
-        if (rq->template_faiss.len > 0) {
-            tsr_ivfpq *ix = NULL;
-            if ((rc = tsr_faiss_read_mem(rq->template_faiss.data, rq->template_faiss.len, &ix,
-                                         err)) != 0) {
-                tsr_err_prefix(err, "StageRequest.template_faiss");
-                rc = err ? (err->code = TSR_EINVAL) : TSR_EINVAL;
-                staging_free(st);
-                st = NULL;
-                goto out;
-            }
-            if (ix->is_refine || !ix->is_trained) {
-                tsr_ivfpq_destroy(ix);
-                rc = tsr_err(err, TSR_EINVAL, "StageRequest.template_faiss: %s",
-                             ix->is_refine ? "IwQR is not supported" : "index is not trained");
-                staging_free(st);
-                st = NULL;
-                goto out;
-            }
-            st->tmpl = tsr__tmpl_from_index(ix, err);
-            if (st->tmpl == NULL) {
-                rc = err ? err->code : TSR_ENOMEM;
-                staging_free(st);
-                st = NULL;
-                goto out;
-            }
-        } else if (st->base->tmpl == NULL) {
-            rc = tsr_err(err, TSR_ESTATE, "StageRequest: version %lld has an empty base and chunk "
-                         "0 carries no template_faiss", (long long)rq->version);
-            staging_free(st);
-            st = NULL;
-            goto out;
-        }
-        s->staging = st;
-        atomic_store(&s->staging_version, st->version);
-    } else if (st == NULL || st->version != rq->version) {
-        rc = tsr_err(err, TSR_ESTATE, "StageRequest: chunk %d of version %lld without chunk 0",
-                     rq->chunk, (long long)rq->version);
-        goto out;
-    } else if (rq->chunk != st->chunks) {
-        rc = tsr_err(err, TSR_ESTATE, "StageRequest: chunk %d of version %lld, expected chunk %d",
-                     rq->chunk, (long long)rq->version, st->chunks);
-        goto out;
-    } else if (rq->base_version != st->base_version) {
-        rc = tsr_err(err, TSR_EINVAL, "StageRequest: base_version %lld differs from chunk 0's %lld",
-                     (long long)rq->base_version, (long long)st->base_version);
-        goto out;
-    }
+    if (rq->version <= *cur || exists)
+        return tsr_err(err, TSR_ESTATE, "StageRequest.version %lld: the shard already has "
+                       "version %lld%s", (long long)rq->version,
+                       (long long)(exists ? rq->version : *cur), exists ? "" : " (current)");
+    return 0;
+}
 
-    /* Validate and convert the whole chunk before applying any of it. */
+/* The template of a new staging from chunk 0's template_faiss (or, without one, the
+ * base's, which must exist). */
+static int stage_template(tsr__staging *st, const Tessera__V1__StageRequest *rq,
+                          tsr_error *err)
+{
+    int rc;
+    if (rq->template_faiss.len > 0) {
+        tsr_ivfpq *ix = NULL;
+        if ((rc = tsr_faiss_read_mem(rq->template_faiss.data, rq->template_faiss.len, &ix,
+                                     err)) != 0) {
+            tsr_err_prefix(err, "StageRequest.template_faiss");
+            return err ? (err->code = TSR_EINVAL) : TSR_EINVAL;
+        }
+        if (ix->is_refine || !ix->is_trained) {
+            tsr_ivfpq_destroy(ix);
+            return tsr_err(err, TSR_EINVAL, "StageRequest.template_faiss: %s",
+                           ix->is_refine ? "IwQR is not supported" : "index is not trained");
+        }
+        st->tmpl = tsr__tmpl_from_index(ix, err);
+        if (st->tmpl == NULL)
+            return err ? err->code : TSR_ENOMEM;
+    } else if (st->base->tmpl == NULL) {
+        return tsr_err(err, TSR_ESTATE, "StageRequest: version %lld has an empty base and chunk "
+                       "0 carries no template_faiss", (long long)rq->version);
+    }
+    return 0;
+}
+
+/* Chunk 0: a new staging on its base, replacing any unfinished one (a coordinator that
+ * restarted). Caller holds update_mu. On success *out is the new staging, now
+ * s->staging; on error s->staging is NULL. */
+static int stage_begin(tsr__shard *s, const Tessera__V1__StageRequest *rq, int64_t cur,
+                       tsr__staging **out, tsr_error *err)
+{
+    int rc;
+    tsr__staging *st = s->staging;
+    if (st) {
+        tsr_warn("staging of version %lld dropped by a new Stage of version %lld",
+                 (long long)st->version, (long long)rq->version);
+        staging_free(st);
+        s->staging = NULL;
+        atomic_store(&s->staging_version, 0);
+    }
+    st = calloc(1, sizeof *st);
+    if (st == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    st->version = rq->version;
+    st->base_version = rq->base_version;
+    if (rq->base_version == 0) {
+        st->base = tsr__version_empty(err);
+    } else {
+        st->base = tsr__shard_get(s, rq->base_version);
+        if (st->base == NULL)
+            tsr_err(err, TSR_ESTATE, "StageRequest.base_version %lld: the shard does not "
+                    "have it (current %lld)", (long long)rq->base_version, (long long)cur);
+    }
+    if (st->base == NULL) {
+        staging_free(st);
+        return err ? err->code : TSR_ESTATE;
+    }
+    if ((rc = stage_template(st, rq, err)) != 0) {
+        staging_free(st);
+        return rc;
+    }
+    s->staging = st;
+    atomic_store(&s->staging_version, st->version);
+    *out = st;
+    return 0;
+}
+
+/* A later chunk must continue the staging in order, on the same base. */
+static int stage_check_next(const tsr__staging *st, const Tessera__V1__StageRequest *rq,
+                            tsr_error *err)
+{
+    if (st == NULL || st->version != rq->version)
+        return tsr_err(err, TSR_ESTATE, "StageRequest: chunk %d of version %lld without chunk 0",
+                       rq->chunk, (long long)rq->version);
+    if (rq->chunk != st->chunks)
+        return tsr_err(err, TSR_ESTATE, "StageRequest: chunk %d of version %lld, expected chunk %d",
+                       rq->chunk, (long long)rq->version, st->chunks);
+    if (rq->base_version != st->base_version)
+        return tsr_err(err, TSR_EINVAL, "StageRequest: base_version %lld differs from chunk 0's %lld",
+                       (long long)rq->base_version, (long long)st->base_version);
+    return 0;
+}
+
+/* Validates the whole chunk and converts its upserts to records (recs: n_upserts + 1
+ * slots, *nrecs of them filled, refs owned by the caller even on error) before any of it
+ * is applied. */
+static int stage_convert(const tsr__staging *st, const Tessera__V1__StageRequest *rq,
+                         tsr__rec **recs, size_t *nrecs, tsr_error *err)
+{
     const tsr__tmpl *t = st->tmpl ? st->tmpl : st->base->tmpl;
     size_t d = (size_t)t->ix->d;
-    recs = tsr_try_calloc(rq->n_upserts + 1, sizeof *recs);
-    if (recs == NULL) {
-        rc = tsr_err(err, TSR_ENOMEM, "out of memory");
-        goto out;
-    }
     for (size_t i = 0; i < rq->n_upserts; i++) {
         const Tessera__V1__StagedUpsert *u = rq->upserts[i];
-        if (u->label < 0) {
-            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu].label %lld: must be >= 0", i,
-                         (long long)u->label);
-            goto out;
-        }
-        if (u->list != -1 && !list_ok(st, u->list)) {
-            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu].list %d: not in -1..%zu", i, u->list,
-                         t->ix->nlist - 1);
-            goto out;
-        }
-        if (u->datapoint == NULL) {
-            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint: missing", i);
-            goto out;
-        }
-        if (u->list >= 0 && u->datapoint->n_feature_vector != d) {
-            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint.feature_vector: %zu values, the "
-                         "index dimension is %zu", i, u->datapoint->n_feature_vector, d);
-            goto out;
-        }
-        if (u->list == -1 && u->datapoint->n_feature_vector != 0) {
-            rc = tsr_err(err, TSR_EINVAL, "upserts[%zu]: list -1 (sparse-only) with a dense "
-                         "feature_vector", i);
-            goto out;
-        }
+        if (u->label < 0)
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].label %lld: must be >= 0", i,
+                           (long long)u->label);
+        if (u->list != -1 && !list_ok(st, u->list))
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].list %d: not in -1..%zu", i, u->list,
+                           t->ix->nlist - 1);
+        if (u->datapoint == NULL)
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint: missing", i);
+        if (u->list >= 0 && u->datapoint->n_feature_vector != d)
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint.feature_vector: %zu values, "
+                           "the index dimension is %zu", i, u->datapoint->n_feature_vector, d);
+        if (u->list == -1 && u->datapoint->n_feature_vector != 0)
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu]: list -1 (sparse-only) with a dense "
+                           "feature_vector", i);
         tsr__rec *r = calloc(1, sizeof *r);
-        if (r == NULL) {
-            rc = tsr_err(err, TSR_ENOMEM, "out of memory");
-            goto out;
-        }
+        if (r == NULL)
+            return tsr_err(err, TSR_ENOMEM, "out of memory");
         atomic_init(&r->refs, 1);
         r->label = u->label;
         r->list = u->list;
-        recs[nrecs++] = r;
-        if ((rc = tsr__dp_from_proto(u->datapoint, d, &r->dp, err)) != 0) {
+        recs[(*nrecs)++] = r;
+        int rc = tsr__dp_from_proto(u->datapoint, d, &r->dp, err);
+        if (rc != 0) {
             tsr_err_prefix(err, "upserts[%zu]", i);
-            goto out;
+            return rc;
         }
     }
     for (size_t i = 0; i < rq->n_deletes; i++)
-        if (rq->deletes[i]->label < 0) {
-            rc = tsr_err(err, TSR_EINVAL, "deletes[%zu].label %lld: must be >= 0", i,
-                         (long long)rq->deletes[i]->label);
-            goto out;
-        }
+        if (rq->deletes[i]->label < 0)
+            return tsr_err(err, TSR_EINVAL, "deletes[%zu].label %lld: must be >= 0", i,
+                           (long long)rq->deletes[i]->label);
     for (size_t i = 0; i < rq->n_drop_lists; i++)
-        if (!list_ok(st, rq->drop_lists[i])) {
-            rc = tsr_err(err, TSR_EINVAL, "drop_lists[%zu] %d: not a list", i, rq->drop_lists[i]);
-            goto out;
-        }
+        if (!list_ok(st, rq->drop_lists[i]))
+            return tsr_err(err, TSR_EINVAL, "drop_lists[%zu] %d: not a list", i,
+                           rq->drop_lists[i]);
     for (size_t i = 0; i < rq->n_own_lists; i++)
-        if (!list_ok(st, rq->own_lists[i])) {
-            rc = tsr_err(err, TSR_EINVAL, "own_lists[%zu] %d: not a list", i, rq->own_lists[i]);
-            goto out;
-        }
+        if (!list_ok(st, rq->own_lists[i]))
+            return tsr_err(err, TSR_EINVAL, "own_lists[%zu] %d: not a list", i,
+                           rq->own_lists[i]);
+    return 0;
+}
 
-    /* Apply. */
-    upent *nu = tsr_try_realloc(st->ups, st->nups + nrecs + 1, sizeof *nu);
+/* Appends a validated chunk to the staging; takes the refs of recs[0 .. *nrecs) (and
+ * sets *nrecs to 0) on success. Nothing is applied when it fails (TSR_ENOMEM). */
+static int stage_apply(tsr__staging *st, const Tessera__V1__StageRequest *rq,
+                       tsr__rec **recs, size_t *nrecs, tsr_error *err)
+{
+    upent *nu = tsr_try_realloc(st->ups, st->nups + *nrecs + 1, sizeof *nu);
     int64_t *nd = tsr_try_realloc(st->dels, st->ndels + rq->n_deletes + 1, sizeof *nd);
     int32_t *ndr = tsr_try_realloc(st->drop, st->ndrop + rq->n_drop_lists + 1, sizeof *ndr);
     int32_t *no = tsr_try_realloc(st->own, st->nown + rq->n_own_lists + 1, sizeof *no);
@@ -451,13 +440,11 @@ int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
     if (nd) st->dels = nd;
     if (ndr) st->drop = ndr;
     if (no) st->own = no;
-    if (!nu || !nd || !ndr || !no) {
-        rc = tsr_err(err, TSR_ENOMEM, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < nrecs; i++)
+    if (!nu || !nd || !ndr || !no)
+        return tsr_err(err, TSR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < *nrecs; i++)
         st->ups[st->nups++] = (upent){recs[i], st->seq++};
-    nrecs = 0;
+    *nrecs = 0;
     for (size_t i = 0; i < rq->n_deletes; i++)
         st->dels[st->ndels++] = rq->deletes[i]->label;
     for (size_t i = 0; i < rq->n_drop_lists; i++)
@@ -469,6 +456,35 @@ int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
     st->total_ups += (int64_t)rq->n_upserts;
     st->total_dels += (int64_t)rq->n_deletes;
     st->chunks = rq->chunk + 1;
+    return 0;
+}
+
+int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
+                     Tessera__V1__StageResponse *resp, tsr_error *err)
+{
+    int rc = 0;
+    tsr__rec **recs = NULL;
+    size_t nrecs = 0;
+    int64_t cur = 0;
+    pthread_mutex_lock(&s->update_mu);
+    tsr__staging *st = s->staging;
+    if ((rc = stage_check_version(s, rq, &cur, err)) != 0)
+        goto out;
+    if (st && st->version == rq->version && rq->chunk == st->chunks - 1 && rq->chunk > 0) {
+        /* A retry of the last chunk: acknowledged, not applied twice. */
+        goto reply;
+    }
+    if ((rc = rq->chunk == 0 ? stage_begin(s, rq, cur, &st, err)
+                             : stage_check_next(st, rq, err)) != 0)
+        goto out;
+    recs = tsr_try_calloc(rq->n_upserts + 1, sizeof *recs);
+    if (recs == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = stage_convert(st, rq, recs, &nrecs, err)) != 0 ||
+        (rc = stage_apply(st, rq, recs, &nrecs, err)) != 0)
+        goto out;
 reply:
     resp->version = st->version;
     resp->chunks_received = st->chunks;

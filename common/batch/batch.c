@@ -477,85 +477,35 @@ static size_t dedupe(ref *r, size_t n, const file_job *jobs, tsr_batch_report *r
     return kept;
 }
 
-int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **out,
-                   tsr_error *err)
+/* Reads every file of the list on up to `threads` threads (0 = one per CPU), the calling
+ * thread included; each job keeps its records and report. */
+static void read_files(job_list *l, unsigned threads)
 {
-    *out = NULL;
-    if (opt->dims == 0)
-        return tsr_err(err, TSR_EINVAL, "the index dimension must be > 0");
-    tsr_batch *b = tsr_xcalloc(1, sizeof *b);
-    tsr_batch_report *rep = &b->report;
-    rep->root = sanitize(root);
-    rep->max_invalid = opt->max_invalid;
-    job_list l = {0};
-    int rc = walk_root(root, &l, rep, opt->dims, err);
-    if (rc != 0) {
-        tsr_batch_destroy(b);
-        for (size_t i = 0; i < l.n; i++) {
-            job_free_data(&l.v[i]);
-            file_report_close(&l.v[i].rep);
-        }
-        free(l.v);
-        return rc;
+    unsigned nt = threads;
+    if (nt == 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        nt = c > 0 ? (unsigned)c : 1;
     }
-    qsort(l.v, l.n, sizeof *l.v, cmp_job);
+    if (nt > l->n)
+        nt = (unsigned)l->n;
+    pool p = {l->v, l->n, 0};
+    pthread_t *th = tsr_xcalloc(nt, sizeof *th);
+    unsigned started = 0;
+    for (unsigned i = 1; i < nt; i++)
+        if (pthread_create(&th[started], NULL, worker, &p) == 0)
+            started++;
+    worker(&p); /* the calling thread works too */
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    free(th);
+}
 
-    /* Read: skip the work when the folder is already invalid for its size. */
-    if (l.objects <= TSR_BATCH_MAX_OBJECTS && l.n > 0) {
-        unsigned nt = opt->threads;
-        if (nt == 0) {
-            long c = sysconf(_SC_NPROCESSORS_ONLN);
-            nt = c > 0 ? (unsigned)c : 1;
-        }
-        if (nt > l.n)
-            nt = (unsigned)l.n;
-        pool p = {l.v, l.n, 0};
-        pthread_t *th = tsr_xcalloc(nt, sizeof *th);
-        unsigned started = 0;
-        for (unsigned i = 1; i < nt; i++)
-            if (pthread_create(&th[started], NULL, worker, &p) == 0)
-                started++;
-        worker(&p); /* the calling thread works too */
-        for (unsigned i = 0; i < started; i++)
-            pthread_join(th[i], NULL);
-        free(th);
-    }
-
-    /* Per-file results into the report. */
-    size_t nrec = 0, ndel = 0;
-    for (size_t i = 0; i < l.n; i++) {
-        file_job *j = &l.v[i];
-        rep->valid += j->rep.valid;
-        rep->invalid += j->rep.invalid;
-        for (int t = 0; t < TSR_REC__COUNT; t++)
-            rep->type_counts[t] += j->rep.type_counts[t];
-        if (j->rep.file_error != NULL)
-            BATCH_ERROR(rep, "%s: %s", j->rep.name, j->rep.file_error);
-        nrec += j->nrecs;
-        ndel += j->ndels;
-    }
-
-    /* Merge data records. */
-    ref *rr = tsr_try_malloc(nrec ? nrec : 1, sizeof *rr);
-    ref *dr = tsr_try_malloc(ndel ? ndel : 1, sizeof *dr);
-    unsigned char *keep_r = tsr_try_calloc(nrec ? nrec : 1, 1);
-    unsigned char *keep_d = tsr_try_calloc(ndel ? ndel : 1, 1);
-    if (rr == NULL || dr == NULL || keep_r == NULL || keep_d == NULL) {
-        rc = tsr_err(err, TSR_ENOMEM, "out of memory merging %zu records", nrec);
-        goto fail_merge;
-    }
-    size_t o = 0, od = 0;
-    for (size_t i = 0; i < l.n; i++) {
-        for (size_t k = 0; k < l.v[i].nrecs; k++)
-            rr[o++] = (ref){l.v[i].recs[k].dp.id, (uint32_t)i, l.v[i].recs[k].where,
-                            &l.v[i].recs[k]};
-        for (size_t k = 0; k < l.v[i].ndels; k++)
-            dr[od++] = (ref){l.v[i].dels[k].id, (uint32_t)i, l.v[i].dels[k].where,
-                             &l.v[i].dels[k]};
-    }
-    size_t ur = dedupe(rr, nrec, l.v, rep, keep_r, "data");
-    size_t ud = dedupe(dr, ndel, l.v, rep, keep_d, "delete");
-    /* Data vs delete conflicts: both ref lists are sorted by id; compare kept copies. */
+/* Reports an id kept both as data and as a delete (rr and dr sorted by id; only the
+ * kept copies count): an id may not be in both. */
+static void report_conflicts(const ref *rr, size_t nrec, const unsigned char *keep_r,
+                             const ref *dr, size_t ndel, const unsigned char *keep_d,
+                             const file_job *jobs, tsr_batch_report *rep)
+{
     for (size_t i = 0, k = 0; i < nrec && k < ndel;) {
         if (!keep_r[i]) {
             i++;
@@ -576,19 +526,49 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
             BATCH_ERROR(rep,
                         "id '%s' is in data file %s (%s%llu) and in delete file %s (line %llu); "
                         "an id may not be in both",
-                        snip, l.v[rr[i].job].rep.name,
-                        l.v[rr[i].job].rep.kind == TSR_BATCH_AVRO ? "record " : "line ",
-                        (unsigned long long)rr[i].where, l.v[dr[k].job].rep.name,
+                        snip, jobs[rr[i].job].rep.name,
+                        jobs[rr[i].job].rep.kind == TSR_BATCH_AVRO ? "record " : "line ",
+                        (unsigned long long)rr[i].where, jobs[dr[k].job].rep.name,
                         (unsigned long long)dr[k].where);
             i++;
             k++;
         }
     }
+}
+
+/* Merges the records and deletes of all jobs (nrec and ndel of them) into b: one copy of
+ * each id (dedupe), conflicts reported, the kept datapoints and ids moved out of the
+ * jobs. */
+static int merge_jobs(const job_list *l, size_t nrec, size_t ndel, tsr_batch *b,
+                      tsr_error *err)
+{
+    int rc = 0;
+    tsr_batch_report *rep = &b->report;
+    ref *rr = tsr_try_malloc(nrec ? nrec : 1, sizeof *rr);
+    ref *dr = tsr_try_malloc(ndel ? ndel : 1, sizeof *dr);
+    unsigned char *keep_r = tsr_try_calloc(nrec ? nrec : 1, 1);
+    unsigned char *keep_d = tsr_try_calloc(ndel ? ndel : 1, 1);
+    if (rr == NULL || dr == NULL || keep_r == NULL || keep_d == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory merging %zu records", nrec);
+        goto out;
+    }
+    size_t o = 0, od = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        for (size_t k = 0; k < l->v[i].nrecs; k++)
+            rr[o++] = (ref){l->v[i].recs[k].dp.id, (uint32_t)i, l->v[i].recs[k].where,
+                            &l->v[i].recs[k]};
+        for (size_t k = 0; k < l->v[i].ndels; k++)
+            dr[od++] = (ref){l->v[i].dels[k].id, (uint32_t)i, l->v[i].dels[k].where,
+                             &l->v[i].dels[k]};
+    }
+    size_t ur = dedupe(rr, nrec, l->v, rep, keep_r, "data");
+    size_t ud = dedupe(dr, ndel, l->v, rep, keep_d, "delete");
+    report_conflicts(rr, nrec, keep_r, dr, ndel, keep_d, l->v, rep);
     b->records = tsr_try_malloc(ur ? ur : 1, sizeof *b->records);
     b->deletes = tsr_try_malloc(ud ? ud : 1, sizeof *b->deletes);
     if (b->records == NULL || b->deletes == NULL) {
         rc = tsr_err(err, TSR_ENOMEM, "out of memory merging %zu records", nrec);
-        goto fail_merge;
+        goto out;
     }
     for (size_t i = 0; i < nrec; i++) {
         rec_entry *e = rr[i].item;
@@ -604,21 +584,20 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
             e->id = NULL;
         }
     }
+    rep->records = b->nrecords;
+    rep->deletes = b->ndeletes;
+out:
     free(rr);
     free(dr);
     free(keep_r);
     free(keep_d);
-    rep->records = b->nrecords;
-    rep->deletes = b->ndeletes;
+    return rc;
+}
 
-    /* Move file reports; free the jobs. */
-    rep->files = tsr_xcalloc(l.n ? l.n : 1, sizeof *rep->files);
-    for (size_t i = 0; i < l.n; i++) {
-        rep->files[rep->nfiles++] = l.v[i].rep;
-        job_free_data(&l.v[i]);
-    }
-    free(l.v);
-
+/* The verdict on the whole batch: rejected on any batch-level error or on more invalid
+ * records than allowed. */
+static void judge(tsr_batch_report *rep)
+{
     if (rep->errors_total > 0) {
         rep->rejected = 1;
         snprintf(rep->reason, sizeof rep->reason, "%llu batch-level error%s (first: %s)",
@@ -631,21 +610,70 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
                  (unsigned long long)rep->invalid, rep->invalid == 1 ? "" : "s",
                  (unsigned long long)rep->max_invalid);
     }
-    *out = b;
-    return rep->rejected ? TSR_EREJECTED : 0;
+}
 
-fail_merge:
-    free(rr);
-    free(dr);
-    free(keep_r);
-    free(keep_d);
+static void jobs_free(job_list *l)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        job_free_data(&l->v[i]);
+        file_report_close(&l->v[i].rep);
+    }
+    free(l->v);
+}
+
+int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **out,
+                   tsr_error *err)
+{
+    *out = NULL;
+    if (opt->dims == 0)
+        return tsr_err(err, TSR_EINVAL, "the index dimension must be > 0");
+    tsr_batch *b = tsr_xcalloc(1, sizeof *b);
+    tsr_batch_report *rep = &b->report;
+    rep->root = sanitize(root);
+    rep->max_invalid = opt->max_invalid;
+    job_list l = {0};
+    int rc = walk_root(root, &l, rep, opt->dims, err);
+    if (rc != 0) {
+        tsr_batch_destroy(b);
+        jobs_free(&l);
+        return rc;
+    }
+    qsort(l.v, l.n, sizeof *l.v, cmp_job);
+
+    /* Read: skip the work when the folder is already invalid for its size. */
+    if (l.objects <= TSR_BATCH_MAX_OBJECTS && l.n > 0)
+        read_files(&l, opt->threads);
+
+    /* Per-file results into the report. */
+    size_t nrec = 0, ndel = 0;
     for (size_t i = 0; i < l.n; i++) {
+        file_job *j = &l.v[i];
+        rep->valid += j->rep.valid;
+        rep->invalid += j->rep.invalid;
+        for (int t = 0; t < TSR_REC__COUNT; t++)
+            rep->type_counts[t] += j->rep.type_counts[t];
+        if (j->rep.file_error != NULL)
+            BATCH_ERROR(rep, "%s: %s", j->rep.name, j->rep.file_error);
+        nrec += j->nrecs;
+        ndel += j->ndels;
+    }
+
+    if ((rc = merge_jobs(&l, nrec, ndel, b, err)) != 0) {
+        jobs_free(&l);
+        tsr_batch_destroy(b);
+        return rc;
+    }
+
+    /* Move file reports; free the jobs. */
+    rep->files = tsr_xcalloc(l.n ? l.n : 1, sizeof *rep->files);
+    for (size_t i = 0; i < l.n; i++) {
+        rep->files[rep->nfiles++] = l.v[i].rep;
         job_free_data(&l.v[i]);
-        file_report_close(&l.v[i].rep);
     }
     free(l.v);
-    tsr_batch_destroy(b);
-    return rc;
+    judge(rep);
+    *out = b;
+    return rep->rejected ? TSR_EREJECTED : 0;
 }
 
 void tsr_batch_destroy(tsr_batch *b)

@@ -698,6 +698,148 @@ static int merge_restricts(tsr_datapoint *dp)
     return 0;
 }
 
+/* The parts of to_datapoint below take the record's field v (present, not null) and return
+ * as to_datapoint does: 0 ok, 1 invalid (type/msg set), -1 out of memory. */
+
+/* sparse_embedding: values and dimensions of equal length. */
+static int take_sparse(avro_value_t *v, tsr_datapoint *dp, enum tsr_rec_error *type,
+                       char *msg, size_t msgcap)
+{
+    int rc;
+    avro_value_t vals, dims;
+    size_t nv = 0, nd = 0;
+    if (avro_value_get_by_name(v, "values", &vals, NULL) != 0 ||
+        avro_value_get_by_name(v, "dimensions", &dims, NULL) != 0 ||
+        avro_value_get_size(&vals, &nv) != 0 || avro_value_get_size(&dims, &nd) != 0)
+        BAD(TSR_REC_INVALID_SPARSE_EMBEDDING, "sparse_embedding: values or dimensions missing");
+    if (nv != nd)
+        BAD(TSR_REC_INVALID_SPARSE_EMBEDDING,
+            "sparse_embedding has %zu values but %zu dimensions; they must be equal", nv, nd);
+    size_t n;
+    if ((rc = take_floats(&vals, &dp->sparse_vals, &n, "sparse_embedding.values", type, msg,
+                          msgcap)) != 0)
+        return rc;
+    dp->nsparse = nv;
+    if (nd > 0) {
+        dp->sparse_dims = tsr_try_malloc(nd, sizeof *dp->sparse_dims);
+        if (dp->sparse_dims == NULL)
+            return -1;
+    }
+    for (size_t i = 0; i < nd; i++) {
+        avro_value_t e;
+        int64_t d;
+        if (avro_value_get_by_index(&dims, i, &e, NULL) != 0 ||
+            avro_value_get_long(&e, &d) != 0)
+            BAD(TSR_REC_INVALID_SPARSE_DIMENSIONS, "sparse_embedding.dimensions[%zu]: not a long",
+                i);
+        dp->sparse_dims[i] = d;
+    }
+    return 0;
+}
+
+/* restricts: an array of {namespace, allow, deny}; entries of one namespace merged. */
+static int take_restricts(avro_value_t *v, tsr_datapoint *dp, enum tsr_rec_error *type,
+                          char *msg, size_t msgcap)
+{
+    int rc;
+    size_t cnt;
+    if (avro_value_get_size(v, &cnt) != 0)
+        BAD(TSR_REC_INVALID_AVRO_SYNTAX, "restricts: not an array");
+    if (cnt > 0) {
+        dp->restricts = tsr_try_calloc(cnt, sizeof *dp->restricts);
+        if (dp->restricts == NULL)
+            return -1;
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        avro_value_t e;
+        tsr_token_restrict *t = &dp->restricts[i];
+        size_t nslen;
+        if ((rc = take_entry_ns(v, i, "restricts", &e, &dp->nrestricts, &t->ns, &nslen, type,
+                                msg, msgcap)) != 0)
+            return rc;
+        if ((rc = take_tokens(&e, "allow", t->ns, i, &t->allow, &t->nallow, type, msg,
+                              msgcap)) != 0)
+            return rc;
+        if ((rc = take_tokens(&e, "deny", t->ns, i, &t->deny, &t->ndeny, type, msg,
+                              msgcap)) != 0)
+            return rc;
+    }
+    if (merge_restricts(dp) != 0)
+        return -1;
+    return 0;
+}
+
+/* numeric_restricts: an array of {namespace, exactly one value}; a namespace once. */
+static int take_numeric(avro_value_t *v, tsr_datapoint *dp, enum tsr_rec_error *type,
+                        char *msg, size_t msgcap)
+{
+    int rc;
+    char sn[64];
+    size_t cnt;
+    if (avro_value_get_size(v, &cnt) != 0)
+        BAD(TSR_REC_INVALID_AVRO_SYNTAX, "numeric_restricts: not an array");
+    if (cnt > 0) {
+        dp->numeric = tsr_try_calloc(cnt, sizeof *dp->numeric);
+        if (dp->numeric == NULL)
+            return -1;
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        avro_value_t e, x;
+        tsr_numeric_restrict *nr = &dp->numeric[i];
+        size_t nslen;
+        if ((rc = take_entry_ns(v, i, "numeric_restricts", &e, &dp->nnumeric, &nr->ns, &nslen,
+                                type, msg, msgcap)) != 0)
+            return rc;
+        tsr__avro_snippet(sn, sizeof sn, nr->ns, nslen);
+        int nset = 0;
+        if (get_opt(&e, "value_int", &x)) {
+            nset++;
+            nr->type = TSR_NUM_INT;
+            if (avro_value_get_long(&x, &nr->v.i) != 0)
+                BAD(TSR_REC_INVALID_NUMERIC_VALUE, "numeric_restricts[%zu].value_int: not an int",
+                    i);
+        }
+        if (get_opt(&e, "value_float", &x)) {
+            nset++;
+            nr->type = TSR_NUM_FLOAT;
+            if (avro_value_get_float(&x, &nr->v.f) != 0 || !isfinite(nr->v.f))
+                BAD(TSR_REC_INVALID_NUMERIC_VALUE,
+                    "numeric_restricts[%zu] (namespace '%s').value_float is not finite", i, sn);
+        }
+        if (get_opt(&e, "value_double", &x)) {
+            nset++;
+            nr->type = TSR_NUM_DOUBLE;
+            if (avro_value_get_double(&x, &nr->v.d) != 0 || !isfinite(nr->v.d))
+                BAD(TSR_REC_INVALID_NUMERIC_VALUE,
+                    "numeric_restricts[%zu] (namespace '%s').value_double is not finite", i,
+                    sn);
+        }
+        if (nset == 0)
+            BAD(TSR_REC_INVALID_NUMERIC_VALUE,
+                "numeric_restricts[%zu] (namespace '%s') has none of value_int, value_float, "
+                "value_double; exactly one is needed",
+                i, sn);
+        if (nset > 1)
+            BAD(TSR_REC_MULTIPLE_VALUES,
+                "numeric_restricts[%zu] (namespace '%s') sets %d of value_int, value_float, "
+                "value_double; exactly one is allowed",
+                i, sn, nset);
+    }
+    size_t a = 0, b2 = 0;
+    rc = find_dup_ns(dp->numeric, dp->nnumeric, sizeof *dp->numeric,
+                     offsetof(tsr_numeric_restrict, ns), &a, &b2);
+    if (rc < 0)
+        return -1;
+    if (rc > 0) {
+        tsr__avro_snippet(sn, sizeof sn, dp->numeric[a].ns, strlen(dp->numeric[a].ns));
+        BAD(TSR_REC_DUPLICATE_NAMESPACE,
+            "numeric_restricts[%zu]: namespace '%s' already appears in "
+            "numeric_restricts[%zu]; a numeric namespace holds one value per record",
+            b2, sn, a);
+    }
+    return 0;
+}
+
 /* Converts the decoded record. 0 ok, 1 invalid (type/msg set), -1 out of memory. dp is
  * partly filled on failure; the caller closes it. */
 static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_rec_error *type,
@@ -705,7 +847,6 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
 {
     avro_value_t v;
     int rc;
-    char sn[64];
 
     if (avro_value_get_by_name(rec, "id", &v, NULL) != 0)
         BAD(TSR_REC_INVALID_EMBEDDING_ID, "id: missing");
@@ -724,132 +865,19 @@ static int to_datapoint(rd *r, avro_value_t *rec, tsr_datapoint *dp, enum tsr_re
                 "embedding has %zu values, the index dimension is %zu", dp->ndense, r->dims);
     }
 
-    if (get_opt(rec, "sparse_embedding", &v)) {
-        avro_value_t vals, dims;
-        size_t nv = 0, nd = 0;
-        if (avro_value_get_by_name(&v, "values", &vals, NULL) != 0 ||
-            avro_value_get_by_name(&v, "dimensions", &dims, NULL) != 0 ||
-            avro_value_get_size(&vals, &nv) != 0 || avro_value_get_size(&dims, &nd) != 0)
-            BAD(TSR_REC_INVALID_SPARSE_EMBEDDING, "sparse_embedding: values or dimensions missing");
-        if (nv != nd)
-            BAD(TSR_REC_INVALID_SPARSE_EMBEDDING,
-                "sparse_embedding has %zu values but %zu dimensions; they must be equal", nv, nd);
-        size_t n;
-        if ((rc = take_floats(&vals, &dp->sparse_vals, &n, "sparse_embedding.values", type, msg,
-                              msgcap)) != 0)
-            return rc;
-        dp->nsparse = nv;
-        if (nd > 0) {
-            dp->sparse_dims = tsr_try_malloc(nd, sizeof *dp->sparse_dims);
-            if (dp->sparse_dims == NULL)
-                return -1;
-        }
-        for (size_t i = 0; i < nd; i++) {
-            avro_value_t e;
-            int64_t d;
-            if (avro_value_get_by_index(&dims, i, &e, NULL) != 0 ||
-                avro_value_get_long(&e, &d) != 0)
-                BAD(TSR_REC_INVALID_SPARSE_DIMENSIONS, "sparse_embedding.dimensions[%zu]: not a long",
-                    i);
-            dp->sparse_dims[i] = d;
-        }
-    }
+    if (get_opt(rec, "sparse_embedding", &v) &&
+        (rc = take_sparse(&v, dp, type, msg, msgcap)) != 0)
+        return rc;
     if (dp->ndense == 0 && dp->nsparse == 0)
         BAD(TSR_REC_INVALID_EMBEDDING,
             "no embedding: a record needs %zu embedding values or a non-empty sparse_embedding",
             r->dims);
 
-    if (get_opt(rec, "restricts", &v)) {
-        size_t cnt;
-        if (avro_value_get_size(&v, &cnt) != 0)
-            BAD(TSR_REC_INVALID_AVRO_SYNTAX, "restricts: not an array");
-        if (cnt > 0) {
-            dp->restricts = tsr_try_calloc(cnt, sizeof *dp->restricts);
-            if (dp->restricts == NULL)
-                return -1;
-        }
-        for (size_t i = 0; i < cnt; i++) {
-            avro_value_t e;
-            tsr_token_restrict *t = &dp->restricts[i];
-            size_t nslen;
-            if ((rc = take_entry_ns(&v, i, "restricts", &e, &dp->nrestricts, &t->ns, &nslen, type,
-                                    msg, msgcap)) != 0)
-                return rc;
-            if ((rc = take_tokens(&e, "allow", t->ns, i, &t->allow, &t->nallow, type, msg,
-                                  msgcap)) != 0)
-                return rc;
-            if ((rc = take_tokens(&e, "deny", t->ns, i, &t->deny, &t->ndeny, type, msg,
-                                  msgcap)) != 0)
-                return rc;
-        }
-        if (merge_restricts(dp) != 0)
-            return -1;
-    }
-
-    if (get_opt(rec, "numeric_restricts", &v)) {
-        size_t cnt;
-        if (avro_value_get_size(&v, &cnt) != 0)
-            BAD(TSR_REC_INVALID_AVRO_SYNTAX, "numeric_restricts: not an array");
-        if (cnt > 0) {
-            dp->numeric = tsr_try_calloc(cnt, sizeof *dp->numeric);
-            if (dp->numeric == NULL)
-                return -1;
-        }
-        for (size_t i = 0; i < cnt; i++) {
-            avro_value_t e, x;
-            tsr_numeric_restrict *nr = &dp->numeric[i];
-            size_t nslen;
-            if ((rc = take_entry_ns(&v, i, "numeric_restricts", &e, &dp->nnumeric, &nr->ns, &nslen,
-                                    type, msg, msgcap)) != 0)
-                return rc;
-            tsr__avro_snippet(sn, sizeof sn, nr->ns, nslen);
-            int nset = 0;
-            if (get_opt(&e, "value_int", &x)) {
-                nset++;
-                nr->type = TSR_NUM_INT;
-                if (avro_value_get_long(&x, &nr->v.i) != 0)
-                    BAD(TSR_REC_INVALID_NUMERIC_VALUE, "numeric_restricts[%zu].value_int: not an int",
-                        i);
-            }
-            if (get_opt(&e, "value_float", &x)) {
-                nset++;
-                nr->type = TSR_NUM_FLOAT;
-                if (avro_value_get_float(&x, &nr->v.f) != 0 || !isfinite(nr->v.f))
-                    BAD(TSR_REC_INVALID_NUMERIC_VALUE,
-                        "numeric_restricts[%zu] (namespace '%s').value_float is not finite", i, sn);
-            }
-            if (get_opt(&e, "value_double", &x)) {
-                nset++;
-                nr->type = TSR_NUM_DOUBLE;
-                if (avro_value_get_double(&x, &nr->v.d) != 0 || !isfinite(nr->v.d))
-                    BAD(TSR_REC_INVALID_NUMERIC_VALUE,
-                        "numeric_restricts[%zu] (namespace '%s').value_double is not finite", i,
-                        sn);
-            }
-            if (nset == 0)
-                BAD(TSR_REC_INVALID_NUMERIC_VALUE,
-                    "numeric_restricts[%zu] (namespace '%s') has none of value_int, value_float, "
-                    "value_double; exactly one is needed",
-                    i, sn);
-            if (nset > 1)
-                BAD(TSR_REC_MULTIPLE_VALUES,
-                    "numeric_restricts[%zu] (namespace '%s') sets %d of value_int, value_float, "
-                    "value_double; exactly one is allowed",
-                    i, sn, nset);
-        }
-        size_t a = 0, b2 = 0;
-        rc = find_dup_ns(dp->numeric, dp->nnumeric, sizeof *dp->numeric,
-                         offsetof(tsr_numeric_restrict, ns), &a, &b2);
-        if (rc < 0)
-            return -1;
-        if (rc > 0) {
-            tsr__avro_snippet(sn, sizeof sn, dp->numeric[a].ns, strlen(dp->numeric[a].ns));
-            BAD(TSR_REC_DUPLICATE_NAMESPACE,
-                "numeric_restricts[%zu]: namespace '%s' already appears in "
-                "numeric_restricts[%zu]; a numeric namespace holds one value per record",
-                b2, sn, a);
-        }
-    }
+    if (get_opt(rec, "restricts", &v) && (rc = take_restricts(&v, dp, type, msg, msgcap)) != 0)
+        return rc;
+    if (get_opt(rec, "numeric_restricts", &v) &&
+        (rc = take_numeric(&v, dp, type, msg, msgcap)) != 0)
+        return rc;
 
     if (get_opt(rec, "crowding_tag", &v)) {
         size_t len;

@@ -1,6 +1,9 @@
 /*
  * ivfpq_search — coarse assignment, per-query tables, the ADC scan with a top-k heap,
- * IwQR refinement and multithreaded batches (see ivfpq_search.h for the semantics).
+ * IwQR refinement and multithreaded batches (see ivfpq_search.h for the semantics), and
+ * the run-time choice of a scan kernel: the scalar reference kernels are in
+ * ivfpq_search_scalar.c, the SIMD ones in ivfpq_search_avx2.c / _avx512.c (all declared
+ * in ivfpq_search_int.h).
  *
  * Every metric / residual variant is reduced to one scan: "smaller is better" distance
  *     dis = base(list) + term(vector) + sum_m T[m][code_m]
@@ -21,6 +24,7 @@
  * (double-checked), the only lock of this file.
  */
 #include "index/ivfpq_search.h"
+#include "index/ivfpq_search_int.h"
 
 #include <float.h>
 #include <math.h>
@@ -164,112 +168,6 @@ static tsr__scan8_fn scan8_for(enum tsr_simd s)
     }
 }
 
-/* ---- scalar kernels ------------------------------------------------------------------ */
-
-static inline uint64_t le64(uint64_t w)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return __builtin_bswap64(w);
-#else
-    return w;
-#endif
-}
-
-void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
-                       const float *term, float base, float *out)
-{
-    /* This summation order is the contract of every 8-bit kernel (see _avx2.c): four
-     * accumulators by m % 4, tail sub-quantizers into the first, ((a0+a1)+(a2+a3)), then
-     * (base + term) + sum. It makes all paths bit-identical. base + 0.0f for "no term" is
-     * exact. Code bytes are read 8 at a time and split with shifts: one load per lookup
-     * instead of two (the scan is bound by loads; measured 12 vs 17 ns per code, M=64). */
-    for (size_t i = 0; i < n; i++) {
-        const uint8_t *c = codes + i * M;
-        /* The codes stream from memory (one 64-byte line per code at M = 64) and the
-         * hardware prefetcher does not run far enough ahead: without this the loop
-         * stalls on the code load (26 vs 13 ns per code at nprobe 256). A prefetch past
-         * the end of the codes is harmless (it never faults). */
-        __builtin_prefetch(c + TSR__SCAN_PREFETCH * M);
-        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        size_t m = 0;
-        for (; m + 8 <= M; m += 8) {
-            uint64_t w;
-            memcpy(&w, c + m, 8);
-            w = le64(w);
-            const float *t = T + m * 256;
-            a0 += t[w & 255];
-            a1 += t[256 + ((w >> 8) & 255)];
-            a2 += t[512 + ((w >> 16) & 255)];
-            a3 += t[768 + ((w >> 24) & 255)];
-            a0 += t[1024 + ((w >> 32) & 255)];
-            a1 += t[1280 + ((w >> 40) & 255)];
-            a2 += t[1536 + ((w >> 48) & 255)];
-            a3 += t[1792 + (w >> 56)];
-        }
-        for (; m + 4 <= M; m += 4) {
-            a0 += T[(m + 0) * 256 + c[m + 0]];
-            a1 += T[(m + 1) * 256 + c[m + 1]];
-            a2 += T[(m + 2) * 256 + c[m + 2]];
-            a3 += T[(m + 3) * 256 + c[m + 3]];
-        }
-        for (; m < M; m++)
-            a0 += T[m * 256 + c[m]];
-        out[i] = (base + (term ? term[i] : 0.0f)) + ((a0 + a1) + (a2 + a3));
-    }
-}
-
-/* Any nbits: sub-codes unpacked with the Faiss bit order. */
-static void scan_generic(const float *T, const tsr_pq *pq, const uint8_t *codes, size_t n,
-                         const float *term, float base, float *out)
-{
-    for (size_t i = 0; i < n; i++) {
-        const uint8_t *c = codes + i * pq->code_size;
-        float a = 0;
-        for (size_t m = 0; m < pq->M; m++)
-            a += T[m * pq->ksub + tsr_pq_code_get(c, m, pq->nbits)];
-        out[i] = base + (term ? term[i] : 0.0f) + a;
-    }
-}
-
-/* The quantized prefilter, scalar form (see ivfpq_search.h; the AVX-512 VBMI kernel
- * must return the same bits). */
-uint64_t tsr__filter8_scalar(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
-                             const float *term, float base, float qmin, float delta,
-                             float lim, float *lb)
-{
-    uint64_t mask = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t q = 0;
-        for (size_t m = 0; m < M; m++)
-            q += Tq[m * 256 + blk[m * TSR__FBLOCK + i]];
-        float l = (base + (term ? term[i] : 0.0f)) + (qmin + delta * (float)q);
-        if (lb != NULL)
-            lb[i] = l;
-        if (!(l > lim))
-            mask |= (uint64_t)1 << i;
-    }
-    return mask;
-}
-
-/* sum_m T[m][code[m]] of code `lane` of a transposed block, in tsr__scan8_scalar's
- * order (accumulator m % 4, the sub-quantizers past the last multiple of 4 into the
- * first): the filter's survivors get exactly the plain kernels' distances. */
-static inline float exact_t(const float *T, size_t M, const uint8_t *blk, size_t lane)
-{
-    const uint8_t *c = blk + lane;
-    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    size_t m = 0;
-    for (; m + 4 <= M; m += 4) {
-        a0 += T[(m + 0) * 256 + c[(m + 0) * TSR__FBLOCK]];
-        a1 += T[(m + 1) * 256 + c[(m + 1) * TSR__FBLOCK]];
-        a2 += T[(m + 2) * 256 + c[(m + 2) * TSR__FBLOCK]];
-        a3 += T[(m + 3) * 256 + c[(m + 3) * TSR__FBLOCK]];
-    }
-    for (; m < M; m++)
-        a0 += T[m * 256 + c[m * TSR__FBLOCK]];
-    return (a0 + a1) + (a2 + a3);
-}
-
 /* ---- search cache: per stored vector ||y||^2 + 2<c, y> (L2 by_residual) ---------------- */
 
 typedef struct search_cache {
@@ -279,7 +177,7 @@ typedef struct search_cache {
     float *term;      /* ntotal floats; NULL when the variant needs no term */
     float *ct;        /* PQ centroids transposed to M x dsub x ksub (table building) */
     float tmax;       /* max |term| over all vectors (rounding margin; inf if any NaN) */
-    /* The quantized prefilter (8-bit codes, M <= 256; see ivfpq_search.h): */
+    /* The quantized prefilter (8-bit codes, M <= 256; see ivfpq_search_int.h): */
     uint8_t *tcodes;  /* NULL or a copy of the codes, transposed by blocks of TSR__FBLOCK
                          (zero-padded); list l's blocks at toffsets[l], M * TSR__FBLOCK
                          bytes each, 64-aligned */
@@ -351,7 +249,7 @@ static void list_terms(const tsr_ivfpq *ix, size_t l, const uint8_t *codes, size
     if (pq->nbits == 8)
         tsr__scan8_scalar(P, pq->M, codes, n, NULL, 0.0f, term);
     else
-        scan_generic(P, pq, codes, n, NULL, 0.0f, term);
+        tsr__scan_generic(P, pq, codes, n, NULL, 0.0f, term);
 }
 
 int tsr_ivfpq_has_terms(const tsr_ivfpq *ix)
@@ -704,8 +602,6 @@ static int worker_init(worker *w, job *jb)
  * folded into x_t: (s x_t) c = s (x_t c) and the sums scale exactly, which saves a
  * second pass over the 64 KB table (it was half of the table time). */
 typedef float v4sf __attribute__((vector_size(16)));
-typedef int32_t v4si __attribute__((vector_size(16)));
-typedef uint8_t v16qu __attribute__((vector_size(16)));
 
 static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T,
                         int wide)
@@ -852,7 +748,8 @@ static float scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, fl
             while (mask) {
                 size_t i = (size_t)__builtin_ctzll(mask);
                 mask &= mask - 1;
-                float d = (base + (tb ? tb[i] : 0.0f)) + exact_t(T, pq->M, blk, i);
+                float d = (base + (tb ? tb[i] : 0.0f)) +
+                          tsr__filter8_exact(T, pq->M, blk, i);
                 if (d <= thr)
                     thr = sink(ctx, b + i, d);
             }
@@ -866,116 +763,12 @@ static float scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, fl
         if (pq->nbits == 8)
             scan8(T, pq->M, cb, nb, tb, base, dis);
         else
-            scan_generic(T, pq, cb, nb, tb, base, dis);
+            tsr__scan_generic(T, pq, cb, nb, tb, base, dis);
         for (size_t i = 0; i < nb; i++)
             if (dis[i] <= thr)
                 thr = sink(ctx, b + i, dis[i]);
     }
     return thr;
-}
-
-/* Quantizes the table down for the prefilter: Tq[m][j] = floor((T[m][j] - min_m) /
- * delta) clamped to 255, one delta for all m (so the bound is qmin + delta * sum of the
- * bytes), qmin = sum_m min_m. tabs = sum_m max_j |T[m][j]| (rounding margin). Returns 0
- * when the table is not finite (no filter then). */
-/* Lane-wise min / max / clamp (C has no vector ?:). vmin4(a, b) is a where a < b, else
- * b (so a NaN in a is skipped); vclamp255(v) is v where v < 255, else 255. */
-static inline v4sf vsel4(v4si m, v4sf a, v4sf b)
-{
-    v4si r = (m & (v4si)a) | (~m & (v4si)b);
-    return (v4sf)r;
-}
-static inline v4sf vmin4(v4sf a, v4sf b) { return vsel4(a < b, a, b); }
-static inline v4sf vmax4(v4sf a, v4sf b) { return vsel4(a > b, a, b); }
-static inline v4sf vclamp255(v4sf v)
-{
-    const v4sf c = {255.0f, 255.0f, 255.0f, 255.0f};
-    return vsel4(v < c, v, c);
-}
-
-int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, float *delta,
-                        float *tabs)
-{
-    float mins[256], maxr = 0, qm = 0, ta = 0;
-    for (size_t m = 0; m < M; m++) {
-        /* 4-wide min / max with 4 independent chains (a scalar chain of 256 dependent
-         * minss/maxss was 15 % of the search at nprobe 64) */
-        const float *t = T + m * 256;
-        v4sf n0, n1, n2, n3, x0, x1, x2, x3;
-        memcpy(&n0, t, 16);
-        memcpy(&n1, t + 4, 16);
-        memcpy(&n2, t + 8, 16);
-        memcpy(&n3, t + 12, 16);
-        x0 = n0, x1 = n1, x2 = n2, x3 = n3;
-        for (size_t j = 16; j < 256; j += 16) {
-            v4sf v0, v1, v2, v3;
-            memcpy(&v0, t + j, 16);
-            memcpy(&v1, t + j + 4, 16);
-            memcpy(&v2, t + j + 8, 16);
-            memcpy(&v3, t + j + 12, 16);
-            n0 = vmin4(v0, n0);
-            n1 = vmin4(v1, n1);
-            n2 = vmin4(v2, n2);
-            n3 = vmin4(v3, n3);
-            x0 = vmax4(v0, x0);
-            x1 = vmax4(v1, x1);
-            x2 = vmax4(v2, x2);
-            x3 = vmax4(v3, x3);
-        }
-        n0 = vmin4(n1, n0);
-        n2 = vmin4(n3, n2);
-        n0 = vmin4(n2, n0);
-        x0 = vmax4(x1, x0);
-        x2 = vmax4(x3, x2);
-        x0 = vmax4(x2, x0);
-        float mn = n0[0], mx = x0[0];
-        for (int r = 1; r < 4; r++) {
-            mn = n0[r] < mn ? n0[r] : mn;
-            mx = x0[r] > mx ? x0[r] : mx;
-        }
-        /* The comparisons skip a NaN entry; that is harmless: its byte becomes 255 (see
-         * below) and a code using it has a NaN distance on every path, which never
-         * enters the heap. Infinities make the bound useless: no filter. */
-        if (!(mn > -INFINITY && mx < INFINITY))
-            return 0;
-        mins[m] = mn;
-        maxr = mx - mn > maxr ? mx - mn : maxr;
-        ta += fabsf(mn) > fabsf(mx) ? fabsf(mn) : fabsf(mx);
-        qm += mn;
-    }
-    float dl = maxr / 255.0f, inv = dl > 0 ? 1.0f / dl : 0.0f;
-    if (!(dl >= FLT_MIN && inv < INFINITY)) { /* all rows (nearly) constant: bound = qmin */
-        dl = 1.0f;
-        inv = 0.0f;
-    }
-    for (size_t m = 0; m < M; m++) {
-        const float *t = T + m * 256;
-        const float mn = mins[m];
-        uint8_t *q = Tq + m * 256;
-        /* (t - mn) * inv is in [0, 255 (1 + eps)]; truncation rounds down, the clamp too,
-         * so q * delta <= t - mn up to rounding that the margin covers. */
-        for (size_t j = 0; j < 256; j += 16) {
-            v4sf v[4];
-            v4si iv[4];
-            for (int r = 0; r < 4; r++) {
-                memcpy(&v[r], t + j + 4 * r, 16);
-                v[r] = vclamp255((v[r] - mn) * inv); /* also a NaN -> 255 */
-                iv[r] = __builtin_convertvector(v[r], v4si);
-            }
-            /* 16 int32 in 0..255 to 16 bytes (GCC packs these with SSE) */
-            v16qu b = {(uint8_t)iv[0][0], (uint8_t)iv[0][1], (uint8_t)iv[0][2],
-                       (uint8_t)iv[0][3], (uint8_t)iv[1][0], (uint8_t)iv[1][1],
-                       (uint8_t)iv[1][2], (uint8_t)iv[1][3], (uint8_t)iv[2][0],
-                       (uint8_t)iv[2][1], (uint8_t)iv[2][2], (uint8_t)iv[2][3],
-                       (uint8_t)iv[3][0], (uint8_t)iv[3][1], (uint8_t)iv[3][2],
-                       (uint8_t)iv[3][3]};
-            memcpy(q + j, &b, 16);
-        }
-    }
-    *qmin = qm;
-    *delta = dl;
-    *tabs = ta;
-    return qm > -INFINITY && qm < INFINITY && ta < INFINITY;
 }
 
 /* Decodes a PQ code into d floats. */

@@ -85,9 +85,6 @@ int tsr_ivfpq_search_prepare(tsr_ivfpq *ix, tsr_error *err);
  * while other threads search the index. */
 void tsr_ivfpq_search_invalidate(tsr_ivfpq *ix);
 
-/* Called by tsr_ivfpq_destroy (weak symbol in ivfpq.c). */
-void tsr__ivfpq_search_cache_free(tsr_ivfpq *ix);
-
 /* ---- scanning lists held outside the index ------------------------------------------
  * The pieces of search_preassigned for a caller that keeps its own inverted lists (the
  * shard's copy-on-write version snapshots) and its own collector (filters, crowding,
@@ -133,51 +130,5 @@ int tsr_ivfpq_list_terms(const tsr_ivfpq *ix, size_t list, const uint8_t *codes,
 enum tsr_simd tsr_ivfpq_search_simd_auto(void);
 int tsr_ivfpq_search_simd_supported(enum tsr_simd s);
 const char *tsr_ivfpq_search_simd_name(enum tsr_simd s);
-
-/* Codes ahead that the scalar kernel prefetches (one 64-byte line per code at M = 64;
- * ~100 ns of memory latency at ~10 ns per code). */
-#define TSR__SCAN_PREFETCH 12
-
-/* ---- internal: 8-bit scan kernels (ivfpq_search.c, _avx2.c, _avx512.c) -------------- */
-/* out[i] = base + (term ? term[i] : 0) + sum_m T[m * 256 + codes[i * M + m]], i < n. */
-typedef void (*tsr__scan8_fn)(const float *T, size_t M, const uint8_t *codes, size_t n,
-                              const float *term, float base, float *out);
-void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
-                       const float *term, float base, float *out);
-void tsr__scan8_avx2(const float *T, size_t M, const uint8_t *codes, size_t n,
-                     const float *term, float base, float *out);
-void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
-                       const float *term, float base, float *out);
-
-/* ---- internal: the quantized prefilter (ivfpq_search.c, _avx512.c) -----------------
- * Codes of a list are kept in the search cache transposed by blocks of TSR__FBLOCK:
- * byte m of code i of a block at blk[m * TSR__FBLOCK + i]. Tq (M x 256 bytes) is the
- * per-query table quantized down (Tq[m][j] * delta + qmin_m <= T[m][j]), so
- *   lb_i = (base + term_i) + (qmin + delta * (float)Q_i),  Q_i = sum_m Tq[m][code_i[m]]
- * (qmin = sum_m qmin_m) is a lower bound of the distance up to float rounding. Returns the
- * mask of codes i < n (n <= TSR__FBLOCK) with !(lb_i > lim); lb (NULL or n floats) gets
- * the bounds. Both kernels return bit-identical masks and bounds. */
-#define TSR__FBLOCK 64
-typedef uint64_t (*tsr__filter8_fn)(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
-                                    const float *term, float base, float qmin, float delta,
-                                    float lim, float *lb);
-uint64_t tsr__filter8_scalar(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
-                             const float *term, float base, float qmin, float delta,
-                             float lim, float *lb);
-uint64_t tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
-                             const float *term, float base, float qmin, float delta,
-                             float lim, float *lb);
-/* Quantizes a per-query table T (M <= 256 rows of 256 floats) down to Tq for the filter:
- * Tq[m][j] = floor((T[m][j] - min_m) / delta) clamped to 255, one delta for all rows,
- * *qmin = sum_m min_m, *tabs = sum_m max_j |T[m][j]| (for the rounding margin). Returns
- * 0 when T has an infinity (no filter then), else 1. */
-int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, float *delta,
-                        float *tabs);
-/* The per-query table for IP and L2 by_residual (see build_table in ivfpq_search.c),
- * bit-identical to the generic code; ksub % 16 == 0, AVX-512F. */
-void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
-                       float scale, float *T);
-/* 1 when the CPU runs tsr__filter8_avx512 (AVX-512 F, BW and VBMI). */
-int tsr__filter8_avx512_supported(void);
 
 #endif

@@ -9,7 +9,7 @@
  * then (base + term) + sum), so every path returns bit-identical distances and exact
  * ties stay ties whatever the kernel or the position of a code in a block.
  */
-#include "index/ivfpq_search.h"
+#include "index/ivfpq_search_int.h"
 
 #include <immintrin.h>
 

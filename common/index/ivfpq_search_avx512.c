@@ -9,7 +9,7 @@
  * Also the quantized prefilter with VPERMT2B (AVX-512 VBMI; compiled for it with a target
  * attribute and called only when tsr__filter8_avx512_supported says the CPU has it).
  */
-#include "index/ivfpq_search.h"
+#include "index/ivfpq_search_int.h"
 
 #include <immintrin.h>
 
@@ -55,7 +55,7 @@ void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
         tsr__scan8_scalar(T, M, codes + i * M, n - i, term ? term + i : NULL, base, out + i);
 }
 
-/* The quantized prefilter (see ivfpq_search.h): for each sub-quantizer, one 64-byte row
+/* The quantized prefilter (see ivfpq_search_int.h): for each sub-quantizer, one 64-byte row
  * of a transposed block holds the code bytes of 64 codes; two VPERMT2B look them up in
  * the two 128-byte halves of the quantized table row and a blend by bit 7 picks the
  * half, so 64 lookups cost ~4 instructions instead of 64 loads. The bytes are summed in

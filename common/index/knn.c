@@ -6,6 +6,7 @@
  * k-heap (k = 1 is a plain running minimum, the k-means case).
  */
 #include "index/knn.h"
+#include "index/knn_int.h"
 
 #include <cblas.h>
 #undef I /* <complex.h>, pulled in by OpenBLAS, defines I */

@@ -28,8 +28,4 @@ void tsr_knn_norms(const float *x, size_t n, size_t d, float *out);
 /* Number of threads OpenBLAS may use (1 for single-thread measurements). */
 void tsr_blas_set_threads(int threads);
 
-/* internal (knn_avx512.c): the k = 1 L2 scan of one row, n % 16 == 0, n < 2^31. */
-void tsr__knn_argmin_avx512(const float *row, const float *yn, float xn, size_t n,
-                            float *best, int64_t *bi, size_t y0);
-
 #endif

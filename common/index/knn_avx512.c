@@ -3,7 +3,7 @@
  * called only when the CPU has AVX-512F). The coarse step at nprobe 1 and the k-means
  * assignment spend a sixth of their time in this argmin over 4000 centroids.
  */
-#include "index/knn.h"
+#include "index/knn_int.h"
 
 #include <immintrin.h>
 #include <math.h>

@@ -13,6 +13,7 @@
  * bit-rotted files; it is not a defence against deliberate tampering.
  */
 #include "store/store.h"
+#include "store/store_int.h"
 
 #include <dirent.h>
 #include <errno.h>

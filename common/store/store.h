@@ -135,13 +135,4 @@ void tsr_store_abort(tsr_store_txn *t);
 /* CRC-32 (zlib polynomial) of buf, continuing from crc (start with 0). */
 uint32_t tsr_store_crc32(uint32_t crc, const void *buf, size_t len);
 
-/* Internal, for the fuzz harness: parses and checks MANIFEST text (copied, not modified)
- * as tsr_store_verify does before looking at files; *nfiles gets the number of entries. */
-int tsr__store_check_manifest(const char *text, size_t len, uint64_t version, size_t *nfiles,
-                              tsr_error *err);
-
-/* Internal, for crash tests only: when set, called with a step name right after each
- * durable step of commit and set_current (a test kills the process there). */
-extern void (*tsr__store_hook)(const char *step);
-
 #endif

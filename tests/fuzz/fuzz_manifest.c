@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "store/store.h"
+#include "store/store_int.h" /* white-box: the internals under test */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

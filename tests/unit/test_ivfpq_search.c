@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "index/ivfpq_search.h"
+#include "index/ivfpq_search_int.h" /* white-box: the kernels */
 #include "index/knn.h"
 
 static float frand(unsigned *s)

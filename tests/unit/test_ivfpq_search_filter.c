@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "index/ivfpq_search.h"
+#include "index/ivfpq_search_int.h" /* white-box: the kernels */
 
 static float frand(unsigned *s)
 {

@@ -28,6 +28,7 @@
 #include <cmocka.h>
 
 #include "store/store.h"
+#include "store/store_int.h" /* white-box: the internals under test */
 
 static char base[512];
 

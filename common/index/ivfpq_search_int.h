@@ -1,0 +1,103 @@
+/*
+ * ivfpq_search_int — internals of the IVFPQ search shared inside index/: the scan and
+ * prefilter kernels and the cache hook of ivfpq.c. Not a public API (files outside
+ * common/index/ use ivfpq_search.h; white-box unit tests may include this).
+ *
+ * Who defines what (no file calls back into one that calls it):
+ *   ivfpq_search_scalar.c   the scalar reference kernels (always built, no SIMD flags)
+ *   ivfpq_search_avx2.c     tsr__scan8_avx2 (AVX2 flags; its tail is the scalar kernel)
+ *   ivfpq_search_avx512.c   tsr__scan8_avx512, tsr__filter8_avx512, tsr__table_avx512
+ *                           (AVX-512 flags; its tail is the scalar kernel)
+ *   ivfpq_search.c          the search, the cache and the run-time choice of a kernel
+ * Every kernel of one kind returns bit-identical results: the SIMD forms follow the
+ * summation order of the scalar form (see tsr__scan8_scalar), so the choice of kernel
+ * changes speed only.
+ */
+#ifndef TSR_IVFPQ_SEARCH_INT_H
+#define TSR_IVFPQ_SEARCH_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "index/ivfpq.h"
+#include "index/pq.h"
+
+/* Called by tsr_ivfpq_destroy (weak symbol in ivfpq.c). */
+void tsr__ivfpq_search_cache_free(tsr_ivfpq *ix);
+
+/* Codes ahead that the scalar kernel prefetches (one 64-byte line per code at M = 64;
+ * ~100 ns of memory latency at ~10 ns per code). */
+#define TSR__SCAN_PREFETCH 12
+
+/* ---- 8-bit scan kernels ------------------------------------------------------------
+ * out[i] = base + (term ? term[i] : 0) + sum_m T[m * 256 + codes[i * M + m]], i < n. */
+typedef void (*tsr__scan8_fn)(const float *T, size_t M, const uint8_t *codes, size_t n,
+                              const float *term, float base, float *out);
+void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
+                       const float *term, float base, float *out);
+void tsr__scan8_avx2(const float *T, size_t M, const uint8_t *codes, size_t n,
+                     const float *term, float base, float *out);
+void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
+                       const float *term, float base, float *out);
+
+/* Any nbits (sub-codes unpacked with the Faiss bit order; T is M x ksub):
+ * out[i] = base + (term ? term[i] : 0) + sum_m T[m * ksub + code_m], i < n. */
+void tsr__scan_generic(const float *T, const tsr_pq *pq, const uint8_t *codes, size_t n,
+                       const float *term, float base, float *out);
+
+/* ---- the quantized prefilter ---------------------------------------------------------
+ * Codes of a list are kept in the search cache transposed by blocks of TSR__FBLOCK:
+ * byte m of code i of a block at blk[m * TSR__FBLOCK + i]. Tq (M x 256 bytes) is the
+ * per-query table quantized down (Tq[m][j] * delta + qmin_m <= T[m][j]), so
+ *   lb_i = (base + term_i) + (qmin + delta * (float)Q_i),  Q_i = sum_m Tq[m][code_i[m]]
+ * (qmin = sum_m qmin_m) is a lower bound of the distance up to float rounding. Returns the
+ * mask of codes i < n (n <= TSR__FBLOCK) with !(lb_i > lim); lb (NULL or n floats) gets
+ * the bounds. Both kernels return bit-identical masks and bounds. */
+#define TSR__FBLOCK 64
+typedef uint64_t (*tsr__filter8_fn)(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                                    const float *term, float base, float qmin, float delta,
+                                    float lim, float *lb);
+uint64_t tsr__filter8_scalar(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb);
+uint64_t tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb);
+/* 1 when the CPU runs tsr__filter8_avx512 (AVX-512 F, BW and VBMI). */
+int tsr__filter8_avx512_supported(void);
+
+/* sum_m T[m][code[m]] of code `lane` of a transposed block, in tsr__scan8_scalar's
+ * order (accumulator m % 4, the sub-quantizers past the last multiple of 4 into the
+ * first): the filter's survivors get exactly the plain kernels' distances. Inline: it
+ * runs once per code that passes the filter. */
+static inline float tsr__filter8_exact(const float *T, size_t M, const uint8_t *blk,
+                                       size_t lane)
+{
+    const uint8_t *c = blk + lane;
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    size_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+        a0 += T[(m + 0) * 256 + c[(m + 0) * TSR__FBLOCK]];
+        a1 += T[(m + 1) * 256 + c[(m + 1) * TSR__FBLOCK]];
+        a2 += T[(m + 2) * 256 + c[(m + 2) * TSR__FBLOCK]];
+        a3 += T[(m + 3) * 256 + c[(m + 3) * TSR__FBLOCK]];
+    }
+    for (; m < M; m++)
+        a0 += T[m * 256 + c[m * TSR__FBLOCK]];
+    return (a0 + a1) + (a2 + a3);
+}
+
+/* Quantizes a per-query table T (M <= 256 rows of 256 floats) down to Tq for the filter:
+ * Tq[m][j] = floor((T[m][j] - min_m) / delta) clamped to 255, one delta for all rows,
+ * *qmin = sum_m min_m, *tabs = sum_m max_j |T[m][j]| (for the rounding margin). Returns
+ * 0 when T has an infinity (no filter then), else 1. */
+int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, float *delta,
+                        float *tabs);
+
+/* ---- the per-query table ---------------------------------------------------------------
+ * The table for IP and L2 by_residual (see build_table in ivfpq_search.c), bit-identical
+ * to the generic code; ksub % 16 == 0, AVX-512F. */
+void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
+                       float scale, float *T);
+
+#endif
