@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "core/hash.h"
 
 const double tsr_metrics_buckets[TSR_METRICS_NBUCKETS] = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -133,13 +134,10 @@ static void atomic_add_double(_Atomic uint64_t *p, double v)
 
 static uint64_t hash_key(const char *name, const char *labels)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-        h = (h ^ *p) * 1099511628211ull;
-    h = (h ^ 1u) * 1099511628211ull;
-    for (const unsigned char *p = (const unsigned char *)labels; *p; p++)
-        h = (h ^ *p) * 1099511628211ull;
-    return h;
+    static const unsigned char sep = 1; /* name and labels do not run together */
+    uint64_t h = tsr_fnv1a64_str(TSR_FNV1A64_BASIS_ROUTE, name);
+    h = tsr_fnv1a64(h, &sep, 1);
+    return tsr_fnv1a64_str(h, labels);
 }
 
 static int valid_name(const char *s, int allow_colon)
