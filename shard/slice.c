@@ -24,6 +24,7 @@
 
 #include "index/faiss_io.h"
 #include "index/ivfpq_search.h"
+#include "core/file.h"
 #include "core/mem.h"
 #include "shard.h"
 #include "query/sparse.h"
@@ -679,62 +680,22 @@ static void put(buf *b, const void *src, size_t n)
     b->n += n;
 }
 
-static int write_all(const char *path, const void *data, size_t n, tsr_error *err)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return tsr_err(err, TSR_EIO, "%s: cannot create: %s", path, strerror(errno));
-    const uint8_t *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            return tsr_err(err, TSR_EIO, "%s: write failed: %s", path, strerror(e));
-        }
-        p += w, n -= (size_t)w;
-    }
-    if (fsync(fd) != 0) {
-        int e = errno;
-        close(fd);
-        return tsr_err(err, TSR_EIO, "%s: fsync failed: %s", path, strerror(e));
-    }
-    close(fd);
-    return 0;
-}
+/* Size limits of a version's files when loaded (each file is read whole).
+ * vectors.f32 holds d floats for each record with a list, and those are exactly the
+ * entries of slice.faiss's lists: its size is known before it is read (SLICE_VECTORS_MAX
+ * only caps the product). meta holds, per record, the datapoint without its dense vector
+ * (id, restricts, crowding tag, sparse values), so its size has no bound in the format
+ * itself; SLICE_META_MAX allows 16M records at a generous 4 KiB each, beyond what one shard
+ * holds in memory (a version is loaded whole), and refuses a wrong or damaged file before
+ * allocating for it. */
+#define SLICE_META_MAX ((size_t)1 << 36) /* 64 GiB */
 
-static int read_all(const char *path, uint8_t **out, size_t *n, tsr_error *err)
+/* Reads a whole file of a version (at most max bytes). */
+static int read_all(const char *path, size_t max, uint8_t **out, size_t *n, tsr_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return tsr_err(err, TSR_EIO, "%s: cannot open: %s", path, strerror(errno));
-    int rc = 0;
-    if (fseek(f, 0, SEEK_END) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot seek", path);
-        goto out;
-    }
-    long sz = ftell(f);
-    rewind(f);
-    if (sz < 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot size", path);
-        goto out;
-    }
-    *out = tsr_try_malloc((size_t)sz + 1, 1);
-    if (*out == NULL) {
-        rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory for %ld bytes", path, sz);
-        goto out;
-    }
-    if (fread(*out, 1, (size_t)sz, f) != (size_t)sz) {
-        free(*out);
-        *out = NULL;
-        rc = tsr_err(err, TSR_EIO, "%s: short read", path);
-        goto out;
-    }
-    *n = (size_t)sz;
-out:
-    fclose(f);
+    char *b;
+    int rc = tsr_file_read(path, max, 0, &b, n, err);
+    *out = (uint8_t *)b;
     return rc;
 }
 
@@ -766,7 +727,7 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
     if ((rc = tsr_faiss_write_mem(&view, &fb, &fn, err)) != 0)
         goto out;
     snprintf(path, sizeof path, "%s/slice.faiss", dir);
-    if ((rc = write_all(path, fb, fn, err)) != 0)
+    if ((rc = tsr_file_write_sync(path, fb, fn, err)) != 0)
         goto out;
 
     /* meta + vectors.f32 */
@@ -820,10 +781,10 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
         goto out;
     }
     snprintf(path, sizeof path, "%s/meta", dir);
-    if ((rc = write_all(path, meta.p, meta.n, err)) != 0)
+    if ((rc = tsr_file_write_sync(path, meta.p, meta.n, err)) != 0)
         goto out;
     snprintf(path, sizeof path, "%s/vectors.f32", dir);
-    rc = write_all(path, vec.p, vec.n, err);
+    rc = tsr_file_write_sync(path, vec.p, vec.n, err);
 out:
     free(lists);
     free(fb);
@@ -883,11 +844,19 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
             goto fail;
 
     snprintf(path, sizeof path, "%s/meta", dir);
-    if ((rc = read_all(path, &mb, &mn, err)) != 0)
+    if ((rc = read_all(path, SLICE_META_MAX, &mb, &mn, err)) != 0)
         goto fail;
+    size_t nvec = 0, vmax;
+    for (size_t i = 0; i < v->nlist; i++)
+        nvec += v->lists[i] ? v->lists[i]->n : 0;
+    if (tsr_mul_ok(nvec, d * sizeof(float), &vmax) != 0)
+        vmax = SIZE_MAX;
     snprintf(path, sizeof path, "%s/vectors.f32", dir);
-    if ((rc = read_all(path, &vb, &vn, err)) != 0)
+    if ((rc = read_all(path, vmax, &vb, &vn, err)) != 0) {
+        if (rc == TSR_ELIMIT) /* more vectors than slice.faiss has entries: bad version */
+            rc = err ? (err->code = TSR_EFORMAT) : TSR_EFORMAT;
         goto fail;
+    }
     size_t off = 0;
 #define NEED(n_, what)                                                                     \
     do {                                                                                   \
