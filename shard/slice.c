@@ -24,6 +24,7 @@
 
 #include "index/faiss_io.h"
 #include "index/ivfpq_search.h"
+#include "core/buf.h"
 #include "core/file.h"
 #include "core/mem.h"
 #include "shard.h"
@@ -655,31 +656,6 @@ void tsr__dp_proto_free(Tessera__V1__IndexDatapoint *p)
 
 /* ------------------------------------------------------------------ files */
 
-typedef struct buf {
-    uint8_t *p;
-    size_t n, cap;
-    int oom;
-} buf;
-
-static void put(buf *b, const void *src, size_t n)
-{
-    if (b->oom || n == 0)
-        return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->n + n)
-            cap *= 2;
-        uint8_t *q = realloc(b->p, cap);
-        if (q == NULL) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q, b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
 /* Size limits of a version's files when loaded (each file is read whole).
  * vectors.f32 holds d floats for each record with a list, and those are exactly the
  * entries of slice.faiss's lists: its size is known before it is read (SLICE_VECTORS_MAX
@@ -703,7 +679,7 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
 {
     char path[4096];
     int rc = 0;
-    buf meta = {0}, vec = {0};
+    tsr_buf meta = TSR_BUF_INIT, vec = TSR_BUF_INIT;
     uint8_t *fb = NULL;
     size_t fn = 0;
     tsr_invlist *lists = NULL;
@@ -733,20 +709,20 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
     /* meta + vectors.f32 */
     uint32_t fmt = 1, d = (uint32_t)tix->d;
     uint64_t nowned = 0;
-    put(&meta, "TSRM", 4);
-    put(&meta, &fmt, 4);
-    put(&meta, &v->version, 8);
-    put(&meta, &d, 4);
+    tsr_buf_add(&meta, "TSRM", 4);
+    tsr_buf_add(&meta, &fmt, 4);
+    tsr_buf_add(&meta, &v->version, 8);
+    tsr_buf_add(&meta, &d, 4);
     for (size_t i = 0; i < v->nlist; i++)
         nowned += v->owned[i];
-    put(&meta, &nowned, 8);
+    tsr_buf_add(&meta, &nowned, 8);
     for (size_t i = 0; i < v->nlist; i++)
         if (v->owned[i]) {
             int32_t li = (int32_t)i;
-            put(&meta, &li, 4);
+            tsr_buf_add(&meta, &li, 4);
         }
     uint64_t nrecs = v->nrecs;
-    put(&meta, &nrecs, 8);
+    tsr_buf_add(&meta, &nrecs, 8);
     for (size_t i = 0; i < v->nrecs; i++) {
         const tsr__rec *r = v->recs[i];
         Tessera__V1__IndexDatapoint *p = tsr__dp_to_proto(&r->dp);
@@ -769,22 +745,22 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
         }
         tessera__v1__staged_upsert__pack(&up, tmp);
         uint32_t l32 = (uint32_t)len;
-        put(&meta, &l32, 4);
-        put(&meta, tmp, len);
+        tsr_buf_add(&meta, &l32, 4);
+        tsr_buf_add(&meta, tmp, len);
         free(tmp);
         tsr__dp_proto_free(p);
         if (r->list >= 0)
-            put(&vec, r->dp.dense, (size_t)d * sizeof(float));
+            tsr_buf_add(&vec, r->dp.dense, (size_t)d * sizeof(float));
     }
     if (meta.oom || vec.oom) {
         rc = tsr_err(err, TSR_ENOMEM, "out of memory for the metadata");
         goto out;
     }
     snprintf(path, sizeof path, "%s/meta", dir);
-    if ((rc = tsr_file_write_sync(path, meta.p, meta.n, err)) != 0)
+    if ((rc = tsr_file_write_sync(path, meta.p, meta.len, err)) != 0)
         goto out;
     snprintf(path, sizeof path, "%s/vectors.f32", dir);
-    rc = tsr_file_write_sync(path, vec.p, vec.n, err);
+    rc = tsr_file_write_sync(path, vec.p, vec.len, err);
 out:
     free(lists);
     free(fb);
