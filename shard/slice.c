@@ -675,6 +675,21 @@ static int read_all(const char *path, size_t max, uint8_t **out, size_t *n, tsr_
     return rc;
 }
 
+/* Reads vectors.f32 of v (lists loaded), at most its exact size: d floats per list entry. */
+static int read_vectors(const char *path, const tsr__version *v, size_t d, uint8_t **out,
+                        size_t *n, tsr_error *err)
+{
+    size_t nvec = 0, max;
+    for (size_t i = 0; i < v->nlist; i++)
+        nvec += v->lists[i] ? v->lists[i]->n : 0;
+    if (tsr_mul_ok(nvec, d * sizeof(float), &max) != 0)
+        max = SIZE_MAX;
+    int rc = read_all(path, max, out, n, err);
+    if (rc == TSR_ELIMIT) /* more vectors than slice.faiss has entries: a bad version */
+        rc = err ? (err->code = TSR_EFORMAT) : TSR_EFORMAT;
+    return rc;
+}
+
 int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
 {
     char path[4096];
@@ -822,17 +837,9 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
     snprintf(path, sizeof path, "%s/meta", dir);
     if ((rc = read_all(path, SLICE_META_MAX, &mb, &mn, err)) != 0)
         goto fail;
-    size_t nvec = 0, vmax;
-    for (size_t i = 0; i < v->nlist; i++)
-        nvec += v->lists[i] ? v->lists[i]->n : 0;
-    if (tsr_mul_ok(nvec, d * sizeof(float), &vmax) != 0)
-        vmax = SIZE_MAX;
     snprintf(path, sizeof path, "%s/vectors.f32", dir);
-    if ((rc = read_all(path, vmax, &vb, &vn, err)) != 0) {
-        if (rc == TSR_ELIMIT) /* more vectors than slice.faiss has entries: bad version */
-            rc = err ? (err->code = TSR_EFORMAT) : TSR_EFORMAT;
+    if ((rc = read_vectors(path, v, d, &vb, &vn, err)) != 0)
         goto fail;
-    }
     size_t off = 0;
 #define NEED(n_, what)                                                                     \
     do {                                                                                   \

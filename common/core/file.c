@@ -27,10 +27,8 @@ int tsr_file_read(const char *path, size_t max, unsigned flags, char **out, size
     /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-        if (errno == ENOENT)
-            return tsr_err(err, flags & TSR_FILE_NOTFOUND ? TSR_ENOTFOUND : TSR_EIO,
-                           "%s: does not exist", path);
-        return tsr_err(err, TSR_EIO, "%s: cannot open: %s", path, strerror(errno));
+        int code = errno == ENOENT && (flags & TSR_FILE_NOTFOUND) ? TSR_ENOTFOUND : TSR_EIO;
+        return tsr_err(err, code, "%s: cannot open: %s", path, strerror(errno));
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
