@@ -22,18 +22,15 @@
 #include "index/faiss_io.h"
 #include "index/kmeans.h"
 #include "index/knn.h"
+#include "core/hash.h"
 #include "core/mem.h"
 
 /* ---------------------------------------------------------------- directory */
 
 uint64_t tsr__hash_str(const char *s)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a 64 step with a non-standard offset basis (in-memory hashing only) */
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 1099511628211ull;
-    }
-    return h;
+    /* decides the shard of a record without a list: never change (core/hash.h) */
+    return tsr_fnv1a64_str(TSR_FNV1A64_BASIS_ROUTE, s);
 }
 
 void tsr__dir_init(tsr__dir *d) { memset(d, 0, sizeof *d); }

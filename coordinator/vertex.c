@@ -24,6 +24,7 @@
 
 #include "coord.h"
 #include "google/cloud/aiplatform/container/v1/match_service.pb-c.h"
+#include "core/hash.h"
 #include "core/mem.h"
 
 typedef Google__Cloud__Aiplatform__Container__V1__MatchRequest vx_match_req;
@@ -124,11 +125,7 @@ int64_t tsr__vertex_crowding_attribute(const char *tag)
             return (int64_t)v;
     }
     /* any other tag: FNV-1a 64 of its bytes with the top bit cleared (stable, >= 0) */
-    uint64_t h = 14695981039346656037ull; /* the FNV-1a 64 offset basis */
-    for (const unsigned char *s = (const unsigned char *)tag; *s; s++) {
-        h ^= *s;
-        h *= 1099511628211ull;
-    }
+    uint64_t h = tsr_fnv1a64_str(TSR_FNV1A64_BASIS, tag); /* sent to clients: core/hash.h */
     return (int64_t)(h & 0x7fffffffffffffffull);
 }
 

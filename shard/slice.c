@@ -24,6 +24,8 @@
 
 #include "index/faiss_io.h"
 #include "index/ivfpq_search.h"
+#include "core/buf.h"
+#include "core/file.h"
 #include "core/mem.h"
 #include "shard.h"
 #include "query/sparse.h"
@@ -674,87 +676,37 @@ void tsr__dp_proto_free(Tessera__V1__IndexDatapoint *p)
 
 /* ------------------------------------------------------------------ files */
 
-typedef struct buf {
-    uint8_t *p;
-    size_t n, cap;
-    int oom;
-} buf;
+/* Size limits of a version's files when loaded (each file is read whole).
+ * vectors.f32 holds d floats for each record with a list, and those are exactly the
+ * entries of slice.faiss's lists: its size is known before it is read (SLICE_VECTORS_MAX
+ * only caps the product). meta holds, per record, the datapoint without its dense vector
+ * (id, restricts, crowding tag, sparse values), so its size has no bound in the format
+ * itself; SLICE_META_MAX allows 16M records at a generous 4 KiB each, beyond what one shard
+ * holds in memory (a version is loaded whole), and refuses a wrong or damaged file before
+ * allocating for it. */
+#define SLICE_META_MAX ((size_t)1 << 36) /* 64 GiB */
 
-static void put(buf *b, const void *src, size_t n)
+/* Reads a whole file of a version (at most max bytes). */
+static int read_all(const char *path, size_t max, uint8_t **out, size_t *n, tsr_error *err)
 {
-    if (b->oom || n == 0)
-        return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->n + n)
-            cap *= 2;
-        uint8_t *q = realloc(b->p, cap);
-        if (q == NULL) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q, b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
+    char *b;
+    int rc = tsr_file_read(path, max, 0, &b, n, err);
+    *out = (uint8_t *)b;
+    return rc;
 }
 
-static int write_all(const char *path, const void *data, size_t n, tsr_error *err)
+/* Reads vectors.f32 of v (lists loaded), at most its exact size: d floats per list entry. */
+static int read_vectors(const char *path, const tsr__version *v, size_t d, uint8_t **out,
+                        size_t *n, tsr_error *err)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return tsr_err(err, TSR_EIO, "%s: cannot create: %s", path, strerror(errno));
-    const uint8_t *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            return tsr_err(err, TSR_EIO, "%s: write failed: %s", path, strerror(e));
-        }
-        p += w, n -= (size_t)w;
-    }
-    if (fsync(fd) != 0) {
-        int e = errno;
-        close(fd);
-        return tsr_err(err, TSR_EIO, "%s: fsync failed: %s", path, strerror(e));
-    }
-    close(fd);
-    return 0;
-}
-
-static int read_all(const char *path, uint8_t **out, size_t *n, tsr_error *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return tsr_err(err, TSR_EIO, "%s: cannot open: %s", path, strerror(errno));
-    int rc = 0;
-    if (fseek(f, 0, SEEK_END) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot seek", path);
-        goto out;
-    }
-    long sz = ftell(f);
-    rewind(f);
-    if (sz < 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot size", path);
-        goto out;
-    }
-    *out = tsr_try_malloc((size_t)sz + 1, 1);
-    if (*out == NULL) {
-        rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory for %ld bytes", path, sz);
-        goto out;
-    }
-    if (fread(*out, 1, (size_t)sz, f) != (size_t)sz) {
-        free(*out);
-        *out = NULL;
-        rc = tsr_err(err, TSR_EIO, "%s: short read", path);
-        goto out;
-    }
-    *n = (size_t)sz;
-out:
-    fclose(f);
+    size_t nvec = 0, max;
+    for (size_t i = 0; i < v->nlist; i++)
+        nvec += v->lists[i] ? v->lists[i]->n : 0;
+    if (tsr_mul_ok(nvec, d * sizeof(float), &max) != 0)
+        max = SIZE_MAX;
+    int rc = read_all(path, max, out, n, err);
+    if (rc == TSR_ELIMIT) /* more vectors than slice.faiss has entries: a bad version */
+        rc = err ? (err->code = TSR_EFORMAT) : TSR_EFORMAT;
     return rc;
 }
 
@@ -762,7 +714,7 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
 {
     char path[4096];
     int rc = 0;
-    buf meta = {0}, vec = {0};
+    tsr_buf meta = TSR_BUF_INIT, vec = TSR_BUF_INIT;
     uint8_t *fb = NULL;
     size_t fn = 0;
     tsr_invlist *lists = NULL;
@@ -786,26 +738,26 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
     if ((rc = tsr_faiss_write_mem(&view, &fb, &fn, err)) != 0)
         goto out;
     snprintf(path, sizeof path, "%s/slice.faiss", dir);
-    if ((rc = write_all(path, fb, fn, err)) != 0)
+    if ((rc = tsr_file_write_sync(path, fb, fn, err)) != 0)
         goto out;
 
     /* meta + vectors.f32 */
     uint32_t fmt = 1, d = (uint32_t)tix->d;
     uint64_t nowned = 0;
-    put(&meta, "TSRM", 4);
-    put(&meta, &fmt, 4);
-    put(&meta, &v->version, 8);
-    put(&meta, &d, 4);
+    tsr_buf_add(&meta, "TSRM", 4);
+    tsr_buf_add(&meta, &fmt, 4);
+    tsr_buf_add(&meta, &v->version, 8);
+    tsr_buf_add(&meta, &d, 4);
     for (size_t i = 0; i < v->nlist; i++)
         nowned += v->owned[i];
-    put(&meta, &nowned, 8);
+    tsr_buf_add(&meta, &nowned, 8);
     for (size_t i = 0; i < v->nlist; i++)
         if (v->owned[i]) {
             int32_t li = (int32_t)i;
-            put(&meta, &li, 4);
+            tsr_buf_add(&meta, &li, 4);
         }
     uint64_t nrecs = v->nrecs;
-    put(&meta, &nrecs, 8);
+    tsr_buf_add(&meta, &nrecs, 8);
     for (size_t i = 0; i < v->nrecs; i++) {
         const tsr__rec *r = v->recs[i];
         Tessera__V1__IndexDatapoint *p = tsr__dp_to_proto(&r->dp);
@@ -828,22 +780,22 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
         }
         tessera__v1__staged_upsert__pack(&up, tmp);
         uint32_t l32 = (uint32_t)len;
-        put(&meta, &l32, 4);
-        put(&meta, tmp, len);
+        tsr_buf_add(&meta, &l32, 4);
+        tsr_buf_add(&meta, tmp, len);
         free(tmp);
         tsr__dp_proto_free(p);
         if (r->list >= 0)
-            put(&vec, r->dp.dense, (size_t)d * sizeof(float));
+            tsr_buf_add(&vec, r->dp.dense, (size_t)d * sizeof(float));
     }
     if (meta.oom || vec.oom) {
         rc = tsr_err(err, TSR_ENOMEM, "out of memory for the metadata");
         goto out;
     }
     snprintf(path, sizeof path, "%s/meta", dir);
-    if ((rc = write_all(path, meta.p, meta.n, err)) != 0)
+    if ((rc = tsr_file_write_sync(path, meta.p, meta.len, err)) != 0)
         goto out;
     snprintf(path, sizeof path, "%s/vectors.f32", dir);
-    rc = write_all(path, vec.p, vec.n, err);
+    rc = tsr_file_write_sync(path, vec.p, vec.len, err);
 out:
     free(lists);
     free(fb);
@@ -1020,10 +972,10 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
         goto fail;
 
     snprintf(path, sizeof path, "%s/meta", dir);
-    if ((rc = read_all(path, &mb, &mn, err)) != 0)
+    if ((rc = read_all(path, SLICE_META_MAX, &mb, &mn, err)) != 0)
         goto fail;
     snprintf(path, sizeof path, "%s/vectors.f32", dir);
-    if ((rc = read_all(path, &vb, &vn, err)) != 0)
+    if ((rc = read_vectors(path, v, d, &vb, &vn, err)) != 0)
         goto fail;
     meta_rd m = {dir, mb, mn, 0};
     uint64_t nrecs = 0;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "batch/batch_avro.h"
+#include "core/buf.h"
 #include "core/mem.h"
 
 #define MSG_MAX 512
@@ -124,43 +125,6 @@ static const dfield f_top[] = {
 };
 static const desc d_top = {D_RECORD, NULL, NULL, "FeatureVector", f_top, 6};
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_add(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->p != NULL && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t ncap = b->cap ? b->cap * 2 : 1024;
-        while (ncap < b->len + (size_t)n + 1)
-            ncap *= 2;
-        char *np = realloc(b->p, ncap);
-        if (np == NULL) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
-}
-
 static avro_schema_t deref(avro_schema_t s)
 {
     int guard = 0;
@@ -243,7 +207,7 @@ static int gen_fail(char *msg, size_t msgcap, const char *path, avro_schema_t w,
  * pairs it cannot resolve (e.g. array<double> into array<float>), so it is only called
  * once this check passed. w NULL (writer union that is only null): the full reader type
  * with default names. path names the field for messages. */
-static int gen_reader(sbuf *b, const desc *d, avro_schema_t w, const char *path,
+static int gen_reader(tsr_buf *b, const desc *d, avro_schema_t w, const char *path,
                       char *msg, size_t msgcap)
 {
     if (w != NULL) {
@@ -258,7 +222,7 @@ static int gen_reader(sbuf *b, const desc *d, avro_schema_t w, const char *path,
     case D_PRIM:
         if (w != NULL && !prim_ok(d->prim, t))
             return gen_fail(msg, msgcap, path, w, d);
-        sb_add(b, "\"%s\"", d->prim);
+        tsr_buf_printf(b, "\"%s\"", d->prim);
         return 0;
     case D_NULLABLE: {
         avro_schema_t one = NULL;
@@ -284,10 +248,10 @@ static int gen_reader(sbuf *b, const desc *d, avro_schema_t w, const char *path,
         } else if (w != NULL && t != AVRO_NULL) {
             one = w;
         }
-        sb_add(b, "[\"null\",");
+        tsr_buf_printf(b, "[\"null\",");
         if (gen_reader(b, d->sub, one, path, msg, msgcap) != 0)
             return -1;
-        sb_add(b, "]");
+        tsr_buf_printf(b, "]");
         return 0;
     }
     case D_ARRAY: {
@@ -301,10 +265,10 @@ static int gen_reader(sbuf *b, const desc *d, avro_schema_t w, const char *path,
         }
         char sub[200];
         snprintf(sub, sizeof sub, "%s[]", path);
-        sb_add(b, "{\"type\":\"array\",\"items\":");
+        tsr_buf_printf(b, "{\"type\":\"array\",\"items\":");
         if (gen_reader(b, d->sub, wi, sub, msg, msgcap) != 0)
             return -1;
-        sb_add(b, "}");
+        tsr_buf_printf(b, "}");
         return 0;
     }
     case D_RECORD: {
@@ -319,10 +283,10 @@ static int gen_reader(sbuf *b, const desc *d, avro_schema_t w, const char *path,
                 return -1;
             }
         }
-        sb_add(b, "{\"type\":\"record\",\"name\":\"%s\"", name);
+        tsr_buf_printf(b, "{\"type\":\"record\",\"name\":\"%s\"", name);
         if (ns != NULL && *ns != '\0')
-            sb_add(b, ",\"namespace\":\"%s\"", ns);
-        sb_add(b, ",\"fields\":[");
+            tsr_buf_printf(b, ",\"namespace\":\"%s\"", ns);
+        tsr_buf_printf(b, ",\"fields\":[");
         int first = 1;
         for (size_t i = 0; i < d->nfields; i++) {
             const dfield *f = &d->fields[i];
@@ -339,13 +303,13 @@ static int gen_reader(sbuf *b, const desc *d, avro_schema_t w, const char *path,
                     return -1;
                 }
             }
-            sb_add(b, "%s{\"name\":\"%s\",\"type\":", first ? "" : ",", f->name);
+            tsr_buf_printf(b, "%s{\"name\":\"%s\",\"type\":", first ? "" : ",", f->name);
             if (gen_reader(b, f->type, wf, sub, msg, msgcap) != 0)
                 return -1;
-            sb_add(b, "}");
+            tsr_buf_printf(b, "}");
             first = 0;
         }
-        sb_add(b, "]}");
+        tsr_buf_printf(b, "]}");
         return 0;
     }
     }
@@ -657,7 +621,7 @@ int tsr__avro_check_writer(avro_schema_t w, char *msg, size_t msgcap)
 int tsr__avro_reader_schema(avro_schema_t w, char **json, size_t *len, char *msg,
                             size_t msgcap)
 {
-    sbuf b = {NULL, 0, 0, 0};
+    tsr_buf b = TSR_BUF_INIT;
     msg[0] = '\0';
     int rc = gen_reader(&b, &d_top, w, "", msg, msgcap);
     if (rc != 0 || b.oom) {

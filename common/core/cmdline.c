@@ -27,6 +27,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include "core/file.h"
 #include "core/log.h"
 #include "core/mem.h"
 
@@ -308,57 +309,21 @@ const char *tsr_cmdline_signame(int sig)
 
 enum { PEM_MAX = 1 << 20 };
 
-/* Reads a whole PEM file (at most 1 MiB, as rpc does). Returns a new NUL-terminated
- * buffer (caller frees) or NULL with err set. */
+/* Reads a whole PEM file (at most 1 MiB, as rpc does; a FIFO is refused at once, not
+ * waited on for ever). Returns a new NUL-terminated buffer (caller frees) or NULL with err
+ * set. */
 static char *read_pem(const char *flag, const char *path, size_t *len, tsr_error *err)
 {
-    /* O_NONBLOCK, then fstat: a FIFO (or a device) given by mistake must be refused, not
-     * block the start for ever waiting for a writer */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        tsr_err(err, TSR_EIO, "%s %s: cannot open: %s", flag, path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        tsr_err(err, TSR_EIO, "%s %s: cannot stat: %s", flag, path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        tsr_err(err, TSR_EIO, "%s %s: not a regular file (%s), expected a PEM file", flag, path,
-                S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, socket or device");
-        close(fd);
-        return NULL;
-    }
-    FILE *f = fdopen(fd, "rb");
-    if (f == NULL) {
-        tsr_err(err, TSR_EIO, "%s %s: cannot open: %s", flag, path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    char *buf = tsr_try_malloc(PEM_MAX + 1, 1);
-    if (buf == NULL) {
-        fclose(f);
-        tsr_err(err, TSR_ENOMEM, "%s %s: out of memory", flag, path);
-        return NULL;
-    }
-    size_t n = fread(buf, 1, PEM_MAX + 1, f);
-    int bad = ferror(f) ? errno : 0;
-    fclose(f);
-    if (bad) {
-        tsr_err(err, TSR_EIO, "%s %s: cannot read: %s", flag, path, strerror(bad));
-        free(buf);
-        return NULL;
-    }
-    if (n > PEM_MAX) {
+    tsr_error e = TSR_ERROR_INIT;
+    char *buf;
+    int rc = tsr_file_read(path, PEM_MAX, 0, &buf, len, &e);
+    if (rc == 0)
+        return buf;
+    if (rc == TSR_ELIMIT)
         tsr_err(err, TSR_EFORMAT, "%s %s: larger than 1 MiB, expected a PEM file", flag, path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
+    else
+        tsr_err(err, rc, "%s %s, expected a PEM file", flag, e.msg);
+    return NULL;
 }
 
 static void warn_validity(const char *flag, const char *path, X509 *x, int idx)

@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/buf.h"
 #include "core/mem.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -683,8 +684,7 @@ out:
 
 /* Output goes either to a growing memory buffer or to a FILE. */
 typedef struct {
-    uint8_t *buf;
-    size_t len, cap;
+    tsr_buf mem;
     FILE *f;
     int failed;
 } sink;
@@ -698,25 +698,8 @@ static void put(sink *s, const void *p, size_t n)
             s->failed = 1;
         return;
     }
-    if (s->cap - s->len < n) {
-        size_t ncap = s->cap ? s->cap : 4096;
-        while (ncap - s->len < n) {
-            if (ncap > SIZE_MAX / 2) {
-                s->failed = 1;
-                return;
-            }
-            ncap *= 2;
-        }
-        uint8_t *nb = realloc(s->buf, ncap);
-        if (nb == NULL) {
-            s->failed = 1;
-            return;
-        }
-        s->buf = nb;
-        s->cap = ncap;
-    }
-    memcpy(s->buf + s->len, p, n);
-    s->len += n;
+    tsr_buf_add(&s->mem, p, n);
+    s->failed = s->mem.oom;
 }
 
 static void put_u8(sink *s, uint8_t v) { put(s, &v, 1); }
@@ -849,11 +832,11 @@ int tsr_faiss_write_mem(const tsr_ivfpq *ix, uint8_t **buf, size_t *len, tsr_err
     sink s = {0};
     serialize(ix, &s);
     if (s.failed) {
-        free(s.buf);
+        tsr_buf_free(&s.mem);
         return tsr_err(err, TSR_ENOMEM, "faiss write: out of memory");
     }
-    *buf = s.buf;
-    *len = s.len;
+    *buf = (uint8_t *)s.mem.p;
+    *len = s.mem.len;
     return 0;
 }
 

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/file.h"
 #include "core/mem.h"
 
 int tsr_idmap_write(const char *path, char *const *ids, size_t n, tsr_error *err)
@@ -64,26 +65,18 @@ void tsr_idmap_free(char **ids, size_t n)
     free(ids);
 }
 
+/* The map is read whole. Its size has no bound in the format; this only refuses absurd
+ * input: 2^31 labels (index search reports int32 labels) at 32 bytes an id. */
+#define IDMAP_MAX ((size_t)1 << 36) /* 64 GiB */
+
 int tsr_idmap_read(const char *path, char ***ids_out, size_t *n_out, tsr_error *err)
 {
     int rc = 0;
     char *buf = NULL, **ids = NULL;
     size_t n = 0;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return tsr_err(err, TSR_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot stat: %s", path, strerror(errno));
-        goto cleanup;
-    }
-    size_t len = (size_t)st.st_size;
-    buf = tsr_try_malloc(len + 1, 1);
-    if (buf == NULL || fread(buf, 1, len, f) != len) {
-        rc = tsr_err(err, buf == NULL ? TSR_ENOMEM : TSR_EIO, "%s: cannot read %zu bytes", path,
-                     len);
-        goto cleanup;
-    }
+    size_t len;
+    if ((rc = tsr_file_read(path, IDMAP_MAX, 0, &buf, &len, err)) != 0)
+        return rc;
     if (len > 0 && buf[len - 1] != '\n') {
         rc = tsr_err(err, TSR_EFORMAT, "%s: offset %zu: last line has no newline", path, len);
         goto cleanup;
@@ -133,6 +126,5 @@ cleanup:
     if (ids != NULL)
         tsr_idmap_free(ids, n);
     free(buf);
-    fclose(f);
     return rc;
 }

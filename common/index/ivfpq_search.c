@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "index/knn.h"
+#include "core/heap.h"
 #include "core/mem.h"
 
 /* ---- options and SIMD selection -------------------------------------------------- */
@@ -436,77 +437,11 @@ int tsr_ivfpq_search_prepare(tsr_ivfpq *ix, tsr_error *err)
 }
 
 /* ---- top-k heap, as Faiss 1.7.3's: values "smaller is better" ------------------------
- * The top is the worst entry; a candidate enters only when strictly better than the top
- * (so among exact ties the first scanned stays, as in Faiss), and entries are ordered by
- * (value, id) like Faiss's cmp2: for L2 (CMax) a larger id counts as worse, for IP (CMin
- * on the un-negated inner product) a smaller id counts as worse. Output ties therefore
- * come in ascending id order for L2 and descending for IP, exactly as Faiss returns them. */
-
-typedef struct heap {
-    size_t k;
-    int ip;       /* tie order of IP (see above) */
-    float *d;
-    int64_t *id;
-    int64_t *aux; /* optional payload moved with the entries (refine: the label) */
-} heap;
-
-static inline int worse(const heap *h, float da, int64_t ia, float db, int64_t ib)
-{
-    return da > db || (da == db && (h->ip ? ia < ib : ia > ib));
-}
-
-static void heap_init(heap *h)
-{
-    for (size_t i = 0; i < h->k; i++) {
-        h->d[i] = INFINITY;
-        h->id[i] = -1;
-        if (h->aux)
-            h->aux[i] = -1;
-    }
-}
-
-/* Replaces the top (worst) entry and sifts down. */
-static void heap_replace_top(heap *h, float d, int64_t id, int64_t aux)
-{
-    size_t i = 0, k = h->k;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, c;
-        if (l >= k)
-            break;
-        c = (r < k && worse(h, h->d[r], h->id[r], h->d[l], h->id[l])) ? r : l;
-        if (!worse(h, h->d[c], h->id[c], d, id))
-            break;
-        h->d[i] = h->d[c];
-        h->id[i] = h->id[c];
-        if (h->aux)
-            h->aux[i] = h->aux[c];
-        i = c;
-    }
-    h->d[i] = d;
-    h->id[i] = id;
-    if (h->aux)
-        h->aux[i] = aux;
-}
-
-/* Sorts the heap best first in place (heap sort: pop the worst to the end). */
-static void heap_sort(heap *h)
-{
-    size_t k0 = h->k;
-    while (h->k > 1) {
-        size_t last = h->k - 1;
-        float d = h->d[last];
-        int64_t id = h->id[last], aux = h->aux ? h->aux[last] : 0;
-        float td = h->d[0];
-        int64_t tid = h->id[0], taux = h->aux ? h->aux[0] : 0;
-        h->k = last;
-        heap_replace_top(h, d, id, aux);
-        h->d[last] = td;
-        h->id[last] = tid;
-        if (h->aux)
-            h->aux[last] = taux;
-    }
-    h->k = k0;
-}
+ * core/heap.h. A candidate enters only when strictly better than the top (so among exact
+ * ties the first scanned stays, as in Faiss); for IP the heap holds the negated product
+ * with TSR_HEAP_TIE_SMALL_ID_WORSE, so output ties come in ascending id order for L2 and
+ * descending for IP, exactly as Faiss returns them. */
+typedef tsr_heap heap;
 
 /* ---- per-thread workspace and the scan of one query ----------------------------------- */
 
@@ -787,7 +722,7 @@ static int refine_query(worker *w, const float *xq, float *Dq, int64_t *Iq)
     const tsr_ivfpq *ix = jb->ix;
     size_t d = (size_t)ix->d;
     heap *hr = &w->hr;
-    heap_init(hr);
+    tsr_heap_init(hr);
     for (size_t j = 0; j < jb->k1; j++) {
         int64_t pair = w->h.id[j];
         if (pair < 0)
@@ -807,9 +742,9 @@ static int refine_query(worker *w, const float *xq, float *Dq, int64_t *Iq)
         pq_decode(&ix->refine_pq, ix->refine_codes + (size_t)id * rcs, w->r1);
         float dis = l2sqr(w->r1, w->r2, d);
         if (dis < hr->d[0])
-            heap_replace_top(hr, dis, id, 0);
+            tsr_heap_replace_top(hr, dis, id, 0);
     }
-    heap_sort(hr);
+    tsr_heap_sort(hr);
     memcpy(Dq, hr->d, jb->k * sizeof(float));
     memcpy(Iq, hr->id, jb->k * sizeof(int64_t));
     return 0;
@@ -835,9 +770,9 @@ static float search_sink_fn(void *ctx, size_t i, float dd)
     if (k->accept && !k->accept(k->actx, id))
         return h->d[0];
     if (k->store_pairs) /* Faiss orders the first stage of IVFPQR by pair */
-        heap_replace_top(h, dd, (int64_t)((uint64_t)k->key << 32 | i), id);
+        tsr_heap_replace_top(h, dd, (int64_t)((uint64_t)k->key << 32 | i), id);
     else
-        heap_replace_top(h, dd, id, 0);
+        tsr_heap_replace_top(h, dd, id, 0);
     return h->d[0];
 }
 
@@ -873,8 +808,8 @@ static int search_one(worker *w, size_t qi)
     const int ip = ix->metric == TSR_METRIC_IP;
     const int store_pairs = jb->refine;
 
-    h->ip = ip;
-    heap_init(h);
+    h->order = ip ? TSR_HEAP_TIE_SMALL_ID_WORSE : 0;
+    tsr_heap_init(h);
     if (h->k > 0) {
         build_table(ix, jb->cache->ct, xq, w->T, jb->wide_table);
         /* The prefilter pays from a few lists on (quantizing the table costs ~2 us). */
@@ -951,7 +886,7 @@ static int search_one(worker *w, size_t qi)
                 break;
         }
     }
-    heap_sort(h);
+    tsr_heap_sort(h);
     if (jb->refine)
         return refine_query(w, xq, Dq, Iq);
     for (size_t r = 0; r < jb->k; r++) {

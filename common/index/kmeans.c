@@ -7,7 +7,7 @@
  * with K = 1 wastes almost all of its work, so points are sorted once and each round is a
  * merge against the sorted centroids: the nearest centroid is one of the two neighbours.
  *
- * DESIGN (threads): tsr__parallel_for splits an index range into one contiguous chunk per
+ * DESIGN (threads): tsr_parallel_for (core/parallel) splits an index range into one contiguous chunk per
  * thread; each thread writes only its own outputs (assignments of its points, sums of its
  * centroids), so there is no lock. BLAS is called single-threaded from each worker.
  */
@@ -16,13 +16,13 @@
 #include <cblas.h>
 #undef I /* <complex.h>, pulled in by OpenBLAS, defines I */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "index/kmeans_int.h"
 #include "index/knn.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "core/mem.h"
 
 enum { BLOCK_X = TSR__ASSIGN_BLOCK_X, BLOCK_Y = TSR__ASSIGN_BLOCK_Y };
@@ -101,50 +101,6 @@ int tsr_sample_indices(size_t n, size_t m, uint64_t seed, size_t *out, tsr_error
     return 0;
 }
 
-/* ---- threads -------------------------------------------------------------------------- */
-
-typedef struct {
-    void (*fn)(void *, size_t, size_t, int);
-    void *ctx;
-    size_t begin, end;
-    int tid;
-} chunk;
-
-static void *chunk_main(void *arg)
-{
-    chunk *c = arg;
-    c->fn(c->ctx, c->begin, c->end, c->tid);
-    return NULL;
-}
-
-void tsr__parallel_for(int threads, size_t n, void (*fn)(void *, size_t, size_t, int), void *ctx)
-{
-    if (threads > TSR__MAX_THREADS)
-        threads = TSR__MAX_THREADS;
-    if (threads <= 1 || n < 2) {
-        fn(ctx, 0, n, 0);
-        return;
-    }
-    if ((size_t)threads > n)
-        threads = (int)n;
-    chunk c[TSR__MAX_THREADS];
-    pthread_t th[TSR__MAX_THREADS];
-    int started[TSR__MAX_THREADS] = {0};
-    for (int t = 0; t < threads; t++) {
-        c[t] = (chunk){fn, ctx, n * (size_t)t / (size_t)threads,
-                       n * (size_t)(t + 1) / (size_t)threads, t};
-        if (t > 0)
-            started[t] = pthread_create(&th[t], NULL, chunk_main, &c[t]) == 0;
-    }
-    chunk_main(&c[0]);
-    for (int t = 1; t < threads; t++) {
-        if (started[t])
-            pthread_join(th[t], NULL);
-        else
-            chunk_main(&c[t]); /* could not start a thread: do its share here */
-    }
-}
-
 /* ---- assignment ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -215,7 +171,7 @@ int tsr_kmeans_assign(const float *x, size_t n, size_t d, const float *centroids
         return 0;
     if (k == 0 || d == 0)
         return tsr_err(err, TSR_EINVAL, "assign: k=%zu d=%zu", k, d);
-    int nt = threads < 1 ? 1 : threads > TSR__MAX_THREADS ? TSR__MAX_THREADS : threads;
+    int nt = threads < 1 ? 1 : threads > TSR_PARALLEL_MAX_THREADS ? TSR_PARALLEL_MAX_THREADS : threads;
     float *own_cn = NULL;
     float *scratch = tsr_try_malloc((size_t)nt, TSR__ASSIGN_SCRATCH * sizeof(float));
     if (scratch == NULL)
@@ -237,7 +193,7 @@ int tsr_kmeans_assign(const float *x, size_t n, size_t d, const float *centroids
     assign_ctx a = {x, centroids, c_norms, d, k, metric == TSR_METRIC_IP, assign, dist, scratch};
     if (nt > 1) /* our threads split the points; BLAS inside each must not fan out again */
         tsr_blas_set_threads(1);
-    tsr__parallel_for(nt, n, assign_range, &a);
+    tsr_parallel_for(nt, n, assign_range, &a);
     free(own_cn);
     free(scratch);
     return 0;
@@ -473,7 +429,7 @@ int tsr_kmeans_train(const tsr_kmeans_params *p, const float *x, size_t n, size_
             assign_1d_sorted(pts, ns, cs, run_start, k, assign, dist);
         } else {
             if (p->metric == TSR_METRIC_L2)
-                tsr__norms(centroids, k, d, cn);
+                tsr_knn_norms(centroids, k, d, cn);
             if ((rc = tsr_kmeans_assign(xs, ns, d, centroids, k, cn, p->metric, nt, assign, dist,
                                         err)) != 0)
                 goto cleanup;
@@ -483,7 +439,7 @@ int tsr_kmeans_train(const tsr_kmeans_params *p, const float *x, size_t n, size_
             obj += dist[i];
         st.objective = obj;
         update_ctx u = {xs, ns, d, assign, sums, count};
-        tsr__parallel_for(nt, k, update_range, &u);
+        tsr_parallel_for(nt, k, update_range, &u);
         for (size_t j = 0; j < k; j++) {
             if (count[j] == 0)
                 continue; /* split below */

@@ -1,20 +1,13 @@
 /*
- * kmeans_int — internals shared by kmeans, pq_train, pq_code and ivfpq_build: a tiny
- * fork-join parallel loop and the argmin/argmax kernels of the assignment step (scalar in
- * kmeans_kernels.c, AVX-512 in kmeans_avx512.c, chosen at run time).
+ * kmeans_int — internals shared by kmeans, pq_train, pq_code and ivfpq_build: the
+ * argmin/argmax kernels of the assignment step (scalar in kmeans_kernels.c, AVX-512 in
+ * kmeans_avx512.c, chosen at run time). Threads: core/parallel; norms: tsr_knn_norms.
  */
 #ifndef TSR_KMEANS_INT_H
 #define TSR_KMEANS_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-#define TSR__MAX_THREADS 256
-
-/* Runs fn(ctx, begin, end, tid) on `threads` contiguous chunks of [0, n), tid 0 on the
- * calling thread; returns when all are done. */
-void tsr__parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t begin, size_t end, int tid),
-                       void *ctx);
 
 /* Assignment of n rows against k centroids with a caller-provided scratch buffer of
  * TSR__ASSIGN_SCRATCH floats (see tsr_kmeans_assign; ip: 1 for inner product). */
@@ -28,8 +21,6 @@ void tsr__assign_rows(const float *x, size_t n, size_t d, const float *c, size_t
 size_t tsr__argmin_l2(const float *ip, const float *cn, size_t n);
 /* Index of the largest v[j] (first on ties), n > 0. */
 size_t tsr__argmax(const float *v, size_t n);
-/* Squared norms of n rows of dimension d. */
-void tsr__norms(const float *x, size_t n, size_t d, float *out);
 
 /* Scalar reference versions (always available; tested against the dispatched ones). */
 size_t tsr__argmin_l2_scalar(const float *ip, const float *cn, size_t n);

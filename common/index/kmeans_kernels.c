@@ -30,17 +30,6 @@ size_t tsr__argmax_scalar(const float *v, size_t n)
     return b;
 }
 
-void tsr__norms(const float *x, size_t n, size_t d, float *out)
-{
-    for (size_t i = 0; i < n; i++) {
-        const float *r = x + i * d;
-        float s = 0;
-        for (size_t j = 0; j < d; j++)
-            s += r[j] * r[j];
-        out[i] = s;
-    }
-}
-
 /* Decided once, lazily, by whichever k-means thread gets here first; the training threads
  * race to it, so it is atomic (they all compute the same value; TSan flagged the plain int). */
 static atomic_int use_avx512 = -1;

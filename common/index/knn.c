@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "core/heap.h"
 #include "core/mem.h"
 
 enum { BLOCK_X = 1024, BLOCK_Y = 1024 };
@@ -56,53 +57,11 @@ void tsr_knn_norms(const float *x, size_t n, size_t d, float *out)
     }
 }
 
-/* "a is worse than b" in the heap order: the root holds the worst kept result. */
-static inline int worse(float da, int64_t ia, float db, int64_t ib, int larger_better)
+/* The k-heap of small k: core/heap.h, in this file's order (distance, then the smaller
+ * label; the root holds the worst kept result). */
+static inline unsigned heap_order(int lb)
 {
-    if (da != db)
-        return larger_better ? da < db : da > db;
-    return ia > ib;
-}
-
-/* Replace the root of a k-heap (root = worst) and sift down. */
-static void heap_replace(float *D, int64_t *I, size_t k, float d, int64_t id, int lb)
-{
-    size_t i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, w = i;
-        float wd = d;
-        int64_t wi = id;
-        if (l < k && worse(D[l], I[l], wd, wi, lb)) {
-            w = l;
-            wd = D[l];
-            wi = I[l];
-        }
-        if (r < k && worse(D[r], I[r], wd, wi, lb))
-            w = r;
-        if (w == i)
-            break;
-        D[i] = D[w];
-        I[i] = I[w];
-        i = w;
-    }
-    D[i] = d;
-    I[i] = id;
-}
-
-/* Sorts a heap's contents best first: pop the worst (the root) to the end, k log k
- * (the coarse step of a search keeps k = nprobe, up to hundreds). The order is total
- * (distance, then label), so the result does not depend on the sort method. */
-static void heap_sort_out(float *D, int64_t *I, size_t k, int lb)
-{
-    for (size_t n = k; n > 1; n--) {
-        float d = D[n - 1];
-        int64_t id = I[n - 1];
-        float td = D[0];
-        int64_t tid = I[0];
-        heap_replace(D, I, n - 1, d, id, lb);
-        D[n - 1] = td;
-        I[n - 1] = tid;
-    }
+    return lb ? TSR_HEAP_LARGER_BETTER : 0;
 }
 
 /* ---- selection for larger k (the coarse step of a search: k = nprobe) -------------------
@@ -368,17 +327,20 @@ int tsr_knn(const float *x, size_t n, const float *y, size_t ny, size_t d,
                     Iq[0] = bi;
                     continue;
                 }
+                tsr_heap h = {k, heap_order(lb), Dq, Iq, NULL};
                 for (size_t j = 0; j < nyb; j++) {
                     float v = lb ? row[j] : xn[i] + yn[y0 + j] - 2 * row[j];
                     int64_t id = (int64_t)(y0 + j);
-                    if (worse(Dq[0], Iq[0], v, id, lb))
-                        heap_replace(Dq, Iq, k, v, id, lb);
+                    if (tsr_heap_worse(h.order, Dq[0], Iq[0], v, id))
+                        tsr_heap_replace_top(&h, v, id, 0);
                 }
             }
         }
     }
-    for (size_t i = 0; i < n; i++)
-        heap_sort_out(D + i * k, I + i * k, k, lb);
+    for (size_t i = 0; i < n; i++) {
+        tsr_heap h = {k, heap_order(lb), D + i * k, I + i * k, NULL};
+        tsr_heap_sort(&h);
+    }
 clamp:
     if (rc == 0 && !lb) /* rounding can make an exact match slightly negative */
         for (size_t i = 0; i < n * k; i++)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "index/kmeans_int.h"
+#include "core/parallel.h"
 #include "index/knn.h"
 #include "core/mem.h"
 
@@ -39,7 +40,7 @@ typedef struct {
     int simd;           /* count with AVX-512 (ksub a multiple of 16, at most 1024) */
     uint32_t *run;      /* M * ksub */
     float *cnorms;      /* M * ksub (dsub > 1) */
-    int rc[TSR__MAX_THREADS];
+    int rc[TSR_PARALLEL_MAX_THREADS];
 } enc_ctx;
 
 size_t tsr__count_le_avx512(const float *v, size_t k, float x);
@@ -158,12 +159,12 @@ int tsr_pq_encode(const tsr_pq *pq, const float *x, size_t n, uint8_t *codes, in
             rc = tsr_err(err, TSR_ENOMEM, "PQ encode: out of memory");
             goto cleanup;
         }
-        tsr__norms(pq->centroids, M * ksub, dsub, c->cnorms);
+        tsr_knn_norms(pq->centroids, M * ksub, dsub, c->cnorms);
     }
     if (threads > 1 && dsub > 1)
         tsr_blas_set_threads(1); /* one BLAS thread inside each of ours */
-    tsr__parallel_for(threads, n, encode_range, c);
-    for (int t = 0; t < TSR__MAX_THREADS; t++)
+    tsr_parallel_for(threads, n, encode_range, c);
+    for (int t = 0; t < TSR_PARALLEL_MAX_THREADS; t++)
         if (c->rc[t] != 0) {
             rc = tsr_err(err, c->rc[t], "PQ encode: out of memory");
             break;

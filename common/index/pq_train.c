@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "index/kmeans.h"
-#include "index/kmeans_int.h"
+#include "core/parallel.h"
 #include "core/log.h"
 #include "core/mem.h"
 
@@ -30,8 +30,8 @@ typedef struct {
     const float *x;
     size_t n;
     const tsr_pq_train_params *p;
-    int rc[TSR__MAX_THREADS];
-    tsr_error err[TSR__MAX_THREADS];
+    int rc[TSR_PARALLEL_MAX_THREADS];
+    tsr_error err[TSR_PARALLEL_MAX_THREADS];
     int done;
 } train_ctx;
 
@@ -108,8 +108,8 @@ int tsr_pq_train(tsr_pq *pq, const float *x, size_t n, const tsr_pq_train_params
     c->x = xs;
     c->n = ns;
     c->p = p;
-    tsr__parallel_for(p->threads, pq->M, train_range, c);
-    for (int t = 0; t < TSR__MAX_THREADS; t++) {
+    tsr_parallel_for(p->threads, pq->M, train_range, c);
+    for (int t = 0; t < TSR_PARALLEL_MAX_THREADS; t++) {
         if (c->rc[t] != 0) {
             rc = c->rc[t];
             if (err != NULL)

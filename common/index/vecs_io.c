@@ -9,65 +9,56 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/file.h"
 #include "core/mem.h"
 
-/* Both formats have 4-byte elements, so one reader serves both. */
+/* Both formats have 4-byte elements, so one reader serves both. The file is read whole
+ * and its rows are compacted in place (each row drops its 4-byte dimension header), so the
+ * peak memory is the file size. No size limit beyond the machine's memory: these are the
+ * caller's own input vectors (the allocation is a try-allocation). */
 static int read_vecs(const char *path, void **out, size_t *n_out, size_t *d_out, tsr_error *err)
 {
-    int rc = 0;
-    void *data = NULL;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return tsr_err(err, TSR_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot stat: %s", path, strerror(errno));
-        goto close_file;
-    }
-    size_t size = (size_t)st.st_size;
+    char *buf;
+    size_t size;
+    int rc = tsr_file_read(path, SIZE_MAX - 1, 0, &buf, &size, err);
+    if (rc != 0)
+        return rc;
     int32_t d32;
-    if (size < 4 || fread(&d32, 4, 1, f) != 1) {
+    if (size < 4) {
         rc = tsr_err(err, TSR_EFORMAT, "%s: offset 0: dimension: file too short", path);
-        goto close_file;
+        goto fail;
     }
+    memcpy(&d32, buf, 4);
     if (d32 <= 0 || d32 > (1 << 20)) {
         rc = tsr_err(err, TSR_EFORMAT, "%s: offset 0: dimension %d, expected 1..1048576", path, d32);
-        goto close_file;
+        goto fail;
     }
     size_t d = (size_t)d32, row = 4 + 4 * d;
     if (size % row != 0) {
         rc = tsr_err(err, TSR_EFORMAT,
                      "%s: file size %zu is not a multiple of the row size %zu (dimension %zu)",
                      path, size, row, d);
-        goto close_file;
+        goto fail;
     }
     size_t n = size / row;
-    data = tsr_try_malloc(n, 4 * d);
-    if (data == NULL) {
-        rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory for %zu x %zu", path, n, d);
-        goto close_file;
-    }
-    rewind(f);
     for (size_t i = 0; i < n; i++) {
-        if (fread(&d32, 4, 1, f) != 1 || fread((char *)data + i * 4 * d, 4, d, f) != d) {
-            rc = tsr_err(err, TSR_EIO, "%s: short read at row %zu", path, i);
-            goto free_data;
-        }
+        memcpy(&d32, buf + i * row, 4);
         if ((size_t)d32 != d) {
             rc = tsr_err(err, TSR_EFORMAT, "%s: offset %zu: row %zu has dimension %d, expected %zu",
                          path, i * row, i, d32, d);
-            goto free_data;
+            goto fail;
         }
+        memmove(buf + i * 4 * d, buf + i * row + 4, 4 * d); /* destination never ahead */
     }
+    void *data = n > 0 ? realloc(buf, n * 4 * d) : NULL;
+    if (data == NULL) /* shrinking failed (or nothing left): keep the larger block */
+        data = buf;
     *out = data;
     *n_out = n;
     *d_out = d;
-    fclose(f);
     return 0;
-free_data:
-    free(data);
-close_file:
-    fclose(f);
+fail:
+    free(buf);
     return rc;
 }
 

@@ -19,7 +19,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/buf.h"
 #include "core/error.h"
+#include "core/hash.h"
 
 const double tsr_metrics_buckets[TSR_METRICS_NBUCKETS] = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -133,13 +135,10 @@ static void atomic_add_double(_Atomic uint64_t *p, double v)
 
 static uint64_t hash_key(const char *name, const char *labels)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-        h = (h ^ *p) * 1099511628211ull;
-    h = (h ^ 1u) * 1099511628211ull;
-    for (const unsigned char *p = (const unsigned char *)labels; *p; p++)
-        h = (h ^ *p) * 1099511628211ull;
-    return h;
+    static const unsigned char sep = 1; /* name and labels do not run together */
+    uint64_t h = tsr_fnv1a64_str(TSR_FNV1A64_BASIS_ROUTE, name);
+    h = tsr_fnv1a64(h, &sep, 1);
+    return tsr_fnv1a64_str(h, labels);
 }
 
 static int valid_name(const char *s, int allow_colon)
@@ -154,59 +153,6 @@ static int valid_name(const char *s, int allow_colon)
     return n > 0 && n <= NAME_MAX_LEN;
 }
 
-/* ---- small growable string ------------------------------------------------------------ */
-
-struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-};
-
-static void sb_reserve(struct sbuf *b, size_t extra)
-{
-    if (b->oom || b->len + extra + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + extra + 1) cap *= 2;
-    char *q = realloc(b->p, cap);
-    if (!q) {
-        b->oom = 1;
-        return;
-    }
-    b->p = q;
-    b->cap = cap;
-}
-
-static void sb_add(struct sbuf *b, const char *s, size_t n)
-{
-    sb_reserve(b, n);
-    if (b->oom) return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void sb_puts(struct sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
-
-static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(struct sbuf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        sb_add(b, tmp, (size_t)n);
-        return;
-    }
-    sb_reserve(b, (size_t)n);
-    if (b->oom) return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
 
 /* Shortest text that reads back as the same double; the format's NaN / +Inf / -Inf. */
 static void fmt_double(char out[40], double v)
@@ -230,8 +176,8 @@ static void fmt_double(char out[40], double v)
 /* "k=v,k2=v2" → `k="v",k2="v2"` (escaped). Returns a new string or NULL when invalid. */
 static char *render_labels(const char *labels, enum tsr_metric_type type)
 {
-    struct sbuf b = {0};
-    sb_puts(&b, "");
+    tsr_buf b = TSR_BUF_INIT;
+    tsr_buf_puts(&b, "");
     const char *p = labels;
     while (*p) {
         const char *eq = strchr(p, '=');
@@ -246,16 +192,16 @@ static char *render_labels(const char *labels, enum tsr_metric_type type)
         if (type == TSR_METRIC_HISTOGRAM && strcmp(key, "le") == 0) goto bad;
         const char *v = eq + 1;
         const char *ve = comma ? comma : v + strlen(v);
-        if (b.len) sb_puts(&b, ",");
-        sb_add(&b, key, kl);
-        sb_puts(&b, "=\"");
+        if (b.len) tsr_buf_puts(&b, ",");
+        tsr_buf_add(&b, key, kl);
+        tsr_buf_puts(&b, "=\"");
         for (const char *q = v; q < ve; q++) {
-            if (*q == '\\') sb_puts(&b, "\\\\");
-            else if (*q == '"') sb_puts(&b, "\\\"");
-            else if (*q == '\n') sb_puts(&b, "\\n");
-            else sb_add(&b, q, 1);
+            if (*q == '\\') tsr_buf_puts(&b, "\\\\");
+            else if (*q == '"') tsr_buf_puts(&b, "\\\"");
+            else if (*q == '\n') tsr_buf_puts(&b, "\\n");
+            else tsr_buf_add(&b, q, 1);
         }
-        sb_puts(&b, "\"");
+        tsr_buf_puts(&b, "\"");
         p = comma ? comma + 1 : ve;
         if (comma && !*p) goto bad; /* trailing comma */
     }
@@ -560,14 +506,14 @@ static int cmp_series(const void *a, const void *b)
     return strcmp(x->rendered, y->rendered);
 }
 
-static void render_series(struct sbuf *b, const struct series *s)
+static void render_series(tsr_buf *b, const struct series *s)
 {
     const char *n = s->fam->name;
     char num[40];
     if (s->fam->type != TSR_METRIC_HISTOGRAM) {
         fmt_double(num, u2d(atomic_load_explicit(&s->val, memory_order_relaxed)));
-        if (s->rendered[0]) sb_printf(b, "%s{%s} %s\n", n, s->rendered, num);
-        else sb_printf(b, "%s %s\n", n, num);
+        if (s->rendered[0]) tsr_buf_printf(b, "%s{%s} %s\n", n, s->rendered, num);
+        else tsr_buf_printf(b, "%s %s\n", n, num);
         return;
     }
     const char *sep = s->rendered[0] ? "," : "";
@@ -576,16 +522,16 @@ static void render_series(struct sbuf *b, const struct series *s)
         cum += atomic_load_explicit(&s->buckets[i], memory_order_relaxed);
         if (i < TSR_METRICS_NBUCKETS) fmt_double(num, tsr_metrics_buckets[i]);
         else strcpy(num, "+Inf");
-        sb_printf(b, "%s_bucket{%s%sle=\"%s\"} %llu\n", n, s->rendered, sep, num,
+        tsr_buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %llu\n", n, s->rendered, sep, num,
                   (unsigned long long)cum);
     }
     fmt_double(num, u2d(atomic_load_explicit(&s->sum, memory_order_relaxed)));
     /* _count equals the +Inf bucket, as the format requires, even mid-observe. */
     if (s->rendered[0]) {
-        sb_printf(b, "%s_sum{%s} %s\n", n, s->rendered, num);
-        sb_printf(b, "%s_count{%s} %llu\n", n, s->rendered, (unsigned long long)cum);
+        tsr_buf_printf(b, "%s_sum{%s} %s\n", n, s->rendered, num);
+        tsr_buf_printf(b, "%s_count{%s} %llu\n", n, s->rendered, (unsigned long long)cum);
     } else {
-        sb_printf(b, "%s_sum %s\n%s_count %llu\n", n, num, n, (unsigned long long)cum);
+        tsr_buf_printf(b, "%s_sum %s\n%s_count %llu\n", n, num, n, (unsigned long long)cum);
     }
 }
 
@@ -609,7 +555,7 @@ char *tsr_metrics_render(size_t *len)
     pthread_mutex_unlock(&reg_mu);
     for (int i = 0; i < nc; i++) fns[i](uds[i]);
 
-    struct sbuf b = {0};
+    tsr_buf b = TSR_BUF_INIT;
     struct series **list = malloc(sizeof *list * TSR_METRICS_MAX_SERIES);
     if (!list) return NULL;
     pthread_mutex_lock(&reg_mu);
@@ -621,13 +567,13 @@ char *tsr_metrics_render(size_t *len)
         }
         if (n == 0) continue; /* described but never sampled: nothing to say yet */
         qsort(list, (size_t)n, sizeof *list, cmp_series);
-        sb_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", families[f]->name, families[f]->help,
+        tsr_buf_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", families[f]->name, families[f]->help,
                   families[f]->name, type_name(families[f]->type));
         for (int i = 0; i < n; i++) render_series(&b, list[i]);
     }
     pthread_mutex_unlock(&reg_mu);
     free(list);
-    sb_printf(&b,
+    tsr_buf_printf(&b,
               "# HELP tessera_metrics_dropped_total Samples dropped by the metrics registry "
               "(bad name or labels, type mismatch, registry full).\n"
               "# TYPE tessera_metrics_dropped_total counter\n"

@@ -15,6 +15,7 @@
 #include <grpc/grpc.h>
 #include <grpc/support/time.h>
 
+#include "core/file.h"
 #include "core/mem.h"
 #include "net/rpc_int.h"
 
@@ -92,33 +93,14 @@ atomic_int tsr__rpc_pollers_running;
 
 char *tsr__rpc_read_file(const char *path, const char *what, tsr_error *err)
 {
-    enum { MAX = 1 << 20 };
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        tsr_err(err, TSR_EIO, "%s %s: %s", what, path, strerror(errno));
-        return NULL;
-    }
-    char *buf = tsr_try_malloc(MAX + 1, 1);
-    if (!buf) {
-        fclose(f);
-        tsr_err(err, TSR_ENOMEM, "%s %s: out of memory", what, path);
-        return NULL;
-    }
-    size_t n = fread(buf, 1, MAX + 1, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        tsr_err(err, TSR_EIO, "%s %s: read error", what, path);
-        return NULL;
-    }
-    if (n > MAX) {
-        free(buf);
-        tsr_err(err, TSR_ELIMIT, "%s %s: larger than 1 MiB, not a PEM file", what, path);
-        return NULL;
-    }
-    buf[n] = 0;
-    return buf;
+    tsr_error e = TSR_ERROR_INIT;
+    char *buf;
+    size_t len;
+    int rc = tsr_file_read(path, 1 << 20, 0, &buf, &len, &e); /* a PEM file is a few KiB */
+    if (rc == 0)
+        return buf;
+    tsr_err(err, rc, "%s %s", what, e.msg);
+    return NULL;
 }
 
 char *tsr__rpc_slice_strdup(grpc_slice s)

@@ -16,17 +16,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/hash.h"
 #include "core/mem.h"
 
 /* ---- hashing --------------------------------------------------------------------------- */
 
 static uint64_t hash_bytes(const char *s, size_t len)
 {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then a final mix for the low bits */
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001b3ull;
-    }
+    uint64_t h = tsr_fnv1a64(TSR_FNV1A64_BASIS, s, len); /* then a final mix for the low bits */
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdull;
     h ^= h >> 33;

@@ -69,6 +69,11 @@ void tsr_hits_sort(tsr_hit *h, size_t n, int larger_better)
 }
 
 /* ---- heap with the worst at the root ------------------------------------------------------ */
+/* Its order is core/heap.h's (tsr_hit_better); its storage is not: the hits are tsr_hit
+ * records (distance, crowding tag, label) that callers read in place, the heap fills up
+ * from empty (sift-up, no sentinels: a real hit at +inf must still enter) and the crowded
+ * collector replaces a hit at any position (fix_at). core/heap is the fixed-size,
+ * sentinel-filled form over parallel output arrays that the index kernels need. */
 
 int tsr_topk_init(tsr_topk *t, size_t k, int larger_better)
 {

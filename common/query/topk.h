@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/heap.h"
+
 #define TSR_TOPK_NOTAG UINT32_MAX /* == TSR_FILTER_NOID: no crowding tag, never limited */
 
 typedef struct tsr_hit {
@@ -29,12 +31,12 @@ typedef struct tsr_hit {
     int64_t label;
 } tsr_hit;
 
-/* 1 when a ranks strictly before b. */
+/* 1 when a ranks strictly before b: the order of core/heap.h (the index engine's k-heap)
+ * with its default tie rule, so a shard's hits rank as its scan ranked them. */
 static inline int tsr_hit_better(const tsr_hit *a, const tsr_hit *b, int larger_better)
 {
-    if (a->dist != b->dist)
-        return larger_better ? a->dist > b->dist : a->dist < b->dist;
-    return a->label < b->label;
+    return tsr_heap_worse(larger_better ? TSR_HEAP_LARGER_BETTER : 0, b->dist, b->label,
+                          a->dist, a->label);
 }
 
 /* Sorts best first (the total order above). */

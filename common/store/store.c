@@ -27,6 +27,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "core/file.h"
 #include "core/mem.h"
 
 void (*tsr__store_hook)(const char *step) = NULL;
@@ -144,44 +145,6 @@ static int valid_name(const char *n)
     return 1;
 }
 
-static int write_all(int fd, const void *buf, size_t len, const char *path, tsr_error *err)
-{
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t w = write(fd, p, len > IO_CHUNK ? IO_CHUNK : len);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return tsr_err(err, TSR_EIO, "write %s: %s", path, strerror(errno));
-        }
-        if (w == 0)
-            return tsr_err(err, TSR_EIO, "write %s: no progress", path);
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-static int fsync_fd(int fd, const char *path, tsr_error *err)
-{
-    while (fsync(fd) != 0) {
-        if (errno == EINTR)
-            continue;
-        return tsr_err(err, TSR_EIO, "fsync %s: %s", path, strerror(errno));
-    }
-    return 0;
-}
-
-static int fsync_dir(const char *path, tsr_error *err)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return tsr_err(err, TSR_EIO, "open directory %s: %s", path, strerror(errno));
-    int rc = fsync_fd(fd, path, err);
-    close(fd);
-    return rc;
-}
-
 /* Removes a file or a directory tree; 0 or -1 with errno. */
 static int rm_tree_at(int dfd, const char *name, int depth)
 {
@@ -239,53 +202,6 @@ static int mkdir_p(const char *dir, tsr_error *err)
     return 0;
 }
 
-/* Reads a whole small file (at most max bytes); NUL-terminated. */
-static int slurp(const char *path, size_t max, char **out, size_t *len, tsr_error *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return tsr_err(err, TSR_ENOTFOUND, "%s: does not exist", path);
-        return tsr_err(err, TSR_EIO, "open %s: %s", path, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return tsr_err(err, TSR_EIO, "stat %s: %s", path, strerror(errno));
-    }
-    if ((uint64_t)st.st_size > max) {
-        close(fd);
-        return tsr_err(err, TSR_ELIMIT, "%s: %lld bytes, more than the limit of %zu", path,
-                       (long long)st.st_size, max);
-    }
-    size_t cap = (size_t)st.st_size;
-    char *buf = tsr_try_malloc(cap + 1, 1);
-    if (buf == NULL) {
-        close(fd);
-        return tsr_err(err, TSR_ENOMEM, "%s: out of memory for %zu bytes", path, cap);
-    }
-    size_t n = 0;
-    while (n < cap) {
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            int rc = tsr_err(err, TSR_EIO, "read %s: %s", path, strerror(errno));
-            free(buf);
-            close(fd);
-            return rc;
-        }
-        if (r == 0)
-            break; /* shrank meanwhile: return what is there */
-        n += (size_t)r;
-    }
-    close(fd);
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 /* Size and CRC of a file by reading it; also fsyncs it when do_sync. */
 static int checksum_file(const char *path, int do_sync, uint64_t *size, uint32_t *crc,
                          tsr_error *err)
@@ -319,7 +235,7 @@ static int checksum_file(const char *path, int do_sync, uint64_t *size, uint32_t
     }
     free(buf);
     if (rc == 0 && do_sync)
-        rc = fsync_fd(fd, path, err);
+        rc = tsr_file_fsync(fd, path, err);
     close(fd);
     *size = n;
     *crc = c;
@@ -405,7 +321,7 @@ int tsr_store_current(const tsr_store *s, uint64_t *version, tsr_error *err)
 {
     char *path = join(s->dir, "CURRENT"), *buf = NULL;
     size_t len;
-    int rc = slurp(path, 64, &buf, &len, err);
+    int rc = tsr_file_read(path, 64, TSR_FILE_NOTFOUND, &buf, &len, err);
     if (rc == TSR_ENOTFOUND)
         rc = tsr_err(err, TSR_ENOTFOUND, "%s: no CURRENT version yet", path);
     if (rc == 0) {
@@ -441,8 +357,8 @@ int tsr_store_set_current(tsr_store *s, uint64_t version, tsr_error *err)
         rc = tsr_err(err, TSR_EIO, "open %s: %s", tmp, strerror(errno));
         goto done;
     }
-    if ((rc = write_all(fd, line, strlen(line), tmp, err)) != 0 ||
-        (rc = fsync_fd(fd, tmp, err)) != 0)
+    if ((rc = tsr_file_write_all(fd, line, strlen(line), tmp, err)) != 0 ||
+        (rc = tsr_file_fsync(fd, tmp, err)) != 0)
         goto done;
     if (close(fd) != 0) {
         fd = -1;
@@ -456,7 +372,7 @@ int tsr_store_set_current(tsr_store *s, uint64_t version, tsr_error *err)
         goto done;
     }
     HOOK("current-renamed");
-    rc = fsync_dir(s->dir, err);
+    rc = tsr_file_fsync_dir(s->dir, err);
     HOOK("current-synced");
 done:
     if (fd >= 0)
@@ -533,7 +449,7 @@ int tsr_store_read_file(const tsr_store *s, uint64_t version, const char *name,
     if ((rc = tsr_store_path(s, version, name, path, sizeof path, err)) != 0)
         return rc;
     char *b;
-    rc = slurp(path, max_len, &b, len, err);
+    rc = tsr_file_read(path, max_len, TSR_FILE_NOTFOUND, &b, len, err);
     if (rc == 0)
         *buf = b;
     return rc;
@@ -663,7 +579,7 @@ int tsr_store_verify(const tsr_store *s, uint64_t version, tsr_error *err)
         rc = tsr_err(err, TSR_ENOTFOUND, "%s: no such version", vdir);
         goto done;
     }
-    rc = slurp(mpath, MANIFEST_MAX, &text, &len, err);
+    rc = tsr_file_read(mpath, MANIFEST_MAX, TSR_FILE_NOTFOUND, &text, &len, err);
     if (rc == TSR_ENOTFOUND)
         rc = tsr_err(err, TSR_EFORMAT, "%s: missing", mpath);
     if (rc != 0)
@@ -742,7 +658,7 @@ int tsr_store_remove(tsr_store *s, uint64_t version, tsr_error *err)
         rc = tsr_err(err, TSR_EIO, "rename %s to %s: %s", vdir, gone, strerror(errno));
         goto done;
     }
-    if ((rc = fsync_dir(s->dir, err)) != 0)
+    if ((rc = tsr_file_fsync_dir(s->dir, err)) != 0)
         goto done;
     if (rm_tree(gone) != 0)
         rc = tsr_err(err, TSR_EIO, "remove %s: %s", gone, strerror(errno));
@@ -851,7 +767,7 @@ int tsr_store_file_open(tsr_store_txn *t, const char *name, tsr_store_file **out
 
 int tsr_store_file_write(tsr_store_file *f, const void *buf, size_t len, tsr_error *err)
 {
-    int rc = write_all(f->fd, buf, len, f->path, err);
+    int rc = tsr_file_write_all(f->fd, buf, len, f->path, err);
     if (rc == 0) {
         f->e.crc = tsr_store_crc32(f->e.crc, buf, len);
         f->e.size += len;
@@ -879,7 +795,7 @@ void tsr_store_file_abort(tsr_store_file *f)
 int tsr_store_file_close(tsr_store_file *f, tsr_error *err)
 {
     tsr_store_txn *t = f->t;
-    int rc = fsync_fd(f->fd, f->path, err);
+    int rc = tsr_file_fsync(f->fd, f->path, err);
     if (rc == 0) {
         int fd = f->fd;
         f->fd = -1;
@@ -982,7 +898,7 @@ int tsr_store_commit(tsr_store_txn *t, tsr_error *err)
         rc = tsr_err(err, TSR_EIO, "create %s: %s", mpath, strerror(errno));
         goto fail;
     }
-    if ((rc = write_all(fd, text, len, mpath, err)) != 0 || (rc = fsync_fd(fd, mpath, err)) != 0)
+    if ((rc = tsr_file_write_all(fd, text, len, mpath, err)) != 0 || (rc = tsr_file_fsync(fd, mpath, err)) != 0)
         goto fail;
     if (close(fd) != 0) {
         fd = -1;
@@ -991,7 +907,7 @@ int tsr_store_commit(tsr_store_txn *t, tsr_error *err)
     }
     fd = -1;
     HOOK("manifest-synced");
-    if ((rc = fsync_dir(t->tmp, err)) != 0)
+    if ((rc = tsr_file_fsync_dir(t->tmp, err)) != 0)
         goto fail;
     HOOK("tmp-dir-synced");
     if (rename(t->tmp, t->final) != 0) {
@@ -999,7 +915,7 @@ int tsr_store_commit(tsr_store_txn *t, tsr_error *err)
         goto fail;
     }
     HOOK("renamed");
-    if ((rc = fsync_dir(t->s->dir, err)) != 0) {
+    if ((rc = tsr_file_fsync_dir(t->s->dir, err)) != 0) {
         /* the rename happened but may not be durable; keep the directory (it is complete) */
         goto out;
     }
@@ -1038,34 +954,14 @@ int tsr_store_aux_write(tsr_store *s, const char *sub, const char *name, const v
                         size_t len, tsr_error *err)
 {
     char dir[4096], path[4096], tmp[4096 + 8];
-    int rc, fd = -1;
+    int rc;
     if ((rc = aux_path(s, sub, NULL, dir, sizeof dir, err)) != 0 ||
         (rc = aux_path(s, sub, name, path, sizeof path, err)) != 0)
         return rc;
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s", dir, name);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return tsr_err(err, TSR_EIO, "mkdir %s: %s", dir, strerror(errno));
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return tsr_err(err, TSR_EIO, "create %s: %s", tmp, strerror(errno));
-    if ((rc = write_all(fd, buf, len, tmp, err)) != 0 || (rc = fsync_fd(fd, tmp, err)) != 0)
-        goto fail;
-    if (close(fd) != 0) {
-        fd = -1;
-        rc = tsr_err(err, TSR_EIO, "close %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        rc = tsr_err(err, TSR_EIO, "rename %s to %s: %s", tmp, path, strerror(errno));
-        goto fail;
-    }
-    return fsync_dir(dir, err);
-fail:
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-    return rc;
+    return tsr_file_replace(path, tmp, dir, buf, len, err);
 }
 
 static int cmp_name(const void *a, const void *b)
@@ -1120,7 +1016,7 @@ int tsr_store_aux_read(const tsr_store *s, const char *sub, const char *name, si
     if ((rc = aux_path(s, sub, name, path, sizeof path, err)) != 0)
         return rc;
     char *b;
-    rc = slurp(path, max_len, &b, len, err);
+    rc = tsr_file_read(path, max_len, TSR_FILE_NOTFOUND, &b, len, err);
     if (rc == 0)
         *buf = b;
     return rc;

@@ -1,0 +1,140 @@
+/*
+ * file — whole-file reads and durable writes (contract and guards in file.h).
+ */
+#include "core/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/mem.h"
+
+/* One read or write call moves at most this much (Linux moves at most ~2 GiB anyway). */
+#define IO_CHUNK (1u << 20)
+
+int tsr_file_read(const char *path, size_t max, unsigned flags, char **out, size_t *len,
+                  tsr_error *err)
+{
+    int rc = 0;
+    char *buf = NULL;
+    *out = NULL;
+    *len = 0;
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        int code = errno == ENOENT && (flags & TSR_FILE_NOTFOUND) ? TSR_ENOTFOUND : TSR_EIO;
+        return tsr_err(err, code, "%s: cannot open: %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = tsr_err(err, TSR_EIO, "%s: cannot stat: %s", path, strerror(errno));
+        goto cleanup;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = tsr_err(err, TSR_EIO, "%s: not a regular file (%s)", path,
+                     S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, socket or device");
+        goto cleanup;
+    }
+    if (st.st_size < 0 || (uint64_t)st.st_size > max) {
+        rc = tsr_err(err, TSR_ELIMIT, "%s: %lld bytes, more than the limit of %zu", path,
+                     (long long)st.st_size, max);
+        goto cleanup;
+    }
+    size_t cap = (size_t)st.st_size;
+    buf = tsr_try_malloc(cap + 1, 1);
+    if (buf == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory for %zu bytes", path, cap);
+        goto cleanup;
+    }
+    size_t n = 0;
+    while (n < cap) {
+        size_t want = cap - n > IO_CHUNK ? IO_CHUNK : cap - n;
+        ssize_t r = read(fd, buf + n, want);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = tsr_err(err, TSR_EIO, "%s: cannot read: %s", path, strerror(errno));
+            goto cleanup;
+        }
+        if (r == 0)
+            break; /* shrank meanwhile: return what is there */
+        n += (size_t)r;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    buf = NULL;
+cleanup:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+int tsr_file_write_all(int fd, const void *buf, size_t n, const char *path, tsr_error *err)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n > IO_CHUNK ? IO_CHUNK : n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return tsr_err(err, TSR_EIO, "%s: write failed: %s", path, strerror(errno));
+        if (w == 0)
+            return tsr_err(err, TSR_EIO, "%s: write failed: no progress", path);
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int tsr_file_fsync(int fd, const char *path, tsr_error *err)
+{
+    while (fsync(fd) != 0) {
+        if (errno == EINTR)
+            continue;
+        return tsr_err(err, TSR_EIO, "%s: fsync failed: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+int tsr_file_fsync_dir(const char *dir, tsr_error *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return tsr_err(err, TSR_EIO, "%s: cannot open directory: %s", dir, strerror(errno));
+    int rc = tsr_file_fsync(fd, dir, err);
+    close(fd);
+    return rc;
+}
+
+int tsr_file_write_sync(const char *path, const void *buf, size_t n, tsr_error *err)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return tsr_err(err, TSR_EIO, "%s: cannot create: %s", path, strerror(errno));
+    int rc = tsr_file_write_all(fd, buf, n, path, err);
+    if (rc == 0)
+        rc = tsr_file_fsync(fd, path, err);
+    /* NFS and friends report deferred write errors at close */
+    if (close(fd) != 0 && rc == 0)
+        rc = tsr_err(err, TSR_EIO, "%s: close failed: %s", path, strerror(errno));
+    return rc;
+}
+
+int tsr_file_replace(const char *path, const char *tmp, const char *dir, const void *buf,
+                     size_t n, tsr_error *err)
+{
+    int rc = tsr_file_write_sync(tmp, buf, n, err);
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = tsr_err(err, TSR_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    if (rc != 0) {
+        unlink(tmp);
+        return rc;
+    }
+    return tsr_file_fsync_dir(dir, err);
+}

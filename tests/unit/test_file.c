@@ -1,0 +1,173 @@
+/*
+ * test_file — the one whole-file reader and the durable writers: contents and the NUL after
+ * them, an empty file, a file over the caller's limit (refused before allocating), a FIFO
+ * (refused at once, not waited on: alarm() turns a hang into a failure), a directory, a
+ * missing file (TSR_EIO, or TSR_ENOTFOUND when asked), write_sync and replace.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "core/file.h"
+
+static char dir[512];
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/tsr-file-XXXXXX", tmp && *tmp ? tmp : P_tmpdir);
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void path_in(char *buf, size_t cap, const char *name)
+{
+    snprintf(buf, cap, "%s/%s", dir, name);
+}
+
+static void test_read_and_write_sync(void **state)
+{
+    (void)state;
+    char p[600];
+    path_in(p, sizeof p, "a.txt");
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_file_write_sync(p, "hello\n", 6, &err), 0);
+    char *buf;
+    size_t len;
+    assert_int_equal(tsr_file_read(p, 6, 0, &buf, &len, &err), 0);
+    assert_int_equal(len, 6);
+    assert_memory_equal(buf, "hello\n", 7); /* with the NUL */
+    free(buf);
+    /* write_sync truncates */
+    assert_int_equal(tsr_file_write_sync(p, "hi", 2, &err), 0);
+    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
+    assert_int_equal(len, 2);
+    assert_string_equal(buf, "hi");
+    free(buf);
+}
+
+static void test_empty(void **state)
+{
+    (void)state;
+    char p[600];
+    path_in(p, sizeof p, "empty");
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_file_write_sync(p, "", 0, &err), 0);
+    char *buf = (char *)1;
+    size_t len = 99;
+    assert_int_equal(tsr_file_read(p, 0, 0, &buf, &len, &err), 0); /* limit 0 allows empty */
+    assert_non_null(buf);
+    assert_int_equal(len, 0);
+    assert_int_equal(buf[0], '\0');
+    free(buf);
+}
+
+static void test_oversize(void **state)
+{
+    (void)state;
+    char p[600];
+    path_in(p, sizeof p, "big");
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_file_write_sync(p, "0123456789", 10, &err), 0);
+    /* a sparse file far beyond memory: refused from its size, nothing allocated */
+    assert_int_equal(truncate(p, (off_t)1 << 40), 0);
+    char *buf = (char *)1;
+    size_t len;
+    assert_int_equal(tsr_file_read(p, 9, 0, &buf, &len, &err), TSR_ELIMIT);
+    assert_null(buf);
+    assert_non_null(strstr(err.msg, p));
+    assert_non_null(strstr(err.msg, "more than the limit of 9"));
+    assert_int_equal(truncate(p, 10), 0);
+    assert_int_equal(tsr_file_read(p, 9, 0, &buf, &len, &err), TSR_ELIMIT);
+    assert_int_equal(tsr_file_read(p, 10, 0, &buf, &len, &err), 0);
+    assert_int_equal(len, 10);
+    free(buf);
+}
+
+static void test_fifo_and_dir(void **state)
+{
+    (void)state;
+    char p[600];
+    path_in(p, sizeof p, "fifo");
+    assert_int_equal(mkfifo(p, 0600), 0);
+    tsr_error err = TSR_ERROR_INIT;
+    char *buf;
+    size_t len;
+    alarm(10);
+    int rc = tsr_file_read(p, 1 << 20, 0, &buf, &len, &err);
+    alarm(0);
+    assert_int_equal(rc, TSR_EIO);
+    assert_non_null(strstr(err.msg, p));
+    assert_non_null(strstr(err.msg, "not a regular file (a FIFO"));
+    unlink(p);
+    assert_int_equal(tsr_file_read(dir, 1 << 20, 0, &buf, &len, &err), TSR_EIO);
+    assert_non_null(strstr(err.msg, "not a regular file (a directory)"));
+}
+
+static void test_missing(void **state)
+{
+    (void)state;
+    char p[600];
+    path_in(p, sizeof p, "missing");
+    tsr_error err = TSR_ERROR_INIT;
+    char *buf;
+    size_t len;
+    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), TSR_EIO);
+    assert_non_null(strstr(err.msg, "cannot open: No such file"));
+    assert_int_equal(tsr_file_read(p, 100, TSR_FILE_NOTFOUND, &buf, &len, &err), TSR_ENOTFOUND);
+    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, NULL), TSR_EIO); /* err optional */
+}
+
+static void test_replace(void **state)
+{
+    (void)state;
+    char p[600], tmp[600];
+    path_in(p, sizeof p, "r");
+    path_in(tmp, sizeof tmp, "r.tmp");
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_file_replace(p, tmp, dir, "one", 3, &err), 0);
+    assert_int_equal(tsr_file_replace(p, tmp, dir, "two!", 4, &err), 0);
+    char *buf;
+    size_t len;
+    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
+    assert_string_equal(buf, "two!");
+    free(buf);
+    assert_int_equal(access(tmp, F_OK), -1); /* renamed away */
+    /* a temp path that cannot be created: the target stays as it was */
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s/no-such-dir/r.tmp", dir);
+    assert_int_equal(tsr_file_replace(p, bad, dir, "three", 5, &err), TSR_EIO);
+    assert_non_null(strstr(err.msg, bad));
+    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
+    assert_string_equal(buf, "two!");
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_read_and_write_sync),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_oversize),
+        cmocka_unit_test(test_fifo_and_dir),
+        cmocka_unit_test(test_missing),
+        cmocka_unit_test(test_replace),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
