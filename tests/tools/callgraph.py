@@ -192,6 +192,8 @@ def main():
                     print(f"    {e}", file=sys.stderr)
         elif not a.quiet:
             print(f"  no call loop in {folder}/")
+    if a.quiet and status == 0:
+        print(f"callgraph: {len(a.folders)} folders, no call loop between their files")
     return status
 
 
