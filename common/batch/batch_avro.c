@@ -29,8 +29,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-#include "batch/batch_avro_codec.h"
-#include "batch/batch_avro_schema.h"
+#include "batch/batch_avro_int.h"
 #include "batch/batch_int.h"
 #include "core/mem.h"
 

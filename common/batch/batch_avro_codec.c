@@ -1,7 +1,7 @@
 /*
  * batch_avro_codec — deflate and snappy block decoding for batch_avro (see the header).
  */
-#include "batch/batch_avro_codec.h"
+#include "batch/batch_avro_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
 /*
  * batch_avro_schema — writer-schema checks, reader-schema generation and record
- * pre-validation for batch_avro (see batch_avro_schema.h for why each exists).
+ * pre-validation for batch_avro (see batch_avro_int.h for why each exists).
  */
-#include "batch/batch_avro_schema.h"
+#include "batch/batch_avro_int.h"
 
 #include <stdarg.h>
 #include <stdio.h>
