@@ -13,7 +13,7 @@ loopback, loaded with the same vectors through UpdateIndex (CSV batch, ids v0000
 coordinator's labels equal the file's row numbers) — once with `plan: balanced`, once with
 `plan: locality`.
 
-Per plan, bench/bench_e2e.c (C client, common/rpc) times, query by query interleaved:
+Per plan, bench/bench_e2e.c (C client, common/net/rpc) times, query by query interleaved:
 in-process tsr_ivfpq_search on the file; "direct" = coarse step + one Shard.Search per
 touched shard in parallel + merge, done by the client (the sum of the parts); and one
 FindNeighbors through the coordinator. coordinator added = coord - direct. Then QPS with 4

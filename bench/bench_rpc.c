@@ -1,5 +1,5 @@
 /*
- * bench_rpc — the cost of one RPC through common/rpc over loopback, with a trivial
+ * bench_rpc — the cost of one RPC through common/net/rpc over loopback, with a trivial
  * handler (echo), server and client in one process (like a shard and the coordinator on
  * one machine, sharing its cores).
  *

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Interop: Avro batch files written by python `avro` (Debian python3-avro) with the
-seed 003 FeatureVector schema read back by Tessera's Avro reader (common/batch_avro.c)
+seed 003 FeatureVector schema read back by Tessera's Avro reader (common/batch/batch_avro.c)
 to exactly the records written.
 
 Covers dense, sparse-only, hybrid, restricts, numeric restricts (int/float/double),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Interop: a python grpcio client against the C rpc server (common/rpc_server.c).
+"""Interop: a python grpcio client against the C rpc server (common/net/rpc_server.c).
 
 Runs the unit-test binary in serve mode (TSR_RPC_TEST_SERVE=1 $TSR_BUILD/tests/test_rpc),
 generates python stubs from the project's proto/ into a temp dir with grpc_tools.protoc,
