@@ -11,7 +11,8 @@ another cluster's).
      line (on a restart that loads stored data) gets its hits;
   d. a process that fails at start-up (a bad config) ends cluster up with exit 1 within a
      few seconds and the tail of that process's log, instead of a restart loop;
-  e. --metrics-listen HOST:PORT: the coordinator serves /metrics on PORT, shard i on PORT+1+i.
+  e. --metrics-listen HOST:PORT: the coordinator serves /metrics on PORT, shard i on
+     PORT+1+i, the shards with tessera_version, tessera_vectors and tessera_lists.
 """
 import os
 import shutil
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import re
 import tempfile
 import time
 import urllib.request
@@ -189,9 +191,23 @@ def load_sample(tmp, port, fails):
         return f.read().strip()
 
 
-def case_listening_is_true(tmp, fails, data, port, q):
-    """A restart loads the stored version: the query right after the line must work."""
-    c = Cluster(data, port)
+def scrape(port):
+    return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read().decode()
+
+
+def gauge(text, name):
+    m = re.search(r"^%s (\S+)$" % name, text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def case_listening_is_true(tmp, fails, data, port, q, nrec):
+    """A restart loads the stored version: the query right after the line must work. The
+    same run serves /metrics (--metrics-listen): coordinator on M, shard i on M+1+i, the
+    shards with tessera_version / tessera_vectors / tessera_lists of what they loaded."""
+    mport = free_base(SHARDS)
+    while port <= mport <= port + SHARDS or mport <= port <= mport + SHARDS:
+        mport = free_base(SHARDS)
+    c = Cluster(data, port, "--metrics-listen", "127.0.0.1:%d" % mport)
     try:
         line = c.wait_line("coordinator listening", 90)
         if line is None:
@@ -203,30 +219,24 @@ def case_listening_is_true(tmp, fails, data, port, q):
         if r.returncode != 0 or len(hits) != 3:
             fails.append("the query right after 'listening' failed: exit %d\n%s%s"
                          % (r.returncode, r.stdout, r.stderr))
-    finally:
-        c.stop()
-
-
-def case_metrics(tmp, fails):
-    base = free_base(SHARDS)
-    mport = free_base(SHARDS)
-    while base <= mport <= base + SHARDS or mport <= base <= mport + SHARDS:
-        mport = free_base(SHARDS)
-    c = Cluster(os.path.join(tmp, "metrics"), base, "--metrics-listen", "127.0.0.1:%d" % mport)
-    try:
-        if c.wait_line("coordinator listening", 60) is None:
-            fails.append("metrics: cluster did not start:\n%s" % "".join(c.lines))
-            return
+        vectors = 0
         for i in range(SHARDS + 1):
-            url = "http://127.0.0.1:%d/metrics" % (mport + i)
             try:
-                text = urllib.request.urlopen(url, timeout=5).read().decode()
+                text = scrape(mport + i)
             except OSError as e:
-                fails.append("metrics: %s: %s" % (url, e))
+                fails.append("metrics on %d: %s" % (mport + i, e))
                 continue
-            if "tessera_rpc_requests_total" not in text and "tessera_version" not in text:
-                fails.append("metrics: %s lacks tessera series" % url)
-        print("e. /metrics on %d..%d" % (mport, mport + SHARDS))
+            if gauge(text, "tessera_version") != 1:
+                fails.append("metrics on %d: tessera_version %s, expected 1"
+                             % (mport + i, gauge(text, "tessera_version")))
+            if i > 0:  # a shard
+                vectors += gauge(text, "tessera_vectors") or 0
+                if not gauge(text, "tessera_lists"):
+                    fails.append("metrics on %d (shard-%d): tessera_lists %s"
+                                 % (mport + i, i - 1, gauge(text, "tessera_lists")))
+        print("e. /metrics on %d..%d: the shards hold %d vectors" % (mport, mport + SHARDS, vectors))
+        if vectors != nrec:
+            fails.append("metrics: the shards' tessera_vectors add up to %d, not %d" % (vectors, nrec))
     finally:
         c.stop()
 
@@ -255,8 +265,7 @@ def main():
             fails.append("cluster A's supervisor exited: %s" % a.p.returncode)
         a.stop()
         a = None
-        case_listening_is_true(tmp, fails, a_data, a_port, q)
-        case_metrics(tmp, fails)
+        case_listening_is_true(tmp, fails, a_data, a_port, q, 600)
     finally:
         if a is not None:
             a.stop()
