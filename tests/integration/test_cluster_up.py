@@ -19,39 +19,18 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import re
+import sys
 import tempfile
 import time
 import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BIN = os.environ.get("TSR_BIN", os.path.join(ROOT, "bin"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shard_harness import free_range  # noqa: E402
 TESSERA = os.path.join(BIN, "tessera")
 SHARDS = 2
-
-
-def free_base(n):
-    """A port p such that p..p+n are all free on loopback a moment ago."""
-    for _ in range(200):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-        s.close()
-        if p + n >= 65000:
-            continue
-        ok = True
-        for q in range(p, p + n + 1):
-            t = socket.socket()
-            try:
-                t.bind(("127.0.0.1", q))
-            except OSError:
-                ok = False
-            finally:
-                t.close()
-        if ok:
-            return p
-    raise RuntimeError("no free port range")
 
 
 class Cluster:
@@ -117,7 +96,7 @@ def log_sizes(data):
 
 
 def case_busy_port(tmp, fails):
-    base = free_base(SHARDS)
+    base = free_range(SHARDS)
     busy = base + 2  # shard-1's port
     s = socket.socket()
     s.bind(("127.0.0.1", busy))
@@ -140,9 +119,9 @@ def case_data_in_use(tmp, fails, a_data, a_port):
     r0 = run(["stats", "--target", "127.0.0.1:%d" % a_port])
     rc0, st0 = r0.returncode, r0.stdout
     logs0 = log_sizes(a_data)
-    base = free_base(SHARDS)
+    base = free_range(SHARDS)
     while a_port <= base <= a_port + SHARDS or base <= a_port <= base + SHARDS:
-        base = free_base(SHARDS)
+        base = free_range(SHARDS)
     rc, out, secs = up_once(a_data, base, 8)
     print("b. data of a running cluster: exit %s after %.1f s: %s"
           % (rc, secs, out.strip().splitlines()[-1:]))
@@ -166,7 +145,7 @@ def case_bad_config(tmp, fails):
     cfg = os.path.join(tmp, "bad.json")
     with open(cfg, "w") as f:
         f.write('{"dimensions": 0}\n')
-    rc, out, secs = up_once(os.path.join(tmp, "badcfg"), free_base(SHARDS), 10, "--config", cfg)
+    rc, out, secs = up_once(os.path.join(tmp, "badcfg"), free_range(SHARDS), 10, "--config", cfg)
     print("d. bad config: exit %s after %.1f s" % (rc, secs))
     if rc is None or rc == 0 or secs > 6:
         fails.append("bad config: expected a non-zero exit within 6 s, got %s after %.1f s:\n%s"
@@ -204,9 +183,9 @@ def case_listening_is_true(tmp, fails, data, port, q, nrec):
     """A restart loads the stored version: the query right after the line must work. The
     same run serves /metrics (--metrics-listen): coordinator on M, shard i on M+1+i, the
     shards with tessera_version / tessera_vectors / tessera_lists of what they loaded."""
-    mport = free_base(SHARDS)
+    mport = free_range(SHARDS)
     while port <= mport <= port + SHARDS or mport <= port <= mport + SHARDS:
-        mport = free_base(SHARDS)
+        mport = free_range(SHARDS)
     c = Cluster(data, port, "--metrics-listen", "127.0.0.1:%d" % mport)
     try:
         line = c.wait_line("coordinator listening", 90)
@@ -249,7 +228,7 @@ def main():
         case_busy_port(tmp, fails)
         case_bad_config(tmp, fails)
         a_data = os.path.join(tmp, "a")
-        a_port = free_base(SHARDS)
+        a_port = free_range(SHARDS)
         a = Cluster(a_data, a_port)
         if a.wait_line("coordinator listening", 60) is None:
             fails.append("cluster A did not start:\n%s" % "".join(a.lines))
