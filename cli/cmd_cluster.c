@@ -342,7 +342,7 @@ static void usage(FILE *f)
             "  Ctrl-C (SIGINT) or SIGTERM stops them all.\n"
             "  Without --config, DIR/coordinator.json is written from the flags (defaults:\n"
             "  --dimensions 64 --distance SQUARED_L2 --nlist 64 --pq-m 16 --nprobe 8); an existing\n"
-            "  DIR/coordinator.json is reused as is.\n"
+            "  DIR/coordinator.json is reused as is (refused when it names other shard ports).\n"
             "  --metrics-listen HOST:PORT  Prometheus /metrics: the coordinator on HOST:PORT,\n"
             "                  shard i on HOST:PORT+1+i (docs/operations.md \"Metrics\").\n"
             "  --start-timeout SECONDS  how long start-up may take, 1..86400 (default 120).\n"
@@ -545,6 +545,37 @@ static int own_dir(char *buf, size_t cap)
     return 0;
 }
 
+/* An existing DIR/coordinator.json must name the shards this run starts: one written for
+ * another --port or --shards would send the coordinator to other processes' ports (maybe
+ * another cluster's). 0, or 1 after saying so. */
+static int check_reused_config(const char *cfg, int port, int shards)
+{
+    FILE *f = fopen(cfg, "r");
+    if (f == NULL) {
+        fprintf(stderr, PROG ": cannot read %s: %s\n", cfg, strerror(errno));
+        return 1;
+    }
+    char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    int found = 0;
+    char addr[64];
+    for (int i = 0; i < shards; i++) {
+        snprintf(addr, sizeof addr, "\"127.0.0.1:%d\"", port + 1 + i);
+        found += strstr(buf, addr) != NULL;
+    }
+    snprintf(addr, sizeof addr, "\"127.0.0.1:%d\"", port + 1 + shards);
+    if (found == shards && strstr(buf, addr) == NULL)
+        return 0;
+    fprintf(stderr,
+            PROG ": %s (kept from an earlier run) does not name exactly the shards "
+                 "127.0.0.1:%d..%d: it was written for another --port or --shards; start with "
+                 "those, or pass --config, or use another --data\n",
+            cfg, port + 1, port + shards);
+    return 1;
+}
+
 /* Creates DIR and DIR/logs and names the config (writing the default one when absent). */
 static int prepare_data(const char *data, const char *config, char *cfg, size_t cfglen,
                         int port, int shards, int dims, const char *distance, int nlist,
@@ -562,10 +593,9 @@ static int prepare_data(const char *data, const char *config, char *cfg, size_t 
         return 0;
     }
     snprintf(cfg, cfglen, "%s/coordinator.json", data);
-    if (access(cfg, R_OK) != 0 &&
-        write_default_config(cfg, port, shards, dims, distance, nlist, pq_m, nprobe) != 0)
-        return 1;
-    return 0;
+    if (access(cfg, R_OK) != 0)
+        return write_default_config(cfg, port, shards, dims, distance, nlist, pq_m, nprobe) != 0;
+    return check_reused_config(cfg, port, shards);
 }
 
 /* Checks the TLS flags and makes the paths absolute (tls_paths owns them). 0 or 2. */

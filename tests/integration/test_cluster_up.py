@@ -12,7 +12,8 @@ another cluster's).
   d. a process that fails at start-up (a bad config) ends cluster up with exit 1 within a
      few seconds and the tail of that process's log, instead of a restart loop;
   e. --metrics-listen HOST:PORT: the coordinator serves /metrics on PORT, shard i on
-     PORT+1+i, the shards with tessera_version, tessera_vectors and tessera_lists.
+     PORT+1+i, the shards with tessera_version, tessera_vectors and tessera_lists;
+  f. a --data whose kept coordinator.json names other shard ports (another --port) is refused.
 """
 import os
 import shutil
@@ -244,6 +245,11 @@ def main():
             fails.append("cluster A's supervisor exited: %s" % a.p.returncode)
         a.stop()
         a = None
+        # f. A's folder on another port: its coordinator.json names A's shard ports
+        rc, out, secs = up_once(a_data, free_range(SHARDS), 8)
+        print("f. A's folder on another port: exit %s after %.1f s" % (rc, secs))
+        if rc != 1 or "coordinator.json" not in out or "listening" in out:
+            fails.append("a kept coordinator.json for other ports was used: exit %s\n%s" % (rc, out))
         case_listening_is_true(tmp, fails, a_data, a_port, q, 600)
     finally:
         if a is not None:
