@@ -70,7 +70,7 @@ endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 .PHONY: check-layers fuzz-build all deps test test-san test-unit test-interop test-integration test-fuzz-replay fuzz clean \
-        bench-search bench-ingest bench-rpc bench-e2e run demo
+        bench-search bench-ingest bench-rpc bench-e2e run demo python-client
 all: $(TARGETS)
 
 # Keep objects that pattern-rule chains would otherwise delete as intermediates.
@@ -203,6 +203,18 @@ run: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@deploy/local/run.sh --demo
+
+# ---- python client stubs (grpcio) ----------------------------------------------------------
+# Vertex's MatchService needs google/rpc/status.proto compiled too (BatchMatch answers carry
+# a google.rpc.Status); google/protobuf/any.proto comes with python3-protobuf.
+PY_PROTOS := google/cloud/aiplatform/container/v1/match_service.proto google/rpc/status.proto \
+             tessera/v1/tessera.proto tessera/v1/shard.proto
+python-client:
+	@mkdir -p build/python
+	/usr/bin/python3 -m grpc_tools.protoc -Iproto --python_out=build/python \
+	  --grpc_python_out=build/python $(PY_PROTOS)
+	@echo "python stubs in build/python: PYTHONPATH=build/python /usr/bin/python3, then e.g." \
+	  "from google.cloud.aiplatform.container.v1 import match_service_pb2, match_service_pb2_grpc"
 
 # ---- dependencies -------------------------------------------------------------------------
 deps:

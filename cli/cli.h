@@ -24,4 +24,21 @@ int tsr_cmd_stats(int argc, char **argv);
 int tsr_cmd_health(int argc, char **argv);
 int tsr_cmd_cluster_up(int argc, char **argv);
 
+/* cluster_check.c: the checks of `tessera cluster up` (see the file comment there). */
+#include <stddef.h>
+#include <stdio.h>
+struct tsr_rpc_client_opts;
+/* 0 when a server could bind host:port now; -1 with the reason in why otherwise. */
+int tsr_cluster_port_free(const char *host, int port, char *why, size_t whylen);
+/* 1 when another process holds dir/LOCK (a running coordinator or shard), else 0. */
+int tsr_cluster_dir_locked(const char *dir);
+/* 1 when target answers grpc.health.v1.Health/Check(service) SERVING within timeout_ms. */
+int tsr_cluster_health(const char *target, const char *service,
+                       const struct tsr_rpc_client_opts *opts, int timeout_ms);
+/* Size of a file (0 when missing): where this run's lines of a log begin. */
+long tsr_cluster_log_size(const char *path);
+/* Prints the last nlines lines written to path after offset off, each after prefix. */
+void tsr_cluster_print_log_tail(FILE *f, const char *prefix, const char *path, long off,
+                                int nlines);
+
 #endif

@@ -1,14 +1,21 @@
 /*
  * cmd_cluster — `tessera cluster up`: a local cluster supervisor on libuv.
  *
- * It starts one tessera-coordinator and S tessera-shard processes on loopback (uv_spawn),
- * each with its own data directory and log file under --data, restarts a process that
- * exits unexpectedly (with a short backoff, so a crash loop does not spin), and on SIGINT
- * or SIGTERM stops every child with SIGTERM (SIGKILL after a grace period) and exits.
+ * It starts S tessera-shard processes and then one tessera-coordinator on loopback
+ * (uv_spawn), each with its own data directory and log file under --data. Start-up is
+ * checked, not assumed: before anything starts, every port must be free and no running
+ * process may hold one of the data directories (cluster_check.c); "listening" is printed
+ * only once every process answered grpc.health.v1 Check with SERVING (the shards first,
+ * so the coordinator's first query finds them); a process that exits before it ever
+ * served ends the run with status 1 and the tail of its log (a bind error, a data
+ * directory in use, a bad config: restarting would loop forever). A process that served
+ * once and then exits is restarted with a short backoff (so a crash loop does not spin).
+ * On SIGINT or SIGTERM every child gets SIGTERM (SIGKILL after a grace period).
  *
  * DESIGN: everything runs on the one libuv loop thread (process handles, timers, signal
- * handles); there is no other thread, hence no locking. Each child is a `child` struct
- * owned by the supervisor for the whole run.
+ * handles; the start-up health checks are short blocking calls on that thread, each with
+ * a deadline of HEALTH_CALL_MS); there is no other thread, hence no locking. Each child
+ * is a `child` struct owned by the supervisor for the whole run.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,30 +31,47 @@
 #include "cli.h"
 #include "core/cmdline.h"
 #include "core/mem.h"
+#include "net/rpc.h"
 
 #define PROG "tessera cluster up"
 
-enum { MAX_SHARDS = 64, STOP_GRACE_MS = 5000 };
+enum {
+    MAX_SHARDS = 64,
+    STOP_GRACE_MS = 5000,
+    HEALTH_POLL_MS = 200,   /* start-up: how often a starting process is asked */
+    HEALTH_CALL_MS = 500,   /* deadline of one Health/Check */
+    TAIL_LINES = 12         /* lines of a failed process's log printed */
+};
 
 typedef struct child {
     const char *name;   /* "coordinator", "shard-0", ... (owned by the supervisor) */
     char **args;        /* argv for uv_spawn, NULL-terminated (owned) */
     char *log_path;     /* owned */
+    char *target;       /* owned: "127.0.0.1:PORT", asked for health */
+    const char *service; /* health service name that says it serves */
+    long log_off;       /* size of the log before this run: where its lines start */
     uv_process_t proc;
     uv_timer_t restart_timer;
     int running;
+    int healthy;        /* answered SERVING once: from then on an exit means a restart */
+    int launched;       /* start_child was called once */
     int restarts;
     uint64_t started_ms;
 } child;
 
 typedef struct supervisor {
     uv_loop_t *loop;
-    child kids[MAX_SHARDS + 1];
-    int nkids;
+    child kids[MAX_SHARDS + 1]; /* shards 0..nshards-1, then the coordinator */
+    int nkids, nshards;
     int stopping;
+    int starting;       /* 1 until every process answered SERVING once */
+    int exit_code;      /* 0, or 1 when the cluster could not start */
     int alive;
+    uint64_t start_deadline_ms;
+    tsr_rpc_client_opts health_opts;
+    const char *cfg, *data, *mlisten, *tls_mode;
     uv_signal_t sigint, sigterm;
-    uv_timer_t kill_timer;
+    uv_timer_t kill_timer, health_timer;
 } supervisor;
 
 static supervisor sup;
@@ -59,6 +83,53 @@ static void on_restart_timer(uv_timer_t *t)
     child *c = t->data;
     if (!sup.stopping)
         start_child(c);
+}
+
+static void on_kill_timer(uv_timer_t *t)
+{
+    (void)t;
+    for (int i = 0; i < sup.nkids; i++)
+        if (sup.kids[i].running) {
+            fprintf(stderr, PROG ": %s did not stop in %d ms; killing\n", sup.kids[i].name,
+                    STOP_GRACE_MS);
+            uv_process_kill(&sup.kids[i].proc, SIGKILL);
+        }
+}
+
+/* Stops every child (SIGTERM, SIGKILL after STOP_GRACE_MS); the loop ends when the last
+ * one exited. */
+static void stop_all(void)
+{
+    if (sup.stopping)
+        return;
+    sup.stopping = 1;
+    uv_timer_stop(&sup.health_timer);
+    for (int i = 0; i < sup.nkids; i++) {
+        uv_timer_stop(&sup.kids[i].restart_timer);
+        if (sup.kids[i].running)
+            uv_process_kill(&sup.kids[i].proc, SIGTERM);
+    }
+    if (sup.alive == 0)
+        uv_stop(sup.loop);
+    else
+        uv_timer_start(&sup.kill_timer, on_kill_timer, STOP_GRACE_MS, 0);
+}
+
+/* The cluster cannot start: say why (with what the process itself logged), stop the
+ * others and end with exit status 1. */
+static void start_failed(child *c, const char *fmt, ...)
+{
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, PROG ": %s %s; the cluster is not started\n", c->name, why);
+    fprintf(stderr, PROG ": last lines of %s:\n", c->log_path);
+    tsr_cluster_print_log_tail(stderr, "  | ", c->log_path, c->log_off, TAIL_LINES);
+    fflush(stderr);
+    sup.exit_code = 1;
+    stop_all();
 }
 
 static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
@@ -75,7 +146,12 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
         }
         return;
     }
-    /* Unexpected exit: restart, sooner if it had run for a while. */
+    if (!c->healthy) { /* bind error, data directory in use, bad config: no restart loop */
+        start_failed(c, "exited during start-up (status %lld, signal %d)", (long long)status,
+                     term_signal);
+        return;
+    }
+    /* It served once: restart, sooner if it had run for a while. */
     uint64_t ran = uv_now(sup.loop) - c->started_ms;
     uint64_t delay = ran > 10000 ? 200 : (uint64_t)(500 * (c->restarts < 8 ? c->restarts + 1 : 8));
     fprintf(stderr, PROG ": %s exited (status %lld, signal %d); restarting in %llu ms (log %s)\n",
@@ -86,12 +162,19 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
 
 static void start_child(child *c)
 {
+    c->launched = 1;
     int fd = open(c->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
         fprintf(stderr, PROG ": %s: cannot open log %s: %s\n", c->name, c->log_path,
                 strerror(errno));
+        if (!c->healthy) {
+            sup.exit_code = 1;
+            stop_all();
+        }
         return;
     }
+    if (!c->healthy)
+        c->log_off = tsr_cluster_log_size(c->log_path);
     uv_stdio_container_t stdio[3];
     stdio[0].flags = UV_IGNORE;
     stdio[1].flags = UV_INHERIT_FD;
@@ -110,6 +193,11 @@ static void start_child(child *c)
     close(fd);
     if (r != 0) {
         fprintf(stderr, PROG ": cannot start %s (%s): %s\n", c->name, c->args[0], uv_strerror(r));
+        if (!c->healthy) {
+            sup.exit_code = 1;
+            stop_all();
+            return;
+        }
         c->restarts++;
         uv_timer_start(&c->restart_timer, on_restart_timer, 1000, 0);
         return;
@@ -119,15 +207,57 @@ static void start_child(child *c)
     sup.alive++;
 }
 
-static void on_kill_timer(uv_timer_t *t)
+static void print_listening(void)
+{
+    child *co = &sup.kids[sup.nshards];
+    printf(PROG ": coordinator listening on %s (config %s%s)\n", co->target, sup.cfg,
+           sup.tls_mode);
+    for (int i = 0; i < sup.nshards; i++)
+        printf(PROG ": %s listening on %s\n", sup.kids[i].name, sup.kids[i].target);
+    if (sup.mlisten)
+        printf(PROG ": metrics on %s (coordinator), the next ports for shard-0..%d\n",
+               sup.mlisten, sup.nshards - 1);
+    printf(PROG ": logs in %s/logs; Ctrl-C stops the cluster\n", sup.data);
+    fflush(stdout);
+}
+
+/* Start-up: the shards first; once each answered SERVING, the coordinator (so that its
+ * first query finds them); once it answered SERVING, "listening" is true. */
+static void on_health_timer(uv_timer_t *t)
 {
     (void)t;
-    for (int i = 0; i < sup.nkids; i++)
-        if (sup.kids[i].running) {
-            fprintf(stderr, PROG ": %s did not stop in %d ms; killing\n", sup.kids[i].name,
-                    STOP_GRACE_MS);
-            uv_process_kill(&sup.kids[i].proc, SIGKILL);
+    if (sup.stopping || !sup.starting)
+        return;
+    int shards_ready = 1;
+    for (int i = 0; i < sup.nkids; i++) {
+        child *c = &sup.kids[i];
+        if (i == sup.nshards && !shards_ready)
+            break;
+        if (i == sup.nshards && !c->launched) {
+            start_child(c);
+            break;
         }
+        if (!c->healthy && c->running &&
+            tsr_cluster_health(c->target, c->service, &sup.health_opts, HEALTH_CALL_MS))
+            c->healthy = 1;
+        if (sup.stopping)
+            return;
+        shards_ready &= c->healthy;
+    }
+    if (shards_ready && sup.kids[sup.nshards].healthy) {
+        sup.starting = 0;
+        uv_timer_stop(&sup.health_timer);
+        print_listening();
+        return;
+    }
+    if (uv_now(sup.loop) > sup.start_deadline_ms) {
+        for (int i = 0; i < sup.nkids; i++)
+            if (!sup.kids[i].healthy) {
+                start_failed(&sup.kids[i], "did not answer a health check within the start-up "
+                                           "timeout (--start-timeout)");
+                return;
+            }
+    }
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -135,17 +265,8 @@ static void on_signal(uv_signal_t *h, int signum)
     (void)h;
     if (sup.stopping)
         return;
-    sup.stopping = 1;
     fprintf(stderr, PROG ": signal %d, stopping %d processes\n", signum, sup.alive);
-    for (int i = 0; i < sup.nkids; i++) {
-        uv_timer_stop(&sup.kids[i].restart_timer);
-        if (sup.kids[i].running)
-            uv_process_kill(&sup.kids[i].proc, SIGTERM);
-    }
-    if (sup.alive == 0)
-        uv_stop(sup.loop);
-    else
-        uv_timer_start(&sup.kill_timer, on_kill_timer, STOP_GRACE_MS, 0);
+    stop_all();
 }
 
 enum { MAX_ARGS = 40 };
@@ -210,12 +331,21 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: tessera cluster up --data DIR [--shards S] [--port P] [--config FILE]\n"
             "                          [--dimensions D --distance M --nlist N --pq-m M --nprobe P]\n"
-            "  Starts a coordinator on 127.0.0.1:P (default 7000) and S shards (default 4) on\n"
-            "  ports P+1..P+S, each with its data and log under DIR; restarts a process that\n"
-            "  dies; Ctrl-C (SIGINT) or SIGTERM stops them all.\n"
+            "                          [--metrics-listen HOST:PORT] [--start-timeout SECONDS]\n"
+            "  Starts S shards (default 4) on 127.0.0.1:P+1..P+S and, once they answer, a\n"
+            "  coordinator on 127.0.0.1:P (default 7000), each with its data and log under DIR.\n"
+            "  Before starting anything it checks that every port is free and that no running\n"
+            "  process holds one of DIR's data directories (their LOCK files). \"listening\" is\n"
+            "  printed once every process answered grpc.health.v1 Check with SERVING. A process\n"
+            "  that exits before it ever served ends cluster up (status 1) with the last lines\n"
+            "  of its log; one that served and then died is restarted (with a short backoff).\n"
+            "  Ctrl-C (SIGINT) or SIGTERM stops them all.\n"
             "  Without --config, DIR/coordinator.json is written from the flags (defaults:\n"
             "  --dimensions 64 --distance SQUARED_L2 --nlist 64 --pq-m 16 --nprobe 8); an existing\n"
-            "  DIR/coordinator.json is reused as is.\n"
+            "  DIR/coordinator.json is reused as is (refused when it names other shard ports).\n"
+            "  --metrics-listen HOST:PORT  Prometheus /metrics: the coordinator on HOST:PORT,\n"
+            "                  shard i on HOST:PORT+1+i (docs/operations.md \"Metrics\").\n"
+            "  --start-timeout SECONDS  how long start-up may take, 1..86400 (default 120).\n"
             "  TLS (docs/operations.md): --tls-cert FILE --tls-key FILE --tls-ca FILE makes every\n"
             "  port TLS-only with that certificate (it must name 127.0.0.1 or the name given with\n"
             "  --tls-server-name); the coordinator verifies the shards with --tls-ca. --mtls also\n"
@@ -224,7 +354,8 @@ static void usage(FILE *f)
             "  Ranges: --shards 1..64, --port 1..65535 (P+S <= 65535), --dimensions 1..65536,\n"
             "  --nlist 1..1048576, --pq-m 1..65536, --nprobe 1..1048576.\n"
             "Exit status: 0 after SIGINT or SIGTERM stopped the cluster, 1 when it cannot start\n"
-            "(data directory, config file), 2 on usage errors (flags, TLS files).\n");
+            "(a port in use, a data directory in use, a process that failed at start-up, the\n"
+            "config file), 2 on usage errors (flags, TLS files).\n");
 }
 
 static int write_default_config(const char *path, int port, int shards, int dims,
@@ -244,11 +375,265 @@ static int write_default_config(const char *path, int port, int shards, int dims
     return fclose(f) == 0 ? 0 : -1;
 }
 
+/* --metrics-listen HOST:PORT → host (in buf) and port; 0, or -1 when malformed. */
+static int split_host_port(const char *s, char *host, size_t hostlen, int *port)
+{
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || colon == s || (size_t)(colon - s) >= hostlen)
+        return -1;
+    char *end;
+    errno = 0;
+    long p = strtol(colon + 1, &end, 10);
+    if (errno || end == colon + 1 || *end || p < 1 || p > 65535)
+        return -1;
+    const char *h = s, *he = colon;
+    if (*h == '[' && he[-1] == ']') { /* [::1]:9100 */
+        h++;
+        he--;
+    }
+    snprintf(host, hostlen, "%.*s", (int)(he - h), h);
+    *port = (int)p;
+    return 0;
+}
+
+/* Every port the cluster will listen on must be free, and no process may hold one of the
+ * data directories it will open: checked before anything starts (a second cluster on the
+ * same ports or the same DIR must not start, nor write into the other's logs). Returns 0,
+ * or 1 after printing what is in use. */
+static int preflight(const char *data, int port, int shards, const char *mhost, int mport)
+{
+    char why[128], dir[PATH_MAX + 32];
+    for (int i = 0; i <= shards; i++) {
+        char role[32];
+        snprintf(role, sizeof role, i ? "shard-%d" : "coordinator", i - 1);
+        if (tsr_cluster_port_free("127.0.0.1", port + i, why, sizeof why) != 0) {
+            fprintf(stderr,
+                    PROG ": port %d (%s) is in use: %s; the cluster needs 127.0.0.1:%d..%d "
+                         "(pick another --port)\n",
+                    port + i, role, why, port, port + shards);
+            return 1;
+        }
+        if (mhost && tsr_cluster_port_free(mhost, mport + i, why, sizeof why) != 0) {
+            fprintf(stderr,
+                    PROG ": metrics port %s:%d is in use: %s; --metrics-listen needs ports "
+                         "%d..%d (pick another one)\n",
+                    mhost, mport + i, why, mport, mport + shards);
+            return 1;
+        }
+    }
+    for (int i = 0; i <= shards; i++) {
+        if (i < shards)
+            snprintf(dir, sizeof dir, "%s/shard-%d", data, i);
+        else
+            snprintf(dir, sizeof dir, "%s/coordinator", data);
+        if (tsr_cluster_dir_locked(dir)) {
+            fprintf(stderr,
+                    PROG ": data directory %s is in use by another process (its LOCK is held: "
+                         "is a cluster already running on --data %s?); stop it or pick another "
+                         "--data\n",
+                    dir, data);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* What a cluster is made of, from the flags. */
+typedef struct cluster_plan {
+    const char *data, *bindir, *cfg;
+    int port, shards;
+    const char *mhost; /* NULL = no metrics */
+    int mport;
+    const cluster_tls *tls;
+} cluster_plan;
+
+static void add_metrics(char **v, const cluster_plan *pl, int i)
+{
+    if (!pl->mhost)
+        return;
+    char m[300];
+    snprintf(m, sizeof m, strchr(pl->mhost, ':') ? "[%s]:%d" : "%s:%d", pl->mhost, pl->mport + i);
+    argv_add(v, "--metrics-listen", m, (char *)NULL);
+}
+
+/* Fills sup.kids: the shards, then the coordinator (it starts once they answer). */
+static void plan_children(const cluster_plan *pl)
+{
+    char path[PATH_MAX + 64], exe[PATH_MAX + 32], addr[64], dir[PATH_MAX + 32];
+    for (int i = 0; i <= pl->shards; i++) {
+        int coord = i == pl->shards;
+        child *k = &sup.kids[sup.nkids++];
+        char name[32];
+        snprintf(name, sizeof name, coord ? "coordinator" : "shard-%d", i);
+        snprintf(dir, sizeof dir, "%s/%s", pl->data, name);
+        mkdir(dir, 0755);
+        snprintf(exe, sizeof exe, "%s/%s", pl->bindir,
+                 coord ? "tessera-coordinator" : "tessera-shard");
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", coord ? pl->port : pl->port + 1 + i);
+        k->name = tsr_xstrdup(name);
+        k->target = tsr_xstrdup(addr);
+        k->service = coord ? "tessera.v1.VectorSearch" : "tessera.v1.Shard";
+        k->args = argv_new();
+        argv_add(k->args, exe, "--listen", addr, "--data", dir, (char *)NULL);
+        if (coord) {
+            argv_add(k->args, "--config", pl->cfg, (char *)NULL);
+            add_coord_tls(k->args, pl->tls);
+        } else {
+            add_shard_tls(k->args, pl->tls);
+        }
+        add_metrics(k->args, pl, coord ? 0 : 1 + i);
+        snprintf(path, sizeof path, "%s/logs/%s.log", pl->data, name);
+        k->log_path = tsr_xstrdup(path);
+        uv_timer_init(sup.loop, &k->restart_timer);
+        k->restart_timer.data = k;
+    }
+    sup.nshards = pl->shards;
+}
+
+/* Runs the supervisor until the cluster stopped; returns the exit status. */
+static int supervise(int start_timeout_s)
+{
+    uv_timer_init(sup.loop, &sup.kill_timer);
+    uv_timer_init(sup.loop, &sup.health_timer);
+    uv_signal_init(sup.loop, &sup.sigint);
+    uv_signal_init(sup.loop, &sup.sigterm);
+    uv_signal_start(&sup.sigint, on_signal, SIGINT);
+    uv_signal_start(&sup.sigterm, on_signal, SIGTERM);
+    sup.starting = 1;
+    sup.start_deadline_ms = uv_now(sup.loop) + (uint64_t)start_timeout_s * 1000;
+    printf(PROG ": starting %d shards, then the coordinator (logs in %s/logs)\n", sup.nshards,
+           sup.data);
+    fflush(stdout);
+    for (int i = 0; i < sup.nshards && !sup.stopping; i++)
+        start_child(&sup.kids[i]);
+    if (!sup.stopping)
+        uv_timer_start(&sup.health_timer, on_health_timer, HEALTH_POLL_MS, HEALTH_POLL_MS);
+    if (!sup.stopping || sup.alive > 0)
+        uv_run(sup.loop, UV_RUN_DEFAULT);
+    /* Close the remaining handles so the loop can be closed cleanly. */
+    for (int i = 0; i < sup.nkids; i++)
+        uv_close((uv_handle_t *)&sup.kids[i].restart_timer, NULL);
+    uv_close((uv_handle_t *)&sup.kill_timer, NULL);
+    uv_close((uv_handle_t *)&sup.health_timer, NULL);
+    uv_close((uv_handle_t *)&sup.sigint, NULL);
+    uv_close((uv_handle_t *)&sup.sigterm, NULL);
+    uv_run(sup.loop, UV_RUN_DEFAULT);
+    uv_loop_close(sup.loop);
+    for (int i = 0; i < sup.nkids; i++) {
+        for (char **a = sup.kids[i].args; *a; a++)
+            free(*a);
+        free(sup.kids[i].args);
+        free(sup.kids[i].log_path);
+        free(sup.kids[i].target);
+        free((char *)sup.kids[i].name);
+    }
+    fprintf(stderr, PROG ": %s\n", sup.exit_code ? "could not start the cluster" : "stopped");
+    return sup.exit_code;
+}
+
+/* Directory of this executable (bin/tessera → bin/tessera-shard beside it). */
+static int own_dir(char *buf, size_t cap)
+{
+    size_t sz = cap;
+    if (uv_exepath(buf, &sz) != 0) {
+        fprintf(stderr, PROG ": cannot find my own path\n");
+        return -1;
+    }
+    char *slash = strrchr(buf, '/');
+    if (slash)
+        *slash = '\0';
+    return 0;
+}
+
+/* An existing DIR/coordinator.json must name the shards this run starts: one written for
+ * another --port or --shards would send the coordinator to other processes' ports (maybe
+ * another cluster's). 0, or 1 after saying so. */
+static int check_reused_config(const char *cfg, int port, int shards)
+{
+    FILE *f = fopen(cfg, "r");
+    if (f == NULL) {
+        fprintf(stderr, PROG ": cannot read %s: %s\n", cfg, strerror(errno));
+        return 1;
+    }
+    char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    int found = 0;
+    char addr[64];
+    for (int i = 0; i < shards; i++) {
+        snprintf(addr, sizeof addr, "\"127.0.0.1:%d\"", port + 1 + i);
+        found += strstr(buf, addr) != NULL;
+    }
+    snprintf(addr, sizeof addr, "\"127.0.0.1:%d\"", port + 1 + shards);
+    if (found == shards && strstr(buf, addr) == NULL)
+        return 0;
+    fprintf(stderr,
+            PROG ": %s (kept from an earlier run) does not name exactly the shards "
+                 "127.0.0.1:%d..%d: it was written for another --port or --shards; start with "
+                 "those, or pass --config, or use another --data\n",
+            cfg, port + 1, port + shards);
+    return 1;
+}
+
+/* Creates DIR and DIR/logs and names the config (writing the default one when absent). */
+static int prepare_data(const char *data, const char *config, char *cfg, size_t cfglen,
+                        int port, int shards, int dims, const char *distance, int nlist,
+                        int pq_m, int nprobe)
+{
+    if (mkdir(data, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, PROG ": cannot create %s: %s\n", data, strerror(errno));
+        return 1;
+    }
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/logs", data);
+    mkdir(path, 0755);
+    if (config) {
+        snprintf(cfg, cfglen, "%s", config);
+        return 0;
+    }
+    snprintf(cfg, cfglen, "%s/coordinator.json", data);
+    if (access(cfg, R_OK) != 0)
+        return write_default_config(cfg, port, shards, dims, distance, nlist, pq_m, nprobe) != 0;
+    return check_reused_config(cfg, port, shards);
+}
+
+/* Checks the TLS flags and makes the paths absolute (tls_paths owns them). 0 or 2. */
+static int resolve_tls(cluster_tls *tls, char *tls_paths[3])
+{
+    if ((tls->cert || tls->key || tls->ca || tls->name || tls->mtls) &&
+        !(tls->cert && tls->key && tls->ca)) {
+        fprintf(stderr, PROG ": TLS needs all of --tls-cert, --tls-key and --tls-ca\n");
+        return 2;
+    }
+    if (!tls->cert)
+        return 0;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_cmdline_tls chk = {tls->cert, "--tls-cert", tls->key, "--tls-key", tls->ca, "--tls-ca"};
+    if (tsr_cmdline_check_tls(&chk, 1, &err) != 0) {
+        fprintf(stderr, PROG ": %s\n", err.msg);
+        return 2;
+    }
+    /* absolute, as the children may log them */
+    tls_paths[0] = abs_path(tls->cert);
+    tls_paths[1] = abs_path(tls->key);
+    tls_paths[2] = abs_path(tls->ca);
+    if (!tls_paths[0] || !tls_paths[1] || !tls_paths[2]) {
+        fprintf(stderr, PROG ": TLS files: %s\n", strerror(errno));
+        return 2;
+    }
+    tls->cert = tls_paths[0];
+    tls->key = tls_paths[1];
+    tls->ca = tls_paths[2];
+    return 0;
+}
+
 int tsr_cmd_cluster_up(int argc, char **argv)
 {
     cluster_tls tls = {0};
-    const char *data = NULL, *config = NULL, *distance = "SQUARED_L2";
+    const char *data = NULL, *config = NULL, *distance = "SQUARED_L2", *mlisten = NULL;
     int shards = 4, port = 7000, dims = 64, nlist = 64, pq_m = 16, nprobe = 8;
+    int start_timeout = 120;
     const tsr_cmdline_opt opts[] = {
         {"--data", TSR_CMDLINE_STR, &data, 0, 0, 1},
         {"--shards", TSR_CMDLINE_INT, &shards, 1, MAX_SHARDS, 0},
@@ -259,6 +644,8 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         {"--nlist", TSR_CMDLINE_INT, &nlist, 1, 1 << 20, 0},
         {"--pq-m", TSR_CMDLINE_INT, &pq_m, 1, 65536, 0},
         {"--nprobe", TSR_CMDLINE_INT, &nprobe, 1, 1 << 20, 0},
+        {"--metrics-listen", TSR_CMDLINE_STR, &mlisten, 0, 0, 0},
+        {"--start-timeout", TSR_CMDLINE_INT, &start_timeout, 1, 86400, 0},
         {"--tls-cert", TSR_CMDLINE_STR, &tls.cert, 0, 0, 0},
         {"--tls-key", TSR_CMDLINE_STR, &tls.key, 0, 0, 0},
         {"--tls-ca", TSR_CMDLINE_STR, &tls.ca, 0, 0, 0},
@@ -274,126 +661,46 @@ int tsr_cmd_cluster_up(int argc, char **argv)
                 shards);
         return 2;
     }
-    if ((tls.cert || tls.key || tls.ca || tls.name || tls.mtls) &&
-        !(tls.cert && tls.key && tls.ca)) {
-        fprintf(stderr, PROG ": TLS needs all of --tls-cert, --tls-key and --tls-ca\n");
+    char mhost[256];
+    int mport = 0;
+    if (mlisten && (split_host_port(mlisten, mhost, sizeof mhost, &mport) != 0 ||
+                    mport + shards > 65535)) {
+        fprintf(stderr,
+                PROG ": --metrics-listen %s: expected HOST:PORT with PORT+%d <= 65535 (the "
+                     "shards take the next ports)\n",
+                mlisten, shards);
         return 2;
     }
     char *tls_paths[3] = {NULL, NULL, NULL};
-    if (tls.cert) {
-        tsr_error err = TSR_ERROR_INIT;
-        tsr_cmdline_tls chk = {tls.cert, "--tls-cert", tls.key, "--tls-key", tls.ca, "--tls-ca"};
-        if (tsr_cmdline_check_tls(&chk, 1, &err) != 0) {
-            fprintf(stderr, PROG ": %s\n", err.msg);
-            return 2;
+    char bindir[PATH_MAX], cfg[PATH_MAX + 32];
+    code = resolve_tls(&tls, tls_paths);
+    if (code == 0 && own_dir(bindir, sizeof bindir) != 0)
+        code = 1;
+    if (code == 0)
+        code = preflight(data, port, shards, mlisten ? mhost : NULL, mport);
+    if (code == 0)
+        code = prepare_data(data, config, cfg, sizeof cfg, port, shards, dims, distance, nlist,
+                            pq_m, nprobe);
+    if (code == 0) {
+        memset(&sup, 0, sizeof sup);
+        sup.loop = uv_default_loop();
+        sup.cfg = cfg;
+        sup.data = data;
+        sup.mlisten = mlisten;
+        sup.tls_mode = tls.cert ? (tls.mtls ? ", mutual TLS" : ", TLS") : "";
+        tsr_rpc_client_opts_init(&sup.health_opts);
+        sup.health_opts.no_watch = 1;
+        sup.health_opts.tls_ca_file = tls.ca;
+        sup.health_opts.tls_server_name = tls.name;
+        if (tls.mtls) {
+            sup.health_opts.tls_cert_file = tls.cert;
+            sup.health_opts.tls_key_file = tls.key;
         }
-    }
-    /* Binaries live beside this one (bin/tessera → bin/tessera-shard). */
-    char bindir[PATH_MAX];
-    size_t sz = sizeof bindir;
-    if (uv_exepath(bindir, &sz) != 0) {
-        fprintf(stderr, PROG ": cannot find my own path\n");
-        return 1;
-    }
-    char *slash = strrchr(bindir, '/');
-    if (slash)
-        *slash = '\0';
-    if (mkdir(data, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, PROG ": cannot create %s: %s\n", data, strerror(errno));
-        return 1;
-    }
-    char path[PATH_MAX + 64], exe[PATH_MAX + 32], addr[64];
-    snprintf(path, sizeof path, "%s/logs", data);
-    mkdir(path, 0755);
-    char cfg[PATH_MAX + 32];
-    if (config) {
-        snprintf(cfg, sizeof cfg, "%s", config);
-    } else {
-        snprintf(cfg, sizeof cfg, "%s/coordinator.json", data);
-        if (access(cfg, R_OK) != 0 &&
-            write_default_config(cfg, port, shards, dims, distance, nlist, pq_m, nprobe) != 0)
-            return 1;
-    }
-    if (tls.cert) { /* checked above; absolute, as the children may log them */
-        tls_paths[0] = abs_path(tls.cert);
-        tls_paths[1] = abs_path(tls.key);
-        tls_paths[2] = abs_path(tls.ca);
-        if (!tls_paths[0] || !tls_paths[1] || !tls_paths[2]) {
-            fprintf(stderr, PROG ": TLS files: %s\n", strerror(errno));
-            for (int i = 0; i < 3; i++)
-                free(tls_paths[i]);
-            return 2;
-        }
-        tls.cert = tls_paths[0];
-        tls.key = tls_paths[1];
-        tls.ca = tls_paths[2];
-    }
-    memset(&sup, 0, sizeof sup);
-    sup.loop = uv_default_loop();
-    for (int i = 0; i < shards; i++) {
-        child *k = &sup.kids[sup.nkids++];
-        char name[32], dir[PATH_MAX + 32];
-        snprintf(name, sizeof name, "shard-%d", i);
-        snprintf(dir, sizeof dir, "%s/%s", data, name);
-        mkdir(dir, 0755);
-        snprintf(exe, sizeof exe, "%s/tessera-shard", bindir);
-        snprintf(addr, sizeof addr, "127.0.0.1:%d", port + 1 + i);
-        k->name = tsr_xstrdup(name);
-        k->args = argv_new();
-        argv_add(k->args, exe, "--listen", addr, "--data", dir, (char *)NULL);
-        add_shard_tls(k->args, &tls);
-        snprintf(path, sizeof path, "%s/logs/%s.log", data, name);
-        k->log_path = tsr_xstrdup(path);
-    }
-    {
-        child *k = &sup.kids[sup.nkids++];
-        char dir[PATH_MAX + 32];
-        snprintf(dir, sizeof dir, "%s/coordinator", data);
-        mkdir(dir, 0755);
-        snprintf(exe, sizeof exe, "%s/tessera-coordinator", bindir);
-        snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-        k->name = "coordinator";
-        k->args = argv_new();
-        argv_add(k->args, exe, "--listen", addr, "--data", dir, "--config", cfg, (char *)NULL);
-        add_coord_tls(k->args, &tls);
-        snprintf(path, sizeof path, "%s/logs/coordinator.log", data);
-        k->log_path = tsr_xstrdup(path);
-    }
-    for (int i = 0; i < sup.nkids; i++) {
-        uv_timer_init(sup.loop, &sup.kids[i].restart_timer);
-        sup.kids[i].restart_timer.data = &sup.kids[i];
-        start_child(&sup.kids[i]);
-    }
-    uv_timer_init(sup.loop, &sup.kill_timer);
-    uv_signal_init(sup.loop, &sup.sigint);
-    uv_signal_init(sup.loop, &sup.sigterm);
-    uv_signal_start(&sup.sigint, on_signal, SIGINT);
-    uv_signal_start(&sup.sigterm, on_signal, SIGTERM);
-    printf(PROG ": coordinator listening on 127.0.0.1:%d (config %s%s)\n", port, cfg,
-           tls.cert ? (tls.mtls ? ", mutual TLS" : ", TLS") : "");
-    for (int i = 0; i < shards; i++)
-        printf(PROG ": shard-%d listening on 127.0.0.1:%d\n", i, port + 1 + i);
-    printf(PROG ": logs in %s/logs; Ctrl-C stops the cluster\n", data);
-    fflush(stdout);
-    uv_run(sup.loop, UV_RUN_DEFAULT);
-    /* Close the remaining handles so the loop can be closed cleanly. */
-    for (int i = 0; i < sup.nkids; i++)
-        uv_close((uv_handle_t *)&sup.kids[i].restart_timer, NULL);
-    uv_close((uv_handle_t *)&sup.kill_timer, NULL);
-    uv_close((uv_handle_t *)&sup.sigint, NULL);
-    uv_close((uv_handle_t *)&sup.sigterm, NULL);
-    uv_run(sup.loop, UV_RUN_DEFAULT);
-    uv_loop_close(sup.loop);
-    for (int i = 0; i < sup.nkids; i++) {
-        for (char **a = sup.kids[i].args; *a; a++)
-            free(*a);
-        free(sup.kids[i].args);
-        free(sup.kids[i].log_path);
-        if (i < shards)
-            free((char *)sup.kids[i].name);
+        cluster_plan pl = {data, bindir, cfg, port, shards, mlisten ? mhost : NULL, mport, &tls};
+        plan_children(&pl);
+        code = supervise(start_timeout);
     }
     for (int i = 0; i < 3; i++)
         free(tls_paths[i]);
-    fprintf(stderr, PROG ": stopped\n");
-    return 0;
+    return code;
 }

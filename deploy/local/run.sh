@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The README's main job: start a local cluster (1 coordinator + 4 shards on loopback,
 # supervised by `tessera cluster up`), apply a generated sample batch (dense + sparse +
-# restricts + numeric restricts + crowding tags), print sample queries with their answers,
-# then keep serving until Ctrl-C.   deploy/local/run.sh [--demo]   (--demo: exit after)
+# restricts + numeric restricts + crowding tags), print a plain query's answer, then the
+# same query with each feature added (restrict, deny, numeric restrict, crowding, hybrid)
+# and one line saying what it changed, then keep serving until Ctrl-C.
+#   deploy/local/run.sh [--demo]   (--demo: exit after the queries)
 # Env: TSR_PORT (default 7000), TSR_RUN_DIR (default build/run-$TSR_PORT: one folder per
 # port, so a second local cluster never touches the first one's data), TSR_SHARDS (default 4).
 set -euo pipefail
@@ -52,15 +54,27 @@ echo "== applying the batch: tessera update --target $target --batch-root $dir/s
 "$bin/tessera" update --target "$target" --batch-root "$dir/sample/batch"
 "$bin/tessera" stats --target "$target"
 q=$(cat "$dir/sample/query.txt")
+sp=$(cat "$dir/sample/sparse.txt")
 echo
 echo "== tessera query --target $target --vector <64 floats from $dir/sample/query.txt> --k 5"
-"$bin/tessera" query --target "$target" --vector "$q" --k 5
-echo
-echo "== with filters and crowding: --restrict color=orange --numeric 'price>=10' --crowding 2"
-"$bin/tessera" query --target "$target" --vector "$q" --k 5 --restrict color=orange --numeric 'price>=10' --crowding 2
-echo
-echo "== hybrid: --sparse 3:0.5,400:0.2 --alpha 0.5"
-"$bin/tessera" query --target "$target" --vector "$q" --k 5 --sparse 3:0.5,400:0.2 --alpha 0.5
+"$bin/tessera" query --target "$target" --vector "$q" --k 5 | tee "$dir/sample/answer-plain.txt"
+# The same query with one feature added; demo_explain.py says what changed (the sample
+# data make every feature change the answer: tests/data/gen_sample.py).
+n=0
+feature() { # TITLE WHAT FLAGS...
+  local title=$1 what=$2; shift 2
+  n=$((n + 1))
+  echo
+  echo "== $title: $*"
+  "$bin/tessera" query --target "$target" --vector "$q" --k 5 "$@" | tee "$dir/sample/answer-$n.txt"
+  /usr/bin/python3 deploy/local/demo_explain.py "$dir/sample/demo.json" \
+    "$dir/sample/answer-plain.txt" "$dir/sample/answer-$n.txt" "$what"
+}
+feature "restrict (only red)" restrict:color=red --restrict color=red
+feature "deny (no red)" deny:color=red --deny color=red
+feature "numeric restrict (price >= 50)" 'numeric:price>=50' --numeric 'price>=50'
+feature "crowding (one hit per shop)" crowding:1 --crowding 1
+feature "hybrid (dense + sparse, RRF)" "hybrid:$sp" --sparse "$sp" --alpha 0.5
 echo
 echo "== tessera read --target $target dp-00003"
 "$bin/tessera" read --target "$target" dp-00003 | cut -c1-160

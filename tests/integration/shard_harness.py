@@ -67,6 +67,27 @@ def free_port():
     return p
 
 
+def free_range(n):
+    """A port p such that p..p+n are all free on loopback a moment ago (a local cluster:
+    coordinator p, shards p+1..p+n)."""
+    for _ in range(200):
+        p = free_port()
+        if p + n >= 65000:
+            continue
+        ok = True
+        for q in range(p, p + n + 1):
+            t = socket.socket()
+            try:
+                t.bind(("127.0.0.1", q))
+            except OSError:
+                ok = False
+            finally:
+                t.close()
+        if ok:
+            return p
+    raise RuntimeError("no free port range")
+
+
 def bins():
     """The bin dirs to test: TSR_BIN, plus the ASan+UBSan build when `make test` exports
     TSR_SAN_BIN and it holds a tessera-shard."""

@@ -11,7 +11,6 @@ deploy/local/run.sh (the script behind `make run` / `make demo`):
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,30 +18,9 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BIN = os.environ.get("TSR_BIN", os.path.join(ROOT, "bin"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shard_harness import free_range  # noqa: E402
 SHARDS = 2
-
-
-def free_base(n):
-    """A port p such that p..p+n are all free on loopback a moment ago."""
-    for _ in range(200):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-        s.close()
-        if p + n >= 65000:
-            continue
-        ok = True
-        for q in range(p, p + n + 1):
-            t = socket.socket()
-            try:
-                t.bind(("127.0.0.1", q))
-            except OSError:
-                ok = False
-            finally:
-                t.close()
-        if ok:
-            return p
-    raise RuntimeError("no free port range")
 
 
 def env_for(port, run_dir=None):
@@ -74,7 +52,7 @@ def main():
     fails = []
     tmp = tempfile.mkdtemp(prefix="tsr-rundirs-")
     a_dir = os.path.join(tmp, "a")
-    pa = free_base(SHARDS)
+    pa = free_range(SHARDS)
     a = subprocess.Popen(["bash", "deploy/local/run.sh"], cwd=ROOT, env=env_for(pa, a_dir),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
@@ -99,9 +77,9 @@ def main():
         print("cluster A on %d serves from %s: %d files" % (pa, a_dir, len(before)))
 
         # 1. a demo on another port with the default folder: build/run-<port>
-        pb = free_base(SHARDS)
+        pb = free_range(SHARDS)
         while pa <= pb <= pa + SHARDS or pb <= pa <= pb + SHARDS:
-            pb = free_base(SHARDS)
+            pb = free_range(SHARDS)
         b_default = os.path.join(ROOT, "build", "run-%d" % pb)
         r = subprocess.run(["bash", "deploy/local/run.sh", "--demo"], cwd=ROOT, env=env_for(pb),
                            capture_output=True, text=True, timeout=300)
@@ -112,7 +90,7 @@ def main():
         print("demo on port %d ran in build/run-%d: exit %d" % (pb, pb, r.returncode))
 
         # 2. a demo pointed at A's folder is refused while A runs
-        pc = free_base(SHARDS)
+        pc = free_range(SHARDS)
         r = subprocess.run(["bash", "deploy/local/run.sh", "--demo"], cwd=ROOT, env=env_for(pc, a_dir),
                            capture_output=True, text=True, timeout=60)
         msg = (r.stdout + r.stderr).strip()

@@ -1,5 +1,7 @@
 """A shard started with --metrics-listen serves Prometheus text whose RPC counters and
-latency histogram move when RPCs run (and unknown methods share one label)."""
+latency histogram move when RPCs run (and unknown methods share one label), and the
+documented shard gauges tessera_version, tessera_vectors and tessera_lists (0 on an empty
+shard; test_cluster_up checks them on a loaded one)."""
 import os
 import re
 import subprocess
@@ -49,6 +51,8 @@ def main():
             assert value(text, 'tessera_rpc_duration_seconds_count{method="/tessera.v1.Shard/Stats"}') >= 4
             assert 'method="unknown",code="UNIMPLEMENTED"' in text
             assert "/nope.Svc" not in text
+            for g in ("tessera_version", "tessera_vectors", "tessera_lists"):
+                assert re.search(r"^%s 0$" % g, text, re.M), (g, text[:3000])
             print("ok: Stats counter %d -> %d" % (before, after))
         finally:
             p.terminate()
