@@ -369,13 +369,19 @@ static void query_usage(FILE *f)
             "  --numeric \"ns>=3\"      numeric restrict, repeatable; OP: < <= = == != >= >\n"
             "                         (= is ==); value 3 int, 1.5 double, 1.5f float\n"
             "  --crowding N           at most N neighbors per crowding tag (0 = no limit)\n"
-            "  --candidates N         approximate_neighbor_count, 0..10000: re-rank N PQ\n"
-            "                         candidates exactly\n"
+            "  --candidates N         approximate_neighbor_count, 0..10000: N PQ candidates\n"
+            "                         per shard re-ranked with the stored vectors (default:\n"
+            "                         the index setting, 100); 0 = no re-rank (PQ distances)\n"
             "  --fraction F           fraction of coarse lists to probe, 0..1 (0: index default)\n"
             "  --full                 return full datapoints\n"
             "  --allow-partial        answer from the reachable shards if one is down\n"
             "  --timeout-ms T         deadline, 1..86400000 (default 10000)\n"
             "  --json                 one JSON document on stdout\n" TLS_USAGE
+            "Output: `distance` is the dense distance (squared L2, or the dot product for\n"
+            "DOT_PRODUCT and COSINE), exact (from the stored vectors) by default, the PQ\n"
+            "approximation with --candidates 0; 0 for a hit found only by the sparse search.\n"
+            "`sparse_distance` is the exact sparse dot product. Hybrid (--sparse with a\n"
+            "vector and --alpha): reciprocal rank fusion of both lists (docs/query-semantics.md).\n"
             "Exit status: 0 success, 1 the query failed (coordinator refused or unreachable,\n"
             "unreadable --queries file), 2 usage error (flags, TLS files).\n");
 }
@@ -460,7 +466,8 @@ int tsr_cmd_query(int argc, char **argv)
 {
     const char *target = NULL, *vector = NULL, *qfile = NULL, *sparse = NULL;
     tls_flags tls = {0};
-    int k = 10, crowding = 0, candidates = 0, full = 0, as_json = 0, partial = 0;
+    int k = 10, crowding = 0, candidates = -1 /* not given */, full = 0, as_json = 0;
+    int partial = 0;
     double fraction = 0, alpha = -1; /* -1: not given */
     int64_t timeout = 10000;
     tsr_cmdline_list allow = {0}, deny = {0}, numeric = {0};
@@ -564,7 +571,11 @@ int tsr_cmd_query(int argc, char **argv)
             qs[i].datapoint = &dps[i];
             qs[i].neighbor_count = k;
             qs[i].per_crowding_attribute_neighbor_count = crowding;
-            qs[i].approximate_neighbor_count = candidates;
+            if (candidates >= 0) { /* else the index setting (exact re-rank by default) */
+                qs[i].approximate_case =
+                    TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__APPROXIMATE_APPROXIMATE_NEIGHBOR_COUNT;
+                qs[i].approximate_neighbor_count = candidates;
+            }
             qs[i].fraction_leaf_nodes_to_search_override = fraction;
             qs[i].allow_partial = partial;
             if (have_alpha || (sparse && !qv)) {

@@ -2,10 +2,11 @@
  * config — the coordinator's JSON config file (docs/config.md): index shape, distance,
  * default nprobe, shard groups (an element is "host:port", or a replica list
  * ["a:1", "b:2"] / {"replicas": [...]}; the first replica's address names the group),
- * plan kind, deadlines, limits, seed. Unknown keys are an error naming the key, so a typo never silently falls back
+ * plan kind, deadlines, limits, seed, the query defaults (exact re-rank count, RRF depth). Unknown keys are an error naming the key, so a typo never silently falls back
  * to a default.
  */
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +16,8 @@
 static const char *known[] = {"dimensions", "distance", "nlist", "pq_m", "pq_nbits", "nprobe",
                               "shards", "plan", "search_deadline_ms", "stage_deadline_ms",
                               "max_k", "max_queries_per_request", "seed", "stage_chunk",
-                              "default_k", "replica_attempt_ms", "update_min_replicas", NULL};
+                              "default_k", "replica_attempt_ms", "update_min_replicas",
+                              "approximate_neighbor_count", "rrf_depth", NULL};
 
 const char *tsr__distance_name(enum tsr__distance d)
 {
@@ -170,6 +172,8 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
     cfg->seed = 1234;
     cfg->stage_chunk = 2000;
     cfg->default_k = 10;
+    cfg->approximate_neighbor_count = TSR_COORD_DEFAULT_APPROX;
+    cfg->rrf_depth = TSR_COORD_DEFAULT_RRF_DEPTH;
 
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
@@ -188,10 +192,12 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
         for (int i = 0; known[i]; i++)
             ok |= strcmp(known[i], key) == 0;
         if (!ok) {
-            rc = tsr_err(err, TSR_EINVAL, "%s: unknown key \"%s\" (known: dimensions, distance, "
-                         "nlist, pq_m, pq_nbits, nprobe, shards, plan, search_deadline_ms, "
-                         "stage_deadline_ms, max_k, max_queries_per_request, seed, stage_chunk, "
-                         "default_k, replica_attempt_ms, update_min_replicas)", path, key);
+            char list[512];
+            size_t len = 0;
+            for (int i = 0; known[i] && len < sizeof list; i++)
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "",
+                                        known[i]);
+            rc = tsr_err(err, TSR_EINVAL, "%s: unknown key \"%s\" (known: %s)", path, key, list);
             goto out;
         }
     }
@@ -218,6 +224,10 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
         (rc = get_int(root, path, "replica_attempt_ms", &cfg->replica_attempt_ms, 0, 3600000,
                       err)) ||
         (rc = get_int(root, path, "update_min_replicas", &cfg->update_min_replicas, 0, 64,
+                      err)) ||
+        (rc = get_int(root, path, "approximate_neighbor_count", &cfg->approximate_neighbor_count,
+                      0, TSR_COORD_MAX_CANDIDATES, err)) ||
+        (rc = get_int(root, path, "rrf_depth", &cfg->rrf_depth, 1, TSR_COORD_MAX_CANDIDATES,
                       err)))
         goto out;
     cfg->seed = (uint64_t)seed;

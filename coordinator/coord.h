@@ -52,6 +52,9 @@
 
 #define TSR_COORD_MAX_SHARDS 256
 #define TSR_COORD_MAX_REPLICAS 16
+#define TSR_COORD_MAX_CANDIDATES 10000   /* a shard's limit on k and candidates */
+#define TSR_COORD_DEFAULT_APPROX 100     /* config approximate_neighbor_count (docs/config.md) */
+#define TSR_COORD_DEFAULT_RRF_DEPTH 100  /* config rrf_depth (docs/query-semantics.md) */
 
 enum tsr__distance { TSR_DIST_SQUARED_L2 = 0, TSR_DIST_DOT_PRODUCT, TSR_DIST_COSINE };
 enum tsr__plan_kind { TSR_PLAN_BALANCED = 0, TSR_PLAN_LOCALITY };
@@ -74,6 +77,10 @@ typedef struct tsr__coord_config {
     int update_min_replicas; /* replicas per group an update needs (0 = all); the others are
                                 left out of the version and re-seeded by reconcile */
     int default_k;
+    int approximate_neighbor_count; /* candidates per shard re-ranked exactly when a query
+                                       does not set its own; 0 = PQ distances */
+    int rrf_depth;          /* depth of the dense and of the sparse list of a hybrid (RRF)
+                               query: max(k, rrf_depth), independent of k below it */
 } tsr__coord_config;
 
 /* Parses the config file. Returns 0 or TSR_EINVAL/TSR_EIO with err naming the key. */

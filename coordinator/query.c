@@ -33,7 +33,8 @@
 #include "net/metrics.h"
 #include "query/topk.h"
 
-#define SHARD_MAX_CANDIDATES 10000
+/* the query set approximate_neighbor_count (a one-field oneof: proto3 presence) */
+#define TSR_APPROX_SET TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__APPROXIMATE_APPROXIMATE_NEIGHBOR_COUNT
 
 /* ---------------------------------------------------------------- arena */
 
@@ -215,9 +216,9 @@ static int check_query(const tsr__coord *c, const Tessera__V1__FindNeighborsRequ
     if (q->per_crowding_attribute_neighbor_count < 0)
         return tsr_err(err, TSR_EINVAL, "queries[%zu]: per_crowding_attribute_neighbor_count = %d "
                    "is negative", i, q->per_crowding_attribute_neighbor_count);
-    if (q->approximate_neighbor_count < 0 || q->approximate_neighbor_count > SHARD_MAX_CANDIDATES)
+    if (q->approximate_neighbor_count < 0 || q->approximate_neighbor_count > TSR_COORD_MAX_CANDIDATES)
         return tsr_err(err, TSR_EINVAL, "queries[%zu]: approximate_neighbor_count = %d, expected "
-                   "0..%d", i, q->approximate_neighbor_count, SHARD_MAX_CANDIDATES);
+                   "0..%d", i, q->approximate_neighbor_count, TSR_COORD_MAX_CANDIDATES);
     double f = q->fraction_leaf_nodes_to_search_override;
     if (!(f >= 0.0 && f <= 1.0))
         return tsr_err(err, TSR_EINVAL, "queries[%zu]: fraction_leaf_nodes_to_search_override = "
@@ -293,6 +294,8 @@ static void merge_restricts(const Tessera__V1__IndexDatapoint *dp, arena *a,
 
 typedef struct qplan {
     size_t k, c, cand;
+    size_t depth; /* hits asked of each list: k, or max(k, rrf_depth) for a hybrid query */
+    size_t lc;    /* crowding of each list: c, or 0 for a hybrid query (crowded after fusion) */
     int has_dense, has_sparse, rrf;
     double alpha;
     size_t nprobe;
@@ -331,11 +334,22 @@ static size_t plan_queries(const tsr__coord_config *cfg,
         qplan *p = &qp[i];
         p->k = q->neighbor_count ? (size_t)q->neighbor_count : (size_t)cfg->default_k;
         p->c = (size_t)q->per_crowding_attribute_neighbor_count;
-        p->cand = (size_t)q->approximate_neighbor_count;
+        p->cand = q->approximate_case == TSR_APPROX_SET ? (size_t)q->approximate_neighbor_count
+                                                    : (size_t)cfg->approximate_neighbor_count;
         p->has_dense = dp->n_feature_vector > 0;
         p->has_sparse = dp->sparse_embedding && dp->sparse_embedding->n_values > 0;
         p->rrf = q->ranking_case == TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF;
         p->alpha = p->rrf && q->rrf ? q->rrf->alpha : 1.0;
+        /* A hybrid query fuses two lists of a fixed depth, so its ranking does not depend on
+         * k below rrf_depth (docs/query-semantics.md). */
+        p->depth = p->k;
+        p->lc = p->c;
+        if (p->has_dense && p->has_sparse && p->rrf) {
+            /* each list ranked in full (true ranks), crowding only in the fused pass */
+            if ((size_t)cfg->rrf_depth > p->depth)
+                p->depth = (size_t)cfg->rrf_depth;
+            p->lc = 0;
+        }
         double f = q->fraction_leaf_nodes_to_search_override;
         p->nprobe = f > 0 ? (size_t)ceil(f * (double)nlist - 1e-9) : (size_t)cfg->nprobe;
         if (p->nprobe < 1)
@@ -499,16 +513,16 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                 sq->coarse_distances = cds;
                 sq->n_coarse_distances = nl;
             }
-            sq->k = (int32_t)p->k;
+            sq->k = (int32_t)p->depth;
             sq->candidates = (int32_t)p->cand;
             sq->restricts = p->rs;
             sq->n_restricts = p->nrs;
             sq->numeric_restricts = dp->numeric_restricts;
             sq->n_numeric_restricts = dp->n_numeric_restricts;
-            sq->crowding_limit = (int32_t)p->c;
+            sq->crowding_limit = (int32_t)p->lc;
             if (p->has_sparse) {
                 sq->sparse = dp->sparse_embedding;
-                sq->sparse_k = (int32_t)p->k;
+                sq->sparse_k = (int32_t)p->depth;
             }
             sq->return_ids = 1;
             sq->return_datapoints = rq->return_full_datapoint;
@@ -753,10 +767,10 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
             }
         }
         qsort(cs, ncs, sizeof *cs, cmp_cand);
-        tsr_hit *dh = ar(a, p->k, sizeof *dh), *sh = ar(a, p->k, sizeof *sh);
+        tsr_hit *dh = ar(a, p->depth, sizeof *dh), *sh = ar(a, p->depth, sizeof *sh);
         size_t nd = 0, ns = 0;
-        if (tsr_topk_merge(dl, dn, ndl, larger, p->k, p->c, dh, &nd) ||
-            tsr_topk_merge(sl, sn_, nsl, 1, p->k, p->c, sh, &ns)) {
+        if (tsr_topk_merge(dl, dn, ndl, larger, p->depth, p->lc, dh, &nd) ||
+            tsr_topk_merge(sl, sn_, nsl, 1, p->depth, p->lc, sh, &ns)) {
             rc = tsr_err(err, TSR_ELIMIT, "out of memory in the merge");
             goto fail;
         }

@@ -47,8 +47,6 @@ typedef Google__Cloud__Aiplatform__Container__V1__BatchGetEmbeddingsResponse vx_
 #define VX_OP(x) GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__NUMERIC_NAMESPACE__OPERATOR__##x
 #define VX_VAL(x) GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__NUMERIC_NAMESPACE__VALUE_VALUE_##x
 
-/* Same bound as the shard's candidate limit (query.c SHARD_MAX_CANDIDATES). */
-#define VX_MAX_CANDIDATES 10000
 /* BatchMatch bounds (the work and the reply grow with them; protobuf-c has already
  * allocated the request, these keep the rest proportionate). */
 #define VX_MAX_INDEXES 1000
@@ -170,9 +168,9 @@ static int check_match(const tsr__coord *c, const vx_match_req *m, const char *w
     if (m->per_crowding_attribute_num_neighbors < 0)
         return tsr_err(err, TSR_EINVAL, "%sper_crowding_attribute_num_neighbors = %d is "
                     "negative", where, m->per_crowding_attribute_num_neighbors);
-    if (m->approx_num_neighbors < 0 || m->approx_num_neighbors > VX_MAX_CANDIDATES)
+    if (m->approx_num_neighbors < 0 || m->approx_num_neighbors > TSR_COORD_MAX_CANDIDATES)
         return tsr_err(err, TSR_EINVAL, "%sapprox_num_neighbors = %d, expected 0..%d", where,
-                    m->approx_num_neighbors, VX_MAX_CANDIDATES);
+                    m->approx_num_neighbors, TSR_COORD_MAX_CANDIDATES);
     if (m->leaf_nodes_to_search_percent_override < 0 ||
         m->leaf_nodes_to_search_percent_override > 100)
         return tsr_err(err, TSR_EINVAL, "%sleaf_nodes_to_search_percent_override = %d, expected "
@@ -291,7 +289,13 @@ static void to_query(vx_arena *a, const vx_match_req *m, const Tessera__V1__Inde
     }
     q->neighbor_count = m->num_neighbors;
     q->per_crowding_attribute_neighbor_count = m->per_crowding_attribute_num_neighbors;
-    q->approximate_neighbor_count = m->approx_num_neighbors;
+    /* Vertex: 0 = the index's approximateNeighborsCount (here the config's
+     * approximate_neighbor_count), so only a positive count is passed on */
+    if (m->approx_num_neighbors > 0) {
+        q->approximate_case =
+            TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__APPROXIMATE_APPROXIMATE_NEIGHBOR_COUNT;
+        q->approximate_neighbor_count = m->approx_num_neighbors;
+    }
     /* the fraction wins; the deprecated percent is the fallback */
     if (m->fraction_leaf_nodes_to_search_override > 0)
         q->fraction_leaf_nodes_to_search_override = m->fraction_leaf_nodes_to_search_override;

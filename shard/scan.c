@@ -15,8 +15,10 @@
  * answer is the single-node answer even with ties): without crowding a bounded heap of k;
  * with crowding (SPEC §3) the per-shard crowded collector (at most `crowd` per tag, an
  * untagged datapoint never limited), whose answer contains every item of the global
- * greedy answer that lives on this shard; with re-rank a heap of `candidates`, re-scored
- * with the raw vectors, then the greedy crowding pass. The filter is tested only for
+ * greedy answer that lives on this shard; with re-rank a heap of `candidates` (with
+ * crowding, united with a crowded collector of `candidates`, so one tag cannot fill them
+ * and leave fewer than k results), re-scored with the raw vectors, then the greedy
+ * crowding pass. The filter is tested only for
  * codes that would enter the collector.
  *
  * Thread-safety: reads only immutable snapshot data; everything else is per call.
@@ -54,10 +56,13 @@ void tsr__encode(const tsr__tmpl *t, const float *x, int32_t list, uint8_t *code
     }
 }
 
-/* The collector a scan feeds: one of a plain heap (tag = row) or the crowded one. */
+/* The collectors a scan feeds: a plain heap (tag = row) and/or the crowded one. Without
+ * re-rank exactly one of them; with re-rank and crowding both (the candidates are their
+ * union: the plain heap keeps the re-rank exact where it covers, the crowded one holds
+ * enough tags that crowding cannot leave fewer than k results). */
 typedef struct sink {
-    tsr_topk *heap;         /* plain or re-rank candidates; NULL with crowd */
-    tsr_crowd_topk *crowd;  /* crowding without re-rank; NULL otherwise */
+    tsr_topk *heap;         /* plain or re-rank candidates; NULL when only crowd */
+    tsr_crowd_topk *crowd;  /* crowding; NULL otherwise */
     const tsr__version *v;
     const tsr__list *l;
     size_t row0;
@@ -66,29 +71,36 @@ typedef struct sink {
     int oom;
 } sink;
 
+static inline float topk_thr(const tsr_topk *t)
+{
+    return t->n < t->k ? INFINITY : t->h[0].dist;
+}
+
+/* The scan's threshold: the looser of the collectors' (a code worse than it enters none). */
 static inline float sink_thr(const sink *k)
 {
-    const tsr_topk *t = k->heap ? k->heap : &k->crowd->heap;
-    return t->n < t->k ? INFINITY : t->h[0].dist;
+    float a = k->heap ? topk_thr(k->heap) : -INFINITY;
+    float b = k->crowd ? topk_thr(&k->crowd->heap) : -INFINITY;
+    return a > b ? a : b;
 }
 
 static float sink_fn(void *ctx, size_t i, float s)
 {
     sink *k = ctx;
     int64_t label = k->l->ids[i];
-    if (k->heap ? !tsr_topk_would_enter(k->heap, s, label)
-                : !tsr_crowd_topk_would_enter(k->crowd, s, label))
+    int to_heap = k->heap && tsr_topk_would_enter(k->heap, s, label);
+    int to_crowd = k->crowd && tsr_crowd_topk_would_enter(k->crowd, s, label);
+    if (!to_heap && !to_crowd)
         return sink_thr(k);
     uint32_t row = (uint32_t)(k->row0 + i);
     if (k->filter && !tsr_filter_match(k->filter, k->v->meta, row))
         return sink_thr(k);
     k->passed++;
-    if (k->heap) {
+    if (to_heap)
         tsr_topk_push(k->heap, s, row, label);
-    } else if (tsr_crowd_topk_push(k->crowd, s, tsr_filter_meta_crowding(k->v->meta, row),
-                                   label) == TSR_ENOMEM) {
+    if (to_crowd && tsr_crowd_topk_push(k->crowd, s, tsr_filter_meta_crowding(k->v->meta, row),
+                                        label) == TSR_ENOMEM)
         k->oom = 1;
-    }
     return sink_thr(k);
 }
 
@@ -114,6 +126,42 @@ static int emit(const tsr__version *v, const tsr_hit *h, size_t n, const uint32_
     return 0;
 }
 
+static int cmp_label(const void *a, const void *b)
+{
+    int64_t x = ((const tsr_hit *)a)->label, y = ((const tsr_hit *)b)->label;
+    return (x > y) - (x < y);
+}
+
+/* Appends to hits / rows (*n of them, from the plain heap; room for crowd's too) the
+ * crowded collector's candidates that are not there yet, with their rows looked up. */
+static int add_crowded(const tsr__version *v, tsr_crowd_topk *crowd, tsr_hit *hits,
+                       uint32_t *rows, size_t *n, tsr_error *err)
+{
+    size_t n0 = *n, m = crowd->heap.n;
+    tsr_hit *c = tsr_try_malloc(m ? m : 1, sizeof *c), *sorted = NULL;
+    if (c == NULL || (sorted = tsr_try_malloc(n0 ? n0 : 1, sizeof *sorted)) == NULL) {
+        free(c);
+        return tsr_err(err, TSR_ENOMEM, "out of memory for the candidates");
+    }
+    m = tsr_crowd_topk_extract(crowd, c);
+    memcpy(sorted, hits, n0 * sizeof *sorted);
+    qsort(sorted, n0, sizeof *sorted, cmp_label);
+    int rc = 0;
+    for (size_t i = 0; i < m && rc == 0; i++) {
+        if (bsearch(&c[i], sorted, n0, sizeof *sorted, cmp_label))
+            continue;
+        if (tsr_filter_meta_find(v->meta, c[i].label, &rows[*n]) != 0) {
+            rc = tsr_err(err, TSR_EINTERNAL, "dense hit label %lld has no row",
+                         (long long)c[i].label);
+            break;
+        }
+        hits[(*n)++] = c[i];
+    }
+    free(c);
+    free(sorted);
+    return rc;
+}
+
 static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *res,
                       tsr_error *err)
 {
@@ -132,11 +180,12 @@ static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *
     sink k = {0};
     k.v = v;
     k.filter = q->filter && !tsr_filter_matches_all(q->filter) ? q->filter : NULL;
-    if (crowding && !rerank) {
-        if (tsr_crowd_topk_init(&crowd, q->k, q->crowd, 0) != 0)
+    if (crowding) {
+        if (tsr_crowd_topk_init(&crowd, rerank ? rerank : q->k, q->crowd, 0) != 0)
             goto nomem;
         k.crowd = &crowd;
-    } else {
+    }
+    if (!crowding || rerank) {
         if (tsr_topk_init(&heap, rerank ? rerank : q->k, 0) != 0)
             goto nomem;
         k.heap = &heap;
@@ -165,28 +214,30 @@ static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *
     if (k.oom)
         goto nomem;
 finish:
-    if (k.crowd) { /* crowded, no re-rank: the collector's answer is the greedy pass */
+    if (k.crowd && !rerank) { /* crowded, no re-rank: the collector's answer is the greedy pass */
         if ((hits = tsr_try_malloc(q->k ? q->k : 1, sizeof *hits)) == NULL)
             goto nomem;
         size_t n = tsr_crowd_topk_extract(&crowd, hits);
         rc = emit(v, hits, n, NULL, !l2, res, err);
         goto out;
     }
-    size_t n = heap.n;
+    size_t n = heap.n + (k.crowd ? crowd.heap.n : 0);
     if ((hits = tsr_try_malloc(n ? n : 1, sizeof *hits)) == NULL ||
         (rows = tsr_try_malloc(n ? n : 1, sizeof *rows)) == NULL)
         goto nomem;
     n = tsr_topk_extract(&heap, hits);
+    for (size_t i = 0; i < n; i++)
+        rows[i] = hits[i].tag;
+    if (k.crowd && (rc = add_crowded(v, &crowd, hits, rows, &n, err)) != 0)
+        goto out;
     if (!rerank) {
-        for (size_t i = 0; i < n; i++)
-            rows[i] = hits[i].tag;
         rc = emit(v, hits, n < q->k ? n : q->k, rows, !l2, res, err);
         goto out;
     }
     /* Exact re-rank of the candidates with the stored raw vectors, then the greedy
-     * crowding pass (c = 0: the first k). Tags become crowding tags; rows are looked up. */
+     * crowding pass (c = 0: the first k). Tags become crowding tags. */
     for (size_t i = 0; i < n; i++) {
-        uint32_t row = hits[i].tag;
+        uint32_t row = rows[i];
         const float *y = v->row_rec[row]->dp.dense;
         float s = 0;
         if (l2) {

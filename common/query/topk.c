@@ -422,8 +422,9 @@ int tsr_topk_merge(const tsr_hit *const *lists, const size_t *lens, size_t nlist
 
 typedef struct rrf_entry {
     int64_t label;
-    uint32_t src; /* 0 dense, 1 sparse */
-    uint32_t idx; /* index in its list */
+    uint32_t src;  /* 0 dense, 1 sparse */
+    uint32_t idx;  /* index in its list */
+    uint32_t rank; /* 1 + the number of hits of its list with a strictly better value */
 } rrf_entry;
 
 static int cmp_rrf_entry(const void *a, const void *b)
@@ -436,12 +437,31 @@ static int cmp_rrf_entry(const void *a, const void *b)
     return (x->idx > y->idx) - (x->idx < y->idx);
 }
 
+/* Fused order: score descending; ties by dense rank (a hit of the dense list before one
+ * that is not in it, a better rank first), then label ascending. */
 static int cmp_rrf_hit(const void *a, const void *b)
 {
     const tsr_rrf_hit *x = a, *y = b;
     if (x->score != y->score)
         return x->score > y->score ? -1 : 1;
+    uint32_t rx = x->in_dense ? x->rank_dense : UINT32_MAX;
+    uint32_t ry = y->in_dense ? y->rank_dense : UINT32_MAX;
+    if (rx != ry)
+        return rx < ry ? -1 : 1;
     return (x->label > y->label) - (x->label < y->label);
+}
+
+/* Appends the entries of one list (sorted best first) to e at *n: rank = the index + 1 of
+ * the first hit with the same value (standard competition ranking, "1224"), so hits the
+ * list cannot tell apart share a rank and their order in it does not matter. */
+static void rrf_add_list(rrf_entry *e, size_t *n, const tsr_hit *h, size_t nh, uint32_t src)
+{
+    uint32_t rank = 1;
+    for (size_t i = 0; i < nh; i++) {
+        if (i > 0 && h[i].dist != h[i - 1].dist)
+            rank = (uint32_t)i + 1;
+        e[(*n)++] = (rrf_entry){h[i].label, src, (uint32_t)i, rank};
+    }
 }
 
 int tsr_rrf_fuse(const tsr_hit *dense, size_t nd, const tsr_hit *sparse, size_t ns,
@@ -463,11 +483,9 @@ int tsr_rrf_fuse(const tsr_hit *dense, size_t nd, const tsr_hit *sparse, size_t 
     }
     size_t n = 0;
     if (alpha > 0.0)
-        for (size_t i = 0; i < nd; i++)
-            e[n++] = (rrf_entry){dense[i].label, 0, (uint32_t)i};
+        rrf_add_list(e, &n, dense, nd, 0);
     if (alpha < 1.0)
-        for (size_t i = 0; i < ns; i++)
-            e[n++] = (rrf_entry){sparse[i].label, 1, (uint32_t)i};
+        rrf_add_list(e, &n, sparse, ns, 1);
     if (n > 1)
         qsort(e, n, sizeof *e, cmp_rrf_entry);
     size_t nf = 0;
@@ -480,12 +498,12 @@ int tsr_rrf_fuse(const tsr_hit *dense, size_t nd, const tsr_hit *sparse, size_t 
             /* a label repeated within one list keeps its best (first) rank */
             if (e[j].src == 0 && !h.in_dense) {
                 h.in_dense = 1;
-                h.rank_dense = e[j].idx + 1;
+                h.rank_dense = e[j].rank;
                 h.dist = dense[e[j].idx].dist;
                 h.tag = dense[e[j].idx].tag;
             } else if (e[j].src == 1 && !h.in_sparse) {
                 h.in_sparse = 1;
-                h.rank_sparse = e[j].idx + 1;
+                h.rank_sparse = e[j].rank;
                 h.sparse_dist = sparse[e[j].idx].dist;
                 if (!h.in_dense)
                     h.tag = sparse[e[j].idx].tag;

@@ -125,16 +125,20 @@ typedef struct tsr_rrf_hit {
     int in_dense, in_sparse;
     float dist;         /* dense distance when in_dense */
     float sparse_dist;  /* sparse dot product when in_sparse */
-    uint32_t rank_dense, rank_sparse; /* 1-based; 0 when absent */
+    uint32_t rank_dense, rank_sparse; /* 1-based, shared by ties; 0 when absent */
 } tsr_rrf_hit;
 
-/* Fuses a dense list and a sparse list (each ranked best first; rank = index + 1) with
- * weight alpha in [0, 1] and constant k0 (> 0; use TSR_RRF_K0). A label absent from a list
- * contributes 0 for it; a label whose only list has weight 0 is left out (alpha == 1 is
- * dense only, alpha == 0 is sparse only). Results sorted by score descending, ties by
- * label ascending, the crowding pass applied when 0 < c < k (tags are taken from the dense
- * hit, else the sparse hit), at most k into out. Returns 0, TSR_EINVAL (alpha or k0 out of
- * range), TSR_ENOMEM. */
+/* Fuses a dense list and a sparse list (each sorted best first) with weight alpha in
+ * [0, 1] and constant k0 (> 0; use TSR_RRF_K0). The rank of a hit in a list is 1 + the
+ * number of hits of that list with a strictly better value (competition ranking: equal
+ * distances, or equal sparse scores, share a rank). A label in both lists gets both terms;
+ * a label absent from a list contributes 0 for it; a label whose only list has weight 0 is
+ * left out (alpha == 1 is dense only, alpha == 0 is sparse only). Results sorted by score
+ * descending, ties by dense rank (in the dense list before not in it), then label
+ * ascending; the crowding pass applied when 0 < c < k (tags are taken from the dense hit,
+ * else the sparse hit), at most k into out. The output depends only on the two lists, not
+ * on k (top-k is the prefix of top-(k+1) for the same lists). Returns 0, TSR_EINVAL (alpha
+ * or k0 out of range), TSR_ENOMEM. */
 int tsr_rrf_fuse(const tsr_hit *dense, size_t nd, const tsr_hit *sparse, size_t ns,
                  double alpha, double k0, size_t k, size_t c, tsr_rrf_hit *out,
                  size_t *nout);

@@ -173,8 +173,10 @@ def write_batch(root, records, deletes=(), per_file=50000):
     return root
 
 
-def query(tp, vec=None, k=10, sparse=None, crowding=0, cand=0, fraction=0.0, restricts=None,
+def query(tp, vec=None, k=10, sparse=None, crowding=0, cand=None, fraction=0.0, restricts=None,
           numeric=None, alpha=None, allow_partial=False, qid=""):
+    """One FindNeighbors query. cand: approximate_neighbor_count; None leaves it unset (the
+    index setting: exact re-rank by default), 0 sets it to 0 (PQ distances)."""
     dp = tp.IndexDatapoint(datapoint_id=qid)
     if vec is not None:
         dp.feature_vector.extend([float(v) for v in vec])
@@ -188,9 +190,10 @@ def query(tp, vec=None, k=10, sparse=None, crowding=0, cand=0, fraction=0.0, res
         setattr(n, "value_" + kind, val)
     q = tp.FindNeighborsRequest.Query(datapoint=dp, neighbor_count=k,
                                       per_crowding_attribute_neighbor_count=crowding,
-                                      approximate_neighbor_count=cand,
                                       fraction_leaf_nodes_to_search_override=fraction,
                                       allow_partial=allow_partial)
+    if cand is not None:
+        q.approximate_neighbor_count = cand  # a oneof member: 0 is sent too
     if alpha is not None:
         q.rrf.alpha = alpha
     return q

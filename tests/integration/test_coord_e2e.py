@@ -59,7 +59,9 @@ def main():
         t0 = time.time()
         got = []
         for b in range(0, NQ, 250):
-            rq = tp.FindNeighborsRequest(queries=[ch.query(tp, xq[i], K, qid="q%d" % i)
+            # cand=0: PQ distances, as Faiss's IndexIVFPQ reports them (the coordinator
+            # re-ranks exactly by default, approximate_neighbor_count)
+            rq = tp.FindNeighborsRequest(queries=[ch.query(tp, xq[i], K, cand=0, qid="q%d" % i)
                                                   for i in range(b, b + 250)])
             resp = cl.stub.FindNeighbors(rq, timeout=60)
             assert resp.version == 1
@@ -87,7 +89,8 @@ def main():
 
         # crowding: greedy over Faiss's candidate order
         Dc, Ic = ix.search(xq[:200], 500)
-        rq = tp.FindNeighborsRequest(queries=[ch.query(tp, xq[i], K, crowding=2)
+        # cand=0: the greedy pass over Faiss's PQ order (no exact re-rank)
+        rq = tp.FindNeighborsRequest(queries=[ch.query(tp, xq[i], K, crowding=2, cand=0)
                                               for i in range(200)])
         resp = cl.stub.FindNeighbors(rq, timeout=60)
         csame = 0

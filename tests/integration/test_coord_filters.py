@@ -17,6 +17,7 @@ import coord_harness as ch  # noqa: E402
 import shard_harness as sh  # noqa: E402
 
 N, D, K = 800, 16, 10
+RRF_DEPTH = 100  # the coordinator's default rrf_depth
 COLORS = ["red", "blue", "green", "orange"]
 
 
@@ -101,7 +102,7 @@ def run(distance):
         def passing(qr, ns):
             return [i for i in range(N) if tok_match(qr, toks[i]) and num_match(ns, nums[i])]
 
-        def dense_ref(qv, ok, crowd=0):
+        def dense_ref(qv, ok, crowd=0, depth=K):
             q = qv / np.linalg.norm(qv) if distance == "COSINE" else qv
             if distance == "SQUARED_L2":
                 dist = ((xs[ok] - q) ** 2).sum(1)
@@ -109,9 +110,9 @@ def run(distance):
             else:
                 dist = xs[ok] @ q
                 order = sorted(range(len(ok)), key=lambda t: (-dist[t], ok[t]))
-            return greedy([(ok[t], float(dist[t])) for t in order], crowd)
+            return greedy([(ok[t], float(dist[t])) for t in order], crowd, depth)
 
-        def sparse_ref(sq, ok, crowd=0):
+        def sparse_ref(sq, ok, crowd=0, depth=K):
             qd = dict(zip(sq[0], sq[1]))
             out = []
             for i in ok:
@@ -121,11 +122,11 @@ def run(distance):
                 if shared:
                     out.append((i, float(np.float32(sum(shared)))))
             out.sort(key=lambda t: (-t[1], t[0]))
-            return greedy(out, crowd)
+            return greedy(out, crowd, depth)
 
-        def greedy(cands, crowd):
+        def greedy(cands, crowd, depth=K):
             if not crowd:
-                return cands[:K]
+                return cands[:depth]
             cnt, out = {}, []
             for lab, dv in cands:
                 if cnt.get(tags[lab], 0) >= crowd:
@@ -136,15 +137,27 @@ def run(distance):
                     break
             return out
 
+        def ranks(lst):
+            # competition ranking: equal values share the rank of the first of them
+            out, prev = {}, None
+            for i, (lab, v) in enumerate(lst):
+                if i == 0 or v != prev:
+                    r = i + 1
+                out[lab] = r
+                prev = v
+            return out
+
         def rrf(dl, sl, alpha):
+            # docs/query-semantics.md: lists of depth max(K, rrf_depth = 100), uncrowded;
+            # ties by score, then dense rank (absent last), then label
+            rd, rs = ranks(dl), ranks(sl)
             sc = {}
-            for r, (lab, _) in enumerate(dl):
-                sc[lab] = sc.get(lab, 0.0) + alpha / (60.0 + r + 1)
-            for r, (lab, _) in enumerate(sl):
-                sc[lab] = sc.get(lab, 0.0) + (1 - alpha) / (60.0 + r + 1)
-            keep = [lab for lab in sc if (alpha > 0 and lab in dict(dl)) or
-                    (alpha < 1 and lab in dict(sl))]
-            return sorted(keep, key=lambda lab: (-sc[lab], lab))[:K]
+            for lab, r in rd.items():
+                sc[lab] = sc.get(lab, 0.0) + alpha / (60.0 + r)
+            for lab, r in rs.items():
+                sc[lab] = sc.get(lab, 0.0) + (1 - alpha) / (60.0 + r)
+            keep = [lab for lab in sc if (alpha > 0 and lab in rd) or (alpha < 1 and lab in rs)]
+            return sorted(keep, key=lambda lab: (-sc[lab], rd.get(lab, 1 << 30), lab))[:K]
 
         checked = {"dense": 0, "crowd": 0, "sparse": 0, "rrf": 0, "rrf0": 0}
         for j, (qv, rs, qr, ns, sq) in enumerate(queries):
@@ -172,16 +185,17 @@ def run(distance):
                 assert [g[0] for g in gots] == [r[0] for r in refs], (j, gots, refs)
                 assert np.allclose([g[1] for g in gots], [r[1] for r in refs], rtol=1e-5)
                 checked["sparse"] += 1
-                r5 = rrf(ref, refs, 0.5)
+                deep, deeps = dense_ref(qv, ok, 0, RRF_DEPTH), sparse_ref(sq, ok, 0, RRF_DEPTH)
+                r5 = rrf(deep, deeps, 0.5)
                 assert [lab(n) for n in nn[3].neighbors] == r5, (j, [lab(n) for n in nn[3].neighbors], r5)
-                dmap, smap = dict(ref), dict(refs)
+                dmap, smap = dict(deep), dict(deeps)
                 for n in nn[3].neighbors:
                     if lab(n) in smap:
                         assert abs(n.sparse_distance - smap[lab(n)]) < 1e-4
                     if lab(n) in dmap:
                         assert abs(n.distance - dmap[lab(n)]) < 1e-3 * max(1, abs(dmap[lab(n)]))
                 checked["rrf"] += 1
-                r0 = rrf(ref, refs, 0.0)
+                r0 = rrf(deep, deeps, 0.0)
                 assert [lab(n) for n in nn[4].neighbors] == r0 == [r[0] for r in refs], (j,)
                 checked["rrf0"] += 1
         print(distance, "checked", checked)

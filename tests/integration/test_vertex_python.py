@@ -93,7 +93,7 @@ def run(bin_dir, distance="SQUARED_L2", nq=24):
                 m.rrf.alpha = alpha
             return m
 
-        def fn(vec=None, k=K, restricts=(), numeric=(), crowd=0, approx=0, frac=0.0,
+        def fn(vec=None, k=K, restricts=(), numeric=(), crowd=0, approx=None, frac=0.0,
                sparse=None, alpha=None, full=False):
             q = ch.query(tp, vec=vec, k=k, sparse=sparse, crowding=crowd, cand=approx,
                          fraction=frac, restricts=list(restricts),

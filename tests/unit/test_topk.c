@@ -277,6 +277,51 @@ static void test_rrf(void **state)
     assert_int_equal(n, 0);
 }
 
+/* Equal values share a rank (competition ranking), a label found by both lists gets both
+ * terms, ties of the fused score go to the better dense rank, and the answer for k is the
+ * prefix of the answer for k + 1 (issue 13: the hybrid ranking must not change with k). */
+static void test_rrf_ties(void **state)
+{
+    (void)state;
+    /* the issue's case: labels 1..9 share the sparse score 0.9; label 10 is dense rank 1
+     * and also has 0.9 (sparse position 10 by label order) */
+    enum { NS = 12 };
+    tsr_hit dense[] = {{0.0f, 0, 10}, {2.0f, 0, 50}, {3.0f, 0, 51}, {3.0f, 0, 52}, {4.0f, 0, 4}};
+    tsr_hit sparse[NS];
+    for (int i = 0; i < NS; i++)
+        sparse[i] = (tsr_hit){i < 10 ? 0.9f : 0.5f, 0, i < 10 ? i + 1 : 60 + i};
+    tsr_rrf_hit out[32], prev[32];
+    size_t n, np = 0;
+    const double k0 = TSR_RRF_K0;
+    for (size_t k = 1; k <= 14; k++) {
+        assert_int_equal(tsr_rrf_fuse(dense, 5, sparse, NS, 0.5, k0, k, 0, out, &n), 0);
+        assert_int_equal(out[0].label, 10); /* both lists, both rank 1 */
+        assert_int_equal(out[0].rank_sparse, 1);
+        assert_true(out[0].score == 0.5 / (k0 + 1) + 0.5 / (k0 + 1));
+        for (size_t i = 0; i < np; i++)
+            assert_int_equal(out[i].label, prev[i].label);
+        memcpy(prev, out, n * sizeof *out);
+        np = n;
+    }
+    /* 4: dense rank 5, sparse rank 1; then 1..9 (sparse rank 1 only) by label */
+    assert_int_equal(out[1].label, 4);
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(out[2 + i].label, i < 3 ? i + 1 : i + 2);
+        assert_int_equal(out[2 + i].rank_sparse, 1);
+    }
+    /* 51 and 52 tie in the dense list: both rank 3 */
+    const tsr_rrf_hit *a = find_rrf(out, n, 51), *b = find_rrf(out, n, 52);
+    assert_true(a && b && a->rank_dense == 3 && b->rank_dense == 3 && a->score == b->score);
+    /* an equal fused score goes to the better dense rank: 7 (dense 1, sparse 2) and
+     * 3 (dense 2, sparse 1) score the same; 7 first despite its larger label */
+    tsr_hit d2[] = {{1.0f, 0, 7}, {2.0f, 0, 3}};
+    tsr_hit s2[] = {{9.0f, 0, 3}, {8.0f, 0, 7}};
+    assert_int_equal(tsr_rrf_fuse(d2, 2, s2, 2, 0.5, k0, 2, 0, out, &n), 0);
+    assert_true(out[0].score == out[1].score);
+    assert_int_equal(out[0].label, 7);
+    assert_int_equal(out[1].label, 3);
+}
+
 static void test_rrf_random(void **state)
 {
     enum { N = 300 };
@@ -302,7 +347,7 @@ static void test_rrf_random(void **state)
                 l = rnd() % 400;
             while (used[l] & 2);
             used[l] |= 2;
-            sparse[i] = (tsr_hit){(float)-i, 0, l};
+            sparse[i] = (tsr_hit){-(float)i, 0, l}; /* distinct: ranks are i + 1 */
         }
         double alphas[] = {0.0, 0.5, 1.0, 0.25};
         for (int a = 0; a < 4; a++) {
@@ -330,9 +375,13 @@ static void test_rrf_random(void **state)
                 assert_true(present[out[i].label]);
                 double d = out[i].score - ref[out[i].label];
                 assert_true(d < 1e-12 && d > -1e-12);
-                if (i > 0)
+                if (i > 0) { /* score, then dense rank (absent last), then label */
+                    uint32_t ra = out[i - 1].in_dense ? out[i - 1].rank_dense : UINT32_MAX;
+                    uint32_t rb = out[i].in_dense ? out[i].rank_dense : UINT32_MAX;
                     assert_true(out[i - 1].score > out[i].score ||
-                                (out[i - 1].score == out[i].score && out[i - 1].label < out[i].label));
+                                (out[i - 1].score == out[i].score &&
+                                 (ra < rb || (ra == rb && out[i - 1].label < out[i].label))));
+                }
             }
         }
     }
@@ -343,6 +392,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_heap_vs_sort),        cmocka_unit_test(test_crowd_select),
         cmocka_unit_test(test_crowded_distributed), cmocka_unit_test(test_rrf),
+        cmocka_unit_test(test_rrf_ties),
         cmocka_unit_test(test_rrf_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
