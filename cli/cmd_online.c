@@ -805,6 +805,26 @@ done:
 
 #define PROG "tessera read"
 
+/* "tessera read: 1 of 2 ids not found: c-000" (the first 20 missing ids, by name). */
+static void print_missing_ids(const Tessera__V1__ReadIndexDatapointsRequest *req,
+                              const Tessera__V1__ReadIndexDatapointsResponse *r)
+{
+    size_t missing = req->n_ids - r->n_datapoints, shown = 0;
+    fprintf(stderr, PROG ": %zu of %zu ids not found:", missing, req->n_ids);
+    for (size_t i = 0; i < req->n_ids && shown < 20; i++) {
+        size_t j = 0;
+        while (j < r->n_datapoints &&
+               (r->datapoints[j]->datapoint_id == NULL ||
+                strcmp(r->datapoints[j]->datapoint_id, req->ids[i]) != 0))
+            j++;
+        if (j == r->n_datapoints) {
+            fprintf(stderr, " %s", req->ids[i]);
+            shown++;
+        }
+    }
+    fprintf(stderr, "%s\n", missing > shown ? " ..." : "");
+}
+
 static void read_usage(FILE *f)
 {
     fprintf(f, "usage: tessera read --target ADDR [--tls-ca FILE ...] [--] ID...\n"
@@ -855,8 +875,7 @@ int tsr_cmd_read(int argc, char **argv)
         }
         rc = r->n_datapoints == req.n_ids ? 0 : 1;
         if (rc)
-            fprintf(stderr, PROG ": %zu of %zu ids not found\n", req.n_ids - r->n_datapoints,
-                    req.n_ids);
+            print_missing_ids(&req, r);
         protobuf_c_message_free_unpacked(out, NULL);
     }
     tsr_rpc_result_close(&res);

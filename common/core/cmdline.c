@@ -30,6 +30,7 @@
 #include "core/file.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "core/version.h"
 
 /* ------------------------------------------------------------------ option parsing */
 
@@ -219,6 +220,12 @@ int tsr_cmdline_parse_spec(const tsr_cmdline_spec *s, int argc, char **argv, int
         }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             s->usage(stdout);
+            *exit_code = 0;
+            return 1;
+        }
+        if (strcmp(a, "--version") == 0) {
+            /* the program's name without the command ("tessera query" -> "tessera") */
+            printf("%.*s %s\n", (int)strcspn(s->prog, " "), s->prog, TSR_VERSION);
             *exit_code = 0;
             return 1;
         }

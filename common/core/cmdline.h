@@ -15,7 +15,7 @@
  *   int code;
  *   tsr_cmdline_stop_init();                                   // first thing in main
  *   if (tsr_cmdline_parse("tessera-shard", argc, argv, opts, 2, usage, &code))
- *       return code;                                           // 0 after --help, else 2
+ *       return code;                                           // 0 after --help / --version, else 2
  *   ... start serving ...
  *   int sig = tsr_cmdline_stop_wait();                         // SIGINT or SIGTERM
  *
@@ -69,8 +69,9 @@ typedef struct tsr_cmdline_list {
 
 void tsr_cmdline_list_free(tsr_cmdline_list *l);
 
-/* Parses argv[1..argc-1] against the n options. --help / -h prints usage(stdout).
- * Returns 0 to go on, or 1 with *exit_code set: 0 after --help, 2 after a usage error
+/* Parses argv[1..argc-1] against the n options. --help / -h prints usage(stdout);
+ * --version prints "PROG VERSION" (PROG's first word, TSR_VERSION) and exits 0.
+ * Returns 0 to go on, or 1 with *exit_code set: 0 after --help or --version, 2 after a usage error
  * (the message, e.g. "tessera-shard: --threads: expected an integer from 1 to 64, got
  * '99'", and for an unknown, value-less or missing option then usage(stderr) are
  * printed). A repeated option keeps the last value (LIST: every value). An argument that

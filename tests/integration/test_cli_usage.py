@@ -116,6 +116,11 @@ check(r.returncode == 0 and "< <= = == != >= >" in r.stdout and "(= is ==)" in r
 r = run("--version")
 check(r.returncode == 0 and re.fullmatch(r"tessera \d+\.\d+\.\d+\S*\n", r.stdout) is not None,
       "tessera --version prints 'tessera X.Y.Z'", r)
+for prog in ("tessera-shard", "tessera-coordinator"):
+    r = subprocess.run([os.path.join(os.path.dirname(BIN), prog), "--version"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and re.fullmatch(prog + r" \d+\.\d+\.\d+\S*\n", r.stdout) is not None,
+          "%s --version prints '%s X.Y.Z'" % (prog, prog), r)
 r = run("help")
 check(r.returncode == 0 and "usage: tessera" in r.stdout and "cluster" in r.stdout,
       "tessera help prints the usage", r)

@@ -6,7 +6,8 @@ deploy/local/run.sh (the script behind `make run` / `make demo`):
   * cluster A serves from its run folder; a demo on another port (default folder) runs in
     build/run-<port>, and A's folder, version and answers are untouched;
   * a demo pointed at A's folder (TSR_RUN_DIR) while A runs is refused with exit 1 and a
-    message naming the locked folder, and A's data are untouched.
+    message naming the locked folder, and A's data are untouched;
+  * on the way, `tessera read` of a known and an unknown id names the one not found.
 """
 import os
 import shutil
@@ -74,6 +75,14 @@ def main():
             return 1
         rc, st_a = stats(pa)
         before = snapshot(a_dir)
+        # `tessera read` names the ids it did not find (newcomer issue, item 10)
+        r = subprocess.run([os.path.join(BIN, "tessera"), "read", "--target", "127.0.0.1:%d" % pa,
+                            "dp-00003", "no-such-id"], capture_output=True, text=True, timeout=30)
+        print("read dp-00003 no-such-id: exit %d: %s" % (r.returncode, r.stderr.strip()))
+        if r.returncode != 1 or '"dp-00003"' not in r.stdout or \
+                not r.stderr.strip().endswith("1 of 2 ids not found: no-such-id"):
+            fails.append("tessera read does not name the missing id: exit %d\n%s%s"
+                         % (r.returncode, r.stdout, r.stderr))
         print("cluster A on %d serves from %s: %d files" % (pa, a_dir, len(before)))
 
         # 1. a demo on another port with the default folder: build/run-<port>
