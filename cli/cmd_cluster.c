@@ -148,7 +148,7 @@ static void on_signal(uv_signal_t *h, int signum)
         uv_timer_start(&sup.kill_timer, on_kill_timer, STOP_GRACE_MS, 0);
 }
 
-enum { MAX_ARGS = 40 };
+enum { MAX_ARGS = 64, MAX_ALLOW = 8 };
 
 /* Appends the NULL-terminated strings to the NULL-terminated argv v (MAX_ARGS slots). */
 static void argv_add(char **v, ...)
@@ -221,6 +221,9 @@ static void usage(FILE *f)
             "  --tls-server-name); the coordinator verifies the shards with --tls-ca. --mtls also\n"
             "  requires client certificates signed by --tls-ca on every port (the coordinator\n"
             "  presents the same certificate to the shards: it needs clientAuth usage or none).\n"
+            "  Security (docs/security.md): --auth-tokens FILE hands the token file to the\n"
+            "  coordinator (clients then need --token-file); batch roots are accepted inside DIR\n"
+            "  and inside each --batch-root-allow FOLDER (repeatable).\n"
             "  Ranges: --shards 1..64, --port 1..65535 (P+S <= 65535), --dimensions 1..65536,\n"
             "  --nlist 1..1048576, --pq-m 1..65536, --nprobe 1..1048576.\n"
             "Exit status: 0 after SIGINT or SIGTERM stopped the cluster, 1 when it cannot start\n"
@@ -244,9 +247,46 @@ static int write_default_config(const char *path, int port, int shards, int dims
     return fclose(f) == 0 ? 0 : -1;
 }
 
+/* The coordinator's --auth-tokens and --batch-root-allow: DIR itself and the folders
+ * given, absolute. Returns 0 or 2 (a usage error, printed). */
+static int add_coord_security(char **v, const char *data, const char *tokens,
+                              const tsr_cmdline_list *allow)
+{
+    if (allow->n > MAX_ALLOW) {
+        fprintf(stderr, PROG ": --batch-root-allow: at most %d folders\n", MAX_ALLOW);
+        return 2;
+    }
+    char *p = abs_path(data);
+    if (!p) {
+        fprintf(stderr, PROG ": %s: %s\n", data, strerror(errno));
+        return 2;
+    }
+    argv_add(v, "--batch-root-allow", p, (char *)NULL);
+    free(p);
+    for (size_t i = 0; i < allow->n; i++) {
+        if (!(p = abs_path(allow->v[i]))) {
+            fprintf(stderr, PROG ": --batch-root-allow %s: %s\n", allow->v[i], strerror(errno));
+            return 2;
+        }
+        argv_add(v, "--batch-root-allow", p, (char *)NULL);
+        free(p);
+    }
+    if (tokens) {
+        if (!(p = abs_path(tokens))) {
+            fprintf(stderr, PROG ": --auth-tokens %s: %s\n", tokens, strerror(errno));
+            return 2;
+        }
+        argv_add(v, "--auth-tokens", p, (char *)NULL);
+        free(p);
+    }
+    return 0;
+}
+
 int tsr_cmd_cluster_up(int argc, char **argv)
 {
     cluster_tls tls = {0};
+    const char *auth_tokens = NULL;
+    tsr_cmdline_list allow = {0};
     const char *data = NULL, *config = NULL, *distance = "SQUARED_L2";
     int shards = 4, port = 7000, dims = 64, nlist = 64, pq_m = 16, nprobe = 8;
     const tsr_cmdline_opt opts[] = {
@@ -264,6 +304,8 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         {"--tls-ca", TSR_CMDLINE_STR, &tls.ca, 0, 0, 0},
         {"--tls-server-name", TSR_CMDLINE_STR, &tls.name, 0, 0, 0},
         {"--mtls", TSR_CMDLINE_FLAG, &tls.mtls, 0, 0, 0},
+        {"--auth-tokens", TSR_CMDLINE_STR, &auth_tokens, 0, 0, 0},
+        {"--batch-root-allow", TSR_CMDLINE_LIST, &allow, 0, 0, 0},
     };
     const tsr_cmdline_spec spec = {PROG, opts, sizeof opts / sizeof opts[0], usage, 0, 1};
     int code;
@@ -356,6 +398,10 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         k->args = argv_new();
         argv_add(k->args, exe, "--listen", addr, "--data", dir, "--config", cfg, (char *)NULL);
         add_coord_tls(k->args, &tls);
+        int sc = add_coord_security(k->args, data, auth_tokens, &allow);
+        tsr_cmdline_list_free(&allow);
+        if (sc)
+            return sc;
         snprintf(path, sizeof path, "%s/logs/coordinator.log", data);
         k->log_path = tsr_xstrdup(path);
     }

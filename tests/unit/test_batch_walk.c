@@ -62,7 +62,7 @@ static void put(const char *name, const char *content, size_t len)
 
 static tsr_batch *load(size_t dims, uint64_t maxinv, int *rc)
 {
-    tsr_batch_options o = {dims, maxinv, 2};
+    tsr_batch_options o = {dims, maxinv, 2, NULL};
     tsr_batch *b = NULL;
     tsr_error err = TSR_ERROR_INIT;
     *rc = tsr_batch_load(root, &o, &b, &err);
@@ -262,7 +262,7 @@ static void test_report_caps_and_json(void **state)
 static void test_missing_root(void **state)
 {
     (void)state;
-    tsr_batch_options o = {1, 0, 1};
+    tsr_batch_options o = {1, 0, 1, NULL};
     tsr_batch *b = NULL;
     tsr_error err = TSR_ERROR_INIT;
     char p[600];
