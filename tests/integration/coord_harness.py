@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 
 import shard_harness as sh
@@ -26,6 +27,16 @@ def stubs():
 
 
 free_port = sh.free_port  # (tests call ch.free_port)
+
+
+def batch_allow_args(*extra):
+    """--batch-root-allow flags for a test coordinator: the system temp folder, where every
+    test writes its batches (sh.tmpdir), and any extra folder. tests/integration/
+    test_batch_confine.py tests the confinement itself."""
+    args = []
+    for d in (tempfile.gettempdir(),) + extra:
+        args += ["--batch-root-allow", d]
+    return args
 
 
 # A coordinator process; its log is collected, its port read from the log.
@@ -63,13 +74,13 @@ class Api:
 
 class Cluster(Api):
     def __init__(self, nshards=4, dims=32, config=None, template=None, env=None, bin_dir=None,
-                 root=None):
+                 root=None, shard_extra=(), coord_extra=()):
         self.root = root or sh.tmpdir("tsr-coord-")
         self.bin = bin_dir or BIN
         self.shards = []
         for i in range(nshards):
             self.shards.append(sh.Shard(os.path.join(self.root, "shard-%d" % i),
-                                        bin_dir=self.bin))
+                                        extra=shard_extra, bin_dir=self.bin))
         cfg = {"dimensions": dims, "shards": [s.target for s in self.shards]}
         if "san-" in os.path.basename(os.path.dirname(os.path.abspath(self.bin))):
             # ASan+UBSan binaries run 3-5x slower (more on a loaded CI machine): give the
@@ -81,7 +92,7 @@ class Cluster(Api):
             json.dump(cfg, f)
         self.template = template
         self.coord = None
-        self.start(env)
+        self.start(env, extra_args=coord_extra)
 
     def start(self, env=None, listen_port=0, extra_args=()):
         argv = [os.path.join(self.bin, "tessera-coordinator"), "--listen",
@@ -89,6 +100,7 @@ class Cluster(Api):
                 "--config", self.config]
         if self.template:
             argv += ["--template", self.template]
+        argv += batch_allow_args(self.root)
         argv += list(extra_args)
         self.coord = Proc(argv, env)
         if self.coord.port is None:
