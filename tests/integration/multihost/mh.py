@@ -297,7 +297,10 @@ class Cluster(ch.Api):
         _, _, sp, spg = stubs()
         chan = grpc_channel(self.shard_addr(i))
         try:
-            return spg.ShardStub(chan).Stats(sp.ShardStatsRequest(), timeout=timeout)
+            with open(self.peer_token) as f:
+                md = [("authorization", "Bearer " + f.read().strip())]
+            return spg.ShardStub(chan).Stats(sp.ShardStatsRequest(), timeout=timeout,
+                                             metadata=md)
         finally:
             chan.close()
 
