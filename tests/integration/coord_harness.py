@@ -47,20 +47,22 @@ class Api:
     """UpdateIndex / GetOperation / GetIndexStats over self.stub (a VectorSearchStub); shared
     by Cluster here and by the multi-host cluster (multihost/mh.py)."""
 
-    def update(self, batch_root, overwrite=False, max_invalid=0, timeout=180):
+    def update(self, batch_root, overwrite=False, max_invalid=0, timeout=180, md=None):
+        """md: call metadata, e.g. [("authorization", "Bearer " + token)]."""
         tp = stubs()[0]
         r = self.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=batch_root,
                                                         is_complete_overwrite=overwrite,
                                                         max_invalid_records=max_invalid),
-                                  timeout=30)
-        return self.wait_op(r.operation_id, timeout)
+                                  timeout=30, metadata=md)
+        return self.wait_op(r.operation_id, timeout, md)
 
-    def wait_op(self, op_id, timeout=180):
+    def wait_op(self, op_id, timeout=180, md=None):
         tp = stubs()[0]
         t0 = time.time()
         done = (tp.Operation.SUCCEEDED, tp.Operation.REJECTED, tp.Operation.FAILED)
         while True:
-            op = self.stub.GetOperation(tp.GetOperationRequest(operation_id=op_id), timeout=10)
+            op = self.stub.GetOperation(tp.GetOperationRequest(operation_id=op_id), timeout=10,
+                                        metadata=md)
             if op.state in done:
                 return op
             if time.time() - t0 > timeout:

@@ -155,20 +155,6 @@ def node_matrix(target, table, root, ca=None):
             for who, d in out.items()}
 
 
-def update_as_admin(cl, batch):
-    tp = ch.stubs()[0]
-    md = [("authorization", "Bearer " + ADMIN_TOKEN)]
-    r = cl.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=batch), metadata=md, timeout=30)
-    t0 = time.time()
-    while True:
-        op = cl.stub.GetOperation(tp.GetOperationRequest(operation_id=r.operation_id),
-                                  metadata=md, timeout=10)
-        if op.state in (tp.Operation.SUCCEEDED, tp.Operation.FAILED, tp.Operation.REJECTED):
-            return op
-        assert time.time() - t0 < 120, op
-        time.sleep(0.05)
-
-
 def wait_idle(stub, root, md=None):
     """Until no update runs (the matrix's admin UpdateIndex): an update of a missing folder
     is refused while one runs, and otherwise fails at once."""
@@ -309,7 +295,7 @@ def main():
     cl = ch.Cluster(2, D, {"nlist": 8, "pq_m": 4, "nprobe": 8},
                     shard_extra=["--peer-token-file", peer], coord_extra=auth)
     try:
-        op = update_as_admin(cl, batch)
+        op = cl.update(batch, md=[("authorization", "Bearer " + ADMIN_TOKEN)])
         assert op.state == tp.Operation.SUCCEEDED, op
         table = calls(op.operation_id, batch)
         check_matrix(py_matrix(cl.target, table), table, "python grpcio, plain metadata")

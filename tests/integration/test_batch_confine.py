@@ -84,7 +84,7 @@ def main():
                 assert bad not in msg.replace(real_allowed, ""), (what, bad, msg)
             print("refused (%s): %s" % (what, msg))
         for path in (inside, os.path.join(allowed, "alias")):
-            op = cl.update_md(path, md)
+            op = cl.update(path, md=md)
             assert op.state == tp.Operation.SUCCEEDED, op
         print("accepted: a root inside and a symlink inside pointing inside")
         # no flag: every root refused, naming the flag
@@ -114,23 +114,6 @@ def start_only(cl, args):
     finally:
         coord_harness.batch_allow_args = saved
 
-
-def update_md(self, batch_root, md):
-    tp = ch.stubs()[0]
-    r = self.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=batch_root), metadata=md,
-                              timeout=30)
-    import time
-    t0 = time.time()
-    while True:
-        op = self.stub.GetOperation(tp.GetOperationRequest(operation_id=r.operation_id),
-                                    metadata=md, timeout=10)
-        if op.state in (tp.Operation.SUCCEEDED, tp.Operation.REJECTED, tp.Operation.FAILED):
-            return op
-        assert time.time() - t0 < 120, op
-        time.sleep(0.05)
-
-
-ch.Cluster.update_md = update_md
 
 if __name__ == "__main__":
     sys.exit(main())
