@@ -158,6 +158,72 @@ static tsr_rpc_tokens *load_tokens(const char *path)
     return t;
 }
 
+static void log_security(const char *auth_tokens, int insecure, char **allowed, size_t n)
+{
+    if (!auth_tokens)
+        tsr_warn("no --auth-tokens: serving WITHOUT authentication (%s)",
+                 insecure ? "--insecure-no-auth" : "allowed on a loopback address only");
+    if (n == 0)
+        tsr_info("no --batch-root-allow: UpdateIndex refuses every batch_root");
+    for (size_t i = 0; i < n; i++)
+        tsr_info("batch roots allowed under %s", allowed[i]);
+}
+
+static void free_security(char **allowed, tsr_cmdline_list *allow, char *peer_token)
+{
+    for (size_t i = 0; allowed && i < allow->n; i++)
+        free(allowed[i]);
+    free(allowed);
+    tsr_cmdline_list_free(allow);
+    if (peer_token) {
+        explicit_bzero(peer_token, strlen(peer_token));
+        free(peer_token);
+    }
+}
+
+/* The authentication flags go together; protected mode (Redis's model): without tokens,
+ * only a loopback address is served. Reads --peer-token-file into *peer_token. Returns 0
+ * or -1 (logged). */
+static int check_auth_flags(const char *listen, const char *auth_tokens, int insecure,
+                            const char *peer_token_file, char **peer_token)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    if (auth_tokens && insecure) {
+        tsr_error_log("--auth-tokens and --insecure-no-auth exclude each other");
+        return -1;
+    }
+    if (!auth_tokens && !insecure && !tsr_rpc_addr_is_loopback(listen)) {
+        tsr_error_log("--listen %s is not a loopback address and no --auth-tokens FILE is "
+                      "given: anyone who reaches the port could update or empty the index. "
+                      "Give --auth-tokens FILE (docs/security.md), or --insecure-no-auth to "
+                      "serve without authentication anyway", listen);
+        return -1;
+    }
+    if (peer_token_file && tsr_rpc_token_read(peer_token_file, peer_token, &err) != 0) {
+        tsr_error_log("--peer-token-file: %s", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Waits for SIGINT/SIGTERM (returned); each SIGHUP meanwhile re-reads --auth-tokens, and a
+ * bad file keeps the tokens loaded before. */
+static int wait_stop(tsr_rpc_server *srv, const char *auth_tokens)
+{
+    int sig;
+    while ((sig = tsr_cmdline_stop_wait()) == SIGHUP) {
+        tsr_rpc_tokens *t;
+        if (!auth_tokens)
+            tsr_info("SIGHUP: no --auth-tokens file to re-read");
+        else if ((t = load_tokens(auth_tokens)) != NULL)
+            tsr_rpc_server_set_tokens(srv, t);
+        else
+            tsr_error_log("SIGHUP: --auth-tokens %s is bad; keeping the tokens loaded before",
+                          auth_tokens);
+    }
+    return sig;
+}
+
 /* --batch-root-allow: each folder resolved (it must exist). Returns 0 or -1 (logged). */
 static int resolve_allowed(const tsr_cmdline_list *l, char ***out)
 {
@@ -208,6 +274,30 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
             return TSR_EINTERNAL;
 #undef SVC
     return 0;
+}
+
+/* Creates and starts the server with the coordinator's methods and the token set t (the
+ * server takes it, also on failure: NULL = none). Returns it, or NULL (logged). */
+static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
+                                    tsr_rpc_tokens *t)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_rpc_server *srv = tsr_rpc_server_create(o, &err);
+    if (!srv) {
+        tsr_error_log("cannot listen on %s: %s", o->listen, err.msg);
+        tsr_rpc_tokens_free(t);
+        return NULL;
+    }
+    tsr_rpc_server_set_tokens(srv, t);
+    if (add_methods(srv, c) || tsr_rpc_server_start(srv, &err)) {
+        tsr_error_log("cannot start the server: %s", err.msg);
+        tsr_rpc_server_destroy(srv);
+        return NULL;
+    }
+    tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
+    tsr_rpc_server_set_health(srv, "google.cloud.aiplatform.container.v1.MatchService",
+                              TSR_RPC_HEALTH_SERVING);
+    return srv;
 }
 
 int main(int argc, char **argv)
@@ -266,22 +356,7 @@ int main(int argc, char **argv)
         tsr_cmdline_list_free(&allow);
         return 2;
     }
-    if (auth_tokens && insecure) {
-        tsr_error_log("--auth-tokens and --insecure-no-auth exclude each other");
-        tsr_cmdline_list_free(&allow);
-        return 2;
-    }
-    /* Protected mode (Redis's model): without tokens, only a loopback address is served. */
-    if (!auth_tokens && !insecure && !tsr_rpc_addr_is_loopback(listen)) {
-        tsr_error_log("--listen %s is not a loopback address and no --auth-tokens FILE is "
-                      "given: anyone who reaches the port could update or empty the index. "
-                      "Give --auth-tokens FILE (docs/security.md), or --insecure-no-auth to "
-                      "serve without authentication anyway", listen);
-        tsr_cmdline_list_free(&allow);
-        return 2;
-    }
-    if (peer_token_file && tsr_rpc_token_read(peer_token_file, &peer_token, &err) != 0) {
-        tsr_error_log("--peer-token-file: %s", err.msg);
+    if (check_auth_flags(listen, auth_tokens, insecure, peer_token_file, &peer_token) != 0) {
         tsr_cmdline_list_free(&allow);
         return 2;
     }
@@ -341,19 +416,10 @@ int main(int argc, char **argv)
     o.tls_cert_file = tls_cert;
     o.tls_key_file = tls_key;
     o.tls_client_ca_file = tls_ca;
-    if (!(srv = tsr_rpc_server_create(&o, &err))) {
-        tsr_error_log("cannot listen on %s: %s", listen, err.msg);
-        goto out;
-    }
-    tsr_rpc_server_set_tokens(srv, tokens); /* the server owns them now */
+    srv = start_server(c, &o, tokens); /* it owns the tokens now */
     tokens = NULL;
-    if (add_methods(srv, c) || tsr_rpc_server_start(srv, &err)) {
-        tsr_error_log("cannot start the server: %s", err.msg);
+    if (!srv)
         goto out;
-    }
-    tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
-    tsr_rpc_server_set_health(srv, "google.cloud.aiplatform.container.v1.MatchService",
-                              TSR_RPC_HEALTH_SERVING);
     if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
@@ -373,24 +439,8 @@ int main(int argc, char **argv)
              sh_ca ? (sh_cert ? " over mutual TLS" : " over TLS") : "",
              (unsigned long long)sn->version);
     tsr__snap_unref(sn);
-    if (!auth_tokens)
-        tsr_warn("no --auth-tokens: serving WITHOUT authentication (%s)",
-                 insecure ? "--insecure-no-auth" : "allowed on a loopback address only");
-    if (allow.n == 0)
-        tsr_info("no --batch-root-allow: UpdateIndex refuses every batch_root");
-    for (size_t i = 0; i < allow.n; i++)
-        tsr_info("batch roots allowed under %s", allowed[i]);
-    int sig;
-    while ((sig = tsr_cmdline_stop_wait()) == SIGHUP) {
-        tsr_rpc_tokens *t;
-        if (!auth_tokens)
-            tsr_info("SIGHUP: no --auth-tokens file to re-read");
-        else if ((t = load_tokens(auth_tokens)) != NULL)
-            tsr_rpc_server_set_tokens(srv, t);
-        else
-            tsr_error_log("SIGHUP: --auth-tokens %s is bad; keeping the tokens loaded before",
-                          auth_tokens);
-    }
+    log_security(auth_tokens, insecure, allowed, allow.n);
+    int sig = wait_stop(srv, auth_tokens);
     tsr_info("%s: shutting down", tsr_cmdline_signame(sig));
     code = 0;
 out:
@@ -411,13 +461,6 @@ out:
     tsr__coord_config_close(&c->cfg);
     free(c);
     tsr_rpc_tokens_free(tokens);
-    for (size_t i = 0; allowed && i < allow.n; i++)
-        free(allowed[i]);
-    free(allowed);
-    tsr_cmdline_list_free(&allow);
-    if (peer_token) {
-        explicit_bzero(peer_token, strlen(peer_token));
-        free(peer_token);
-    }
+    free_security(allowed, &allow, peer_token);
     return code;
 }
