@@ -272,6 +272,9 @@ def protected_mode(root, cfg):
     p = ch.Proc(base + ["--insecure-no-auth"])
     try:
         assert p.port is not None, p.text()
+        t0 = time.time()  # logged just after the listen line
+        while "WITHOUT authentication" not in p.text() and time.time() - t0 < 10:
+            time.sleep(0.05)
         assert "WITHOUT authentication" in p.text(), p.text()
     finally:
         p.proc.terminate()
