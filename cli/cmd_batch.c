@@ -174,7 +174,7 @@ int tsr_cmd_batch_inspect(int argc, char **argv)
     int code;
     if (tsr_cmdline_parse_spec(&spec, argc, argv, NULL, &code))
         return code;
-    tsr_batch_options o = {(size_t)dims, maxinv, (unsigned)threads};
+    tsr_batch_options o = {(size_t)dims, maxinv, (unsigned)threads, NULL};
     tsr_batch *b = NULL;
     tsr_error err = TSR_ERROR_INIT;
     int rc = tsr_batch_load(root, &o, &b, &err);

@@ -269,7 +269,7 @@ static void on_signal(uv_signal_t *h, int signum)
     stop_all();
 }
 
-enum { MAX_ARGS = 40 };
+enum { MAX_ARGS = 64, MAX_ALLOW = 8 };
 
 /* Appends the NULL-terminated strings to the NULL-terminated argv v (MAX_ARGS slots). */
 static void argv_add(char **v, ...)
@@ -351,6 +351,9 @@ static void usage(FILE *f)
             "  --tls-server-name); the coordinator verifies the shards with --tls-ca. --mtls also\n"
             "  requires client certificates signed by --tls-ca on every port (the coordinator\n"
             "  presents the same certificate to the shards: it needs clientAuth usage or none).\n"
+            "  Security (docs/security.md): --auth-tokens FILE hands the token file to the\n"
+            "  coordinator (clients then need --token-file); batch roots are accepted inside DIR\n"
+            "  and inside each --batch-root-allow FOLDER (repeatable).\n"
             "  Ranges: --shards 1..64, --port 1..65535 (P+S <= 65535), --dimensions 1..65536,\n"
             "  --nlist 1..1048576, --pq-m 1..65536, --nprobe 1..1048576.\n"
             "Exit status: 0 after SIGINT or SIGTERM stopped the cluster, 1 when it cannot start\n"
@@ -445,6 +448,7 @@ typedef struct cluster_plan {
     const char *mhost; /* NULL = no metrics */
     int mport;
     const cluster_tls *tls;
+    char **coord_extra; /* --auth-tokens, --batch-root-allow for the coordinator */
 } cluster_plan;
 
 static void add_metrics(char **v, const cluster_plan *pl, int i)
@@ -478,6 +482,8 @@ static void plan_children(const cluster_plan *pl)
         if (coord) {
             argv_add(k->args, "--config", pl->cfg, (char *)NULL);
             add_coord_tls(k->args, pl->tls);
+            for (char **a = pl->coord_extra; *a; a++)
+                argv_add(k->args, *a, (char *)NULL);
         } else {
             add_shard_tls(k->args, pl->tls);
         }
@@ -628,9 +634,46 @@ static int resolve_tls(cluster_tls *tls, char *tls_paths[3])
     return 0;
 }
 
+/* The coordinator's --auth-tokens and --batch-root-allow: DIR itself and the folders
+ * given, absolute. Returns 0 or 2 (a usage error, printed). */
+static int add_coord_security(char **v, const char *data, const char *tokens,
+                              const tsr_cmdline_list *allow)
+{
+    if (allow->n > MAX_ALLOW) {
+        fprintf(stderr, PROG ": --batch-root-allow: at most %d folders\n", MAX_ALLOW);
+        return 2;
+    }
+    char *p = abs_path(data);
+    if (!p) {
+        fprintf(stderr, PROG ": %s: %s\n", data, strerror(errno));
+        return 2;
+    }
+    argv_add(v, "--batch-root-allow", p, (char *)NULL);
+    free(p);
+    for (size_t i = 0; i < allow->n; i++) {
+        if (!(p = abs_path(allow->v[i]))) {
+            fprintf(stderr, PROG ": --batch-root-allow %s: %s\n", allow->v[i], strerror(errno));
+            return 2;
+        }
+        argv_add(v, "--batch-root-allow", p, (char *)NULL);
+        free(p);
+    }
+    if (tokens) {
+        if (!(p = abs_path(tokens))) {
+            fprintf(stderr, PROG ": --auth-tokens %s: %s\n", tokens, strerror(errno));
+            return 2;
+        }
+        argv_add(v, "--auth-tokens", p, (char *)NULL);
+        free(p);
+    }
+    return 0;
+}
+
 int tsr_cmd_cluster_up(int argc, char **argv)
 {
     cluster_tls tls = {0};
+    const char *auth_tokens = NULL;
+    tsr_cmdline_list allow = {0};
     const char *data = NULL, *config = NULL, *distance = "SQUARED_L2", *mlisten = NULL;
     int shards = 4, port = 7000, dims = 64, nlist = 64, pq_m = 16, nprobe = 8;
     int start_timeout = 120;
@@ -651,6 +694,8 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         {"--tls-ca", TSR_CMDLINE_STR, &tls.ca, 0, 0, 0},
         {"--tls-server-name", TSR_CMDLINE_STR, &tls.name, 0, 0, 0},
         {"--mtls", TSR_CMDLINE_FLAG, &tls.mtls, 0, 0, 0},
+        {"--auth-tokens", TSR_CMDLINE_STR, &auth_tokens, 0, 0, 0},
+        {"--batch-root-allow", TSR_CMDLINE_LIST, &allow, 0, 0, 0},
     };
     const tsr_cmdline_spec spec = {PROG, opts, sizeof opts / sizeof opts[0], usage, 0, 1};
     int code;
@@ -681,6 +726,10 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     if (code == 0)
         code = prepare_data(data, config, cfg, sizeof cfg, port, shards, dims, distance, nlist,
                             pq_m, nprobe);
+    char **coord_extra = argv_new();
+    if (code == 0) /* after prepare_data: DIR exists, so it resolves */
+        code = add_coord_security(coord_extra, data, auth_tokens, &allow);
+    tsr_cmdline_list_free(&allow);
     if (code == 0) {
         memset(&sup, 0, sizeof sup);
         sup.loop = uv_default_loop();
@@ -696,10 +745,14 @@ int tsr_cmd_cluster_up(int argc, char **argv)
             sup.health_opts.tls_cert_file = tls.cert;
             sup.health_opts.tls_key_file = tls.key;
         }
-        cluster_plan pl = {data, bindir, cfg, port, shards, mlisten ? mhost : NULL, mport, &tls};
+        cluster_plan pl = {data, bindir, cfg, port, shards, mlisten ? mhost : NULL, mport, &tls,
+                           coord_extra};
         plan_children(&pl);
         code = supervise(start_timeout);
     }
+    for (char **a = coord_extra; *a; a++)
+        free(*a);
+    free(coord_extra);
     for (int i = 0; i < 3; i++)
         free(tls_paths[i]);
     return code;

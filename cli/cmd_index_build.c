@@ -101,7 +101,7 @@ static int load_batch(const char *root, size_t dims, uint64_t max_invalid, int t
                       tsr_batch **batch, float **x, size_t *n, char ***ids)
 {
     tsr_error err = TSR_ERROR_INIT;
-    tsr_batch_options o = {dims, max_invalid, (unsigned)threads};
+    tsr_batch_options o = {dims, max_invalid, (unsigned)threads, NULL};
     int rc = tsr_batch_load(root, &o, batch, &err);
     if (*batch == NULL) {
         fprintf(stderr, PROG ": %s\n", err.msg);

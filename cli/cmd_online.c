@@ -212,19 +212,23 @@ static Tessera__V1__NumericRestriction *parse_numeric(const char *arg)
     return NULL;
 }
 
-/* --tls-* flags of every online command */
+/* --tls-* and --token-file flags of every online command */
 typedef struct {
     const char *ca, *cert, *key, *name;
+    const char *token_file;
 } tls_flags;
 #define TLS_OPTS(t)                                                                        \
     {"--tls-ca", TSR_CMDLINE_STR, &(t).ca, 0, 0, 0},                                      \
         {"--tls-cert", TSR_CMDLINE_STR, &(t).cert, 0, 0, 0},                              \
         {"--tls-key", TSR_CMDLINE_STR, &(t).key, 0, 0, 0},                                \
-        {"--tls-server-name", TSR_CMDLINE_STR, &(t).name, 0, 0, 0}
+        {"--tls-server-name", TSR_CMDLINE_STR, &(t).name, 0, 0, 0},                       \
+        {"--token-file", TSR_CMDLINE_STR, &(t).token_file, 0, 0, 0}
 #define TLS_USAGE                                                                          \
     "  --tls-ca FILE          use TLS, trusting this CA (PEM) for the coordinator's certificate\n" \
     "  --tls-cert FILE --tls-key FILE  client certificate (coordinator with mutual TLS)\n"       \
-    "  --tls-server-name N    name to check in the certificate instead of ADDR's host\n"
+    "  --tls-server-name N    name to check in the certificate instead of ADDR's host\n" \
+    "  --token-file FILE      send the bare token in FILE as \"authorization: Bearer\" (a\n"  \
+    "                         coordinator with --auth-tokens; env TSR_TOKEN_FILE)\n"
 
 /* Parses an online command's flags; max_args positional arguments go to argv[1..*nargs].
  * Returns -1 to go on, else the exit code (0 after --help, 2 usage error). */
@@ -237,8 +241,8 @@ static int parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
 }
 
 /* Opens the channel. Returns NULL on failure with *code = 2 (TLS flags or files are
- * wrong: a usage error) or 1. TSR_TLS_CA / TSR_TLS_SERVER_NAME stand in for --tls-ca /
- * --tls-server-name when those are not given. */
+ * wrong: a usage error) or 1. TSR_TLS_CA / TSR_TLS_SERVER_NAME / TSR_TOKEN_FILE stand in
+ * for --tls-ca / --tls-server-name / --token-file when those are not given. */
 static tsr_rpc_channel *connect_target(const char *prog, const char *target, const tls_flags *t,
                                        int *code)
 {
@@ -262,7 +266,20 @@ static tsr_rpc_channel *connect_target(const char *prog, const char *target, con
         *code = 2;
         return NULL;
     }
+    const char *tf = t->token_file ? t->token_file : getenv("TSR_TOKEN_FILE");
+    char *token = NULL;
+    if (tf && *tf && tsr_rpc_token_read(tf, &token, &err) != 0) {
+        fprintf(stderr, "%s: %s: %s\n", prog, t->token_file ? "--token-file" : "TSR_TOKEN_FILE",
+                err.msg);
+        *code = 2;
+        return NULL;
+    }
+    o.bearer_token = token; /* copied by the channel */
     tsr_rpc_channel *ch = tsr_rpc_channel_create(target, &o, &err);
+    if (token) {
+        explicit_bzero(token, strlen(token));
+        free(token);
+    }
     if (ch == NULL) {
         fprintf(stderr, "%s: %s: %s\n", prog, target, err.msg);
         *code = 1;

@@ -267,6 +267,11 @@ typedef struct tsr__coord {
      * accept any */
     const char *deployed_index_id;
 
+    /* --batch-root-allow: resolved folders (owned by main); a batch_root must resolve inside
+     * one (tsr_batch_confine). None = no UpdateIndex is accepted. */
+    const char *const *batch_allow;
+    size_t nbatch_allow;
+
     /* metrics */
     atomic_llong queries, shards_touched, lists_probed;
 } tsr__coord;

@@ -10,10 +10,13 @@
  * graceful stop); rpc owns the polling and worker threads; an update runs on its own
  * thread, reconciliation on another (coord.h has the lock order).
  */
+#include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/clock.h"
 #include "core/cmdline.h"
@@ -30,6 +33,8 @@ static void usage(FILE *f)
             "                           [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]\n"
             "                           [--shard-tls-ca FILE [--shard-tls-cert FILE --shard-tls-key FILE]\n"
             "                            [--shard-tls-server-name NAME]] [--max-message BYTES]\n"
+            "                           [--auth-tokens FILE | --insecure-no-auth]\n"
+            "                           [--batch-root-allow DIR]... [--peer-token-file FILE]\n"
             "\n"
             "Serves tessera.v1.VectorSearch in front of the shards named in the config.\n"
             "  --listen ADDR       address to listen on, e.g. 127.0.0.1:7000 (port 0 = any free\n"
@@ -40,7 +45,19 @@ static void usage(FILE *f)
             "                      pq_nbits, nprobe, shards, plan, deadlines, limits, seed\n"
             "  --template F.faiss  trained Faiss IndexIVFPQ to use when the index is created\n"
             "                      (otherwise the first UpdateIndex trains one from its batch)\n"
-            "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
+            "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 127.0.0.1:9100;\n"
+            "                      \":9100\" is loopback too; 0.0.0.0:9100 exposes it to the network)\n"
+            "  --auth-tokens FILE  lines \"<role> <token>\" (role query or admin; '#' comments): every\n"
+            "                      call but health needs \"authorization: Bearer <token>\"; query\n"
+            "                      may search and read, admin may also update. SIGHUP re-reads it\n"
+            "                      (docs/security.md)\n"
+            "  --insecure-no-auth  serve without tokens on a non-loopback --listen (without tokens\n"
+            "                      the coordinator otherwise refuses any address but loopback)\n"
+            "  --batch-root-allow DIR  a folder batch roots may be in (repeatable); a batch_root\n"
+            "                      must resolve (symlinks and .. followed) inside one; none given =\n"
+            "                      UpdateIndex is refused with PERMISSION_DENIED\n"
+            "  --peer-token-file FILE  send the bare token in FILE to the shards (they run with the\n"
+            "                      same --peer-token-file)\n"
             "  --deployed-index-id ID  Vertex MatchService: answer only this deployed_index_id\n"
             "                      (others get NOT_FOUND; default: any; docs/vertex-compat.md)\n"
             "  --threads T         gRPC polling threads, one completion queue each (default 1)\n"
@@ -123,6 +140,108 @@ static int load_state(tsr__coord *c, const char *data)
     return 0;
 }
 
+/* Roles of --auth-tokens (levels 1, 2 of rpc.h "authorization"). */
+static const char *const roles[] = {"query", "admin"};
+#define ROLE_QUERY 1
+
+/* Loads --auth-tokens: logs the reason and returns NULL when the file is bad. */
+static tsr_rpc_tokens *load_tokens(const char *path)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_rpc_tokens *t = NULL;
+    if (tsr_rpc_tokens_load(path, roles, 2, &t, &err) != 0) {
+        tsr_error_log("--auth-tokens: %s", err.msg);
+        return NULL;
+    }
+    tsr_info("--auth-tokens %s: %zu query and %zu admin token(s)", path,
+             tsr_rpc_tokens_count(t, 1), tsr_rpc_tokens_count(t, 2));
+    return t;
+}
+
+static void log_security(const char *auth_tokens, int insecure, char **allowed, size_t n)
+{
+    if (!auth_tokens)
+        tsr_warn("no --auth-tokens: serving WITHOUT authentication (%s)",
+                 insecure ? "--insecure-no-auth" : "allowed on a loopback address only");
+    if (n == 0)
+        tsr_info("no --batch-root-allow: UpdateIndex refuses every batch_root");
+    for (size_t i = 0; i < n; i++)
+        tsr_info("batch roots allowed under %s", allowed[i]);
+}
+
+static void free_security(char **allowed, tsr_cmdline_list *allow, char *peer_token)
+{
+    for (size_t i = 0; allowed && i < allow->n; i++)
+        free(allowed[i]);
+    free(allowed);
+    tsr_cmdline_list_free(allow);
+    if (peer_token) {
+        explicit_bzero(peer_token, strlen(peer_token));
+        free(peer_token);
+    }
+}
+
+/* The authentication flags go together; protected mode (Redis's model): without tokens,
+ * only a loopback address is served. Reads --peer-token-file into *peer_token. Returns 0
+ * or -1 (logged). */
+static int check_auth_flags(const char *listen, const char *auth_tokens, int insecure,
+                            const char *peer_token_file, char **peer_token)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    if (auth_tokens && insecure) {
+        tsr_error_log("--auth-tokens and --insecure-no-auth exclude each other");
+        return -1;
+    }
+    if (!auth_tokens && !insecure && !tsr_rpc_addr_is_loopback(listen)) {
+        tsr_error_log("--listen %s is not a loopback address and no --auth-tokens FILE is "
+                      "given: anyone who reaches the port could update or empty the index. "
+                      "Give --auth-tokens FILE (docs/security.md), or --insecure-no-auth to "
+                      "serve without authentication anyway", listen);
+        return -1;
+    }
+    if (peer_token_file && tsr_rpc_token_read(peer_token_file, peer_token, &err) != 0) {
+        tsr_error_log("--peer-token-file: %s", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Waits for SIGINT/SIGTERM (returned); each SIGHUP meanwhile re-reads --auth-tokens, and a
+ * bad file keeps the tokens loaded before. */
+static int wait_stop(tsr_rpc_server *srv, const char *auth_tokens)
+{
+    int sig;
+    while ((sig = tsr_cmdline_stop_wait()) == SIGHUP) {
+        tsr_rpc_tokens *t;
+        if (!auth_tokens)
+            tsr_info("SIGHUP: no --auth-tokens file to re-read");
+        else if ((t = load_tokens(auth_tokens)) != NULL)
+            tsr_rpc_server_set_tokens(srv, t);
+        else
+            tsr_error_log("SIGHUP: --auth-tokens %s is bad; keeping the tokens loaded before",
+                          auth_tokens);
+    }
+    return sig;
+}
+
+/* --batch-root-allow: each folder resolved (it must exist). Returns 0 or -1 (logged). */
+static int resolve_allowed(const tsr_cmdline_list *l, char ***out)
+{
+    *out = tsr_xcalloc(l->n + 1, sizeof **out);
+    for (size_t i = 0; i < l->n; i++) {
+        char *rp = realpath(l->v[i], NULL);
+        struct stat st;
+        if (!rp || stat(rp, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            tsr_error_log("--batch-root-allow %s: %s", l->v[i],
+                          rp ? "not a folder" : strerror(errno));
+            free(rp);
+            return -1;
+        }
+        (*out)[i] = rp;
+    }
+    return 0;
+}
+
 /* Registers the coordinator's methods on srv. Returns 0 or a TSR code. */
 static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
 {
@@ -144,8 +263,41 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
         tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchGetEmbeddings",
                                   tsr__vertex_rpc_batch_get_embeddings, c, TSR_RPC_LONG))
         return TSR_EINTERNAL;
+    /* role query: the read side; every other method (UpdateIndex and later writes) needs
+     * admin, the default of a method without a role */
+    static const char *const query_methods[] = {
+        SVC "FindNeighbors", SVC "ReadIndexDatapoints", SVC "GetIndexStats", SVC "GetOperation",
+        TSR_VERTEX_SVC "Match", TSR_VERTEX_SVC "BatchMatch",
+        TSR_VERTEX_SVC "BatchGetEmbeddings"};
+    for (size_t i = 0; i < sizeof query_methods / sizeof query_methods[0]; i++)
+        if (tsr_rpc_server_set_role(srv, query_methods[i], ROLE_QUERY))
+            return TSR_EINTERNAL;
 #undef SVC
     return 0;
+}
+
+/* Creates and starts the server with the coordinator's methods and the token set t (the
+ * server takes it, also on failure: NULL = none). Returns it, or NULL (logged). */
+static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
+                                    tsr_rpc_tokens *t)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_rpc_server *srv = tsr_rpc_server_create(o, &err);
+    if (!srv) {
+        tsr_error_log("cannot listen on %s: %s", o->listen, err.msg);
+        tsr_rpc_tokens_free(t);
+        return NULL;
+    }
+    tsr_rpc_server_set_tokens(srv, t);
+    if (add_methods(srv, c) || tsr_rpc_server_start(srv, &err)) {
+        tsr_error_log("cannot start the server: %s", err.msg);
+        tsr_rpc_server_destroy(srv);
+        return NULL;
+    }
+    tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
+    tsr_rpc_server_set_health(srv, "google.cloud.aiplatform.container.v1.MatchService",
+                              TSR_RPC_HEALTH_SERVING);
+    return srv;
 }
 
 int main(int argc, char **argv)
@@ -154,6 +306,11 @@ int main(int argc, char **argv)
     const char *deployed = NULL;
     const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
     const char *sh_ca = NULL, *sh_cert = NULL, *sh_key = NULL, *sh_name = NULL;
+    const char *auth_tokens = NULL, *peer_token_file = NULL;
+    int insecure = 0;
+    tsr_cmdline_list allow = {0};
+    char **allowed = NULL;
+    char *peer_token = NULL;
     size_t max_message = 0;
     tsr_metrics_http *mh = NULL;
     int threads = 0, workers = 8, ec;
@@ -176,10 +333,15 @@ int main(int argc, char **argv)
         {"--shard-tls-key", TSR_CMDLINE_STR, &sh_key, 0, 0, 0},
         {"--shard-tls-server-name", TSR_CMDLINE_STR, &sh_name, 0, 0, 0},
         {"--max-message", TSR_CMDLINE_SIZE, &max_message, 4096, INT32_MAX, 0},
+        {"--auth-tokens", TSR_CMDLINE_STR, &auth_tokens, 0, 0, 0},
+        {"--insecure-no-auth", TSR_CMDLINE_FLAG, &insecure, 0, 0, 0},
+        {"--batch-root-allow", TSR_CMDLINE_LIST, &allow, 0, 0, 0},
+        {"--peer-token-file", TSR_CMDLINE_STR, &peer_token_file, 0, 0, 0},
     };
     if (tsr_cmdline_parse("tessera-coordinator", argc, argv, opts, sizeof opts / sizeof opts[0],
                           usage, &ec))
         return ec;
+    tsr_cmdline_hup_init(); /* SIGHUP re-reads --auth-tokens instead of killing us */
     tsr_error err = TSR_ERROR_INIT;
     tsr_cmdline_tls tls = {tls_cert, "--tls-cert", tls_key, "--tls-key", tls_ca,
                            "--tls-client-ca"};
@@ -191,6 +353,11 @@ int main(int argc, char **argv)
     }
     if (sh_name && !sh_ca) {
         tsr_error_log("--shard-tls-server-name needs --shard-tls-ca");
+        tsr_cmdline_list_free(&allow);
+        return 2;
+    }
+    if (check_auth_flags(listen, auth_tokens, insecure, peer_token_file, &peer_token) != 0) {
+        tsr_cmdline_list_free(&allow);
         return 2;
     }
     /* coordinator -> shard channels (borrowed strings from argv). Their max message stays
@@ -202,6 +369,7 @@ int main(int argc, char **argv)
     shard_opts.tls_cert_file = sh_cert;
     shard_opts.tls_key_file = sh_key;
     shard_opts.tls_server_name = sh_name;
+    shard_opts.bearer_token = peer_token;
 
     int code = 1;
     tsr__coord *c = tsr_xcalloc(1, sizeof *c);
@@ -214,10 +382,18 @@ int main(int argc, char **argv)
     tsr_clock_cond_init(&c->rec_cv); /* reconcile sleeps on CLOCK_MONOTONIC */
     c->template_path = tmpl;
     c->deployed_index_id = deployed;
+    tsr_rpc_tokens *tokens = NULL;
+    if (resolve_allowed(&allow, &allowed) != 0 ||
+        (auth_tokens && !(tokens = load_tokens(auth_tokens)))) {
+        code = 2;
+        goto out;
+    }
+    c->batch_allow = (const char *const *)allowed;
+    c->nbatch_allow = allow.n;
     if (tsr__coord_config_load(config, &c->cfg, &err)) {
         tsr_error_log("config: %s", err.msg);
-        free(c);
-        return 2;
+        code = 2;
+        goto out;
     }
     if (load_state(c, data) != 0)
         goto out;
@@ -240,17 +416,10 @@ int main(int argc, char **argv)
     o.tls_cert_file = tls_cert;
     o.tls_key_file = tls_key;
     o.tls_client_ca_file = tls_ca;
-    if (!(srv = tsr_rpc_server_create(&o, &err))) {
-        tsr_error_log("cannot listen on %s: %s", listen, err.msg);
+    srv = start_server(c, &o, tokens); /* it owns the tokens now */
+    tokens = NULL;
+    if (!srv)
         goto out;
-    }
-    if (add_methods(srv, c) || tsr_rpc_server_start(srv, &err)) {
-        tsr_error_log("cannot start the server: %s", err.msg);
-        goto out;
-    }
-    tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
-    tsr_rpc_server_set_health(srv, "google.cloud.aiplatform.container.v1.MatchService",
-                              TSR_RPC_HEALTH_SERVING);
     if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
@@ -270,7 +439,8 @@ int main(int argc, char **argv)
              sh_ca ? (sh_cert ? " over mutual TLS" : " over TLS") : "",
              (unsigned long long)sn->version);
     tsr__snap_unref(sn);
-    int sig = tsr_cmdline_stop_wait();
+    log_security(auth_tokens, insecure, allowed, allow.n);
+    int sig = wait_stop(srv, auth_tokens);
     tsr_info("%s: shutting down", tsr_cmdline_signame(sig));
     code = 0;
 out:
@@ -290,5 +460,7 @@ out:
     tsr_store_destroy(c->store);
     tsr__coord_config_close(&c->cfg);
     free(c);
+    tsr_rpc_tokens_free(tokens);
+    free_security(allowed, &allow, peer_token);
     return code;
 }

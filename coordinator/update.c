@@ -709,6 +709,8 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
 typedef struct upd_arg {
     tsr__coord *c;
     tsr__op *op;
+    char *root;          /* owned: the resolved batch_root to load */
+    const char *confine; /* the allowed folder it is in (borrowed from c) */
 } upd_arg;
 
 static void *update_main(void *p)
@@ -716,13 +718,16 @@ static void *update_main(void *p)
     upd_arg *a = p;
     tsr__coord *c = a->c;
     tsr__op *op = a->op;
+    char *root = a->root;
+    tsr_batch_options bo = {(size_t)c->cfg.dimensions, (uint64_t)op->max_invalid, 0,
+                            a->confine};
     free(a);
     tsr_error err = TSR_ERROR_INIT;
     op_set(c, op, TESSERA__V1__OPERATION__STATE__READING);
     tsr_metrics_update_phase("validate");
-    tsr_batch_options bo = {(size_t)c->cfg.dimensions, (uint64_t)op->max_invalid, 0};
     tsr_batch *b = NULL;
-    int rc = tsr_batch_load(op->batch_root, &bo, &b, &err);
+    int rc = tsr_batch_load(root, &bo, &b, &err);
+    free(root);
     if (b) {
         char *js = tsr_batch_report_json(&b->report);
         pthread_mutex_lock(&c->op_mu);
@@ -753,6 +758,26 @@ static void *update_main(void *p)
 
 /* ---------------------------------------------------------------- handlers */
 
+/* The batch_root of a request must resolve inside a --batch-root-allow folder
+ * (docs/security.md). Returns 0 with *root (new: the resolved path to load) and *within,
+ * or a negative code with PERMISSION_DENIED set on r. */
+static int confine_root(tsr__coord *c, const char *batch_root, char **root, const char **within,
+                        tsr_rpc_reply *r)
+{
+    if (c->nbatch_allow == 0)
+        return tsr_rpc_reply_error(r, TSR_RPC_PERMISSION_DENIED, "this coordinator accepts no "
+                                   "batch_root: start it with --batch-root-allow DIR (the "
+                                   "folder that holds the batches)");
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = tsr_batch_confine(batch_root, c->batch_allow, c->nbatch_allow, root, within, &err);
+    if (rc == TSR_EREJECTED)
+        return tsr_rpc_reply_error(r, TSR_RPC_PERMISSION_DENIED, "%s; more with "
+                                   "--batch-root-allow DIR", err.msg);
+    if (rc)
+        return tsr_rpc_reply_from_error(r, &err);
+    return 0;
+}
+
 int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
 {
     tsr__coord *c = ctx;
@@ -770,9 +795,14 @@ int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
                                  "negative", rq->max_invalid_records);
         goto out;
     }
+    char *root = NULL;
+    const char *within = NULL;
+    if ((rc = confine_root(c, rq->batch_root, &root, &within, r)) != 0)
+        goto out;
     pthread_mutex_lock(&c->op_mu);
     if (c->busy || c->closing) {
         pthread_mutex_unlock(&c->op_mu);
+        free(root);
         rc = tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, c->closing ? "shutting down"
                                  : "update in progress");
         goto out;
@@ -805,7 +835,10 @@ int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
     upd_arg *a = tsr_xmalloc(sizeof *a);
     a->c = c;
     a->op = op;
+    a->root = root;
+    a->confine = within;
     if (pthread_create(&c->upd_thread, NULL, update_main, a) != 0) {
+        free(a->root);
         free(a);
         c->busy = 0;
         op->state = TESSERA__V1__OPERATION__STATE__FAILED;

@@ -44,6 +44,7 @@ static void usage(FILE *f)
             "usage: tessera-shard --listen ADDR --data DIR [--threads T] [--workers W]\n"
             "                     [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]\n"
             "                     [--max-message BYTES] [--metrics-listen ADDR]\n"
+            "                     [--peer-token-file FILE | --insecure-no-auth]\n"
             "\n"
             "Serves one shard of a Tessera cluster (service tessera.v1.Shard + grpc health).\n"
             "  --listen ADDR   address to listen on, e.g. 127.0.0.1:7101 (port 0 = any free port;\n"
@@ -51,7 +52,13 @@ static void usage(FILE *f)
             "  --data DIR      data directory: CURRENT and v<N>/{slice.faiss, meta, vectors.f32,\n"
             "                  MANIFEST}; created when missing (then the shard starts empty at\n"
             "                  version 0 and receives its first version through Stage/Prepare/Commit)\n"
-            "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 0.0.0.0:9100)\n"
+            "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 127.0.0.1:9100;\n"
+            "                  \":9100\" is loopback too; 0.0.0.0:9100 exposes it to the network)\n"
+            "  --peer-token-file FILE  accept only calls with \"authorization: Bearer <token>\" of\n"
+            "                  the bare token in FILE (the coordinator's --peer-token-file); health\n"
+            "                  stays open (docs/security.md)\n"
+            "  --insecure-no-auth  serve a non-loopback --listen without --peer-token-file or\n"
+            "                  --tls-client-ca (otherwise refused: anyone could stage or commit)\n"
             "  --threads T     gRPC polling threads (default 1; one completion queue each)\n"
             "  --workers W     worker threads for Stage/Prepare/Commit/Abort/Release (default 2)\n"
             "  --tls-cert FILE PEM certificate chain: the port speaks TLS only (no plaintext)\n"
@@ -67,6 +74,8 @@ int main(int argc, char **argv)
 {
     const char *listen = NULL, *data = NULL, *mlisten = NULL;
     const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
+    const char *peer_token_file = NULL;
+    int insecure = 0;
     size_t max_message = 0;
     tsr_metrics_http *mh = NULL;
     int threads = 0, workers = 2, ec;
@@ -82,6 +91,8 @@ int main(int argc, char **argv)
         {"--tls-key", TSR_CMDLINE_STR, &tls_key, 0, 0, 0},
         {"--tls-client-ca", TSR_CMDLINE_STR, &tls_ca, 0, 0, 0},
         {"--max-message", TSR_CMDLINE_SIZE, &max_message, 4096, INT32_MAX, 0},
+        {"--peer-token-file", TSR_CMDLINE_STR, &peer_token_file, 0, 0, 0},
+        {"--insecure-no-auth", TSR_CMDLINE_FLAG, &insecure, 0, 0, 0},
     };
     if (tsr_cmdline_parse("tessera-shard", argc, argv, opts, sizeof opts / sizeof opts[0], usage,
                           &ec))
@@ -93,6 +104,20 @@ int main(int argc, char **argv)
         tsr_error_log("%s", err.msg);
         return 2;
     }
+    /* Only the coordinator may call a shard: it proves itself with the peer token or a
+     * client certificate; without either, only a loopback address is served. */
+    if (!peer_token_file && !tls_ca && !insecure && !tsr_rpc_addr_is_loopback(listen)) {
+        tsr_error_log("--listen %s is not a loopback address and neither --peer-token-file "
+                      "nor --tls-client-ca is given: anyone who reaches the port could stage "
+                      "or commit data. Give one (docs/security.md), or --insecure-no-auth",
+                      listen);
+        return 2;
+    }
+    tsr_rpc_tokens *peer = NULL;
+    if (peer_token_file && tsr_rpc_tokens_single(peer_token_file, &peer, &err) != 0) {
+        tsr_error_log("--peer-token-file: %s", err.msg);
+        return 2;
+    }
 
     int code = 1;
     tsr__shard shard;
@@ -100,6 +125,7 @@ int main(int argc, char **argv)
     if (tsr__shard_open(&shard, data, &err) != 0) {
         tsr_error_log("cannot open %s: %s", data, err.msg);
         tsr__shard_close(&shard);
+        tsr_rpc_tokens_free(peer);
         return 1;
     }
     tsr_rpc_server_opts o;
@@ -113,8 +139,10 @@ int main(int argc, char **argv)
     o.tls_client_ca_file = tls_ca;
     if ((srv = tsr_rpc_server_create(&o, &err)) == NULL) {
         tsr_error_log("cannot listen on %s: %s", listen, err.msg);
+        tsr_rpc_tokens_free(peer);
         goto out;
     }
+    tsr_rpc_server_set_tokens(srv, peer); /* every method needs it; health stays open */
     if (tsr_shard_service_register(srv, &shard) != 0 || tsr_rpc_server_start(srv, &err) != 0) {
         tsr_error_log("cannot start the server: %s", err.msg);
         goto out;
@@ -127,8 +155,12 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    tsr_info("listening on %s (port %d) %s, data %s", listen, tsr_rpc_server_port(srv),
-             tls_ca ? "mutual TLS" : tls_cert ? "TLS" : "plaintext", data);
+    tsr_info("listening on %s (port %d) %s, data %s%s", listen, tsr_rpc_server_port(srv),
+             tls_ca ? "mutual TLS" : tls_cert ? "TLS" : "plaintext", data,
+             peer_token_file ? ", peer token required" : "");
+    if (!peer_token_file && !tls_ca)
+        tsr_warn("no --peer-token-file or --tls-client-ca: any client that reaches the port "
+                 "is served (%s)", insecure ? "--insecure-no-auth" : "loopback only");
     int sig = tsr_cmdline_stop_wait();
     tsr_info("%s: shutting down", tsr_cmdline_signame(sig));
     code = 0;

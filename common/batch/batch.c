@@ -324,7 +324,8 @@ static int has_suffix(const char *s, const char *suf)
     return n >= m && strcmp(s + n - m, suf) == 0;
 }
 
-static int walk_delete(const char *root, job_list *l, tsr_batch_report *rep, size_t dims)
+static int walk_delete(const char *root, job_list *l, tsr_batch_report *rep, size_t dims,
+                       const char *confine)
 {
     size_t len = strlen(root) + 8;
     char *dpath = tsr_xmalloc(len);
@@ -345,7 +346,9 @@ static int walk_delete(const char *root, job_list *l, tsr_batch_report *rep, siz
         struct stat st;
         char name[300];
         snprintf(name, sizeof name, "delete/%s", e->d_name);
-        if (fstatat(dirfd(d), e->d_name, &st, 0) != 0) {
+        if (confine && tsr__batch_entry_outside(dpath, e->d_name, confine)) {
+            BATCH_ERROR(rep, "%s resolves outside the allowed folder; not read", name);
+        } else if (fstatat(dirfd(d), e->d_name, &st, 0) != 0) {
             BATCH_ERROR(rep, "%s: cannot stat: %s", name, strerror(errno));
         } else if (S_ISDIR(st.st_mode)) {
             BATCH_ERROR(rep, "%s/ is a folder; delete/ may only hold files of ids", name);
@@ -361,7 +364,7 @@ static int walk_delete(const char *root, job_list *l, tsr_batch_report *rep, siz
 }
 
 static int walk_root(const char *root, job_list *l, tsr_batch_report *rep, size_t dims,
-                     tsr_error *err)
+                     const char *confine, tsr_error *err)
 {
     DIR *d = opendir(root);
     if (d == NULL)
@@ -372,6 +375,11 @@ static int walk_root(const char *root, job_list *l, tsr_batch_report *rep, size_
         if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
             continue;
         struct stat st;
+        if (confine && tsr__batch_entry_outside(root, name, confine)) {
+            l->objects++;
+            BATCH_ERROR(rep, "'%s' resolves outside the allowed folder; not read", name);
+            continue;
+        }
         if (fstatat(dirfd(d), name, &st, 0) != 0) {
             l->objects++;
             BATCH_ERROR(rep, "%s: cannot stat: %s", name, strerror(errno));
@@ -379,7 +387,7 @@ static int walk_root(const char *root, job_list *l, tsr_batch_report *rep, size_
         }
         if (S_ISDIR(st.st_mode)) {
             if (strcmp(name, "delete") == 0)
-                walk_delete(root, l, rep, dims);
+                walk_delete(root, l, rep, dims, confine);
             else
                 BATCH_ERROR(rep,
                             "subfolder '%s/' is not allowed in batch_root; the only allowed "
@@ -632,7 +640,7 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
     rep->root = sanitize(root);
     rep->max_invalid = opt->max_invalid;
     job_list l = {0};
-    int rc = walk_root(root, &l, rep, opt->dims, err);
+    int rc = walk_root(root, &l, rep, opt->dims, opt->confine, err);
     if (rc != 0) {
         tsr_batch_destroy(b);
         jobs_free(&l);

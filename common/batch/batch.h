@@ -74,6 +74,10 @@ typedef struct tsr_batch_options {
     size_t dims;                   /* index dimension (dense length), > 0 */
     uint64_t max_invalid;          /* invalid records tolerated (skipped); default 0 */
     unsigned threads;              /* reader threads; 0 = number of online cores */
+    /* A resolved folder (tsr_batch_confine's *within) that every entry must stay inside: a
+     * symlink of the root or of delete/ that resolves elsewhere is a batch error and is
+     * not read. NULL = no check (local tools). */
+    const char *confine;
 } tsr_batch_options;
 
 /* Reads the batch under root. On success (0) or rejection (TSR_EREJECTED) *out is a new
@@ -83,6 +87,17 @@ typedef struct tsr_batch_options {
 int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **out,
                    tsr_error *err);
 void tsr_batch_destroy(tsr_batch *b);
+
+/* For a server that reads batch roots named by its clients (batch_confine.c): resolves
+ * root (realpath) and checks that it lies inside one of allowed[0..n) (absolute resolved
+ * folders, e.g. realpath of the server's flags) and that no symlink entry of the root or
+ * of its delete/ folder resolves outside that folder. Returns 0 with *resolved (new
+ * string: load that path) and *within (the allowed folder, borrowed: pass it as
+ * tsr_batch_options.confine); TSR_EREJECTED when refused, with err naming the allowed
+ * folders and at most the root's entry that points out (never a name from outside them).
+ * A missing root inside an allowed folder is accepted (the loader reports it). */
+int tsr_batch_confine(const char *root, const char *const *allowed, size_t n, char **resolved,
+                      const char **within, tsr_error *err);
 
 /* The report as a JSON document (new string, caller frees), NULL on out of memory. */
 char *tsr_batch_report_json(const tsr_batch_report *r);

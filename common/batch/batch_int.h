@@ -104,4 +104,10 @@ int tsr__dp_add_token(tsr_datapoint *dp, const char *ns, size_t nslen, const cha
 int tsr__dp_add_numeric(tsr_datapoint *dp, const char *ns, size_t nslen,
                         const tsr_numeric_restrict *value);
 
+/* batch_confine.c: 1 when path (resolved) is dir or below it (dir resolved, "/" = all). */
+int tsr__batch_inside(const char *path, const char *dir);
+/* 1 when the entry name of the folder dir (resolved) is a symlink that does not resolve
+ * inside confine (a dangling one included); 0 for other entries. */
+int tsr__batch_entry_outside(const char *dir, const char *name, const char *confine);
+
 #endif

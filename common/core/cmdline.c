@@ -272,6 +272,7 @@ int tsr_cmdline_parse(const char *prog, int argc, char **argv, const tsr_cmdline
 
 static sem_t stop_sem;
 static volatile sig_atomic_t stop_sig;
+static volatile sig_atomic_t hup_pending;
 static int stop_ready;
 
 static void on_stop_signal(int sig)
@@ -299,17 +300,40 @@ void tsr_cmdline_stop_init(void)
     signal(SIGPIPE, SIG_IGN);
 }
 
+static void on_hup_signal(int sig)
+{
+    (void)sig;
+    hup_pending = 1;
+    sem_post(&stop_sem);
+}
+
+void tsr_cmdline_hup_init(void)
+{
+    tsr_cmdline_stop_init();
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_hup_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
 int tsr_cmdline_stop_wait(void)
 {
     tsr_cmdline_stop_init();
     while (sem_wait(&stop_sem) != 0 && errno == EINTR)
         ;
+    if (stop_sig == 0 && hup_pending) {
+        hup_pending = 0;
+        return SIGHUP;
+    }
     return stop_sig;
 }
 
 const char *tsr_cmdline_signame(int sig)
 {
-    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal";
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP"
+                                                                                 : "signal";
 }
 
 /* ------------------------------------------------------------------ TLS file checks */

@@ -107,10 +107,16 @@ int tsr_cmdline_parse_size(const char *s, size_t *out);
  * is still starting is then remembered and tsr_cmdline_stop_wait returns at once. */
 void tsr_cmdline_stop_init(void);
 
-/* Blocks until SIGINT or SIGTERM arrives (or arrived since stop_init); returns it. */
+/* Blocks until SIGINT or SIGTERM arrives (or arrived since stop_init); returns it. After
+ * tsr_cmdline_hup_init it also returns SIGHUP (once per burst of SIGHUPs, and only while
+ * no stop signal has arrived): the caller reloads and waits again. */
 int tsr_cmdline_stop_wait(void);
 
-/* "SIGINT", "SIGTERM", or "signal". */
+/* Makes SIGHUP wake tsr_cmdline_stop_wait instead of killing the process (its default
+ * action). For servers that reload a file on SIGHUP. */
+void tsr_cmdline_hup_init(void);
+
+/* "SIGINT", "SIGTERM", "SIGHUP", or "signal". */
 const char *tsr_cmdline_signame(int sig);
 
 /* TLS files as given by flags; NULL = not given. The *_flag strings name the flags in

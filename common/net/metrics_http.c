@@ -203,7 +203,7 @@ struct tsr_metrics_http {
 void tsr_metrics_http_opts_init(tsr_metrics_http_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->listen = "0.0.0.0:9100";
+    o->listen = "127.0.0.1:9100";
 }
 
 static void conn_handle_closed(uv_handle_t *hd)
@@ -334,7 +334,7 @@ static int parse_listen(const char *listen, struct sockaddr_storage *addr, tsr_e
         host[hl - 2] = 0;
         if (uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)addr) == 0) return 0;
     } else {
-        if (hl == 0) strcpy(host, "0.0.0.0");
+        if (hl == 0) strcpy(host, "127.0.0.1"); /* ":PORT": loopback, never all addresses */
         if (strcmp(host, "localhost") == 0) strcpy(host, "127.0.0.1");
         if (uv_ip4_addr(host, (int)port, (struct sockaddr_in *)addr) == 0) return 0;
     }

@@ -8,7 +8,7 @@
  *
  * HOOK FOR THE OWNERS (one line in main(), after parsing a --metrics-listen flag;
  * the returned object is destroyed at exit, which stops the thread):
- *     tsr_metrics_http *mh = tsr_metrics_http_start("0.0.0.0:9100", &err);
+ *     tsr_metrics_http *mh = tsr_metrics_http_start("127.0.0.1:9100", &err);
  *     ...  tsr_metrics_http_destroy(mh);
  *   Port 0 picks an ephemeral port: tsr_metrics_http_port(mh).
  *
@@ -36,7 +36,8 @@
 typedef struct tsr_metrics_http tsr_metrics_http;
 
 typedef struct tsr_metrics_http_opts {
-    const char *listen; /* "host:port", "[v6]:port" or ":port" (= 0.0.0.0); port 0 = ephemeral */
+    const char *listen; /* "host:port", "[v6]:port" or ":port" (= 127.0.0.1: binding all
+                           addresses takes an explicit "0.0.0.0:port"); port 0 = ephemeral */
     int idle_ms;        /* close a connection without a complete request after this; 0 = 5000 */
     int max_conns;      /* 0 = 64 */
     /* Optional: returns nonzero when healthy; runs on the loop thread (must be thread-safe). */

@@ -270,6 +270,51 @@ int tsr_rpc_reply_cancelled(const tsr_rpc_reply *r);
 /* The method path of this call (NUL-terminated, borrowed). */
 const char *tsr_rpc_reply_method(const tsr_rpc_reply *r);
 
+/* ---- authorization (rpc_auth.c): bearer tokens and per-method roles ----
+ *
+ * A server with a token set (tsr_rpc_server_set_tokens) checks every call where it is
+ * dispatched, before its message is read: the call's `authorization: Bearer <token>`
+ * metadata must hold a token of the set (else UNAUTHENTICATED) whose role level is at
+ * least the method's (else PERMISSION_DENIED). Levels: 1..nroles, named by the
+ * application in tsr_rpc_tokens_load (e.g. {"query", "admin"}); 0 = open. A method's level
+ * is set with tsr_rpc_server_set_role; a method without one, and an unknown method, need
+ * the highest level; grpc.health.v1.Health/Check is always open. Without a token set every
+ * call is allowed (the application decides whether that is acceptable, see
+ * tsr_rpc_addr_is_loopback). Tokens are compared in constant time and never logged. */
+#define TSR_RPC_MAX_ROLES 4
+#define TSR_RPC_MIN_TOKEN 16
+#define TSR_RPC_MAX_TOKEN 512
+
+typedef struct tsr_rpc_tokens tsr_rpc_tokens;
+
+/* Loads a token file: one "<role> <token>" per line, '#' starts a comment, blank lines
+ * ignored; role is one of roles[0..nroles-1] (level i+1); a token is 16..512 visible ASCII
+ * characters, each at most once. Returns 0 with *out set (caller frees), or TSR_EIO /
+ * TSR_EINVAL with err naming file:line and what is wrong (never the token). */
+int tsr_rpc_tokens_load(const char *path, const char *const *roles, int nroles,
+                        tsr_rpc_tokens **out, tsr_error *err);
+/* A set of the one bare token in path (tsr_rpc_token_read), level 1 (a peer token). */
+int tsr_rpc_tokens_single(const char *path, tsr_rpc_tokens **out, tsr_error *err);
+void tsr_rpc_tokens_free(tsr_rpc_tokens *t); /* accepts NULL; wipes the tokens */
+/* Tokens of a level; the number of roles. */
+size_t tsr_rpc_tokens_count(const tsr_rpc_tokens *t, int level);
+int tsr_rpc_tokens_roles(const tsr_rpc_tokens *t);
+
+/* Reads a file that holds one bare token (surrounding blanks and newlines dropped).
+ * Returns 0 with *out a new string (caller frees), or an error naming the file. */
+int tsr_rpc_token_read(const char *path, char **out, tsr_error *err);
+
+/* Installs t (the server takes it; NULL = no checks) in place of the set it had, which is
+ * freed; thread-safe at any time (calls already dispatched keep their verdict). */
+void tsr_rpc_server_set_tokens(tsr_rpc_server *s, tsr_rpc_tokens *t);
+/* The level a registered method needs (0 = open). Only before start. TSR_EINVAL for an
+ * unknown path. */
+int tsr_rpc_server_set_role(tsr_rpc_server *s, const char *path, int level);
+
+/* 1 when a listen address is local only: 127.0.0.0/8, ::1, ::ffff:127.x, localhost,
+ * unix:. "0.0.0.0", "[::]" and every other address give 0. */
+int tsr_rpc_addr_is_loopback(const char *addr);
+
 /* ===================================== client ===================================== */
 
 typedef struct tsr_rpc_channel tsr_rpc_channel;
@@ -291,6 +336,9 @@ typedef struct tsr_rpc_client_opts {
     /* Host name to check the server certificate against instead of the target's
      * (e.g. "localhost" when dialling ipv4:127.0.0.1:PORT). */
     const char *tls_server_name;
+    /* Sent as "authorization: Bearer <token>" on every call (copied; NULL = none). Over
+     * plaintext it is readable by anyone on the path: use it on loopback or with TLS. */
+    const char *bearer_token;
 } tsr_rpc_client_opts;
 
 void tsr_rpc_client_opts_init(tsr_rpc_client_opts *o); /* zeroes */

@@ -36,6 +36,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -58,6 +59,8 @@ struct tsr_rpc_channel {
     char *target;
     int watched;
     int fast_reconnect;
+    char *auth;            /* "Bearer <token>" (opts.bearer_token), NULL = none; wiped */
+    grpc_metadata auth_md; /* its metadata entry, sent on every call */
     gpr_timespec last_reset; /* W.mu: last backoff reset by the watcher */
     struct tsr_rpc_channel *next, *prev; /* W list (W.mu) */
 };
@@ -359,6 +362,13 @@ tsr_rpc_channel *tsr_rpc_channel_create(const char *target, const tsr_rpc_client
         grpc_shutdown();
         return NULL;
     }
+    if (opts->bearer_token) {
+        size_t n = strlen(opts->bearer_token) + 8;
+        ch->auth = tsr_xmalloc(n);
+        snprintf(ch->auth, n, "Bearer %s", opts->bearer_token);
+        ch->auth_md.key = grpc_slice_from_static_string("authorization");
+        ch->auth_md.value = grpc_slice_from_static_string(ch->auth);
+    }
     ch->fast_reconnect = !opts->slow_reconnect;
     ch->last_reset = gpr_time_0(GPR_CLOCK_MONOTONIC);
     pool_channel_added();
@@ -376,6 +386,10 @@ void tsr_rpc_channel_destroy(tsr_rpc_channel *ch)
     else
         grpc_channel_destroy(ch->ch);
     pool_channel_removed();
+    if (ch->auth) {
+        explicit_bzero(ch->auth, strlen(ch->auth));
+        free(ch->auth);
+    }
     free(ch->target);
     free(ch);
     grpc_shutdown();
@@ -462,6 +476,10 @@ int tsr__ccall_start(struct tsr__ccall *cc, tsr_rpc_fanout_call *fc, grpc_comple
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (fc->ch->auth) {
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &fc->ch->auth_md;
+    }
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = cc->send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -25,6 +25,11 @@ char *tsr__rpc_slice_strdup(grpc_slice s);
  * (caller unrefs). */
 grpc_slice tsr__rpc_buffer_to_slice(grpc_byte_buffer *bb);
 
+/* The verdict on a call's metadata against t for a method needing `required` (0 = open):
+ * TSR_RPC_OK, UNAUTHENTICATED or PERMISSION_DENIED with msg set (never quoting a token). */
+int tsr__rpc_auth_check(const tsr_rpc_tokens *t, const grpc_metadata_array *md, int required,
+                        char *msg, size_t cap);
+
 /* Milliseconds from now to deadline d (any clock); INT64_MAX for an infinite deadline. */
 int64_t tsr__rpc_remaining_ms(gpr_timespec d);
 

@@ -42,6 +42,9 @@
  * - A call context is owned by whichever thread handles its current event; it is handed
  *   to a worker through the work queue; it is freed by the thread handling its last event.
  *   During a fan-out it is owned by the fan-out (the thread that completes it).
+ * - Authorization (rpc.h): checked in on_event when the call arrives, before its message
+ *   is read; a refused call goes straight to the final batch, as an unknown method does.
+ *   s->auth_mu (rwlock) guards s->tokens only and is taken around the check; it is a leaf.
  * - s->mu guards: stopping, alive (number of call contexts, including armed requests),
  *   shutdown_seen, and health. arm() holds s->mu around grpc_server_request_call so that a
  *   request is never armed after grpc_server_shutdown_and_notify (that aborts in core).
@@ -55,6 +58,7 @@
 #include "net/rpc.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -93,6 +97,7 @@ struct method {
     tsr_rpc_handler_fn fn;
     void *ctx;
     unsigned flags;
+    int role; /* level a call needs (rpc.h "authorization"); INT_MAX = the highest */
 };
 
 struct slot {
@@ -179,6 +184,11 @@ struct tsr_rpc_server {
     char shutdown_tag; /* its address is the shutdown_and_notify tag */
 
     int inline_long; /* LONG calls may run on the receiving poller (see DESIGN) */
+
+    /* authorization: the token set (NULL = none), swapped by set_tokens under auth_mu
+     * (write), read by the pollers under auth_mu (read); a leaf lock */
+    pthread_rwlock_t auth_mu;
+    tsr_rpc_tokens *tokens;
 
     /* worker pool */
     pthread_mutex_t wq_mu;
@@ -452,6 +462,24 @@ static int take_poller(struct slot *sl)
     return 0;
 }
 
+/* Checks the call against the token set; on refusal sends the status and returns 0 (the
+ * call is then owned by its final batch). */
+static int authorized(struct tsr_rpc_server *s, struct call *c)
+{
+    char msg[256];
+    int code = TSR_RPC_OK;
+    pthread_rwlock_rdlock(&s->auth_mu);
+    if (s->tokens)
+        code = tsr__rpc_auth_check(s->tokens, &c->req_md, c->m ? c->m->role : INT_MAX, msg,
+                                   sizeof msg);
+    pthread_rwlock_unlock(&s->auth_mu);
+    if (code == TSR_RPC_OK)
+        return 1;
+    set_status(&c->reply, code, msg);
+    send_final(c);
+    return 0;
+}
+
 static void on_event(struct call *c, int ok)
 {
     struct tsr_rpc_server *s = c->srv;
@@ -464,6 +492,8 @@ static void on_event(struct call *c, int ok)
         arm(c->slot); /* re-arm first, so new calls are not delayed by this one */
         c->t0 = tsr_metrics_now();
         c->m = find_method(s, c->details.method);
+        if (!authorized(s, c))
+            return;
         if (!c->m) {
             char buf[256];
             snprintf(buf, sizeof buf, "unknown method %.*s",
@@ -714,6 +744,7 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&s->wq_mu, NULL);
     pthread_cond_init(&s->wq_cv, NULL);
+    pthread_rwlock_init(&s->auth_mu, NULL);
 
     grpc_init();
 
@@ -767,12 +798,14 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->wq_mu);
         pthread_cond_destroy(&s->wq_cv);
+        pthread_rwlock_destroy(&s->auth_mu);
         free(s);
         grpc_shutdown();
         return NULL;
     }
     /* Health is built in; methods registered later cannot shadow it (duplicate check). */
     tsr_rpc_server_add_method(s, HEALTH_CHECK_PATH, health_check, s, 0);
+    s->methods[s->nmethods - 1].role = 0; /* always open */
     return s;
 }
 
@@ -793,7 +826,31 @@ int tsr_rpc_server_add_method(tsr_rpc_server *s, const char *path, tsr_rpc_handl
     m->fn = fn;
     m->ctx = ctx;
     m->flags = flags;
+    m->role = INT_MAX;
     return 0;
+}
+
+int tsr_rpc_server_set_role(tsr_rpc_server *s, const char *path, int level)
+{
+    if (s->started || !path || level < 0)
+        return TSR_EINVAL;
+    for (int i = 0; i < s->nmethods; i++)
+        if (strcmp(s->methods[i].path, path) == 0) {
+            if (strcmp(path, HEALTH_CHECK_PATH) == 0)
+                return TSR_EINVAL; /* stays open */
+            s->methods[i].role = level;
+            return 0;
+        }
+    return TSR_EINVAL;
+}
+
+void tsr_rpc_server_set_tokens(tsr_rpc_server *s, tsr_rpc_tokens *t)
+{
+    pthread_rwlock_wrlock(&s->auth_mu);
+    tsr_rpc_tokens *old = s->tokens;
+    s->tokens = t;
+    pthread_rwlock_unlock(&s->auth_mu);
+    tsr_rpc_tokens_free(old);
 }
 
 int tsr_rpc_server_start(tsr_rpc_server *s, tsr_error *err)
@@ -927,6 +984,8 @@ void tsr_rpc_server_destroy(tsr_rpc_server *s)
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->wq_mu);
     pthread_cond_destroy(&s->wq_cv);
+    pthread_rwlock_destroy(&s->auth_mu);
+    tsr_rpc_tokens_free(s->tokens);
     free(s);
     grpc_shutdown();
 }

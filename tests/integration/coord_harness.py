@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 
 import shard_harness as sh
@@ -28,6 +29,16 @@ def stubs():
 free_port = sh.free_port  # (tests call ch.free_port)
 
 
+def batch_allow_args(*extra):
+    """--batch-root-allow flags for a test coordinator: the system temp folder, where every
+    test writes its batches (sh.tmpdir), and any extra folder. tests/integration/
+    test_batch_confine.py tests the confinement itself."""
+    args = []
+    for d in (tempfile.gettempdir(),) + extra:
+        args += ["--batch-root-allow", d]
+    return args
+
+
 # A coordinator process; its log is collected, its port read from the log.
 Proc = sh.LoggedProc
 
@@ -36,20 +47,22 @@ class Api:
     """UpdateIndex / GetOperation / GetIndexStats over self.stub (a VectorSearchStub); shared
     by Cluster here and by the multi-host cluster (multihost/mh.py)."""
 
-    def update(self, batch_root, overwrite=False, max_invalid=0, timeout=180):
+    def update(self, batch_root, overwrite=False, max_invalid=0, timeout=180, md=None):
+        """md: call metadata, e.g. [("authorization", "Bearer " + token)]."""
         tp = stubs()[0]
         r = self.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=batch_root,
                                                         is_complete_overwrite=overwrite,
                                                         max_invalid_records=max_invalid),
-                                  timeout=30)
-        return self.wait_op(r.operation_id, timeout)
+                                  timeout=30, metadata=md)
+        return self.wait_op(r.operation_id, timeout, md)
 
-    def wait_op(self, op_id, timeout=180):
+    def wait_op(self, op_id, timeout=180, md=None):
         tp = stubs()[0]
         t0 = time.time()
         done = (tp.Operation.SUCCEEDED, tp.Operation.REJECTED, tp.Operation.FAILED)
         while True:
-            op = self.stub.GetOperation(tp.GetOperationRequest(operation_id=op_id), timeout=10)
+            op = self.stub.GetOperation(tp.GetOperationRequest(operation_id=op_id), timeout=10,
+                                        metadata=md)
             if op.state in done:
                 return op
             if time.time() - t0 > timeout:
@@ -63,13 +76,13 @@ class Api:
 
 class Cluster(Api):
     def __init__(self, nshards=4, dims=32, config=None, template=None, env=None, bin_dir=None,
-                 root=None):
+                 root=None, shard_extra=(), coord_extra=()):
         self.root = root or sh.tmpdir("tsr-coord-")
         self.bin = bin_dir or BIN
         self.shards = []
         for i in range(nshards):
             self.shards.append(sh.Shard(os.path.join(self.root, "shard-%d" % i),
-                                        bin_dir=self.bin))
+                                        extra=shard_extra, bin_dir=self.bin))
         cfg = {"dimensions": dims, "shards": [s.target for s in self.shards]}
         if "san-" in os.path.basename(os.path.dirname(os.path.abspath(self.bin))):
             # ASan+UBSan binaries run 3-5x slower (more on a loaded CI machine): give the
@@ -81,7 +94,7 @@ class Cluster(Api):
             json.dump(cfg, f)
         self.template = template
         self.coord = None
-        self.start(env)
+        self.start(env, extra_args=coord_extra)
 
     def start(self, env=None, listen_port=0, extra_args=()):
         argv = [os.path.join(self.bin, "tessera-coordinator"), "--listen",
@@ -89,6 +102,7 @@ class Cluster(Api):
                 "--config", self.config]
         if self.template:
             argv += ["--template", self.template]
+        argv += batch_allow_args(self.root)
         argv += list(extra_args)
         self.coord = Proc(argv, env)
         if self.coord.port is None:

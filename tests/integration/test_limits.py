@@ -78,7 +78,7 @@ def run(bin_dir):
                    "max_queries_per_request": 20, "shards": [s.target for s in shards]}, f)
     coord = ch.Proc([os.path.join(bin_dir, "tessera-coordinator"), "--listen", "127.0.0.1:0",
                      "--data", os.path.join(root, "coordinator"), "--config", cfg,
-                     "--max-message", "4K"])
+                     "--max-message", "4K"] + ch.batch_allow_args(root))
     assert coord.port is not None, coord.text()
     chan = grpc.insecure_channel("127.0.0.1:%d" % coord.port)
     try:

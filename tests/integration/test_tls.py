@@ -134,7 +134,7 @@ def start_coord(cl_root, bin_dir, cfg, c, mtls):
             "--data", os.path.join(cl_root, "coordinator"), "--config", cfg,
             "--tls-cert", c["server.pem"], "--tls-key", c["server.key"],
             "--shard-tls-ca", c["ca.pem"], "--shard-tls-cert", c["client.pem"],
-            "--shard-tls-key", c["client.key"]]
+            "--shard-tls-key", c["client.key"]] + ch.batch_allow_args(cl_root)
     if mtls:
         argv += ["--tls-client-ca", c["ca.pem"]]
     p = ch.Proc(argv)

@@ -62,7 +62,7 @@ static void put(const char *name, const char *content, size_t len)
 
 static tsr_batch *load(size_t dims, uint64_t maxinv, int *rc)
 {
-    tsr_batch_options o = {dims, maxinv, 2};
+    tsr_batch_options o = {dims, maxinv, 2, NULL};
     tsr_batch *b = NULL;
     tsr_error err = TSR_ERROR_INIT;
     *rc = tsr_batch_load(root, &o, &b, &err);
@@ -262,7 +262,7 @@ static void test_report_caps_and_json(void **state)
 static void test_missing_root(void **state)
 {
     (void)state;
-    tsr_batch_options o = {1, 0, 1};
+    tsr_batch_options o = {1, 0, 1, NULL};
     tsr_batch *b = NULL;
     tsr_error err = TSR_ERROR_INIT;
     char p[600];
@@ -432,6 +432,52 @@ static void test_readers_name_path_once(void **state)
         }
 }
 
+/* The walker's own confinement (tsr_batch_options.confine): a symlink swapped in after the
+ * server's check is still not read, in the root or in delete/; a link inside stays fine. */
+static void test_confine_walker(void **state)
+{
+    (void)state;
+    char in[600], outdir[600], p[1200], q[1200];
+    snprintf(in, sizeof in, "%s/in", root);
+    snprintf(outdir, sizeof outdir, "%s/out", root);
+    PUT("in/a.csv", "a,1\n");
+    PUT("in/delete/d", "x\n");
+    PUT("out/secret.csv", "s,2\n");
+    PUT("out/ids", "a\n");
+    snprintf(p, sizeof p, "%s/secret.csv", outdir);
+    snprintf(q, sizeof q, "%s/evil.csv", in);
+    assert_int_equal(symlink(p, q), 0);
+    snprintf(p, sizeof p, "%s/ids", outdir);
+    snprintf(q, sizeof q, "%s/delete/evil", in);
+    assert_int_equal(symlink(p, q), 0);
+    snprintf(p, sizeof p, "%s/a.csv", in);
+    snprintf(q, sizeof q, "%s/same.csv", in);
+    assert_int_equal(symlink(p, q), 0);
+    char *rin = realpath(in, NULL);
+    assert_non_null(rin);
+    tsr_batch_options o = {1, 0, 1, rin};
+    tsr_batch *b = NULL;
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = tsr_batch_load(rin, &o, &b, &err);
+    assert_non_null(b);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "'evil.csv' resolves outside the allowed folder"));
+    assert_true(has_error(b, "delete/evil resolves outside the allowed folder"));
+    assert_false(has_error(b, "same.csv"));
+    for (size_t i = 0; i < b->report.nerrors; i++)
+        assert_null(strstr(b->report.errors[i], "secret"));
+    tsr_batch_destroy(b);
+    /* the server-side check refuses the same root, naming the entry only */
+    char *res = NULL;
+    const char *within = NULL;
+    const char *allowed[] = {rin};
+    rc = tsr_batch_confine(rin, allowed, 1, &res, &within, &err);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_null(strstr(err.msg, "secret"));
+    assert_null(res);
+    free(rin);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 int main(void)
 {
@@ -442,6 +488,7 @@ int main(void)
         T(test_max_invalid_records),          T(test_report_caps_and_json),
         T(test_missing_root),                 T(test_unreadable_files_named_once),
         T(test_malformed_first_line_named_once), T(test_readers_name_path_once),
+        T(test_confine_walker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -200,6 +200,11 @@ class Cluster(ch.Api):
         self.config = os.path.join(self.root, "coordinator.json")
         with open(self.config, "w") as f:
             json.dump(self.cfg, f)
+        # The shards listen on non-loopback addresses: they accept only the coordinator,
+        # which proves itself with this peer token (docs/security.md).
+        self.peer_token = os.path.join(self.root, "peer.token")
+        with open(self.peer_token, "w") as f:
+            f.write(os.urandom(24).hex() + "\n")
         self._chan = None
         self.stub = None
         self.loads = []
@@ -255,7 +260,8 @@ class Cluster(ch.Api):
     # -- processes ------------------------------------------------------------------------
     def start_shard(self, i, env=None):
         argv = [os.path.join(BIN, "tessera-shard"), "--listen", self.shard_addr(i),
-                "--data", self.shard_dir(i), "--threads", "1", "--workers", "2"]
+                "--data", self.shard_dir(i), "--threads", "1", "--workers", "2",
+                "--peer-token-file", self.peer_token]
         self.shards[i] = Proc(self.net, self.shard_host(i), argv, env, name="shard %d" % i)
         return self.shards[i]
 
@@ -266,7 +272,10 @@ class Cluster(ch.Api):
     def start_coord(self, env=None):
         argv = [os.path.join(BIN, "tessera-coordinator"), "--listen", self.coord_addr(),
                 "--data", os.path.join(self.root, "coordinator"), "--config", self.config,
-                "--threads", "1", "--workers", "8"]
+                "--threads", "1", "--workers", "8", "--peer-token-file", self.peer_token,
+                # clients here call without tokens (tests/integration/test_auth.py covers
+                # them); batches are written under root
+                "--insecure-no-auth", "--batch-root-allow", self.root]
         self.coord = Proc(self.net, 0, argv, env, name="coordinator")
         if self._chan is None:
             _, tpg, _, _ = stubs()
@@ -288,7 +297,10 @@ class Cluster(ch.Api):
         _, _, sp, spg = stubs()
         chan = grpc_channel(self.shard_addr(i))
         try:
-            return spg.ShardStub(chan).Stats(sp.ShardStatsRequest(), timeout=timeout)
+            with open(self.peer_token) as f:
+                md = [("authorization", "Bearer " + f.read().strip())]
+            return spg.ShardStub(chan).Stats(sp.ShardStatsRequest(), timeout=timeout,
+                                             metadata=md)
         finally:
             chan.close()
 
