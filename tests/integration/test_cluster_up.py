@@ -157,9 +157,10 @@ def case_bad_config(tmp, fails):
         fails.append("bad config: restarted or said listening:\n%s" % out)
 
 
-def load_sample(tmp, port, fails):
-    """Applies a small generated batch; returns the query vector (comma-separated)."""
-    sample = os.path.join(tmp, "sample")
+def load_sample(data, port, fails):
+    """Applies a small generated batch, made inside the cluster's --data folder (which
+    `cluster up` allows as a batch root); returns the query vector (comma-separated)."""
+    sample = os.path.join(data, "sample")
     subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tests", "data", "gen_sample.py"),
                     os.path.join(sample, "batch"), "--n", "600", "--no-avro"], check=True,
                    capture_output=True)
@@ -239,7 +240,7 @@ def main():
             if run(["stats", "--target", "127.0.0.1:%d" % a_port]).returncode == 0:
                 break
             time.sleep(0.2)
-        q = load_sample(tmp, a_port, fails)
+        q = load_sample(a_data, a_port, fails)
         case_data_in_use(tmp, fails, a_data, a_port)
         if a.p.poll() is not None:
             fails.append("cluster A's supervisor exited: %s" % a.p.returncode)
