@@ -103,6 +103,9 @@ int main(int argc, char **argv)
         goto out;
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.Shard", TSR_RPC_HEALTH_SERVING);
+    if (mlisten != NULL && tsr_shard_metrics_register(&shard) != 0)
+        tsr_warn("metrics: no collector slot left: tessera_version, tessera_vectors and "
+                 "tessera_lists are not served");
     if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
