@@ -213,7 +213,9 @@ typedef struct tsr__replica {
     atomic_int fails;           /* consecutive failed calls; 0 after a success */
     atomic_llong retry_at_ms;   /* after a failure: not picked (if another is) before this
                                    (tsr_clock_mono_ms) */
-    atomic_int up;              /* last verdict exported to /metrics: -1 unknown, 0, 1 */
+    atomic_int up;              /* last verdict exported to /metrics: -1 unknown, 0, 1;
+                                   each change 0 <-> 1 is one log line */
+    atomic_llong down_at_ms;    /* when up last became 0 (tsr_clock_mono_ms) */
     atomic_int lagging;         /* reconcile: it does not hold the coordinator's version */
     atomic_llong version;       /* current version from its last Stats, -1 unknown */
     atomic_llong vectors, sparse, lists; /* from its last Stats */
