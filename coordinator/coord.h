@@ -142,12 +142,16 @@ typedef struct tsr__shard_work {
     size_t ndels, dcap;
 } tsr__shard_work;
 
+#define TSR__UPD_UNKNOWN_KEPT 5 /* unknown delete ids an update's warning names */
+
 typedef struct tsr__upd_plan {
     tsr__snap *ns;              /* owned ref: the next snapshot (base version + 1), unsaved */
     tsr__shard_work *w;         /* owned; nshards entries: what each group stages */
     size_t nshards;
     int overwrite;              /* staged on an empty base (complete overwrite, or the first) */
     int64_t nmoved, ndeleted;   /* ids moved between groups; ids deleted */
+    int64_t nunknown;           /* delete ids the base version does not hold (ignored) */
+    size_t unknown[TSR__UPD_UNKNOWN_KEPT]; /* the first of them: indices into b->deletes */
 } tsr__upd_plan;
 
 /* Plans the update of base (borrowed) by batch b (borrowed; for the cosine distance its

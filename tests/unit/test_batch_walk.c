@@ -115,7 +115,11 @@ static void test_duplicate_last_wins_with_warning(void **state)
     assert_string_equal(b->records[0].id, "x");
     assert_true(b->records[0].dense[0] == 4.0f); /* last by (file name, line) */
     assert_int_equal(b->ndeletes, 1);
-    assert_int_equal(b->report.records, 2);
+    assert_int_equal(b->report.upserts, 2);
+    assert_int_equal(b->report.records, 6); /* every line read: valid + invalid */
+    assert_int_equal(b->report.records, b->report.valid + b->report.invalid);
+    assert_int_equal(b->report.valid,
+                     b->report.upserts + b->report.deletes + b->report.duplicates);
     assert_int_equal(b->report.duplicates, 3);
     assert_int_equal(b->report.warnings_total, 2);
     assert_non_null(strstr(b->report.warnings[0], "'x' appears 3 times"));
@@ -180,7 +184,7 @@ static void test_object_limit(void **state)
     char name[32];
     for (int i = 0; i < TSR_BATCH_MAX_OBJECTS; i++) {
         snprintf(name, sizeof name, "f%04d.csv", i);
-        PUT(name, "");
+        PUT(name, i == 0 ? "x,1\n" : ""); /* one record: not an empty batch */
     }
     int rc;
     tsr_batch *b = load(1, 0, &rc);
