@@ -755,10 +755,10 @@ static void *update_main(void *p)
         op->report_json = js;
         report_to_pb(&b->report, &op->report_pb, &op->report_len);
         op->files_total = op->files_read = (int64_t)b->report.nfiles;
-        op->records_read = (int64_t)(b->report.valid + b->report.invalid);
+        op->records_read = (int64_t)b->report.records; /* valid + invalid */
         pthread_mutex_unlock(&c->op_mu);
-        tsr_metrics_update_records((uint64_t)(b->report.valid + b->report.invalid +
-                                              b->report.deletes));
+        /* records counts the delete files' lines already (adding deletes counted them twice) */
+        tsr_metrics_update_records(b->report.records);
     }
     if (rc == TSR_EREJECTED) {
         op_finish(c, op, TESSERA__V1__OPERATION__STATE__REJECTED,

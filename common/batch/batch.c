@@ -640,7 +640,8 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
         jobs_free(&l);
         return rc;
     }
-    qsort(l.v, l.n, sizeof *l.v, cmp_job);
+    if (l.n > 1) /* l.v is NULL for an empty batch_root: qsort(NULL, 0) is undefined */
+        qsort(l.v, l.n, sizeof *l.v, cmp_job);
 
     /* Read: skip the work when the folder is already invalid for its size. */
     if (l.objects <= TSR_BATCH_MAX_OBJECTS && l.n > 0)

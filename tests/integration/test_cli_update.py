@@ -8,12 +8,15 @@ bin/tessera against a coordinator and 2 shards:
 - an empty batch_root is REJECTED ("nothing to apply") and the version stays (before: it
   SUCCEEDED with a new version equal to the last);
 - deleting ids the index does not hold succeeds with a warning counting and naming them
-  (before: no word), on stderr and in the operation's warnings.
+  (before: no word), on stderr and in the operation's warnings; tessera_update_records_total
+  grows by the lines read (before: a delete line counted twice).
 """
 import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 
 import numpy as np
 
@@ -32,6 +35,12 @@ def update(cl, root, *extra):
     return r.returncode, r.stdout, r.stderr
 
 
+def records_metric(mport):
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport, timeout=10) as r:
+        m = re.search(r"^tessera_update_records_total (\S+)$", r.read().decode(), re.M)
+    return float(m.group(1))
+
+
 def put(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -45,7 +54,10 @@ def main():
     b0 = ch.write_batch(os.path.join(root, "b0"), [ch.dp_json("u%04d" % i, x[i])
                                                    for i in range(N)])
     cl = ch.Cluster(2, D, {"nlist": 4, "pq_m": 2, "nprobe": 2})
+    mport = ch.free_port()
     try:
+        cl.stop_coord()
+        cl.start(extra_args=["--metrics-listen", "127.0.0.1:%d" % mport])
         rc, out, err = update(cl, b0)
         assert rc == 0 and "SUCCEEDED, version 1" in out, (rc, out, err)
         assert "batch: %d records (%d valid, 0 invalid); %d upserts" % (N, N, N) in out, out
@@ -89,8 +101,11 @@ def main():
         # 9. deletes of unknown ids: done, with a warning counting and naming them
         dels = ch.write_batch(os.path.join(root, "dels"), [],
                               deletes=["u0001", "nope-1", "nope-2"])
+        before = records_metric(mport)
         rc, out, err = update(cl, dels)
         assert rc == 0 and "SUCCEEDED, version 3" in out, (rc, out, err)
+        # 3 lines read (before: the deletes were counted twice, 6)
+        assert records_metric(mport) - before == 3, (before, records_metric(mport))
         want = "2 deleted ids are not in the index (version 2), ignored: 'nope-1', 'nope-2'"
         assert "warning: " + want in err, err
         rc, out, err = update(cl, dels, "--json")

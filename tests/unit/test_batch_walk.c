@@ -436,6 +436,38 @@ static void test_readers_name_path_once(void **state)
         }
 }
 
+/* Nothing to apply: an empty root (no file at all: no job array either), then only an
+ * empty file, are rejected; one delete id is enough. Counts: records = valid + invalid. */
+static void test_nothing_to_apply(void **state)
+{
+    (void)state;
+    int rc;
+    tsr_batch *b = load(1, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "nothing to apply: batch_root holds no data file"));
+    assert_string_equal(b->report.reason, b->report.errors[0]); /* one error: it is the reason */
+    tsr_batch_destroy(b);
+    PUT("a.csv", "");
+    b = load(1, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "no valid record and no id to delete in 1 file"));
+    tsr_batch_destroy(b);
+    PUT("a.csv", "x,1,2\n");
+    b = load(1, 1, &rc); /* the invalid record is tolerated, and then nothing is left */
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "nothing to apply"));
+    assert_int_equal(b->report.records, 1);
+    assert_int_equal(b->report.invalid, 1);
+    tsr_batch_destroy(b);
+    PUT("delete/d", "gone\n");
+    b = load(1, 1, &rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(b->report.records, 2);
+    assert_int_equal(b->report.records, b->report.valid + b->report.invalid);
+    assert_int_equal(b->report.deletes, 1);
+    tsr_batch_destroy(b);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 int main(void)
 {
@@ -446,6 +478,7 @@ int main(void)
         T(test_max_invalid_records),          T(test_report_caps_and_json),
         T(test_missing_root),                 T(test_unreadable_files_named_once),
         T(test_malformed_first_line_named_once), T(test_readers_name_path_once),
+        T(test_nothing_to_apply),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
