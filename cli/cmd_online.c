@@ -662,24 +662,150 @@ static void update_usage(FILE *f)
 {
     fprintf(f,
             "usage: tessera update --target ADDR --batch-root DIR [--complete-overwrite]\n"
-            "                      [--max-invalid-records N] [--json] [--timeout-s T]\n"
+            "                      [--max-invalid-records N] [--json] [--report FILE]\n"
+            "                      [--timeout-s T]\n"
             "  Applies a Vertex-format batch (a folder on the coordinator's file system) as a new\n"
-            "  index version, waits for it, and prints the batch report.\n"
+            "  index version and waits for it. Prints the outcome, the batch's counts (records =\n"
+            "  valid + invalid) and its first errors as FILE:LINE: TYPE: message (stdout), and\n"
+            "  the batch's and the operation's warnings (stderr), e.g. deleted ids that are not\n"
+            "  in the index.\n"
             "  A coordinator that restarts meanwhile is waited for (operations survive restarts;\n"
             "  one interrupted before its commit point ends FAILED \"interrupted\").\n"
             "  --max-invalid-records N  invalid records to skip, 0..2147483647 (default 0)\n"
             "  --timeout-s T            how long to wait for the operation, 0..31536000 (default\n"
             "                           3600)\n"
+            "  --json                   print the operation and its full batch report as one JSON\n"
+            "                           document instead\n"
+            "  --report FILE            also write the full batch report (JSON, the form of\n"
+            "                           `tessera batch inspect --report`) to FILE\n"
             TLS_USAGE
             "Exit status: 0 the update succeeded, 1 it was rejected or failed (or still runs\n"
             "after --timeout-s), 2 usage error (flags, TLS files).\n");
 }
 
+/* Errors printed on the human lines; the rest are counted ("... N more"). */
+#define UPDATE_SHOWN_ERRORS 10
+#define UPDATE_SHOWN_WARNINGS 5
+
+static json_int_t jint(const json_t *o, const char *key)
+{
+    return json_integer_value(json_object_get(o, key));
+}
+
+/* The human form of a finished operation: the outcome line, the batch's counts and first
+ * errors (FILE:LINE: TYPE: message, as `tessera batch inspect` prints them) on stdout;
+ * the batch's and the operation's warnings on stderr. */
+static void print_update_human(const Tessera__V1__Operation *op, const char *opid)
+{
+    printf("%s: %s", opid, state_name(op->state));
+    if (op->state == TESSERA__V1__OPERATION__STATE__SUCCEEDED)
+        printf(", version %lld, %lld ms", (long long)op->version,
+               (long long)(op->end_time_ms - op->start_time_ms));
+    if (op->error && op->error[0])
+        printf(": %s", op->error);
+    printf("\n");
+    json_t *r = op->report_json && op->report_json[0] ? json_loads(op->report_json, 0, NULL)
+                                                      : NULL;
+    if (r) {
+        printf("  batch: %lld records (%lld valid, %lld invalid); %lld upserts, %lld deletes, "
+               "%lld duplicates\n", (long long)jint(r, "records"),
+               (long long)jint(r, "valid_records"), (long long)jint(r, "invalid_records"),
+               (long long)jint(r, "upserts"), (long long)jint(r, "deletes"),
+               (long long)jint(r, "duplicates"));
+        long long total = (long long)(jint(r, "errors_total") + jint(r, "invalid_records"));
+        long long shown = 0;
+        size_t i;
+        json_t *e, *f;
+        json_array_foreach(json_object_get(r, "errors"), i, e) { /* batch-level ones */
+            const char *m = json_string_value(e);
+            if (shown == UPDATE_SHOWN_ERRORS)
+                break;
+            if (!m || !op->error || strcmp(m, op->error) != 0) /* not again */
+                printf("  %s\n", m ? m : "?");
+            shown++;
+        }
+        json_array_foreach(json_object_get(r, "files"), i, f) {
+            const char *name = json_string_value(json_object_get(f, "file"));
+            size_t k;
+            json_array_foreach(json_object_get(f, "errors"), k, e) {
+                if (shown >= UPDATE_SHOWN_ERRORS)
+                    break;
+                json_t *line = json_object_get(e, "line");
+                printf("  %s:%s%lld: %s: %s\n", name ? name : "?", line ? "" : "record ",
+                       (long long)json_integer_value(line ? line : json_object_get(e, "record")),
+                       json_string_value(json_object_get(e, "type")),
+                       json_string_value(json_object_get(e, "message")));
+                shown++;
+            }
+        }
+        if (total > shown)
+            printf("  ... %lld more error%s (the full report: --report FILE or --json)\n",
+                   total - shown, total - shown == 1 ? "" : "s");
+        shown = 0;
+        json_array_foreach(json_object_get(r, "warnings"), i, e) {
+            if (shown == UPDATE_SHOWN_WARNINGS)
+                break;
+            fprintf(stderr, "warning: %s\n", json_string_value(e));
+            shown++;
+        }
+        if (jint(r, "warnings_total") > shown)
+            fprintf(stderr, "warning: ... %lld more batch warnings (--report FILE)\n",
+                    (long long)(jint(r, "warnings_total") - shown));
+        json_decref(r);
+    }
+    for (size_t i = 0; i < op->n_warnings; i++)
+        fprintf(stderr, "warning: %s\n", op->warnings[i]);
+}
+
+/* --json: the operation with its warnings and full report, one document. */
+static void print_update_json(const Tessera__V1__Operation *op)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "operation_id", json_string(op->operation_id));
+    json_object_set_new(o, "state", json_string(state_name(op->state)));
+    json_object_set_new(o, "version", json_integer(op->version));
+    json_object_set_new(o, "elapsed_ms", json_integer(op->end_time_ms - op->start_time_ms));
+    if (op->error && op->error[0])
+        json_object_set_new(o, "error", json_string(op->error));
+    if (op->n_warnings) {
+        json_t *wa = json_array();
+        for (size_t i = 0; i < op->n_warnings; i++)
+            json_array_append_new(wa, json_string(op->warnings[i]));
+        json_object_set_new(o, "warnings", wa);
+    }
+    json_t *rep = op->report_json && op->report_json[0] ? json_loads(op->report_json, 0, NULL)
+                                                        : NULL;
+    if (rep)
+        json_object_set_new(o, "report", rep);
+    print_json(o);
+    json_decref(o);
+}
+
+/* --report FILE: the batch report as the coordinator made it. Returns 0 or -1 (said). */
+static int write_update_report(const Tessera__V1__Operation *op, const char *path)
+{
+    if (!op->report_json || !op->report_json[0]) {
+        fprintf(stderr, PROG ": no batch report to write to %s (the batch was not read: "
+                "see the error)\n", path);
+        return -1;
+    }
+    FILE *f = fopen(path, "w");
+    int bad = f == NULL || fputs(op->report_json, f) < 0 || fputc('\n', f) < 0;
+    int e = errno;
+    if (f != NULL && fclose(f) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    if (bad)
+        fprintf(stderr, PROG ": cannot write the report to %s: %s\n", path, strerror(e));
+    return bad ? -1 : 0;
+}
+
 int tsr_cmd_update(int argc, char **argv)
 {
-    const char *target = NULL, *root = NULL;
+    const char *target = NULL, *root = NULL, *report = NULL;
     tls_flags tls = {0};
-    int overwrite = 0, max_invalid = 0, as_json = 0;
+    int overwrite = 0, max_invalid = 0, as_json = 0, report_failed = 0;
     int64_t timeout_s = 3600;
     const tsr_cmdline_opt opts[] = {
         {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
@@ -687,6 +813,7 @@ int tsr_cmd_update(int argc, char **argv)
         {"--complete-overwrite", TSR_CMDLINE_FLAG, &overwrite, 0, 0, 0},
         {"--max-invalid-records", TSR_CMDLINE_INT, &max_invalid, 0, INT32_MAX, 0},
         {"--json", TSR_CMDLINE_FLAG, &as_json, 0, 0, 0},
+        {"--report", TSR_CMDLINE_STR, &report, 0, 0, 0},
         {"--timeout-s", TSR_CMDLINE_INT64, &timeout_s, 0, 31536000, 0},
         TLS_OPTS(tls),
     };
@@ -762,41 +889,13 @@ int tsr_cmd_update(int argc, char **argv)
                 fputc('\n', stderr);
         }
         if (done) {
-            if (as_json) {
-                json_t *o = json_object();
-                json_object_set_new(o, "operation_id", json_string(op->operation_id));
-                json_object_set_new(o, "state", json_string(state_name(op->state)));
-                json_object_set_new(o, "version", json_integer(op->version));
-                json_object_set_new(o, "elapsed_ms", json_integer(op->end_time_ms - op->start_time_ms));
-                if (op->error && op->error[0])
-                    json_object_set_new(o, "error", json_string(op->error));
-                if (op->n_warnings) {
-                    json_t *wa = json_array();
-                    for (size_t i = 0; i < op->n_warnings; i++)
-                        json_array_append_new(wa, json_string(op->warnings[i]));
-                    json_object_set_new(o, "warnings", wa);
-                }
-                json_t *rep = op->report_json && op->report_json[0]
-                                  ? json_loads(op->report_json, 0, NULL)
-                                  : NULL;
-                if (rep)
-                    json_object_set_new(o, "report", rep);
-                print_json(o);
-                json_decref(o);
-            } else {
-                if (op->report_json && op->report_json[0])
-                    fprintf(stderr, "%s\n", op->report_json);
-                for (size_t i = 0; i < op->n_warnings; i++)
-                    fprintf(stderr, "warning: %s\n", op->warnings[i]);
-                printf("%s: %s", opid, state_name(op->state));
-                if (op->state == TESSERA__V1__OPERATION__STATE__SUCCEEDED)
-                    printf(", version %lld, %lld ms", (long long)op->version,
-                           (long long)(op->end_time_ms - op->start_time_ms));
-                if (op->error && op->error[0])
-                    printf(": %s", op->error);
-                printf("\n");
-            }
-            rc = op->state == TESSERA__V1__OPERATION__STATE__SUCCEEDED ? 0 : 1;
+            if (as_json)
+                print_update_json(op);
+            else
+                print_update_human(op, opid);
+            if (report && write_update_report(op, report) != 0)
+                report_failed = 1;
+            rc = op->state == TESSERA__V1__OPERATION__STATE__SUCCEEDED && !report_failed ? 0 : 1;
             protobuf_c_message_free_unpacked(out, NULL);
             break;
         }

@@ -149,12 +149,16 @@ typedef struct tsr__shard_work {
     size_t ndels, dcap;
 } tsr__shard_work;
 
+#define TSR__UPD_UNKNOWN_KEPT 5 /* unknown delete ids an update's warning names */
+
 typedef struct tsr__upd_plan {
     tsr__snap *ns;              /* owned ref: the next snapshot (base version + 1), unsaved */
     tsr__shard_work *w;         /* owned; nshards entries: what each group stages */
     size_t nshards;
     int overwrite;              /* staged on an empty base (complete overwrite, or the first) */
     int64_t nmoved, ndeleted;   /* ids moved between groups; ids deleted */
+    int64_t nunknown;           /* delete ids the base version does not hold (ignored) */
+    size_t unknown[TSR__UPD_UNKNOWN_KEPT]; /* the first of them: indices into b->deletes */
 } tsr__upd_plan;
 
 /* Plans the update of base (borrowed) by batch b (borrowed; for the cosine distance its
@@ -220,7 +224,9 @@ typedef struct tsr__replica {
     atomic_int fails;           /* consecutive failed calls; 0 after a success */
     atomic_llong retry_at_ms;   /* after a failure: not picked (if another is) before this
                                    (tsr_clock_mono_ms) */
-    atomic_int up;              /* last verdict exported to /metrics: -1 unknown, 0, 1 */
+    atomic_int up;              /* last verdict exported to /metrics: -1 unknown, 0, 1;
+                                   each change 0 <-> 1 is one log line */
+    atomic_llong down_at_ms;    /* when up last became 0 (tsr_clock_mono_ms) */
     atomic_int lagging;         /* reconcile: it does not hold the coordinator's version */
     atomic_llong version;       /* current version from its last Stats, -1 unknown */
     atomic_llong vectors, sparse, lists; /* from its last Stats */

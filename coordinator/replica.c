@@ -72,6 +72,7 @@ int tsr__coord_channels_open(tsr__coord *c, const tsr_rpc_client_opts *opts, tsr
             atomic_init(&r->fails, 0);
             atomic_init(&r->retry_at_ms, 0);
             atomic_init(&r->up, -1);
+            atomic_init(&r->down_at_ms, 0);
             atomic_init(&r->lagging, 0);
             atomic_init(&r->version, -1);
             atomic_init(&r->vectors, -1);
@@ -143,18 +144,23 @@ void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, do
         /* f - 1 in 0..6 (f wraps negative after 2^31 failures: never a negative shift) */
         int64_t b = (int64_t)BACKOFF_MIN_MS << (f >= 1 && f <= 7 ? f - 1 : 6);
         atomic_store(&r->retry_at_ms, tsr_clock_mono_ms() + (b < BACKOFF_MAX_MS ? b : BACKOFF_MAX_MS));
-        if (atomic_exchange(&r->up, 0) != 0 && c->grp[r->group].n > 1) {
+        /* one line per change of verdict (the exchange picks the one thread that saw it) */
+        if (atomic_exchange(&r->up, 0) != 0) {
             char nm[600];
             name_of(c, k, nm, sizeof nm);
-            tsr_warn("%s: %s %s: marked down, queries go to the other replicas", nm,
-                     short_method(method), tsr_rpc_code_name(code));
+            atomic_store(&r->down_at_ms, tsr_clock_mono_ms());
+            tsr_warn("%s: %s %s: marked down, %s", nm, short_method(method),
+                     tsr_rpc_code_name(code), c->grp[r->group].n > 1
+                         ? "queries go to the other replicas"
+                         : "no other replica: queries that need this shard fail");
         }
     } else {
         atomic_store(&r->fails, 0);
-        if (atomic_exchange(&r->up, 1) == 0 && c->grp[r->group].n > 1) {
+        if (atomic_exchange(&r->up, 1) == 0) {
             char nm[600];
             name_of(c, k, nm, sizeof nm);
-            tsr_info("%s: answers again", nm);
+            tsr_info("%s: answers again (down %.1f s)", nm,
+                     (double)(tsr_clock_mono_ms() - atomic_load(&r->down_at_ms)) / 1000.0);
         }
     }
 }
@@ -321,8 +327,10 @@ static int gf_collect(gfan *g)
         if (retry) {
             char nm[600], lbl[64];
             name_of(c, k, nm, sizeof nm);
-            tsr_debug("%s: %s %s: %s; retrying on another replica", nm, g->method,
-                      tsr_rpc_code_name(call->result.code), call->result.message);
+            /* one line per replica every 10 s: under load every query in flight fails over */
+            tsr_log_every(TSR_LOG_WARN, nm, 10000, "%s: %s %s: %s; failed over to another "
+                          "replica", nm, short_method(g->method),
+                          tsr_rpc_code_name(call->result.code), call->result.message);
             snprintf(lbl, sizeof lbl, "shard=%zu", call->group);
             tsr_metrics_counter_add("tessera_shard_failovers_total", lbl, 1);
         }

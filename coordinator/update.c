@@ -218,6 +218,15 @@ static void op_save(tsr__coord *c, tsr__op *op, int state)
         tsr_warn("update %s: cannot write its operation record: %s", op->id, err.msg);
 }
 
+/* Adds a line to op's warnings (GetOperation, `tessera update`). */
+static void op_warn(tsr__coord *c, tsr__op *op, const char *w)
+{
+    pthread_mutex_lock(&c->op_mu);
+    op->warnings = tsr_xrealloc(op->warnings, (op->nwarnings + 1) * sizeof *op->warnings);
+    op->warnings[op->nwarnings++] = tsr_xstrdup(w);
+    pthread_mutex_unlock(&c->op_mu);
+}
+
 /* Ends the operation; code is the TSR error code of a failure (for the metrics). */
 static void op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, int64_t version,
                       int code)
@@ -353,10 +362,7 @@ static int absorb_failures(tsr__coord *c, tsr__op *op, const char *what, int64_t
                  "failed (reconcile re-seeds it from a sibling replica)", c->rep[k].group,
                  c->rep[k].index, c->rep[k].addr, (long long)version, what);
         tsr_warn("update %s: %s; first failure of the fan-out: %s", op->id, w, err->msg);
-        pthread_mutex_lock(&c->op_mu);
-        op->warnings = tsr_xrealloc(op->warnings, (op->nwarnings + 1) * sizeof *op->warnings);
-        op->warnings[op->nwarnings++] = tsr_xstrdup(w);
-        pthread_mutex_unlock(&c->op_mu);
+        op_warn(c, op, w);
     }
     tsr_error_clear(err);
     return 0;
@@ -438,6 +444,24 @@ typedef struct upd {
     int staged_any;             /* shards may hold part of newv: a failure aborts it */
 } upd;
 
+/* A warning naming the batch's delete ids that the base version does not hold. */
+static void warn_unknown_deletes(upd *u)
+{
+    char w[1024];
+    int64_t n = u->p.nunknown;
+    int o = snprintf(w, sizeof w, "%lld deleted id%s not in the index (version %llu), "
+                     "ignored:", (long long)n, n == 1 ? " is" : "s are",
+                     (unsigned long long)u->base->version);
+    size_t shown = n < TSR__UPD_UNKNOWN_KEPT ? (size_t)n : TSR__UPD_UNKNOWN_KEPT;
+    for (size_t i = 0; i < shown && o > 0 && (size_t)o < sizeof w; i++)
+        o += snprintf(w + o, sizeof w - (size_t)o, "%s '%.80s'", i ? "," : "",
+                      u->b->deletes[u->p.unknown[i]]);
+    if (o > 0 && (size_t)o < sizeof w && (int64_t)shown < n)
+        snprintf(w + o, sizeof w - (size_t)o, ", ...");
+    tsr_warn("update %s: %s", u->op->id, w);
+    op_warn(u->c, u->op, w);
+}
+
 /* The planning phase (update_plan.c). */
 static int upd_plan(upd *u, tsr_error *err)
 {
@@ -448,6 +472,8 @@ static int upd_plan(upd *u, tsr_error *err)
     tsr_info("update %s: version %lld: %zu upserts (%lld moved between shards), %lld deletes, "
              "%s", u->op->id, (long long)u->newv, u->b->nrecords, (long long)u->p.nmoved,
              (long long)u->p.ndeleted, u->p.overwrite ? "empty base" : "delta");
+    if (u->p.nunknown)
+        warn_unknown_deletes(u);
     return 0;
 }
 
@@ -734,10 +760,10 @@ static void *update_main(void *p)
         op->report_json = js;
         report_to_pb(&b->report, &op->report_pb, &op->report_len);
         op->files_total = op->files_read = (int64_t)b->report.nfiles;
-        op->records_read = (int64_t)(b->report.valid + b->report.invalid);
+        op->records_read = (int64_t)b->report.records; /* valid + invalid */
         pthread_mutex_unlock(&c->op_mu);
-        tsr_metrics_update_records((uint64_t)(b->report.valid + b->report.invalid +
-                                              b->report.deletes));
+        /* records counts the delete files' lines already (adding deletes counted them twice) */
+        tsr_metrics_update_records(b->report.records);
     }
     if (rc == TSR_EREJECTED) {
         op_finish(c, op, TESSERA__V1__OPERATION__STATE__REJECTED,

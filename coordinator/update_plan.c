@@ -220,14 +220,17 @@ static void route(const tsr__snap *base, const tsr_batch *b, const int64_t *assi
         push_up(&p->w[shard], i);
         tsr__dir_add(&ns->dir, r->id, label, list, shard, r->dense != NULL, r->nsparse > 0);
     }
-    if (!p->overwrite)
-        for (size_t i = 0; i < b->ndeletes; i++) {
-            const tsr__dir_entry *old = tsr__dir_find(&base->dir, b->deletes[i]);
-            if (old && (size_t)old->shard < S) {
-                push_del(&p->w[old->shard], old->label, old->list);
-                p->ndeleted++;
-            }
+    for (size_t i = 0; i < b->ndeletes; i++) {
+        const tsr__dir_entry *old = tsr__dir_find(&base->dir, b->deletes[i]);
+        if (old == NULL) { /* not in the index: nothing to delete, said in a warning */
+            if (p->nunknown < TSR__UPD_UNKNOWN_KEPT)
+                p->unknown[p->nunknown] = i;
+            p->nunknown++;
+        } else if (!p->overwrite && (size_t)old->shard < S) {
+            push_del(&p->w[old->shard], old->label, old->list);
+            p->ndeleted++;
         }
+    }
     for (size_t i = 0; i < ns->dir.n; i++) {
         ns->ndense += ns->dir.e[i].dense;
         ns->nsparse += ns->dir.e[i].sparse;

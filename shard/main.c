@@ -22,22 +22,6 @@
 #include "shard.h"
 #include "shard_service.h"
 
-/* /metrics collector (runs on the metrics_http thread at each scrape): the served
- * version, its datapoints and its non-empty lists, read through a version reference
- * (tsr__shard_get), so it never races an update. */
-static void collect_shard_metrics(void *ud)
-{
-    tsr__version *v = tsr__shard_get(ud, 0);
-    if (v == NULL)
-        return;
-    uint64_t lists = 0;
-    for (size_t i = 0; i < v->nlist; i++)
-        lists += v->lists[i] != NULL && v->lists[i]->n > 0;
-    tsr_metrics_version_set((uint64_t)v->version);
-    tsr_metrics_index_size(v->nrecs, lists);
-    tsr__version_unref(v);
-}
-
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -148,12 +132,12 @@ int main(int argc, char **argv)
         goto out;
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.Shard", TSR_RPC_HEALTH_SERVING);
-    if (mlisten != NULL) {
-        tsr_metrics_add_collector(collect_shard_metrics, &shard);
-        if ((mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
-            tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
-            goto out;
-        }
+    if (mlisten != NULL && tsr_shard_metrics_register(&shard) != 0)
+        tsr_warn("metrics: no collector slot left: tessera_version, tessera_vectors and "
+                 "tessera_lists are not served");
+    if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
+        tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
+        goto out;
     }
     tsr_info("listening on %s (port %d) %s, data %s%s", listen, tsr_rpc_server_port(srv),
              tls_ca ? "mutual TLS" : tls_cert ? "TLS" : "plaintext", data,

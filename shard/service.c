@@ -17,6 +17,7 @@
 
 #include "core/log.h"
 #include "core/mem.h"
+#include "net/metrics.h"
 #include "net/rpc.h"
 #include "shard.h"
 #include "shard_service.h"
@@ -658,4 +659,27 @@ int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
             return rc;
     }
     return 0;
+}
+
+/* The /metrics collector (docs/operations.md): the served version's number, dense
+ * datapoints and non-empty lists — the same numbers as Stats' current_version,
+ * vectors_count and lists — read at each scrape on the metrics thread (a version
+ * reference only, as a Search takes). */
+static void collect(void *ud)
+{
+    tsr__shard *s = ud;
+    tsr__version *v = tsr__shard_get(s, 0);
+    if (v == NULL)
+        return;
+    size_t lists = 0;
+    for (size_t i = 0; i < v->nlist; i++)
+        lists += v->lists[i] != NULL && v->lists[i]->n > 0;
+    tsr_metrics_version_set((uint64_t)v->version);
+    tsr_metrics_index_size((uint64_t)v->nvectors, (uint64_t)lists);
+    tsr__version_unref(v);
+}
+
+int tsr_shard_metrics_register(tsr__shard *s)
+{
+    return tsr_metrics_add_collector(collect, s);
 }

@@ -1,5 +1,6 @@
 /*
- * shard_service — registers the tessera.v1.Shard handlers (service.c) on an rpc server.
+ * shard_service — registers the tessera.v1.Shard handlers (service.c) on an rpc server, and
+ * the shard's /metrics collector.
  */
 #ifndef TSR_SHARD_SERVICE_H
 #define TSR_SHARD_SERVICE_H
@@ -9,5 +10,10 @@
 
 /* Registers every Shard method with ctx s (borrowed; must outlive the server). */
 int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s);
+
+/* Registers the /metrics collector of s (borrowed; the metrics listener must be destroyed
+ * before s is closed): tessera_version, tessera_vectors, tessera_lists. Returns 0 or
+ * TSR_ELIMIT (the registry's collectors are full). */
+int tsr_shard_metrics_register(tsr__shard *s);
 
 #endif

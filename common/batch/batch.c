@@ -592,7 +592,7 @@ static int merge_jobs(const job_list *l, size_t nrec, size_t ndel, tsr_batch *b,
             e->id = NULL;
         }
     }
-    rep->records = b->nrecords;
+    rep->upserts = b->nrecords;
     rep->deletes = b->ndeletes;
 out:
     free(rr);
@@ -606,11 +606,13 @@ out:
  * records than allowed. */
 static void judge(tsr_batch_report *rep)
 {
-    if (rep->errors_total > 0) {
+    if (rep->errors_total == 1) {
         rep->rejected = 1;
-        snprintf(rep->reason, sizeof rep->reason, "%llu batch-level error%s (first: %s)",
-                 (unsigned long long)rep->errors_total, rep->errors_total == 1 ? "" : "s",
-                 rep->errors[0]);
+        snprintf(rep->reason, sizeof rep->reason, "%s", rep->errors[0]);
+    } else if (rep->errors_total > 0) {
+        rep->rejected = 1;
+        snprintf(rep->reason, sizeof rep->reason, "%llu batch-level errors (first: %s)",
+                 (unsigned long long)rep->errors_total, rep->errors[0]);
     } else if (rep->invalid > rep->max_invalid) {
         rep->rejected = 1;
         snprintf(rep->reason, sizeof rep->reason,
@@ -646,7 +648,8 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
         jobs_free(&l);
         return rc;
     }
-    qsort(l.v, l.n, sizeof *l.v, cmp_job);
+    if (l.n > 1) /* l.v is NULL for an empty batch_root: qsort(NULL, 0) is undefined */
+        qsort(l.v, l.n, sizeof *l.v, cmp_job);
 
     /* Read: skip the work when the folder is already invalid for its size. */
     if (l.objects <= TSR_BATCH_MAX_OBJECTS && l.n > 0)
@@ -679,6 +682,20 @@ int tsr_batch_load(const char *root, const tsr_batch_options *opt, tsr_batch **o
         job_free_data(&l.v[i]);
     }
     free(l.v);
+    rep->records = rep->valid + rep->invalid;
+    /* Nothing to apply (no file, or no valid record and no delete id although the invalid
+     * ones are tolerated): refused rather than a new version equal to the last one
+     * (docs/decisions.md). */
+    if (rep->errors_total == 0 && rep->invalid <= rep->max_invalid && b->nrecords == 0 &&
+        b->ndeletes == 0) {
+        if (rep->nfiles == 0)
+            BATCH_ERROR(rep, "nothing to apply: batch_root holds no data file and no delete "
+                        "file (an update needs at least one record or one id to delete)");
+        else
+            BATCH_ERROR(rep, "nothing to apply: no valid record and no id to delete in %zu "
+                        "file%s (an update needs at least one)", rep->nfiles,
+                        rep->nfiles == 1 ? "" : "s");
+    }
     judge(rep);
     *out = b;
     return rep->rejected ? TSR_EREJECTED : 0;
@@ -747,9 +764,10 @@ char *tsr_batch_report_json(const tsr_batch_report *r)
     if (r->rejected)
         json_object_set_new(o, "rejected_reason", jstr(r->reason));
     json_object_set_new(o, "records", json_integer((json_int_t)r->records));
-    json_object_set_new(o, "deletes", json_integer((json_int_t)r->deletes));
     json_object_set_new(o, "valid_records", json_integer((json_int_t)r->valid));
     json_object_set_new(o, "invalid_records", json_integer((json_int_t)r->invalid));
+    json_object_set_new(o, "upserts", json_integer((json_int_t)r->upserts));
+    json_object_set_new(o, "deletes", json_integer((json_int_t)r->deletes));
     json_object_set_new(o, "max_invalid_records", json_integer((json_int_t)r->max_invalid));
     json_object_set_new(o, "duplicates", json_integer((json_int_t)r->duplicates));
     json_object_set_new(o, "error_counts", counts(r->type_counts));
@@ -792,11 +810,12 @@ void tsr_batch_report_text(const tsr_batch_report *r, FILE *f)
         fprintf(f, "batch %s: REJECTED: %s\n", r->root, r->reason);
     else
         fprintf(f, "batch %s: accepted\n", r->root);
-    fprintf(f, "  %llu records, %llu deletes; %llu valid, %llu invalid (max_invalid_records %llu), "
-               "%llu duplicates\n",
-            (unsigned long long)r->records, (unsigned long long)r->deletes,
-            (unsigned long long)r->valid, (unsigned long long)r->invalid,
-            (unsigned long long)r->max_invalid, (unsigned long long)r->duplicates);
+    fprintf(f, "  %llu records: %llu valid, %llu invalid (max_invalid_records %llu); "
+               "%llu upserts, %llu deletes, %llu duplicates\n",
+            (unsigned long long)r->records, (unsigned long long)r->valid,
+            (unsigned long long)r->invalid, (unsigned long long)r->max_invalid,
+            (unsigned long long)r->upserts, (unsigned long long)r->deletes,
+            (unsigned long long)r->duplicates);
     int any = 0;
     for (int t = 0; t < TSR_REC__COUNT; t++)
         if (r->type_counts[t] > 0) {

@@ -49,7 +49,10 @@ typedef struct tsr_batch_report {
     size_t nfiles;
     uint64_t type_counts[TSR_REC__COUNT];
     uint64_t valid, invalid;       /* over all files (before duplicate merging) */
-    uint64_t records, deletes;     /* unique ids in the merged batch */
+    uint64_t records;              /* records read (lines of data and delete files, Avro
+                                      records): valid + invalid */
+    uint64_t upserts, deletes;     /* unique ids in the merged batch; when accepted,
+                                      valid = upserts + deletes + duplicates */
     uint64_t duplicates;           /* extra copies dropped (data and delete files) */
     char **errors;                 /* owned; batch-level errors (first TSR_BATCH_MAX_MESSAGES) */
     size_t nerrors;

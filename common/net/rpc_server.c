@@ -502,6 +502,8 @@ static void on_event(struct call *c, int ok)
                                : GRPC_SLICE_LENGTH(c->details.method)),
                      (const char *)GRPC_SLICE_START_PTR(c->details.method));
             set_status(&c->reply, TSR_RPC_UNIMPLEMENTED, buf);
+            /* one line per method name a minute (a client may call it in a loop) */
+            tsr_log_every(TSR_LOG_WARN, buf, 60000, "rpc: %s: answered UNIMPLEMENTED", buf);
             send_final(c);
             return;
         }

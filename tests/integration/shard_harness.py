@@ -175,6 +175,18 @@ class Shard(LoggedProc):
         return self.stop(signal.SIGKILL)
 
 
+def restart(old, timeout=15):
+    """A new tessera-shard on the same data dir and address as `old` (which is dead)."""
+    t0 = time.time()
+    while True:
+        try:
+            return Shard(old.data, extra=["--listen", old.target])
+        except RuntimeError:
+            if time.time() - t0 > timeout:
+                raise
+            time.sleep(0.2)  # the port may take a moment to be free again
+
+
 def template_bytes(xt, nlist, m, nbits=8, metric="L2", seed=123):
     """Trains a faiss IndexIVFPQ on xt; returns (index without vectors, serialized bytes)."""
     import faiss

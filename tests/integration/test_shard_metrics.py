@@ -1,7 +1,8 @@
 """A shard started with --metrics-listen serves Prometheus text whose RPC counters and
 latency histogram move when RPCs run (and unknown methods share one label), and the
-documented shard gauges tessera_version, tessera_vectors and tessera_lists (0 on an empty
-shard; test_cluster_up checks them on a loaded one)."""
+documented gauges of what it serves (docs/operations.md): tessera_version,
+tessera_vectors, tessera_lists — 0 when empty, then equal to Stats' current_version,
+vectors_count and number of non-empty lists after a version is committed."""
 import os
 import re
 import subprocess
@@ -11,8 +12,10 @@ import time
 import urllib.request
 
 import grpc
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
+import shard_harness as H  # noqa: E402
 from shard_harness import free_port  # noqa: E402
 
 
@@ -23,6 +26,39 @@ def scrape(port):
 def value(text, pattern):
     m = re.search(r"^" + re.escape(pattern) + r" (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def served_gauges(ch, mport):
+    """tessera_version / tessera_vectors / tessera_lists: present at version 0 (all 0), and
+    after a commit the served version, its dense datapoints and non-empty lists."""
+    sp, spg, tp, _, _ = H.stubs()
+    text = scrape(mport)
+    for name in ("tessera_version", "tessera_vectors", "tessera_lists"):
+        assert re.search(r"^%s 0$" % name, text, re.M), (name, text)
+    rng = np.random.default_rng(3)
+    d, nlist, m, n = 16, 8, 4, 300
+    xt = rng.normal(size=(1000, d)).astype("float32")
+    ix, tmpl = H.template_bytes(xt, nlist, m)
+    x = rng.normal(size=(n, d)).astype("float32")
+    _, a = ix.quantizer.search(x, 1)
+    ups = [sp.StagedUpsert(label=i, list=int(a[i, 0]), datapoint=H.datapoint(tp, "v%d" % i, x[i]))
+           for i in range(n)]
+    # plus one sparse-only datapoint: a datapoint, not a vector
+    ups.append(sp.StagedUpsert(label=n, list=-1, datapoint=H.datapoint(
+        tp, "sparse", sparse=([3, 9], [0.5, 1.0]))))
+
+    class S:
+        stub = spg.ShardStub(ch)
+    H.load(S, 1, 0, ups, template=tmpl, own=list(range(nlist)))
+    st = S.stub.Stats(sp.ShardStatsRequest(), timeout=5)
+    assert st.current_version == 1 and st.vectors_count == n, st
+    text = scrape(mport)
+    got = {k: value(text, k) for k in ("tessera_version", "tessera_vectors", "tessera_lists")}
+    want = {"tessera_version": 1, "tessera_vectors": n, "tessera_lists": len(st.lists)}
+    assert got == want, (got, want)
+    assert 0 < len(st.lists) <= nlist, st.lists
+    print("ok: tessera_version %d, tessera_vectors %d, tessera_lists %d" %
+          (got["tessera_version"], got["tessera_vectors"], got["tessera_lists"]))
 
 
 def main():
@@ -54,6 +90,7 @@ def main():
             for g in ("tessera_version", "tessera_vectors", "tessera_lists"):
                 assert re.search(r"^%s 0$" % g, text, re.M), (g, text[:3000])
             print("ok: Stats counter %d -> %d" % (before, after))
+            served_gauges(ch, mport)
         finally:
             p.terminate()
             p.wait(timeout=10)

@@ -91,7 +91,8 @@ def seed_csv_and_json(b):
     assert lines[1]["sparse_embedding"]["dimensions"] == [10, 20]
     assert f32(lines[1]["sparse_embedding"]["values"][1]) == f32(f32(0.2) + f32(-1.3))
     assert lines[4] == {"id": "99", "delete": True}
-    assert rep["accepted"] is True and rep["records"] == 4 and rep["deletes"] == 1
+    assert rep["accepted"] is True and rep["upserts"] == 4 and rep["deletes"] == 1
+    assert rep["records"] == 5 == rep["valid_records"] + rep["invalid_records"], rep
 
 
 @case
@@ -159,7 +160,8 @@ def duplicates_counted_once(b):
     rc, lines, rep, _ = b.inspect(1)
     assert rc == 0, rep
     assert lines == [{"id": "1", "embedding": [3]}], lines
-    assert rep["records"] == 1 and rep["duplicates"] == 2
+    assert rep["upserts"] == 1 and rep["duplicates"] == 2 and rep["records"] == 3, rep
+    assert rep["valid_records"] == rep["upserts"] + rep["deletes"] + rep["duplicates"], rep
     assert rep["warnings_total"] == 1 and "appears 3 times" in rep["warnings"][0], rep["warnings"]
 
 
@@ -208,6 +210,35 @@ def max_invalid_records(b):
     assert rc == 0 and [l["id"] for l in lines] == ["a", "c"], (rc, lines)
     assert errors_of(rep) == [("a.csv", 2, "EMBEDDING_SIZE_MISMATCH"), ("a.csv", 3, "EMPTY_LINE")]
     assert "a.csv:2: EMBEDDING_SIZE_MISMATCH" in err, err
+
+
+@case
+def counts_add_up(b):
+    # a 2-line file, one bad: 2 records read = 1 valid + 1 invalid (before: "records": 1)
+    b.put("x.json", '{"id": "a", "embedding": [1, 2]}\n{"id": "b", "embedding": [1]}\n')
+    rc, lines, rep, err = b.inspect(2)
+    assert rc == 1 and rep["records"] == 2 and rep["valid_records"] == 1, rep
+    assert rep["invalid_records"] == 1 and rep["upserts"] == 1, rep
+    assert "x.json:2: EMBEDDING_SIZE_MISMATCH" in err, err
+
+
+@case
+def nothing_to_apply_rejected(b):
+    # an empty batch_root (before: accepted, and an update made a version equal to the last)
+    rc, lines, rep, _ = b.inspect(2)
+    assert rc == 1 and rep["accepted"] is False, rep
+    assert "nothing to apply: batch_root holds no data file" in rep["rejected_reason"], rep
+    # only empty files; and only invalid records although tolerated
+    b.put("a.json", "")
+    rc, lines, rep, _ = b.inspect(2)
+    assert rc == 1 and "no valid record and no id to delete in 1 file" in rep["rejected_reason"]
+    b.put("a.json", '{"id": "a", "embedding": [1]}\n')
+    rc, lines, rep, _ = b.inspect(2, "--max-invalid-records", "5")
+    assert rc == 1 and "nothing to apply" in rep["rejected_reason"], rep
+    # one delete id is something to apply
+    b.put("delete/ids.txt", "gone\n")
+    rc, lines, rep, _ = b.inspect(2, "--max-invalid-records", "5")
+    assert rc == 0 and rep["deletes"] == 1, rep
 
 
 @case

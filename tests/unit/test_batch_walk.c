@@ -115,7 +115,11 @@ static void test_duplicate_last_wins_with_warning(void **state)
     assert_string_equal(b->records[0].id, "x");
     assert_true(b->records[0].dense[0] == 4.0f); /* last by (file name, line) */
     assert_int_equal(b->ndeletes, 1);
-    assert_int_equal(b->report.records, 2);
+    assert_int_equal(b->report.upserts, 2);
+    assert_int_equal(b->report.records, 6); /* every line read: valid + invalid */
+    assert_int_equal(b->report.records, b->report.valid + b->report.invalid);
+    assert_int_equal(b->report.valid,
+                     b->report.upserts + b->report.deletes + b->report.duplicates);
     assert_int_equal(b->report.duplicates, 3);
     assert_int_equal(b->report.warnings_total, 2);
     assert_non_null(strstr(b->report.warnings[0], "'x' appears 3 times"));
@@ -180,7 +184,7 @@ static void test_object_limit(void **state)
     char name[32];
     for (int i = 0; i < TSR_BATCH_MAX_OBJECTS; i++) {
         snprintf(name, sizeof name, "f%04d.csv", i);
-        PUT(name, "");
+        PUT(name, i == 0 ? "x,1\n" : ""); /* one record: not an empty batch */
     }
     int rc;
     tsr_batch *b = load(1, 0, &rc);
@@ -478,6 +482,38 @@ static void test_confine_walker(void **state)
     free(rin);
 }
 
+/* Nothing to apply: an empty root (no file at all: no job array either), then only an
+ * empty file, are rejected; one delete id is enough. Counts: records = valid + invalid. */
+static void test_nothing_to_apply(void **state)
+{
+    (void)state;
+    int rc;
+    tsr_batch *b = load(1, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "nothing to apply: batch_root holds no data file"));
+    assert_string_equal(b->report.reason, b->report.errors[0]); /* one error: it is the reason */
+    tsr_batch_destroy(b);
+    PUT("a.csv", "");
+    b = load(1, 0, &rc);
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "no valid record and no id to delete in 1 file"));
+    tsr_batch_destroy(b);
+    PUT("a.csv", "x,1,2\n");
+    b = load(1, 1, &rc); /* the invalid record is tolerated, and then nothing is left */
+    assert_int_equal(rc, TSR_EREJECTED);
+    assert_true(has_error(b, "nothing to apply"));
+    assert_int_equal(b->report.records, 1);
+    assert_int_equal(b->report.invalid, 1);
+    tsr_batch_destroy(b);
+    PUT("delete/d", "gone\n");
+    b = load(1, 1, &rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(b->report.records, 2);
+    assert_int_equal(b->report.records, b->report.valid + b->report.invalid);
+    assert_int_equal(b->report.deletes, 1);
+    tsr_batch_destroy(b);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 int main(void)
 {
@@ -489,6 +525,7 @@ int main(void)
         T(test_missing_root),                 T(test_unreadable_files_named_once),
         T(test_malformed_first_line_named_once), T(test_readers_name_path_once),
         T(test_confine_walker),
+        T(test_nothing_to_apply),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
