@@ -36,7 +36,9 @@ static void usage(FILE *f)
             "                           [--auth-tokens FILE | --insecure-no-auth]\n"
             "                           [--batch-root-allow DIR]... [--peer-token-file FILE]\n"
             "\n"
-            "Serves tessera.v1.VectorSearch in front of the shards named in the config.\n"
+            "Serves tessera.v1.VectorSearch and the Vertex AI MatchService\n"
+            "(google.cloud.aiplatform.container.v1: Match, BatchMatch, BatchGetEmbeddings;\n"
+            "docs/vertex-compat.md) in front of the shards named in the config.\n"
             "  --listen ADDR       address to listen on, e.g. 127.0.0.1:7000 (port 0 = any free\n"
             "                      port; the chosen port is logged as \"(port N)\")\n"
             "  --data DIR          data directory: CURRENT and v<N>/{template.faiss, plan,\n"
@@ -73,7 +75,7 @@ static void usage(FILE *f)
             "  --max-message BYTES largest request or reply on the public port (default 64M;\n"
             "                      K/M/G suffixes); larger requests get RESOURCE_EXHAUSTED (the\n"
             "                      shard channels keep 64M: shard replies carry candidates)\n"
-            "  --help              this text\n"
+            "  --help              this text;  --version  the release\n"
             "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_COORD_CRASH_AT=staged|prepared|flipped|\n"
             "committed makes an update _exit(137) at that step (crash tests only).\n");
 }
@@ -300,6 +302,44 @@ static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
     return srv;
 }
 
+/* The coordinator's state before anything is loaded: locks, the reconcile condition
+ * variable (on CLOCK_MONOTONIC), the flags that name its template and deployed index. */
+static tsr__coord *coord_new(const char *tmpl, const char *deployed)
+{
+    tsr__coord *c = tsr_xcalloc(1, sizeof *c);
+    pthread_mutex_init(&c->snap_mu, NULL);
+    pthread_mutex_init(&c->update_mu, NULL);
+    pthread_mutex_init(&c->op_mu, NULL);
+    pthread_mutex_init(&c->rec_mu, NULL);
+    tsr_clock_cond_init(&c->rec_cv); /* reconcile sleeps on CLOCK_MONOTONIC */
+    c->template_path = tmpl;
+    c->deployed_index_id = deployed;
+    return c;
+}
+
+/* Stops what runs (a running update is joined, then reconcile, the metrics listener and
+ * the server) and frees the coordinator; every argument may be unset (NULL / 0). */
+static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
+                        tsr_rpc_server *srv)
+{
+    pthread_mutex_lock(&c->op_mu);
+    c->closing = 1;
+    int live = c->upd_thread_live;
+    pthread_mutex_unlock(&c->op_mu);
+    if (live)
+        pthread_join(c->upd_thread, NULL);
+    if (rec_started)
+        tsr__coord_reconcile_stop(c);
+    tsr_metrics_http_destroy(mh);
+    tsr_rpc_server_destroy(srv);
+    tsr__coord_channels_close(c);
+    tsr__snap_unref(c->snap);
+    tsr__coord_ops_close(c);
+    tsr_store_destroy(c->store);
+    tsr__coord_config_close(&c->cfg);
+    free(c);
+}
+
 int main(int argc, char **argv)
 {
     const char *listen = NULL, *data = NULL, *config = NULL, *tmpl = NULL, *mlisten = NULL;
@@ -372,16 +412,9 @@ int main(int argc, char **argv)
     shard_opts.bearer_token = peer_token;
 
     int code = 1;
-    tsr__coord *c = tsr_xcalloc(1, sizeof *c);
+    tsr__coord *c = coord_new(tmpl, deployed);
     tsr_rpc_server *srv = NULL;
     int rec_started = 0;
-    pthread_mutex_init(&c->snap_mu, NULL);
-    pthread_mutex_init(&c->update_mu, NULL);
-    pthread_mutex_init(&c->op_mu, NULL);
-    pthread_mutex_init(&c->rec_mu, NULL);
-    tsr_clock_cond_init(&c->rec_cv); /* reconcile sleeps on CLOCK_MONOTONIC */
-    c->template_path = tmpl;
-    c->deployed_index_id = deployed;
     tsr_rpc_tokens *tokens = NULL;
     if (resolve_allowed(&allow, &allowed) != 0 ||
         (auth_tokens && !(tokens = load_tokens(auth_tokens)))) {
@@ -444,22 +477,7 @@ int main(int argc, char **argv)
     tsr_info("%s: shutting down", tsr_cmdline_signame(sig));
     code = 0;
 out:
-    pthread_mutex_lock(&c->op_mu);
-    c->closing = 1;
-    int live = c->upd_thread_live;
-    pthread_mutex_unlock(&c->op_mu);
-    if (live)
-        pthread_join(c->upd_thread, NULL);
-    if (rec_started)
-        tsr__coord_reconcile_stop(c);
-    tsr_metrics_http_destroy(mh);
-    tsr_rpc_server_destroy(srv);
-    tsr__coord_channels_close(c);
-    tsr__snap_unref(c->snap);
-    tsr__coord_ops_close(c);
-    tsr_store_destroy(c->store);
-    tsr__coord_config_close(&c->cfg);
-    free(c);
+    coord_close(c, rec_started, mh, srv);
     tsr_rpc_tokens_free(tokens);
     free_security(allowed, &allow, peer_token);
     return code;

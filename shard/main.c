@@ -51,7 +51,7 @@ static void usage(FILE *f)
             "                  (the coordinator's --shard-tls-cert)\n"
             "  --max-message BYTES  largest request or reply (default 64M; K/M/G suffixes);\n"
             "                  larger requests get RESOURCE_EXHAUSTED\n"
-            "  --help          this text\n");
+            "  --help          this text;  --version  the release\n");
 }
 
 int main(int argc, char **argv)

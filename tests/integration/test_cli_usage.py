@@ -121,6 +121,10 @@ for prog in ("tessera-shard", "tessera-coordinator"):
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 0 and re.fullmatch(prog + r" \d+\.\d+\.\d+\S*\n", r.stdout) is not None,
           "%s --version prints '%s X.Y.Z'" % (prog, prog), r)
+r = subprocess.run([os.path.join(os.path.dirname(BIN), "tessera-coordinator"), "--help"],
+                   capture_output=True, text=True, timeout=60)
+check(r.returncode == 0 and "MatchService" in r.stdout and "--version" in r.stdout,
+      "tessera-coordinator --help names the Vertex MatchService it serves", r)
 r = run("help")
 check(r.returncode == 0 and "usage: tessera" in r.stdout and "cluster" in r.stdout,
       "tessera help prints the usage", r)
