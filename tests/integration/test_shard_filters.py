@@ -203,6 +203,8 @@ def main(bin_dir):
                     break
             return out
 
+        # every datapoint in exact order (all of them re-ranked with the raw vectors)
+        exact_labels = list(search(shard, query(ix, nlist, qv, k=10000, cand=10000)).labels)
         for k, c in ((10, 1), (20, 2), (30, 3), (50, 7), (10, 10), (5, 0), (100, 1)):
             r = search(shard, query(ix, nlist, qv, k=k, crowd=c))
             want = greedy(full_labels, k, c)
@@ -212,11 +214,16 @@ def main(bin_dir):
                                     restricts=[("grp", ["g1"], [])]))
             flt = [lab for lab in full_labels if 5000 <= lab and (lab - 5000) % 3 == 1]
             assert list(r.labels) == greedy(flt, k, c), (k, c)
-            # with exact re-rank of 60 candidates: greedy over the re-ranked candidates
+            # with exact re-rank of 60 candidates: greedy over the re-ranked candidates,
+            # which are the PQ top-60 united, when crowding is active (0 < c < k), with the
+            # crowded PQ top-60 (so one tag cannot fill them and leave fewer than k)
             r = search(shard, query(ix, nlist, qv, k=k, crowd=c, cand=60))
             nc = max(k, 60)  # candidates below k count as k
-            top = search(shard, query(ix, nlist, qv, k=nc, cand=nc))
-            assert list(r.labels) == greedy(list(top.labels), k, c), (k, c, "rerank")
+            cands = set(search(shard, query(ix, nlist, qv, k=nc)).labels)
+            if c and c < k:
+                cands |= set(search(shard, query(ix, nlist, qv, k=nc, crowd=c)).labels)
+            ranked = [lab for lab in exact_labels if lab in cands]
+            assert list(r.labels) == greedy(ranked, k, c), (k, c, "rerank")
             # sparse list
             sq = ([0, 1, 2, 3, 4, 7], [1.0, 0.9, 0.8, 0.7, 0.6, 0.5])
             fs = search(shard, query(ix, nlist, qv, k=10000, sparse=sq, dense=False))
