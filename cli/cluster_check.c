@@ -1,7 +1,7 @@
 /*
  * cluster_check — what `tessera cluster up` (cmd_cluster.c) checks before and while it
  * starts a local cluster: that a port is free to listen on, that a data directory is not
- * held by a running process (its LOCK, the flock that common/store takes while a process
+ * held by a running process (its LOCK, the flock that common/store/store takes while a process
  * has the store open), whether a started process answers grpc.health.v1.Health/Check
  * with SERVING, and the tail of a process's log (what it wrote since a given offset).
  *

@@ -3,7 +3,7 @@
  *
  *   config.c     the JSON config (jansson), defaults, validation
  *   state.c      immutable version snapshots: template, partition plan, id directory;
- *                their on-disk form (common/store) and the plan builders
+ *                their on-disk form (common/store/store) and the plan builders
  *   update_plan.c  an update's shard-free half: template, assignment, plan, directory,
  *                per-group work
  *   update.c     UpdateIndex: background two-phase update (its shard phases), GetOperation

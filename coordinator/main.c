@@ -4,7 +4,7 @@
  * tessera.v1.VectorSearch (FindNeighbors, ReadIndexDatapoints, UpdateIndex, GetOperation,
  * GetIndexStats) and grpc.health.v1.Health, and drives the shards (docs/coordinator.md).
  *
- * DESIGN (threads): SIGINT/SIGTERM post a semaphore that main waits on (common/cmdline.h:
+ * DESIGN (threads): SIGINT/SIGTERM post a semaphore that main waits on (common/core/cmdline.h:
  * not sigwait, because OpenBLAS starts a thread from a library constructor, before main can
  * block anything, and a signal delivered to that thread would kill the process without a
  * graceful stop); rpc owns the polling and worker threads; an update runs on its own

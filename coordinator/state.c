@@ -1,8 +1,8 @@
 /*
  * state — the coordinator's immutable version snapshot (template, partition plan, id
- * directory, label counter) and its on-disk form in a common/store version directory:
+ * directory, label counter) and its on-disk form in a common/store/store version directory:
  *
- *   template.faiss  the trained IwPQ without vectors (common/faiss_io)
+ *   template.faiss  the trained IwPQ without vectors (common/index/faiss_io)
  *   plan            text: "tessera-plan 1\n<kind> <nlist> <nshards>\n" then one shard per list
  *   directory       binary: "TSRD" u32 1 | i64 next_label | u64 n | n × (u32 len, id bytes,
  *                   i64 label, i32 list, i32 shard, u8 dense, u8 sparse)

@@ -2,10 +2,10 @@
  * update — UpdateIndex and GetOperation: the two-phase versioned batch update of DESIGN
  * "Batch update", run on one background thread per operation (one at a time).
  *
- *   READING    common/batch loads and validates the batch (max_invalid_records); a
+ *   READING    common/batch/batch loads and validates the batch (max_invalid_records); a
  *              rejected batch ends REJECTED with its report and nothing changes;
  *   (train)    no index yet: the template comes from --template or is trained from the
- *              batch's dense vectors (common/ivfpq_build, seeded), and the plan is built
+ *              batch's dense vectors (common/index/ivfpq_build, seeded), and the plan is built
  *              from the batch's list sizes; a complete overwrite keeps the template and
  *              the plan (documented in docs/coordinator.md);
  *   assign     nearest centroid (tsr_ivfpq_assign = Faiss add's assignment) → list →

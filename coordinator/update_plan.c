@@ -3,7 +3,7 @@
  * the served snapshot to the next snapshot and what each shard group must stage.
  *
  *   template   the base version's; with no index yet --template or one trained from the
- *              batch's dense vectors (common/ivfpq_build, seeded);
+ *              batch's dense vectors (common/index/ivfpq_build, seeded);
  *   assign     nearest centroid (tsr_ivfpq_assign = Faiss add's assignment) of every dense
  *              record; sparse-only records get no list (-1);
  *   plan       the base's when the list count is unchanged, else built from the batch's

@@ -4,7 +4,7 @@
  * Stage/Prepare/Commit/Abort/Release, Stats) and grpc.health.v1.Health over gRPC, and
  * stops gracefully on SIGTERM / SIGINT.
  *
- * DESIGN (threads): SIGINT/SIGTERM post a semaphore that main waits on (common/cmdline.h
+ * DESIGN (threads): SIGINT/SIGTERM post a semaphore that main waits on (common/core/cmdline.h
  * says why not sigwait: OpenBLAS starts a thread before main, which a signal mask set in
  * main does not cover); the rpc module owns the polling and worker threads; the shard
  * state (update.c) is shared by handlers under the rules in shard.h.

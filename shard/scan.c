@@ -2,16 +2,16 @@
  * scan — one query on one version snapshot: the ADC scan of the probed lists with the
  * compiled filter, the local crowded top-k, the optional exact re-rank with the stored raw
  * vectors, and the exact sparse dot-product top-k over all the version's datapoints
- * (common/sparse's inverted index, built per version).
+ * (common/query/sparse's inverted index, built per version).
  *
- * The scan is common/ivfpq_search's (tsr_ivfpq_scanner: the kernels and the arithmetic of
+ * The scan is common/index/ivfpq_search's (tsr_ivfpq_scanner: the kernels and the arithmetic of
  * `tessera index search`): score = base + term + sum_m T[m][code_m] with the per-query
  * table T, the list's per-code terms (L2 by_residual, kept in tsr__list) and the base from
  * the coordinator's coarse distance. This is Faiss's IndexIVFPQ::search_preassigned up to
  * float rounding in the last bits (SPEC §1; the Faiss interop bar is met), for the lists
  * and coarse distances the coordinator sends.
  *
- * Collectors (common/topk, total order: score, then the smaller label, so a distributed
+ * Collectors (common/query/topk, total order: score, then the smaller label, so a distributed
  * answer is the single-node answer even with ties): without crowding a bounded heap of k;
  * with crowding (SPEC §3) the per-shard crowded collector (at most `crowd` per tag, an
  * untagged datapoint never limited), whose answer contains every item of the global
@@ -286,7 +286,7 @@ static int sparse_part(const tsr__version *v, const tsr__query *q, tsr__qresult 
     }
     size_t n = 0;
     /* Exact dot-product top-k over the inverted index, with the filter and the greedy
-     * crowding pass (common/sparse); rows are this version's filter rows. */
+     * crowding pass (common/query/sparse); rows are this version's filter rows. */
     int rc = tsr_sparse_search(v->sparse_ix, q->sp_dims, q->sp_vals, q->nsp, k, q->crowd,
                                q->filter, v->meta, out, &n, err);
     for (size_t i = 0; rc == 0 && i < n; i++) {

@@ -173,7 +173,7 @@ typedef struct tsr__held {
 
 typedef struct tsr__shard {
     char *dir;                  /* owned: data dir */
-    tsr_store *store;           /* owned: versioned dirs, CURRENT, MANIFEST (common/store);
+    tsr_store *store;           /* owned: versioned dirs, CURRENT, MANIFEST (common/store/store);
                                    written only under update_mu */
     pthread_mutex_t table_mu;   /* guards current + held (short sections only) */
     tsr__version *current;      /* ref */

@@ -2,7 +2,7 @@
  * slice — the shard's version snapshots: the shared pieces (template, lists, records),
  * building version N+1 from N plus an edit set (copy-on-write per list), and the on-disk
  * form of a version (slice.faiss, meta, vectors.f32; the MANIFEST and the atomic directory commit are
- * common/store's).
+ * common/store/store's).
  *
  * On-disk "meta" (little-endian, written raw):
  *   "TSRM" | u32 format = 1 | i64 version | u32 d | u64 nowned | i32 owned[nowned]

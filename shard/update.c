@@ -1,7 +1,7 @@
 /*
  * update — the shard's version table and its two-phase update (DESIGN "Batch update"):
  * Stage chunks of upserts/deletes for version N+1 on top of a base, Prepare (build N+1
- * beside N, copy-on-write per list, write v<N+1>/ through common/store, fsync, check the
+ * beside N, copy-on-write per list, write v<N+1>/ through common/store/store, fsync, check the
  * MANIFEST), Commit (CURRENT := N+1 on disk — the shard's commit point — then swap the
  * current pointer), Abort (drop a staged or prepared version), Release (drop old serving
  * versions once the coordinator plans no more queries on them).
@@ -15,7 +15,7 @@
  * On disk at start-up: CURRENT's version is loaded (MANIFEST checked); if it does not
  * check or load, the newest older version that does is served instead (logged). Newer
  * complete versions are prepared ones (they survived a restart, Commit or Abort decides);
- * temporary directories are removed (by common/store); older versions except the newest one below current
+ * temporary directories are removed (by common/store/store); older versions except the newest one below current
  * (kept as a fallback) are removed.
  *
  * DESIGN (threads): update_mu serializes every update call (Stage/Prepare run on the

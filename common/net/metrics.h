@@ -36,7 +36,7 @@
  *     tsr_metrics_histogram_observe("tessera_stage_seconds", NULL, 0.42);
  *     tsr_metrics_describe("tessera_x_total", TSR_METRIC_COUNTER, "What it counts.");
  *
- * Serving it: common/metrics_http.h (GET /metrics on a libuv listener).
+ * Serving it: common/net/metrics_http.h (GET /metrics on a libuv listener).
  *
  * DESIGN: series live in one fixed open-addressing table of atomically published
  * pointers. A sample looks its series up without a lock (hash, probe, compare, atomic

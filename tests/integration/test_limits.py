@@ -12,7 +12,7 @@ config of max_k 50, max_queries_per_request 20, dimensions 16. Through python gr
   dimension → INVALID_ARGUMENT with the limit in the message, a request over 1 MiB →
   RESOURCE_EXHAUSTED, and it keeps serving;
 - bad values of the flag: --max-message 100 (below 4096) and 3X → exit 2;
-- an early SIGTERM (common/cmdline): as soon as /proc says the process catches SIGTERM
+- an early SIGTERM (common/core/cmdline): as soon as /proc says the process catches SIGTERM
   (before it serves), SIGTERM makes the shard and the coordinator start, stop gracefully
   and exit 0, 8 times each (no death by the default action on a thread that did not block
   it).

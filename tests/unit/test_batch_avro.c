@@ -1,5 +1,5 @@
 /*
- * test_batch_avro — unit tests of the Avro batch reader (common/batch_avro.c).
+ * test_batch_avro — unit tests of the Avro batch reader (common/batch/batch_avro.c).
  *
  * Files are written with avro-c's own file writer (seed 003's FeatureVector schema),
  * read back through tsr_batch_avro_read / _read_mem, then damaged byte by byte to check

@@ -41,7 +41,7 @@ SHARD_PORT = 7101
 COORD_PORT = 7000
 CLONE_NEWNET = 0x40000000
 
-# Keepalive of the coordinator's shard channels (common/rpc_client.c defaults): a peer
+# Keepalive of the coordinator's shard channels (common/net/rpc_client.c defaults): a peer
 # that stops answering pings is declared dead after at most KA_TIME + KA_TIMEOUT.
 KA_TIME_S = 5.0
 KA_TIMEOUT_S = 3.0

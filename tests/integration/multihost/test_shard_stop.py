@@ -10,7 +10,7 @@ connection to it, then gets SIGCONT. Asserts:
   calls are answered naming it in missing_shards;
 - keepalive detects the stopped peer: the coordinator's ESTABLISHED connection to the
   shard (seen with `ss` in the coordinator's namespace) is gone within keepalive time +
-  timeout (common/rpc_client.c: 5 s + 3 s) + 3 s slack;
+  timeout (common/net/rpc_client.c: 5 s + 3 s) + 3 s slack;
 - GetIndexStats and ReadIndexDatapoints answer within the deadline + 1 s while stopped;
 - every call started 2 s after SIGCONT is a full answer, with the same coordinator.
 """
