@@ -7,8 +7,9 @@
 #   - runtime runc + cgroupfs: crun refuses the hybrid cgroup layout.
 # Idempotent and quiet when all is present. Needs root (apt-get) when something is missing.
 set -euo pipefail
-# With recommends: they bring netavark + aardvark-dns (containers reach each other by name).
-pkgs=(podman runc debootstrap netavark aardvark-dns)
+# With recommends. netavark + aardvark-dns: containers reach each other by name;
+# catatonit: the pause process of pods (podman kube play).
+pkgs=(podman runc debootstrap netavark aardvark-dns catatonit)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -636,7 +636,9 @@ static void update_usage(FILE *f)
             "usage: tessera update --target ADDR --batch-root DIR [--complete-overwrite]\n"
             "                      [--max-invalid-records N] [--json] [--timeout-s T]\n"
             "  Applies a Vertex-format batch (a folder on the coordinator's file system) as a new\n"
-            "  index version, waits for it, and prints the batch report.\n"
+            "  index version, waits for it, and prints the batch report. An absolute DIR is\n"
+            "  sent as given (the coordinator resolves it); a relative one is made absolute\n"
+            "  here (for a coordinator on this file system).\n"
             "  A coordinator that restarts meanwhile is waited for (operations survive restarts;\n"
             "  one interrupted before its commit point ends FAILED \"interrupted\").\n"
             "  --max-invalid-records N  invalid records to skip, 0..2147483647 (default 0)\n"
@@ -666,8 +668,13 @@ int tsr_cmd_update(int argc, char **argv)
                            NULL);
     if (code >= 0)
         return code;
+    /* The batch root is a path of the coordinator's file system (a container, another host):
+     * an absolute one is sent as given and resolved there. A relative one only makes sense
+     * when both share this file system: it is made absolute here. */
     char absroot[4096];
-    if (realpath(root, absroot) == NULL) {
+    if (root[0] == '/') {
+        snprintf(absroot, sizeof absroot, "%s", root);
+    } else if (realpath(root, absroot) == NULL) {
         fprintf(stderr, PROG ": %s: %s\n", root, strerror(errno));
         return 1;
     }

@@ -6,7 +6,7 @@
 #                      shards in containers on a podman network, and podman kube play of
 #                      the Kubernetes manifests' Pod forms (not part of `make test`)
 # Podman work runs under `nice -n 10` (the build is CPU-bound; others share the machine).
-TSR_VERSION_STR := $(shell sed -n 's/^\#define TSR_VERSION "\(.*\)"/\1/p' common/core/version.h)
+TSR_VERSION_STR := $(shell sed -n 's/^\#define TSR_VERSION "\(.*\)"/\1/p' common/core/version.h 2>/dev/null)
 IMAGE ?= tessera
 PODMAN_BUILD_JOBS ?= 2
 
