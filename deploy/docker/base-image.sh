@@ -24,6 +24,10 @@ deb $mirror bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main
 SRC
 rm -rf "$tmp/rootfs/var/cache/apt/archives/"*.deb "$tmp/rootfs/var/lib/apt/lists/"*
-tar -C "$tmp/rootfs" -c . | podman import -q - "${names[0]}" >/dev/null
+# podman import leaves the image's config empty: give it the PATH and CMD of Debian's own
+# image (a container or pod of the base image itself would otherwise find no program).
+tar -C "$tmp/rootfs" -c . | podman import -q \
+  --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  --change 'CMD ["bash"]' - "${names[0]}" >/dev/null
 for n in "${names[@]:1}"; do podman tag "${names[0]}" "$n"; done
 echo "base-image: ${names[*]}"

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BIN = os.environ.get("TSR_BIN", os.path.join(ROOT, "bin"))
@@ -368,10 +369,39 @@ def kube_play(tmp, batch_dir, query, want, auth):
           "kube play cluster holds %d vectors on %d shards (the StatefulSet's replicas)"
           % (N, len(st["shards"])))
     check(cli.top10(query) == want, "kube play cluster's top-10 == cluster up's top-10")
-    for name in prefixed("ps"):
-        if name.endswith("-coordinator") or name.endswith("-shard"):
-            uid = sh("podman", "exec", name, "id", "-u", check=False).stdout.strip()
-            check(uid == str(UID), "kube play container %s runs as uid %d (securityContext)" % (name, UID))
+    # Each container of the forms: the manifests' user, probe and metrics port at work.
+    running = prefixed("ps")
+    for owner, c in kube_containers(forms):
+        name = next((n for n in running if n.startswith(owner + "-") and n.endswith("-" + c["name"])), None)
+        check(name is not None, "kube play made a container for %s/%s" % (owner, c["name"]))
+        uid = sh("podman", "exec", name, "id", "-u", check=False).stdout.strip()
+        check(uid == str(UID), "%s runs as uid %d (securityContext)" % (name, UID))
+        # kubelet's grpc: probe is grpc.health.v1 Check on that port; podman 4.3 does not
+        # run grpc: probes, so the same check runs inside the container.
+        for probe in ("readinessProbe", "livenessProbe"):
+            pport = c[probe]["grpc"]["port"]
+            r = sh("podman", "exec", name, "tessera", "health", "--target", "127.0.0.1:%d" % pport,
+                   check=False)
+            check(r.returncode == 0, "%s: %s (grpc health on :%d) answers %s"
+                  % (name, probe, pport, r.stdout.strip() or r.stderr.strip()))
+        mport = next(p for p in c["ports"] if p["name"] == "metrics")
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport["hostPort"], timeout=10).read()
+        check(re.search(rb"^tessera_process_start_time_seconds ", body, re.M) is not None,
+              "%s: /metrics answers on its metrics port %d (prometheus.io/port)" % (name, mport["containerPort"]))
+        if c["name"] == "coordinator":  # (shards do not set tessera_version yet)
+            check(re.search(rb"^tessera_version %d\b" % st["version"], body, re.M) is not None,
+                  "%s: /metrics says tessera_version %d" % (name, st["version"]))
+
+
+def kube_containers(forms):
+    """(pod or deployment name, container spec) of every container of the played forms."""
+    for d in forms:
+        if d["kind"] == "Pod":
+            for c in d["spec"]["containers"]:
+                yield d["metadata"]["name"], c
+        elif d["kind"] == "Deployment":
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                yield d["metadata"]["name"], c
 
 
 # ---- the reference: the same batch in a local `tessera cluster up` ----------------------
