@@ -6,8 +6,10 @@
    coordinator, its config too; the coordinator's port published on loopback only.
 2. The batch (tests/data/gen_sample.py) applied and queried from the host with bin/tessera;
    the same batch applied to a local `tessera cluster up` gives the same top-10.
-3. `podman kill` of a shard container: its restart policy brings it back, at the same
-   version, and the answers are unchanged.
+3. A shard container's process killed (SIGKILL of its pid, as a crash or the OOM killer):
+   its restart policy brings it back, at the same version, the answers unchanged. Then
+   `podman kill` of it, which podman 4.3 counts as a user stop (the policy leaves it down),
+   and `podman start`: same version, same answers.
 4. `podman stop` / `podman start` of every container: version and answers unchanged.
 5. `podman kube play` of Pod / Deployment / PersistentVolumeClaim / ConfigMap forms derived
    from deploy/k8s (podman has no StatefulSet or Service: the shard StatefulSet becomes one
@@ -16,7 +18,8 @@
 
 The coordinator gets `--auth-tokens` and `--batch-root-allow /batch` when its --help lists
 them (the CLI then gets TSR_TOKEN_FILE); `cluster up` gets --batch-root-allow likewise.
-Everything made here has the unique prefix tsrt<pid>- and is removed by name in `finally`.
+Everything made here has the unique prefix tsrt<pid>- and is removed by name in `finally`
+(also on SIGTERM / SIGINT).
 Exit 77 when podman is not installed. Env: TSR_IMAGE (default tessera:<version>),
 TSR_BIN (host binaries, default bin/), TSR_DEPLOY_KEEP=1 keeps everything for a post-mortem.
 """
@@ -56,7 +59,7 @@ def version_of_image():
 IMAGE = os.environ.get("TSR_IMAGE") or "tessera:" + version_of_image()
 
 
-def sh(*args, check=True, timeout=120, quiet=False):
+def sh(*args, check=True, timeout=120):
     r = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
         raise RuntimeError("%s: exit %d\n%s%s" % (" ".join(args), r.returncode, r.stdout, r.stderr))
@@ -486,6 +489,7 @@ def main():
             "admin": "adm-" + os.urandom(12).hex(), "query": "qry-" + os.urandom(12).hex()}
     log("image %s; coordinator flags: --auth-tokens %s, --batch-root-allow %s"
         % (IMAGE, auth["tokens"], auth["allow"]))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` cleans up
     tmp = tempfile.mkdtemp(prefix=P)
     ok = False
     try:
