@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Tessera needs; quiet and quick when all are present.
+# TSR_DEPS=build installs only what building the three binaries needs (the container
+# image's build stage: no clang, test libraries, python or node).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(
-  build-essential pkg-config clang libclang-rt-14-dev
+build_pkgs=(
+  build-essential pkg-config
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
-  libjansson-dev libuv1-dev libavro-dev libopenblas-dev zlib1g-dev libcmocka-dev
-  python3-faiss python3-numpy python3-avro python3-grpcio python3-grpc-tools python3-protobuf python3-yaml
-  iproute2 curl openssl
+  libjansson-dev libuv1-dev libavro-dev libopenblas-dev zlib1g-dev
 )
+if [ "${TSR_DEPS:-all}" = build ]; then
+  pkgs=("${build_pkgs[@]}")
+else
+  pkgs=(
+    "${build_pkgs[@]}" clang libclang-rt-14-dev libcmocka-dev
+    python3-faiss python3-numpy python3-avro python3-grpcio python3-grpc-tools python3-protobuf python3-yaml
+    iproute2 curl openssl
+  )
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
-command -v node >/dev/null 2>&1 || missing+=(nodejs npm)
+[ "${TSR_DEPS:-all}" = build ] || command -v node >/dev/null 2>&1 || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "deps: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -21,6 +30,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # node packages of the grpc-js interop test, from its lock file
-if [ -f tests/interop/node/package-lock.json ] && [ ! -d tests/interop/node/node_modules ]; then
+if [ "${TSR_DEPS:-all}" != build ] && [ -f tests/interop/node/package-lock.json ] &&
+   [ ! -d tests/interop/node/node_modules ]; then
   (cd tests/interop/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

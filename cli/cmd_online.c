@@ -668,7 +668,8 @@ static void update_usage(FILE *f)
             "  index version and waits for it. Prints the outcome, the batch's counts (records =\n"
             "  valid + invalid) and its first errors as FILE:LINE: TYPE: message (stdout), and\n"
             "  the batch's and the operation's warnings (stderr), e.g. deleted ids that are not\n"
-            "  in the index.\n"
+            "  in the index. An absolute DIR is sent as given (the coordinator resolves it); a\n"
+            "  relative one is made absolute here (for a coordinator on this file system).\n"
             "  A coordinator that restarts meanwhile is waited for (operations survive restarts;\n"
             "  one interrupted before its commit point ends FAILED \"interrupted\").\n"
             "  --max-invalid-records N  invalid records to skip, 0..2147483647 (default 0)\n"
@@ -821,8 +822,13 @@ int tsr_cmd_update(int argc, char **argv)
                            NULL);
     if (code >= 0)
         return code;
+    /* The batch root is a path of the coordinator's file system (a container, another host):
+     * an absolute one is sent as given and resolved there. A relative one only makes sense
+     * when both share this file system: it is made absolute here. */
     char absroot[4096];
-    if (realpath(root, absroot) == NULL) {
+    if (root[0] == '/') {
+        snprintf(absroot, sizeof absroot, "%s", root);
+    } else if (realpath(root, absroot) == NULL) {
         fprintf(stderr, PROG ": %s: %s\n", root, strerror(errno));
         return 1;
     }

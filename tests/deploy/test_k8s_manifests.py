@@ -12,7 +12,10 @@
   present, distance valid, shard addresses are <sts>-<i>.<headless svc>:<shard grpc port>
   for i = 0..replicas-1, exactly;
 - volumes mounted by containers are declared (volumes or claim templates), and the
-  coordinator mounts the ConfigMap at the directory of its --config file.
+  coordinator mounts the ConfigMap at the directory of its --config file;
+- the manifests agree with the image (deploy/docker/Dockerfile, `make image`): image
+  tessera:<TSR_VERSION>, the command is a binary the image copies, runAsUser/runAsGroup are
+  the image's USER, every container port is EXPOSEd, --data is the image's VOLUME.
 """
 import json
 import os
@@ -53,8 +56,32 @@ def port_of(addr):
     return int(addr.rsplit(":", 1)[1])
 
 
+def image_facts():
+    """What the manifests must agree with: the Dockerfile's runtime stage and the version."""
+    with open(os.path.join(ROOT, "common", "core", "version.h")) as f:
+        version = re.search(r'#define TSR_VERSION "([^"]+)"', f.read()).group(1)
+    with open(os.path.join(ROOT, "deploy", "docker", "Dockerfile")) as f:
+        text = f.read()
+    runtime = text[text.rindex("\nFROM "):]
+    user = re.findall(r"^USER\s+(\d+):(\d+)", runtime, re.M)
+    return {
+        "image": "tessera:" + version,
+        "binaries": set(re.findall(r"^COPY --from=\S+\s+\S+\s+(/\S+)", runtime, re.M)),
+        "user": (int(user[-1][0]), int(user[-1][1])) if user else None,
+        "expose": {int(p) for ln in re.findall(r"^EXPOSE\s+(.*)", runtime, re.M) for p in ln.split()},
+        "volume": re.findall(r'^VOLUME\s+\["([^"]+)"', runtime, re.M),
+    }
+
+
+IMAGE = image_facts()
+
+
 def container_checks(kind, name, pod, docs_by_kind):
     spec = pod["spec"]
+    sc = spec.get("securityContext", {})
+    check((sc.get("runAsUser"), sc.get("runAsGroup")) == IMAGE["user"] and sc.get("runAsNonRoot"),
+          "%s %s: securityContext runAsUser/runAsGroup %s != the image's USER %s"
+          % (kind, name, (sc.get("runAsUser"), sc.get("runAsGroup")), IMAGE["user"]))
     cs = spec.get("containers", [])
     check(len(cs) >= 1, "%s %s: no containers" % (kind, name))
     vols = {v["name"]: v for v in spec.get("volumes", [])}
@@ -62,6 +89,15 @@ def container_checks(kind, name, pod, docs_by_kind):
     for c in cs:
         ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
         args = [str(a) for a in c.get("args", [])]
+        check(c.get("image") == IMAGE["image"], "%s/%s: image %s != make image's %s"
+              % (name, c["name"], c.get("image"), IMAGE["image"]))
+        cmd = c.get("command", [None])[0]
+        check(cmd in IMAGE["binaries"], "%s/%s: command %s is not a binary of the image %s"
+              % (name, c["name"], cmd, sorted(IMAGE["binaries"])))
+        for p in ports.values():
+            check(p in IMAGE["expose"], "%s/%s: port %d not EXPOSEd by the image" % (name, c["name"], p))
+        check(arg_after(args, "--data") in IMAGE["volume"], "%s/%s: --data %s is not the image's VOLUME %s"
+              % (name, c["name"], arg_after(args, "--data"), IMAGE["volume"]))
         listen = arg_after(args, "--listen")
         check(listen is not None, "%s/%s: no --listen" % (name, c["name"]))
         grpc_port = port_of(listen) if listen else None
