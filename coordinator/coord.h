@@ -11,6 +11,9 @@
  *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge);
  *                errors are tsr_error, mapped to a gRPC status in the handlers only
  *   vertex.c     the Vertex MatchService front end on the query path
+ *                (google.cloud.aiplatform.container.v1, private endpoints)
+ *   vertex_v1.c  google.cloud.aiplatform.v1.MatchService (the official clients' API) on
+ *                the query path; IndexService's methods answer UNIMPLEMENTED
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
  *                all-replica fan-outs; the coordinator's /metrics collector
@@ -20,6 +23,7 @@
  * fails on a loop): config, oplog, state call no other file of the folder; replica ->
  * state; reconcile -> replica, state; query -> config, replica, state; update_plan ->
  * config, state; update -> oplog, reconcile, replica, state, update_plan; vertex -> query;
+ * vertex_v1 -> vertex, query;
  * main -> all of them, and nothing calls main.c. Everything but main.c is
  * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
@@ -326,6 +330,22 @@ int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t l
  * "" = no tag = 0): the number itself when the tag is a canonical decimal int64, else
  * FNV-1a 64 of the tag's bytes with the top bit cleared (docs/vertex-compat.md). */
 int64_t tsr__vertex_crowding_attribute(const char *tag);
+/* 0 when the deployed_index_id id (borrowed; NULL or "" = any) is served here: always
+ * without --deployed-index-id, else only that id. Otherwise TSR_ENOTFOUND with err naming
+ * the field, prefixed by where ("" or e.g. "requests[2]: "). */
+int tsr__vertex_check_index(const tsr__coord *c, const char *id, const char *where,
+                            tsr_error *err);
+
+/* vertex_v1.c: google.cloud.aiplatform.v1.MatchService (docs/vertex-compat.md); register
+ * with TSR_RPC_LONG. The unimplemented handler takes the method's full name (static
+ * storage) as ctx and answers UNIMPLEMENTED saying what Tessera serves instead. */
+#define TSR_VERTEX_V1_SVC "/google.cloud.aiplatform.v1.MatchService/"
+#define TSR_VERTEX_V1_INDEX_SVC "/google.cloud.aiplatform.v1.IndexService/"
+int tsr__vertex_v1_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len,
+                                      tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,
+                                     tsr_rpc_reply *r);
 
 /* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed). */
 void tsr__coord_crash_point(const char *step);

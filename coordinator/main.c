@@ -38,6 +38,7 @@ static void usage(FILE *f)
             "\n"
             "Serves tessera.v1.VectorSearch and the Vertex AI MatchService\n"
             "(google.cloud.aiplatform.container.v1: Match, BatchMatch, BatchGetEmbeddings;\n"
+            "google.cloud.aiplatform.v1: FindNeighbors, ReadIndexDatapoints;\n"
             "docs/vertex-compat.md) in front of the shards named in the config.\n"
             "  --listen ADDR       address to listen on, e.g. 127.0.0.1:7000 (port 0 = any free\n"
             "                      port; the chosen port is logged as \"(port N)\")\n"
@@ -244,6 +245,30 @@ static int resolve_allowed(const tsr_cmdline_list *l, char ***out)
     return 0;
 }
 
+/* Registers google.cloud.aiplatform.v1: MatchService's FindNeighbors and
+ * ReadIndexDatapoints (role query), and IndexService's methods, which answer UNIMPLEMENTED
+ * naming what Tessera serves instead (role admin, the default). Returns 0 or a TSR code. */
+static int add_vertex_v1_methods(tsr_rpc_server *srv, tsr__coord *c)
+{
+    static const char *const index_methods[] = {
+        TSR_VERTEX_V1_INDEX_SVC "CreateIndex", TSR_VERTEX_V1_INDEX_SVC "GetIndex",
+        TSR_VERTEX_V1_INDEX_SVC "ListIndexes", TSR_VERTEX_V1_INDEX_SVC "UpdateIndex",
+        TSR_VERTEX_V1_INDEX_SVC "DeleteIndex", TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
+        TSR_VERTEX_V1_INDEX_SVC "RemoveDatapoints"};
+    if (tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
+                                  tsr__vertex_v1_rpc_find_neighbors, c, TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints",
+                                  tsr__vertex_v1_rpc_read, c, TSR_RPC_LONG) ||
+        tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "FindNeighbors", ROLE_QUERY) ||
+        tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints", ROLE_QUERY))
+        return TSR_EINTERNAL;
+    for (size_t i = 0; i < sizeof index_methods / sizeof index_methods[0]; i++)
+        if (tsr_rpc_server_add_method(srv, index_methods[i], tsr__vertex_v1_rpc_unimplemented,
+                                      (void *)(index_methods[i] + 1), 0))
+            return TSR_EINTERNAL;
+    return 0;
+}
+
 /* Registers the coordinator's methods on srv. Returns 0 or a TSR code. */
 static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
 {
@@ -275,7 +300,7 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
         if (tsr_rpc_server_set_role(srv, query_methods[i], ROLE_QUERY))
             return TSR_EINTERNAL;
 #undef SVC
-    return 0;
+    return add_vertex_v1_methods(srv, c);
 }
 
 /* Creates and starts the server with the coordinator's methods and the token set t (the
@@ -298,6 +323,8 @@ static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
     tsr_rpc_server_set_health(srv, "google.cloud.aiplatform.container.v1.MatchService",
+                              TSR_RPC_HEALTH_SERVING);
+    tsr_rpc_server_set_health(srv, "google.cloud.aiplatform.v1.MatchService",
                               TSR_RPC_HEALTH_SERVING);
     return srv;
 }

@@ -129,7 +129,8 @@ int64_t tsr__vertex_crowding_attribute(const char *tag)
 
 /* ---------------------------------------------------------------- validation */
 
-static int check_index(const tsr__coord *c, const char *id, const char *where, tsr_error *err)
+int tsr__vertex_check_index(const tsr__coord *c, const char *id, const char *where,
+                            tsr_error *err)
 {
     const char *want = c->deployed_index_id;
     if (!want || !want[0] || !id || !id[0] || strcmp(id, want) == 0)
@@ -494,7 +495,7 @@ int tsr__vertex_rpc_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
     vx_arena a = {0};
     vx_match_resp **out = NULL;
     tsr_error err = TSR_ERROR_INIT;
-    int rc = check_index(c, m->deployed_index_id, "", &err);
+    int rc = tsr__vertex_check_index(c, m->deployed_index_id, "", &err);
     if (!rc)
         rc = answer(c, &a, &m, 1, -1, r, &out, &err);
     if (!rc)
@@ -541,7 +542,7 @@ int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_r
         tsr_error err = TSR_ERROR_INIT;
         char where[48];
         snprintf(where, sizeof where, "requests[%zu]: ", k);
-        int rc = check_index(c, ix->deployed_index_id, where, &err);
+        int rc = tsr__vertex_check_index(c, ix->deployed_index_id, where, &err);
         vx_match_resp **mr = NULL;
         if (!rc && ix->n_requests)
             rc = answer(c, &a, ix->requests, ix->n_requests, (long)k, r, &mr, &err);
@@ -569,7 +570,7 @@ int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t l
                                    "malformed protobuf");
     vx_arena a = {0};
     tsr_error err = TSR_ERROR_INIT;
-    int rc = check_index(c, g->deployed_index_id, "", &err);
+    int rc = tsr__vertex_check_index(c, g->deployed_index_id, "", &err);
     Tessera__V1__ReadIndexDatapointsResponse *rd = NULL;
     if (!rc)
         rc = tsr__coord_read(c, g->id, g->n_id, remaining(r), &rd, &err);

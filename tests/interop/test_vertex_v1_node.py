@@ -1,0 +1,270 @@
+"""Google's official node client @google-cloud/aiplatform (v1.MatchServiceClient, pinned in
+tests/interop/node/package-lock.json, used unmodified) calls tessera-coordinator's
+google.cloud.aiplatform.v1.MatchService (issue 17, the read half).
+
+A 4-shard cluster is loaded through UpdateIndex with restricts, numeric restricts, crowding
+tags, sparse and sparse-only datapoints (vertex_harness.dataset). tests/interop/node/
+vertex_v1_client.js points the client at the coordinator (apiEndpoint, port, insecure
+channel credentials) and sends findNeighbors with resource names as callers write them:
+dense, token restricts (allow and deny), numeric restricts (int and double, several ops),
+crowding, sparse-only, hybrid RRF, return_full_datapoint over a batch of queries, a query
+carrying embedding_metadata (accepted and ignored); then readIndexDatapoints. Every answer
+must equal tessera.v1 FindNeighbors / ReadIndexDatapoints for the same query (python
+grpcio). Bad requests get INVALID_ARGUMENT naming the field; IndexService's methods
+UNIMPLEMENTED naming what Tessera serves instead. Then the coordinator is restarted with
+--deployed-index-id and --auth-tokens: the client passes the token through its call
+options (otherArgs.headers) and is served; a wrong deployed_index_id is NOT_FOUND naming
+it; no token is UNAUTHENTICATED.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+import coord_harness as ch  # noqa: E402
+import shard_harness as sh  # noqa: E402
+import vertex_harness as vh  # noqa: E402
+
+NODE_DIR = os.path.join(HERE, "node")
+K = 8
+ENDPOINT = "projects/my-project/locations/us-central1/indexEndpoints/1234567890"
+OPS = {1: "LESS", 2: "LESS_EQUAL", 3: "EQUAL", 4: "GREATER_EQUAL", 5: "GREATER",
+       6: "NOT_EQUAL"}
+QUERY_TOKEN = "q-" + os.urandom(12).hex()
+
+
+def vertex_query(spec, qid):
+    """The official client's request object (camelCase) for spec (ch.query's kwargs)."""
+    dp = {"datapointId": qid}
+    if spec.get("vec") is not None:
+        dp["featureVector"] = [float(v) for v in spec["vec"]]
+    if spec.get("sparse") is not None:
+        dp["sparseEmbedding"] = {"dimensions": spec["sparse"][0], "values": spec["sparse"][1]}
+    if spec.get("restricts"):
+        dp["restricts"] = [{"namespace": ns, "allowList": a, "denyList": d}
+                           for ns, a, d in spec["restricts"]]
+    if spec.get("numeric"):
+        dp["numericRestricts"] = []
+        for ns, kind, val, op in spec["numeric"]:
+            dp["numericRestricts"].append({"namespace": ns, "op": OPS[op],
+                                           "value" + kind.capitalize(): val})
+    if spec.get("metadata"):
+        dp["embeddingMetadata"] = spec["metadata"]
+    q = {"datapoint": dp, "neighborCount": spec.get("k", K),
+         "perCrowdingAttributeNeighborCount": spec.get("crowding", 0),
+         "fractionLeafNodesToSearchOverride": spec.get("fraction", 0.0)}
+    if spec.get("cand"):
+        q["approximateNeighborCount"] = spec["cand"]
+    if spec.get("alpha") is not None:
+        q["rrf"] = {"alpha": spec["alpha"]}
+    return q
+
+
+def tessera_kwargs(spec):
+    return {k: v for k, v in spec.items() if k != "metadata"}
+
+
+def v_dp(d):
+    """(id, tag, vector, sparse, restricts, numeric) of an IndexDatapoint as the client
+    decoded it (unset fields are null or absent)."""
+    d = d or {}
+    sp = d.get("sparseEmbedding")
+    num = []
+    for n in d.get("numericRestricts") or []:
+        v = [n.get(k) for k in ("valueInt", "valueFloat", "valueDouble") if n.get(k) is not None]
+        num.append((n.get("namespace") or "", float(v[0]) if v else None))
+    return (d.get("datapointId") or "", (d.get("crowdingTag") or {}).get("crowdingAttribute") or "",
+            [float(v) for v in d.get("featureVector") or []],
+            ([int(x) for x in sp.get("dimensions") or []],
+             [float(v) for v in sp.get("values") or []]) if sp else None,
+            [(r.get("namespace") or "", r.get("allowList") or [], r.get("denyList") or [])
+             for r in d.get("restricts") or []],
+            sorted(num))
+
+
+def t_dp(d):
+    """The same tuple of a tessera.v1 IndexDatapoint."""
+    return (d.datapoint_id, d.crowding_tag.crowding_attribute,
+            [float(v) for v in d.feature_vector],
+            (list(d.sparse_embedding.dimensions), [float(v) for v in d.sparse_embedding.values])
+            if d.HasField("sparse_embedding") else None,
+            [(r.namespace, list(r.allow_list), list(r.deny_list)) for r in d.restricts],
+            sorted((n.namespace, float(getattr(n, n.WhichOneof("Value"))))
+                   for n in d.numeric_restricts))
+
+
+def run_node(port, calls, root, token=None):
+    cfile = os.path.join(root, "calls.json")
+    with open(cfile, "w") as f:
+        json.dump(calls, f)
+    argv = ["node", os.path.join(NODE_DIR, "vertex_v1_client.js"), str(port), cfile]
+    out = subprocess.run(argv + ([token] if token else []), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)["results"]
+    assert len(got) == len(calls)
+    return got
+
+
+def specs(D, rng):
+    out = []
+    for j in range(8):
+        qv = [float(v) for v in rng.normal(size=D.d).astype("float32")]
+        s = dict(vec=qv, k=K, fraction=1.0, cand=600)
+        if j % 2:
+            s["restricts"] = [("color", [vh.COLORS[j % 4]], ["green"] if j % 3 == 0 else [])]
+        if j % 3 == 1:
+            s["numeric"] = [("price", "int", 40, 1 + j % 6)]
+        if j == 4:
+            s["numeric"] = [("w", "double", 5.5, 4), ("price", "int", 90, 6)]
+        if j % 4 == 2:
+            s["crowding"] = 1
+        out.append(s)
+    sq = ([3, 7, 11, 20], [0.5, 0.25, 1.0, 0.75])
+    out.append(dict(sparse=sq, k=K))
+    qv = [float(v) for v in rng.normal(size=D.d).astype("float32")]
+    out.append(dict(vec=qv, sparse=sq, alpha=0.5, k=K, fraction=1.0))
+    out.append(dict(vec=qv, sparse=sq, alpha=0.5, k=K, fraction=1.0, crowding=1,
+                    restricts=[("color", ["red", "blue"], [])]))
+    out.append(dict(vec=D.x[7].tolist(), k=K, fraction=1.0,
+                    metadata={"fields": {"genre": {"stringValue": "jazz"},
+                                         "year": {"numberValue": 1959}}}))
+    return out
+
+
+def check_answers(cl, tp, calls, got, full_batch):
+    n = 0
+    for j, (c, g) in enumerate(zip(calls, got)):
+        if c["method"] != "findNeighbors" or "_want" in c:
+            continue
+        assert "response" in g, (j, g)
+        full = c["request"].get("returnFullDatapoint", False)
+        tq = [ch.query(tp, qid="q%d-%d" % (j, i), **tessera_kwargs(s))
+              for i, s in enumerate(c["_specs"])]
+        want = cl.stub.FindNeighbors(tp.FindNeighborsRequest(queries=tq,
+                                                             return_full_datapoint=full),
+                                     timeout=30).nearest_neighbors
+        have = g["response"].get("nearestNeighbors") or []
+        assert len(have) == len(want), (j, have)
+        for h, w in zip(have, want):
+            assert (h.get("id") or "") == w.id, (j, h, w.id)
+            hn = [(v_dp(x.get("datapoint")), x.get("distance") or 0.0,
+                   x.get("sparseDistance") or 0.0) for x in h.get("neighbors") or []]
+            wn = [(t_dp(x.datapoint), x.distance, x.sparse_distance) for x in w.neighbors]
+            assert hn == wn, (j, hn, wn)
+            assert hn, j
+        n += 1
+    assert full_batch
+    return n
+
+
+def main():
+    if not os.path.isdir(os.path.join(NODE_DIR, "node_modules")):
+        subprocess.check_call(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                              cwd=NODE_DIR)
+    tp = ch.stubs()[0]
+    D = vh.dataset(n=600, d=12, seed=8)
+    root = sh.tmpdir("tsr-v1node-")
+    batch = ch.write_batch(os.path.join(root, "b"), D.recs, per_file=200)
+    cl = ch.Cluster(4, D.d, {"nlist": 8, "pq_m": 4, "nprobe": 3})
+    try:
+        op = cl.update(batch)
+        assert op.state == tp.Operation.SUCCEEDED, op
+        rng = np.random.default_rng(3)
+        ss = specs(D, rng)
+        calls = []
+        for i, s in enumerate(ss):
+            calls.append({"method": "findNeighbors", "_specs": [s],
+                          "request": {"indexEndpoint": ENDPOINT, "deployedIndexId": "any_id",
+                                      "queries": [vertex_query(s, "q%d-0" % len(calls))]}})
+        # a batch of queries with the neighbors' full datapoints
+        j = len(calls)
+        calls.append({"method": "findNeighbors", "_specs": ss[:4] + ss[8:10],
+                      "request": {"indexEndpoint": ENDPOINT, "returnFullDatapoint": True,
+                                  "queries": [vertex_query(s, "q%d-%d" % (j, i))
+                                              for i, s in enumerate(ss[:4] + ss[8:10])]}})
+        ids = ["p0042", "missing-id", "q003", "p0007", "p0042"]
+        calls.append({"method": "readIndexDatapoints",
+                      "request": {"indexEndpoint": ENDPOINT, "ids": ids}})
+        bad = [({"indexEndpoint": ENDPOINT, "queries": [{"datapoint": {"featureVector": [1, 2]}}]},
+                3, "feature_vector has 2 values"),
+               ({"indexEndpoint": "my-endpoint", "queries": [vertex_query(ss[0], "")]},
+                3, "index_endpoint"),
+               ({"queries": [{"datapoint": {"featureVector": ss[0]["vec"], "numericRestricts":
+                                            [{"namespace": "price", "valueInt": 3}]}}]},
+                3, "numeric_restricts[0] (price): op is unset"),
+               ({"queries": [{"datapoint": {"featureVector": ss[0]["vec"]},
+                              "neighborCount": -1}]}, 3, "neighbor_count"),
+               ({"queries": [{"neighborCount": 3}]}, 3, "datapoint is missing")]
+        for req, code, msg in bad:
+            calls.append({"method": "findNeighbors", "request": req, "_want": (code, msg)})
+        for m in ("upsertDatapoints", "removeDatapoints", "getIndex"):
+            calls.append({"method": m, "client": "IndexServiceClient",
+                          "request": {"index": "projects/p/locations/l/indexes/1"},
+                          "_want": (12, "tessera.v1.VectorSearch/UpdateIndex")})
+        got = run_node(cl.coord.port, [{k: v for k, v in c.items() if not k.startswith("_")}
+                                       for c in calls], root)
+        n_ok = check_answers(cl, tp, calls, got, True)
+        # ReadIndexDatapoints: the same datapoints as tessera.v1's, in request order
+        rd = got[len(ss) + 1]
+        want = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=ids), timeout=30)
+        have = [v_dp(d) for d in rd["response"].get("datapoints") or []]
+        assert have == [t_dp(d) for d in want.datapoints], (have, want)
+        assert [h[0] for h in have] == ["p0042", "q003", "p0007", "p0042"], have
+        # the metadata query equals the same query without it, and p0007 is its nearest
+        assert got[len(ss) - 1]["response"]["nearestNeighbors"][0]["neighbors"][0][
+            "datapoint"]["datapointId"] == "p0007"
+        n_err = 0
+        for c, g in zip(calls, got):
+            if "_want" in c:
+                code, msg = c["_want"]
+                assert g.get("code") == code and msg in g.get("details", ""), (c, g)
+                n_err += 1
+        print("official client: %d findNeighbors calls equal to tessera.v1, readIndexDatapoints "
+              "equal, %d refused as expected" % (n_ok, n_err))
+
+        # --deployed-index-id and --auth-tokens: the token through the client's call options
+        tokens = os.path.join(root, "tokens")
+        with open(tokens, "w") as f:
+            f.write("query %s\n" % QUERY_TOKEN)
+        cl.stop_coord()
+        cl.start(extra_args=["--deployed-index-id", "idx_1", "--auth-tokens", tokens])
+        s = ss[1]
+        ok = {"method": "findNeighbors", "_specs": [s],
+              "request": {"indexEndpoint": ENDPOINT, "deployedIndexId": "idx_1",
+                          "queries": [vertex_query(s, "q0-0")]}}
+        wrong = {"method": "findNeighbors",
+                 "request": {"indexEndpoint": ENDPOINT, "deployedIndexId": "other",
+                             "queries": [vertex_query(s, "")]}}
+        rd_wrong = {"method": "readIndexDatapoints",
+                    "request": {"indexEndpoint": ENDPOINT, "deployedIndexId": "other",
+                                "ids": ["p0001"]}}
+        calls = [ok, wrong, rd_wrong]
+        got = run_node(cl.coord.port, [{k: v for k, v in c.items() if not k.startswith("_")}
+                                       for c in calls], root, token=QUERY_TOKEN)
+        import grpc
+        md = [("authorization", "Bearer " + QUERY_TOKEN)]
+        # tessera.v1 side of the comparison, with the token too
+        stub = cl.stub
+        cl.stub = type("S", (), {"FindNeighbors": lambda self, r, timeout: stub.FindNeighbors(
+            r, timeout=timeout, metadata=md)})()
+        check_answers(cl, tp, calls[:1], got[:1], True)
+        cl.stub = stub
+        for g in got[1:]:
+            assert g.get("code") == 5 and 'deployed_index_id "other"' in g["details"], g
+        got = run_node(cl.coord.port, [{k: v for k, v in ok.items() if not k.startswith("_")}],
+                       root)
+        assert got[0].get("code") == grpc.StatusCode.UNAUTHENTICATED.value[0], got
+        print("with --auth-tokens: the client's bearer token served; a wrong "
+              "deployed_index_id NOT_FOUND; no token UNAUTHENTICATED")
+    finally:
+        cl.stop()
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
