@@ -29,8 +29,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# node packages of the grpc-js interop test, from its lock file
+# node packages of the interop tests (grpc-js, @google-cloud/aiplatform), from the lock
+# file: installed when missing or older than the lock file
+nm=tests/interop/node/node_modules
 if [ "${TSR_DEPS:-all}" != build ] && [ -f tests/interop/node/package-lock.json ] &&
-   [ ! -d tests/interop/node/node_modules ]; then
+   { [ ! -d "$nm" ] || [ tests/interop/node/package-lock.json -nt "$nm/.package-lock.json" ]; }; then
   (cd tests/interop/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

@@ -163,7 +163,7 @@ def check_answers(cl, tp, calls, got, full_batch):
 
 
 def main():
-    if not os.path.isdir(os.path.join(NODE_DIR, "node_modules")):
+    if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "@google-cloud", "aiplatform")):
         subprocess.check_call(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
                               cwd=NODE_DIR)
     tp = ch.stubs()[0]
