@@ -92,5 +92,5 @@ if want fuzz-replay; then
     run "fuzz-replay/$n" "$f" -runs=0 "tests/fuzz/corpus/$n"
   done
 fi
-echo "---- $passes passed, $fails failed, $skips skipped"
+echo "tests: $passes passed, $fails failed, $skips skipped"
 [ $fails -eq 0 ] || { printf '  failed: %s\n' "${failed[@]}"; exit 1; }
