@@ -3,8 +3,13 @@
 
 1. A podman network; 4 shard containers and a coordinator container, each with its data in
    a named volume and `--restart always`; the batch folder mounted read-only into the
-   coordinator, its config too; the coordinator's port published on loopback only.
-2. The batch (tests/data/gen_sample.py) applied and queried from the host with bin/tessera;
+   coordinator, its config and client token file too; the peer token file (owned by the
+   image's uid, 0400) mounted read-only into every container; the coordinator's port
+   published on loopback only. Authentication is on (docs/security.md): the coordinator
+   runs with --auth-tokens, --peer-token-file and --batch-root-allow /batch, each shard with
+   --peer-token-file.
+2. The batch (tests/data/gen_sample.py) applied and queried from the host with bin/tessera
+   (its admin token in TSR_TOKEN_FILE); a call without a token is refused UNAUTHENTICATED;
    the same batch applied to a local `tessera cluster up` gives the same top-10.
 3. A shard container's process killed (SIGKILL of its pid, as a crash or the OOM killer):
    its restart policy brings it back, at the same version, the answers unchanged. Then
@@ -14,10 +19,13 @@
 5. `podman kube play` of Pod / Deployment / PersistentVolumeClaim / ConfigMap forms derived
    from deploy/k8s (podman has no StatefulSet or Service: the shard StatefulSet becomes one
    Pod per ordinal with its claim, and the ConfigMap's shard addresses name those pods),
-   loaded and queried the same way.
+   loaded and queried the same way. The manifests' Secret volumes (tessera-auth) become
+   read-only hostPath folders holding this run's tokens: podman 4.3's kube play does not
+   decode a Secret's data, ignores stringData, items and defaultMode, and panics on a
+   secret volume without `optional` (docs/operations.md "what was run"); the claim
+   tessera-batch becomes a read-only hostPath of the batch folder.
 
-The coordinator gets `--auth-tokens` and `--batch-root-allow /batch` when its --help lists
-them (the CLI then gets TSR_TOKEN_FILE); `cluster up` gets --batch-root-allow likewise.
+`cluster up` gets --batch-root-allow for the batch folder.
 Everything made here has the unique prefix tsrt<pid>- and is removed by name in `finally`
 (also on SIGTERM / SIGINT).
 Exit 77 when podman is not installed. Env: TSR_IMAGE (default tessera:<version>),
@@ -78,17 +86,40 @@ def free_port():
     return port
 
 
-def helps(prog_args, flag):
-    """Does this program's --help list FLAG? (auth / confinement flags land separately)"""
-    r = sh(*prog_args, "--help", check=False)
-    return flag in r.stdout + r.stderr
+PEER_TOKEN = "/run/secrets/tessera/peer-token"  # as in deploy/k8s (the Secret's mount)
+
+
+def write_secret(path, text):
+    """A token file as the containers' user reads it: owned by UID, mode 0400."""
+    with open(path, "w") as f:
+        f.write(text)
+    os.chown(path, UID, UID)
+    os.chmod(path, 0o400)
+
+
+def make_tokens(tmp):
+    """This run's tokens: client tokens (admin, query), the peer token, the CLI's token file."""
+    auth = {"admin": "adm-" + os.urandom(12).hex(), "query": "qry-" + os.urandom(12).hex(),
+            "peer": "peer-" + os.urandom(16).hex()}
+    auth["tokens_text"] = "# test tokens\nadmin %s\nquery %s\n" % (auth["admin"], auth["query"])
+    d = os.path.join(tmp, "secrets")
+    os.makedirs(d)
+    os.chmod(d, 0o755)
+    auth["peer_file"] = os.path.join(d, "peer-token")
+    write_secret(auth["peer_file"], auth["peer"] + "\n")
+    auth["cli_file"] = os.path.join(tmp, "admin.token")  # the host's CLI (root) reads it
+    with open(auth["cli_file"], "w") as f:
+        f.write(auth["admin"] + "\n")
+    os.chmod(auth["cli_file"], 0o600)
+    return auth
 
 
 class Cli:
-    """bin/tessera against one coordinator address (TSR_TOKEN_FILE when auth is on)."""
+    """bin/tessera against one coordinator address (TSR_TOKEN_FILE: the admin token)."""
 
     def __init__(self, target, token_file=None):
         self.target, self.env = target, dict(os.environ)
+        self.env.pop("TSR_TOKEN_FILE", None)
         if token_file:
             self.env["TSR_TOKEN_FILE"] = token_file
 
@@ -145,14 +176,15 @@ def coord_config(shard_addrs):
             "pq_nbits": 8, "nprobe": 8, "shards": shard_addrs}
 
 
-def run_shard(i, net):
+def run_shard(i, net, auth):
     name, vol = P + "shard-%d" % i, P + "shard-%d-data" % i
     podman("volume", "create", vol)
     made["volume"].append(vol)
     made["container"].append(name)
     podman("run", "-d", "--name", name, "--network", net, "--restart", "always",
-           "-v", vol + ":/var/lib/tessera", "--entrypoint", "tessera-shard", IMAGE,
-           "--listen", "0.0.0.0:7001", "--data", "/var/lib/tessera")
+           "-v", vol + ":/var/lib/tessera", "-v", auth["peer_file"] + ":" + PEER_TOKEN + ":ro",
+           "--entrypoint", "tessera-shard", IMAGE,
+           "--listen", "0.0.0.0:7001", "--data", "/var/lib/tessera", "--peer-token-file", PEER_TOKEN)
     return name
 
 
@@ -162,14 +194,12 @@ def run_coordinator(net, port, etc_dir, batch_dir, auth):
     made["volume"].append(vol)
     made["container"].append(name)
     args = ["--listen", "0.0.0.0:7000", "--data", "/var/lib/tessera",
-            "--config", "/etc/tessera/coordinator.json"]
-    if auth["tokens"]:
-        args += ["--auth-tokens", "/etc/tessera/tokens"]
-    if auth["allow"]:
-        args += ["--batch-root-allow", "/batch"]
+            "--config", "/etc/tessera/coordinator.json", "--auth-tokens", "/etc/tessera/tokens",
+            "--peer-token-file", PEER_TOKEN, "--batch-root-allow", "/batch"]
     podman("run", "-d", "--name", name, "--network", net, "--restart", "always",
            "-p", "127.0.0.1:%d:7000" % port,
            "-v", vol + ":/var/lib/tessera", "-v", etc_dir + ":/etc/tessera:ro",
+           "-v", auth["peer_file"] + ":" + PEER_TOKEN + ":ro",
            "-v", batch_dir + ":/batch:ro", "--entrypoint", "tessera-coordinator", IMAGE, *args)
     return name
 
@@ -191,25 +221,18 @@ def container_cluster(tmp, batch_dir, query, want, auth):
     with open(os.path.join(etc, "coordinator.json"), "w") as f:
         json.dump(coord_config([n + ":7001" for n in shard_names]), f)
     os.chmod(os.path.join(etc, "coordinator.json"), 0o644)
-    token_file = None
-    if auth["tokens"]:
-        tokens = os.path.join(etc, "tokens")
-        with open(tokens, "w") as f:
-            f.write("# test tokens\nadmin %s\nquery %s\n" % (auth["admin"], auth["query"]))
-        os.chown(tokens, UID, UID)  # readable by the container's user only
-        os.chmod(tokens, 0o600)
-        token_file = os.path.join(tmp, "admin.token")
-        with open(token_file, "w") as f:
-            f.write(auth["admin"] + "\n")
-        os.chmod(token_file, 0o600)
+    write_secret(os.path.join(etc, "tokens"), auth["tokens_text"])
     t0 = time.time()
     for i in range(SHARDS):
-        run_shard(i, net)
+        run_shard(i, net, auth)
     port = free_port()
     coord = run_coordinator(net, port, etc, batch_dir, auth)
-    cli = Cli("127.0.0.1:%d" % port, token_file)
+    cli = Cli("127.0.0.1:%d" % port, auth["cli_file"])
     cli.wait_ready(what="containers' cluster")
     log("containers' cluster up in %.1fs (coordinator on 127.0.0.1:%d)" % (time.time() - t0, port))
+    r = Cli(cli.target).run("stats", "--json", check=False)
+    check(r.returncode == 1 and "UNAUTHENTICATED" in r.stderr,
+          "a call without a token is refused UNAUTHENTICATED (%s)" % r.stderr.strip()[:80])
     out = cli.update("/batch").stdout.strip()
     log("update: " + out.splitlines()[-1] if out else "update done")
     st = cli.wait_ready()
@@ -285,8 +308,9 @@ def kube_forms(docs, port, batch_dir, auth):
     Renames everything with the prefix; the StatefulSet becomes Pods <prefix>tessera-shard-<i>
     each with a claim <prefix>data-tessera-shard-<i> (as Kubernetes names a claim template's
     claims); the ConfigMap's shards name those pods; the coordinator's port gets a loopback
-    hostPort and the batch folder a read-only hostPath volume. Everything else (command,
-    args, ports, probes, securityContext, mounts) is the manifests' own."""
+    hostPort, the batch claim a read-only hostPath of the batch folder and each Secret
+    volume a read-only hostPath folder of this run's tokens (secret_dir). Everything else
+    (command, args, ports, probes, securityContext, mounts) is the manifests' own."""
     import copy
     sts = copy.deepcopy(docs[("StatefulSet", "tessera-shard")])
     dep = copy.deepcopy(docs[("Deployment", "tessera-coordinator")])
@@ -302,6 +326,7 @@ def kube_forms(docs, port, batch_dir, auth):
         spec = copy.deepcopy(sts["spec"]["template"]["spec"])
         spec.setdefault("volumes", []).append(
             {"name": tmpl["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}})
+        secrets_as_host_paths(spec, auth, "shard-%d" % i)
         spec["hostname"] = pod_name
         loopback_host_ports(spec)
         out.append({"apiVersion": "v1", "kind": "Pod",
@@ -322,22 +347,40 @@ def kube_forms(docs, port, batch_dir, auth):
     dep["metadata"]["name"] = P + dep["metadata"]["name"]
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
+    allow = c["args"][c["args"].index("--batch-root-allow") + 1]
+    batch_vol = next(m["name"] for m in c["volumeMounts"] if m["mountPath"] == allow)
     for v in pod["volumes"]:
         if "configMap" in v:
             v["configMap"]["name"] = cm["metadata"]["name"]
-        if "persistentVolumeClaim" in v:
+        if v["name"] == batch_vol:  # the claim tessera-batch: this run's batch folder
+            del v["persistentVolumeClaim"]
+            v["hostPath"] = {"path": batch_dir, "type": "Directory"}
+        elif "persistentVolumeClaim" in v:
             v["persistentVolumeClaim"]["claimName"] = pvc["metadata"]["name"]
-    pod["volumes"].append({"name": "batch", "hostPath": {"path": batch_dir, "type": "Directory"}})
-    c.setdefault("volumeMounts", []).append({"name": "batch", "mountPath": "/batch", "readOnly": True})
+    secrets_as_host_paths(pod, auth, "coordinator")
     loopback_host_ports(pod)
     grpc = next(p for p in c["ports"] if p["name"] == "grpc")
     grpc["hostPort"] = port
-    if auth["allow"]:
-        c["args"] += ["--batch-root-allow", "/batch"]
-    if auth["tokens"]:
-        c["args"] += ["--auth-tokens", "/etc/tessera/tokens"]
-        cm["data"]["tokens"] = "admin %s\nquery %s\n" % (auth["admin"], auth["query"])
     return [cm, pvc] + out + [dep]
+
+
+def secrets_as_host_paths(pod_spec, auth, who):
+    """Each Secret volume (tessera-auth: keys tokens, peer-token) becomes a hostPath folder
+    holding this run's values of the keys it projects (its items, else every key), owned by
+    the image's user and 0400 as the Secret's defaultMode 0440 + fsGroup give in Kubernetes.
+    Podman 4.3 cannot play the Secret itself (see the module's docstring)."""
+    values = {"tokens": auth["tokens_text"], "peer-token": auth["peer"] + "\n"}
+    for v in pod_spec.get("volumes", []):
+        sec = v.pop("secret", None)
+        if sec is None:
+            continue
+        d = os.path.join(auth["tmp"], "kube-secret-%s-%s" % (who, v["name"]))
+        os.makedirs(d)
+        os.chmod(d, 0o755)
+        items = sec.get("items") or [{"key": k, "path": k} for k in values]
+        for it in items:
+            write_secret(os.path.join(d, it["path"]), values[it["key"]])
+        v["hostPath"] = {"path": d, "type": "Directory"}
 
 
 def loopback_host_ports(pod_spec):
@@ -361,8 +404,7 @@ def kube_play(tmp, batch_dir, query, want, auth):
     made["network"].append(net)
     t0 = time.time()
     podman("kube", "play", "--network", net, path, timeout=300)
-    token_file = os.path.join(tmp, "admin.token") if auth["tokens"] else None
-    cli = Cli("127.0.0.1:%d" % port, token_file)
+    cli = Cli("127.0.0.1:%d" % port, auth["cli_file"])
     cli.wait_ready(what="kube play cluster")
     log("kube play: %d documents (%s) running in %.1fs" % (
         len(forms), ", ".join(sorted({d["kind"] for d in forms})), time.time() - t0))
@@ -414,9 +456,7 @@ def local_reference(tmp, batch_dir, query):
     while any(_in_use(port + i) for i in range(1, SHARDS + 1)):
         port = free_port()
     args = [os.path.join(BIN, "tessera"), "cluster", "up", "--data", os.path.join(tmp, "local"),
-            "--shards", str(SHARDS), "--port", str(port)]
-    if helps([os.path.join(BIN, "tessera"), "cluster", "up"], "--batch-root-allow"):
-        args += ["--batch-root-allow", batch_dir]
+            "--shards", str(SHARDS), "--port", str(port), "--batch-root-allow", batch_dir]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         cli = Cli("127.0.0.1:%d" % port)
@@ -483,17 +523,14 @@ def main():
         if not os.access(os.path.join(BIN, b), os.X_OK):
             print("FAIL: %s/%s not built (make all)" % (BIN, b))
             sys.exit(1)
-    coord_help = ["podman", "run", "--rm", "--entrypoint", "tessera-coordinator", IMAGE]
-    auth = {"tokens": helps(coord_help, "--auth-tokens"),
-            "allow": helps(coord_help, "--batch-root-allow"),
-            "admin": "adm-" + os.urandom(12).hex(), "query": "qry-" + os.urandom(12).hex()}
-    log("image %s; coordinator flags: --auth-tokens %s, --batch-root-allow %s"
-        % (IMAGE, auth["tokens"], auth["allow"]))
+    log("image %s" % IMAGE)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` cleans up
     tmp = tempfile.mkdtemp(prefix=P)
     ok = False
     try:
         os.chmod(tmp, 0o755)  # the containers' user reads the mounted folders
+        auth = make_tokens(tmp)
+        auth["tmp"] = tmp
         batch = os.path.join(tmp, "sample", "batch")
         sh("/usr/bin/python3", os.path.join(ROOT, "tests", "data", "gen_sample.py"), batch,
            "--n", str(N), "--dims", str(DIMS))

@@ -15,7 +15,12 @@
   coordinator mounts the ConfigMap at the directory of its --config file;
 - the manifests agree with the image (deploy/docker/Dockerfile, `make image`): image
   tessera:<TSR_VERSION>, the command is a binary the image copies, runAsUser/runAsGroup are
-  the image's USER, every container port is EXPOSEd, --data is the image's VOLUME.
+  the image's USER, every container port is EXPOSEd, --data is the image's VOLUME;
+- authentication (docs/security.md) agrees between the pods: every shard has
+  --peer-token-file, the coordinator --auth-tokens, --peer-token-file and --batch-root-allow,
+  none has --insecure-no-auth; each token file is a key of a Secret volume mounted read-only
+  at the file's folder (the coordinator's peer token the same Secret key as the shards'),
+  the batch-root-allow folder a read-only mount; no Secret (no token value) is in the repo.
 """
 import json
 import os
@@ -128,6 +133,52 @@ def container_checks(kind, name, pod, docs_by_kind):
     return out
 
 
+def secret_key(name, c, vols, path):
+    """(secretName, key) of the Secret volume file PATH is in, checking that the volume is
+    mounted read-only at PATH's folder and projects that key as PATH's file name."""
+    folder, fname = os.path.split(path)
+    m = next((m for m in c.get("volumeMounts", []) if m["mountPath"] == folder), None)
+    check(m is not None, "%s/%s: %s is not in a mounted volume" % (name, c["name"], path))
+    if m is None:
+        return None
+    check(m.get("readOnly") is True, "%s/%s: %s is not mounted readOnly" % (name, c["name"], folder))
+    sec = vols.get(m["name"], {}).get("secret")
+    check(sec is not None, "%s/%s: %s is not on a Secret volume" % (name, c["name"], path))
+    if sec is None:
+        return None
+    items = sec.get("items")
+    key = next((i["key"] for i in items if i["path"] == fname), None) if items else fname
+    check(key is not None, "%s/%s: Secret volume %s does not project %s" % (name, c["name"], m["name"], fname))
+    return sec.get("secretName"), key
+
+
+def auth_checks(sc, dc, docs):
+    """The shards accept only the coordinator's peer token; the coordinator needs client
+    tokens and confines batch roots (docs/security.md)."""
+    check(not any(d["kind"] == "Secret" for d in docs),
+          "a Secret is in deploy/k8s: token values never go into the repository")
+    peers = set()
+    for c, _, args, _, vols in sc:
+        check("--insecure-no-auth" not in args, "shard/%s: --insecure-no-auth" % c["name"])
+        f = arg_after(args, "--peer-token-file")
+        check(f is not None, "shard/%s: no --peer-token-file (a shard on 0.0.0.0 refuses to start)" % c["name"])
+        if f:
+            peers.add(secret_key("tessera-shard", c, vols, f))
+    c, _, args, mounts, vols = dc[0]
+    check("--insecure-no-auth" not in args, "coordinator: --insecure-no-auth")
+    for flag in ("--auth-tokens", "--peer-token-file", "--batch-root-allow"):
+        check(arg_after(args, flag) is not None, "coordinator: no %s" % flag)
+    if arg_after(args, "--auth-tokens"):
+        secret_key("tessera-coordinator", c, vols, arg_after(args, "--auth-tokens"))
+    if arg_after(args, "--peer-token-file"):
+        mine = secret_key("tessera-coordinator", c, vols, arg_after(args, "--peer-token-file"))
+        check(peers == {mine}, "coordinator's peer token %s != the shards' %s" % (mine, sorted(peers, key=str)))
+    allow = arg_after(args, "--batch-root-allow")
+    m = next((m for m in c.get("volumeMounts", []) if m["mountPath"] == allow), None)
+    check(m is not None and m.get("readOnly") is True,
+          "coordinator: --batch-root-allow %s is not a read-only mounted volume" % allow)
+
+
 def main():
     docs = []
     for fn in sorted(os.listdir(K8S)):
@@ -208,6 +259,8 @@ def main():
         if "persistentVolumeClaim" in v:
             check(("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]) in by,
                   "claim %s not declared" % v["persistentVolumeClaim"]["claimName"])
+
+    auth_checks(sc, dc, docs)
 
     # config JSON
     check(cfile in cm["data"], "ConfigMap has no key %s" % cfile)
