@@ -201,23 +201,11 @@ int tsr_kmeans_assign(const float *x, size_t n, size_t d, const float *centroids
 
 /* ---- one dimension -------------------------------------------------------------------- */
 
-typedef struct {
-    float v;
-    uint32_t i;
-} vi;
-
-static int cmp_vi(const void *a, const void *b)
-{
-    const vi *x = a, *y = b;
-    if (x->v != y->v)
-        return x->v < y->v ? -1 : 1;
-    return x->i < y->i ? -1 : x->i > y->i;
-}
 
 /* Exact 1-D nearest-centroid assignment of sorted points: the nearest centroid is the
  * largest one <= x or the smallest one > x; among equal centroid values the smallest
  * centroid number wins (the order brute force would give). cs: k sorted centroids. */
-static void assign_1d_sorted(const vi *pts, size_t n, const vi *cs, const size_t *run_start,
+static void assign_1d_sorted(const tsr__vi *pts, size_t n, const tsr__vi *cs, const size_t *run_start,
                              size_t k, int64_t *assign, float *dist)
 {
     size_t p = 0; /* number of centroids <= current x */
@@ -341,7 +329,7 @@ int tsr_kmeans_train(const tsr_kmeans_params *p, const float *x, size_t n, size_
     int64_t *assign = NULL;
     double *sums = NULL;
     size_t *count = NULL, *idx = NULL, *run_start = NULL;
-    vi *pts = NULL, *cs = NULL;
+    tsr__vi *pts = NULL, *cs = NULL;
     tsr_kmeans_stats st = {0};
     if (k == 0 || d == 0)
         return tsr_err(err, TSR_EINVAL, "k-means: k=%zu d=%zu, expected both > 0", k, d);
@@ -405,16 +393,16 @@ int tsr_kmeans_train(const tsr_kmeans_params *p, const float *x, size_t n, size_
     }
     int one_d = d == 1 && p->metric == TSR_METRIC_L2 && ns <= UINT32_MAX && k <= UINT32_MAX;
     if (one_d) {
-        pts = tsr_try_malloc(ns, sizeof(vi));
-        cs = tsr_try_malloc(k, sizeof(vi));
+        pts = tsr_try_malloc(ns, sizeof(tsr__vi));
+        cs = tsr_try_malloc(k, sizeof(tsr__vi));
         run_start = tsr_try_malloc(k, sizeof(size_t));
         if (pts == NULL || cs == NULL || run_start == NULL) {
             rc = tsr_err(err, TSR_ENOMEM, "k-means: out of memory for %zu points", ns);
             goto cleanup;
         }
         for (size_t i = 0; i < ns; i++)
-            pts[i] = (vi){xs[i], (uint32_t)i};
-        qsort(pts, ns, sizeof(vi), cmp_vi);
+            pts[i] = (tsr__vi){xs[i], (uint32_t)i};
+        qsort(pts, ns, sizeof(tsr__vi), tsr__cmp_vi);
     }
     tsr_rng rng;
     tsr_rng_seed(&rng, p->seed ^ 0x5eed5b117ull);
@@ -422,8 +410,8 @@ int tsr_kmeans_train(const tsr_kmeans_params *p, const float *x, size_t n, size_
     for (int it = 0; it < p->niter; it++) {
         if (one_d) {
             for (size_t j = 0; j < k; j++)
-                cs[j] = (vi){centroids[j], (uint32_t)j};
-            qsort(cs, k, sizeof(vi), cmp_vi);
+                cs[j] = (tsr__vi){centroids[j], (uint32_t)j};
+            qsort(cs, k, sizeof(tsr__vi), tsr__cmp_vi);
             for (size_t j = 0; j < k; j++)
                 run_start[j] = j > 0 && cs[j].v == cs[j - 1].v ? run_start[j - 1] : j;
             assign_1d_sorted(pts, ns, cs, run_start, k, assign, dist);

@@ -28,4 +28,12 @@ size_t tsr__argmax_scalar(const float *v, size_t n);
 size_t tsr__argmin_l2_avx512(const float *ip, const float *cn, size_t n);
 size_t tsr__argmax_avx512(const float *v, size_t n);
 
+/* A value and its index, sorted by value then index (the one-dimensional k-means and the
+ * 1-D PQ encoder sort centroids and points this way); tsr__cmp_vi is qsort's comparator. */
+typedef struct {
+    float v;
+    uint32_t i;
+} tsr__vi;
+int tsr__cmp_vi(const void *a, const void *b);
+
 #endif

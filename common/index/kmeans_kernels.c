@@ -54,3 +54,11 @@ size_t tsr__argmax(const float *v, size_t n)
 {
     return simd_ok() ? tsr__argmax_avx512(v, n) : tsr__argmax_scalar(v, n);
 }
+
+int tsr__cmp_vi(const void *a, const void *b)
+{
+    const tsr__vi *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v < y->v ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}

@@ -16,18 +16,6 @@
 
 enum { ENC_BLOCK = 1024 };
 
-typedef struct {
-    float v;
-    uint32_t i;
-} vi;
-
-static int cmp_vi(const void *a, const void *b)
-{
-    const vi *x = a, *y = b;
-    if (x->v != y->v)
-        return x->v < y->v ? -1 : 1;
-    return x->i < y->i ? -1 : x->i > y->i;
-}
 
 typedef struct {
     const tsr_pq *pq;
@@ -35,7 +23,7 @@ typedef struct {
     uint8_t *codes;
     /* dsub = 1: per sub-space sorted sub-centroids and, per sorted position, the first
      * position holding the same value (so equal values resolve to the smallest number) */
-    vi *sorted;         /* M * ksub */
+    tsr__vi *sorted;         /* M * ksub */
     float *sorted_v;    /* M * ksub: the values of `sorted` alone, for the SIMD count */
     int simd;           /* count with AVX-512 (ksub a multiple of 16, at most 1024) */
     uint32_t *run;      /* M * ksub */
@@ -46,7 +34,7 @@ typedef struct {
 size_t tsr__count_le_avx512(const float *v, size_t k, float x);
 
 /* Number of sorted centroids <= x (binary search). */
-static inline size_t count_le(const vi *cs, size_t k, float x)
+static inline size_t count_le(const tsr__vi *cs, size_t k, float x)
 {
     size_t lo = 0, len = k;
     while (len > 0) {
@@ -63,7 +51,7 @@ static inline size_t count_le(const vi *cs, size_t k, float x)
 
 /* Nearest of the sorted 1-D centroids cs[0..k) to x given p = count of centroids <= x;
  * ties to the smaller number. */
-static inline uint32_t nearest_1d(const vi *cs, const uint32_t *run, size_t k, float x, size_t p)
+static inline uint32_t nearest_1d(const tsr__vi *cs, const uint32_t *run, size_t k, float x, size_t p)
 {
     if (p == 0)
         return cs[0].i;
@@ -85,7 +73,7 @@ static void encode_range(void *arg, size_t begin, size_t end, int tid)
             const float *xr = c->x + i * d;
             uint8_t *code = c->codes + i * cs;
             for (size_t m = 0; m < M; m++) {
-                const vi *so = c->sorted + m * ksub;
+                const tsr__vi *so = c->sorted + m * ksub;
                 float v = xr[m];
                 /* NaN compares false everywhere: p = 0 either way */
                 size_t p = c->simd ? tsr__count_le_avx512(c->sorted_v + m * ksub, ksub, v)
@@ -132,7 +120,7 @@ int tsr_pq_encode(const tsr_pq *pq, const float *x, size_t n, uint8_t *codes, in
     c->x = x;
     c->codes = codes;
     if (dsub == 1) {
-        c->sorted = tsr_try_malloc(M * ksub, sizeof(vi));
+        c->sorted = tsr_try_malloc(M * ksub, sizeof(tsr__vi));
         c->run = tsr_try_malloc(M * ksub, sizeof(uint32_t));
         c->sorted_v = tsr_try_malloc(M * ksub, sizeof(float));
         if (c->sorted == NULL || c->run == NULL || c->sorted_v == NULL) {
@@ -140,11 +128,11 @@ int tsr_pq_encode(const tsr_pq *pq, const float *x, size_t n, uint8_t *codes, in
             goto cleanup;
         }
         for (size_t m = 0; m < M; m++) {
-            vi *s = c->sorted + m * ksub;
+            tsr__vi *s = c->sorted + m * ksub;
             uint32_t *r = c->run + m * ksub;
             for (size_t j = 0; j < ksub; j++)
-                s[j] = (vi){pq->centroids[m * ksub + j], (uint32_t)j};
-            qsort(s, ksub, sizeof(vi), cmp_vi);
+                s[j] = (tsr__vi){pq->centroids[m * ksub + j], (uint32_t)j};
+            qsort(s, ksub, sizeof(tsr__vi), tsr__cmp_vi);
             for (size_t j = 0; j < ksub; j++) {
                 r[j] = j > 0 && s[j].v == s[j - 1].v ? r[j - 1] : (uint32_t)j;
                 c->sorted_v[m * ksub + j] = s[j].v;
