@@ -10,3 +10,9 @@ $(BENCH_QUERY_BIN): $(BUILD)/obj/bench/bench_query.o $(LIB)
 .PHONY: bench-query
 bench-query: $(BENCH_QUERY_BIN)
 	@$(BENCH_QUERY_BIN)
+
+# What the default exact re-rank costs (bench/bench_rerank.py: a 4-shard cluster on
+# loopback, FindNeighbors with approximate_neighbor_count 0 vs the default, one run).
+.PHONY: bench-rerank
+bench-rerank: all
+	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_rerank.py
