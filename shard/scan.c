@@ -9,7 +9,9 @@
  * table T, the list's per-code terms (L2 by_residual, kept in tsr__list) and the base from
  * the coordinator's coarse distance. This is Faiss's IndexIVFPQ::search_preassigned up to
  * float rounding in the last bits (SPEC §1; the Faiss interop bar is met), for the lists
- * and coarse distances the coordinator sends.
+ * and coarse distances the coordinator sends. From 2 probes on it runs with the quantized
+ * prefilter (the list's transposed blocks, tsr__list.fl), which only skips codes that
+ * could not enter a collector: the answers are bit-identical with it or without.
  *
  * Collectors (common/query/topk, total order: score, then the smaller label, so a distributed
  * answer is the single-node answer even with ties): without crowding a bounded heap of k;
@@ -205,9 +207,13 @@ static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *
             continue;
         k.l = l;
         k.row0 = v->row0[li];
-        thr = tsr_ivfpq_scanner_scan(sc, l->codes, l->n, l->term,
-                                     tsr_ivfpq_scanner_base(sc, q->coarse[p]), thr, sink_fn,
-                                     &k);
+        /* With the prefilter from 2 probes on, as `tessera index search`: sink_fn's
+         * threshold (the looser collector's worst kept score) never increases, so the
+         * sink sees the same codes with the same scores as without it. */
+        thr = tsr_ivfpq_scanner_scan_filtered(sc, l->codes, l->n, l->term,
+                                              q->nprobe >= 2 ? l->fl : NULL,
+                                              tsr_ivfpq_scanner_base(sc, q->coarse[p]), thr,
+                                              sink_fn, &k);
         res->codes_scanned += (int64_t)l->n;
     }
     res->passed += k.passed;

@@ -32,6 +32,7 @@
 #include "core/error.h"
 #include "query/filter.h"
 #include "index/ivfpq.h"
+#include "index/ivfpq_search.h"
 #include "store/store.h"
 
 #include "tessera/v1/shard.pb-c.h"
@@ -52,6 +53,9 @@ typedef struct tsr__list {
     uint8_t *codes;  /* owned: n * code_size */
     int64_t *ids;    /* owned: n labels */
     float *term;     /* owned: n ADC terms (L2 by_residual), else NULL */
+    tsr_ivfpq_flist *fl; /* owned: the codes and terms again, transposed for the quantized
+                            prefilter (built with the list, immutable); NULL where no
+                            prefilter kernel runs (tsr_ivfpq_flist_build) */
 } tsr__list;
 
 typedef struct tsr__rec {

@@ -87,19 +87,27 @@ void tsr__list_unref(tsr__list *l)
     free(l->codes);
     free(l->ids);
     free(l->term);
+    tsr_ivfpq_flist_free(l->fl);
     free(l);
 }
 
-/* The per-code ADC terms of a list just filled (see tsr__list). */
+/* The per-code ADC terms and the prefilter blocks of a list just filled (see tsr__list):
+ * built once, when the list version is made (a version load or a delta), and shared by
+ * every version that keeps the list. */
 static int list_terms(const tsr__tmpl *t, size_t list, tsr__list *l, tsr_error *err)
 {
-    if (!tsr_ivfpq_has_terms(t->ix) || l->n == 0)
+    if (l->n == 0)
         return 0;
-    l->term = tsr_try_malloc(l->n, sizeof(float));
-    if (l->term == NULL)
-        return tsr_err(err, TSR_ENOMEM, "out of memory for the terms of list %zu (%zu codes)",
-                       list, l->n);
-    return tsr_ivfpq_list_terms(t->ix, list, l->codes, l->n, l->term, err);
+    if (tsr_ivfpq_has_terms(t->ix)) {
+        l->term = tsr_try_malloc(l->n, sizeof(float));
+        if (l->term == NULL)
+            return tsr_err(err, TSR_ENOMEM, "out of memory for the terms of list %zu (%zu "
+                           "codes)", list, l->n);
+        int rc = tsr_ivfpq_list_terms(t->ix, list, l->codes, l->n, l->term, err);
+        if (rc != 0)
+            return rc;
+    }
+    return tsr_ivfpq_flist_build(t->ix, l->codes, l->n, l->term, &l->fl, err);
 }
 
 tsr__rec *tsr__rec_ref(tsr__rec *r)
@@ -168,7 +176,8 @@ uint64_t tsr__version_memory(const tsr__version *v)
     for (size_t i = 0; i < v->nlist; i++)
         if (v->lists[i])
             b += v->lists[i]->n * (cs + sizeof(int64_t) +
-                                   (v->lists[i]->term ? sizeof(float) : 0));
+                                   (v->lists[i]->term ? sizeof(float) : 0)) +
+                 tsr_ivfpq_flist_bytes(v->lists[i]->fl);
     for (size_t i = 0; i < v->nrecs; i++) {
         const tsr_datapoint *dp = &v->recs[i]->dp;
         b += sizeof(tsr__rec) + strlen(dp->id) + dp->ndense * sizeof(float) +

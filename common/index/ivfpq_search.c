@@ -316,9 +316,30 @@ static void *alloc_huge(size_t bytes)
 
 /* Bytes of one prefilter block: M rows of TSR__FBLOCK code bytes, then the block's
  * terms when the variant has them (a multiple of 64: blocks stay 64-aligned). */
+static size_t fblock_size(size_t M, int has_term)
+{
+    return M * TSR__FBLOCK + (has_term ? TSR__FBLOCK * sizeof(float) : 0);
+}
+
 static size_t fblock_bytes(const search_cache *c, size_t M)
 {
-    return M * TSR__FBLOCK + (c->term ? TSR__FBLOCK * sizeof(float) : 0);
+    return fblock_size(M, c->term != NULL);
+}
+
+/* Transposes n codes (and their terms, when term is non-NULL) into dst, blocks of bsz
+ * bytes (fblock_size), zeroed by the caller. */
+static void transpose_list(const uint8_t *codes, const float *term, size_t n, size_t M,
+                           size_t bsz, uint8_t *dst)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *bp = dst + i / TSR__FBLOCK * bsz;
+        const uint8_t *code = codes + i * M;
+        for (size_t m = 0; m < M; m++)
+            bp[m * TSR__FBLOCK + i % TSR__FBLOCK] = code[m];
+        if (term != NULL)
+            memcpy(bp + M * TSR__FBLOCK + i % TSR__FBLOCK * sizeof(float), term + i,
+                   sizeof(float));
+    }
 }
 
 static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
@@ -384,19 +405,9 @@ static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
         if (c->tcodes == NULL)
             goto oom;
         memset(c->tcodes, 0, bytes);
-        for (size_t l = 0; l < ix->nlist; l++) {
-            const tsr_invlist *L = &ix->lists[l];
-            uint8_t *dst = c->tcodes + c->toffsets[l];
-            for (size_t i = 0; i < L->size; i++) {
-                uint8_t *bp = dst + i / TSR__FBLOCK * bsz;
-                const uint8_t *code = L->codes + i * pq->M;
-                for (size_t m = 0; m < pq->M; m++)
-                    bp[m * TSR__FBLOCK + i % TSR__FBLOCK] = code[m];
-                if (c->term != NULL)
-                    memcpy(bp + pq->M * TSR__FBLOCK + i % TSR__FBLOCK * sizeof(float),
-                           c->term + c->offsets[l] + i, sizeof(float));
-            }
-        }
+        for (size_t l = 0; l < ix->nlist; l++)
+            transpose_list(ix->lists[l].codes, c->term ? c->term + c->offsets[l] : NULL,
+                           ix->lists[l].size, pq->M, bsz, c->tcodes + c->toffsets[l]);
     }
     free(P);
     return c;
@@ -954,6 +965,19 @@ static int wide_table_ok(enum tsr_simd asked)
     return !plain_forced(asked) && tsr_ivfpq_search_simd_supported(TSR_SIMD_AVX512);
 }
 
+/* The prefilter kernel, NULL = none: it runs with the automatic kernel choice or forced
+ * AVX-512 (a forced scalar or AVX2 path stays that plain path), or forced by
+ * TSR_SEARCH_FILTER=scalar. */
+static tsr__filter8_fn filter_kernel(enum tsr_simd asked)
+{
+    int fe = filter_env();
+    if (fe == 1)
+        return tsr__filter8_scalar;
+    if (fe == 2 && !plain_forced(asked))
+        return tsr__filter8_avx512;
+    return NULL;
+}
+
 int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
                                  size_t nprobe, const int64_t *lists,
                                  const float *coarse_dis, const tsr_ivfpq_search_opts *opts,
@@ -989,13 +1013,8 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
         simd = tsr_ivfpq_search_simd_auto();
     jb.scan8 = scan8_for(simd);
     jb.wide_table = wide_table_ok(opts ? opts->simd : TSR_SIMD_AUTO);
-    /* The prefilter runs with the automatic kernel choice or forced AVX-512 (a forced
-     * scalar or AVX2 path stays that plain path), or forced by TSR_SEARCH_FILTER=scalar. */
-    int fe = filter_env();
-    if (cache->tcodes != NULL && fe == 1)
-        jb.filter = tsr__filter8_scalar;
-    else if (cache->tcodes != NULL && fe == 2 && !plain_forced(opts ? opts->simd : 0))
-        jb.filter = tsr__filter8_avx512;
+    if (cache->tcodes != NULL)
+        jb.filter = filter_kernel(opts ? opts->simd : TSR_SIMD_AUTO);
     jb.refine = ix->is_refine && !(opts && opts->no_refine);
     jb.k1 = k;
     if (jb.refine) {
@@ -1104,6 +1123,10 @@ struct tsr_ivfpq_scanner {
     int wide_table;
     float *T;   /* M * ksub */
     float *dis; /* BLOCK */
+    tsr__filter8_fn filter; /* the prefilter kernel, NULL = none (filter_kernel) */
+    uint8_t *Tq;            /* M * 256 when filter */
+    int tq_state;           /* T quantized for this query: 0 not yet, 1 yes, -1 cannot */
+    float qmin, delta, tabs;
 };
 
 tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd simd,
@@ -1128,6 +1151,9 @@ tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd s
     s->dis = tsr_try_aligned(BLOCK, sizeof(float));
     if (s->T == NULL || s->dis == NULL)
         goto oom;
+    if (ix->pq.nbits == 8 && ix->pq.M <= 256 && (s->filter = filter_kernel(simd0)) != NULL &&
+        (s->Tq = tsr_try_aligned(ix->pq.M * 256, 1)) == NULL)
+        goto oom;
     return s;
 oom:
     tsr_ivfpq_scanner_destroy(s);
@@ -1142,12 +1168,14 @@ void tsr_ivfpq_scanner_destroy(tsr_ivfpq_scanner *s)
         return;
     free(s->T);
     free(s->dis);
+    free(s->Tq);
     free(s);
 }
 
 void tsr_ivfpq_scanner_set_query(tsr_ivfpq_scanner *s, const float *x)
 {
     build_table(s->ix, s->cache->ct, x, s->T, s->wide_table);
+    s->tq_state = 0;
 }
 
 float tsr_ivfpq_scanner_base(const tsr_ivfpq_scanner *s, float coarse_dis)
@@ -1163,4 +1191,79 @@ float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t 
 {
     return scan_list(&s->ix->pq, s->scan8, s->T, s->dis, codes, n, term, base, NULL, thr,
                      sink, ctx);
+}
+
+/* ---- the prefilter of a list held by the caller ------------------------------------- */
+
+struct tsr_ivfpq_flist {
+    size_t n, bsz, bytes;
+    int has_term;
+    float tmax;      /* max |term| of the list (rounding margin; inf if any NaN) */
+    uint8_t *blocks; /* transposed by blocks of TSR__FBLOCK, 64-aligned, zero-padded */
+};
+
+int tsr_ivfpq_flist_build(const tsr_ivfpq *ix, const uint8_t *codes, size_t n,
+                          const float *term, tsr_ivfpq_flist **out, tsr_error *err)
+{
+    const tsr_pq *pq = &ix->pq;
+    *out = NULL;
+    if (n == 0 || pq->nbits != 8 || pq->M > 256 || filter_kernel(TSR_SIMD_AUTO) == NULL)
+        return 0;
+    tsr_ivfpq_flist *f = calloc(1, sizeof *f);
+    size_t nb = (n + TSR__FBLOCK - 1) / TSR__FBLOCK;
+    if (f == NULL)
+        goto oom;
+    f->n = n;
+    f->has_term = term != NULL;
+    f->bsz = fblock_size(pq->M, f->has_term);
+    if (tsr_mul_ok(nb, f->bsz, &f->bytes) != 0 ||
+        (f->blocks = tsr_try_aligned(f->bytes, 1)) == NULL)
+        goto oom;
+    memset(f->blocks, 0, f->bytes);
+    transpose_list(codes, term, n, pq->M, f->bsz, f->blocks);
+    for (size_t i = 0; term != NULL && i < n; i++) {
+        float a = fabsf(term[i]);
+        if (!(a <= f->tmax))
+            f->tmax = a == a ? a : INFINITY;
+    }
+    *out = f;
+    return 0;
+oom:
+    tsr_ivfpq_flist_free(f);
+    return tsr_err(err, TSR_ENOMEM, "prefilter: out of memory for a list of %zu codes", n);
+}
+
+void tsr_ivfpq_flist_free(tsr_ivfpq_flist *f)
+{
+    if (f == NULL)
+        return;
+    free(f->blocks);
+    free(f);
+}
+
+size_t tsr_ivfpq_flist_bytes(const tsr_ivfpq_flist *f)
+{
+    return f ? f->bytes + sizeof *f : 0;
+}
+
+float tsr_ivfpq_scanner_scan_filtered(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t n,
+                                      const float *term, const tsr_ivfpq_flist *fl,
+                                      float base, float thr, tsr_ivfpq_sink_fn sink,
+                                      void *ctx)
+{
+    const tsr_pq *pq = &s->ix->pq;
+    if (fl != NULL && s->filter != NULL && fl->n == n && fl->has_term == (term != NULL)) {
+        if (s->tq_state == 0) /* quantized once per query, on the first filtered list */
+            s->tq_state =
+                tsr__quantize_table(s->T, pq->M, s->Tq, &s->qmin, &s->delta, &s->tabs) ? 1
+                                                                                        : -1;
+        /* The rounding margin as in search_one, with the list's own max |term|. */
+        float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
+        if (s->tq_state == 1 && margin < INFINITY) {
+            filt f = {s->filter, s->Tq, fl->blocks, fl->bsz, s->qmin, s->delta, margin, NULL};
+            return scan_list(pq, s->scan8, s->T, s->dis, codes, n, term, base, &f, thr, sink,
+                             ctx);
+        }
+    }
+    return scan_list(pq, s->scan8, s->T, s->dis, codes, n, term, base, NULL, thr, sink, ctx);
 }

@@ -118,6 +118,37 @@ float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t 
                              const float *term, float base, float thr,
                              tsr_ivfpq_sink_fn sink, void *ctx);
 
+/* ---- the quantized prefilter for a list held by the caller ---------------------------
+ * What `tessera index search` scans with from nprobe 2 on (docs/performance.md, Search):
+ * the list's codes transposed by blocks of 64 (and their terms), a per-query table
+ * quantized to bytes, and a lower bound of 64 scores at a time; only codes whose bound is
+ * within a rounding margin of the threshold get the exact score. A code it skips has a
+ * score above the threshold at that point, so, as long as the sink's threshold never
+ * increases (a collector's worst kept score), the sink sees the same (i, score) calls in
+ * the same order, with the same bits, as tsr_ivfpq_scanner_scan. */
+
+typedef struct tsr_ivfpq_flist tsr_ivfpq_flist;
+
+/* Builds the prefilter data of one list of n codes (n * code_size bytes) and their terms
+ * (NULL when tsr_ivfpq_has_terms is 0), all copied: M * 64 + 256 bytes per block of 64
+ * codes. *out is set to NULL (and 0 returned) when no prefilter kernel runs for ix in this
+ * process (8-bit codes, M <= 256, AVX-512 VBMI or TSR_SEARCH_FILTER=scalar; not with
+ * TSR_SEARCH_FILTER=0 or TSR_SIMD=scalar|avx2) or n == 0. Returns 0 or TSR_ENOMEM. */
+int tsr_ivfpq_flist_build(const tsr_ivfpq *ix, const uint8_t *codes, size_t n,
+                          const float *term, tsr_ivfpq_flist **out, tsr_error *err);
+void tsr_ivfpq_flist_free(tsr_ivfpq_flist *f); /* accepts NULL */
+size_t tsr_ivfpq_flist_bytes(const tsr_ivfpq_flist *f); /* heap bytes; 0 for NULL */
+
+/* As tsr_ivfpq_scanner_scan, with the prefilter when fl (built from exactly these codes
+ * and terms) is non-NULL and the scanner has a filter kernel; otherwise the plain scan.
+ * The sink contract is the same; its threshold must not increase. The quantized table is
+ * made on the first filtered list of a query (~1 us), so pass fl = NULL when one list is
+ * probed. */
+float tsr_ivfpq_scanner_scan_filtered(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t n,
+                                      const float *term, const tsr_ivfpq_flist *fl,
+                                      float base, float thr, tsr_ivfpq_sink_fn sink,
+                                      void *ctx);
+
 /* 1 when scores need a per-vector term (L2 with by_residual), else 0. */
 int tsr_ivfpq_has_terms(const tsr_ivfpq *ix);
 
