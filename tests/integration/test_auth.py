@@ -5,7 +5,8 @@ coordinator has --auth-tokens (one query and one admin token). Then:
 - the matrix {no token, unknown token, query token, admin token} x every RPC of every public
   service (tessera.v1.VectorSearch: FindNeighbors, ReadIndexDatapoints, UpdateIndex,
   GetOperation, GetIndexStats; Vertex container.v1 MatchService: Match, BatchMatch,
-  BatchGetEmbeddings; grpc.health.v1.Health/Check) gives: health OK for all; no or unknown
+  BatchGetEmbeddings; Vertex aiplatform.v1 MatchService: FindNeighbors,
+  ReadIndexDatapoints; grpc.health.v1.Health/Check) gives: health OK for all; no or unknown
   token UNAUTHENTICATED; query token OK on the read side and PERMISSION_DENIED on
   UpdateIndex; admin OK everywhere. With python grpcio and node grpc-js, each with plain
   metadata on loopback and, after a restart with --tls-cert, with call credentials over TLS;
@@ -46,6 +47,7 @@ UNKNOWN_TOKEN = "u-" + os.urandom(16).hex()
 PEER_TOKEN = "p-" + os.urandom(16).hex()
 VS = "tessera.v1.VectorSearch"
 MS = "google.cloud.aiplatform.container.v1.MatchService"
+V1 = "google.cloud.aiplatform.v1.MatchService"
 HS = "grpc.health.v1.Health"
 
 
@@ -60,6 +62,7 @@ def calls(op_id, batch):
     tp = ch.stubs()[0]
     mp = vh.vstubs()[0]
     hp = sh.stubs()[3]
+    v1 = vh.v1stubs()
     v = [0.5] * D
     return [
         (VS, "FindNeighbors", {"queries": [{"datapoint": {"feature_vector": v},
@@ -78,6 +81,12 @@ def calls(op_id, batch):
          mp.BatchMatchRequest, mp.BatchMatchResponse, "query"),
         (MS, "BatchGetEmbeddings", {"id": ["d0001"]}, mp.BatchGetEmbeddingsRequest,
          mp.BatchGetEmbeddingsResponse, "query"),
+        (V1, "FindNeighbors", {"queries": [{"datapoint": {"datapoint_id": "q",
+                                                          "feature_vector": v},
+                                            "neighbor_count": 3}]},
+         v1.FindNeighborsRequest, v1.FindNeighborsResponse, "query"),
+        (V1, "ReadIndexDatapoints", {"ids": ["d0001"]}, v1.ReadIndexDatapointsRequest,
+         v1.ReadIndexDatapointsResponse, "query"),
         (HS, "Check", {}, hp.HealthCheckRequest, hp.HealthCheckResponse, "open"),
     ]
 

@@ -40,6 +40,35 @@ def vstubs():
     return match_service_pb2, match_service_pb2_grpc
 
 
+_v1_dir = None
+
+
+def v1stubs():
+    """match_service_pb2 of the public google.cloud.aiplatform.v1 MatchService, from the
+    project's copy (proto/google/cloud/aiplatform/v1). Compiled under the module path tsrv1/
+    (the import line rewritten), so that no generated google/ folder shadows the protobuf
+    package's; the proto package, and so the wire names, stay google.cloud.aiplatform.v1."""
+    global _v1_dir
+    if _v1_dir is None:
+        import grpc_tools
+        wkt = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+        src = os.path.join(HERE, "..", "..", "proto", "google", "cloud", "aiplatform", "v1")
+        _v1_dir = sh.tmpdir("tsr-v1stubs-")
+        os.makedirs(os.path.join(_v1_dir, "tsrv1"))
+        for name in ("match_service.proto", "index.proto"):
+            with open(os.path.join(src, name)) as f:
+                text = f.read().replace('import "google/cloud/aiplatform/v1/',
+                                        'import "tsrv1/')
+            with open(os.path.join(_v1_dir, "tsrv1", name), "w") as f:
+                f.write(text)
+        subprocess.check_call([sys.executable, "-m", "grpc_tools.protoc", "-I", _v1_dir,
+                               "-I", wkt, "--python_out=" + _v1_dir,
+                               "tsrv1/match_service.proto", "tsrv1/index.proto"])
+        sys.path.insert(0, _v1_dir)
+    from tsrv1 import match_service_pb2
+    return match_service_pb2
+
+
 def crowding_attribute(tag):
     """docs/vertex-compat.md: "" -> 0; a canonical decimal int64 -> itself; else FNV-1a 64
     of the UTF-8 bytes with the top bit cleared."""

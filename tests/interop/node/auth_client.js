@@ -19,6 +19,7 @@ const opts = { keepCase: true, longs: String, enums: String, defaults: true, one
                includeDirs: [path.join(repo, 'tests', 'integration', 'vertex_client_proto'),
                              path.join(repo, 'proto')] };
 const def = protoLoader.loadSync(['tessera/v1/tessera.proto', 'match_service.proto',
+                                  'google/cloud/aiplatform/v1/match_service.proto',
                                   'grpc/health/v1/health.proto'], opts);
 const plan = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));
 
