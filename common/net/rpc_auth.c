@@ -101,9 +101,10 @@ static int parse_line(tsr_rpc_tokens *t, const char *path, int lno, char *s, tsr
         if (strcmp(s, t->roles[i]) == 0)
             level = i + 1;
     if (!level)
-        return tsr_err(err, TSR_EINVAL, "%s:%d: unknown role \"%.32s\" (roles: %s%s%s)", path,
-                       lno, s, t->roles[0], t->nroles > 1 ? ", " : "",
-                       t->nroles > 1 ? t->roles[1] : "");
+        /* the word is not quoted: on a line written "<token> <role>" it is the token */
+        return tsr_err(err, TSR_EINVAL, "%s:%d: the first word is not a role (roles: %s%s%s; "
+                       "lines are \"<role> <token>\")", path, lno, t->roles[0],
+                       t->nroles > 1 ? ", " : "", t->nroles > 1 ? t->roles[1] : "");
     size_t n = strcspn(sp, " \t");
     if (sp[n + strspn(sp + n, " \t")] != '\0')
         return tsr_err(err, TSR_EINVAL, "%s:%d: more than one token on the line", path, lno);
