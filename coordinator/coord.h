@@ -13,7 +13,9 @@
  *   vertex.c     the Vertex MatchService front end on the query path
  *                (google.cloud.aiplatform.container.v1, private endpoints)
  *   vertex_v1.c  google.cloud.aiplatform.v1.MatchService (the official clients' API) on
- *                the query path; IndexService's methods answer UNIMPLEMENTED
+ *                the query path; IndexService's other methods answer UNIMPLEMENTED
+ *   vertex_v1_index.c  google.cloud.aiplatform.v1.IndexService GetIndex, UpdateIndex and
+ *                google.longrunning.Operations/GetOperation on the update path
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
  *                all-replica fan-outs; the coordinator's /metrics collector
@@ -23,7 +25,7 @@
  * fails on a loop): config, oplog, state call no other file of the folder; replica ->
  * state; reconcile -> replica, state; query -> config, replica, state; update_plan ->
  * config, state; update -> oplog, reconcile, replica, state, update_plan; vertex -> query;
- * vertex_v1 -> vertex, query;
+ * vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state;
  * main -> all of them, and nothing calls main.c. Everything but main.c is
  * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
@@ -289,6 +291,15 @@ typedef struct tsr__coord {
 tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unrefs */
 void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference */
 
+/* update.c: starts the update of batch_root (confined by --batch-root-allow) on its
+ * thread, as tessera.v1 UpdateIndex does. Returns 0 with the new operation's id copied into
+ * id (cap bytes), or a negative code with the error set on r (INVALID_ARGUMENT,
+ * PERMISSION_DENIED, FAILED_PRECONDITION while another update runs). */
+int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
+                            int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r);
+/* The kept operation with that id, or NULL (id may be NULL). Caller holds op_mu. */
+tsr__op *tsr__coord_op_find(tsr__coord *c, const char *id);
+
 /* Handlers (rpc.h signature) */
 int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
@@ -345,6 +356,16 @@ int tsr__vertex_v1_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len,
                                       tsr_rpc_reply *r);
 int tsr__vertex_v1_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,
+                                     tsr_rpc_reply *r);
+
+/* vertex_v1_index.c: IndexService GetIndex (role query), UpdateIndex (admin) and
+ * google.longrunning.Operations/GetOperation (query); no TSR_RPC_LONG needed (they take
+ * op_mu briefly and a snapshot reference). */
+#define TSR_LRO_SVC "/google.longrunning.Operations/"
+int tsr__vertex_v1_rpc_get_index(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_update_index(void *ctx, const uint8_t *req, size_t len,
+                                    tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
                                      tsr_rpc_reply *r);
 
 /* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed). */

@@ -246,13 +246,14 @@ static int resolve_allowed(const tsr_cmdline_list *l, char ***out)
 }
 
 /* Registers google.cloud.aiplatform.v1: MatchService's FindNeighbors and
- * ReadIndexDatapoints (role query), and IndexService's methods, which answer UNIMPLEMENTED
- * naming what Tessera serves instead (role admin, the default). Returns 0 or a TSR code. */
+ * ReadIndexDatapoints (role query); IndexService's GetIndex (query) and UpdateIndex (admin)
+ * with google.longrunning.Operations/GetOperation (query); IndexService's other methods,
+ * which answer UNIMPLEMENTED naming what Tessera serves instead (role admin, the default).
+ * Returns 0 or a TSR code. */
 static int add_vertex_v1_methods(tsr_rpc_server *srv, tsr__coord *c)
 {
     static const char *const index_methods[] = {
-        TSR_VERTEX_V1_INDEX_SVC "CreateIndex", TSR_VERTEX_V1_INDEX_SVC "GetIndex",
-        TSR_VERTEX_V1_INDEX_SVC "ListIndexes", TSR_VERTEX_V1_INDEX_SVC "UpdateIndex",
+        TSR_VERTEX_V1_INDEX_SVC "CreateIndex", TSR_VERTEX_V1_INDEX_SVC "ListIndexes",
         TSR_VERTEX_V1_INDEX_SVC "DeleteIndex", TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
         TSR_VERTEX_V1_INDEX_SVC "RemoveDatapoints"};
     if (tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
@@ -260,7 +261,15 @@ static int add_vertex_v1_methods(tsr_rpc_server *srv, tsr__coord *c)
         tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints",
                                   tsr__vertex_v1_rpc_read, c, TSR_RPC_LONG) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "FindNeighbors", ROLE_QUERY) ||
-        tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints", ROLE_QUERY))
+        tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints", ROLE_QUERY) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "GetIndex",
+                                  tsr__vertex_v1_rpc_get_index, c, 0) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "UpdateIndex",
+                                  tsr__vertex_v1_rpc_update_index, c, 0) ||
+        tsr_rpc_server_add_method(srv, TSR_LRO_SVC "GetOperation",
+                                  tsr__vertex_v1_rpc_get_operation, c, 0) ||
+        tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_INDEX_SVC "GetIndex", ROLE_QUERY) ||
+        tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY))
         return TSR_EINTERNAL;
     for (size_t i = 0; i < sizeof index_methods / sizeof index_methods[0]; i++)
         if (tsr_rpc_server_add_method(srv, index_methods[i], tsr__vertex_v1_rpc_unimplemented,

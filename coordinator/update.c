@@ -804,34 +804,25 @@ static int confine_root(tsr__coord *c, const char *batch_root, char **root, cons
     return 0;
 }
 
-int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
+                            int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r)
 {
-    tsr__coord *c = ctx;
-    Tessera__V1__UpdateIndexRequest *rq = tessera__v1__update_index_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "UpdateIndexRequest: malformed "
-                                   "protobuf");
-    int rc = 0;
-    if (!rq->batch_root || !rq->batch_root[0]) {
-        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "batch_root is empty");
-        goto out;
-    }
-    if (rq->max_invalid_records < 0) {
-        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "max_invalid_records = %d is "
-                                 "negative", rq->max_invalid_records);
-        goto out;
-    }
+    if (!batch_root || !batch_root[0])
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "batch_root is empty");
+    if (max_invalid < 0)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "max_invalid_records = %d is "
+                                   "negative", max_invalid);
     char *root = NULL;
     const char *within = NULL;
-    if ((rc = confine_root(c, rq->batch_root, &root, &within, r)) != 0)
-        goto out;
+    int rc = confine_root(c, batch_root, &root, &within, r);
+    if (rc)
+        return rc;
     pthread_mutex_lock(&c->op_mu);
     if (c->busy || c->closing) {
         pthread_mutex_unlock(&c->op_mu);
         free(root);
-        rc = tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, c->closing ? "shutting down"
-                                 : "update in progress");
-        goto out;
+        return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, c->closing ? "shutting down"
+                                   : "update in progress");
     }
     if (c->upd_thread_live) {
         pthread_join(c->upd_thread, NULL); /* finished: busy is 0 */
@@ -841,9 +832,9 @@ int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
     snprintf(op->id, sizeof op->id, "op-%llu-%lld", (unsigned long long)++c->op_seq,
              (long long)(tsr_clock_wall_ms() % 1000000));
     op->state = TESSERA__V1__OPERATION__STATE__PENDING;
-    op->batch_root = tsr_xstrdup(rq->batch_root);
-    op->overwrite = rq->is_complete_overwrite;
-    op->max_invalid = rq->max_invalid_records;
+    op->batch_root = tsr_xstrdup(batch_root);
+    op->overwrite = overwrite;
+    op->max_invalid = max_invalid;
     op->start_ms = tsr_clock_wall_ms();
     op->shards_total = (int)c->cfg.nshards;
     if (c->nops == TSR__OP_MAX_KEPT) { /* forget the oldest finished one */
@@ -872,15 +863,38 @@ int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
     } else {
         c->upd_thread_live = 1;
     }
-    Tessera__V1__UpdateIndexResponse resp = TESSERA__V1__UPDATE_INDEX_RESPONSE__INIT;
-    resp.operation_id = op->id;
+    snprintf(id, cap, "%s", op->id);
     tsr_info("update %s: batch_root %s%s, max_invalid_records %d", op->id, op->batch_root,
-             op->overwrite ? " (complete overwrite)" : "", rq->max_invalid_records);
-    rc = tsr_rpc_reply_pack(r, &resp.base);
+             op->overwrite ? " (complete overwrite)" : "", max_invalid);
     pthread_mutex_unlock(&c->op_mu);
-out:
+    return 0;
+}
+
+int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    Tessera__V1__UpdateIndexRequest *rq = tessera__v1__update_index_request__unpack(NULL, len, req);
+    if (!rq)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "UpdateIndexRequest: malformed "
+                                   "protobuf");
+    char id[sizeof ((tsr__op *)0)->id];
+    int rc = tsr__coord_update_start(c, rq->batch_root, rq->is_complete_overwrite,
+                                     rq->max_invalid_records, id, sizeof id, r);
+    if (!rc) {
+        Tessera__V1__UpdateIndexResponse resp = TESSERA__V1__UPDATE_INDEX_RESPONSE__INIT;
+        resp.operation_id = id;
+        rc = tsr_rpc_reply_pack(r, &resp.base);
+    }
     tessera__v1__update_index_request__free_unpacked(rq, NULL);
     return rc;
+}
+
+tsr__op *tsr__coord_op_find(tsr__coord *c, const char *id)
+{
+    for (size_t i = 0; id && i < c->nops; i++)
+        if (strcmp(c->ops[i]->id, id) == 0)
+            return c->ops[i];
+    return NULL;
 }
 
 int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
@@ -893,10 +907,7 @@ int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_
                                    "protobuf");
     int rc;
     pthread_mutex_lock(&c->op_mu);
-    tsr__op *op = NULL;
-    for (size_t i = 0; i < c->nops; i++)
-        if (rq->operation_id && strcmp(c->ops[i]->id, rq->operation_id) == 0)
-            op = c->ops[i];
+    tsr__op *op = tsr__coord_op_find(c, rq->operation_id);
     if (!op) {
         pthread_mutex_unlock(&c->op_mu);
         rc = tsr_rpc_reply_error(r, TSR_RPC_NOT_FOUND, "operation \"%s\" not found (the last %d "

@@ -3,8 +3,9 @@
  * and ReadIndexDatapoints, the public API Google's official Vertex AI clients
  * (@google-cloud/aiplatform's v1.MatchServiceClient, google-cloud-aiplatform's
  * MatchServiceClient) call, so that code written with them works against Tessera by
- * changing the endpoint (docs/vertex-compat.md). IndexService's methods answer
- * UNIMPLEMENTED with a message that says what Tessera serves instead.
+ * changing the endpoint (docs/vertex-compat.md). IndexService's methods but UpdateIndex
+ * and GetIndex (vertex_v1_index.c) answer UNIMPLEMENTED with a message that says what
+ * Tessera serves instead.
  *
  * Nothing here searches. tessera.v1's FindNeighbors/ReadIndexDatapoints messages keep the
  * Vertex v1 shapes and field numbers (proto/tessera/v1/tessera.proto), so each request is
@@ -356,5 +357,6 @@ int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,
                                "(a batch folder; `tessera update`), read stats with "
                                "tessera.v1.VectorSearch/GetIndexStats; "
                                "google.cloud.aiplatform.v1.MatchService (FindNeighbors, "
-                               "ReadIndexDatapoints) is served (docs/vertex-compat.md)", method);
+                               "ReadIndexDatapoints) and IndexService UpdateIndex and GetIndex "
+                               "are served (docs/vertex-compat.md)", method);
 }

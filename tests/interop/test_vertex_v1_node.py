@@ -162,6 +162,69 @@ def check_answers(cl, tp, calls, got, full_batch):
     return n
 
 
+INDEX = "projects/my-project/locations/us-central1/indexes/987654321"
+
+
+def update_call(uri, overwrite):
+    return {"method": "updateIndex", "client": "IndexServiceClient", "lro": True,
+            "request": {"index": {"name": INDEX, "metadata": {"structValue": {"fields": {
+                "contentsDeltaUri": {"stringValue": uri},
+                "isCompleteOverwrite": {"boolValue": overwrite}}}}}}}
+
+
+def index_service(cl, tp, D, ss, root):
+    """IndexService: updateIndex from a batch folder awaited through operation.promise(),
+    findNeighbors on the new version equal to tessera.v1's, getIndex equal to
+    GetIndexStats, a bad batch rejecting the promise, a gs:// URI refused."""
+    D2 = vh.dataset(n=400, d=D.d, seed=21)
+    b2 = ch.write_batch(os.path.join(root, "b2"), D2.recs, per_file=150)
+    bad = os.path.join(root, "bad")
+    os.makedirs(bad)
+    with open(os.path.join(bad, "part-0.json"), "w") as f:
+        f.write(json.dumps({"id": "x1", "embedding": [1.0, 2.0]}) + "\n")
+    before = cl.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=30).version
+    calls = [update_call("file://" + b2, True)]
+    for i, s in enumerate(ss):
+        calls.append({"method": "findNeighbors", "_specs": [s],
+                      "request": {"indexEndpoint": ENDPOINT,
+                                  "queries": [vertex_query(s, "q%d-0" % (i + 1))]}})
+    calls.append({"method": "getIndex", "client": "IndexServiceClient",
+                  "request": {"name": INDEX}})
+    calls.append(dict(update_call(bad, False), _want=(3, "EMBEDDING_SIZE_MISMATCH")))
+    calls.append(dict(update_call("gs://bucket/batch", False), _want=(3, "only local paths")))
+    calls.append({"method": "getIndex", "client": "IndexServiceClient",
+                  "request": {"name": "my-index"}, "_want": (3, "name")})
+    got = run_node(cl.coord.port, [{k: v for k, v in c.items() if not k.startswith("_")}
+                                   for c in calls], root)
+    up = got[0]
+    assert "response" in up, up
+    assert up["operation"].startswith(INDEX + "/operations/"), up
+    assert up["response"]["name"] == INDEX, up
+    st = cl.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=30)
+    assert st.version == before + 1 and st.vectors_count == 400, (st, before)
+    n_ok = check_answers(cl, tp, calls, got, True)
+    gi = got[len(ss) + 1]["response"]
+    cfg = gi["metadata"]["structValue"]["fields"]["config"]["structValue"]["fields"]
+    dist = {"SQUARED_L2": "SQUARED_L2_DISTANCE", "DOT_PRODUCT": "DOT_PRODUCT_DISTANCE",
+            "COSINE": "COSINE_DISTANCE"}[st.distance]
+    assert cfg["dimensions"]["numberValue"] == st.dimensions == D.d, cfg
+    assert cfg["distanceMeasureType"]["stringValue"] == dist, cfg
+    ist = gi["indexStats"]
+    assert int(ist["vectorsCount"]) == st.vectors_count, (ist, st)
+    assert int(ist.get("sparseVectorsCount") or 0) == st.sparse_vectors_count, (ist, st)
+    assert ist["shardsCount"] == st.shards_count == 4, (ist, st)
+    assert gi["indexUpdateMethod"] == "BATCH_UPDATE", gi
+    for c, g in zip(calls, got):
+        if "_want" in c:
+            code, msg = c["_want"]
+            assert g.get("code") == code and msg in g.get("details", ""), (c, g)
+    st2 = cl.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=30)
+    assert st2.version == st.version, (st, st2)  # the rejected batch changed nothing
+    print("IndexService: updateIndex awaited through operation.promise() (v%d live), %d "
+          "findNeighbors on it equal to tessera.v1, getIndex = GetIndexStats, a bad batch "
+          "rejects the promise, gs:// refused" % (st.version, n_ok))
+
+
 def main():
     if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "@google-cloud", "aiplatform")):
         subprocess.check_call(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
@@ -202,7 +265,7 @@ def main():
                ({"queries": [{"neighborCount": 3}]}, 3, "datapoint is missing")]
         for req, code, msg in bad:
             calls.append({"method": "findNeighbors", "request": req, "_want": (code, msg)})
-        for m in ("upsertDatapoints", "removeDatapoints", "getIndex"):
+        for m in ("upsertDatapoints", "removeDatapoints"):
             calls.append({"method": m, "client": "IndexServiceClient",
                           "request": {"index": "projects/p/locations/l/indexes/1"},
                           "_want": (12, "tessera.v1.VectorSearch/UpdateIndex")})
@@ -226,6 +289,7 @@ def main():
                 n_err += 1
         print("official client: %d findNeighbors calls equal to tessera.v1, readIndexDatapoints "
               "equal, %d refused as expected" % (n_ok, n_err))
+        index_service(cl, tp, D, ss, root)
 
         # --deployed-index-id and --auth-tokens: the token through the client's call options
         tokens = os.path.join(root, "tokens")

@@ -3,8 +3,10 @@
 // google.cloud.aiplatform.v1.MatchService; driven by tests/interop/test_vertex_v1_node.py.
 // usage: node vertex_v1_client.js PORT CALLS.json [TOKEN]
 // CALLS.json: [{"method": "findNeighbors" | "readIndexDatapoints" | ..., "request": {...},
-// "client": "MatchServiceClient" (default) | "IndexServiceClient"}] (the client's own
-// request objects: camelCase field names). With TOKEN every call sends
+// "client": "MatchServiceClient" (default) | "IndexServiceClient", "lro": true}] (the
+// client's own request objects: camelCase field names). With "lro" the call returns a
+// long-running operation (updateIndex) and its operation.promise() is awaited: the result
+// is what the promise resolves to (or its rejection's code and details). With TOKEN every call sends
 // `authorization: Bearer TOKEN` through the client's call options (otherArgs.headers).
 // Prints one JSON object: per call either {"response": <the response object>} or
 // {"code", "details"}.
@@ -32,7 +34,12 @@ if (token)
   for (const c of calls) {
     try {
       const [resp] = await client(c.client || 'MatchServiceClient')[c.method](c.request, opts);
-      out.results.push({ response: resp });
+      if (c.lro) {
+        const [done] = await resp.promise(); // polls google.longrunning.Operations/GetOperation
+        out.results.push({ response: done, operation: resp.name });
+      } else {
+        out.results.push({ response: resp });
+      }
     } catch (e) {
       out.results.push({ code: e.code, details: e.details || e.message });
     }
