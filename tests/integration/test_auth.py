@@ -6,7 +6,8 @@ coordinator has --auth-tokens (one query and one admin token). Then:
   service (tessera.v1.VectorSearch: FindNeighbors, ReadIndexDatapoints, UpdateIndex,
   GetOperation, GetIndexStats; Vertex container.v1 MatchService: Match, BatchMatch,
   BatchGetEmbeddings; Vertex aiplatform.v1 MatchService: FindNeighbors,
-  ReadIndexDatapoints; grpc.health.v1.Health/Check) gives: health OK for all; no or unknown
+  ReadIndexDatapoints; aiplatform.v1 IndexService: GetIndex, UpdateIndex;
+  google.longrunning.Operations/GetOperation; grpc.health.v1.Health/Check) gives: health OK for all; no or unknown
   token UNAUTHENTICATED; query token OK on the read side and PERMISSION_DENIED on
   UpdateIndex; admin OK everywhere. With python grpcio and node grpc-js, each with plain
   metadata on loopback and, after a restart with --tls-cert, with call credentials over TLS;
@@ -20,6 +21,7 @@ coordinator has --auth-tokens (one query and one admin token). Then:
 - protected mode: a coordinator (and a shard) on a non-loopback address without tokens
   refuses to start (exit 2, naming the flags); with --insecure-no-auth it starts.
 """
+import base64
 import json
 import os
 import signal
@@ -48,6 +50,8 @@ PEER_TOKEN = "p-" + os.urandom(16).hex()
 VS = "tessera.v1.VectorSearch"
 MS = "google.cloud.aiplatform.container.v1.MatchService"
 V1 = "google.cloud.aiplatform.v1.MatchService"
+IS = "google.cloud.aiplatform.v1.IndexService"
+OPS = "google.longrunning.Operations"
 HS = "grpc.health.v1.Health"
 
 
@@ -87,8 +91,46 @@ def calls(op_id, batch):
          v1.FindNeighborsRequest, v1.FindNeighborsResponse, "query"),
         (V1, "ReadIndexDatapoints", {"ids": ["d0001"]}, v1.ReadIndexDatapointsRequest,
          v1.ReadIndexDatapointsResponse, "query"),
+        # aiplatform.v1 IndexService and google.longrunning.Operations: the project keeps
+        # only their messages (no service definitions), so these go as raw bytes
+        (IS, "GetIndex", raw_str(1, INDEX), RAW, RAW, "query"),
+        (IS, "UpdateIndex", raw_update(batch), RAW, RAW, "admin"),
+        (OPS, "GetOperation", raw_str(1, op_id), RAW, RAW, "query"),
         (HS, "Check", {}, hp.HealthCheckRequest, hp.HealthCheckResponse, "open"),
     ]
+
+
+INDEX = "projects/p/locations/l/indexes/i"
+
+
+class RAW:
+    """A request or response kept as its wire bytes (serializer and parser are identity)."""
+    SerializeToString = staticmethod(lambda b: b)
+    FromString = staticmethod(lambda b: b)
+
+
+def _field(num, payload):
+    """One length-delimited protobuf field (wire type 2)."""
+    n, v = len(payload), b""
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        v += bytes([byte | (0x80 if n else 0)])
+        if not n:
+            break
+    return bytes([num << 3 | 2]) + v + payload
+
+
+def raw_str(num, text):
+    return _field(num, text.encode())
+
+
+def raw_update(batch):
+    """UpdateIndexRequest{index: Index{name, metadata: {contentsDeltaUri: batch}}}."""
+    from google.protobuf import struct_pb2
+    meta = struct_pb2.Value()
+    meta.struct_value.update({"contentsDeltaUri": batch})
+    return _field(1, raw_str(1, INDEX) + _field(6, meta.SerializeToString()))
 
 
 TOKENS = {"none": None, "unknown": UNKNOWN_TOKEN, "query": QUERY_TOKEN, "admin": ADMIN_TOKEN}
@@ -140,8 +182,9 @@ def py_matrix(target, table, creds=None):
             f = chan.unary_unary("/%s/%s" % (svc, meth),
                                  request_serializer=rq.SerializeToString,
                                  response_deserializer=rs.FromString)
+            msg = req if rq is RAW else json_format.ParseDict(req, rq())
             try:
-                f(json_format.ParseDict(req, rq()), metadata=md, timeout=30)
+                f(msg, metadata=md, timeout=30)
                 res[who][svc + "/" + meth] = (OK, "")
             except grpc.RpcError as e:
                 res[who][svc + "/" + meth] = (e.code().value[0], e.details() or "")
@@ -154,7 +197,9 @@ def node_matrix(target, table, root, ca=None):
         subprocess.check_call(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
                               cwd=NODE_DIR)
     plan = {"target": target, "ca": ca, "name": "localhost", "tokens": TOKENS,
-            "calls": [{"service": s, "method": m, "request": r} for s, m, r, _, _, _ in table]}
+            "calls": [{"service": s, "method": m, "raw": base64.b64encode(r).decode()}
+                      if rq is RAW else {"service": s, "method": m, "request": r}
+                      for s, m, r, rq, _, _ in table]}
     p = write(os.path.join(root, "plan.json"), json.dumps(plan))
     r = subprocess.run(["node", os.path.join(NODE_DIR, "auth_client.js"), p],
                        capture_output=True, text=True, timeout=300)

@@ -3,7 +3,7 @@
 // PLAN: {"target": "127.0.0.1:P", "ca": null | "ca.pem", "name": "localhost",
 //        "tokens": {"none": null, "admin": "..."},
 //        "calls": [{"service": "tessera.v1.VectorSearch", "method": "FindNeighbors",
-//                   "request": {...proto field names...}}]}
+//                   "request": {...proto field names...}}  or  {..., "raw": base64 bytes}]}
 // Every call is made once per token. Plaintext: the token travels as per-call metadata
 // "authorization: Bearer <token>". TLS ("ca" set): as call credentials composed with the
 // channel's SSL credentials (the way a grpc-js user attaches a bearer token). Prints one
@@ -40,8 +40,17 @@ function client(token) {
   return new grpc.Client(plan.target, creds, chopts);
 }
 
-function call(c, token, svc, method, req) {
-  const m = def[svc][method];
+// A call given as raw wire bytes ("raw": base64): services whose protos keep only messages.
+const identity = (x) => x;
+function rawMethod(svc, method) {
+  return { path: '/' + svc + '/' + method, requestSerialize: identity,
+           responseDeserialize: identity };
+}
+
+function call(c, token, svc, method, req, raw) {
+  const m = raw ? rawMethod(svc, method) : def[svc][method];
+  if (raw)
+    req = Buffer.from(raw, 'base64');
   const md = new grpc.Metadata();
   if (token && !plan.ca)
     md.add('authorization', 'Bearer ' + token);
@@ -60,7 +69,7 @@ function call(c, token, svc, method, req) {
     out.results[name] = {};
     for (const k of plan.calls)
       out.results[name][k.service + '/' + k.method] =
-          await call(c, token, k.service, k.method, k.request);
+          await call(c, token, k.service, k.method, k.request, k.raw);
     c.close();
   }
   process.stdout.write(JSON.stringify(out) + '\n');
