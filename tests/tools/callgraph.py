@@ -23,29 +23,34 @@ import sys
 DEFINED = set("ABCDGRSTVWi")  # nm -P types of a global definition (uppercase = global)
 
 
-def nm_symbols(obj):
-    """(defined globals, undefined) of one object file."""
-    out = subprocess.run(["nm", "-P", obj], check=True, capture_output=True,
+def nm_symbols(objs):
+    """{object path: (defined globals, undefined)} of the objects, with one nm run."""
+    out = subprocess.run(["nm", "-P", "-A"] + objs, check=True, capture_output=True,
                          text=True).stdout
-    defined, undefined = set(), set()
+    syms = {o: (set(), set()) for o in objs}
     for line in out.splitlines():
-        parts = line.split()
-        if len(parts) < 2:
+        obj, _, rest = line.partition(": ")
+        parts = rest.split()
+        if obj not in syms or len(parts) < 2:
             continue
         name, kind = parts[0], parts[1]
+        defined, undefined = syms[obj]
         if kind in ("U", "w", "v"):
             undefined.add(name)
         elif kind in DEFINED and kind != "i" and kind.isupper():
             defined.add(name)
-    return defined, undefined
+    return syms
 
 
-def graph_of(objdir):
-    """{file: {callee file: sorted symbols}} for the objects in objdir (not recursive)."""
-    objs = sorted(f for f in os.listdir(objdir) if f.endswith(".o"))
-    syms = {}
-    for o in objs:
-        syms[o[:-2] + ".c"] = nm_symbols(os.path.join(objdir, o))
+def graph_of(objdir, srcdir=None):
+    """{file: {callee file: sorted symbols}} for the objects in objdir (not recursive).
+    With srcdir, only objects whose .c is still there (a removed file's stale object is
+    not a node)."""
+    objs = sorted(f for f in os.listdir(objdir) if f.endswith(".o") and
+                  (srcdir is None or os.path.isfile(os.path.join(srcdir, f[:-2] + ".c"))))
+    paths = [os.path.join(objdir, o) for o in objs]
+    found = nm_symbols(paths) if paths else {}
+    syms = {o[:-2] + ".c": found[p] for o, p in zip(objs, paths)}
     owner = {}
     for f, (defined, _) in syms.items():
         for s in defined:
@@ -166,7 +171,7 @@ def main():
         if not os.path.isdir(objdir) or not any(f.endswith(".o") for f in os.listdir(objdir)):
             print(f"callgraph: no objects in {objdir} (build first: make all)", file=sys.stderr)
             return 2
-        graph = graph_of(objdir)
+        graph = graph_of(objdir, folder if os.path.isdir(folder) else None)
         loops = [c for c in sccs(graph) if len(c) > 1]
         if not a.quiet:
             print(f"{folder}/: which file calls which (bottom-up)")
