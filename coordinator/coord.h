@@ -25,7 +25,7 @@
  * fails on a loop): config, oplog, state call no other file of the folder; replica ->
  * state; reconcile -> replica, state; query -> config, replica, state; update_plan ->
  * config, state; update -> oplog, reconcile, replica, state, update_plan; vertex -> query;
- * vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state;
+ * vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state, vertex;
  * main -> all of them, and nothing calls main.c. Everything but main.c is
  * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
@@ -341,6 +341,9 @@ int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t l
  * "" = no tag = 0): the number itself when the tag is a canonical decimal int64, else
  * FNV-1a 64 of the tag's bytes with the top bit cleared (docs/vertex-compat.md). */
 int64_t tsr__vertex_crowding_attribute(const char *tag);
+/* 1 when s is the resource name "projects/P/locations/L/<kind>X" with non-empty segments
+ * and nothing after X; kind is e.g. "indexEndpoints/" or "indexes/". */
+int tsr__vertex_resource_ok(const char *s, const char *kind);
 /* 0 when the deployed_index_id id (borrowed; NULL or "" = any) is served here: always
  * without --deployed-index-id, else only that id. Otherwise TSR_ENOTFOUND with err naming
  * the field, prefixed by where ("" or e.g. "requests[2]: "). */

@@ -103,6 +103,22 @@ static void ar_free(vx_arena *a)
 
 /* ---------------------------------------------------------------- crowding attribute */
 
+int tsr__vertex_resource_ok(const char *s, const char *kind)
+{
+    const char *const lit[] = {"projects/", "locations/", kind};
+    for (size_t i = 0; i < 3; i++) {
+        size_t l = strlen(lit[i]);
+        if (strncmp(s, lit[i], l) != 0)
+            return 0;
+        s += l;
+        const char *slash = strchr(s, '/');
+        if (*s == 0 || *s == '/' || (i < 2 && !slash) || (i == 2 && slash))
+            return 0;
+        s = i < 2 ? slash + 1 : s;
+    }
+    return 1;
+}
+
 int64_t tsr__vertex_crowding_attribute(const char *tag)
 {
     if (!tag || !tag[0])

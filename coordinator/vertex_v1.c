@@ -72,30 +72,13 @@ static void pool_free(v1_pool *a)
 
 /* ---------------------------------------------------------------- resource names */
 
-/* 1 when s is "projects/P/locations/L/indexEndpoints/E" with non-empty segments. */
-static int endpoint_name_ok(const char *s)
-{
-    static const char *const lit[] = {"projects/", "locations/", "indexEndpoints/"};
-    for (size_t i = 0; i < 3; i++) {
-        size_t l = strlen(lit[i]);
-        if (strncmp(s, lit[i], l) != 0)
-            return 0;
-        s += l;
-        const char *slash = strchr(s, '/');
-        if (*s == 0 || *s == '/' || (i < 2 && !slash) || (i == 2 && slash))
-            return 0;
-        s = i < 2 ? slash + 1 : s;
-    }
-    return 1;
-}
-
 /* index_endpoint: empty or a well-formed name (any project, location and endpoint: one
  * cluster serves one index); deployed_index_id: as the container MatchService checks it
  * (--deployed-index-id). */
 static int check_names(const tsr__coord *c, const char *endpoint, const char *deployed,
                        tsr_error *err)
 {
-    if (endpoint && endpoint[0] && !endpoint_name_ok(endpoint))
+    if (endpoint && endpoint[0] && !tsr__vertex_resource_ok(endpoint, "indexEndpoints/"))
         return tsr_err(err, TSR_EINVAL, "index_endpoint \"%s\" is not a resource name of the "
                        "form projects/{project}/locations/{location}/indexEndpoints/"
                        "{index_endpoint}", endpoint);

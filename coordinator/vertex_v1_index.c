@@ -35,31 +35,13 @@ typedef Google__Protobuf__Struct__FieldsEntry g_entry;
 #define INDEX_TYPE_URL "type.googleapis.com/google.cloud.aiplatform.v1.Index"
 #define REPORT_MAX 4000 /* bytes of the batch report quoted in a rejected update's status */
 
-/* 1 when s is "projects/P/locations/L/indexes/I" with non-empty segments (I may be
- * followed by "/operations/..." when ops is set). */
-static int index_name_ok(const char *s)
-{
-    static const char *const lit[] = {"projects/", "locations/", "indexes/"};
-    for (size_t i = 0; i < 3; i++) {
-        size_t l = strlen(lit[i]);
-        if (strncmp(s, lit[i], l) != 0)
-            return 0;
-        s += l;
-        const char *slash = strchr(s, '/');
-        if (*s == 0 || *s == '/' || (i < 2 && !slash) || (i == 2 && slash))
-            return 0;
-        s = i < 2 ? slash + 1 : s;
-    }
-    return 1;
-}
-
 static int check_index_name(const char *field, const char *name, tsr_rpc_reply *r)
 {
     if (!name || !name[0])
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "%s is empty: give the index's "
                                    "resource name, projects/{project}/locations/{location}/"
                                    "indexes/{index}", field);
-    if (!index_name_ok(name))
+    if (!tsr__vertex_resource_ok(name, "indexes/"))
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "%s \"%s\" is not a resource "
                                    "name of the form projects/{project}/locations/{location}/"
                                    "indexes/{index}", field, name);
