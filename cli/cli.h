@@ -24,6 +24,11 @@ int tsr_cmd_stats(int argc, char **argv);
 int tsr_cmd_health(int argc, char **argv);
 int tsr_cmd_cluster_up(int argc, char **argv);
 
+/* Writes a JSON batch report and a newline to path (created or truncated, fsynced), as
+ * `batch inspect --report` and `update --report` do; on failure prints
+ * "PROG: cannot write the report: PATH: why" and returns -1. (cmd_batch.c) */
+int tsr_cli_write_report(const char *prog, const char *path, const char *json);
+
 /* cluster_check.c: the checks of `tessera cluster up` (see the file comment there). */
 #include <stddef.h>
 #include <stdio.h>

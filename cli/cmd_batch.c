@@ -12,6 +12,8 @@
 #include "batch/batch.h"
 #include "cli.h"
 #include "core/cmdline.h"
+#include "core/file.h"
+#include "core/mem.h"
 
 #define PROG "tessera batch inspect"
 
@@ -159,6 +161,24 @@ static void put_record(FILE *f, const tsr_datapoint *dp)
     fputs("}\n", f);
 }
 
+int tsr_cli_write_report(const char *prog, const char *path, const char *json)
+{
+    if (json == NULL) {
+        fprintf(stderr, "%s: cannot write the report to %s: out of memory\n", prog, path);
+        return -1;
+    }
+    size_t n = strlen(json);
+    char *text = tsr_xmalloc(n + 2);
+    memcpy(text, json, n);
+    memcpy(text + n, "\n", 2);
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = tsr_file_write_sync(path, text, n + 1, &err);
+    free(text);
+    if (rc != 0)
+        fprintf(stderr, "%s: cannot write the report: %s\n", prog, err.msg); /* names path */
+    return rc ? -1 : 0;
+}
+
 int tsr_cmd_batch_inspect(int argc, char **argv)
 {
     const char *root = NULL, *report = NULL;
@@ -198,18 +218,8 @@ int tsr_cmd_batch_inspect(int argc, char **argv)
     int exit_code = rc == 0 ? 0 : 1;
     if (report != NULL) {
         char *js = tsr_batch_report_json(&b->report);
-        FILE *f = fopen(report, "w");
-        int bad = f == NULL || js == NULL || fputs(js, f) < 0 || fputc('\n', f) < 0;
-        int e = errno;
-        if (f != NULL && fclose(f) != 0 && !bad) { /* closed on every path */
-            bad = 1;
-            e = errno;
-        }
-        if (bad) {
-            fprintf(stderr, PROG ": cannot write the report to %s: %s\n", report,
-                    strerror(e));
+        if (tsr_cli_write_report(PROG, report, js) != 0)
             exit_code = 1;
-        }
         free(js);
     }
     tsr_batch_destroy(b);

@@ -790,16 +790,7 @@ static int write_update_report(const Tessera__V1__Operation *op, const char *pat
                 "see the error)\n", path);
         return -1;
     }
-    FILE *f = fopen(path, "w");
-    int bad = f == NULL || fputs(op->report_json, f) < 0 || fputc('\n', f) < 0;
-    int e = errno;
-    if (f != NULL && fclose(f) != 0 && !bad) {
-        bad = 1;
-        e = errno;
-    }
-    if (bad)
-        fprintf(stderr, PROG ": cannot write the report to %s: %s\n", path, strerror(e));
-    return bad ? -1 : 0;
+    return tsr_cli_write_report(PROG, path, op->report_json);
 }
 
 int tsr_cmd_update(int argc, char **argv)
