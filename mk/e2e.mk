@@ -15,3 +15,17 @@ bench-e2e: all $(BENCH_E2E_BIN)
 
 bench-update: all
 	@TSR_COORD_UPDATE_N=$${TSR_COORD_UPDATE_N:-200000} /usr/bin/python3 tests/integration/test_coord_update.py
+
+# make bench-cluster: the cluster under concurrent clients (1, 4, 16 calls in flight, single
+# queries and batches of 32, nprobe 16 and 64) beside the in-process engine on the same file
+# and threads and Debian's Faiss, with recall (bench/bench_cluster.py; BENCH_CLUSTER_* env).
+BENCH_CLUSTER_BIN := $(BUILD)/bench/bench_cluster
+
+$(BENCH_CLUSTER_BIN): $(BUILD)/obj/bench/bench_cluster.o $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+.PHONY: bench-cluster
+bench-cluster: all $(BENCH_CLUSTER_BIN)
+	@BENCH_CLUSTER_CLIENT=$(abspath $(BENCH_CLUSTER_BIN)) /usr/bin/python3 bench/bench_cluster.py

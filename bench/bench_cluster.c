@@ -1,0 +1,287 @@
+/*
+ * bench_cluster — the C client of `make bench-cluster` (driver: bench/bench_cluster.py).
+ *
+ * Throughput under concurrency: --inflight client threads, each with one call in flight,
+ * take the next --batch queries of the query set (an atomic cursor) until every query is
+ * answered; the latency of each call and the wall time give p50 / p99 per call and QPS in
+ * queries per second. Two modes, the same loop:
+ *   coord   FindNeighbors to the coordinator (--target), --batch queries per call; ids are
+ *           "v%06d" (= the row in the file), turned back into labels for the recall;
+ *   inproc  tsr_ivfpq_search on the index file in this process, --batch queries per call,
+ *           one thread per call (--inflight threads in all): what the same cores give with
+ *           no distribution.
+ * A warm-up pass (--warmup queries, same loop) comes first. The labels (nq * k int64,
+ * -1 padded) go to --out for the driver's recall. Prints one JSON object.
+ *
+ * usage: bench_cluster --mode coord|inproc --index F.faiss --queries Q.fvecs
+ *                      [--target ADDR] [--nprobe P] [--k K] [--inflight T] [--batch B]
+ *                      [--candidates C (-1 = the coordinator's default)] [--nq N]
+ *                      [--warmup W] [--out LABELS]
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/mem.h"
+#include "index/faiss_io.h"
+#include "index/ivfpq_search.h"
+#include "index/knn.h"
+#include "index/vecs_io.h"
+#include "net/rpc.h"
+#include "tessera/v1/tessera.pb-c.h"
+
+#define MAX_THREADS 64
+#define MAX_BATCH 256
+
+typedef struct bench {
+    int coord;                 /* mode */
+    tsr_ivfpq *ix;             /* inproc: the index; coord: only d and nlist are used */
+    tsr_rpc_channel *ch;
+    const float *xq;
+    size_t d, k, nprobe, batch, nq;
+    int candidates;            /* -1 = unset */
+    int64_t *labels;           /* nq * k */
+    atomic_size_t cursor;
+    size_t limit;              /* queries of this pass */
+} bench;
+
+typedef struct worker {
+    bench *b;
+    double *lat;               /* per call, µs */
+    size_t nlat, cap, fails;
+} worker;
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static void die(const char *what, const char *msg)
+{
+    fprintf(stderr, "bench_cluster: %s: %s\n", what, msg);
+    exit(1);
+}
+
+/* One FindNeighbors of queries [i0, i0+n); labels of the answers into b->labels. */
+static int call_coord(bench *b, size_t i0, size_t n, tsr_rpc_result *res)
+{
+    Tessera__V1__IndexDatapoint dp[MAX_BATCH];
+    Tessera__V1__FindNeighborsRequest__Query q[MAX_BATCH], *qs[MAX_BATCH];
+    for (size_t j = 0; j < n; j++) {
+        tessera__v1__index_datapoint__init(&dp[j]);
+        dp[j].feature_vector = (float *)(b->xq + (i0 + j) * b->d);
+        dp[j].n_feature_vector = b->d;
+        tessera__v1__find_neighbors_request__query__init(&q[j]);
+        q[j].datapoint = &dp[j];
+        q[j].neighbor_count = (int32_t)b->k;
+        q[j].fraction_leaf_nodes_to_search_override = (double)b->nprobe / (double)b->ix->nlist;
+        if (b->candidates >= 0) {
+            q[j].approximate_case =
+                TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__APPROXIMATE_APPROXIMATE_NEIGHBOR_COUNT;
+            q[j].approximate_neighbor_count = b->candidates;
+        }
+        qs[j] = &q[j];
+    }
+    Tessera__V1__FindNeighborsRequest rq = TESSERA__V1__FIND_NEIGHBORS_REQUEST__INIT;
+    rq.queries = qs;
+    rq.n_queries = n;
+    size_t len;
+    uint8_t *buf = tsr_rpc_pack(&rq.base, &len);
+    int rc = tsr_rpc_call(b->ch, "/tessera.v1.VectorSearch/FindNeighbors", buf, len, 30000, res);
+    free(buf);
+    if (rc != TSR_RPC_OK) {
+        fprintf(stderr, "bench_cluster: FindNeighbors: %s: %s\n", tsr_rpc_code_name(rc),
+                res->message);
+        return -1;
+    }
+    Tessera__V1__FindNeighborsResponse *r =
+        tessera__v1__find_neighbors_response__unpack(NULL, res->len, res->data);
+    if (!r || r->n_nearest_neighbors != n) {
+        if (r)
+            tessera__v1__find_neighbors_response__free_unpacked(r, NULL);
+        return -1;
+    }
+    for (size_t j = 0; j < n; j++) {
+        int64_t *lab = b->labels + (i0 + j) * b->k;
+        const Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn = r->nearest_neighbors[j];
+        for (size_t t = 0; t < b->k; t++) {
+            const char *id = t < nn->n_neighbors && nn->neighbors[t]->datapoint
+                                 ? nn->neighbors[t]->datapoint->datapoint_id : NULL;
+            lab[t] = !id ? -1 : id[0] == 'v' ? strtoll(id + 1, NULL, 10) : -2;
+        }
+    }
+    tessera__v1__find_neighbors_response__free_unpacked(r, NULL);
+    return 0;
+}
+
+static int call_inproc(bench *b, size_t i0, size_t n)
+{
+    float D[MAX_BATCH * 100];
+    tsr_ivfpq_search_opts so;
+    tsr_ivfpq_search_opts_init(&so);
+    so.nprobe = b->nprobe;
+    tsr_error err = TSR_ERROR_INIT;
+    if (tsr_ivfpq_search(b->ix, n, b->xq + i0 * b->d, b->k, &so, D, b->labels + i0 * b->k,
+                         &err)) {
+        fprintf(stderr, "bench_cluster: search: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static void *work(void *arg)
+{
+    worker *w = arg;
+    bench *b = w->b;
+    tsr_rpc_result res;
+    tsr_rpc_result_init(&res);
+    for (;;) {
+        size_t i0 = atomic_fetch_add(&b->cursor, b->batch);
+        if (i0 >= b->limit)
+            break;
+        size_t n = b->limit - i0 < b->batch ? b->limit - i0 : b->batch;
+        size_t at = i0 % b->nq;          /* the warm-up pass wraps around the query set */
+        if (at + n > b->nq)
+            n = b->nq - at;
+        double t0 = now_us();
+        int rc = b->coord ? call_coord(b, at, n, &res) : call_inproc(b, at, n);
+        double dt = now_us() - t0;
+        tsr_rpc_result_close(&res);
+        w->fails += rc != 0;
+        if (w->nlat == w->cap) {
+            w->cap = w->cap ? 2 * w->cap : 1024;
+            w->lat = tsr_xrealloc(w->lat, w->cap * sizeof *w->lat);
+        }
+        w->lat[w->nlat++] = dt;
+    }
+    return NULL;
+}
+
+static int dcmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Runs one pass of `limit` queries on `threads` threads; fills lat (sorted, owned). */
+static double pass(bench *b, size_t limit, size_t threads, double **lat, size_t *nlat,
+                   size_t *fails)
+{
+    pthread_t th[MAX_THREADS];
+    worker w[MAX_THREADS];
+    atomic_store(&b->cursor, 0);
+    b->limit = limit;
+    double t0 = now_us();
+    for (size_t t = 0; t < threads; t++) {
+        w[t] = (worker){b, NULL, 0, 0, 0};
+        if (pthread_create(&th[t], NULL, work, &w[t]))
+            die("pthread_create", "failed");
+    }
+    size_t n = 0;
+    for (size_t t = 0; t < threads; t++) {
+        pthread_join(th[t], NULL);
+        n += w[t].nlat;
+    }
+    double wall = now_us() - t0;
+    double *all = tsr_xmalloc((n ? n : 1) * sizeof *all);
+    *nlat = 0;
+    *fails = 0;
+    for (size_t t = 0; t < threads; t++) {
+        memcpy(all + *nlat, w[t].lat, w[t].nlat * sizeof *all);
+        *nlat += w[t].nlat;
+        *fails += w[t].fails;
+        free(w[t].lat);
+    }
+    qsort(all, *nlat, sizeof *all, dcmp);
+    *lat = all;
+    return wall;
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = NULL, *target = NULL, *index = NULL, *queries = NULL, *out = NULL;
+    size_t nprobe = 16, k = 10, threads = 1, batch = 1, nq = 0, warmup = 200;
+    int candidates = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help")) {
+            printf("usage: bench_cluster --mode coord|inproc --index F --queries Q "
+                   "[--target A] [--nprobe P] [--k K<=100] [--inflight T<=64] "
+                   "[--batch B<=256] [--candidates C] [--nq N] [--warmup W] [--out F]\n");
+            return 0;
+        }
+        if (i + 1 >= argc)
+            die(a, "needs a value");
+        const char *v = argv[++i];
+        if (!strcmp(a, "--mode")) mode = v;
+        else if (!strcmp(a, "--target")) target = v;
+        else if (!strcmp(a, "--index")) index = v;
+        else if (!strcmp(a, "--queries")) queries = v;
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--nprobe")) nprobe = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--k")) k = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--inflight")) threads = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--batch")) batch = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--candidates")) candidates = atoi(v);
+        else if (!strcmp(a, "--nq")) nq = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--warmup")) warmup = strtoull(v, NULL, 10);
+        else die(a, "unknown option (see --help)");
+    }
+    if (!mode || (strcmp(mode, "coord") && strcmp(mode, "inproc")) || !index || !queries ||
+        (!strcmp(mode, "coord") && !target) || k < 1 || k > 100 || threads < 1 ||
+        threads > MAX_THREADS || batch < 1 || batch > MAX_BATCH || nprobe < 1)
+        die("usage", "see --help");
+    tsr_blas_set_threads(1);
+    tsr_error err = TSR_ERROR_INIT;
+    bench b = {0};
+    b.coord = !strcmp(mode, "coord");
+    if (tsr_faiss_read_file(index, &b.ix, &err) || tsr_ivfpq_search_prepare(b.ix, &err))
+        die(index, err.msg);
+    float *xq = NULL;
+    size_t nqf = 0, qd = 0;
+    if (tsr_fvecs_read(queries, &xq, &nqf, &qd, &err))
+        die(queries, err.msg);
+    if (qd != (size_t)b.ix->d)
+        die(queries, "dimension differs from the index");
+    b.xq = xq;
+    b.d = qd;
+    b.k = k;
+    b.nprobe = nprobe < b.ix->nlist ? nprobe : b.ix->nlist;
+    b.batch = batch;
+    b.candidates = candidates;
+    b.nq = nq && nq < nqf ? nq : nqf;
+    b.labels = tsr_xmalloc(b.nq * k * sizeof *b.labels);
+    if (b.coord && !(b.ch = tsr_rpc_channel_create(target, NULL, &err)))
+        die(target, err.msg);
+
+    double *lat;
+    size_t nlat, fails, wfails;
+    if (warmup) {
+        pass(&b, warmup, threads, &lat, &nlat, &wfails);
+        free(lat);
+    }
+    double wall = pass(&b, b.nq, threads, &lat, &nlat, &fails);
+    if (out) {
+        FILE *f = fopen(out, "wb");
+        if (!f || fwrite(b.labels, sizeof *b.labels, b.nq * k, f) != b.nq * k || fclose(f))
+            die(out, "cannot write");
+    }
+    printf("{\"mode\": \"%s\", \"inflight\": %zu, \"batch\": %zu, \"nprobe\": %zu, "
+           "\"candidates\": %d, \"queries\": %zu, \"calls\": %zu, \"fails\": %zu, "
+           "\"qps\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f}\n",
+           mode, threads, batch, b.nprobe, candidates, b.nq, nlat, fails,
+           b.nq / (wall / 1e6), nlat ? lat[nlat / 2] : 0.0,
+           nlat ? lat[(size_t)(0.99 * (double)(nlat - 1))] : 0.0);
+    free(lat);
+    free(b.labels);
+    free(xq);
+    if (b.ch)
+        tsr_rpc_channel_destroy(b.ch);
+    tsr_ivfpq_destroy(b.ix);
+    return fails ? 1 : 0;
+}

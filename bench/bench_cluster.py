@@ -1,0 +1,223 @@
+#!/usr/bin/python3
+"""bench_cluster — what the cluster delivers under concurrent clients (issue 20).
+
+Data: bench_search's (BENCH_N, default 1M x 64, clustered v2, seed 2024; IVF BENCH_NLIST 4000,
+PQ64 x 8, L2), cached in BENCH_OUT (bench/out) and shared with `make bench-search`; the index
+file is the Faiss-built one when bench-search made it, else `tessera index build` makes one.
+The cluster: tessera-coordinator (--template = that file, so the same quantizer) + 4
+tessera-shard on loopback, loaded through UpdateIndex with the same vectors (CSV batch, ids
+v%06d = the row, so labels compare with the file's).
+
+One run measures, side by side, for nprobe 16 and 64, single queries and batches of 32 per
+call, 1 / 4 / 16 calls in flight (bench/bench_cluster.c, C client threads, one call in flight
+each):
+  cluster   FindNeighbors through the coordinator, PQ distances (approximate_neighbor_count
+            = 0, what the in-process engine and Faiss compute);
+  inproc    tsr_ivfpq_search on the same file in one process, the same threads and batches;
+  faiss     Debian's Faiss 1.7.3 on the same file: the same number of processes (forked after
+            loading: python threads would share the GIL), one OpenMP thread each, same batches;
+and at 4 in flight the cluster with the exact re-rank default (approximate_neighbor_count
+unset = 100): the cost of exact distances and the recall they buy. QPS = queries/s, p50 /
+p99 per call (µs), recall 10@10 against exact search. Everything runs on this machine's 2
+cores, the clients included, so "in flight" beyond 2 measures queueing, not more cores.
+
+Env: BENCH_N, BENCH_NLIST, BENCH_NQ (2000), BENCH_OUT, BENCH_CLUSTER_NPROBES ("16,64"),
+BENCH_CLUSTER_INFLIGHT ("1,4,16"), BENCH_CLUSTER_BATCHES ("1,32"), BENCH_CLUSTER_CLIENT, TSR_BIN.
+"""
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+import numpy as np  # noqa: E402
+import faiss  # noqa: E402
+import bench_search as bs  # noqa: E402  (data, keys and cache of bench-search)
+import coord_harness as ch  # noqa: E402
+
+NPROBES = [int(x) for x in os.environ.get("BENCH_CLUSTER_NPROBES", "16,64").split(",")]
+INFLIGHT = [int(x) for x in os.environ.get("BENCH_CLUSTER_INFLIGHT", "1,4,16").split(",")]
+BATCHES = [int(x) for x in os.environ.get("BENCH_CLUSTER_BATCHES", "1,32").split(",")]
+CLIENT = os.environ.get("BENCH_CLUSTER_CLIENT",
+                        os.path.join(ROOT, "build", "release", "bench", "bench_cluster"))
+K = bs.K
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def data():
+    os.makedirs(bs.OUT, exist_ok=True)
+    xb_p = os.path.join(bs.OUT, bs.KEY + "_base.fvecs")
+    xq_p = os.path.join(bs.OUT, bs.KEY + "_q%d.fvecs" % bs.NQ)
+    if not (os.path.exists(xb_p) and os.path.exists(xq_p)):
+        log("generating %d x %d vectors (bench_search's generator)" % (bs.N, bs.D))
+        xb, xq = bs.gen_data()
+        bs.write_fvecs(xb_p, xb)
+        bs.write_fvecs(xq_p, xq)
+    xb = np.fromfile(xb_p, dtype="float32").reshape(bs.N, bs.D + 1)[:, 1:]
+    xq = np.ascontiguousarray(np.fromfile(xq_p, dtype="float32").reshape(bs.NQ, bs.D + 1)[:, 1:])
+
+    def make_gt(path):
+        flat = faiss.IndexFlatL2(bs.D)
+        flat.add(np.ascontiguousarray(xb))
+        faiss.omp_set_num_threads(2)
+        _, I = flat.search(xq, K)
+        faiss.omp_set_num_threads(1)
+        np.save(path, I)
+    gt = np.load(bs.cached(bs.KEY + "_q%d_gt%d.npy" % (bs.NQ, K), make_gt))
+    ix_p = os.path.join(bs.OUT, bs.IKEY + "_faiss.faiss")
+    if not os.path.exists(ix_p):
+        ix_p = os.path.join(bs.OUT, bs.IKEY + "_tessera.faiss")
+    if not os.path.exists(ix_p):
+        log("building IVF%d,PQ%d with tessera index build (2 threads)" % (bs.NLIST, bs.M))
+        subprocess.check_call([bs.BIN, "index", "build", "--fvecs", xb_p, "--nlist",
+                               str(bs.NLIST), "--pq-m", str(bs.M), "--threads", "2",
+                               "--out", ix_p + ".tmp"])
+        os.replace(ix_p + ".tmp", ix_p)
+    batch = os.path.join(bs.OUT, bs.KEY + "_csv")
+    if not os.path.isdir(batch):
+        log("writing the CSV batch")
+        os.makedirs(batch + ".tmp", exist_ok=True)
+        per = 50000
+        for f in range(0, bs.N, per):
+            with open(os.path.join(batch + ".tmp", "part-%04d.csv" % (f // per)), "w") as fh:
+                for i in range(f, min(bs.N, f + per)):
+                    fh.write("v%06d," % i + ",".join("%.7g" % v for v in xb[i]) + "\n")
+        os.replace(batch + ".tmp", batch)
+    return xq_p, xq, gt, ix_p, batch
+
+
+def recall(I, gt):
+    return float(np.mean([len(set(I[i]) & set(gt[i])) / K for i in range(len(gt))]))
+
+
+def c_client(mode, ix_p, xq_p, nprobe, inflight, batch, target=None, candidates=0):
+    out = os.path.join(bs.OUT, "cluster_labels.bin")
+    argv = [CLIENT, "--mode", mode, "--index", ix_p, "--queries", xq_p, "--nprobe",
+            str(nprobe), "--k", str(K), "--inflight", str(inflight), "--batch", str(batch),
+            "--out", out, "--warmup", str(max(200, 4 * inflight * batch))]
+    if target:
+        argv += ["--target", target, "--candidates", str(candidates)]
+    p = subprocess.run(argv, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise AssertionError("bench_cluster %s failed:\n%s%s" % (mode, p.stderr, p.stdout))
+    r = json.loads(p.stdout)
+    r["I"] = np.fromfile(out, dtype="int64").reshape(-1, K)
+    return r
+
+
+_FZ = {}
+
+
+def _faiss_part(args):
+    lo, hi, batch, start = args
+    ix, xq = _FZ["ix"], _FZ["xq"]
+    while time.time() < start:
+        time.sleep(0.0005)
+    lat, out = [], np.empty((hi - lo, K), dtype="int64")
+    for i in range(lo, hi, batch):
+        j = min(hi, i + batch)
+        t0 = time.perf_counter()
+        _, I = ix.search(xq[i:j], K)
+        lat.append((time.perf_counter() - t0) * 1e6)
+        out[i - lo:j - lo] = I
+    return lat, out, time.time()
+
+
+def faiss_run(ix, xq, nprobe, inflight, batch):
+    ix.nprobe = nprobe
+    _FZ["ix"], _FZ["xq"] = ix, xq
+    n = len(xq)
+    ctx = mp.get_context("fork")
+    with ctx.Pool(inflight) as pool:
+        pool.map(_faiss_part, [(0, min(n, 200), batch, 0)] * inflight)  # warm-up
+        start = time.time() + 0.3
+        parts = pool.map(_faiss_part, [(n * t // inflight, n * (t + 1) // inflight, batch, start)
+                                       for t in range(inflight)])
+    lat = np.sort(np.concatenate([np.asarray(p[0]) for p in parts]))
+    wall = max(p[2] for p in parts) - start
+    return {"qps": n / wall, "p50_us": float(lat[len(lat) // 2]),
+            "p99_us": float(lat[int(0.99 * (len(lat) - 1))]),
+            "I": np.concatenate([p[1] for p in parts])}
+
+
+def main():
+    if not os.path.exists(CLIENT):
+        sys.exit("bench_cluster: the C client %s is missing (make bench-cluster builds it)" %
+                 CLIENT)
+    xq_p, xq, gt, ix_p, batch = data()
+    fz = faiss.read_index(ix_p)
+    t_start, load0 = time.strftime("%Y-%m-%d %H:%M", time.gmtime()), os.getloadavg()[0]
+    tp = ch.stubs()[0]
+    cl = ch.Cluster(4, bs.D, {"nlist": bs.NLIST, "pq_m": bs.M, "nprobe": 16,
+                              "plan": "balanced", "stage_chunk": 5000}, template=ix_p)
+    rows = []
+    try:
+        t0 = time.time()
+        op = cl.update(batch, timeout=3600)
+        assert op.state == tp.Operation.SUCCEEDED, op
+        st = cl.stats()
+        log("loaded %d vectors in %.0fs, per shard %s" %
+            (st.vectors_count, time.time() - t0, [s.vectors_count for s in st.shards]))
+        for nprobe in NPROBES:
+            for b in BATCHES:
+                for t in INFLIGHT:
+                    r = {"nprobe": nprobe, "batch": b, "inflight": t}
+                    r["cluster"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, 0)
+                    r["inproc"] = c_client("inproc", ix_p, xq_p, nprobe, t, b)
+                    r["faiss"] = faiss_run(fz, xq, nprobe, t, b)
+                    if t == 4:
+                        r["rerank"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, -1)
+                    for key in ("cluster", "inproc", "faiss", "rerank"):
+                        if key in r:
+                            r[key]["recall"] = recall(r[key].pop("I"), gt)
+                    log("nprobe %d batch %d in flight %d: cluster %.0f, inproc %.0f, faiss %.0f "
+                        "QPS" % (nprobe, b, t, r["cluster"]["qps"], r["inproc"]["qps"],
+                                 r["faiss"]["qps"]))
+                    rows.append(r)
+    finally:
+        cl.stop()
+    print()
+    print("Cluster throughput: %d x %d (bench_search %s data), IVF%d / PQ%d x 8, L2; %d queries, "
+          "k=%d; coordinator + 4 shards + clients on this machine's 2 cores; %s UTC, load %.1f "
+          "at the start, %.1f at the end" % (bs.N, bs.D, bs.GEN, bs.NLIST, bs.M, bs.NQ, K,
+                                             t_start, load0, os.getloadavg()[0]))
+    print("| nprobe | queries/call | in flight | cluster QPS | p50 µs | p99 µs | recall | "
+          "in-process QPS | p50 µs | cluster / in-process | Faiss 1.7.3 QPS | cluster / Faiss |"
+          " p99 / p50 (cluster) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        c, i, f = r["cluster"], r["inproc"], r["faiss"]
+        print("| %d | %d | %d | %.0f | %.0f | %.0f | %.3f | %.0f | %.0f | %.2f | %.0f | %.2f | "
+              "%.1f |" % (r["nprobe"], r["batch"], r["inflight"], c["qps"], c["p50_us"],
+                          c["p99_us"], c["recall"], i["qps"], i["p50_us"], c["qps"] / i["qps"],
+                          f["qps"], c["qps"] / f["qps"], c["p99_us"] / c["p50_us"]))
+    print()
+    print("Exact distances (re-rank of 100 candidates per shard, the default) at 4 in flight:")
+    print("| nprobe | queries/call | PQ QPS | recall | exact QPS | recall | exact / PQ |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "rerank" in r:
+            c, e = r["cluster"], r["rerank"]
+            print("| %d | %d | %.0f | %.3f | %.0f | %.3f | %.2f |" %
+                  (r["nprobe"], r["batch"], c["qps"], c["recall"], e["qps"], e["recall"],
+                   e["qps"] / c["qps"]))
+    fails = sum(r[k].get("fails", 0) for r in rows for k in ("cluster", "inproc", "rerank")
+                if k in r)
+    same = all(abs(r["cluster"]["recall"] - r["inproc"]["recall"]) < 0.005 for r in rows)
+    print()
+    print("failed calls: %d; cluster recall equals in-process recall (±0.005) in every row: %s"
+          % (fails, "yes" if same else "NO"))
+
+
+if __name__ == "__main__":
+    main()
