@@ -42,7 +42,7 @@ AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma
 
 # ---- generated protobuf-c code ---------------------------------------------------------
-PROTOS     := $(wildcard proto/tessera/v1/*.proto proto/grpc/health/v1/*.proto proto/google/cloud/aiplatform/container/v1/*.proto proto/google/cloud/aiplatform/v1/*.proto proto/google/rpc/*.proto proto/google/protobuf/*.proto proto/google/longrunning/*.proto)
+PROTOS     := $(wildcard proto/tessera/v1/*.proto proto/grpc/health/v1/*.proto proto/google/cloud/aiplatform/container/v1/*.proto proto/google/cloud/aiplatform/v1/*.proto proto/google/rpc/*.proto proto/google/protobuf/*.proto proto/google/longrunning/*.proto proto/etcd/v3/*.proto)
 PROTO_C    := $(patsubst proto/%.proto,build/gen/%.pb-c.c,$(PROTOS))
 PROTO_H    := $(PROTO_C:.c=.h)
 

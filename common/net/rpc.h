@@ -412,6 +412,42 @@ struct tsr_rpc_fanout_call {
  * completed or hit its deadline. Returns the number of calls whose code is not OK. */
 size_t tsr_rpc_fanout(tsr_rpc_fanout_call *calls, size_t n);
 
+/* ================================ streaming calls ================================= */
+/* A bidirectional (or server-streaming) call, e.g. etcd's Watch and LeaseKeepAlive
+ * (common/net/etcd). One thread uses a stream at a time; different streams are
+ * independent (each has its own completion queue, polled only by its user).
+ *
+ *   tsr_rpc_stream *st = tsr_rpc_stream_open(ch, "/etcdserverpb.Watch/Watch", 0, &err);
+ *   tsr_rpc_stream_send(st, req, len, 1000, &err);
+ *   for (;;) { rc = tsr_rpc_stream_recv(st, 500, &msg, &n, &err); ... free(msg); }
+ *   tsr_rpc_stream_close(st);
+ */
+typedef struct tsr_rpc_stream tsr_rpc_stream;
+
+/* Starts a call of method on ch (borrowed; it must outlive the stream). life_ms bounds the
+ * whole call (<= 0: no deadline; a stream usually lives until closed). Returns NULL with
+ * err set (TSR_EIO) when core refuses the call. */
+tsr_rpc_stream *tsr_rpc_stream_open(tsr_rpc_channel *ch, const char *method, int64_t life_ms,
+                                    tsr_error *err);
+
+/* Sends one message (borrowed; copied) and waits until core has taken it or timeout_ms
+ * passed. Returns 0; TSR_ETIMEOUT (the stream is then unusable: close it); when the call
+ * has ended, the code of its status (tsr_rpc_error_from_status; TSR_EUNAVAILABLE for an OK
+ * status: the peer finished the stream) with err saying "<status name>: <details>". */
+int tsr_rpc_stream_send(tsr_rpc_stream *st, const void *msg, size_t len, int64_t timeout_ms,
+                        tsr_error *err);
+
+/* Waits up to timeout_ms for the next message: 0 with *msg (malloc'ed, caller frees; NULL
+ * for an empty message) and *len; TSR_ETIMEOUT when none came in time (the receive stays
+ * pending: the next call goes on waiting for the same message, nothing is lost); when the
+ * call has ended, as tsr_rpc_stream_send. */
+int tsr_rpc_stream_recv(tsr_rpc_stream *st, int64_t timeout_ms, uint8_t **msg, size_t *len,
+                        tsr_error *err);
+
+/* Cancels the call if it is still running, waits for core to give back every pending
+ * operation, frees everything. Accepts NULL. */
+void tsr_rpc_stream_close(tsr_rpc_stream *st);
+
 /* ================================ protobuf helpers ================================ */
 
 /* Packs msg into a new malloc'ed buffer (caller frees), *len set. NULL on ENOMEM (an

@@ -54,16 +54,6 @@
 #define FAST_RECONNECT_MS 200
 #define CQ_POOL_MAX 64
 
-struct tsr_rpc_channel {
-    grpc_channel *ch;
-    char *target;
-    int watched;
-    int fast_reconnect;
-    char *auth;            /* "Bearer <token>" (opts.bearer_token), NULL = none; wiped */
-    grpc_metadata auth_md; /* its metadata entry, sent on every call */
-    gpr_timespec last_reset; /* W.mu: last backoff reset by the watcher */
-    struct tsr_rpc_channel *next, *prev; /* W list (W.mu) */
-};
 
 static struct {
     pthread_mutex_t life_mu; /* the thread's lifetime: held by watcher_add/remove */

@@ -30,6 +30,18 @@ grpc_slice tsr__rpc_buffer_to_slice(grpc_byte_buffer *bb);
 int tsr__rpc_auth_check(const tsr_rpc_tokens *t, const grpc_metadata_array *md, int required,
                         char *msg, size_t cap);
 
+/* A client channel (rpc_client.c creates and destroys it; rpc_stream.c starts calls on it). */
+struct tsr_rpc_channel {
+    grpc_channel *ch;
+    char *target;
+    int watched;
+    int fast_reconnect;
+    char *auth;            /* "Bearer <token>" (opts.bearer_token), NULL = none; wiped */
+    grpc_metadata auth_md; /* its metadata entry, sent on every call */
+    gpr_timespec last_reset; /* W.mu: last backoff reset by the watcher */
+    struct tsr_rpc_channel *next, *prev; /* rpc_client.c's watcher list (W.mu) */
+};
+
 /* Milliseconds from now to deadline d (any clock); INT64_MAX for an infinite deadline. */
 int64_t tsr__rpc_remaining_ms(gpr_timespec d);
 
