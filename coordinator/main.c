@@ -292,6 +292,11 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, SVC "UpdateIndex", tsr__coord_rpc_update, c, 0) ||
         tsr_rpc_server_add_method(srv, SVC "GetOperation", tsr__coord_rpc_get_operation, c, 0) ||
+        /* streamed writes wait for their round: worker pool; role admin (the default) */
+        tsr_rpc_server_add_method(srv, SVC "UpsertDatapoints", tsr__coord_rpc_upsert, c,
+                                  TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, SVC "RemoveDatapoints", tsr__coord_rpc_remove, c,
+                                  TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,
@@ -343,6 +348,7 @@ static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
 static tsr__coord *coord_new(const char *tmpl, const char *deployed)
 {
     tsr__coord *c = tsr_xcalloc(1, sizeof *c);
+    c->st.log_fd = -1; /* tsr__stream_init fills the rest */
     pthread_mutex_init(&c->snap_mu, NULL);
     pthread_mutex_init(&c->update_mu, NULL);
     pthread_mutex_init(&c->op_mu, NULL);
@@ -364,11 +370,13 @@ static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
     pthread_mutex_unlock(&c->op_mu);
     if (live)
         pthread_join(c->upd_thread, NULL);
+    tsr__stream_stop(c); /* queued writes fail UNAVAILABLE; the writer is joined */
     if (rec_started)
         tsr__coord_reconcile_stop(c);
     tsr_metrics_http_destroy(mh);
     tsr_rpc_server_destroy(srv);
     tsr__coord_channels_close(c);
+    tsr__stream_close(c);
     tsr__snap_unref(c->snap);
     tsr__coord_ops_close(c);
     tsr_store_destroy(c->store);
@@ -466,8 +474,16 @@ int main(int argc, char **argv)
     }
     if (load_state(c, data) != 0)
         goto out;
+    if (tsr__stream_init(c, &err)) {
+        tsr_error_log("%s: the coordinator log of streamed writes: %s", data, err.msg);
+        goto out;
+    }
     if (tsr__coord_channels_open(c, &shard_opts, &err)) {
         tsr_error_log("%s", err.msg);
+        goto out;
+    }
+    if (tsr__stream_start(c)) {
+        tsr_error_log("cannot start the stream writer thread");
         goto out;
     }
     tsr__coord_metrics_register(c);

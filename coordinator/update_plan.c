@@ -55,7 +55,7 @@ static int cmp_rec(const void *key, const void *rec)
     return strcmp((const char *)key, ((const tsr_datapoint *)rec)->id);
 }
 
-static void normalize(float *v, size_t d)
+void tsr__normalize(float *v, size_t d)
 {
     double s = 0;
     for (size_t i = 0; i < d; i++)
@@ -136,15 +136,14 @@ static int get_template(const tsr__coord_config *cfg, const char *tmpl_path,
     return 0;
 }
 
-/* The list of each record (-1: no dense vector) into assign (b->nrecords entries). */
-static int assign_lists(const tsr_ivfpq *tmpl, const tsr_batch *b, size_t d, int64_t *assign,
-                        tsr_error *err)
+int tsr__assign_records(const tsr_ivfpq *tmpl, const tsr_datapoint *recs, size_t n, size_t d,
+                        int threads, int64_t *assign, tsr_error *err)
 {
     size_t nd = 0;
-    for (size_t i = 0; i < b->nrecords; i++)
-        nd += b->records[i].dense != NULL;
+    for (size_t i = 0; i < n; i++)
+        nd += recs[i].dense != NULL;
     if (!nd) {
-        for (size_t i = 0; i < b->nrecords; i++)
+        for (size_t i = 0; i < n; i++)
             assign[i] = -1;
         return 0;
     }
@@ -153,19 +152,32 @@ static int assign_lists(const tsr_ivfpq *tmpl, const tsr_batch *b, size_t d, int
         return tsr_err(err, TSR_ENOMEM, "assignment of %zu vectors", nd);
     int64_t *a = tsr_xcalloc(nd, sizeof *a);
     size_t j = 0;
-    for (size_t i = 0; i < b->nrecords; i++)
-        if (b->records[i].dense)
-            memcpy(x + (j++) * d, b->records[i].dense, d * sizeof(float));
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int rc = tsr_ivfpq_assign(tmpl, x, nd, ncpu > 0 ? (int)ncpu : 1, a, err);
+    for (size_t i = 0; i < n; i++)
+        if (recs[i].dense)
+            memcpy(x + (j++) * d, recs[i].dense, d * sizeof(float));
+    int rc = tsr_ivfpq_assign(tmpl, x, nd, threads > 0 ? threads : 1, a, err);
     free(x);
     if (rc == 0) {
         j = 0;
-        for (size_t i = 0; i < b->nrecords; i++)
-            assign[i] = b->records[i].dense ? a[j++] : -1;
+        for (size_t i = 0; i < n; i++)
+            assign[i] = recs[i].dense ? a[j++] : -1;
     }
     free(a);
     return rc;
+}
+
+/* The list of each record (-1: no dense vector) into assign (b->nrecords entries). */
+static int assign_lists(const tsr_ivfpq *tmpl, const tsr_batch *b, size_t d, int64_t *assign,
+                        tsr_error *err)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    return tsr__assign_records(tmpl, b->records, b->nrecords, d, ncpu > 0 ? (int)ncpu : 1,
+                               assign, err);
+}
+
+int32_t tsr__group_of(const tsr__snap *s, int32_t list, const char *id, size_t nshards)
+{
+    return list >= 0 ? s->plan[list] : (int32_t)(tsr__hash_str(id) % nshards);
 }
 
 /* ns's plan: base's when it has the same lists, else built from the batch's list sizes. */
@@ -212,7 +224,7 @@ static void route(const tsr__snap *base, const tsr_batch *b, const int64_t *assi
         const tsr__dir_entry *old = tsr__dir_find(&base->dir, r->id);
         int64_t label = old ? old->label : ns->next_label++;
         int32_t list = (int32_t)assign[i];
-        int32_t shard = list >= 0 ? ns->plan[list] : (int32_t)(tsr__hash_str(r->id) % S);
+        int32_t shard = tsr__group_of(ns, list, r->id, S);
         if (old && !p->overwrite && old->shard != shard && (size_t)old->shard < S) {
             push_del(&p->w[old->shard], old->label, old->list);
             p->nmoved++;
@@ -252,7 +264,7 @@ int tsr__upd_plan_build(const tsr__coord_config *cfg, const char *tmpl_path,
     if (cfg->distance == TSR_DIST_COSINE)
         for (size_t i = 0; i < b->nrecords; i++)
             if (b->records[i].dense)
-                normalize(b->records[i].dense, d);
+                tsr__normalize(b->records[i].dense, d);
     if ((rc = get_template(cfg, tmpl_path, base, b, &tmpl, err)))
         goto out;
     assign = tsr_xcalloc(b->nrecords + 1, sizeof *assign);
@@ -271,6 +283,78 @@ out:
     if (rc)
         tsr__upd_plan_close(p);
     return rc;
+}
+
+/* ---------------------------------------------------------------- datapoint -> pb */
+
+/* Fills p to describe d (borrowing d's arrays). */
+void tsr__dp_to_pb(const tsr_datapoint *d, tsr__pbdp *p)
+{
+    memset(p, 0, sizeof *p);
+    tessera__v1__index_datapoint__init(&p->dp);
+    p->dp.datapoint_id = d->id;
+    if (d->dense) {
+        p->dp.feature_vector = d->dense;
+        p->dp.n_feature_vector = d->ndense;
+    }
+    if (d->nrestricts) {
+        p->rs = tsr_xcalloc(d->nrestricts, sizeof *p->rs);
+        p->rsp = tsr_xcalloc(d->nrestricts, sizeof *p->rsp);
+        for (size_t i = 0; i < d->nrestricts; i++) {
+            tessera__v1__restriction__init(&p->rs[i]);
+            p->rs[i].namespace_ = d->restricts[i].ns;
+            p->rs[i].allow_list = d->restricts[i].allow;
+            p->rs[i].n_allow_list = d->restricts[i].nallow;
+            p->rs[i].deny_list = d->restricts[i].deny;
+            p->rs[i].n_deny_list = d->restricts[i].ndeny;
+            p->rsp[i] = &p->rs[i];
+        }
+        p->dp.restricts = p->rsp;
+        p->dp.n_restricts = d->nrestricts;
+    }
+    if (d->nnumeric) {
+        p->ns = tsr_xcalloc(d->nnumeric, sizeof *p->ns);
+        p->nsp = tsr_xcalloc(d->nnumeric, sizeof *p->nsp);
+        for (size_t i = 0; i < d->nnumeric; i++) {
+            Tessera__V1__NumericRestriction *n = &p->ns[i];
+            tessera__v1__numeric_restriction__init(n);
+            n->namespace_ = d->numeric[i].ns;
+            if (d->numeric[i].type == TSR_NUM_INT) {
+                n->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT;
+                n->value_int = d->numeric[i].v.i;
+            } else if (d->numeric[i].type == TSR_NUM_FLOAT) {
+                n->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT;
+                n->value_float = d->numeric[i].v.f;
+            } else {
+                n->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE;
+                n->value_double = d->numeric[i].v.d;
+            }
+            p->nsp[i] = n;
+        }
+        p->dp.numeric_restricts = p->nsp;
+        p->dp.n_numeric_restricts = d->nnumeric;
+    }
+    if (d->crowding_tag) {
+        tessera__v1__crowding_tag__init(&p->tag);
+        p->tag.crowding_attribute = d->crowding_tag;
+        p->dp.crowding_tag = &p->tag;
+    }
+    if (d->nsparse) {
+        tessera__v1__sparse_embedding__init(&p->sp);
+        p->sp.values = d->sparse_vals;
+        p->sp.n_values = d->nsparse;
+        p->sp.dimensions = d->sparse_dims;
+        p->sp.n_dimensions = d->nsparse;
+        p->dp.sparse_embedding = &p->sp;
+    }
+}
+
+void tsr__pbdp_free(tsr__pbdp *p)
+{
+    free(p->rs);
+    free(p->rsp);
+    free(p->ns);
+    free(p->nsp);
 }
 
 void tsr__upd_plan_close(tsr__upd_plan *p)
