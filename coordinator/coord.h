@@ -196,21 +196,11 @@ void tsr__upd_plan_close(tsr__upd_plan *p); /* accepts a closed plan */
 
 /* The pieces of the plan the streamed writes reuse (stream.c): the cosine normalisation
  * (in place), the list of each record (-1: no dense vector; threads for the assignment),
- * the group of a list (-1: hash of the id), and a record as an IndexDatapoint (tsr__pbdp
- * borrows d's arrays; tsr__pbdp_free frees only what dp_to_pb allocated). */
+ * the group of a list (-1: hash of the id). */
 void tsr__normalize(float *v, size_t d);
 int tsr__assign_records(const tsr_ivfpq *tmpl, const tsr_datapoint *recs, size_t n, size_t d,
                         int threads, int64_t *assign, tsr_error *err);
 int32_t tsr__group_of(const tsr__snap *s, int32_t list, const char *id, size_t nshards);
-typedef struct tsr__pbdp {
-    Tessera__V1__IndexDatapoint dp;
-    Tessera__V1__Restriction *rs, **rsp;
-    Tessera__V1__NumericRestriction *ns, **nsp;
-    Tessera__V1__CrowdingTag tag;
-    Tessera__V1__SparseEmbedding sp;
-} tsr__pbdp;
-void tsr__dp_to_pb(const tsr_datapoint *d, tsr__pbdp *p);
-void tsr__pbdp_free(tsr__pbdp *p);
 
 /* ---- operations ---------------------------------------------------------------------- */
 typedef struct tsr__op {

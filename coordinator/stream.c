@@ -41,6 +41,7 @@
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
+#include "net/pb_datapoint.h"
 #include "tessera/v1/coord_log.pb-c.h"
 
 #define ROUND_MAX 10000 /* records per round (group commit cap) */
@@ -117,90 +118,6 @@ static void ov_apply(tsr__coord *c, const tsr__snap *sn, const char *id, int64_t
 
 /* ---------------------------------------------------------------- validation */
 
-static char *dup_or_empty(const char *s) { return tsr_xstrdup(s ? s : ""); }
-
-/* IndexDatapoint -> tsr_datapoint (copies). Returns 0, or 1 with *type and msg set for what
- * the record model cannot hold (unequal sparse lengths, a numeric restrict without a value
- * or with an op). */
-static int from_pb(const Tessera__V1__IndexDatapoint *p, tsr_datapoint *dp,
-                   enum tsr_rec_error *type, char *msg, size_t cap)
-{
-    tsr_datapoint_init(dp);
-    dp->id = dup_or_empty(p->datapoint_id);
-    if (p->n_feature_vector) {
-        dp->dense = tsr_xmalloc(p->n_feature_vector * sizeof(float));
-        memcpy(dp->dense, p->feature_vector, p->n_feature_vector * sizeof(float));
-        dp->ndense = p->n_feature_vector;
-    }
-    const Tessera__V1__SparseEmbedding *sp = p->sparse_embedding;
-    if (sp && sp->n_values != sp->n_dimensions) {
-        *type = TSR_REC_INVALID_SPARSE_EMBEDDING;
-        snprintf(msg, cap, "sparse_embedding has %zu values but %zu dimensions; they must be "
-                 "equal", sp->n_values, sp->n_dimensions);
-        return 1;
-    }
-    if (sp && sp->n_values) {
-        dp->nsparse = sp->n_values;
-        dp->sparse_vals = tsr_xmalloc(dp->nsparse * sizeof(float));
-        dp->sparse_dims = tsr_xmalloc(dp->nsparse * sizeof(int64_t));
-        memcpy(dp->sparse_vals, sp->values, dp->nsparse * sizeof(float));
-        memcpy(dp->sparse_dims, sp->dimensions, dp->nsparse * sizeof(int64_t));
-        tsr_datapoint_normalize_sparse(dp);
-    }
-    if (p->n_restricts) {
-        dp->restricts = tsr_xcalloc(p->n_restricts, sizeof *dp->restricts);
-        dp->nrestricts = p->n_restricts;
-        for (size_t i = 0; i < p->n_restricts; i++) {
-            const Tessera__V1__Restriction *r = p->restricts[i];
-            tsr_token_restrict *t = &dp->restricts[i];
-            t->ns = dup_or_empty(r->namespace_);
-            t->allow = tsr_xcalloc(r->n_allow_list + 1, sizeof *t->allow);
-            t->deny = tsr_xcalloc(r->n_deny_list + 1, sizeof *t->deny);
-            for (size_t j = 0; j < r->n_allow_list; j++)
-                t->allow[t->nallow++] = dup_or_empty(r->allow_list[j]);
-            for (size_t j = 0; j < r->n_deny_list; j++)
-                t->deny[t->ndeny++] = dup_or_empty(r->deny_list[j]);
-        }
-    }
-    if (p->n_numeric_restricts) {
-        dp->numeric = tsr_xcalloc(p->n_numeric_restricts, sizeof *dp->numeric);
-        for (size_t i = 0; i < p->n_numeric_restricts; i++) {
-            const Tessera__V1__NumericRestriction *r = p->numeric_restricts[i];
-            tsr_numeric_restrict *nr = &dp->numeric[dp->nnumeric++];
-            nr->ns = dup_or_empty(r->namespace_);
-            if (r->op != TESSERA__V1__NUMERIC_RESTRICTION__OPERATOR__OPERATOR_UNSPECIFIED) {
-                *type = TSR_REC_OP_IN_DATAPOINT;
-                snprintf(msg, cap, "numeric_restricts[%zu] has an op; operators belong to "
-                         "queries, not to datapoints", i);
-                return 1;
-            }
-            switch (r->value_case) {
-            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT:
-                nr->type = TSR_NUM_INT;
-                nr->v.i = r->value_int;
-                break;
-            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT:
-                nr->type = TSR_NUM_FLOAT;
-                nr->v.f = r->value_float;
-                break;
-            case TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE:
-                nr->type = TSR_NUM_DOUBLE;
-                nr->v.d = r->value_double;
-                break;
-            default:
-                *type = TSR_REC_INVALID_NUMERIC_VALUE;
-                snprintf(msg, cap, "numeric_restricts[%zu] needs one of value_int, value_float, "
-                         "value_double", i);
-                return 1;
-            }
-        }
-    }
-    if (p->crowding_tag && p->crowding_tag->crowding_attribute &&
-        p->crowding_tag->crowding_attribute[0])
-        dp->crowding_tag = tsr_xstrdup(p->crowding_tag->crowding_attribute);
-    return 0;
-}
-
 static void free_dps(tsr_datapoint *dps, size_t n)
 {
     for (size_t i = 0; dps && i < n; i++)
@@ -249,7 +166,7 @@ static int upsert_prepare(tsr__coord *c, const tsr__snap *sn,
         enum tsr_rec_error type = TSR_REC_PARSING_ERROR;
         char msg[600], s[100];
         const Tessera__V1__IndexDatapoint *p = rq->datapoints[i];
-        int bad = from_pb(p, &q->dps[i], &type, msg, sizeof msg);
+        int bad = tsr_pb_datapoint_record(p, &q->dps[i], &type, msg, sizeof msg);
         if (!bad && q->mask)
             bad = tsr_batch_id_check(q->dps[i].id, &type, msg, sizeof msg) ||
                   tsr_batch_restricts_check(&q->dps[i], &type, msg, sizeof msg);
@@ -444,7 +361,7 @@ typedef struct round {
     Tessera__V1__ShardWriteRequest *w;
     Tessera__V1__StagedUpsert **ups;
     Tessera__V1__StagedDelete **dels;
-    tsr__pbdp *pb;              /* one per act */
+    tsr_pb_datapoint *pb;              /* one per act */
     char *failed;               /* per group: no replica took the write */
 } round;
 
@@ -550,12 +467,12 @@ static int mask_merge(round *R, tsr__sreq *q, char *msg, size_t cap)
         }
         if (pa) { /* upserted earlier in this round: its record */
             tsr_datapoint *src = pa->dp;
-            tsr__pbdp tmp;
-            tsr__dp_to_pb(src, &tmp);
+            tsr_pb_datapoint tmp;
+            tsr_pb_datapoint_set(&tmp, src);
             enum tsr_rec_error ty;
             char m[10];
-            from_pb(&tmp.dp, &base[j], &ty, m, sizeof m);
-            tsr__pbdp_free(&tmp);
+            tsr_pb_datapoint_record(&tmp.dp, &base[j], &ty, m, sizeof m);
+            tsr_pb_datapoint_free(&tmp);
             list[j] = pa->list;
         } else {
             need[j] = 1;
@@ -607,7 +524,7 @@ static int mask_merge(round *R, tsr__sreq *q, char *msg, size_t cap)
             code = TSR_RPC_UNAVAILABLE;
             break;
         }
-        from_pb(sd->datapoint, &base[j], &ty, m, sizeof m);
+        tsr_pb_datapoint_record(sd->datapoint, &base[j], &ty, m, sizeof m);
     }
     for (size_t g = 0; g < S; g++)
         if (rr[g])
@@ -687,7 +604,7 @@ static void push_up(round *R, size_t g, int64_t label, int32_t list, size_t ai)
     tessera__v1__staged_upsert__init(u);
     u->label = label;
     u->list = list;
-    tsr__dp_to_pb(R->act[ai].dp, &R->pb[ai]);
+    tsr_pb_datapoint_set(&R->pb[ai], R->act[ai].dp);
     u->datapoint = &R->pb[ai].dp;
     w->upserts = tsr_xrealloc(w->upserts, (w->n_upserts + 1) * sizeof *w->upserts);
     w->upserts[w->n_upserts++] = u;
@@ -762,7 +679,7 @@ static void free_writes(round *R, Tessera__V1__CoordLogRecord *rec)
         free(R->w[g].deletes);
     }
     for (size_t i = 0; R->pb && i < R->nact; i++)
-        tsr__pbdp_free(&R->pb[i]);
+        tsr_pb_datapoint_free(&R->pb[i]);
     free(R->pb);
     for (size_t k = 0; k < rec->n_writes; k++)
         free(rec->writes[k]);

@@ -35,6 +35,7 @@
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
+#include "net/pb_datapoint.h"
 
 void tsr__coord_crash_point(const char *step)
 {
@@ -433,7 +434,7 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
         ndl = chunk;
     Tessera__V1__StagedUpsert *su = tsr_xcalloc(nu + 1, sizeof *su);
     Tessera__V1__StagedUpsert **sup = tsr_xcalloc(nu + 1, sizeof *sup);
-    tsr__pbdp *pd = tsr_xcalloc(nu + 1, sizeof *pd);
+    tsr_pb_datapoint *pd = tsr_xcalloc(nu + 1, sizeof *pd);
     Tessera__V1__StagedDelete **sdp = tsr_xcalloc(ndl + 1, sizeof *sdp);
     for (size_t k = 0; k < nu; k++) {
         const tsr_datapoint *rec = &u->b->records[w->ups[u0 + k]];
@@ -441,7 +442,7 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
         const tsr__dir_entry *e = tsr__dir_find(&ns->dir, rec->id);
         su[k].label = e->label;
         su[k].list = e->list;
-        tsr__dp_to_pb(rec, &pd[k]);
+        tsr_pb_datapoint_set(&pd[k], rec);
         su[k].datapoint = &pd[k].dp;
         sup[k] = &su[k];
     }
@@ -453,7 +454,7 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
     m.n_deletes = ndl;
     uint8_t *buf = tsr_rpc_pack(&m.base, len);
     for (size_t k = 0; k < nu; k++)
-        tsr__pbdp_free(&pd[k]);
+        tsr_pb_datapoint_free(&pd[k]);
     free(pd);
     free(su);
     free(sup);

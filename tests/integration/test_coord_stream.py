@@ -16,7 +16,8 @@ A 3-shard cluster (d 16, nlist 16) with a 3000-vector first version, then:
 - kill -9 of the coordinator right after OKs, restart: every acknowledged write is there;
   a torn tail appended to the coordinator log is dropped with a log line;
 - a batch update after streamed writes keeps them unless the batch deletes / replaces
-  them; streamed writes go on on the new version (seq continues).
+  them; streamed writes go on on the new version (seq continues);
+- the CLI: tessera upsert (file, stdin; a bad line named, nothing sent), tessera remove.
 """
 import math
 import os
@@ -216,6 +217,34 @@ def check_batch_after_stream(cl, tp, model, root):
     assert top1(cl, tp, newv - 3) == ["after"]
 
 
+def check_cli(cl, tp, root):
+    """tessera upsert (file and stdin) / tessera remove round trip; a bad line is named."""
+    import json
+    import subprocess
+    cli = os.path.join(ch.BIN, "tessera")
+    good = os.path.join(root, "up.json")
+    vecs = {"cli-%d" % i: [float(i * 3 + j % 5) for j in range(D)] for i in range(3)}
+    with open(good, "w") as f:
+        for i, v in vecs.items():
+            f.write(json.dumps({"id": i, "embedding": v, "crowding_tag": "t"}) + "\n")
+    r = subprocess.run([cli, "upsert", "--target", cl.target, "--json", good, "--per-call", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "upserted 3 datapoints" in r.stdout, (r.stdout, r.stderr)
+    for i, v in vecs.items():
+        assert top1(cl, tp, v) == [i], i
+    line = json.dumps({"id": "cli-x", "embedding": [1.0] * (D + 1)})
+    r = subprocess.run([cli, "upsert", "--target", cl.target, "--json", "-"],
+                       input=json.dumps({"id": "cli-y", "embedding": [2.0] * D}) + "\n" + line
+                       + "\n", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "stdin line 2: EMBEDDING_SIZE_MISMATCH" in r.stderr and \
+        "nothing was sent" in r.stderr, (r.stdout, r.stderr)
+    assert "cli-y" not in read(cl, tp, ["cli-y"])
+    r = subprocess.run([cli, "remove", "--target", cl.target, "cli-0", "cli-1", "cli-zz"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "removed 2, unknown 1" in r.stdout, (r.stdout, r.stderr)
+    assert set(read(cl, tp, list(vecs))) == {"cli-2"}
+
+
 def main():
     tp = ch.stubs()[0]
     rng = np.random.default_rng(5)
@@ -240,6 +269,7 @@ def main():
         assert st.vectors_count == N + len(model) - 1, (st.vectors_count, len(model))
         check_restart(cl, tp, model)
         check_batch_after_stream(cl, tp, model, root)
+        check_cli(cl, tp, root)
         assert math.isfinite(cl.stats().plan_imbalance)
         print("test_coord_stream: OK")
     finally:
