@@ -319,6 +319,8 @@ typedef struct tsr__coord {
     uint64_t op_seq;
     pthread_t upd_thread;
     int upd_thread_live;
+    pthread_t fold_thread;      /* update.c: starts background folds (streamed writes) */
+    int fold_live;
 
     /* reconcile */
     pthread_t rec_thread;
@@ -368,6 +370,11 @@ int tsr__coord_stream_upsert(tsr__coord *c, const Tessera__V1__UpsertDatapointsR
 int tsr__coord_stream_remove(tsr__coord *c, const Tessera__V1__RemoveDatapointsRequest *rq,
                              Tessera__V1__RemoveDatapointsResponse *resp, tsr_rpc_reply *r);
 
+/* The background fold (update.c): a thread that starts an update with no records (batch_root
+ * "(stream fold)") when the stream's overlay passes stream_fold_records and no update runs.
+ * stop: after `closing` is set (it ends within 200 ms); accepts a fold never started. */
+int tsr__coord_fold_start(tsr__coord *c);
+void tsr__coord_fold_stop(tsr__coord *c);
 /* The kept operation with that id, or NULL (id may be NULL). Caller holds op_mu. */
 tsr__op *tsr__coord_op_find(tsr__coord *c, const char *id);
 

@@ -359,6 +359,20 @@ static tsr__coord *coord_new(const char *tmpl, const char *deployed)
     return c;
 }
 
+/* Starts the fold and reconcile threads (a failure is logged: the coordinator serves
+ * without them). Returns 1 when reconcile runs. */
+static int start_background(tsr__coord *c)
+{
+    if (tsr__coord_fold_start(c) != 0)
+        tsr_error_log("cannot start the fold thread: streamed writes are folded only by batch "
+                      "updates");
+    if (tsr__coord_reconcile_start(c) == 0)
+        return 1;
+    tsr_error_log("cannot start the reconcile thread: shards are not repaired and old "
+                  "versions are not released until a restart");
+    return 0;
+}
+
 /* Stops what runs (a running update is joined, then reconcile, the metrics listener and
  * the server) and frees the coordinator; every argument may be unset (NULL / 0). */
 static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
@@ -366,6 +380,9 @@ static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
 {
     pthread_mutex_lock(&c->op_mu);
     c->closing = 1;
+    pthread_mutex_unlock(&c->op_mu);
+    tsr__coord_fold_stop(c); /* before the join: it may start an update */
+    pthread_mutex_lock(&c->op_mu);
     int live = c->upd_thread_live;
     pthread_mutex_unlock(&c->op_mu);
     if (live)
@@ -509,11 +526,7 @@ int main(int argc, char **argv)
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
     }
-    if (tsr__coord_reconcile_start(c) == 0)
-        rec_started = 1;
-    else
-        tsr_error_log("cannot start the reconcile thread: shards are not repaired and old "
-                      "versions are not released until a restart");
+    rec_started = start_background(c);
     /* the server is live: an UpdateIndex may already swap c->snap, so read it through
      * snap_mu and a reference (a bare c->snap->version races with the swap and can read
      * the freed snapshot) */

@@ -789,9 +789,9 @@ static void ack(round *R, int64_t seq)
         }
         finish(q, TSR_RPC_OK, NULL);
         if (q->kind == SREQ_UPSERT)
-            tsr_metrics_counter_add("tessera_stream_writes_total", "op=\"upsert\"", (double)q->n);
+            tsr_metrics_counter_add("tessera_stream_writes_total", "op=upsert", (double)q->n);
         else
-            tsr_metrics_counter_add("tessera_stream_writes_total", "op=\"remove\"",
+            tsr_metrics_counter_add("tessera_stream_writes_total", "op=remove",
                                     (double)q->removed);
     }
 }
@@ -882,9 +882,11 @@ static int resend_one(void *ud, const Tessera__V1__CoordLogRecord *rec, int64_t 
             continue;
         tsr_rpc_result res;
         tsr_rpc_result_init(&res);
+        ProtobufCMessage *out = NULL;
         int code = tsr_rpc_call_pb(rs->c->rep[rs->k].ch, TSR_SHARD_SVC "Write", &lw->write->base,
                                    &tessera__v1__shard_write_response__descriptor,
-                                   rs->c->cfg.stream_write_deadline_ms, NULL, &res);
+                                   rs->c->cfg.stream_write_deadline_ms, &out, &res);
+        protobuf_c_message_free_unpacked(out, NULL); /* accepts NULL */
         if (code != TSR_RPC_OK) {
             rs->code = code;
             snprintf(rs->msg, sizeof rs->msg, "Write seq %lld: %s: %s", (long long)rec->seq,

@@ -669,7 +669,8 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
 typedef struct upd_arg {
     tsr__coord *c;
     tsr__op *op;
-    char *root;          /* owned: the resolved batch_root to load */
+    char *root;          /* owned: the resolved batch_root to load; NULL = a fold (no
+                            records: every group builds the next version from its delta) */
     const char *confine; /* the allowed folder it is in (borrowed from c) */
 } upd_arg;
 
@@ -686,9 +687,14 @@ static void *update_main(void *p)
     op_set(c, op, TESSERA__V1__OPERATION__STATE__READING);
     tsr_metrics_update_phase("validate");
     tsr_batch *b = NULL;
-    int rc = tsr_batch_load(root, &bo, &b, &err);
+    int rc = 0;
+    if (root)
+        rc = tsr_batch_load(root, &bo, &b, &err);
+    else /* a fold: an empty batch, the streamed writes come from the stream's base */
+        b = tsr_xcalloc(1, sizeof *b);
+    int fold = root == NULL;
     free(root);
-    if (b) {
+    if (b && !fold) {
         char *js = tsr_batch_report_json(&b->report);
         pthread_mutex_lock(&c->op_mu);
         op->report_json = js;
@@ -738,6 +744,11 @@ static int confine_root(tsr__coord *c, const char *batch_root, char **root, cons
     return 0;
 }
 
+/* Creates the operation and starts its thread (op_mu held, not busy). root: owned, NULL for
+ * a fold. */
+static void op_start(tsr__coord *c, const char *batch_root, char *root, const char *within,
+                     int overwrite, int32_t max_invalid, char *id, size_t cap);
+
 int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
                             int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r)
 {
@@ -758,6 +769,14 @@ int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite
         return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, c->closing ? "shutting down"
                                    : "update in progress");
     }
+    op_start(c, batch_root, root, within, overwrite, max_invalid, id, cap);
+    pthread_mutex_unlock(&c->op_mu);
+    return 0;
+}
+
+static void op_start(tsr__coord *c, const char *batch_root, char *root, const char *within,
+                     int overwrite, int32_t max_invalid, char *id, size_t cap)
+{
     if (c->upd_thread_live) {
         pthread_join(c->upd_thread, NULL); /* finished: busy is 0 */
         c->upd_thread_live = 0;
@@ -798,10 +817,58 @@ int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite
         c->upd_thread_live = 1;
     }
     snprintf(id, cap, "%s", op->id);
-    tsr_info("update %s: batch_root %s%s, max_invalid_records %d", op->id, op->batch_root,
-             op->overwrite ? " (complete overwrite)" : "", max_invalid);
+    if (root)
+        tsr_info("update %s: batch_root %s%s, max_invalid_records %d", op->id, op->batch_root,
+                 op->overwrite ? " (complete overwrite)" : "", max_invalid);
+}
+
+/* ---------------------------------------------------------------- background fold */
+
+/* Starts a fold (an update with no records) when the stream's overlay passed
+ * stream_fold_records and no update runs. */
+static void fold_maybe(tsr__coord *c)
+{
+    if (!tsr__stream_fold_due(c))
+        return;
+    pthread_mutex_lock(&c->op_mu);
+    if (!c->busy && !c->closing) {
+        char id[sizeof ((tsr__op *)0)->id];
+        op_start(c, "(stream fold)", NULL, NULL, 0, 0, id, sizeof id);
+        tsr_info("update %s: stream fold: the overlay holds %d or more streamed writes",
+                 id, c->cfg.stream_fold_records);
+        tsr_metrics_counter_add("tessera_stream_folds_total", NULL, 1);
+    }
     pthread_mutex_unlock(&c->op_mu);
+}
+
+static void *fold_main(void *p)
+{
+    tsr__coord *c = p;
+    for (;;) {
+        pthread_mutex_lock(&c->op_mu);
+        int closing = c->closing;
+        pthread_mutex_unlock(&c->op_mu);
+        if (closing)
+            break;
+        fold_maybe(c);
+        usleep(200 * 1000);
+    }
+    return NULL;
+}
+
+int tsr__coord_fold_start(tsr__coord *c)
+{
+    if (pthread_create(&c->fold_thread, NULL, fold_main, c) != 0)
+        return TSR_EINTERNAL;
+    c->fold_live = 1;
     return 0;
+}
+
+void tsr__coord_fold_stop(tsr__coord *c)
+{
+    if (c->fold_live) /* it ends within 200 ms of `closing` */
+        pthread_join(c->fold_thread, NULL);
+    c->fold_live = 0;
 }
 
 int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
