@@ -744,27 +744,31 @@ int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
 
 /* The /metrics collector (docs/operations.md): the served version's number, dense
  * datapoints and non-empty lists — the same numbers as Stats' current_version,
- * vectors_count and lists — read at each scrape on the metrics thread (a version
- * reference only, as a Search takes). */
+ * vectors_count and lists, the delta included — and the streaming gauges (docs/shard.md),
+ * read at each scrape on the metrics thread (a version reference only, as a Search
+ * takes). */
 static void collect(void *ud)
 {
     tsr__shard *s = ud;
-    tsr__version *v = tsr__shard_get(s, 0);
+    tsr__delta *d = NULL;
+    tsr__version *v = tsr__shard_get_view(s, 0, &d);
     if (v == NULL)
         return;
-    size_t lists = 0;
-    for (size_t i = 0; i < v->nlist; i++)
-        lists += v->lists[i] != NULL && v->lists[i]->n > 0;
-    tsr_metrics_version_set((uint64_t)v->version);
-    tsr_metrics_index_size((uint64_t)v->nvectors, (uint64_t)lists);
-    tsr__version_unref(v);
-    tsr__delta *d = NULL;
-    v = tsr__shard_get_view(s, 0, &d);
+    Tessera__V1__ShardStatsResponse st = TESSERA__V1__SHARD_STATS_RESPONSE__INIT;
+    int32_t *lists = NULL;
+    int64_t *sizes = NULL;
+    int64_t vec, sp;
+    view_counts(v, d, &vec, &sp);
+    if (stats_lists(v, d, &st, &lists, &sizes) == 0) {
+        tsr_metrics_version_set((uint64_t)v->version);
+        tsr_metrics_index_size((uint64_t)vec, (uint64_t)st.n_lists);
+    }
+    free(lists);
+    free(sizes);
     tsr_metrics_gauge_set("tessera_shard_delta_records", NULL,
                           d ? (double)(d->nrecs + d->ndeletes) : 0.0);
     tsr_metrics_gauge_set("tessera_shard_wal_bytes", NULL, (double)atomic_load(&s->wal_bytes));
-    tsr_metrics_gauge_set("tessera_shard_stream_seq", NULL,
-                          v ? (double)tsr__applied_seq(v, d) : 0.0);
+    tsr_metrics_gauge_set("tessera_shard_stream_seq", NULL, (double)tsr__applied_seq(v, d));
     tsr__delta_unref(d);
     tsr__version_unref(v);
 }

@@ -20,7 +20,9 @@ Real tessera-shard processes over gRPC:
   shard does, and a restart keeps the folded seq (old seqs stay deduplicated).
 """
 import os
+import re
 import sys
+import urllib.request
 
 import numpy as np
 
@@ -179,7 +181,8 @@ def main():
             final.pop(x, None)
 
     da, db = H.tmpdir(), H.tmpdir()
-    A, B = H.Shard(da), H.Shard(db)
+    mport = H.free_port()
+    A, B = H.Shard(da, extra=["--metrics-listen", "127.0.0.1:%d" % mport]), H.Shard(db)
     try:
         H.load(A, 1, 0, list(base.values()), template=tmpl, chunk=1000, own=own)
         H.load(B, 1, 0, [final[k] for k in sorted(final)], template=tmpl, chunk=1000, own=own)
@@ -245,6 +248,16 @@ def main():
         assert sa.delta_deletes == sum(1 for k in base if k not in final), sa
         print("stats: %d upserts, %d deletes in the delta (%d base labels masked), wal %d bytes"
               % (sa.delta_upserts, sa.delta_deletes, nmask, sa.wal_bytes))
+
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport,
+                                      timeout=5).read().decode()
+        want = {"tessera_shard_stream_writes_total": len(writes),
+                "tessera_shard_delta_records": sa.delta_upserts + sa.delta_deletes,
+                "tessera_shard_wal_bytes": sa.wal_bytes, "tessera_shard_stream_seq": last,
+                "tessera_vectors": sa.vectors_count, "tessera_lists": len(sa.lists)}
+        for name, val in want.items():
+            m = re.search(r"^" + name + r" (\S+)$", text, re.M)
+            assert m and float(m.group(1)) == val, (name, m and m.group(1), val)
 
         # kill -9 right after the acknowledged writes: all of them are back.
         A.kill()

@@ -97,7 +97,7 @@ static int setup(void **state)
     assert_int_equal(tsr__wal_sync_fd(w.fd, w.path, &err), 0);
     tsr__wal_close(&w);
     assert_int_equal(fsize(f->path), f->ends[NREC - 1]);
-    drain();
+    free(drain());
     *state = f;
     return 0;
 }
