@@ -28,6 +28,7 @@
  * agree. The queue has its own q_mu. Lock order: update_mu, st.mu, st.ov_rw, snap_mu;
  * q_mu is never held with another lock.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1124,6 +1125,29 @@ static int write_header(tsr__coord *c, uint64_t version, int64_t next_label, tsr
     return tsr__slog_create(c->store, version, &h, err);
 }
 
+/* Removes the logs of other versions than `keep` (a crash between a commit point and the
+ * removal of the old log, or before the commit point after the new log's header). */
+static void remove_stale_logs(tsr__coord *c, uint64_t keep)
+{
+    char d[4096], path[4400];
+    tsr__slog_dir(c->store, d, sizeof d);
+    DIR *dh = opendir(d);
+    if (!dh)
+        return;
+    struct dirent *de;
+    while ((de = readdir(dh)) != NULL) {
+        unsigned long long v = 0;
+        char tail[8] = "";
+        if (sscanf(de->d_name, "v%llu.%7s", &v, tail) != 2 || strcmp(tail, "log") != 0 ||
+            v == keep)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", d, de->d_name);
+        if (unlink(path) == 0)
+            tsr_info("stream: removed %s (not the committed version's log)", path);
+    }
+    closedir(dh);
+}
+
 int tsr__stream_init(tsr__coord *c, tsr_error *err)
 {
     tsr__stream *s = &c->st;
@@ -1145,6 +1169,7 @@ int tsr__stream_init(tsr__coord *c, tsr_error *err)
     s->next_label = sn->next_label;
     s->next_seq = 1;
     s->ov_version = sn->version;
+    remove_stale_logs(c, sn->version);
     if (sn->version == 0)
         return 0;
     char path[4200], why[300];
