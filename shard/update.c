@@ -21,8 +21,9 @@
  * DESIGN (threads): update_mu serializes every update call (Stage/Prepare run on the
  * rpc worker pool; Commit/Abort/Release are short). table_mu guards `current` and
  * `held` and is held only to look up + ref, or to swap entries: no I/O, no building,
- * no allocation beyond a pointer swap. Queries take only table_mu, briefly. Lock order:
- * update_mu before table_mu.
+ * no allocation beyond a pointer swap. Queries take only table_mu, briefly. Commit and
+ * Prepare's publication take write_mu (stream.c) with no Write in flight. Lock order:
+ * update_mu, write_mu, table_mu.
  */
 #include <errno.h>
 #include <stdio.h>
