@@ -55,7 +55,9 @@ typedef struct pbdp {
     Tessera__V1__SparseEmbedding sp;
 } pbdp;
 
-/* Fills p to describe d (borrowing d's arrays). */
+/* Fills p to describe d (borrowing d's arrays; embedding_metadata is unpacked from d's
+ * serialized Struct, which the batch reader wrote: failing to unpack it is out of memory
+ * or a bug, and aborts like tsr_xmalloc rather than drop it). */
 static void dp_to_pb(const tsr_datapoint *d, pbdp *p)
 {
     memset(p, 0, sizeof *p);
@@ -115,10 +117,21 @@ static void dp_to_pb(const tsr_datapoint *d, pbdp *p)
         p->sp.n_dimensions = d->nsparse;
         p->dp.sparse_embedding = &p->sp;
     }
+    if (d->nmetadata) {
+        p->dp.embedding_metadata = google__protobuf__struct__unpack(NULL, d->nmetadata,
+                                                                    d->metadata);
+        if (p->dp.embedding_metadata == NULL) {
+            tsr_error_log("datapoint '%s': cannot unpack its embedding_metadata (%zu bytes)",
+                           d->id, d->nmetadata);
+            abort();
+        }
+    }
 }
 
 static void pbdp_free(pbdp *p)
 {
+    if (p->dp.embedding_metadata)
+        google__protobuf__struct__free_unpacked(p->dp.embedding_metadata, NULL);
     free(p->rs);
     free(p->rsp);
     free(p->ns);
