@@ -297,6 +297,21 @@ void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference *
  * PERMISSION_DENIED, FAILED_PRECONDITION while another update runs). */
 int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
                             int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r);
+/* stream.c: streamed writes (docs/streaming.md), the entry points of every front end
+ * (tessera.v1 UpsertDatapoints / RemoveDatapoints, aiplatform.v1 IndexService's). rq is
+ * borrowed; *resp is a zero-initialised response the call fills (scalars only: nothing to
+ * free). They block until the write's round is durable and applied (run them on the worker
+ * pool: TSR_RPC_LONG). Returns 0 = OK with *resp filled, or a negative TSR code with the
+ * gRPC status set on r via tsr_rpc_reply_error: INVALID_ARGUMENT naming datapoints[i], its
+ * id and the field; RESOURCE_EXHAUSTED above TSR__STREAM_MAX_PER_REQUEST; FAILED_PRECONDITION
+ * without an index; UNAVAILABLE when a touched group has no live replica (nothing written)
+ * or lost all of them during the round (outcome unknown, logged, resent by reconcile). */
+#define TSR__STREAM_MAX_PER_REQUEST 10000
+int tsr__coord_stream_upsert(tsr__coord *c, const Tessera__V1__UpsertDatapointsRequest *rq,
+                             Tessera__V1__UpsertDatapointsResponse *resp, tsr_rpc_reply *r);
+int tsr__coord_stream_remove(tsr__coord *c, const Tessera__V1__RemoveDatapointsRequest *rq,
+                             Tessera__V1__RemoveDatapointsResponse *resp, tsr_rpc_reply *r);
+
 /* The kept operation with that id, or NULL (id may be NULL). Caller holds op_mu. */
 tsr__op *tsr__coord_op_find(tsr__coord *c, const char *id);
 
