@@ -434,7 +434,7 @@ static int meta_size(json_state *st, json_t *v, int what, int depth, char *path,
         }
         return -1;
     }
-    if (depth > META_DEPTH_MAX) {
+    if (depth >= META_DEPTH_MAX) { /* the metadata object itself is level 1 */
         snprintf(st->msg, sizeof st->msg, "%s: nests deeper than %d levels", path, META_DEPTH_MAX);
         return -1;
     }
@@ -452,7 +452,8 @@ static int meta_size(json_state *st, json_t *v, int what, int depth, char *path,
             }
             if (meta_size(st, x, 0, depth, path, &vs) != 0)
                 return -1;
-            n += ld_len(ld_len(kl) + ld_len(vs)); /* map entry {key = 1, value = 2} */
+            /* map entry {key = 1, value = 2}; an empty key is left out (proto3 default) */
+            n += ld_len((kl ? ld_len(kl) : 0) + ld_len(vs));
             path[plen] = 0;
             if (n > TSR_METADATA_MAX)
                 break;
@@ -517,8 +518,9 @@ static uint8_t *meta_put(json_state *st, json_t *v, int what, uint8_t *p)
             size_t kl = strlen(k), vs;
             meta_size(st, x, 0, 0, path, &vs);
             *p++ = 0x0a;
-            p = put_varint(p, ld_len(kl) + ld_len(vs));
-            p = put_ld(p, 0x0a, k, kl);
+            p = put_varint(p, (kl ? ld_len(kl) : 0) + ld_len(vs));
+            if (kl)
+                p = put_ld(p, 0x0a, k, kl);
             *p++ = 0x12;
             p = put_varint(p, vs);
             p = meta_put(st, x, 0, p);
