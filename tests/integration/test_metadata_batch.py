@@ -2,7 +2,8 @@
 are loaded with UpdateIndex; tessera.v1 ReadIndexDatapoints and FindNeighbors with
 return_full_datapoint return it equal (a google.protobuf.Struct: JSON numbers come back
 as doubles, the only change protobuf's JSON mapping makes); FindNeighbors without
-return_full_datapoint does not send it. It stays through a delta update that does not touch
+return_full_datapoint does not send it; the container API's BatchGetEmbeddings returns it too.
+It stays through a delta update that does not touch
 its record (the shard copies records into version N+1) and through a restart of every shard
 (the shard's meta file), and is gone when its record is replaced without it.
 
@@ -102,8 +103,20 @@ def main():
                     j = int(nb.datapoint.datapoint_id[1:])
                     want = as_struct_json(metadata_of(j)) if full and metadata_of(j) else None
                     assert md(nb.datapoint) == want, (full, j, md(nb.datapoint))
+        # the container API's BatchGetEmbeddings (Embedding.embedding_metadata = 7)
+        import vertex_harness as vh
+        mp, mpg = vh.vstubs()
+        ge = mpg.MatchServiceStub(cl.channel).BatchGetEmbeddings(
+            mp.BatchGetEmbeddingsRequest(id=ids[:12]), timeout=30)
+        assert [e.id for e in ge.embeddings] == ids[:12], ge
+        for i, e in enumerate(ge.embeddings):
+            want = metadata_of(i)
+            have = json_format.MessageToDict(e.embedding_metadata) \
+                if e.HasField("embedding_metadata") else None
+            assert have == (as_struct_json(want) if want else None), (i, have)
         print("v1: %d records, metadata read back equal (ReadIndexDatapoints, full "
-              "FindNeighbors datapoints; none without return_full_datapoint)" % N)
+              "FindNeighbors datapoints, container BatchGetEmbeddings; none without "
+              "return_full_datapoint)" % N)
 
         # a delta that does not touch most records; m0001 replaced without metadata,
         # m0002 replaced with new metadata, m0004 deleted
