@@ -11,6 +11,10 @@
 #ifndef TSR_CLI_H
 #define TSR_CLI_H
 
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
 int tsr_cmd_index_build(int argc, char **argv);
 int tsr_cmd_index_search(int argc, char **argv);
 int tsr_cmd_index_check(int argc, char **argv);
@@ -29,8 +33,14 @@ int tsr_cmd_cluster_up(int argc, char **argv);
  * "PROG: cannot write the report: PATH: why" and returns -1. (cmd_batch.c) */
 int tsr_cli_write_report(const char *prog, const char *path, const char *json);
 
+/* The google.protobuf.Struct serialized in data[0..len) (a datapoint's embedding_metadata)
+ * as a JSON object (new reference), NULL when it does not parse. (cmd_online.c) */
+json_t *tsr_cli_metadata_json(const uint8_t *data, size_t len);
+
 /* cluster_check.c: the checks of `tessera cluster up` (see the file comment there). */
 #include <stddef.h>
+#include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 struct tsr_rpc_client_opts;
 /* 0 when a server could bind host:port now; -1 with the reason in why otherwise. */
