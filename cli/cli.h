@@ -33,8 +33,11 @@ int tsr_cmd_cluster_up(int argc, char **argv);
  * "PROG: cannot write the report: PATH: why" and returns -1. (cmd_batch.c) */
 int tsr_cli_write_report(const char *prog, const char *path, const char *json);
 
-/* The google.protobuf.Struct serialized in data[0..len) (a datapoint's embedding_metadata)
- * as a JSON object (new reference), NULL when it does not parse. (cmd_online.c) */
+/* cli_metadata.c: a google.protobuf.Struct (a datapoint's embedding_metadata; NULL = {})
+ * as a JSON object, new reference; tsr_cli_metadata_json takes it serialized in
+ * data[0..len) and returns NULL when it does not parse. */
+struct Google__Protobuf__Struct;
+json_t *tsr_cli_struct_json(const struct Google__Protobuf__Struct *s);
 json_t *tsr_cli_metadata_json(const uint8_t *data, size_t len);
 
 /* cluster_check.c: the checks of `tessera cluster up` (see the file comment there). */

@@ -304,50 +304,6 @@ static json_t *float_array(const float *v, size_t n)
     return a;
 }
 
-static json_t *struct_json(const Google__Protobuf__Struct *s);
-
-static json_t *value_json(const Google__Protobuf__Value *v)
-{
-    switch (v ? v->kind_case : GOOGLE__PROTOBUF__VALUE__KIND__NOT_SET) {
-    case GOOGLE__PROTOBUF__VALUE__KIND_NUMBER_VALUE:
-        return json_real(v->number_value);
-    case GOOGLE__PROTOBUF__VALUE__KIND_STRING_VALUE:
-        return json_string(v->string_value);
-    case GOOGLE__PROTOBUF__VALUE__KIND_BOOL_VALUE:
-        return json_boolean(v->bool_value);
-    case GOOGLE__PROTOBUF__VALUE__KIND_STRUCT_VALUE:
-        return struct_json(v->struct_value);
-    case GOOGLE__PROTOBUF__VALUE__KIND_LIST_VALUE: {
-        json_t *a = json_array();
-        for (size_t i = 0; v->list_value && i < v->list_value->n_values; i++)
-            json_array_append_new(a, value_json(v->list_value->values[i]));
-        return a;
-    }
-    default:
-        return json_null();
-    }
-}
-
-/* embedding_metadata as the JSON object it was given as (numbers are doubles). */
-static json_t *struct_json(const Google__Protobuf__Struct *s)
-{
-    json_t *o = json_object();
-    for (size_t i = 0; s && i < s->n_fields; i++)
-        json_object_set_new(o, s->fields[i]->key ? s->fields[i]->key : "",
-                            value_json(s->fields[i]->value));
-    return o;
-}
-
-json_t *tsr_cli_metadata_json(const uint8_t *data, size_t len)
-{
-    Google__Protobuf__Struct *s = google__protobuf__struct__unpack(NULL, len, data);
-    if (!s)
-        return NULL;
-    json_t *o = struct_json(s);
-    google__protobuf__struct__free_unpacked(s, NULL);
-    return o;
-}
-
 static json_t *datapoint_json(const Tessera__V1__IndexDatapoint *dp)
 {
     json_t *o = json_object();
@@ -399,7 +355,8 @@ static json_t *datapoint_json(const Tessera__V1__IndexDatapoint *dp)
         dp->crowding_tag->crowding_attribute[0])
         json_object_set_new(o, "crowding_tag", json_string(dp->crowding_tag->crowding_attribute));
     if (dp->embedding_metadata)
-        json_object_set_new(o, "embedding_metadata", struct_json(dp->embedding_metadata));
+        json_object_set_new(o, "embedding_metadata",
+                            tsr_cli_struct_json(dp->embedding_metadata));
     return o;
 }
 
