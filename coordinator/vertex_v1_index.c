@@ -13,7 +13,7 @@
  * google.rpc.Status with the batch's error (REJECTED: INVALID_ARGUMENT, with the batch
  * report; FAILED: FAILED_PRECONDITION). GetIndex answers from the served snapshot:
  * metadata.config.dimensions / distanceMeasureType as Vertex writes them, indexStats,
- * indexUpdateMethod BATCH_UPDATE.
+ * indexUpdateMethod STREAM_UPDATE (streamed writes and batches are both served).
  *
  *
  * UpsertDatapoints and RemoveDatapoints check the index name, translate the request into
@@ -88,7 +88,7 @@ static const char *vertex_distance(enum tsr__distance d)
 }
 
 /* Fills m with the served index named `name` (borrowed): metadata {config: {dimensions,
- * distanceMeasureType}}, indexStats of the served snapshot, BATCH_UPDATE. */
+ * distanceMeasureType}}, indexStats of the served snapshot, STREAM_UPDATE. */
 static void index_fill(tsr__coord *c, const char *name, index_msg *m)
 {
     memset(m, 0, sizeof *m);
@@ -98,7 +98,7 @@ static void index_fill(tsr__coord *c, const char *name, index_msg *m)
     m->ix.display_name = (char *)(c->deployed_index_id && c->deployed_index_id[0]
                                   ? c->deployed_index_id : "tessera");
     m->ix.index_update_method =
-        GOOGLE__CLOUD__AIPLATFORM__V1__INDEX__INDEX_UPDATE_METHOD__BATCH_UPDATE;
+        GOOGLE__CLOUD__AIPLATFORM__V1__INDEX__INDEX_UPDATE_METHOD__STREAM_UPDATE;
     tsr__snap *sn = tsr__coord_snap_get(c);
     m->st.vectors_count = sn->ndense;
     m->st.sparse_vectors_count = sn->nsparse;

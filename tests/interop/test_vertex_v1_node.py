@@ -267,7 +267,7 @@ def index_service(cl, tp, D, ss, root):
     assert int(ist["vectorsCount"]) == st.vectors_count, (ist, st)
     assert int(ist.get("sparseVectorsCount") or 0) == st.sparse_vectors_count, (ist, st)
     assert ist["shardsCount"] == st.shards_count == 4, (ist, st)
-    assert gi["indexUpdateMethod"] == "BATCH_UPDATE", gi
+    assert gi["indexUpdateMethod"] == "STREAM_UPDATE", gi
     for c, g in zip(calls, got):
         if "_want" in c:
             code, msg = c["_want"]
