@@ -24,6 +24,8 @@
 #include "net/metrics_http.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "google/cloud/aiplatform/v1/index_service.pb-c.h"
+#include "google/cloud/aiplatform/v1/match_service.pb-c.h"
 
 static void usage(FILE *f)
 {
@@ -274,7 +276,14 @@ static int add_vertex_v1_methods(tsr_rpc_server *srv, tsr__coord *c)
         tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "RemoveDatapoints",
                                   tsr__vertex_v1_rpc_remove, c, TSR_RPC_LONG) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_INDEX_SVC "GetIndex", ROLE_QUERY) ||
-        tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY))
+        tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY) ||
+        /* recursive request types (google.protobuf.Struct/Value): nesting checked first */
+        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
+            &google__cloud__aiplatform__v1__find_neighbors_request__descriptor) ||
+        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_INDEX_SVC "UpdateIndex",
+            &google__cloud__aiplatform__v1__update_index_request__descriptor) ||
+        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
+            &google__cloud__aiplatform__v1__upsert_datapoints_request__descriptor))
         return TSR_EINTERNAL;
     for (size_t i = 0; i < sizeof index_methods / sizeof index_methods[0]; i++)
         if (tsr_rpc_server_add_method(srv, index_methods[i], tsr__vertex_v1_rpc_unimplemented,
@@ -313,6 +322,10 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
     for (size_t i = 0; i < sizeof query_methods / sizeof query_methods[0]; i++)
         if (tsr_rpc_server_set_role(srv, query_methods[i], ROLE_QUERY))
             return TSR_EINTERNAL;
+    /* IndexDatapoint.embedding_metadata is a google.protobuf.Struct (recursive) */
+    if (tsr_rpc_server_set_request_type(srv, SVC "FindNeighbors",
+                                        &tessera__v1__find_neighbors_request__descriptor))
+        return TSR_EINTERNAL;
 #undef SVC
     return add_vertex_v1_methods(srv, c);
 }

@@ -658,7 +658,9 @@ int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
         if (rc != 0)
             return rc;
     }
-    return 0;
+    /* staged datapoints carry embedding_metadata, a google.protobuf.Struct (recursive) */
+    return tsr_rpc_server_set_request_type(srv, "/tessera.v1.Shard/Stage",
+                                           &tessera__v1__stage_request__descriptor);
 }
 
 /* The /metrics collector (docs/operations.md): the served version's number, dense

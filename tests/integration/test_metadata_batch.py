@@ -11,6 +11,8 @@ Refused, never dropped: metadata over 64 KiB serialized, a metadata that is not 
 (both: the batch is REJECTED, the report names the file, the line and
 `embedding_metadata`), and an Avro file whose writer schema has an embedding_metadata field
 (the Avro format cannot carry it: the file is an error saying so). Nothing changes then.
+A Struct nested 200000 deep over gRPC is INVALID_ARGUMENT before it is unpacked (protobuf-c
+would recurse once per level), and the coordinator lives.
 """
 import json
 import os
@@ -48,6 +50,65 @@ def metadata_of(i):
     if i % 9 == 1:
         m["long"] = "x" * 5000
     return m
+
+
+def _varint(n):
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def _ld(num, payload):
+    return bytes([num << 3 | 2]) + _varint(len(payload)) + payload
+
+
+def deep_struct(depth):
+    """A google.protobuf.Struct {"a": {"a": ... {}}} nested depth objects deep (3 message
+    levels each: map entry, Value, Struct), built without copying it depth times."""
+    parts, n = [], 0
+    for _ in range(depth):
+        value_len = 1 + len(_varint(n)) + n
+        entry_len = 3 + 1 + len(_varint(value_len)) + value_len
+        parts.append(b"\x0a" + _varint(entry_len) + b"\x0a\x01a\x12" + _varint(value_len) +
+                     b"\x2a" + _varint(n))
+        n = 1 + len(_varint(entry_len)) + entry_len
+    return b"".join(reversed(parts))
+
+
+def hostile_nesting(cl, tp):
+    """Struct is recursive and protobuf-c's unpack recurses per level: a few MB nested
+    200000 deep must be refused before the unpack (INVALID_ARGUMENT), not crash."""
+    import grpc
+    import struct
+    ident = lambda b: b  # noqa: E731
+    idx = b"projects/p/locations/l/indexes/i"
+    vec = _ld(2, b"".join(struct.pack("<f", 0.5) for _ in range(D)))
+    for depth, ok in ((60, True), (200000, False)):
+        dp = _ld(1, b"q") + vec + _ld(8, deep_struct(depth))
+        for method, req in (("/tessera.v1.VectorSearch/FindNeighbors", _ld(3, _ld(1, dp))),
+                            ("/google.cloud.aiplatform.v1.MatchService/FindNeighbors",
+                             _ld(3, _ld(1, dp))),
+                            ("/google.cloud.aiplatform.v1.IndexService/UpsertDatapoints",
+                             _ld(1, idx) + _ld(2, dp))):
+            f = cl.channel.unary_unary(method, request_serializer=ident,
+                                       response_deserializer=ident)
+            try:
+                f(req, timeout=30)
+                code, det = grpc.StatusCode.OK, ""
+            except grpc.RpcError as e:
+                code, det = e.code(), e.details()
+            if ok:  # accepted by the check (an upsert may still be refused by its path)
+                assert "nest deeper" not in det, (method, depth, code, det)
+            else:
+                assert code == grpc.StatusCode.INVALID_ARGUMENT and \
+                    "sub-messages nest deeper than 256 levels" in det, (method, code, det)
+    assert cl.coord.proc.poll() is None, "coordinator died"
+    print("nesting: 60 JSON levels of metadata accepted, 200000 (%d bytes) INVALID_ARGUMENT "
+          "before the unpack, on tessera.v1 and aiplatform.v1; the coordinator lives" %
+          len(deep_struct(200000)))
 
 
 def read(cl, tp, ids):
@@ -202,6 +263,7 @@ def main():
         assert st1.version == st0.version and st1.vectors_count == st0.vectors_count, (st0, st1)
         print("refused (batch REJECTED, nothing changed): metadata over 64 KiB, not an object, "
               "misspelt, and an Avro schema with embedding_metadata")
+        hostile_nesting(cl, tp)
     finally:
         cl.stop()
     print("ok")
