@@ -110,6 +110,11 @@ int tsr_batch_confine(const char *root, const char *const *allowed, size_t n, ch
  * message naming the field in msg (cap bytes). */
 int tsr_batch_record_check(const tsr_datapoint *dp, size_t dims, enum tsr_rec_error *type,
                            char *msg, size_t cap);
+/* Its parts: the id alone (a removed id), the token and numeric restricts alone (an
+ * upsert with update mask all_restricts). Same returns. */
+int tsr_batch_id_check(const char *id, enum tsr_rec_error *type, char *msg, size_t cap);
+int tsr_batch_restricts_check(const tsr_datapoint *dp, enum tsr_rec_error *type, char *msg,
+                              size_t cap);
 
 /* The report as a JSON document (new string, caller frees), NULL on out of memory. */
 char *tsr_batch_report_json(const tsr_batch_report *r);

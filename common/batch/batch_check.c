@@ -74,8 +74,8 @@ static size_t dup_ns(const void *base, size_t n, size_t stride, size_t *first)
 
 #define BAD(t, ...) return bad(type, msg, cap, t, __VA_ARGS__)
 
-static int check_restricts(const tsr_datapoint *dp, enum tsr_rec_error *type, char *msg,
-                           size_t cap)
+int tsr_batch_restricts_check(const tsr_datapoint *dp, enum tsr_rec_error *type, char *msg,
+                              size_t cap)
 {
     for (size_t i = 0; i < dp->nrestricts; i++) {
         const tsr_token_restrict *r = &dp->restricts[i];
@@ -119,13 +119,20 @@ static int check_restricts(const tsr_datapoint *dp, enum tsr_rec_error *type, ch
     return 0;
 }
 
+int tsr_batch_id_check(const char *id, enum tsr_rec_error *type, char *msg, size_t cap)
+{
+    if (!id || !id[0])
+        BAD(TSR_REC_INVALID_EMBEDDING_ID, "id is empty");
+    if (!utf8(id))
+        BAD(TSR_REC_INVALID_ENCODING, "id is not valid UTF-8");
+    return 0;
+}
+
 int tsr_batch_record_check(const tsr_datapoint *dp, size_t dims, enum tsr_rec_error *type,
                            char *msg, size_t cap)
 {
-    if (!dp->id || !dp->id[0])
-        BAD(TSR_REC_INVALID_EMBEDDING_ID, "id is empty");
-    if (!utf8(dp->id))
-        BAD(TSR_REC_INVALID_ENCODING, "id is not valid UTF-8");
+    if (tsr_batch_id_check(dp->id, type, msg, cap))
+        return 1;
     if (dp->ndense != 0 && dp->ndense != dims)
         BAD(TSR_REC_EMBEDDING_SIZE_MISMATCH, "embedding has %zu values, the index dimension is "
             "%zu", dp->ndense, dims);
@@ -140,7 +147,7 @@ int tsr_batch_record_check(const tsr_datapoint *dp, size_t dims, enum tsr_rec_er
     if (dp->ndense == 0 && dp->nsparse == 0)
         BAD(TSR_REC_INVALID_EMBEDDING, "no embedding: a record needs %zu embedding values or a "
             "non-empty sparse_embedding", dims);
-    if (check_restricts(dp, type, msg, cap))
+    if (tsr_batch_restricts_check(dp, type, msg, cap))
         return 1;
     if (dp->crowding_tag && !dp->crowding_tag[0])
         BAD(TSR_REC_INVALID_TOKEN_VALUE, "crowding_tag is empty");
