@@ -285,10 +285,11 @@ def strip(calls):
 
 def expect_codes(calls, got):
     n = 0
-    for c, g in zip(calls, got):
+    for i, (c, g) in enumerate(zip(calls, got)):
         if "_want" in c:
             code, msg = c["_want"]
-            assert g.get("code") == code and msg in g.get("details", ""), (c, g)
+            assert g.get("code") == code and msg in g.get("details", ""), \
+                (i, c["method"], c["_want"], str(g)[:600])
             n += 1
     return n
 
@@ -357,9 +358,8 @@ def stream_writes(cl, tp, D, root):
     bad = [
         ({"index": INDEX, "datapoints": [{"datapointId": "bad", "featureVector": [1.0, 2.0]}]},
          "upsertDatapoints", "datapoints[0]"),
-        ({"index": INDEX, "datapoints": [dps[0], dict(dps[1], datapointId="bad",
-                                                      featureVector=[float("nan")] * D.d)]},
-         "upsertDatapoints", "datapoints[1]"),
+        ({"index": INDEX, "datapoints": [dps[0], dict(dps[1], datapointId="bad", sparseEmbedding={
+            "dimensions": [1, 2], "values": [0.5]})]}, "upsertDatapoints", "datapoints[1]"),
         ({"index": "my-index", "datapoints": [dps[0]]}, "upsertDatapoints", "index \"my-index\""),
         ({"datapoints": [dps[0]]}, "upsertDatapoints", "index is empty"),
         ({"index": INDEX, "datapoints": [big]}, "upsertDatapoints",
