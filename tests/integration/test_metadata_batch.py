@@ -264,6 +264,22 @@ def main():
         print("refused (batch REJECTED, nothing changed): metadata over 64 KiB, not an object, "
               "misspelt, and an Avro schema with embedding_metadata")
         hostile_nesting(cl, tp)
+
+        # the CLI: `tessera upsert` (JSON lines) carries it, `tessera read` prints it
+        import subprocess
+        line = dict(ch.dp_json("cli-1", x[9]), embedding_metadata={"via": "cli", "n": [1, 2]})
+        exe = os.path.join(ch.BIN, "tessera")
+        p = subprocess.run([exe, "upsert", "--target", cl.target, "--json", "-"],
+                           input=json.dumps(line) + "\n", capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert md(read(cl, tp, ["cli-1"])["cli-1"]) == {"via": "cli", "n": [1.0, 2.0]}
+        p = subprocess.run([exe, "read", "--target", cl.target, "cli-1"], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["embedding_metadata"] == {"via": "cli", "n": [1.0, 2.0]}, \
+            p.stdout
+        print("tessera upsert carries embedding_metadata, tessera read prints it")
     finally:
         cl.stop()
     print("ok")
