@@ -661,7 +661,13 @@ static int json_line(void *ctx, const tsr__lines *r, const char *line, size_t le
     json_error_t jerr;
     json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     if (o == NULL) {
-        snprintf(st->msg, sizeof st->msg, "column %d: %s", jerr.column, jerr.text);
+        /* jansson quotes the bad token ("... near '...'") byte-wise, and may cut a UTF-8
+         * sequence (e.g. a backslash before a 2-byte character): drop the quote then */
+        char *near = strstr(jerr.text, " near '");
+        if (near && !tsr__utf8_valid(jerr.text, strlen(jerr.text)))
+            *near = '\0';
+        snprintf(st->msg, sizeof st->msg, "column %d: %s", jerr.column,
+                 tsr__utf8_valid(jerr.text, strlen(jerr.text)) ? jerr.text : "syntax error");
         return sink->invalid(sink->ctx, ln, TSR_REC_INVALID_JSON_SYNTAX, st->msg) != 0;
     }
     tsr_datapoint dp;
