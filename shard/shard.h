@@ -45,7 +45,16 @@
 typedef struct tsr__tmpl {
     atomic_int refs;
     tsr_ivfpq *ix;   /* owned; lists all empty; scanned only through tsr_ivfpq_scanner */
+    float **ptab;    /* owned, writer-only (write_mu): per list, the ADC term table of
+                        tsr_ivfpq_list_table, made on a delta's first write to the list
+                        (NULL = not yet); at most TSR__PTAB_CAP bytes in all */
+    size_t ptab_bytes;
+    float *pq_t;     /* owned, immutable: the PQ sub-centroids per sub-space transposed,
+                        [m][q][j] (d * ksub floats), for tsr__encode; NULL = not used */
 } tsr__tmpl;
+#define TSR__PTAB_CAP ((size_t)64 << 20)
+#define TSR__ENC_MAX_DSUB 256   /* tsr__encode's fast path: dsub and ksub at most these */
+#define TSR__ENC_MAX_KSUB 4096
 
 typedef struct tsr__list {
     atomic_int refs;
