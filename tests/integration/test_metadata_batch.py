@@ -12,7 +12,8 @@ Refused, never dropped: metadata over 64 KiB serialized, a metadata that is not 
 `embedding_metadata`), and an Avro file whose writer schema has an embedding_metadata field
 (the Avro format cannot carry it: the file is an error saying so). Nothing changes then.
 A Struct nested 200000 deep over gRPC is INVALID_ARGUMENT before it is unpacked (protobuf-c
-would recurse once per level), and the coordinator lives.
+would recurse once per level), and the coordinator lives. `tessera upsert` (a streamed write)
+carries it, `tessera read` prints it, and it survives kill -9 of every shard (WAL replay).
 """
 import json
 import os
@@ -279,7 +280,23 @@ def main():
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout)["embedding_metadata"] == {"via": "cli", "n": [1.0, 2.0]}, \
             p.stdout
-        print("tessera upsert carries embedding_metadata, tessera read prints it")
+        # a streamed write lives in the shards' write-ahead log until the next fold: kill -9
+        # every shard, restart, and the replayed log still holds the metadata
+        for k, s_ in enumerate(cl.shards):
+            s_.kill()
+            cl.shards[k] = sh.restart(s_)
+        t0 = time.time()
+        while True:
+            try:
+                got = read(cl, tp, ["cli-1"])
+                break
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.time() - t0 > 60:
+                    raise
+                time.sleep(0.2)
+        assert md(got["cli-1"]) == {"via": "cli", "n": [1.0, 2.0]}, got
+        print("tessera upsert carries embedding_metadata, tessera read prints it; it survives "
+              "kill -9 of every shard (write-ahead log replay)")
     finally:
         cl.stop()
     print("ok")
