@@ -7,6 +7,7 @@
 #   make deps       install the Debian packages the project needs (idempotent)
 #   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
 #   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
+#   make fuzz-long [FUZZ_SECONDS=N]  a campaign: N s (default 600) per harness, corpus merged, a table
 #   make bench-search | bench-ingest | bench-rpc | bench-e2e | bench-query | bench-cluster   benchmarks (not part of test)
 
 CC       ?= cc
@@ -69,7 +70,7 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: check-layers fuzz-build all deps test test-san test-unit test-interop test-integration test-fuzz-replay fuzz clean \
+.PHONY: check-layers fuzz-build all deps test test-san test-unit test-interop test-integration test-fuzz-replay fuzz fuzz-long clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo python-client
 all: $(TARGETS)
 
@@ -184,6 +185,16 @@ build/fuzz/obj/gen/%.o: build/gen/%.c $(PROTO_H)
 build/fuzz/obj/%.o: %.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -c $< -o $@
+# The request harnesses of the servers (fuzz_shard_*, fuzz_coord_*) link the server's
+# modules (its main.c left out) and see its internal headers.
+FUZZ_SHARD_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out shard/main.c,$(SHARD_SRC)))
+FUZZ_COORD_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out coordinator/main.c,$(COORD_SRC)))
+$(filter build/fuzz/fuzz_shard_%,$(FUZZ_BINS)): build/fuzz/%: tests/fuzz/%.c $(FUZZ_SHARD_OBJ) $(FUZZ_COMMON_OBJ) tests/fuzz/fuzz_shard_common.h
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -Ishard -fsanitize=fuzzer $(filter-out %.h,$^) -o $@ $(LDLIBS)
+$(filter build/fuzz/fuzz_coord_%,$(FUZZ_BINS)): build/fuzz/%: tests/fuzz/%.c $(FUZZ_COORD_OBJ) $(FUZZ_COMMON_OBJ) tests/fuzz/fuzz_coord_common.h
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -Icoordinator -fsanitize=fuzzer $(filter-out %.h,$^) -o $@ $(LDLIBS)
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ -o $@ $(LDLIBS)
@@ -192,6 +203,13 @@ fuzz-build: $(FUZZ_BINS)
 
 test-fuzz-replay: $(FUZZ_BINS)
 	@tests/run.sh fuzz-replay
+
+# A campaign: each harness FUZZ_SECONDS (default 600 here) with its corpus kept minimized
+# (tests/fuzz/fuzz_long.sh prints the table of docs/reliability.md); FUZZ_HARNESSES=... for
+# some only.
+FUZZ_LONG_SECONDS := $(if $(filter command line environment,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),600)
+fuzz-long: $(FUZZ_BINS)
+	@tests/fuzz/fuzz_long.sh $(FUZZ_LONG_SECONDS) $(FUZZ_HARNESSES)
 
 fuzz: $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p build/fuzz/corpus/$$n; \

@@ -715,36 +715,58 @@ out:
     return rc;
 }
 
+static const struct {
+    const char *m;
+    tsr_rpc_handler_fn fn;
+    unsigned flags;
+} methods[] = {
+    {"Search", h_search, 0},
+    {"Read", h_read, 0},
+    {"Stage", h_stage, TSR_RPC_LONG},
+    {"Prepare", h_prepare, TSR_RPC_LONG},
+    {"Commit", h_commit, TSR_RPC_LONG},
+    {"Abort", h_abort, TSR_RPC_LONG},
+    {"Release", h_release, TSR_RPC_LONG},
+    {"Stats", h_stats, 0},
+    {"Write", h_write, TSR_RPC_LONG},
+};
+
+/* The request type whose nesting the server checks before the handler runs: staged and
+ * written datapoints carry embedding_metadata, a google.protobuf.Struct (recursive). */
+static const ProtobufCMessageDescriptor *req_type_of(const char *m)
+{
+    if (strcmp(m, "Stage") == 0)
+        return &tessera__v1__stage_request__descriptor;
+    if (strcmp(m, "Write") == 0)
+        return &tessera__v1__shard_write_request__descriptor;
+    return NULL;
+}
+
 int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
 {
-    static const struct {
-        const char *m;
-        tsr_rpc_handler_fn fn;
-        unsigned flags;
-    } tab[] = {
-        {"Search", h_search, 0},
-        {"Read", h_read, 0},
-        {"Stage", h_stage, TSR_RPC_LONG},
-        {"Prepare", h_prepare, TSR_RPC_LONG},
-        {"Commit", h_commit, TSR_RPC_LONG},
-        {"Abort", h_abort, TSR_RPC_LONG},
-        {"Release", h_release, TSR_RPC_LONG},
-        {"Stats", h_stats, 0},
-        {"Write", h_write, TSR_RPC_LONG},
-    };
     char path[128];
-    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
-        snprintf(path, sizeof path, "/tessera.v1.Shard/%s", tab[i].m);
-        int rc = tsr_rpc_server_add_method(srv, path, tab[i].fn, s, tab[i].flags);
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        snprintf(path, sizeof path, "/tessera.v1.Shard/%s", methods[i].m);
+        int rc = tsr_rpc_server_add_method(srv, path, methods[i].fn, s, methods[i].flags);
         if (rc != 0)
             return rc;
+        const ProtobufCMessageDescriptor *t = req_type_of(methods[i].m);
+        if (t && tsr_rpc_server_set_request_type(srv, path, t))
+            return TSR_EINTERNAL;
     }
-    /* staged datapoints carry embedding_metadata, a google.protobuf.Struct (recursive) */
-    if (tsr_rpc_server_set_request_type(srv, "/tessera.v1.Shard/Stage",
-                                        &tessera__v1__stage_request__descriptor))
-        return TSR_EINTERNAL;
-    return tsr_rpc_server_set_request_type(srv, "/tessera.v1.Shard/Write",
-                                           &tessera__v1__shard_write_request__descriptor);
+    return 0;
+}
+
+tsr_rpc_handler_fn tsr_shard_service_handler(const char *method,
+                                             const ProtobufCMessageDescriptor **req_type)
+{
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
+        if (strcmp(methods[i].m, method) == 0) {
+            *req_type = req_type_of(method);
+            return methods[i].fn;
+        }
+    *req_type = NULL;
+    return NULL;
 }
 
 /* The /metrics collector (docs/operations.md): the served version's number, dense

@@ -16,6 +16,7 @@
 
 #include "core/mem.h"
 #include "etcd/v3/rpc.pb-c.h"
+#include "net/etcd_int.h"
 
 struct tsr_etcd {
     size_t n;
@@ -175,14 +176,20 @@ static int range(tsr_etcd *e, const char *key, int prefix, size_t limit, tsr_etc
     free(end);
     if (rc)
         return rc;
+    tsr__etcd_range_take(r, kvs, n, rev);
+    etcdserverpb__range_response__free_unpacked(r, NULL);
+    return 0;
+}
+
+void tsr__etcd_range_take(const Etcdserverpb__RangeResponse *r, tsr_etcd_kv **kvs, size_t *n,
+                          int64_t *rev)
+{
     *n = r->n_kvs;
     *kvs = r->n_kvs ? tsr_xcalloc(r->n_kvs, sizeof **kvs) : NULL;
     for (size_t i = 0; i < r->n_kvs; i++)
         kv_copy(r->kvs[i], &(*kvs)[i]);
     if (rev)
         *rev = r->header ? r->header->revision : 0;
-    etcdserverpb__range_response__free_unpacked(r, NULL);
-    return 0;
 }
 
 int tsr_etcd_get(tsr_etcd *e, const char *key, tsr_etcd_kv *kv, int64_t *rev, tsr_error *err)
@@ -193,11 +200,23 @@ int tsr_etcd_get(tsr_etcd *e, const char *key, tsr_etcd_kv *kv, int64_t *rev, ts
     int rc = range(e, key, 0, 1, &kvs, &n, rev, err);
     if (rc)
         return rc;
+    return tsr__etcd_one(kvs, n, key, kv, err);
+}
+
+int tsr__etcd_one(tsr_etcd_kv *kvs, size_t n, const char *key, tsr_etcd_kv *kv, tsr_error *err)
+{
+    int rc = 0;
     if (!n)
-        return tsr_err(err, TSR_ENOTFOUND, "etcd: no key %s", key);
-    *kv = kvs[0];
+        rc = tsr_err(err, TSR_ENOTFOUND, "etcd: no key %s", key);
+    else if (n > 1 || strcmp(kvs[0].key, key) != 0)
+        rc = tsr_err(err, TSR_EFORMAT, "etcd: a read of key %s answered %zu keys (the first "
+                     "%.100s)", key, n, kvs[0].key);
+    else
+        *kv = kvs[0];
+    if (rc)
+        tsr_etcd_kvs_free(kvs, n);
     free(kvs);
-    return 0;
+    return rc;
 }
 
 int tsr_etcd_get_prefix(tsr_etcd *e, const char *prefix, size_t limit, tsr_etcd_kv **kvs,
@@ -453,15 +472,7 @@ int tsr_etcd_watch_open(tsr_etcd *e, const char *key, int prefix, int64_t from_r
     if (!rc)
         rc = watch_recv(w, e->timeout_ms, &r, err);
     if (!rc) {
-        if (r->compact_revision > 0)
-            rc = tsr_err(err, TSR_ESTATE, "etcd watch on %s: revision %lld was compacted "
-                         "(oldest kept: %lld)", w->addr, (long long)from_rev,
-                         (long long)r->compact_revision);
-        else if (!r->created || r->canceled)
-            rc = tsr_err(err, TSR_EINVAL, "etcd watch on %s: not created: %s", w->addr,
-                         r->cancel_reason ? r->cancel_reason : "");
-        else
-            w->id = r->watch_id;
+        rc = tsr__etcd_watch_created(r, w->addr, from_rev, &w->id, err);
         etcdserverpb__watch_response__free_unpacked(r, NULL);
     }
     if (rc) {
@@ -482,29 +493,49 @@ int tsr_etcd_watch_next(tsr_etcd_watch *w, int64_t timeout_ms, tsr_etcd_event **
         int rc = watch_recv(w, timeout_ms, &r, err);
         if (rc)
             return rc;
-        if (r->canceled || r->compact_revision > 0) {
-            rc = tsr_err(err, r->compact_revision > 0 ? TSR_ESTATE : TSR_EUNAVAILABLE,
-                         "etcd watch on %s: canceled (%s; compacted to %lld)", w->addr,
-                         r->cancel_reason ? r->cancel_reason : "",
-                         (long long)r->compact_revision);
-            etcdserverpb__watch_response__free_unpacked(r, NULL);
-            return rc;
-        }
-        if (r->n_events) {
-            *ev = tsr_xcalloc(r->n_events, sizeof **ev);
-            for (size_t i = 0; i < r->n_events; i++) {
-                const Mvccpb__Event *x = r->events[i];
-                (*ev)[i].deleted = x->type == MVCCPB__EVENT__EVENT_TYPE__DELETE;
-                if (x->kv)
-                    kv_copy(x->kv, &(*ev)[i].kv);
-            }
-            *n = r->n_events;
-            etcdserverpb__watch_response__free_unpacked(r, NULL);
-            return 0;
-        }
-        /* a progress notification or a fragment header: wait on */
+        rc = tsr__etcd_watch_take(r, w->addr, ev, n, err);
         etcdserverpb__watch_response__free_unpacked(r, NULL);
+        if (rc || *n)
+            return rc;
+        /* a progress notification or a fragment header: wait on */
     }
+}
+
+int tsr__etcd_watch_created(const Etcdserverpb__WatchResponse *r, const char *addr,
+                            int64_t from_rev, int64_t *id, tsr_error *err)
+{
+    if (r->compact_revision > 0)
+        return tsr_err(err, TSR_ESTATE, "etcd watch on %s: revision %lld was compacted "
+                       "(oldest kept: %lld)", addr, (long long)from_rev,
+                       (long long)r->compact_revision);
+    if (!r->created || r->canceled)
+        return tsr_err(err, TSR_EINVAL, "etcd watch on %s: not created: %s", addr,
+                       r->cancel_reason ? r->cancel_reason : "");
+    *id = r->watch_id;
+    return 0;
+}
+
+int tsr__etcd_watch_take(const Etcdserverpb__WatchResponse *r, const char *addr,
+                         tsr_etcd_event **ev, size_t *n, tsr_error *err)
+{
+    *ev = NULL;
+    *n = 0;
+    if (r->canceled || r->compact_revision > 0)
+        return tsr_err(err, r->compact_revision > 0 ? TSR_ESTATE : TSR_EUNAVAILABLE,
+                       "etcd watch on %s: canceled (%s; compacted to %lld)", addr,
+                       r->cancel_reason ? r->cancel_reason : "",
+                       (long long)r->compact_revision);
+    if (!r->n_events)
+        return 0;
+    *ev = tsr_xcalloc(r->n_events, sizeof **ev);
+    for (size_t i = 0; i < r->n_events; i++) {
+        const Mvccpb__Event *x = r->events[i];
+        (*ev)[i].deleted = x->type == MVCCPB__EVENT__EVENT_TYPE__DELETE;
+        if (x->kv)
+            kv_copy(x->kv, &(*ev)[i].kv);
+    }
+    *n = r->n_events;
+    return 0;
 }
 
 void tsr_etcd_watch_close(tsr_etcd_watch *w)

@@ -382,7 +382,7 @@ enum tsr_rpc_conn {
     TSR_RPC_CONN_TRANSIENT_FAILURE = 3,
     TSR_RPC_CONN_SHUTDOWN = 4
 };
-/* Current state; try_connect nonzero asks an idle channel to connect. */
+/* Current state; try_connect nonzero asks an idle channel to connect. NULL: SHUTDOWN. */
 int tsr_rpc_channel_state(tsr_rpc_channel *ch, int try_connect);
 
 /* Forgets the reconnect backoff so the next attempt is immediate (call it when you know

@@ -397,6 +397,8 @@ void tsr_rpc_channel_reset_backoff(tsr_rpc_channel *ch)
 
 int tsr_rpc_channel_state(tsr_rpc_channel *ch, int try_connect)
 {
+    if (!ch) /* no channel (a coordinator built without one, as the fuzz harnesses do) */
+        return TSR_RPC_CONN_SHUTDOWN;
     return (int)grpc_channel_check_connectivity_state(ch->ch, try_connect);
 }
 

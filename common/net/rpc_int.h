@@ -97,4 +97,21 @@ void __tsan_release(void *addr);
 #define TSR_TSAN_ACQUIRE(p) ((void)0)
 #endif
 
+/* For tests and fuzz harnesses only: runs one handler on request bytes as the server would
+ * (the nesting check of req_type when not NULL, the handler, the status of its return
+ * value), without gRPC, a socket or a server. tsr_rpc_reply_fanout answers TSR_EUNAVAILABLE
+ * on such a call (there is no queue); tsr_rpc_reply_remaining_ms is unbounded;
+ * tsr_rpc_reply_method gives path (borrowed). Fills *out (code, status message or NULL,
+ * response bytes on OK or NULL; tsr__rpc_detached_close frees them) and returns out->code. */
+typedef struct tsr__rpc_detached {
+    int code;      /* gRPC status */
+    char *msg;     /* owned; NULL = none */
+    uint8_t *resp; /* owned; NULL = empty */
+    size_t len;
+} tsr__rpc_detached;
+int tsr__rpc_run_detached(const char *path, tsr_rpc_handler_fn fn, void *ctx,
+                          const ProtobufCMessageDescriptor *req_type, const uint8_t *req,
+                          size_t len, tsr__rpc_detached *out);
+void tsr__rpc_detached_close(tsr__rpc_detached *d);
+
 #endif

@@ -1088,6 +1088,8 @@ int tsr_rpc_reply_fanout(tsr_rpc_reply *r, tsr_rpc_fanout_call *calls, size_t n,
     struct call *c = r->call;
     if (c->fan || !done || (n && !calls))
         return TSR_EINVAL;
+    if (!c->slot) /* a detached call (tsr__rpc_run_detached): no queue to fan out on */
+        return TSR_EUNAVAILABLE;
     if (n > ((size_t)1 << 20))
         return TSR_ELIMIT;
     struct afan *f = tsr_try_malloc(1, sizeof *f + n * sizeof f->cc[0]);
@@ -1126,4 +1128,53 @@ int tsr_rpc_reply_cancelled(const tsr_rpc_reply *r)
 const char *tsr_rpc_reply_method(const tsr_rpc_reply *r)
 {
     return r->call->m ? r->call->m->path : "";
+}
+
+/* ---------------------------------------------------------------- detached calls -- */
+
+int tsr__rpc_run_detached(const char *path, tsr_rpc_handler_fn fn, void *ctx,
+                          const ProtobufCMessageDescriptor *req_type, const uint8_t *req,
+                          size_t len, tsr__rpc_detached *out)
+{
+    memset(out, 0, sizeof *out);
+    struct tsr_rpc_server *srv = tsr_xcalloc(1, sizeof *srv);
+    struct call *c = tsr_xcalloc(1, sizeof *c);
+    struct method m = {.path = (char *)path, .path_len = strlen(path), .fn = fn, .ctx = ctx,
+                       .req_type = req_type};
+    srv->max_message = TSR_RPC_DEFAULT_MAX_MESSAGE;
+    atomic_init(&srv->cancelling, 0);
+    c->kind = TSR__TAG_SERVER_CALL;
+    c->srv = srv;
+    c->m = &m;
+    c->details.deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    c->reply.call = c;
+    struct tsr_rpc_reply *r = &c->reply;
+    if (len == 0)
+        req = NULL;
+    int rc;
+    if (req_type && tsr_rpc_too_deep(req_type, req, len, TSR_RPC_MAX_DEPTH))
+        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "%s: sub-messages nest deeper "
+                                 "than %d levels", req_type->short_name, TSR_RPC_MAX_DEPTH);
+    else
+        rc = fn(ctx, req, len, r);
+    settle(c, rc);
+    out->code = r->code;
+    out->msg = r->msg;
+    r->msg = NULL;
+    if (r->code == TSR_RPC_OK && r->has_resp) {
+        out->len = GRPC_SLICE_LENGTH(r->resp);
+        out->resp = tsr_xmalloc(out->len);
+        memcpy(out->resp, GRPC_SLICE_START_PTR(r->resp), out->len);
+    }
+    reply_clear_resp(r);
+    free(c);
+    free(srv);
+    return out->code;
+}
+
+void tsr__rpc_detached_close(tsr__rpc_detached *d)
+{
+    free(d->resp);
+    free(d->msg);
+    memset(d, 0, sizeof *d);
 }

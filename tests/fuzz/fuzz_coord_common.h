@@ -1,0 +1,130 @@
+/*
+ * fuzz_coord_common — the coordinator of the fuzz harnesses fuzz_coord_rpc and
+ * fuzz_coord_stream_log (header only, included once per harness): a tsr__coord in this
+ * process, configured from a JSON config file as tessera-coordinator is (d=8, nlist=4,
+ * PQ 2x8, 2 shard groups of one replica each), with a store in a temporary folder, a
+ * committed snapshot of version 1 (a trained template, a balanced plan, FC_NIDS ids in its
+ * directory) and the streamed-write state initialised from its log (tsr__stream_init).
+ *
+ * The replicas have NO channel: every call to a shard fails at once as UNAVAILABLE (no
+ * socket, no gRPC traffic), so the harnesses reach everything a request goes through up to
+ * the fan-out to shards, and the fan-out's failure path, but never the merge of shard
+ * replies. The streamed-write writer thread is not started: Upsert/RemoveDatapoints are
+ * validated, translated and planned, then answered UNAVAILABLE ("starting"). An update is
+ * marked busy: UpdateIndex requests are validated and confined (--batch-root-allow /tmp),
+ * then answered FAILED_PRECONDITION; GetOperation finds one kept
+ * operation, "op-1-1".
+ */
+#ifndef FUZZ_COORD_COMMON_H
+#define FUZZ_COORD_COMMON_H
+
+#include <grpc/grpc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "core/log.h"
+#include "core/mem.h"
+
+#include "../unit/coord_test_util.h"
+
+#define FC_NIDS 32
+
+static char fc_dir[512];
+static char *fc_allow[1];
+
+/* Fills c; aborts on any failure (a harness that cannot start must not pass). */
+static void fc_open(tsr__coord *c)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    memset(c, 0, sizeof *c);
+    char cfgp[600];
+    snprintf(cfgp, sizeof cfgp, "%s/coordinator.json", fc_dir);
+    FILE *f = fopen(cfgp, "w");
+    if (!f)
+        abort();
+    fputs("{\"dimensions\": 8, \"nlist\": 4, \"pq_m\": 2, \"pq_nbits\": 8, \"nprobe\": 2,\n"
+          " \"max_k\": 100, \"max_queries_per_request\": 16,\n"
+          " \"shards\": [\"127.0.0.1:1\", \"127.0.0.1:2\"]}\n", f);
+    fclose(f);
+    if (tsr__coord_config_load(cfgp, &c->cfg, &err) != 0) {
+        fprintf(stderr, "fuzz coord: config: %s\n", err.msg);
+        abort();
+    }
+    pthread_mutex_init(&c->snap_mu, NULL);
+    pthread_mutex_init(&c->update_mu, NULL);
+    pthread_mutex_init(&c->op_mu, NULL);
+    pthread_mutex_init(&c->rec_mu, NULL);
+    pthread_cond_init(&c->rec_cv, NULL);
+    c->st.log_fd = -1;
+    char sdir[600];
+    snprintf(sdir, sizeof sdir, "%s/data", fc_dir);
+    if (tsr_store_create(sdir, &c->store, &err) != 0) {
+        fprintf(stderr, "fuzz coord: store: %s\n", err.msg);
+        abort();
+    }
+    /* replicas without channels (coord.h: tsr__coord_channels_open, minus the channels) */
+    c->nrep = c->cfg.nshards;
+    c->rep = tsr_xcalloc(c->nrep, sizeof *c->rep);
+    c->grp = tsr_xcalloc(c->cfg.nshards, sizeof *c->grp);
+    for (size_t s = 0; s < c->cfg.nshards; s++) {
+        c->grp[s].first = s;
+        c->grp[s].n = 1;
+        atomic_init(&c->grp[s].next, 0);
+        tsr__replica *r = &c->rep[s];
+        r->group = s;
+        r->index = 0;
+        r->addr = c->cfg.replicas[s][0];
+        atomic_init(&r->up, -1);
+        atomic_init(&r->version, -1);
+        atomic_init(&r->vectors, -1);
+        atomic_init(&r->sparse, -1);
+        atomic_init(&r->lists, -1);
+    }
+    tsr__snap *s = coord_test_snapshot(1, (size_t)c->cfg.nlist, c->cfg.nshards, &err);
+    if (!s) {
+        fprintf(stderr, "fuzz coord: snapshot: %s\n", err.msg);
+        abort();
+    }
+    for (int i = 0; i < FC_NIDS; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "id%d", i);
+        int32_t list = i % c->cfg.nlist;
+        tsr__dir_add(&s->dir, id, i, list, s->plan[list], 1, 0);
+    }
+    s->next_label = FC_NIDS;
+    s->ndense = FC_NIDS;
+    c->snap = s;
+    if (tsr__stream_init(c, &err) != 0) {
+        fprintf(stderr, "fuzz coord: stream: %s\n", err.msg);
+        abort();
+    }
+    /* an update in progress, one kept operation */
+    fc_allow[0] = (char *)"/tmp"; /* the seeds' batch_root; "/etc" is outside */
+    c->batch_allow = (const char *const *)fc_allow;
+    c->nbatch_allow = 1;
+    c->busy = 1;
+    tsr__op *op = tsr_xcalloc(1, sizeof *op);
+    snprintf(op->id, sizeof op->id, "op-1-1");
+    op->state = TESSERA__V1__OPERATION__STATE__STAGING;
+    op->batch_root = tsr_xstrdup(fc_dir);
+    op->shards_total = 2;
+    c->ops = tsr_xcalloc(1, sizeof *c->ops);
+    c->ops[0] = op;
+    c->nops = 1;
+}
+
+static void fc_init(void)
+{
+    setenv("TSR_LOG_LEVEL", "error", 0); /* the harness prints only what fails */
+    grpc_init(); /* the fan-out's completion queues */
+    coord_test_tmpdir(fc_dir, sizeof fc_dir, "tsr-fuzz-coord");
+}
+
+static void fc_rmdir(void)
+{
+    coord_test_rmtree(fc_dir);
+}
+
+#endif
