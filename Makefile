@@ -189,10 +189,10 @@ build/fuzz/obj/%.o: %.c | $(PROTO_H)
 # modules (its main.c left out) and see its internal headers.
 FUZZ_SHARD_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out shard/main.c,$(SHARD_SRC)))
 FUZZ_COORD_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out coordinator/main.c,$(COORD_SRC)))
-$(filter build/fuzz/fuzz_shard_%,$(FUZZ_BINS)): build/fuzz/%: tests/fuzz/%.c $(FUZZ_SHARD_OBJ) $(FUZZ_COMMON_OBJ) tests/fuzz/fuzz_shard_common.h
+$(filter build/fuzz/fuzz_shard_%,$(FUZZ_BINS)): build/fuzz/%: tests/fuzz/%.c $(FUZZ_SHARD_OBJ) $(FUZZ_COMMON_OBJ) tests/fuzz/fuzz_shard_common.h tests/fuzz/fuzz_tmp.h
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -Ishard -fsanitize=fuzzer $(filter-out %.h,$^) -o $@ $(LDLIBS)
-$(filter build/fuzz/fuzz_coord_%,$(FUZZ_BINS)): build/fuzz/%: tests/fuzz/%.c $(FUZZ_COORD_OBJ) $(FUZZ_COMMON_OBJ) tests/fuzz/fuzz_coord_common.h
+$(filter build/fuzz/fuzz_coord_%,$(FUZZ_BINS)): build/fuzz/%: tests/fuzz/%.c $(FUZZ_COORD_OBJ) $(FUZZ_COMMON_OBJ) tests/fuzz/fuzz_coord_common.h tests/fuzz/fuzz_tmp.h
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -Icoordinator -fsanitize=fuzzer $(filter-out %.h,$^) -o $@ $(LDLIBS)
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_COMMON_OBJ)

@@ -132,7 +132,8 @@ static void kv_copy(const Mvccpb__KeyValue *src, tsr_etcd_kv *dst)
 {
     memset(dst, 0, sizeof *dst);
     dst->key = tsr_xmalloc(src->key.len + 1);
-    memcpy(dst->key, src->key.data, src->key.len);
+    if (src->key.len) /* a KeyValue without key has data NULL (memcpy's UB even for 0) */
+        memcpy(dst->key, src->key.data, src->key.len);
     dst->key[src->key.len] = 0;
     dst->value = tsr_xmalloc(src->value.len + 1);
     if (src->value.len)

@@ -1,7 +1,8 @@
 /*
  * fuzz_coord_common — the coordinator of the fuzz harnesses fuzz_coord_rpc and
  * fuzz_coord_stream_log (header only, included once per harness): a tsr__coord in this
- * process, configured from a JSON config file as tessera-coordinator is (d=8, nlist=4,
+ * process (its folder in fuzz_tmp.h's: /dev/shm unless TMPDIR is set), configured from a
+ * JSON config file as tessera-coordinator is (d=8, nlist=4,
  * PQ 2x8, 2 shard groups of one replica each), with a store in a temporary folder, a
  * committed snapshot of version 1 (a trained template, a balanced plan, FC_NIDS ids in its
  * directory) and the streamed-write state initialised from its log (tsr__stream_init).
@@ -28,6 +29,7 @@
 #include "core/mem.h"
 
 #include "../unit/coord_test_util.h"
+#include "fuzz_tmp.h"
 
 #define FC_NIDS 32
 
@@ -119,6 +121,7 @@ static void fc_init(void)
 {
     setenv("TSR_LOG_LEVEL", "error", 0); /* the harness prints only what fails */
     grpc_init(); /* the fan-out's completion queues */
+    fuzz_tmp_default();
     coord_test_tmpdir(fc_dir, sizeof fc_dir, "tsr-fuzz-coord");
 }
 

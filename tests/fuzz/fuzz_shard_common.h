@@ -3,7 +3,8 @@
  * (header only, included once per harness): a tsr__shard opened on a temporary data folder
  * holding version 1 (d=8, nlist=4, PQ 4x8 trained on 600 vectors, FS_NREC records, labels
  * 0..FS_NREC-1 in list label % 4), staged, prepared and committed through the shard's own
- * update path (tsr__shard_stage / prepare / commit), as a coordinator makes it. And the
+ * update path (tsr__shard_stage / prepare / commit), as a coordinator makes it (in
+ * fuzz_tmp.h's folder: /dev/shm unless TMPDIR is set). And the
  * seed writer: with TSR_FUZZ_SEEDS=<folder> in the environment a harness writes its seed
  * inputs there and exits (tests/fuzz/gen_seeds.sh), so the seeds are made by the real
  * protobuf-c code of the real messages.
@@ -19,6 +20,7 @@
 #include "index/faiss_io.h"
 
 #include "../unit/shard_test_util.h"
+#include "fuzz_tmp.h"
 
 #define FS_NREC 48
 
@@ -30,6 +32,7 @@ static float *fs_x;
 static void fs_init(void)
 {
     setenv("TSR_LOG_LEVEL", "error", 0); /* the harness prints only what fails */
+    fuzz_tmp_default();
     tsr_error err = TSR_ERROR_INIT;
     tsr_ivfpq *ix = tu_index();
     if (!ix || tsr_faiss_write_mem(ix, &fs_tmpl, &fs_ntmpl, &err) != 0)
@@ -58,7 +61,7 @@ static void fs_datapoint(size_t i, Tessera__V1__StagedUpsert *u, Tessera__V1__In
 static char *fs_open(tsr__shard *s)
 {
     tsr_error err = TSR_ERROR_INIT;
-    char *dir = tu_tmpdir();
+    char *dir = fuzz_tmpdir("tsr-fuzz-shard");
     if (!dir || tsr__shard_open(s, dir, &err) != 0) {
         fprintf(stderr, "fuzz shard: open: %s\n", err.msg);
         abort();
