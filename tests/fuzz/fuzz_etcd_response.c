@@ -19,7 +19,7 @@
 
 #include "net/etcd_int.h"
 
-static volatile int64_t sink;
+static volatile uint64_t sink; /* unsigned: fuzzed values may overflow a sum */
 
 static void range(const uint8_t *b, size_t n)
 {
@@ -58,7 +58,7 @@ static void watch(const uint8_t *b, size_t n, int first)
         size_t ne = 0;
         if (tsr__etcd_watch_take(r, "127.0.0.1:2379", &ev, &ne, &err) == 0)
             for (size_t i = 0; i < ne; i++)
-                sink += ev[i].kv.mod_rev + (int64_t)ev[i].kv.len + ev[i].deleted;
+                sink += (uint64_t)ev[i].kv.mod_rev + ev[i].kv.len + (uint64_t)ev[i].deleted;
         tsr_etcd_events_free(ev, ne);
     }
     etcdserverpb__watch_response__free_unpacked(r, NULL);
@@ -169,7 +169,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 3: {
         Etcdserverpb__TxnResponse *r = etcdserverpb__txn_response__unpack(NULL, n, b);
         if (r) {
-            sink += r->succeeded + (r->header ? r->header->revision : 0);
+            sink += (uint64_t)r->succeeded + (uint64_t)(r->header ? r->header->revision : 0);
             etcdserverpb__txn_response__free_unpacked(r, NULL);
         }
         break;
@@ -177,7 +177,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 4: {
         Etcdserverpb__LeaseGrantResponse *r = etcdserverpb__lease_grant_response__unpack(NULL, n, b);
         if (r) {
-            sink += r->id + r->ttl + (r->error ? (int64_t)strlen(r->error) : 0);
+            sink += (uint64_t)r->id + (uint64_t)r->ttl + (r->error ? strlen(r->error) : 0);
             etcdserverpb__lease_grant_response__free_unpacked(r, NULL);
         }
         break;
@@ -186,7 +186,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         Etcdserverpb__LeaseKeepAliveResponse *r =
             etcdserverpb__lease_keep_alive_response__unpack(NULL, n, b);
         if (r) {
-            sink += r->ttl;
+            sink += (uint64_t)r->ttl;
             etcdserverpb__lease_keep_alive_response__free_unpacked(r, NULL);
         }
         break;
