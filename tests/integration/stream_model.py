@@ -307,30 +307,42 @@ def check_no_duplicates(stub, tp, model_recs, sample, k=10):
 
 
 def check_history(hist, initial, got, all_ids):
-    """The checker of a recorded history (see the module comment). hist: History whose
-    writes to any one id are sequential (each op's ids belong to one writer); initial:
-    Model before the first op; got: id -> Rec the cluster holds for all_ids at the end.
-    Returns (resolved Model, notes); raises AssertionError naming the first violation."""
+    """The checker of a recorded history (see the module comment); raises AssertionError
+    naming the violations. Returns (resolved Model, notes)."""
+    resolved, notes, hard, soft = classify_history(hist, initial, got, all_ids)
+    errors = hard + soft
+    if errors:
+        raise AssertionError("history check failed (%d):\n  %s" % (len(errors),
+                                                                     "\n  ".join(errors[:15])))
+    return resolved, notes
+
+
+def classify_history(hist, initial, got, all_ids):
+    """hist: History whose writes to any one id are sequential (each op's ids belong to one
+    writer); initial: Model before the first op; got: id -> Rec the cluster holds for
+    all_ids. Returns (resolved Model, notes, hard, soft): hard = ids whose only possible
+    value is the acknowledged one and that do not hold it (an acknowledged write lost or a
+    removed id back); soft = ids with unacknowledged writes after the last acknowledged one
+    that hold none of the possible values, and unacknowledged requests half applied (these
+    can be transient while a resend of an unknown-outcome round is pending)."""
     by_id = {}
     for o in hist.ops:
         if o.outcome == ERR or o.kind not in ("upsert", "remove"):
             continue
         for i in set(o.touched()):
             by_id.setdefault(i, []).append(o)
-    errors = []
+    hard, soft = [], []
     resolved = Model()
-    applied_unknown = {}   # op -> set of private ids where it shows / does not show
+    applied_unknown = {}   # unacknowledged op -> ids (touched by no later op) where it shows
     for i in sorted(all_ids):
         ops = sorted(by_id.get(i, []), key=lambda o: o.start)
         last_ok = max([k for k, o in enumerate(ops) if o.outcome == OK], default=-1)
-        # candidate values after each write: the acknowledged value, then any later
-        # unacknowledged write's value on top of it (or of an earlier candidate: all_restricts)
-        cand = []
-        base = initial.m.get(i)
-        state = base
-        for k, o in enumerate(ops[:last_ok + 1]):
+        # the acknowledged value, then any later unacknowledged write on top of any
+        # earlier candidate (an all_restricts update applies to the value below it)
+        state = initial.m.get(i)
+        for o in ops[:last_ok + 1]:
             state = _value_after(o, i, state)
-        cand.append((None, state))
+        cand = [(None, state)]
         for o in ops[last_ok + 1:]:
             seen = set((id(c), s) for c, s in cand)
             for _, s in list(cand):
@@ -341,13 +353,13 @@ def check_history(hist, initial, got, all_ids):
         g = got.get(i)
         match = [o for o, s in cand if s == g]
         if not match:
-            errors.append("%s: holds %s; possible: %s (ops on it: %s)" % (
+            msg = "%s: holds %s; possible: %s (ops on it: %s)" % (
                 i, g.short() if g else "absent",
-                sorted(set(s.short() if s else "absent" for _, s in cand)), ops))
+                sorted(set(s.short() if s else "absent" for _, s in cand)), ops)
+            (soft if len(cand) > 1 else hard).append(msg)
             continue
         if g is not None:
             resolved.m[i] = g
-        # atomicity bookkeeping: ids no later op touched
         if ops and ops[-1].outcome == UNKNOWN:
             u = ops[-1]
             shows = any(o is u for o in match)
@@ -356,15 +368,12 @@ def check_history(hist, initial, got, all_ids):
                 "either" if shows and alt else ("yes" if shows else "no")].append(i)
     for u, st in applied_unknown.items():
         if st["yes"] and st["no"]:
-            errors.append("unacknowledged %r half applied: shows on %s, not on %s" %
-                          (u, st["yes"][:5], st["no"][:5]))
-    if errors:
-        raise AssertionError("history check failed (%d):\n  %s" % (len(errors),
-                                                                     "\n  ".join(errors[:15])))
+            soft.append("unacknowledged %r half applied: shows on %s, not on %s" %
+                        (u, st["yes"][:5], st["no"][:5]))
     notes = {"unknown_ops": sum(1 for o in hist.ops if o.outcome == UNKNOWN),
              "unknown_applied": sum(1 for st in applied_unknown.values() if st["yes"]),
              "unknown_absent": sum(1 for st in applied_unknown.values() if st["no"])}
-    return resolved, notes
+    return resolved, notes, hard, soft
 
 
 def _value_after(op, did, state):
