@@ -487,3 +487,70 @@ class StreamCluster(ch.Cluster):
                     raise AssertionError("cluster not serving after %ds: %s\n%s" % (
                         timeout, e, self.coord.text()[-3000:]))
                 time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------------------
+# Folded slices in stock Faiss
+
+def faiss_slices_check(cl, quantizer, xq, nprobe, nlist, k):
+    """Every shard's current vNNNNNN/slice.faiss opened with faiss.read_index; for each query
+    Faiss's search_preassigned with the coordinator's lists and coarse distances (those the
+    shard owns) against the shard's Search (PQ distances, candidates 0) — the rule of
+    test_shard_faiss.py; then the merged Faiss answer (labels read back as ids with
+    Shard.Read) against the cluster's FindNeighbors (approximate_neighbor_count 0, the same
+    nprobe). Returns the counts (the caller asserts)."""
+    import faiss
+    tp, _, sp, _ = ch.stubs()
+    xq = np.ascontiguousarray(xq, dtype="float32")
+    nq = len(xq)
+    Dq, Iq = quantizer.search(xq, nprobe)
+    Iq = Iq.astype("int64")
+    ntotal, same, pairs, worst = 0, 0, 0, 0.0
+    merged = [[] for _ in range(nq)]   # (distance, label, shard)
+    shards = [g[0] for g in cl.groups] if getattr(cl, "groups", None) else cl.shards
+    for si, s in enumerate(shards):
+        ss = s.stub.Stats(sp.ShardStatsRequest(), timeout=30)
+        path = os.path.join(s.data, "v%06d" % ss.current_version, "slice.faiss")
+        fx = faiss.read_index(path)
+        ntotal += fx.ntotal
+        own_mask = np.isin(Iq, list(ss.lists))
+        Iq_own = np.where(own_mask, Iq, -1)
+        fx.nprobe = nprobe
+        FD = np.empty((nq, k), dtype="float32")
+        FI = np.empty((nq, k), dtype="int64")
+        fx.search_preassigned(nq, faiss.swig_ptr(xq), k, faiss.swig_ptr(Iq_own),
+                              faiss.swig_ptr(np.ascontiguousarray(Dq)), faiss.swig_ptr(FD),
+                              faiss.swig_ptr(FI), False)
+        for b0 in range(0, nq, 100):
+            rq = sp.ShardSearchRequest()
+            for qi in range(b0, min(nq, b0 + 100)):
+                m = own_mask[qi]
+                rq.queries.add(version=ss.current_version, vector=xq[qi].tolist(),
+                               lists=Iq[qi][m].tolist(), coarse_distances=Dq[qi][m].tolist(),
+                               k=k, candidates=0)
+            resp = s.stub.Search(rq, timeout=120)
+            for j, res in enumerate(resp.results):
+                qi = b0 + j
+                fl = [int(x) for x in FI[qi] if x >= 0]
+                pairs += 1
+                if list(res.labels) == fl:
+                    same += 1
+                    for a, bb in zip(res.distances, FD[qi][:len(fl)]):
+                        worst = max(worst, abs(a - bb) / max(1e-6, abs(bb)))
+                for dd, lab in zip(FD[qi], FI[qi]):
+                    if lab >= 0:
+                        merged[qi].append((float(dd), int(lab), si))
+    cluster_same = 0
+    for qi in range(nq):
+        top = sorted(merged[qi])[:k]
+        ids = []
+        for dd, lab, si in top:
+            r = shards[si].stub.Read(sp.ShardReadRequest(labels=[lab]), timeout=30)
+            ids.append(r.datapoints[0].datapoint.datapoint_id)
+        q = ch.query(tp, xq[qi], k, fraction=nprobe / nlist, cand=0)
+        resp = cl.stub.FindNeighbors(tp.FindNeighborsRequest(queries=[q]), timeout=60)
+        got = [n.datapoint.datapoint_id for n in resp.nearest_neighbors[0].neighbors]
+        cluster_same += got == ids
+    return {"faiss": faiss.__version__, "slices": len(shards), "ntotal": ntotal,
+            "count": cl.stats().vectors_count, "nq": nq, "same": same, "pairs": pairs,
+            "worst": worst, "cluster_same": cluster_same}
