@@ -46,4 +46,45 @@ long tsr_cluster_log_size(const char *path);
 void tsr_cluster_print_log_tail(FILE *f, const char *prefix, const char *path, long off,
                                 int nlines);
 
+/* ---- cmd_online.c: what every online command (query, update, read, stats, health,
+ * upsert, remove) shares ---- */
+#include "core/cmdline.h"
+#include "net/rpc.h"
+
+/* --tls-* and --token-file flags of every online command */
+typedef struct tsr_cli_tls {
+    const char *ca, *cert, *key, *name;
+    const char *token_file;
+} tsr_cli_tls;
+#define TSR_CLI_TLS_OPTS(t)                                                                        \
+    {"--tls-ca", TSR_CMDLINE_STR, &(t).ca, 0, 0, 0},                                      \
+        {"--tls-cert", TSR_CMDLINE_STR, &(t).cert, 0, 0, 0},                              \
+        {"--tls-key", TSR_CMDLINE_STR, &(t).key, 0, 0, 0},                                \
+        {"--tls-server-name", TSR_CMDLINE_STR, &(t).name, 0, 0, 0},                       \
+        {"--token-file", TSR_CMDLINE_STR, &(t).token_file, 0, 0, 0}
+#define TSR_CLI_TLS_USAGE                                                                          \
+    "  --tls-ca FILE          use TLS, trusting this CA (PEM) for the coordinator's certificate\n" \
+    "  --tls-cert FILE --tls-key FILE  client certificate (coordinator with mutual TLS)\n"       \
+    "  --tls-server-name N    name to check in the certificate instead of ADDR's host\n" \
+    "  --token-file FILE      send the bare token in FILE as \"authorization: Bearer\" (a\n"  \
+    "                         coordinator with --auth-tokens; env TSR_TOKEN_FILE)\n"
+
+/* Parses an online command's flags; max_args positional arguments go to argv[1..*nargs]
+ * (-1: any number). Returns -1 to go on, else the exit code (0 after --help, 2 usage
+ * error). */
+int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
+                        void (*usage)(FILE *), int max_args, int argc, char **argv, int *nargs);
+/* Opens the channel to target with the TLS / token flags. Returns NULL on failure with
+ * *code = 2 (TLS flags or files are wrong: a usage error) or 1. TSR_TLS_CA /
+ * TSR_TLS_SERVER_NAME / TSR_TOKEN_FILE stand in for the flags when those are not given. */
+tsr_rpc_channel *tsr_cli_connect(const char *prog, const char *target, const tsr_cli_tls *t,
+                                 int *code);
+/* "PROG: WHAT on TARGET failed: CODE: message" on stderr. */
+void tsr_cli_rpc_failure(const char *prog, const char *what, const char *target,
+                         const tsr_rpc_result *res);
+
+/* cmd_stream.c: `tessera upsert`, `tessera remove` (streamed writes). */
+int tsr_cmd_upsert(int argc, char **argv);
+int tsr_cmd_remove(int argc, char **argv);
+
 #endif

@@ -212,27 +212,9 @@ static Tessera__V1__NumericRestriction *parse_numeric(const char *arg)
     return NULL;
 }
 
-/* --tls-* and --token-file flags of every online command */
-typedef struct {
-    const char *ca, *cert, *key, *name;
-    const char *token_file;
-} tls_flags;
-#define TLS_OPTS(t)                                                                        \
-    {"--tls-ca", TSR_CMDLINE_STR, &(t).ca, 0, 0, 0},                                      \
-        {"--tls-cert", TSR_CMDLINE_STR, &(t).cert, 0, 0, 0},                              \
-        {"--tls-key", TSR_CMDLINE_STR, &(t).key, 0, 0, 0},                                \
-        {"--tls-server-name", TSR_CMDLINE_STR, &(t).name, 0, 0, 0},                       \
-        {"--token-file", TSR_CMDLINE_STR, &(t).token_file, 0, 0, 0}
-#define TLS_USAGE                                                                          \
-    "  --tls-ca FILE          use TLS, trusting this CA (PEM) for the coordinator's certificate\n" \
-    "  --tls-cert FILE --tls-key FILE  client certificate (coordinator with mutual TLS)\n"       \
-    "  --tls-server-name N    name to check in the certificate instead of ADDR's host\n" \
-    "  --token-file FILE      send the bare token in FILE as \"authorization: Bearer\" (a\n"  \
-    "                         coordinator with --auth-tokens; env TSR_TOKEN_FILE)\n"
-
 /* Parses an online command's flags; max_args positional arguments go to argv[1..*nargs].
  * Returns -1 to go on, else the exit code (0 after --help, 2 usage error). */
-static int parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
+int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
                        void (*usage)(FILE *), int max_args, int argc, char **argv, int *nargs)
 {
     const tsr_cmdline_spec spec = {prog, opts, n, usage, max_args, 1};
@@ -243,8 +225,8 @@ static int parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
 /* Opens the channel. Returns NULL on failure with *code = 2 (TLS flags or files are
  * wrong: a usage error) or 1. TSR_TLS_CA / TSR_TLS_SERVER_NAME / TSR_TOKEN_FILE stand in
  * for --tls-ca / --tls-server-name / --token-file when those are not given. */
-static tsr_rpc_channel *connect_target(const char *prog, const char *target, const tls_flags *t,
-                                       int *code)
+tsr_rpc_channel *tsr_cli_connect(const char *prog, const char *target, const tsr_cli_tls *t,
+                                 int *code)
 {
     tsr_error err = TSR_ERROR_INIT;
     tsr_rpc_client_opts o;
@@ -287,8 +269,8 @@ static tsr_rpc_channel *connect_target(const char *prog, const char *target, con
     return ch;
 }
 
-static void print_rpc_failure(const char *prog, const char *what, const char *target,
-                              const tsr_rpc_result *res)
+void tsr_cli_rpc_failure(const char *prog, const char *what, const char *target,
+                         const tsr_rpc_result *res)
 {
     fprintf(stderr, "%s: %s on %s failed: %s: %s\n", prog, what, target,
             tsr_rpc_code_name(res->code), res->message ? res->message : "");
@@ -393,7 +375,7 @@ static void query_usage(FILE *f)
             "  --full                 return full datapoints\n"
             "  --allow-partial        answer from the reachable shards if one is down\n"
             "  --timeout-ms T         deadline, 1..86400000 (default 10000)\n"
-            "  --json                 one JSON document on stdout\n" TLS_USAGE
+            "  --json                 one JSON document on stdout\n" TSR_CLI_TLS_USAGE
             "Output: `distance` is the dense distance (squared L2, or the dot product for\n"
             "DOT_PRODUCT and COSINE), exact (from the stored vectors) by default, the PQ\n"
             "approximation with --candidates 0; 0 for a hit found only by the sparse search.\n"
@@ -482,7 +464,7 @@ static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int 
 int tsr_cmd_query(int argc, char **argv)
 {
     const char *target = NULL, *vector = NULL, *qfile = NULL, *sparse = NULL;
-    tls_flags tls = {0};
+    tsr_cli_tls tls = {0};
     int k = 10, crowding = 0, candidates = -1 /* not given */, full = 0, as_json = 0;
     int partial = 0;
     double fraction = 0, alpha = -1; /* -1: not given */
@@ -505,12 +487,12 @@ int tsr_cmd_query(int argc, char **argv)
         {"--allow-partial", TSR_CMDLINE_FLAG, &partial, 0, 0, 0},
         {"--timeout-ms", TSR_CMDLINE_INT64, &timeout, 1, 86400000, 0},
         {"--json", TSR_CMDLINE_FLAG, &as_json, 0, 0, 0},
-        TLS_OPTS(tls),
+        TSR_CLI_TLS_OPTS(tls),
     };
     restrict_list rl = {0};
     Tessera__V1__NumericRestriction **nums = NULL;
     size_t nnums = 0;
-    int rc = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], query_usage, 0, argc, argv,
+    int rc = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0], query_usage, 0, argc, argv,
                          NULL);
     if (rc >= 0)
         goto cleanup;
@@ -552,7 +534,7 @@ int tsr_cmd_query(int argc, char **argv)
         free(se.dimensions);
         goto cleanup;
     }
-    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
+    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
     if (ch == NULL) {
         free(qv);
         goto cleanup;
@@ -612,7 +594,7 @@ int tsr_cmd_query(int argc, char **argv)
         tsr_rpc_call_pb(ch, SVC "FindNeighbors", &req.base,
                         &tessera__v1__find_neighbors_response__descriptor, timeout, &out, &res);
         if (res.code != TSR_RPC_OK) {
-            print_rpc_failure(PROG, "FindNeighbors", target, &res);
+            tsr_cli_rpc_failure(PROG, "FindNeighbors", target, &res);
             rc = 1;
         } else {
             print_neighbors((Tessera__V1__FindNeighborsResponse *)out, sparse != NULL, as_json,
@@ -679,7 +661,7 @@ static void update_usage(FILE *f)
             "                           document instead\n"
             "  --report FILE            also write the full batch report (JSON, the form of\n"
             "                           `tessera batch inspect --report`) to FILE\n"
-            TLS_USAGE
+            TSR_CLI_TLS_USAGE
             "Exit status: 0 the update succeeded, 1 it was rejected or failed (or still runs\n"
             "after --timeout-s), 2 usage error (flags, TLS files).\n");
 }
@@ -796,7 +778,7 @@ static int write_update_report(const Tessera__V1__Operation *op, const char *pat
 int tsr_cmd_update(int argc, char **argv)
 {
     const char *target = NULL, *root = NULL, *report = NULL;
-    tls_flags tls = {0};
+    tsr_cli_tls tls = {0};
     int overwrite = 0, max_invalid = 0, as_json = 0, report_failed = 0;
     int64_t timeout_s = 3600;
     const tsr_cmdline_opt opts[] = {
@@ -807,9 +789,9 @@ int tsr_cmd_update(int argc, char **argv)
         {"--json", TSR_CMDLINE_FLAG, &as_json, 0, 0, 0},
         {"--report", TSR_CMDLINE_STR, &report, 0, 0, 0},
         {"--timeout-s", TSR_CMDLINE_INT64, &timeout_s, 0, 31536000, 0},
-        TLS_OPTS(tls),
+        TSR_CLI_TLS_OPTS(tls),
     };
-    int code = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], update_usage, 0, argc, argv,
+    int code = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0], update_usage, 0, argc, argv,
                            NULL);
     if (code >= 0)
         return code;
@@ -824,7 +806,7 @@ int tsr_cmd_update(int argc, char **argv)
         return 1;
     }
     int rc = 1;
-    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
+    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     rc = 1;
@@ -838,7 +820,7 @@ int tsr_cmd_update(int argc, char **argv)
     if (tsr_rpc_call_pb(ch, SVC "UpdateIndex", &req.base,
                         &tessera__v1__update_index_response__descriptor, 30000, &out,
                         &res) != TSR_RPC_OK) {
-        print_rpc_failure(PROG, "UpdateIndex", target, &res);
+        tsr_cli_rpc_failure(PROG, "UpdateIndex", target, &res);
         goto done;
     }
     char *opid = tsr_xstrdup(((Tessera__V1__UpdateIndexResponse *)out)->operation_id);
@@ -858,7 +840,7 @@ int tsr_cmd_update(int argc, char **argv)
             int transient = res.code == TSR_RPC_UNAVAILABLE ||
                             res.code == TSR_RPC_DEADLINE_EXCEEDED;
             if (!transient || tsr_clock_mono_ms() > t_end) {
-                print_rpc_failure(PROG, "GetOperation", target, &res);
+                tsr_cli_rpc_failure(PROG, "GetOperation", target, &res);
                 break;
             }
             if (!warned_unavailable) {
@@ -943,7 +925,7 @@ static void read_usage(FILE *f)
     fprintf(f, "usage: tessera read --target ADDR [--tls-ca FILE ...] [--] ID...\n"
                "  Prints the stored datapoints of the ids, one JSON line each (ids that start\n"
                "  with '-' go after --).\n"
-               TLS_USAGE
+               TSR_CLI_TLS_USAGE
                "Exit status: 0 success, 1 an id is missing or the read failed, 2 usage error\n"
                "(flags, TLS files).\n");
 }
@@ -951,12 +933,12 @@ static void read_usage(FILE *f)
 int tsr_cmd_read(int argc, char **argv)
 {
     const char *target = NULL;
-    tls_flags tls = {0};
+    tsr_cli_tls tls = {0};
     const tsr_cmdline_opt opts[] = {
         {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
-        TLS_OPTS(tls),
+        TSR_CLI_TLS_OPTS(tls),
     };
-    int nids = 0, code = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], read_usage, -1,
+    int nids = 0, code = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0], read_usage, -1,
                                      argc, argv, &nids);
     if (code >= 0)
         return code;
@@ -965,7 +947,7 @@ int tsr_cmd_read(int argc, char **argv)
         return 2;
     }
     int rc = 1;
-    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
+    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     Tessera__V1__ReadIndexDatapointsRequest req = TESSERA__V1__READ_INDEX_DATAPOINTS_REQUEST__INIT;
@@ -978,7 +960,7 @@ int tsr_cmd_read(int argc, char **argv)
     if (tsr_rpc_call_pb(ch, SVC "ReadIndexDatapoints", &req.base,
                         &tessera__v1__read_index_datapoints_response__descriptor, 10000, &out,
                         &res) != TSR_RPC_OK) {
-        print_rpc_failure(PROG, "ReadIndexDatapoints", target, &res);
+        tsr_cli_rpc_failure(PROG, "ReadIndexDatapoints", target, &res);
     } else {
         Tessera__V1__ReadIndexDatapointsResponse *r = (Tessera__V1__ReadIndexDatapointsResponse *)out;
         for (size_t i = 0; i < r->n_datapoints; i++) {
@@ -1003,7 +985,7 @@ static void stats_usage(FILE *f)
 {
     fprintf(f, "usage: tessera stats --target ADDR [--json] [--tls-ca FILE ...]\n"
                "  Prints the index version, vector counts and per-shard state.\n"
-               TLS_USAGE
+               TSR_CLI_TLS_USAGE
                "Exit status: 0 success, 1 the coordinator refused or is unreachable, 2 usage\n"
                "error (flags, TLS files).\n");
 }
@@ -1011,19 +993,19 @@ static void stats_usage(FILE *f)
 int tsr_cmd_stats(int argc, char **argv)
 {
     const char *target = NULL;
-    tls_flags tls = {0};
+    tsr_cli_tls tls = {0};
     int as_json = 0;
     const tsr_cmdline_opt opts[] = {
         {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
         {"--json", TSR_CMDLINE_FLAG, &as_json, 0, 0, 0},
-        TLS_OPTS(tls),
+        TSR_CLI_TLS_OPTS(tls),
     };
-    int code = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], stats_usage, 0, argc, argv,
+    int code = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0], stats_usage, 0, argc, argv,
                            NULL);
     if (code >= 0)
         return code;
     int rc = 1;
-    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
+    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     Tessera__V1__GetIndexStatsRequest req = TESSERA__V1__GET_INDEX_STATS_REQUEST__INIT;
@@ -1034,7 +1016,7 @@ int tsr_cmd_stats(int argc, char **argv)
     if (tsr_rpc_call_pb(ch, SVC "GetIndexStats", &req.base,
                         &tessera__v1__get_index_stats_response__descriptor, 10000, &out,
                         &res) != TSR_RPC_OK) {
-        print_rpc_failure(PROG, "GetIndexStats", target, &res);
+        tsr_cli_rpc_failure(PROG, "GetIndexStats", target, &res);
     } else {
         Tessera__V1__GetIndexStatsResponse *s = (Tessera__V1__GetIndexStatsResponse *)out;
         json_t *o = json_object(), *sh = json_array();
@@ -1086,7 +1068,7 @@ static void health_usage(FILE *f)
                "  grpc.health.v1.Health/Check: prints the status. A probe for Kubernetes exec\n"
                "  probes, which unlike grpc: probes work with TLS.\n"
                "  --service NAME         \"\" (default) = the server as a whole\n"
-               "  --timeout-ms T         deadline, 1..600000 (default 2000)\n" TLS_USAGE
+               "  --timeout-ms T         deadline, 1..600000 (default 2000)\n" TSR_CLI_TLS_USAGE
                "Exit status: 0 SERVING, 1 otherwise (NOT_SERVING, unknown service, unreachable),\n"
                "2 usage error (flags, TLS files).\n");
 }
@@ -1095,19 +1077,19 @@ int tsr_cmd_health(int argc, char **argv)
 {
     const char *target = NULL, *service = "";
     int64_t timeout_ms = 2000;
-    tls_flags tls = {0};
+    tsr_cli_tls tls = {0};
     const tsr_cmdline_opt opts[] = {
         {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
         {"--service", TSR_CMDLINE_STR_ANY, &service, 0, 0, 0},
         {"--timeout-ms", TSR_CMDLINE_INT64, &timeout_ms, 1, 600000, 0},
-        TLS_OPTS(tls),
+        TSR_CLI_TLS_OPTS(tls),
     };
-    int code = parse_flags(PROG, opts, sizeof opts / sizeof opts[0], health_usage, 0, argc, argv,
+    int code = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0], health_usage, 0, argc, argv,
                            NULL);
     if (code >= 0)
         return code;
     int rc = 1;
-    tsr_rpc_channel *ch = connect_target(PROG, target, &tls, &rc);
+    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
@@ -1119,7 +1101,7 @@ int tsr_cmd_health(int argc, char **argv)
     if (tsr_rpc_call_pb(ch, "/grpc.health.v1.Health/Check", &req.base,
                         &grpc__health__v1__health_check_response__descriptor,
                         (int64_t)timeout_ms, &out, &res) != TSR_RPC_OK) {
-        print_rpc_failure(PROG, "Health/Check", target, &res);
+        tsr_cli_rpc_failure(PROG, "Health/Check", target, &res);
     } else {
         Grpc__Health__V1__HealthCheckResponse *h = (Grpc__Health__V1__HealthCheckResponse *)out;
         const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(

@@ -28,6 +28,8 @@ static const command commands[] = {
     {"query", NULL, tsr_cmd_query, "find neighbors through a running coordinator"},
     {"update", NULL, tsr_cmd_update, "apply a batch_root as a new index version"},
     {"read", NULL, tsr_cmd_read, "read stored datapoints by id"},
+    {"upsert", NULL, tsr_cmd_upsert, "upsert JSON-lines datapoints at once (streamed write)"},
+    {"remove", NULL, tsr_cmd_remove, "remove datapoints by id at once (streamed write)"},
     {"stats", NULL, tsr_cmd_stats, "index and shard statistics"},
     {"health", NULL, tsr_cmd_health, "grpc.health.v1 check of a coordinator or shard (a probe)"},
     {"cluster", "up", tsr_cmd_cluster_up, "run a local coordinator + shards (supervised)"},

@@ -17,7 +17,8 @@ static const char *known[] = {"dimensions", "distance", "nlist", "pq_m", "pq_nbi
                               "shards", "plan", "search_deadline_ms", "stage_deadline_ms",
                               "max_k", "max_queries_per_request", "seed", "stage_chunk",
                               "default_k", "replica_attempt_ms", "update_min_replicas",
-                              "approximate_neighbor_count", "rrf_depth", NULL};
+                              "approximate_neighbor_count", "rrf_depth", "stream_fold_records",
+                              "stream_write_deadline_ms", NULL};
 
 const char *tsr__distance_name(enum tsr__distance d)
 {
@@ -171,6 +172,8 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
     cfg->max_queries = 1000;
     cfg->seed = 1234;
     cfg->stage_chunk = 2000;
+    cfg->stream_fold_records = 100000;
+    cfg->stream_write_deadline_ms = 5000;
     cfg->default_k = 10;
     cfg->approximate_neighbor_count = TSR_COORD_DEFAULT_APPROX;
     cfg->rrf_depth = TSR_COORD_DEFAULT_RRF_DEPTH;
@@ -220,6 +223,10 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
                       err)) ||
         (rc = get_int(root, path, "seed", &seed, 0, 2147483647, err)) ||
         (rc = get_int(root, path, "stage_chunk", &cfg->stage_chunk, 1, 1000000, err)) ||
+        (rc = get_int(root, path, "stream_fold_records", &cfg->stream_fold_records, 0,
+                      100000000, err)) ||
+        (rc = get_int(root, path, "stream_write_deadline_ms", &cfg->stream_write_deadline_ms,
+                      10, 600000, err)) ||
         (rc = get_int(root, path, "default_k", &cfg->default_k, 1, 10000, err)) ||
         (rc = get_int(root, path, "replica_attempt_ms", &cfg->replica_attempt_ms, 0, 3600000,
                       err)) ||

@@ -16,16 +16,22 @@
  *                the query path; IndexService's other methods answer UNIMPLEMENTED
  *   vertex_v1_index.c  google.cloud.aiplatform.v1.IndexService GetIndex, UpdateIndex and
  *                google.longrunning.Operations/GetOperation on the update path
+ *   stream.c     streamed writes (UpsertDatapoints, RemoveDatapoints): validation, the
+ *                queue, the writer thread's rounds, the overlay directory, catch-up of
+ *                replicas that missed writes, the hooks of updates (docs/streaming.md)
+ *   stream_log.c the coordinator log's files: framing, append + fsync, scan
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
  *                all-replica fan-outs; the coordinator's /metrics collector
  *   main.c       command line, server, signals
  *
  * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
- * fails on a loop): config, oplog, state call no other file of the folder; replica ->
- * state; reconcile -> replica, state; query -> config, replica, state; update_plan ->
- * config, state; update -> oplog, reconcile, replica, state, update_plan; vertex -> query;
- * vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state, vertex;
+ * fails on a loop): config, oplog, state, stream_log call no other file of the folder;
+ * replica -> state; stream -> replica, state, stream_log, update_plan; reconcile ->
+ * replica, state, stream; query -> config, replica, state, stream; update_plan ->
+ * config, state; update -> oplog, reconcile, replica, state, stream, update_plan;
+ * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state,
+ * stream, vertex;
  * main -> all of them, and nothing calls main.c. Everything but main.c is
  * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
@@ -35,7 +41,12 @@
  * op_mu) builds the next snapshot and publishes it with tsr__coord_snap_set after the
  * commit point. The reconcile thread talks to shards only through RPCs and takes
  * update_mu (the same lock an update holds while it runs) so it never aborts a version an
- * update is staging. Lock order: update_mu, then op_mu, then snap_mu. Replica health
+ * update is staging. Streamed writes (stream.c): one writer thread runs rounds under the
+ * stream lock st.mu, which an update also holds from its plan through its Commit fan-out
+ * and a catch-up holds while it resends; the overlay is read under st.ov_rw (read) with
+ * the snapshot taken inside it. Lock order: update_mu, then st.mu, then op_mu, then
+ * st.ov_rw, then snap_mu; st.q_mu (the write queue) is never held with another lock.
+ * Replica health
  * (tsr__replica) is plain atomics, written by whoever saw a call's outcome (query
  * threads, the update thread, reconcile) and read without a lock: a stale value only
  * makes one query try a dead replica first and fail over.
@@ -87,6 +98,8 @@ typedef struct tsr__coord_config {
                                        does not set its own; 0 = PQ distances */
     int rrf_depth;          /* depth of the dense and of the sparse list of a hybrid (RRF)
                                query: max(k, rrf_depth), independent of k below it */
+    int stream_fold_records; /* overlay size that starts a background fold (0 = never) */
+    int stream_write_deadline_ms; /* one Shard.Write of a streamed round */
 } tsr__coord_config;
 
 /* Parses the config file. Returns 0 or TSR_EINVAL/TSR_EIO with err naming the key. */
@@ -101,6 +114,7 @@ typedef struct tsr__dir_entry {
     int32_t list;    /* -1 = sparse-only */
     int32_t shard;
     uint8_t dense, sparse;
+    uint8_t dead;    /* stream overlay only: a tombstone (the id was removed) */
 } tsr__dir_entry;
 
 typedef struct tsr__dir {
@@ -117,6 +131,9 @@ const tsr__dir_entry *tsr__dir_find(const tsr__dir *d, const char *id);
 /* Adds an entry (id copied); the id must not be present. */
 void tsr__dir_add(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
                   int dense, int sparse);
+/* Adds the entry or, when id is present, overwrites its fields (the overlay's upsert). */
+void tsr__dir_set(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
+                  int dense, int sparse, int dead);
 uint64_t tsr__hash_str(const char *s);
 
 /* ---- snapshot ---------------------------------------------------------------------- */
@@ -177,6 +194,14 @@ int tsr__upd_plan_build(const tsr__coord_config *cfg, const char *tmpl_path,
                         tsr_error *err);
 void tsr__upd_plan_close(tsr__upd_plan *p); /* accepts a closed plan */
 
+/* The pieces of the plan the streamed writes reuse (stream.c): the cosine normalisation
+ * (in place), the list of each record (-1: no dense vector; threads for the assignment),
+ * the group of a list (-1: hash of the id). */
+void tsr__normalize(float *v, size_t d);
+int tsr__assign_records(const tsr_ivfpq *tmpl, const tsr_datapoint *recs, size_t n, size_t d,
+                        int threads, int64_t *assign, tsr_error *err);
+int32_t tsr__group_of(const tsr__snap *s, int32_t list, const char *id, size_t nshards);
+
 /* ---- operations ---------------------------------------------------------------------- */
 typedef struct tsr__op {
     char id[32];
@@ -234,6 +259,8 @@ typedef struct tsr__replica {
                                    each change 0 <-> 1 is one log line */
     atomic_llong down_at_ms;    /* when up last became 0 (tsr_clock_mono_ms) */
     atomic_int lagging;         /* reconcile: it does not hold the coordinator's version */
+    atomic_int stream_behind;   /* it missed a streamed write (a failed Write): not queried
+                                   and not written to until reconcile caught it up */
     atomic_llong version;       /* current version from its last Stats, -1 unknown */
     atomic_llong vectors, sparse, lists; /* from its last Stats */
     int64_t resync_at_ms;       /* reconcile thread only: next re-seed attempt (mono) */
@@ -243,6 +270,33 @@ typedef struct tsr__group {
     size_t first, n;            /* replicas first .. first + n - 1 of tsr__coord.rep */
     atomic_uint next;           /* round-robin cursor for ties */
 } tsr__group;
+
+/* ---- stream.c: the state of streamed writes (docs/streaming.md) --------------------- */
+struct tsr__sreq;
+typedef struct tsr__stream {
+    pthread_mutex_t mu;         /* the stream lock: held by a round (writer thread), by an
+                                   update from its plan through its Commit fan-out, by a
+                                   catch-up (reconcile) */
+    /* under mu */
+    int64_t next_label;         /* the label counter (the snapshot's plus the stream's) */
+    int64_t next_seq;           /* the seq of the next round (> every seq ever logged) */
+    int64_t *grp_seq;           /* owned; nshards: the last seq logged for each group */
+    uint64_t log_version;       /* version of the open log file (0: none) */
+    int log_fd;                 /* -1: none */
+    int64_t log_bytes;          /* its size */
+    /* the overlay: written under mu and ov_rw (write), read under ov_rw (read) */
+    pthread_rwlock_t ov_rw;
+    tsr__dir ov;                /* id -> entry or tombstone, on top of the snapshot's dir */
+    uint64_t ov_version;        /* the version it applies on */
+    int64_t ov_records;         /* streamed writes since that version (fold threshold) */
+    int64_t d_dense, d_sparse;  /* change of the snapshot's counts */
+    /* the queue of requests: under q_mu */
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cv, done_cv;
+    struct tsr__sreq *head, *tail;
+    int stop, started;
+    pthread_t thread;
+} tsr__stream;
 
 /* ---- the coordinator --------------------------------------------------------------- */
 typedef struct tsr__coord {
@@ -265,6 +319,8 @@ typedef struct tsr__coord {
     uint64_t op_seq;
     pthread_t upd_thread;
     int upd_thread_live;
+    pthread_t fold_thread;      /* update.c: starts background folds (streamed writes) */
+    int fold_live;
 
     /* reconcile */
     pthread_t rec_thread;
@@ -286,6 +342,8 @@ typedef struct tsr__coord {
 
     /* metrics */
     atomic_llong queries, shards_touched, lists_probed;
+
+    tsr__stream st;             /* streamed writes (stream.c) */
 } tsr__coord;
 
 tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unrefs */
@@ -297,6 +355,26 @@ void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference *
  * PERMISSION_DENIED, FAILED_PRECONDITION while another update runs). */
 int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
                             int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r);
+/* stream.c: streamed writes (docs/streaming.md), the entry points of every front end
+ * (tessera.v1 UpsertDatapoints / RemoveDatapoints, aiplatform.v1 IndexService's). rq is
+ * borrowed; *resp is a zero-initialised response the call fills (scalars only: nothing to
+ * free). They block until the write's round is durable and applied (run them on the worker
+ * pool: TSR_RPC_LONG). Returns 0 = OK with *resp filled, or a negative TSR code with the
+ * gRPC status set on r via tsr_rpc_reply_error: INVALID_ARGUMENT naming datapoints[i], its
+ * id and the field; RESOURCE_EXHAUSTED above TSR__STREAM_MAX_PER_REQUEST; FAILED_PRECONDITION
+ * without an index; UNAVAILABLE when a touched group has no live replica (nothing written)
+ * or lost all of them during the round (outcome unknown, logged, resent by reconcile). */
+#define TSR__STREAM_MAX_PER_REQUEST 10000
+int tsr__coord_stream_upsert(tsr__coord *c, const Tessera__V1__UpsertDatapointsRequest *rq,
+                             Tessera__V1__UpsertDatapointsResponse *resp, tsr_rpc_reply *r);
+int tsr__coord_stream_remove(tsr__coord *c, const Tessera__V1__RemoveDatapointsRequest *rq,
+                             Tessera__V1__RemoveDatapointsResponse *resp, tsr_rpc_reply *r);
+
+/* The background fold (update.c): a thread that starts an update with no records (batch_root
+ * "(stream fold)") when the stream's overlay passes stream_fold_records and no update runs.
+ * stop: after `closing` is set (it ends within 200 ms); accepts a fold never started. */
+int tsr__coord_fold_start(tsr__coord *c);
+void tsr__coord_fold_stop(tsr__coord *c);
 /* The kept operation with that id, or NULL (id may be NULL). Caller holds op_mu. */
 tsr__op *tsr__coord_op_find(tsr__coord *c, const char *id);
 
@@ -306,6 +384,9 @@ int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply
 int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+/* stream.c: tessera.v1 UpsertDatapoints / RemoveDatapoints (TSR_RPC_LONG, role admin). */
+int tsr__coord_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 
 /* The one mapping of the query path's errors to a gRPC status (err->code; 0 counts as
  * INTERNAL), used by the RPC handlers only: status_of gives the code, reply_error sends
@@ -434,6 +515,81 @@ void tsr__coord_reconcile_stop(tsr__coord *c);
 int tsr__coord_reconcile_once(tsr__coord *c);
 void tsr__coord_schedule_release(tsr__coord *c, uint64_t below);
 void tsr__coord_ops_close(tsr__coord *c);
+
+/* ---- stream_log.c: the coordinator log's files (framing, append, scan) ---- */
+struct Tessera__V1__CoordLogRecord;
+/* DATA/stream and DATA/stream/v<version>.log into buf. */
+void tsr__slog_dir(const tsr_store *st, char *buf, size_t cap);
+void tsr__slog_path(const tsr_store *st, uint64_t version, char *buf, size_t cap);
+/* rec as `u32 len | u32 crc32 | payload` (new buffer, *len bytes). */
+uint8_t *tsr__slog_frame(const struct Tessera__V1__CoordLogRecord *rec, size_t *len);
+/* Creates (replaces) the log of version with its header hdr only, durably (fsync, rename,
+ * fsync of DATA/stream). */
+int tsr__slog_create(const tsr_store *st, uint64_t version,
+                     const struct Tessera__V1__CoordLogRecord *hdr, tsr_error *err);
+/* Opens the log of version for appending: *fd and its *size. TSR_ENOTFOUND when missing. */
+int tsr__slog_open(const tsr_store *st, uint64_t version, int *fd, int64_t *size,
+                   tsr_error *err);
+/* Appends rec and fsyncs; *size grows by the record. On failure the file is cut back to
+ * *size (what names the file in messages). */
+int tsr__slog_append(int fd, const char *what, const struct Tessera__V1__CoordLogRecord *rec,
+                     int64_t *size, tsr_error *err);
+/* Calls fn(ud, record, offset) for each good record of path in order (fn returns nonzero to
+ * stop). *good: bytes of the good prefix; why: empty, or what is wrong after it (a torn or
+ * corrupt tail). Returns 0, TSR_ENOTFOUND (no file) or TSR_EIO. */
+typedef int (*tsr__slog_fn)(void *ud, const struct Tessera__V1__CoordLogRecord *rec,
+                            int64_t offset);
+int tsr__slog_scan(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, char *why,
+                   size_t whycap, tsr_error *err);
+
+/* ---- stream.c: streamed writes (docs/streaming.md) ---- */
+/* At start, after the snapshot is loaded and before serving: replays the log of the
+ * committed version (a torn or corrupt tail is cut, with a log line) into the overlay,
+ * the label counter, the next seq and each group's last seq; creates the log when it is
+ * missing. Returns 0 or an error (the coordinator does not start). */
+int tsr__stream_init(tsr__coord *c, tsr_error *err);
+/* The writer thread: first brings every replica up to the log (resends what it missed),
+ * then runs rounds. stop: queued requests fail UNAVAILABLE, the thread is joined; close
+ * frees the state (after stop). */
+int tsr__stream_start(tsr__coord *c);
+void tsr__stream_stop(tsr__coord *c);
+void tsr__stream_close(tsr__coord *c);
+
+/* Where ids live now: per id its label / list / group (found 0: unknown or removed), read
+ * on one snapshot consistent with the overlay; returns that snapshot (new ref). */
+typedef struct tsr__loc {
+    int64_t label;
+    int32_t list, shard;
+    int found;
+} tsr__loc;
+tsr__snap *tsr__stream_resolve(tsr__coord *c, char *const *ids, size_t n, tsr__loc *out);
+/* The dense and sparse counts of sn with the streamed writes applied on it. */
+void tsr__stream_counts(tsr__coord *c, const tsr__snap *sn, int64_t *ndense, int64_t *nsparse);
+
+/* For an update (update.c) and a re-seed (reconcile.c); caller holds the stream lock
+ * (lock/unlock = st.mu). base: NULL when nothing was streamed on sn, else a new snapshot
+ * view = sn's directory with the overlay applied and the stream's label counter (template
+ * and plan borrowed from sn: free it with tsr__stream_base_free, never snap_unref). */
+void tsr__stream_lock(tsr__coord *c);
+void tsr__stream_unlock(tsr__coord *c);
+tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn);
+void tsr__stream_base_free(tsr__snap *view);
+/* The last seq logged for group g (StageRequest.base_stream_seq). */
+int64_t tsr__stream_group_seq(tsr__coord *c, size_t g);
+/* Before the commit point: the log of version (header: the stream's next seq and group
+ * seqs, next_label); abort removes it when the update fails. */
+int tsr__stream_version_begin(tsr__coord *c, uint64_t version, int64_t next_label,
+                              tsr_error *err);
+void tsr__stream_version_abort(tsr__coord *c, uint64_t version);
+/* The commit point's publication: ns becomes the served snapshot (takes its reference),
+ * the overlay empties, the new version's log is opened and the old one removed. */
+void tsr__stream_publish(tsr__coord *c, tsr__snap *ns);
+/* 1 when the overlay holds at least stream_fold_records writes (a fold is due). */
+int tsr__stream_fold_due(tsr__coord *c);
+/* reconcile: replica k answered Stats with stream_seq applied at the served version; when
+ * it is behind the log (or marked behind) the missing rounds of its group are resent in
+ * seq order under the stream lock, and the mark cleared. Returns 0 or a TSR code. */
+int tsr__stream_catch_up(tsr__coord *c, size_t k, int64_t applied);
 
 #define TSR_SHARD_SVC "/tessera.v1.Shard/"
 

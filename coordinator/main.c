@@ -292,6 +292,11 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, SVC "UpdateIndex", tsr__coord_rpc_update, c, 0) ||
         tsr_rpc_server_add_method(srv, SVC "GetOperation", tsr__coord_rpc_get_operation, c, 0) ||
+        /* streamed writes wait for their round: worker pool; role admin (the default) */
+        tsr_rpc_server_add_method(srv, SVC "UpsertDatapoints", tsr__coord_rpc_upsert, c,
+                                  TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, SVC "RemoveDatapoints", tsr__coord_rpc_remove, c,
+                                  TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,
@@ -343,6 +348,7 @@ static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
 static tsr__coord *coord_new(const char *tmpl, const char *deployed)
 {
     tsr__coord *c = tsr_xcalloc(1, sizeof *c);
+    c->st.log_fd = -1; /* tsr__stream_init fills the rest */
     pthread_mutex_init(&c->snap_mu, NULL);
     pthread_mutex_init(&c->update_mu, NULL);
     pthread_mutex_init(&c->op_mu, NULL);
@@ -353,6 +359,20 @@ static tsr__coord *coord_new(const char *tmpl, const char *deployed)
     return c;
 }
 
+/* Starts the fold and reconcile threads (a failure is logged: the coordinator serves
+ * without them). Returns 1 when reconcile runs. */
+static int start_background(tsr__coord *c)
+{
+    if (tsr__coord_fold_start(c) != 0)
+        tsr_error_log("cannot start the fold thread: streamed writes are folded only by batch "
+                      "updates");
+    if (tsr__coord_reconcile_start(c) == 0)
+        return 1;
+    tsr_error_log("cannot start the reconcile thread: shards are not repaired and old "
+                  "versions are not released until a restart");
+    return 0;
+}
+
 /* Stops what runs (a running update is joined, then reconcile, the metrics listener and
  * the server) and frees the coordinator; every argument may be unset (NULL / 0). */
 static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
@@ -360,15 +380,20 @@ static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
 {
     pthread_mutex_lock(&c->op_mu);
     c->closing = 1;
+    pthread_mutex_unlock(&c->op_mu);
+    tsr__coord_fold_stop(c); /* before the join: it may start an update */
+    pthread_mutex_lock(&c->op_mu);
     int live = c->upd_thread_live;
     pthread_mutex_unlock(&c->op_mu);
     if (live)
         pthread_join(c->upd_thread, NULL);
+    tsr__stream_stop(c); /* queued writes fail UNAVAILABLE; the writer is joined */
     if (rec_started)
         tsr__coord_reconcile_stop(c);
     tsr_metrics_http_destroy(mh);
     tsr_rpc_server_destroy(srv);
     tsr__coord_channels_close(c);
+    tsr__stream_close(c);
     tsr__snap_unref(c->snap);
     tsr__coord_ops_close(c);
     tsr_store_destroy(c->store);
@@ -466,8 +491,16 @@ int main(int argc, char **argv)
     }
     if (load_state(c, data) != 0)
         goto out;
+    if (tsr__stream_init(c, &err)) {
+        tsr_error_log("%s: the coordinator log of streamed writes: %s", data, err.msg);
+        goto out;
+    }
     if (tsr__coord_channels_open(c, &shard_opts, &err)) {
         tsr_error_log("%s", err.msg);
+        goto out;
+    }
+    if (tsr__stream_start(c)) {
+        tsr_error_log("cannot start the stream writer thread");
         goto out;
     }
     tsr__coord_metrics_register(c);
@@ -493,11 +526,7 @@ int main(int argc, char **argv)
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
     }
-    if (tsr__coord_reconcile_start(c) == 0)
-        rec_started = 1;
-    else
-        tsr_error_log("cannot start the reconcile thread: shards are not repaired and old "
-                      "versions are not released until a restart");
+    rec_started = start_background(c);
     /* the server is live: an UpdateIndex may already swap c->snap, so read it through
      * snap_mu and a reference (a bare c->snap->version races with the swap and can read
      * the freed snapshot) */

@@ -921,7 +921,9 @@ int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remai
     if (n_ids > 10000)
         return tsr_err(err, TSR_EINVAL, "%zu ids, at most 10000 per call",
                    n_ids);
-    tsr__snap *sn = tsr__coord_snap_get(c);
+    tsr__loc *loc = tsr_xcalloc(n_ids + 1, sizeof *loc);
+    /* the snapshot and the streamed writes on it, read together */
+    tsr__snap *sn = tsr__stream_resolve(c, ids, n_ids, loc);
     rd_out *o = tsr_xcalloc(1, sizeof *o);
     tessera__v1__read_index_datapoints_response__init(&o->resp);
     arena *a = &o->a;
@@ -937,13 +939,14 @@ int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remai
         sr[s].labels = ar(a, n_ids, sizeof(int64_t));
     }
     for (size_t i = 0; i < n_ids; i++) {
-        const tsr__dir_entry *e = tsr__dir_find(&sn->dir, ids[i]);
-        where[i] = e && (size_t)e->shard < S ? e->shard : -1;
+        const tsr__loc *e = &loc[i];
+        where[i] = e->found && (size_t)e->shard < S ? e->shard : -1;
         if (where[i] >= 0) {
             pos[i] = sr[e->shard].n_labels;
             sr[e->shard].labels[sr[e->shard].n_labels++] = e->label;
         }
     }
+    free(loc);
     tsr__gcall *calls = ar(a, S, sizeof *calls);
     uint8_t **bufs = ar(a, S, sizeof *bufs);
     Tessera__V1__ShardReadResponse **resp = o->shard_resp;
@@ -1050,8 +1053,7 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     out.dimensions = c->cfg.dimensions;
     out.distance = (char *)tsr__distance_name(c->cfg.distance);
     out.nlist = sn->tmpl ? (int32_t)sn->tmpl->nlist : c->cfg.nlist;
-    out.vectors_count = sn->ndense;
-    out.sparse_vectors_count = sn->nsparse;
+    tsr__stream_counts(c, sn, &out.vectors_count, &out.sparse_vectors_count);
     long long q = atomic_load(&c->queries);
     out.queries_served = q;
     out.mean_shards_touched = q ? (double)atomic_load(&c->shards_touched) / (double)q : 0.0;

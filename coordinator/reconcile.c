@@ -84,16 +84,23 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
     size_t g = r->group, nlist = sn->tmpl ? sn->tmpl->nlist : 0;
     size_t chunk = (size_t)c->cfg.stage_chunk < 5000 ? (size_t)c->cfg.stage_chunk : 5000;
     int64_t t0 = tsr_clock_mono_ms();
+    /* no streamed write meanwhile; the labels are the directory's plus the stream's, and
+     * the copy holds every write up to the group's last seq */
+    tsr__stream_lock(c);
+    tsr__snap *view = tsr__stream_base(c, sn);
+    const tsr__dir *dir = view ? &view->dir : &sn->dir;
+    int64_t base_seq = tsr__stream_group_seq(c, g);
     /* the group's labels and lists, and the lists it owns */
     size_t n = 0;
-    for (size_t i = 0; i < sn->dir.n; i++)
-        n += (size_t)sn->dir.e[i].shard == g;
+    for (size_t i = 0; i < dir->n; i++)
+        n += (size_t)dir->e[i].shard == g;
     int64_t *labels = tsr_xcalloc(n + 1, sizeof *labels);
     int32_t *own = tsr_xcalloc(nlist + 1, sizeof *own);
     size_t nown = 0, j = 0;
-    for (size_t i = 0; i < sn->dir.n; i++)
-        if ((size_t)sn->dir.e[i].shard == g)
-            labels[j++] = sn->dir.e[i].label;
+    for (size_t i = 0; i < dir->n; i++)
+        if ((size_t)dir->e[i].shard == g)
+            labels[j++] = dir->e[i].label;
+    tsr__stream_base_free(view);
     for (size_t l = 0; l < nlist; l++)
         if ((size_t)sn->plan[l] == g)
             own[nown++] = (int32_t)l;
@@ -129,6 +136,7 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
         st.base_version = 0;
         st.chunk = (int32_t)ch;
         if (ch == 0) {
+            st.base_stream_seq = base_seq;
             st.template_faiss.data = sn->tmpl_bytes;
             st.template_faiss.len = sn->tmpl_len;
             st.own_lists = own;
@@ -197,6 +205,7 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
         tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=ok", 1);
     }
     tsr_rpc_result_close(&res);
+    tsr__stream_unlock(c);
     free(labels);
     free(own);
     return rc;
@@ -210,6 +219,9 @@ int tsr__coord_reconcile_once(tsr__coord *c)
     size_t R = c->nrep;
     char *holds = tsr_xcalloc(R ? R : 1, 1); /* answered this pass and holds V */
     char *need = tsr_xcalloc(R ? R : 1, 1);  /* answered, below V and without it */
+    int64_t *applied = tsr_xcalloc(R ? R : 1, sizeof *applied); /* serves V: its stream seq */
+    for (size_t k = 0; k < R; k++)
+        applied[k] = -1;
     /* Stats from every replica at once: a hung one costs one deadline, not one each */
     tsr_rpc_fanout_call *calls = tsr_xcalloc(R ? R : 1, sizeof *calls);
     for (size_t k = 0; k < R; k++) {
@@ -234,6 +246,7 @@ int tsr__coord_reconcile_once(tsr__coord *c)
             continue;
         }
         atomic_store(&r->version, st->current_version);
+        applied[k] = st->current_version == V && V > 0 ? st->stream_seq : -1;
         atomic_store(&r->vectors, st->vectors_count);
         atomic_store(&r->sparse, st->sparse_vectors_count);
         atomic_store(&r->lists, (long long)st->n_lists);
@@ -280,6 +293,11 @@ int tsr__coord_reconcile_once(tsr__coord *c)
             need[k] = 1;
         tessera__v1__shard_stats_response__free_unpacked(st, NULL);
     }
+    /* replicas that serve V but missed streamed writes: resend them from the log */
+    for (size_t k = 0; k < R; k++)
+        if (applied[k] >= 0 && tsr__stream_catch_up(c, k, applied[k]) != 0)
+            off++;
+    free(applied);
     /* lagging replicas with a sibling that holds V: re-seed them from it (at most one
      * attempt per replica every RESYNC_RETRY_MS, so a failing copy is not a busy loop) */
     for (size_t k = 0; k < R; k++) {

@@ -74,6 +74,7 @@ int tsr__coord_channels_open(tsr__coord *c, const tsr_rpc_client_opts *opts, tsr
             atomic_init(&r->up, -1);
             atomic_init(&r->down_at_ms, 0);
             atomic_init(&r->lagging, 0);
+            atomic_init(&r->stream_behind, 0);
             atomic_init(&r->version, -1);
             atomic_init(&r->vectors, -1);
             atomic_init(&r->sparse, -1);
@@ -168,7 +169,7 @@ void tsr__replica_note(tsr__coord *c, size_t k, const char *method, int code, do
 int tsr__replica_healthy(tsr__coord *c, size_t k, int64_t now_ms)
 {
     tsr__replica *r = &c->rep[k];
-    if (atomic_load(&r->lagging))
+    if (atomic_load(&r->lagging) || atomic_load(&r->stream_behind))
         return 0;
     if (atomic_load(&r->fails) > 0 && now_ms < atomic_load(&r->retry_at_ms))
         return 0;
@@ -193,8 +194,9 @@ static size_t pick(tsr__coord *c, size_t g, uint32_t tried, int64_t now)
         size_t k = gr->first + j;
         int h = tsr__replica_healthy(c, k, now);
         int in = atomic_load(&c->rep[k].inflight);
-        int64_t at = atomic_load(&c->rep[k].retry_at_ms) + (atomic_load(&c->rep[k].lagging)
-                                                                ? 3600000 : 0);
+        int64_t at = atomic_load(&c->rep[k].retry_at_ms) +
+                     (atomic_load(&c->rep[k].lagging) || atomic_load(&c->rep[k].stream_behind)
+                          ? 3600000 : 0);
         int better = best == SIZE_MAX || (h && !best_h) ||
                      (h == best_h && h && in < best_in) ||
                      (h == best_h && !h && at < best_at);
@@ -585,6 +587,18 @@ void tsr__coord_metrics_register(tsr__coord *c)
         {"tessera_query_lists_probed_total", TSR_METRIC_COUNTER,
          "Sum over queries of the IVF lists probed."},
         {"tessera_update_running", TSR_METRIC_GAUGE, "1 while an update operation runs."},
+        {"tessera_stream_writes_total", TSR_METRIC_COUNTER,
+         "Streamed writes acknowledged, by op (upsert: datapoints, remove: ids removed)."},
+        {"tessera_stream_rounds_total", TSR_METRIC_COUNTER,
+         "Rounds of streamed writes logged and sent (one seq each; group commit)."},
+        {"tessera_stream_log_bytes", TSR_METRIC_GAUGE,
+         "Bytes of the coordinator log of streamed writes of the served version."},
+        {"tessera_stream_overlay_records", TSR_METRIC_GAUGE,
+         "Streamed writes since the served version (the overlay; a fold empties it)."},
+        {"tessera_stream_folds_total", TSR_METRIC_COUNTER,
+         "Background folds started (updates with no records)."},
+        {"tessera_stream_catchups_total", TSR_METRIC_COUNTER,
+         "Replicas caught up by resending the streamed writes they missed."},
         {"tessera_shard_resyncs_total", TSR_METRIC_COUNTER,
          "Lagging replicas re-seeded from a sibling by reconcile, by result (ok, failed)."},
         {"tessera_update_files_total", TSR_METRIC_GAUGE,

@@ -85,6 +85,7 @@ void tsr__dir_add(tsr__dir *d, const char *id, int64_t label, int32_t list, int3
     e->shard = shard;
     e->dense = (uint8_t)(dense != 0);
     e->sparse = (uint8_t)(sparse != 0);
+    e->dead = 0;
     if (!d->slot || d->n * 2 > d->mask + 1) {
         size_t ns = 2048;
         while (ns < d->n * 4)
@@ -96,6 +97,22 @@ void tsr__dir_add(tsr__dir *d, const char *id, int64_t label, int32_t list, int3
     while (d->slot[h])
         h = (h + 1) & d->mask;
     d->slot[h] = (uint32_t)d->n;
+}
+
+void tsr__dir_set(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
+                  int dense, int sparse, int dead)
+{
+    tsr__dir_entry *e = (tsr__dir_entry *)tsr__dir_find(d, id);
+    if (!e) {
+        tsr__dir_add(d, id, label, list, shard, dense, sparse);
+        e = &d->e[d->n - 1];
+    }
+    e->label = label;
+    e->list = list;
+    e->shard = shard;
+    e->dense = (uint8_t)(dense != 0);
+    e->sparse = (uint8_t)(sparse != 0);
+    e->dead = (uint8_t)(dead != 0);
 }
 
 /* ---------------------------------------------------------------- snapshot */

@@ -35,6 +35,7 @@
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
+#include "net/pb_datapoint.h"
 
 void tsr__coord_crash_point(const char *step)
 {
@@ -43,86 +44,6 @@ void tsr__coord_crash_point(const char *step)
         tsr_warn("TSR_COORD_CRASH_AT=%s: exiting with 137 (test hook)", step);
         _exit(137);
     }
-}
-
-/* ---------------------------------------------------------------- datapoint -> pb */
-
-typedef struct pbdp {
-    Tessera__V1__IndexDatapoint dp;
-    Tessera__V1__Restriction *rs, **rsp;
-    Tessera__V1__NumericRestriction *ns, **nsp;
-    Tessera__V1__CrowdingTag tag;
-    Tessera__V1__SparseEmbedding sp;
-} pbdp;
-
-/* Fills p to describe d (borrowing d's arrays). */
-static void dp_to_pb(const tsr_datapoint *d, pbdp *p)
-{
-    memset(p, 0, sizeof *p);
-    tessera__v1__index_datapoint__init(&p->dp);
-    p->dp.datapoint_id = d->id;
-    if (d->dense) {
-        p->dp.feature_vector = d->dense;
-        p->dp.n_feature_vector = d->ndense;
-    }
-    if (d->nrestricts) {
-        p->rs = tsr_xcalloc(d->nrestricts, sizeof *p->rs);
-        p->rsp = tsr_xcalloc(d->nrestricts, sizeof *p->rsp);
-        for (size_t i = 0; i < d->nrestricts; i++) {
-            tessera__v1__restriction__init(&p->rs[i]);
-            p->rs[i].namespace_ = d->restricts[i].ns;
-            p->rs[i].allow_list = d->restricts[i].allow;
-            p->rs[i].n_allow_list = d->restricts[i].nallow;
-            p->rs[i].deny_list = d->restricts[i].deny;
-            p->rs[i].n_deny_list = d->restricts[i].ndeny;
-            p->rsp[i] = &p->rs[i];
-        }
-        p->dp.restricts = p->rsp;
-        p->dp.n_restricts = d->nrestricts;
-    }
-    if (d->nnumeric) {
-        p->ns = tsr_xcalloc(d->nnumeric, sizeof *p->ns);
-        p->nsp = tsr_xcalloc(d->nnumeric, sizeof *p->nsp);
-        for (size_t i = 0; i < d->nnumeric; i++) {
-            Tessera__V1__NumericRestriction *n = &p->ns[i];
-            tessera__v1__numeric_restriction__init(n);
-            n->namespace_ = d->numeric[i].ns;
-            if (d->numeric[i].type == TSR_NUM_INT) {
-                n->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT;
-                n->value_int = d->numeric[i].v.i;
-            } else if (d->numeric[i].type == TSR_NUM_FLOAT) {
-                n->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_FLOAT;
-                n->value_float = d->numeric[i].v.f;
-            } else {
-                n->value_case = TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_DOUBLE;
-                n->value_double = d->numeric[i].v.d;
-            }
-            p->nsp[i] = n;
-        }
-        p->dp.numeric_restricts = p->nsp;
-        p->dp.n_numeric_restricts = d->nnumeric;
-    }
-    if (d->crowding_tag) {
-        tessera__v1__crowding_tag__init(&p->tag);
-        p->tag.crowding_attribute = d->crowding_tag;
-        p->dp.crowding_tag = &p->tag;
-    }
-    if (d->nsparse) {
-        tessera__v1__sparse_embedding__init(&p->sp);
-        p->sp.values = d->sparse_vals;
-        p->sp.n_values = d->nsparse;
-        p->sp.dimensions = d->sparse_dims;
-        p->sp.n_dimensions = d->nsparse;
-        p->dp.sparse_embedding = &p->sp;
-    }
-}
-
-static void pbdp_free(pbdp *p)
-{
-    free(p->rs);
-    free(p->rsp);
-    free(p->ns);
-    free(p->nsp);
 }
 
 /* ---------------------------------------------------------------- report -> pb */
@@ -465,8 +386,11 @@ static void warn_unknown_deletes(upd *u)
 /* The planning phase (update_plan.c). */
 static int upd_plan(upd *u, tsr_error *err)
 {
-    int rc = tsr__upd_plan_build(&u->c->cfg, u->c->template_path, u->base, u->b,
+    /* the base is the committed version plus the streamed writes on it (stream lock held) */
+    tsr__snap *view = tsr__stream_base(u->c, u->base);
+    int rc = tsr__upd_plan_build(&u->c->cfg, u->c->template_path, view ? view : u->base, u->b,
                                  u->op->overwrite, &u->p, err);
+    tsr__stream_base_free(view);
     if (rc)
         return rc;
     tsr_info("update %s: version %lld: %zu upserts (%lld moved between shards), %lld deletes, "
@@ -493,6 +417,8 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
     m.base_version = u->p.overwrite ? 0 : (int64_t)u->base->version;
     m.chunk = (int32_t)r;
     if (r == 0) {
+        /* the shard folds its delta of the base: it must have applied exactly this */
+        m.base_stream_seq = tsr__stream_group_seq(u->c, s);
         if (u->p.overwrite) {
             m.template_faiss.data = ns->tmpl_bytes;
             m.template_faiss.len = ns->tmpl_len;
@@ -508,7 +434,7 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
         ndl = chunk;
     Tessera__V1__StagedUpsert *su = tsr_xcalloc(nu + 1, sizeof *su);
     Tessera__V1__StagedUpsert **sup = tsr_xcalloc(nu + 1, sizeof *sup);
-    pbdp *pd = tsr_xcalloc(nu + 1, sizeof *pd);
+    tsr_pb_datapoint *pd = tsr_xcalloc(nu + 1, sizeof *pd);
     Tessera__V1__StagedDelete **sdp = tsr_xcalloc(ndl + 1, sizeof *sdp);
     for (size_t k = 0; k < nu; k++) {
         const tsr_datapoint *rec = &u->b->records[w->ups[u0 + k]];
@@ -516,7 +442,7 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
         const tsr__dir_entry *e = tsr__dir_find(&ns->dir, rec->id);
         su[k].label = e->label;
         su[k].list = e->list;
-        dp_to_pb(rec, &pd[k]);
+        tsr_pb_datapoint_set(&pd[k], rec);
         su[k].datapoint = &pd[k].dp;
         sup[k] = &su[k];
     }
@@ -528,7 +454,7 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
     m.n_deletes = ndl;
     uint8_t *buf = tsr_rpc_pack(&m.base, len);
     for (size_t k = 0; k < nu; k++)
-        pbdp_free(&pd[k]);
+        tsr_pb_datapoint_free(&pd[k]);
     free(pd);
     free(su);
     free(sup);
@@ -643,6 +569,7 @@ static int upd_flip(upd *u, tsr_error *err)
     tsr__coord *c = u->c;
     int rc;
     if ((rc = tsr__snap_save(u->p.ns, c->store, err)) ||
+        (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label, err)) ||
         (rc = tsr_store_set_current(c->store, (uint64_t)u->newv, err)))
         return rc;
     u->staged_any = 0;
@@ -650,7 +577,7 @@ static int upd_flip(upd *u, tsr_error *err)
     for (size_t k = 0; k < c->nrep; k++)
         if (u->out[k]) /* not queried on newv until reconcile re-seeded it */
             atomic_store(&c->rep[k].lagging, 1);
-    tsr__coord_snap_set(c, u->p.ns);
+    tsr__stream_publish(c, u->p.ns); /* the snapshot, and the overlay emptied, at once */
     u->p.ns = NULL;
     op_set(c, u->op, TESSERA__V1__OPERATION__STATE__COMMITTING);
     op_save(c, u->op, 0);
@@ -697,6 +624,8 @@ static void upd_commit(upd *u)
 /* Cleanup: a failure after staging began aborts newv on every shard (N stays served). */
 static void upd_cleanup(upd *u, int rc)
 {
+    if (rc)
+        tsr__stream_version_abort(u->c, (uint64_t)u->newv);
     if (rc && u->staged_any) {
         tsr_error aerr = TSR_ERROR_INIT;
         if (fan_version(u->c, "Abort", u->newv, NULL, u->c->cfg.search_deadline_ms, NULL, NULL,
@@ -714,6 +643,10 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
                       tsr_error *err)
 {
     upd u = {.c = c, .op = op, .b = b};
+    /* streamed writes wait (queued) from the plan through the Commit fan-out: the plan's
+     * base and each group's base_stream_seq stay true, and no Write reaches a shard between
+     * the flip and its Commit */
+    tsr__stream_lock(c);
     u.base = tsr__coord_snap_get(c);
     u.newv = (int64_t)u.base->version + 1;
     u.out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
@@ -729,13 +662,15 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
         *version = u.newv;
     }
     upd_cleanup(&u, rc);
+    tsr__stream_unlock(c);
     return rc ? TESSERA__V1__OPERATION__STATE__FAILED : TESSERA__V1__OPERATION__STATE__SUCCEEDED;
 }
 
 typedef struct upd_arg {
     tsr__coord *c;
     tsr__op *op;
-    char *root;          /* owned: the resolved batch_root to load */
+    char *root;          /* owned: the resolved batch_root to load; NULL = a fold (no
+                            records: every group builds the next version from its delta) */
     const char *confine; /* the allowed folder it is in (borrowed from c) */
 } upd_arg;
 
@@ -752,9 +687,14 @@ static void *update_main(void *p)
     op_set(c, op, TESSERA__V1__OPERATION__STATE__READING);
     tsr_metrics_update_phase("validate");
     tsr_batch *b = NULL;
-    int rc = tsr_batch_load(root, &bo, &b, &err);
+    int rc = 0;
+    if (root)
+        rc = tsr_batch_load(root, &bo, &b, &err);
+    else /* a fold: an empty batch, the streamed writes come from the stream's base */
+        b = tsr_xcalloc(1, sizeof *b);
+    int fold = root == NULL;
     free(root);
-    if (b) {
+    if (b && !fold) {
         char *js = tsr_batch_report_json(&b->report);
         pthread_mutex_lock(&c->op_mu);
         op->report_json = js;
@@ -804,6 +744,11 @@ static int confine_root(tsr__coord *c, const char *batch_root, char **root, cons
     return 0;
 }
 
+/* Creates the operation and starts its thread (op_mu held, not busy). root: owned, NULL for
+ * a fold. */
+static void op_start(tsr__coord *c, const char *batch_root, char *root, const char *within,
+                     int overwrite, int32_t max_invalid, char *id, size_t cap);
+
 int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
                             int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r)
 {
@@ -824,6 +769,14 @@ int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite
         return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, c->closing ? "shutting down"
                                    : "update in progress");
     }
+    op_start(c, batch_root, root, within, overwrite, max_invalid, id, cap);
+    pthread_mutex_unlock(&c->op_mu);
+    return 0;
+}
+
+static void op_start(tsr__coord *c, const char *batch_root, char *root, const char *within,
+                     int overwrite, int32_t max_invalid, char *id, size_t cap)
+{
     if (c->upd_thread_live) {
         pthread_join(c->upd_thread, NULL); /* finished: busy is 0 */
         c->upd_thread_live = 0;
@@ -864,10 +817,58 @@ int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite
         c->upd_thread_live = 1;
     }
     snprintf(id, cap, "%s", op->id);
-    tsr_info("update %s: batch_root %s%s, max_invalid_records %d", op->id, op->batch_root,
-             op->overwrite ? " (complete overwrite)" : "", max_invalid);
+    if (root)
+        tsr_info("update %s: batch_root %s%s, max_invalid_records %d", op->id, op->batch_root,
+                 op->overwrite ? " (complete overwrite)" : "", max_invalid);
+}
+
+/* ---------------------------------------------------------------- background fold */
+
+/* Starts a fold (an update with no records) when the stream's overlay passed
+ * stream_fold_records and no update runs. */
+static void fold_maybe(tsr__coord *c)
+{
+    if (!tsr__stream_fold_due(c))
+        return;
+    pthread_mutex_lock(&c->op_mu);
+    if (!c->busy && !c->closing) {
+        char id[sizeof ((tsr__op *)0)->id];
+        op_start(c, "(stream fold)", NULL, NULL, 0, 0, id, sizeof id);
+        tsr_info("update %s: stream fold: the overlay holds %d or more streamed writes",
+                 id, c->cfg.stream_fold_records);
+        tsr_metrics_counter_add("tessera_stream_folds_total", NULL, 1);
+    }
     pthread_mutex_unlock(&c->op_mu);
+}
+
+static void *fold_main(void *p)
+{
+    tsr__coord *c = p;
+    for (;;) {
+        pthread_mutex_lock(&c->op_mu);
+        int closing = c->closing;
+        pthread_mutex_unlock(&c->op_mu);
+        if (closing)
+            break;
+        fold_maybe(c);
+        usleep(200 * 1000);
+    }
+    return NULL;
+}
+
+int tsr__coord_fold_start(tsr__coord *c)
+{
+    if (pthread_create(&c->fold_thread, NULL, fold_main, c) != 0)
+        return TSR_EINTERNAL;
+    c->fold_live = 1;
     return 0;
+}
+
+void tsr__coord_fold_stop(tsr__coord *c)
+{
+    if (c->fold_live) /* it ends within 200 ms of `closing` */
+        pthread_join(c->fold_thread, NULL);
+    c->fold_live = 0;
 }
 
 int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)

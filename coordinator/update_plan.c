@@ -55,7 +55,7 @@ static int cmp_rec(const void *key, const void *rec)
     return strcmp((const char *)key, ((const tsr_datapoint *)rec)->id);
 }
 
-static void normalize(float *v, size_t d)
+void tsr__normalize(float *v, size_t d)
 {
     double s = 0;
     for (size_t i = 0; i < d; i++)
@@ -136,15 +136,14 @@ static int get_template(const tsr__coord_config *cfg, const char *tmpl_path,
     return 0;
 }
 
-/* The list of each record (-1: no dense vector) into assign (b->nrecords entries). */
-static int assign_lists(const tsr_ivfpq *tmpl, const tsr_batch *b, size_t d, int64_t *assign,
-                        tsr_error *err)
+int tsr__assign_records(const tsr_ivfpq *tmpl, const tsr_datapoint *recs, size_t n, size_t d,
+                        int threads, int64_t *assign, tsr_error *err)
 {
     size_t nd = 0;
-    for (size_t i = 0; i < b->nrecords; i++)
-        nd += b->records[i].dense != NULL;
+    for (size_t i = 0; i < n; i++)
+        nd += recs[i].dense != NULL;
     if (!nd) {
-        for (size_t i = 0; i < b->nrecords; i++)
+        for (size_t i = 0; i < n; i++)
             assign[i] = -1;
         return 0;
     }
@@ -153,19 +152,32 @@ static int assign_lists(const tsr_ivfpq *tmpl, const tsr_batch *b, size_t d, int
         return tsr_err(err, TSR_ENOMEM, "assignment of %zu vectors", nd);
     int64_t *a = tsr_xcalloc(nd, sizeof *a);
     size_t j = 0;
-    for (size_t i = 0; i < b->nrecords; i++)
-        if (b->records[i].dense)
-            memcpy(x + (j++) * d, b->records[i].dense, d * sizeof(float));
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int rc = tsr_ivfpq_assign(tmpl, x, nd, ncpu > 0 ? (int)ncpu : 1, a, err);
+    for (size_t i = 0; i < n; i++)
+        if (recs[i].dense)
+            memcpy(x + (j++) * d, recs[i].dense, d * sizeof(float));
+    int rc = tsr_ivfpq_assign(tmpl, x, nd, threads > 0 ? threads : 1, a, err);
     free(x);
     if (rc == 0) {
         j = 0;
-        for (size_t i = 0; i < b->nrecords; i++)
-            assign[i] = b->records[i].dense ? a[j++] : -1;
+        for (size_t i = 0; i < n; i++)
+            assign[i] = recs[i].dense ? a[j++] : -1;
     }
     free(a);
     return rc;
+}
+
+/* The list of each record (-1: no dense vector) into assign (b->nrecords entries). */
+static int assign_lists(const tsr_ivfpq *tmpl, const tsr_batch *b, size_t d, int64_t *assign,
+                        tsr_error *err)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    return tsr__assign_records(tmpl, b->records, b->nrecords, d, ncpu > 0 ? (int)ncpu : 1,
+                               assign, err);
+}
+
+int32_t tsr__group_of(const tsr__snap *s, int32_t list, const char *id, size_t nshards)
+{
+    return list >= 0 ? s->plan[list] : (int32_t)(tsr__hash_str(id) % nshards);
 }
 
 /* ns's plan: base's when it has the same lists, else built from the batch's list sizes. */
@@ -212,7 +224,7 @@ static void route(const tsr__snap *base, const tsr_batch *b, const int64_t *assi
         const tsr__dir_entry *old = tsr__dir_find(&base->dir, r->id);
         int64_t label = old ? old->label : ns->next_label++;
         int32_t list = (int32_t)assign[i];
-        int32_t shard = list >= 0 ? ns->plan[list] : (int32_t)(tsr__hash_str(r->id) % S);
+        int32_t shard = tsr__group_of(ns, list, r->id, S);
         if (old && !p->overwrite && old->shard != shard && (size_t)old->shard < S) {
             push_del(&p->w[old->shard], old->label, old->list);
             p->nmoved++;
@@ -252,7 +264,7 @@ int tsr__upd_plan_build(const tsr__coord_config *cfg, const char *tmpl_path,
     if (cfg->distance == TSR_DIST_COSINE)
         for (size_t i = 0; i < b->nrecords; i++)
             if (b->records[i].dense)
-                normalize(b->records[i].dense, d);
+                tsr__normalize(b->records[i].dense, d);
     if ((rc = get_template(cfg, tmpl_path, base, b, &tmpl, err)))
         goto out;
     assign = tsr_xcalloc(b->nrecords + 1, sizeof *assign);

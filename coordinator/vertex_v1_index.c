@@ -91,8 +91,7 @@ static void index_fill(tsr__coord *c, const char *name, index_msg *m)
     m->ix.index_update_method =
         GOOGLE__CLOUD__AIPLATFORM__V1__INDEX__INDEX_UPDATE_METHOD__BATCH_UPDATE;
     tsr__snap *sn = tsr__coord_snap_get(c);
-    m->st.vectors_count = sn->ndense;
-    m->st.sparse_vectors_count = sn->nsparse;
+    tsr__stream_counts(c, sn, &m->st.vectors_count, &m->st.sparse_vectors_count);
     m->st.shards_count = (int32_t)c->cfg.nshards;
     tsr__snap_unref(sn);
     m->ix.index_stats = &m->st;

@@ -33,31 +33,40 @@ static int bad(tsr_rpc_reply *r, const char *fmt, const char *what, size_t i)
 typedef struct vcache {
     int64_t ver[8];
     tsr__version *v[8];
+    tsr__delta *d[8]; /* the version's delta snapshot taken with it (one per request) */
     size_t n;
 } vcache;
 
-static tsr__version *vc_get(tsr__shard *s, vcache *c, int64_t version)
+static tsr__version *vc_get(tsr__shard *s, vcache *c, int64_t version, const tsr__delta **dp)
 {
     for (size_t i = 0; i < c->n; i++)
-        if (c->ver[i] == version)
+        if (c->ver[i] == version) {
+            *dp = c->d[i];
             return c->v[i];
-    tsr__version *v = tsr__shard_get(s, version);
+        }
+    tsr__delta *d = NULL;
+    tsr__version *v = tsr__shard_get_view(s, version, &d);
     if (v && c->n < 8) {
         c->ver[c->n] = version;
+        c->d[c->n] = d;
         c->v[c->n++] = v;
     } else if (v) {
         /* More than 8 distinct versions in one batch: never happens from the
          * coordinator; refuse rather than leak. */
+        tsr__delta_unref(d);
         tsr__version_unref(v);
         return NULL;
     }
+    *dp = d;
     return v;
 }
 
 static void vc_close(vcache *c)
 {
-    for (size_t i = 0; i < c->n; i++)
+    for (size_t i = 0; i < c->n; i++) {
+        tsr__delta_unref(c->d[i]);
         tsr__version_unref(c->v[i]);
+    }
 }
 
 static int i32_cmp(const void *a, const void *b)
@@ -78,7 +87,8 @@ static int sp_cmp(const void *a, const void *b)
 }
 
 /* Fills a result message from hits; strings and datapoints borrow the version. */
-static int fill_hits(const tsr__version *v, const tsr__hit *h, size_t n, int want_ids,
+static int fill_hits(const tsr__version *v, const tsr__delta *dl, const tsr__hit *h, size_t n,
+                     int want_ids,
                      int want_dps, int64_t **labels, float **dist, char ***tags, char ***ids,
                      Tessera__V1__IndexDatapoint ***dps, size_t *nl, size_t *nd, size_t *nt,
                      size_t *ni, size_t *ndp)
@@ -93,7 +103,7 @@ static int fill_hits(const tsr__version *v, const tsr__hit *h, size_t n, int wan
     if (want_dps && (*dps = tsr_try_calloc(n + 1, sizeof(void *))) == NULL)
         return TSR_ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        const tsr__rec *r = v->row_rec[h[i].row];
+        const tsr__rec *r = tsr__row_rec(v, dl, h[i].row);
         (*labels)[i] = h[i].label;
         (*dist)[i] = h[i].dist;
         (*tags)[i] = r->dp.crowding_tag ? r->dp.crowding_tag : (char *)"";
@@ -313,7 +323,7 @@ static int compile_filter(tsr_rpc_reply *reply, const tsr__version *v,
 
 /* Validates query i against version v and runs it into res. Returns 0 or sets the
  * reply status. */
-static int run_query(tsr_rpc_reply *reply, const tsr__version *v,
+static int run_query(tsr_rpc_reply *reply, const tsr__version *v, const tsr__delta *dl,
                      const Tessera__V1__ShardQuery *q, size_t qi, tsr__qresult *res)
 {
     int rc;
@@ -343,6 +353,11 @@ static int run_query(tsr_rpc_reply *reply, const tsr__version *v,
     sq.sp_dims = p.spd;
     sq.sp_vals = p.spv;
     sq.nsp = p.nsp;
+    sq.delta = dl;
+    sq.tr = p.tr;
+    sq.ntr = p.tr ? q->n_restricts : 0;
+    sq.nq = p.nq;
+    sq.nnq = p.nq ? q->n_numeric_restricts : 0;
     if (tsr__search_one(v, &sq, res, &err) != 0)
         rc = tsr_rpc_reply_from_error(reply, &err);
 out:
@@ -374,7 +389,8 @@ static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
     atomic_fetch_add(&s->searches, (int64_t)rq->n_queries);
     for (size_t i = 0; i < rq->n_queries; i++) {
         const Tessera__V1__ShardQuery *q = rq->queries[i];
-        const tsr__version *v = vc_get(s, &vc, q->version);
+        const tsr__delta *dl = NULL;
+        const tsr__version *v = vc_get(s, &vc, q->version, &dl);
         if (v == NULL) {
             int64_t cur = 0;
             tsr__version *c = tsr__shard_get(s, 0);
@@ -388,7 +404,7 @@ static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
         }
         tsr__qresult qr;
         memset(&qr, 0, sizeof qr);
-        if ((rc = run_query(reply, v, q, i, &qr)) != 0) {
+        if ((rc = run_query(reply, v, dl, q, i, &qr)) != 0) {
             tsr__qresult_close(&qr);
             goto out;
         }
@@ -402,11 +418,11 @@ static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
         resp.results[resp.n_results++] = r;
         r->codes_scanned = qr.codes_scanned;
         r->candidates_passed = qr.passed;
-        int e1 = fill_hits(v, qr.dense, qr.ndense, q->return_ids, q->return_datapoints,
+        int e1 = fill_hits(v, dl, qr.dense, qr.ndense, q->return_ids, q->return_datapoints,
                            &r->labels, &r->distances, &r->crowding_tags, &r->ids, &r->datapoints,
                            &r->n_labels, &r->n_distances, &r->n_crowding_tags, &r->n_ids,
                            &r->n_datapoints);
-        int e2 = e1 ? e1 : fill_hits(v, qr.sparse, qr.nsparse, q->return_ids,
+        int e2 = e1 ? e1 : fill_hits(v, dl, qr.sparse, qr.nsparse, q->return_ids,
                                      q->return_datapoints, &r->sparse_labels, &r->sparse_scores,
                                      &r->sparse_crowding_tags, &r->sparse_ids,
                                      &r->sparse_datapoints, &r->n_sparse_labels,
@@ -437,7 +453,8 @@ static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
     if (rq == NULL)
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "ShardReadRequest: malformed protobuf");
-    tsr__version *v = tsr__shard_get(s, rq->version);
+    tsr__delta *dl = NULL;
+    tsr__version *v = tsr__shard_get_view(s, rq->version, &dl);
     if (v == NULL) {
         rc = tsr_rpc_reply_error(reply, TSR_RPC_FAILED_PRECONDITION,
                                  "ShardReadRequest.version %lld: not held by this shard",
@@ -459,7 +476,10 @@ static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
         resp.datapoints[resp.n_datapoints++] = o;
         o->label = rq->labels[i];
         o->list = -1;
-        const tsr__rec *r = tsr__version_find(v, rq->labels[i]);
+        /* the delta first; a masked base label is gone */
+        const tsr__rec *r = tsr__delta_find(dl, rq->labels[i], NULL);
+        if (r == NULL && !(dl && tsr__i64_in(dl->mask, dl->nmask, rq->labels[i])))
+            r = tsr__version_find(v, rq->labels[i]);
         if (r) {
             o->found = 1;
             o->list = r->list;
@@ -476,6 +496,7 @@ out:
         free(resp.datapoints[i]);
     }
     free(resp.datapoints);
+    tsr__delta_unref(dl);
     tsr__version_unref(v);
     tessera__v1__shard_read_request__free_unpacked(rq, NULL);
     return rc;
@@ -559,6 +580,60 @@ static int h_release(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r
     return tsr_rpc_reply_pack(reply, &resp.base);
 }
 
+/* Dense and sparse datapoint counts of v with its delta d. */
+static void view_counts(const tsr__version *v, const tsr__delta *d, int64_t *vec, int64_t *sp)
+{
+    *vec = (int64_t)v->nvectors;
+    *sp = (int64_t)v->nsparse;
+    if (d) {
+        *vec += d->rvec - d->mvec;
+        *sp += d->rsparse - d->msparse;
+    }
+}
+
+/* Stats' lists and list_sizes of v with its delta d: the non-empty lists. */
+static int stats_lists(const tsr__version *v, const tsr__delta *d,
+                       Tessera__V1__ShardStatsResponse *resp, int32_t **lists, int64_t **sizes)
+{
+    *lists = tsr_try_malloc(v->nlist + 1, sizeof **lists);
+    *sizes = tsr_try_calloc(v->nlist + 1, sizeof **sizes);
+    if (!*lists || !*sizes)
+        return TSR_ENOMEM;
+    int64_t *n = *sizes;
+    for (size_t i = 0; i < v->nlist; i++)
+        n[i] = (v->lists[i] ? (int64_t)v->lists[i]->n : 0) +
+               (d && d->lists[i] ? (int64_t)d->lists[i]->n : 0);
+    for (size_t j = 0; d && j < d->nmask; j++) {
+        const tsr__rec *r = tsr__version_find(v, d->mask[j]);
+        if (r && r->list >= 0)
+            n[r->list]--;
+    }
+    for (size_t i = 0; i < v->nlist; i++)
+        if (n[i] > 0) {
+            (*lists)[resp->n_lists] = (int32_t)i;
+            n[resp->n_lists++] = n[i]; /* compacts in place: resp->n_lists <= i */
+        }
+    resp->lists = *lists;
+    resp->list_sizes = *sizes;
+    resp->n_list_sizes = resp->n_lists;
+    return 0;
+}
+
+static int h_write(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    Tessera__V1__ShardWriteRequest *rq = tessera__v1__shard_write_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "ShardWriteRequest: malformed protobuf");
+    Tessera__V1__ShardWriteResponse resp = TESSERA__V1__SHARD_WRITE_RESPONSE__INIT;
+    int rc = tsr__shard_write(ctx, req, len, rq, &resp, &err);
+    tessera__v1__shard_write_request__free_unpacked(rq, NULL);
+    if (rc != 0)
+        return tsr_rpc_reply_from_error(reply, &err);
+    return tsr_rpc_reply_pack(reply, &resp.base);
+}
+
 static int h_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
 {
     tsr__shard *s = ctx;
@@ -582,8 +657,12 @@ static int h_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *rep
         vers[i].state = held[i].state == TSR__PREPARED ? TESSERA__V1__SHARD_VERSION__STATE__PREPARED
                                                        : TESSERA__V1__SHARD_VERSION__STATE__SERVING;
         vers[i].current = held[i].v->version == cur;
-        vers[i].vectors_count = (int64_t)held[i].v->nvectors;
-        vers[i].sparse_vectors_count = (int64_t)held[i].v->nsparse;
+        tsr__delta *hd = NULL;
+        tsr__version *hv = tsr__shard_get_view(s, held[i].v->version, &hd);
+        view_counts(held[i].v, hv == held[i].v ? hd : NULL, &vers[i].vectors_count,
+                    &vers[i].sparse_vectors_count);
+        tsr__delta_unref(hd);
+        tsr__version_unref(hv);
         vp[i] = &vers[i];
         if (vers[i].current)
             c = held[i].v;
@@ -603,31 +682,32 @@ static int h_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *rep
     resp.current_version = cur;
     int32_t *lists = NULL;
     int64_t *sizes = NULL;
+    tsr__delta *cd = NULL;
+    tsr__version *cv = c ? tsr__shard_get_view(s, c->version, &cd) : NULL;
+    if (cv != c) { /* replaced meanwhile: answer without its delta */
+        tsr__delta_unref(cd);
+        cd = NULL;
+    }
+    resp.wal_bytes = atomic_load(&s->wal_bytes);
     if (c) {
-        resp.vectors_count = (int64_t)c->nvectors;
-        resp.sparse_vectors_count = (int64_t)c->nsparse;
+        view_counts(c, cd, &resp.vectors_count, &resp.sparse_vectors_count);
+        resp.stream_seq = tsr__applied_seq(c, cd);
+        resp.delta_upserts = cd ? (int64_t)cd->nrecs : 0;
+        resp.delta_deletes = cd ? (int64_t)cd->ndeletes : 0;
         if (c->tmpl) {
             resp.dimension = c->tmpl->ix->d;
             resp.nlist = (int32_t)c->nlist;
             resp.metric = c->tmpl->ix->metric == TSR_METRIC_L2 ? "L2" : "IP";
         }
-        lists = tsr_try_malloc(c->nlist + 1, sizeof *lists);
-        sizes = tsr_try_malloc(c->nlist + 1, sizeof *sizes);
-        if (!lists || !sizes) {
+        if (stats_lists(c, cd, &resp, &lists, &sizes) != 0) {
             rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
             goto out;
         }
-        for (size_t i = 0; i < c->nlist; i++)
-            if (c->lists[i] && c->lists[i]->n) {
-                lists[resp.n_lists] = (int32_t)i;
-                sizes[resp.n_lists++] = (int64_t)c->lists[i]->n;
-            }
-        resp.lists = lists;
-        resp.list_sizes = sizes;
-        resp.n_list_sizes = resp.n_lists;
     }
     rc = tsr_rpc_reply_pack(reply, &resp.base);
 out:
+    tsr__delta_unref(cd);
+    tsr__version_unref(cv);
     free(lists);
     free(sizes);
     for (size_t i = 0; i < n; i++)
@@ -650,6 +730,7 @@ int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
         {"Abort", h_abort, TSR_RPC_LONG},
         {"Release", h_release, TSR_RPC_LONG},
         {"Stats", h_stats, 0},
+        {"Write", h_write, TSR_RPC_LONG},
     };
     char path[128];
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
@@ -663,19 +744,32 @@ int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
 
 /* The /metrics collector (docs/operations.md): the served version's number, dense
  * datapoints and non-empty lists — the same numbers as Stats' current_version,
- * vectors_count and lists — read at each scrape on the metrics thread (a version
- * reference only, as a Search takes). */
+ * vectors_count and lists, the delta included — and the streaming gauges (docs/shard.md),
+ * read at each scrape on the metrics thread (a version reference only, as a Search
+ * takes). */
 static void collect(void *ud)
 {
     tsr__shard *s = ud;
-    tsr__version *v = tsr__shard_get(s, 0);
+    tsr__delta *d = NULL;
+    tsr__version *v = tsr__shard_get_view(s, 0, &d);
     if (v == NULL)
         return;
-    size_t lists = 0;
-    for (size_t i = 0; i < v->nlist; i++)
-        lists += v->lists[i] != NULL && v->lists[i]->n > 0;
-    tsr_metrics_version_set((uint64_t)v->version);
-    tsr_metrics_index_size((uint64_t)v->nvectors, (uint64_t)lists);
+    Tessera__V1__ShardStatsResponse st = TESSERA__V1__SHARD_STATS_RESPONSE__INIT;
+    int32_t *lists = NULL;
+    int64_t *sizes = NULL;
+    int64_t vec, sp;
+    view_counts(v, d, &vec, &sp);
+    if (stats_lists(v, d, &st, &lists, &sizes) == 0) {
+        tsr_metrics_version_set((uint64_t)v->version);
+        tsr_metrics_index_size((uint64_t)vec, (uint64_t)st.n_lists);
+    }
+    free(lists);
+    free(sizes);
+    tsr_metrics_gauge_set("tessera_shard_delta_records", NULL,
+                          d ? (double)(d->nrecs + d->ndeletes) : 0.0);
+    tsr_metrics_gauge_set("tessera_shard_wal_bytes", NULL, (double)atomic_load(&s->wal_bytes));
+    tsr_metrics_gauge_set("tessera_shard_stream_seq", NULL, (double)tsr__applied_seq(v, d));
+    tsr__delta_unref(d);
     tsr__version_unref(v);
 }
 

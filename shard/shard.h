@@ -62,8 +62,39 @@ typedef struct tsr__rec {
     atomic_int refs;
     int64_t label;
     int32_t list;    /* -1 = sparse-only */
+    uint32_t tag;    /* crowding tag id while the record is in a delta (tsr__delta), in
+                        the id space of its version's filter dict (see tsr__delta);
+                        set once before the delta is published; unused in a base */
     tsr_datapoint dp; /* owned; dp.dense is the raw vector (d floats) or NULL */
 } tsr__rec;
+
+/* The streamed writes held by one version (docs/streaming.md "On the shard"): an
+ * immutable, refcounted snapshot, replaced whole by every applied Write (copy-on-write:
+ * the list pointer array and the record/mask arrays are copied, only the lists the write
+ * touches are rebuilt). Readers take a reference together with the version's (under
+ * table_mu) and never wait for a writer.
+ *  - lists[i]: the delta records of list i as a tsr__list (codes, labels, ADC terms
+ *    computed exactly as for a base list; fl always NULL), or NULL;
+ *  - recs: the upserts held, sorted by label (a label appears at most once; a later
+ *    upsert of it replaces it, a delete removes it); a delta record's search row is
+ *    version->nrows + its index in recs (tsr__row_rec);
+ *  - mask: the base labels that are masked (deleted, or replaced by an upsert in recs),
+ *    sorted. Crowding tag ids of delta records: the base dict's id of the tag when it has
+ *    one, else TSR__DTAG_BIT | an id from the version's writer-only dtags dict. */
+#define TSR__DTAG_BIT 0x80000000u
+typedef struct tsr__delta {
+    atomic_int refs;
+    int64_t seq;             /* applied seq: the last write applied to the version */
+    size_t nlist;
+    tsr__list **lists;       /* nlist refs, NULL = no delta record in that list */
+    tsr__rec **recs;         /* refs, sorted by label */
+    size_t nrecs;
+    int64_t *mask;           /* sorted base labels masked */
+    size_t nmask;
+    size_t ndeletes;         /* masked labels without an upsert in recs */
+    int64_t mvec, msparse;   /* masked base records with a dense / sparse embedding */
+    int64_t rvec, rsparse;   /* delta records with a dense / sparse embedding */
+} tsr__delta;
 
 enum tsr__vstate { TSR__PREPARED = 2, TSR__SERVING = 3 };
 
@@ -85,6 +116,12 @@ typedef struct tsr__version {
     tsr__rec **row_rec;       /* rows -> rec (borrowed from recs) */
     size_t nrows;
     uint64_t disk_bytes;
+    int64_t stream_seq;       /* the stream seq folded into this version (file "stream"
+                                 of its directory; 0 without one) */
+    /* Streaming (the only mutable parts of a published version): */
+    tsr__delta *delta;        /* ref or NULL (= empty); read and swapped under table_mu */
+    tsr_filter_dict *dtags;   /* owned; crowding tags of delta records unknown to dict;
+                                 used by the writer only (write_mu), never by a query */
 } tsr__version;
 
 /* ---- slice.c: pieces, build, load, write ---- */
@@ -103,6 +140,64 @@ tsr__version *tsr__version_empty(tsr_error *err);
 tsr__rec *tsr__version_find(const tsr__version *v, int64_t label);
 /* Bytes of index data held (codes, labels, vectors, metadata estimate). */
 uint64_t tsr__version_memory(const tsr__version *v);
+
+/* ---- delta snapshots (slice.c: refcount; delta.c: building) ---- */
+tsr__delta *tsr__delta_ref(tsr__delta *d);   /* accepts NULL */
+void tsr__delta_unref(tsr__delta *d);        /* accepts NULL */
+
+static inline int tsr__delta_empty(const tsr__delta *d)
+{
+    return d == NULL || (d->nrecs == 0 && d->nmask == 0);
+}
+
+/* The delta record of label (its index in recs into *idx when idx), or NULL. */
+static inline tsr__rec *tsr__delta_find(const tsr__delta *d, int64_t label, size_t *idx)
+{
+    size_t lo = 0, hi = d ? d->nrecs : 0;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int64_t l = d->recs[mid]->label;
+        if (l == label) {
+            if (idx)
+                *idx = mid;
+            return d->recs[mid];
+        }
+        if (l < label)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* 1 when the sorted array a[0..n) holds x. */
+static inline int tsr__i64_in(const int64_t *a, size_t n, int64_t x)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a[mid] == x)
+            return 1;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+/* The record of a search row of version v with delta d (rows past v->nrows are delta
+ * records). */
+static inline tsr__rec *tsr__row_rec(const tsr__version *v, const tsr__delta *d, uint32_t row)
+{
+    return row < v->nrows ? v->row_rec[row] : d->recs[row - v->nrows];
+}
+
+/* The applied stream seq of v with its delta d (d must be v's, or NULL). */
+static inline int64_t tsr__applied_seq(const tsr__version *v, const tsr__delta *d)
+{
+    return d ? d->seq : v->stream_seq;
+}
 
 /* An edit set for building version N+1 from a base. */
 typedef struct tsr__edits {
@@ -127,6 +222,17 @@ int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edi
 int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err);
 /* Loads a version from dir (files already checked against the MANIFEST). */
 int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_error *err);
+
+/* Validates upserts and deletes (a Stage chunk's or a Write's) whole against template t
+ * (owned: the lists a Write may name, NULL = any list of t, as for Stage): label >= 0,
+ * list in -1..nlist-1, a dense vector of dimension d exactly when list >= 0, finite
+ * values, sparse lengths, numeric values; delete labels >= 0. Converts the upserts to
+ * records into recs (n_upserts + 1 slots; *nrecs filled, refs owned by the caller even on
+ * error). TSR_EINVAL naming upserts[i] / deletes[i] and the field, TSR_ENOMEM. */
+int tsr__convert_edits(const tsr__tmpl *t, const uint8_t *owned,
+                       Tessera__V1__StagedUpsert *const *ups, size_t nups,
+                       Tessera__V1__StagedDelete *const *dels, size_t ndels, tsr__rec **recs,
+                       size_t *nrecs, tsr_error *err);
 
 /* proto <-> datapoint */
 int tsr__dp_from_proto(const Tessera__V1__IndexDatapoint *p, size_t d, tsr_datapoint *dp,
@@ -153,6 +259,11 @@ typedef struct tsr__query {
     const int64_t *sp_dims;    /* sparse query, ascending unique */
     const float *sp_vals;
     size_t nsp;
+    const tsr__delta *delta;   /* the version's delta (NULL or empty = none) */
+    const tsr_token_restrict *tr; /* the raw restricts behind filter, for delta records */
+    size_t ntr;
+    const tsr_numeric_query *nq;
+    size_t nnq;
 } tsr__query;
 
 typedef struct tsr__qresult {
@@ -166,6 +277,53 @@ int tsr__search_one(const tsr__version *v, const tsr__query *q, tsr__qresult *re
 void tsr__qresult_close(tsr__qresult *r);
 /* PQ-encodes x (d floats) for list (residual when by_residual) into code (code_size). */
 void tsr__encode(const tsr__tmpl *t, const float *x, int32_t list, uint8_t *code);
+
+/* ---- delta.c: building deltas ---- */
+/* A new delta snapshot of v: old (v's current delta, NULL = none) plus one write's
+ * upserts (validated records, borrowed: refs are taken; their crowding tag ids are set
+ * here) and deletes, at seq. Caller serializes the builds of one version (write_mu).
+ * TSR_ESTATE for the empty version 0, TSR_ENOMEM. */
+int tsr__delta_apply(tsr__version *v, const tsr__delta *old, tsr__rec *const *ups, size_t nups,
+                     const int64_t *dels, size_t ndels, int64_t seq, tsr__delta **out,
+                     tsr_error *err);
+/* Folds delta d (borrowed) into the edit set e of the next version (e as make_edits left
+ * it: upserts sorted unique, deletes sorted unique): the delta's upserts whose label e
+ * neither upserts nor deletes are added, the masked labels join the deletes (the staged
+ * edits win over the delta on one label). */
+int tsr__delta_fold(const tsr__delta *d, tsr__edits *e, tsr_error *err);
+
+/* ---- wal.c: the write-ahead log of one version (DATA/wal/v<version>.log) ----
+ * Records "u32 len | u32 crc32(payload) | payload" (little-endian; payload = a packed
+ * ShardWriteRequest of at most TSR__WAL_MAX_RECORD bytes). Appends are single write()s
+ * of a whole record; tsr__wal_sync is fdatasync. A tsr__wal is used under the caller's
+ * lock (write_mu), except that its fd may be fdatasync'ed by one thread outside it. */
+#define TSR__WAL_MAX_RECORD ((uint32_t)64 << 20)
+typedef struct tsr__wal {
+    int fd;                 /* -1 = closed */
+    char path[4096];
+    uint64_t size;          /* bytes appended so far (the file's size) */
+} tsr__wal;
+
+/* Called for each complete record in order; a non-zero return other than TSR_ENOMEM and
+ * TSR_EIO marks the record unusable (the tail from it is dropped). */
+typedef int (*tsr__wal_fn)(void *ctx, const uint8_t *rec, size_t len, uint64_t off,
+                           tsr_error *err);
+
+/* Replays the log at path (a missing file is an empty log): fn for each record; a torn or
+ * corrupt tail (length past the end or above the limit, CRC mismatch, a record fn
+ * refuses) is logged (file, offset, why) and truncated away (ftruncate + fsync). *nrec
+ * gets the records replayed, *size the log's size after. TSR_EIO / TSR_ENOMEM. */
+int tsr__wal_replay(const char *path, tsr__wal_fn fn, void *ctx, uint64_t *nrec,
+                    uint64_t *size, tsr_error *err);
+/* Opens (creating it) the log at path for appending. */
+int tsr__wal_open(tsr__wal *w, const char *path, tsr_error *err);
+/* Appends one record (not yet durable). On a failed write the file is cut back to its
+ * previous size; TSR_EIO (TSR_ESTATE when even that fails: the log must not be used
+ * again), TSR_ELIMIT above TSR__WAL_MAX_RECORD. */
+int tsr__wal_append(tsr__wal *w, const uint8_t *p, size_t n, tsr_error *err);
+/* fdatasync of fd (the file of a tsr__wal), errors naming path. */
+int tsr__wal_sync_fd(int fd, const char *path, tsr_error *err);
+void tsr__wal_close(tsr__wal *w);
 
 /* ---- update.c: the shard state ---- */
 typedef struct tsr__staging tsr__staging;
@@ -187,12 +345,29 @@ typedef struct tsr__shard {
     tsr__staging *staging;      /* guarded by update_mu */
     _Atomic int64_t staging_version; /* 0 = none; readable without update_mu */
     _Atomic int64_t searches;
+    /* Streamed writes (stream.c). write_mu serializes the Writes' checks, appends and
+     * applies, and the log switch at Commit; it is released while one Write (the
+     * leader) fdatasyncs the log for every append before its target (group commit).
+     * Lock order: update_mu, then write_mu, then table_mu. */
+    pthread_mutex_t write_mu;
+    pthread_cond_t write_cv;    /* with write_mu: sync done, turn to apply, idle */
+    tsr__wal wal;               /* the current version's log (write_mu) */
+    int64_t wal_version;        /* its version (0 = none open) */
+    int64_t appended_seq;       /* the last seq appended to the log (write_mu) */
+    uint64_t synced;            /* bytes of the log known durable (write_mu) */
+    int syncing, pausing, inflight, broken; /* write_mu */
+    uint64_t tickets, applied_tickets;      /* appends made / applied, in order */
+    char broken_msg[256];       /* why the log refuses writes (broken) */
+    _Atomic int64_t wal_bytes, writes, write_records, folds;
 } tsr__shard;
 
 int tsr__shard_open(tsr__shard *s, const char *dir, tsr_error *err);
 void tsr__shard_close(tsr__shard *s);
 /* A ref to the version (0 = current), or NULL when not held. Caller unrefs. */
 tsr__version *tsr__shard_get(tsr__shard *s, int64_t version);
+/* The same, with a ref to the version's delta snapshot of that moment into *d (NULL =
+ * none; d may be NULL). Caller unrefs both. */
+tsr__version *tsr__shard_get_view(tsr__shard *s, int64_t version, tsr__delta **d);
 
 int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
                      Tessera__V1__StageResponse *resp, tsr_error *err);
@@ -206,5 +381,23 @@ int tsr__shard_release(tsr__shard *s, int64_t below, int64_t *versions, size_t c
 /* Snapshot of the held versions: refs into out (cap entries), states; caller unrefs. */
 size_t tsr__shard_list(tsr__shard *s, tsr__held *out, size_t cap, int *staging_version_set,
                        int64_t *staging_version, int64_t *current_version);
+
+/* ---- stream.c: streamed writes ---- */
+/* After the versions are loaded (tsr__shard_open): removes the logs of other versions
+ * (older = folded, newer = impossible; logged), replays the current version's log into
+ * its delta (a torn or corrupt tail logged and cut) and opens it for appending. */
+int tsr__stream_open(tsr__shard *s, tsr_error *err);
+void tsr__stream_close(tsr__shard *s);
+/* Write (service.c, on the worker pool): raw[0..len) is the request as received (logged
+ * as is), rq its unpacked form. FAILED_PRECONDITION (TSR_ESTATE) for a version other than
+ * the current one or while a prepared version waits, TSR_EINVAL naming the field. */
+int tsr__shard_write(tsr__shard *s, const uint8_t *raw, size_t len,
+                     const Tessera__V1__ShardWriteRequest *rq,
+                     Tessera__V1__ShardWriteResponse *resp, tsr_error *err);
+/* Commit (update.c, holding update_mu): pause takes write_mu once no Write is in flight;
+ * resume switches the log to the (new) current version when switched, removing the old
+ * version's log (CURRENT is durable by then), and releases write_mu. */
+void tsr__stream_pause(tsr__shard *s);
+void tsr__stream_resume(tsr__shard *s, int switched);
 
 #endif

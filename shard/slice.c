@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,28 @@ void tsr__rec_unref(tsr__rec *r)
     free(r);
 }
 
+tsr__delta *tsr__delta_ref(tsr__delta *d)
+{
+    if (d)
+        atomic_fetch_add(&d->refs, 1);
+    return d;
+}
+
+void tsr__delta_unref(tsr__delta *d)
+{
+    if (d == NULL || atomic_fetch_sub(&d->refs, 1) != 1)
+        return;
+    if (d->lists)
+        for (size_t i = 0; i < d->nlist; i++)
+            tsr__list_unref(d->lists[i]);
+    free(d->lists);
+    for (size_t i = 0; i < d->nrecs; i++)
+        tsr__rec_unref(d->recs[i]);
+    free(d->recs);
+    free(d->mask);
+    free(d);
+}
+
 tsr__version *tsr__version_ref(tsr__version *v)
 {
     if (v)
@@ -149,6 +172,8 @@ void tsr__version_unref(tsr__version *v)
     tsr_filter_dict_destroy(v->dict);
     free(v->row0);
     free(v->row_rec);
+    tsr__delta_unref(v->delta);
+    tsr_filter_dict_destroy(v->dtags);
     tsr__tmpl_unref(v->tmpl);
     free(v);
 }
@@ -591,6 +616,71 @@ fail:
     return err ? err->code : TSR_EINVAL;
 }
 
+/* 1 when every value of the datapoint message is a finite number. *what names the first
+ * field that is not. */
+static int dp_finite(const Tessera__V1__IndexDatapoint *p, const char **what, size_t *at)
+{
+    for (size_t j = 0; j < p->n_feature_vector; j++)
+        if (!isfinite(p->feature_vector[j]))
+            return *what = "feature_vector", *at = j, 0;
+    if (p->sparse_embedding)
+        for (size_t j = 0; j < p->sparse_embedding->n_values; j++)
+            if (!isfinite(p->sparse_embedding->values[j]))
+                return *what = "sparse_embedding.values", *at = j, 0;
+    return 1;
+}
+
+int tsr__convert_edits(const tsr__tmpl *t, const uint8_t *owned,
+                       Tessera__V1__StagedUpsert *const *ups, size_t nups,
+                       Tessera__V1__StagedDelete *const *dels, size_t ndels, tsr__rec **recs,
+                       size_t *nrecs, tsr_error *err)
+{
+    size_t d = (size_t)t->ix->d, nlist = t->ix->nlist;
+    for (size_t i = 0; i < nups; i++) {
+        const Tessera__V1__StagedUpsert *u = ups[i];
+        const char *what;
+        size_t at;
+        if (u->label < 0)
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].label %lld: must be >= 0", i,
+                           (long long)u->label);
+        if (u->list < -1 || (u->list >= 0 && (size_t)u->list >= nlist))
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].list %d: not in -1..%zu", i, u->list,
+                           nlist - 1);
+        if (owned && u->list >= 0 && !owned[u->list])
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].list %d: not a list this shard owns",
+                           i, u->list);
+        if (u->datapoint == NULL)
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint: missing", i);
+        if (u->list >= 0 && u->datapoint->n_feature_vector != d)
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint.feature_vector: %zu values, "
+                           "the index dimension is %zu", i, u->datapoint->n_feature_vector, d);
+        if (u->list == -1 && u->datapoint->n_feature_vector != 0)
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu]: list -1 (sparse-only) with a dense "
+                           "feature_vector", i);
+        if (!dp_finite(u->datapoint, &what, &at))
+            return tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint.%s[%zu]: not a finite "
+                           "number", i, what, at);
+        tsr__rec *r = calloc(1, sizeof *r);
+        if (r == NULL)
+            return tsr_err(err, TSR_ENOMEM, "out of memory");
+        atomic_init(&r->refs, 1);
+        r->label = u->label;
+        r->list = u->list;
+        r->tag = TSR_FILTER_NOID;
+        recs[(*nrecs)++] = r;
+        int rc = tsr__dp_from_proto(u->datapoint, d, &r->dp, err);
+        if (rc != 0) {
+            tsr_err_prefix(err, "upserts[%zu]", i);
+            return rc;
+        }
+    }
+    for (size_t i = 0; i < ndels; i++)
+        if (dels[i]->label < 0)
+            return tsr_err(err, TSR_EINVAL, "deletes[%zu].label %lld: must be >= 0", i,
+                           (long long)dels[i]->label);
+    return 0;
+}
+
 /* The message borrows every string and array of dp; only the message structs are ours. */
 Tessera__V1__IndexDatapoint *tsr__dp_to_proto(const tsr_datapoint *dp)
 {
@@ -804,7 +894,15 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
     if ((rc = tsr_file_write_sync(path, meta.p, meta.len, err)) != 0)
         goto out;
     snprintf(path, sizeof path, "%s/vectors.f32", dir);
-    rc = tsr_file_write_sync(path, vec.p, vec.len, err);
+    if ((rc = tsr_file_write_sync(path, vec.p, vec.len, err)) != 0)
+        goto out;
+    if (v->stream_seq > 0) { /* "stream": "TSRS" | i64 folded seq */
+        uint8_t sb[12];
+        memcpy(sb, "TSRS", 4);
+        memcpy(sb + 4, &v->stream_seq, 8);
+        snprintf(path, sizeof path, "%s/stream", dir);
+        rc = tsr_file_write_sync(path, sb, sizeof sb, err);
+    }
 out:
     free(lists);
     free(fb);
@@ -966,6 +1064,31 @@ static int load_record(meta_rd *m, uint64_t i, size_t d, const uint8_t *vb, size
     return 0;
 }
 
+/* The optional "stream" file of a version directory: the folded stream seq (0 without). */
+static int load_stream_seq(const char *dir, tsr__version *v, tsr_error *err)
+{
+    char path[4096], *b = NULL;
+    size_t n = 0;
+    snprintf(path, sizeof path, "%s/stream", dir);
+    int rc = tsr_file_read(path, 64, TSR_FILE_NOTFOUND, &b, &n, err);
+    if (rc == TSR_ENOTFOUND) {
+        if (err)
+            tsr_error_clear(err);
+        return 0;
+    }
+    if (rc != 0)
+        return rc;
+    if (n != 12 || memcmp(b, "TSRS", 4) != 0) {
+        free(b);
+        return tsr_err(err, TSR_EFORMAT, "%s: %zu bytes, expected \"TSRS\" and a seq", path, n);
+    }
+    memcpy(&v->stream_seq, b + 4, 8);
+    free(b);
+    if (v->stream_seq < 0)
+        return tsr_err(err, TSR_EFORMAT, "%s: negative seq", path);
+    return 0;
+}
+
 int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_error *err)
 {
     char path[4096];
@@ -1016,6 +1139,8 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
         tsr_err_prefix(err, "%s", dir);
         goto fail;
     }
+    if ((rc = load_stream_seq(dir, v, err)) != 0)
+        goto fail;
     free(mb);
     free(vb);
     *out = v;

@@ -33,6 +33,7 @@
 #include "index/faiss_io.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "net/metrics.h"
 #include "shard.h"
 
 typedef struct upent {
@@ -56,6 +57,7 @@ struct tsr__staging {
     int have_own;
     uint64_t seq;
     int64_t total_ups, total_dels;
+    int64_t stream_seq; /* the base's applied seq at chunk 0 (= base_stream_seq) */
 };
 
 static void staging_free(tsr__staging *st)
@@ -84,7 +86,7 @@ static tsr__held *find_held(tsr__shard *s, int64_t version)
     return NULL;
 }
 
-tsr__version *tsr__shard_get(tsr__shard *s, int64_t version)
+tsr__version *tsr__shard_get_view(tsr__shard *s, int64_t version, tsr__delta **d)
 {
     tsr__version *v = NULL;
     pthread_mutex_lock(&s->table_mu);
@@ -95,8 +97,15 @@ tsr__version *tsr__shard_get(tsr__shard *s, int64_t version)
         if (h)
             v = tsr__version_ref(h->v);
     }
+    if (d)
+        *d = v ? tsr__delta_ref(v->delta) : NULL;
     pthread_mutex_unlock(&s->table_mu);
     return v;
+}
+
+tsr__version *tsr__shard_get(tsr__shard *s, int64_t version)
+{
+    return tsr__shard_get_view(s, version, NULL);
 }
 
 /* Removes held[i] from the table (caller holds table_mu); returns the ref to unref
@@ -163,6 +172,9 @@ int tsr__shard_open(tsr__shard *s, const char *dir, tsr_error *err)
     memset(s, 0, sizeof *s);
     pthread_mutex_init(&s->table_mu, NULL);
     pthread_mutex_init(&s->update_mu, NULL);
+    pthread_mutex_init(&s->write_mu, NULL);
+    pthread_cond_init(&s->write_cv, NULL);
+    s->wal.fd = -1;
     s->dir = strdup(dir);
     if (s->dir == NULL)
         return tsr_err(err, TSR_ENOMEM, "out of memory");
@@ -237,9 +249,11 @@ int tsr__shard_open(tsr__shard *s, const char *dir, tsr_error *err)
     }
     free(vs);
     gc_dirs(s);
-    tsr_info("serving version %lld: %zu vectors, %zu sparse, %zu records",
-             (long long)s->current->version, s->current->nvectors, s->current->nsparse,
-             s->current->nrecs);
+    if ((rc = tsr__stream_open(s, err)) != 0)
+        return rc;
+    tsr_info("serving version %lld: %zu vectors, %zu sparse, %zu records, applied stream seq "
+             "%lld", (long long)s->current->version, s->current->nvectors, s->current->nsparse,
+             s->current->nrecs, (long long)tsr__applied_seq(s->current, s->current->delta));
     return 0;
 }
 
@@ -247,6 +261,7 @@ void tsr__shard_close(tsr__shard *s)
 {
     staging_free(s->staging);
     s->staging = NULL;
+    tsr__stream_close(s);
     for (size_t i = 0; i < s->nheld; i++)
         tsr__version_unref(s->held[i].v);
     s->nheld = 0;
@@ -258,6 +273,8 @@ void tsr__shard_close(tsr__shard *s)
     s->dir = NULL;
     pthread_mutex_destroy(&s->table_mu);
     pthread_mutex_destroy(&s->update_mu);
+    pthread_mutex_destroy(&s->write_mu);
+    pthread_cond_destroy(&s->write_cv);
 }
 
 /* ------------------------------------------------------------------ stage */
@@ -317,6 +334,38 @@ static int stage_template(tsr__staging *st, const Tessera__V1__StageRequest *rq,
     return 0;
 }
 
+/* The stream seq of a new staging: a base version's applied seq must be the
+ * coordinator's base_stream_seq (its delta is folded into the new version); an empty
+ * base (complete overwrite) keeps the larger of base_stream_seq and the current
+ * version's applied seq, so that resends stay deduplicated. */
+static int stage_stream_seq(tsr__shard *s, tsr__staging *st, const Tessera__V1__StageRequest *rq,
+                            tsr_error *err)
+{
+    tsr__delta *d = NULL;
+    tsr__version *v = tsr__shard_get_view(s, rq->base_version, &d);
+    int64_t applied = v ? tsr__applied_seq(v, d) : 0;
+    tsr__delta_unref(d);
+    tsr__version_unref(v);
+    if (rq->base_stream_seq < 0)
+        return tsr_err(err, TSR_EINVAL, "StageRequest.base_stream_seq %lld: must be >= 0",
+                       (long long)rq->base_stream_seq);
+    if (rq->base_version != 0 && applied != rq->base_stream_seq)
+        return tsr_err(err, TSR_ESTATE, "StageRequest.base_stream_seq %lld: version %lld's "
+                       "applied stream seq is %lld", (long long)rq->base_stream_seq,
+                       (long long)rq->base_version, (long long)applied);
+    if (rq->base_version == 0) {
+        tsr__delta *cd = NULL;
+        tsr__version *c = tsr__shard_get_view(s, 0, &cd);
+        applied = c ? tsr__applied_seq(c, cd) : 0;
+        tsr__delta_unref(cd);
+        tsr__version_unref(c);
+        st->stream_seq = applied > rq->base_stream_seq ? applied : rq->base_stream_seq;
+    } else {
+        st->stream_seq = rq->base_stream_seq;
+    }
+    return 0;
+}
+
 /* Chunk 0: a new staging on its base, replacing any unfinished one (a coordinator that
  * restarted). Caller holds update_mu. On success *out is the new staging, now
  * s->staging; on error s->staging is NULL. */
@@ -348,6 +397,10 @@ static int stage_begin(tsr__shard *s, const Tessera__V1__StageRequest *rq, int64
     if (st->base == NULL) {
         staging_free(st);
         return err ? err->code : TSR_ESTATE;
+    }
+    if ((rc = stage_stream_seq(s, st, rq, err)) != 0) {
+        staging_free(st);
+        return rc;
     }
     if ((rc = stage_template(st, rq, err)) != 0) {
         staging_free(st);
@@ -382,40 +435,10 @@ static int stage_convert(const tsr__staging *st, const Tessera__V1__StageRequest
                          tsr__rec **recs, size_t *nrecs, tsr_error *err)
 {
     const tsr__tmpl *t = st->tmpl ? st->tmpl : st->base->tmpl;
-    size_t d = (size_t)t->ix->d;
-    for (size_t i = 0; i < rq->n_upserts; i++) {
-        const Tessera__V1__StagedUpsert *u = rq->upserts[i];
-        if (u->label < 0)
-            return tsr_err(err, TSR_EINVAL, "upserts[%zu].label %lld: must be >= 0", i,
-                           (long long)u->label);
-        if (u->list != -1 && !list_ok(st, u->list))
-            return tsr_err(err, TSR_EINVAL, "upserts[%zu].list %d: not in -1..%zu", i, u->list,
-                           t->ix->nlist - 1);
-        if (u->datapoint == NULL)
-            return tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint: missing", i);
-        if (u->list >= 0 && u->datapoint->n_feature_vector != d)
-            return tsr_err(err, TSR_EINVAL, "upserts[%zu].datapoint.feature_vector: %zu values, "
-                           "the index dimension is %zu", i, u->datapoint->n_feature_vector, d);
-        if (u->list == -1 && u->datapoint->n_feature_vector != 0)
-            return tsr_err(err, TSR_EINVAL, "upserts[%zu]: list -1 (sparse-only) with a dense "
-                           "feature_vector", i);
-        tsr__rec *r = calloc(1, sizeof *r);
-        if (r == NULL)
-            return tsr_err(err, TSR_ENOMEM, "out of memory");
-        atomic_init(&r->refs, 1);
-        r->label = u->label;
-        r->list = u->list;
-        recs[(*nrecs)++] = r;
-        int rc = tsr__dp_from_proto(u->datapoint, d, &r->dp, err);
-        if (rc != 0) {
-            tsr_err_prefix(err, "upserts[%zu]", i);
-            return rc;
-        }
-    }
-    for (size_t i = 0; i < rq->n_deletes; i++)
-        if (rq->deletes[i]->label < 0)
-            return tsr_err(err, TSR_EINVAL, "deletes[%zu].label %lld: must be >= 0", i,
-                           (long long)rq->deletes[i]->label);
+    int rc = tsr__convert_edits(t, NULL, rq->upserts, rq->n_upserts, rq->deletes, rq->n_deletes,
+                                recs, nrecs, err);
+    if (rc != 0)
+        return rc;
     for (size_t i = 0; i < rq->n_drop_lists; i++)
         if (!list_ok(st, rq->drop_lists[i]))
             return tsr_err(err, TSR_EINVAL, "drop_lists[%zu] %d: not a list", i,
@@ -547,6 +570,28 @@ static int make_edits(tsr__staging *st, tsr__edits *e, tsr_error *err)
     return 0;
 }
 
+/* The base's delta into the edit set (a non-empty base): its applied seq must still be
+ * the one Stage checked (a write applied since would be lost by the fold). */
+static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_error *err)
+{
+    if (st->base_version == 0)
+        return 0;
+    pthread_mutex_lock(&s->table_mu);
+    tsr__delta *d = tsr__delta_ref(st->base->delta);
+    pthread_mutex_unlock(&s->table_mu);
+    int rc = 0;
+    int64_t applied = tsr__applied_seq(st->base, d);
+    if (applied != st->stream_seq)
+        rc = tsr_err(err, TSR_ESTATE, "Prepare(%lld): version %lld's applied stream seq is %lld, "
+                     "Stage's base_stream_seq was %lld (writes arrived after Stage)",
+                     (long long)st->version, (long long)st->base_version, (long long)applied,
+                     (long long)st->stream_seq);
+    else if (!tsr__delta_empty(d))
+        rc = tsr__delta_fold(d, e, err);
+    tsr__delta_unref(d);
+    return rc;
+}
+
 int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareResponse *resp,
                        tsr_error *err)
 {
@@ -579,10 +624,11 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
                      (long long)version, st ? " (another version is staged)" : "");
         goto out;
     }
-    if ((rc = make_edits(st, &e, err)) != 0)
+    if ((rc = make_edits(st, &e, err)) != 0 || (rc = fold_delta(s, st, &e, err)) != 0)
         goto out;
     if ((rc = tsr__version_build(st->base, st->tmpl, &e, version, &v, err)) != 0)
         goto out;
+    v->stream_seq = st->stream_seq;
     tsr_store_txn *txn = NULL;
     if ((rc = tsr_store_begin(s->store, (uint64_t)version, &txn, err)) != 0)
         goto out;
@@ -680,9 +726,13 @@ int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err)
                      (long long)version, (long long)cur);
         goto out;
     }
-    /* The commit point of this shard: CURRENT names the new version on disk. */
-    if ((rc = tsr_store_set_current(s->store, (uint64_t)version, err)) != 0)
+    /* The commit point of this shard: CURRENT names the new version on disk. No Write runs
+     * meanwhile (write_mu), so none lands in the old version after the switch. */
+    tsr__stream_pause(s);
+    if ((rc = tsr_store_set_current(s->store, (uint64_t)version, err)) != 0) {
+        tsr__stream_resume(s, 0);
         goto out;
+    }
     pthread_mutex_lock(&s->table_mu);
     h = find_held(s, version);
     h->state = TSR__SERVING;
@@ -695,9 +745,16 @@ int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err)
             empty = take_held(s, i);
             break;
         }
+    int folded = !tsr__delta_empty(old->delta);
     pthread_mutex_unlock(&s->table_mu);
+    tsr__stream_resume(s, 1);
+    if (folded) {
+        atomic_fetch_add(&s->folds, 1);
+        tsr_metrics_counter_add("tessera_shard_folds_total", NULL, 1);
+    }
     tsr__version_unref(empty);
-    tsr_info("committed version %lld (was %lld)", (long long)version, (long long)cur);
+    tsr_info("committed version %lld (was %lld), applied stream seq %lld", (long long)version,
+             (long long)cur, (long long)s->current->stream_seq);
     /* Prepared versions older than the new current can never be committed. */
     for (;;) {
         tsr__version *drop = NULL;

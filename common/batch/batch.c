@@ -74,9 +74,19 @@ const char *tsr_batch_kind_name(enum tsr_batch_kind k)
 
 /* ---- sink ----------------------------------------------------------------------------- */
 
+static int sink_invalid(void *ctx, uint64_t where, enum tsr_rec_error type, const char *msg);
+
 static int sink_record(void *ctx, uint64_t where, tsr_datapoint *dp)
 {
     file_job *j = ctx;
+    enum tsr_rec_error type;
+    char msg[512];
+    if (tsr_batch_record_check(dp, j->dims, &type, msg, sizeof msg)) {
+        /* the readers check all this while parsing; the gate keeps every format (and the
+         * streamed upserts, which call it too) to one set of rules */
+        tsr_datapoint_close(dp);
+        return sink_invalid(ctx, where, type, msg);
+    }
     if (j->nrecs == j->caprecs) {
         size_t nc = j->caprecs ? j->caprecs * 2 : 256;
         rec_entry *n = tsr_try_realloc(j->recs, nc, sizeof *n);

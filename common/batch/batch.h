@@ -102,6 +102,19 @@ void tsr_batch_destroy(tsr_batch *b);
 int tsr_batch_confine(const char *root, const char *const *allowed, size_t n, char **resolved,
                       const char **within, tsr_error *err);
 
+/* batch_check.c: the semantic rules of one record (dp borrowed; sparse normalised), the
+ * same for every format and for streamed upserts: non-empty UTF-8 id, dense embedding of
+ * exactly dims values or a non-empty sparse one, finite values, non-empty UTF-8 namespaces
+ * and tokens, each namespace once, a non-empty UTF-8 crowding tag. Returns 0, or 1 with
+ * the Vertex error type in *type and a message naming the field in msg (cap bytes). */
+int tsr_batch_record_check(const tsr_datapoint *dp, size_t dims, enum tsr_rec_error *type,
+                           char *msg, size_t cap);
+/* Its parts: the id alone (a removed id), the token and numeric restricts alone (an
+ * upsert with update mask all_restricts). Same returns. */
+int tsr_batch_id_check(const char *id, enum tsr_rec_error *type, char *msg, size_t cap);
+int tsr_batch_restricts_check(const tsr_datapoint *dp, enum tsr_rec_error *type, char *msg,
+                              size_t cap);
+
 /* The report as a JSON document (new string, caller frees), NULL on out of memory. */
 char *tsr_batch_report_json(const tsr_batch_report *r);
 /* The report as text for a person. */

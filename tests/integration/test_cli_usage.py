@@ -89,6 +89,10 @@ usage_error(["query", "--kk", "3"], "tessera query: unknown option --kk", "--hel
 usage_error(["stats", "--target"], "tessera stats: --target needs a value")
 usage_error(["stats"], "tessera stats: --target is required")
 usage_error(["read", "--target", "t"], "tessera read: expected at least one ID")
+usage_error(["remove", "--target", "t"], "tessera remove: expected at least one ID")
+usage_error(["upsert", "--target", "t"], "tessera upsert: --json is required")
+usage_error(["upsert", "--target", "t", "--json", "-", "--per-call", "10001"],
+            "tessera upsert: --per-call:")
 usage_error(Q + ["stray"], "tessera query: unexpected argument 'stray'")
 usage_error(["index", "info", "a", "b"], "tessera index info: unexpected argument 'b'")
 usage_error(["index", "check"], "tessera index check: expected at least one FILE")
@@ -154,7 +158,7 @@ check(r.returncode == 2 and "usage: tessera" in r.stderr, "tessera alone: usage,
 # ---- every command's --help: exit 0, on stdout, with its exit codes
 for cmd in (["index", "build"], ["index", "search"], ["index", "check"], ["index", "info"],
             ["index", "rewrite"], ["batch", "inspect"], ["query"], ["update"], ["read"],
-            ["stats"], ["health"], ["cluster", "up"]):
+            ["upsert"], ["remove"], ["stats"], ["health"], ["cluster", "up"]):
     r = run(*(cmd + ["--help"]))
     check(r.returncode == 0 and r.stdout.startswith("usage: tessera " + " ".join(cmd)) and
           re.search(r"Exit( status:)? 0", r.stdout) and

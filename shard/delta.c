@@ -1,0 +1,330 @@
+/*
+ * delta — building the streamed-write delta snapshots of a version (tsr__delta, shard.h)
+ * and folding a delta into the edit set of the next version.
+ *
+ * A write makes a new snapshot from the old one (copy-on-write): the list pointer array
+ * is copied (refs), the records and the mask are merged with the write's changes (one
+ * pass over each sorted array), and only the lists the write touches are rebuilt (their
+ * kept entries copied, the new records PQ-encoded with tsr__encode and their ADC terms
+ * computed by tsr_ivfpq_list_terms — the same functions a base list is built with, so a
+ * delta record scores exactly as it would in a base list). The cost of a write is
+ * O(nlist pointers + delta records + mask + the touched lists), never O(version).
+ *
+ * Threads: the caller serializes the builds of one version's deltas (write_mu in
+ * stream.c, or the single thread of the start-up replay); v->dtags is touched only here.
+ * The snapshots built are immutable once returned.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/mem.h"
+#include "index/ivfpq_search.h"
+#include "shard.h"
+
+typedef struct chg {
+    int64_t label;
+    tsr__rec *rec; /* borrowed; NULL = delete */
+    size_t ord;
+} chg;
+
+static int chg_cmp(const void *a, const void *b)
+{
+    const chg *x = a, *y = b;
+    if (x->label != y->label)
+        return x->label < y->label ? -1 : 1;
+    return x->ord < y->ord ? -1 : x->ord > y->ord;
+}
+
+static int chg_find(const chg *c, size_t n, int64_t label)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c[mid].label == label)
+            return 1;
+        if (c[mid].label < label)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+/* The crowding tag id of a new delta record r of version v (see tsr__delta). */
+static int set_tag(tsr__version *v, tsr__rec *r, tsr_error *err)
+{
+    const char *t = r->dp.crowding_tag;
+    r->tag = TSR_FILTER_NOID;
+    if (t == NULL || t[0] == '\0')
+        return 0;
+    uint32_t id = tsr_filter_dict_lookup(v->dict, t, strlen(t));
+    if (id != TSR_FILTER_NOID) {
+        r->tag = id;
+        return 0;
+    }
+    if (v->dtags == NULL && (v->dtags = tsr_filter_dict_create()) == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory for the delta's crowding tags");
+    int rc = tsr_filter_dict_intern(v->dtags, t, strlen(t), &id);
+    if (rc != 0)
+        return tsr_err(err, rc, "delta crowding tag '%s': cannot intern it", t);
+    r->tag = TSR__DTAG_BIT | id;
+    return 0;
+}
+
+static void count_rec(const tsr__rec *r, int64_t *vec, int64_t *sp, int sign)
+{
+    if (r->list >= 0)
+        *vec += sign;
+    if (r->dp.nsparse)
+        *sp += sign;
+}
+
+/* Records: old->recs merged with the changes (the last change of a label wins); touched[]
+ * gets the lists of removed and added records. */
+static int merge_recs(const tsr__delta *old, const chg *c, size_t nc, tsr__delta *d,
+                      uint8_t *touched, tsr_error *err)
+{
+    size_t on = old ? old->nrecs : 0;
+    d->recs = tsr_try_malloc(on + nc + 1, sizeof *d->recs);
+    if (d->recs == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory for %zu delta records", on + nc);
+    size_t i = 0, j = 0;
+    while (i < on || j < nc) {
+        tsr__rec *o = i < on ? old->recs[i] : NULL;
+        if (j >= nc || (o && o->label < c[j].label)) {
+            d->recs[d->nrecs++] = tsr__rec_ref(o);
+            count_rec(o, &d->rvec, &d->rsparse, 1);
+            i++;
+            continue;
+        }
+        if (o && o->label == c[j].label) { /* replaced or deleted */
+            if (o->list >= 0)
+                touched[o->list] = 1;
+            i++;
+        }
+        if (c[j].rec) {
+            d->recs[d->nrecs++] = tsr__rec_ref(c[j].rec);
+            count_rec(c[j].rec, &d->rvec, &d->rsparse, 1);
+            if (c[j].rec->list >= 0)
+                touched[c[j].rec->list] = 1;
+        }
+        j++;
+    }
+    return 0;
+}
+
+/* Mask: old->mask plus every changed label the base holds. */
+static int merge_mask(const tsr__version *v, const tsr__delta *old, const chg *c, size_t nc,
+                      tsr__delta *d, tsr_error *err)
+{
+    size_t on = old ? old->nmask : 0;
+    d->mask = tsr_try_malloc(on + nc + 1, sizeof *d->mask);
+    if (d->mask == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory for the delta mask");
+    if (old) {
+        d->mvec = old->mvec;
+        d->msparse = old->msparse;
+    }
+    size_t i = 0, j = 0;
+    while (i < on || j < nc) {
+        if (j >= nc || (i < on && old->mask[i] < c[j].label)) {
+            d->mask[d->nmask++] = old->mask[i++];
+            continue;
+        }
+        if (i < on && old->mask[i] == c[j].label) {
+            d->mask[d->nmask++] = old->mask[i++];
+            j++;
+            continue;
+        }
+        const tsr__rec *b = tsr__version_find(v, c[j].label);
+        if (b) {
+            d->mask[d->nmask++] = c[j].label;
+            count_rec(b, &d->mvec, &d->msparse, 1);
+        }
+        j++;
+    }
+    /* deletes held = masked labels without an upsert in recs */
+    size_t both = 0;
+    for (size_t a = 0, r = 0; a < d->nmask && r < d->nrecs;) {
+        if (d->mask[a] == d->recs[r]->label)
+            both++, a++, r++;
+        else if (d->mask[a] < d->recs[r]->label)
+            a++;
+        else
+            r++;
+    }
+    d->ndeletes = d->nmask - both;
+    return 0;
+}
+
+/* Rebuilds delta list li: the old list's entries whose label did not change, then the
+ * new records of that list (in label order). */
+static int build_dlist(const tsr__version *v, const tsr__delta *old, const chg *c, size_t nc,
+                       tsr__delta *d, size_t li, tsr_error *err)
+{
+    const tsr__tmpl *t = v->tmpl;
+    size_t cs = t->ix->code_size;
+    const tsr__list *ol = old && old->lists ? old->lists[li] : NULL;
+    size_t cap = ol ? ol->n : 0;
+    for (size_t j = 0; j < nc; j++)
+        cap += c[j].rec && c[j].rec->list == (int32_t)li;
+    tsr__list_unref(d->lists[li]);
+    d->lists[li] = NULL;
+    if (cap == 0)
+        return 0;
+    tsr__list *l = calloc(1, sizeof *l);
+    if (l == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory for delta list %zu", li);
+    atomic_init(&l->refs, 1);
+    d->lists[li] = l;
+    int terms = tsr_ivfpq_has_terms(t->ix);
+    l->codes = tsr_try_malloc(cap, cs);
+    l->ids = tsr_try_malloc(cap, sizeof(int64_t));
+    if (!l->codes || !l->ids || (terms && (l->term = tsr_try_malloc(cap, sizeof(float))) == NULL))
+        return tsr_err(err, TSR_ENOMEM, "out of memory for delta list %zu (%zu codes)", li, cap);
+    for (size_t j = 0; ol && j < ol->n; j++) {
+        if (chg_find(c, nc, ol->ids[j]))
+            continue;
+        memcpy(l->codes + l->n * cs, ol->codes + j * cs, cs);
+        if (terms)
+            l->term[l->n] = ol->term[j];
+        l->ids[l->n++] = ol->ids[j];
+    }
+    size_t n0 = l->n;
+    for (size_t j = 0; j < nc; j++) {
+        const tsr__rec *r = c[j].rec;
+        if (r == NULL || r->list != (int32_t)li)
+            continue;
+        memset(l->codes + l->n * cs, 0, cs);
+        tsr__encode(t, r->dp.dense, (int32_t)li, l->codes + l->n * cs);
+        l->ids[l->n++] = r->label;
+    }
+    if (l->n == 0) {
+        tsr__list_unref(l);
+        d->lists[li] = NULL;
+        return 0;
+    }
+    if (terms && l->n > n0)
+        return tsr_ivfpq_list_terms(t->ix, li, l->codes + n0 * cs, l->n - n0, l->term + n0, err);
+    return 0;
+}
+
+/* The changes of one write, sorted by label, the last one of a label kept. */
+static chg *make_changes(tsr__rec *const *ups, size_t nups, const int64_t *dels, size_t ndels,
+                         size_t *nc, tsr_error *err)
+{
+    chg *c = tsr_try_malloc(nups + ndels + 1, sizeof *c);
+    if (c == NULL) {
+        tsr_err(err, TSR_ENOMEM, "out of memory for %zu changes", nups + ndels);
+        return NULL;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < ndels; i++, n++)
+        c[n] = (chg){dels[i], NULL, n};
+    for (size_t i = 0; i < nups; i++, n++)
+        c[n] = (chg){ups[i]->label, ups[i], n};
+    qsort(c, n, sizeof *c, chg_cmp);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i + 1 < n && c[i + 1].label == c[i].label)
+            continue;
+        c[k++] = c[i];
+    }
+    *nc = k;
+    return c;
+}
+
+int tsr__delta_apply(tsr__version *v, const tsr__delta *old, tsr__rec *const *ups, size_t nups,
+                     const int64_t *dels, size_t ndels, int64_t seq, tsr__delta **out,
+                     tsr_error *err)
+{
+    int rc = TSR_ENOMEM;
+    size_t nc = 0;
+    uint8_t *touched = NULL;
+    chg *c = NULL;
+    tsr__delta *d = calloc(1, sizeof *d);
+    if (d == NULL)
+        return tsr_err(err, TSR_ENOMEM, "out of memory for a delta");
+    atomic_init(&d->refs, 1);
+    d->seq = seq;
+    d->nlist = v->nlist;
+    if (v->tmpl == NULL) {
+        rc = tsr_err(err, TSR_ESTATE, "version %lld is empty (no template): it takes no "
+                     "streamed write", (long long)v->version);
+        goto fail;
+    }
+    for (size_t i = 0; i < nups; i++)
+        if ((rc = set_tag(v, ups[i], err)) != 0)
+            goto fail;
+    d->lists = tsr_try_calloc(v->nlist ? v->nlist : 1, sizeof *d->lists);
+    touched = tsr_try_calloc(v->nlist ? v->nlist : 1, 1);
+    if (d->lists == NULL || touched == NULL ||
+        (c = make_changes(ups, nups, dels, ndels, &nc, err)) == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory for a delta");
+        goto fail;
+    }
+    for (size_t i = 0; old && old->lists && i < v->nlist; i++)
+        d->lists[i] = old->lists[i] ? (atomic_fetch_add(&old->lists[i]->refs, 1), old->lists[i])
+                                    : NULL;
+    if ((rc = merge_recs(old, c, nc, d, touched, err)) != 0 ||
+        (rc = merge_mask(v, old, c, nc, d, err)) != 0)
+        goto fail;
+    for (size_t i = 0; i < v->nlist; i++)
+        if (touched[i] && (rc = build_dlist(v, old, c, nc, d, i, err)) != 0)
+            goto fail;
+    free(c);
+    free(touched);
+    *out = d;
+    return 0;
+fail:
+    free(c);
+    free(touched);
+    tsr__delta_unref(d);
+    return rc;
+}
+
+int tsr__delta_fold(const tsr__delta *d, tsr__edits *e, tsr_error *err)
+{
+    if (tsr__delta_empty(d))
+        return 0;
+    tsr__rec **ups = tsr_try_malloc(e->nups + d->nrecs + 1, sizeof *ups);
+    int64_t *dels = tsr_try_malloc(e->ndels + d->nmask + 1, sizeof *dels);
+    if (!ups || !dels) {
+        free(ups);
+        free(dels);
+        return tsr_err(err, TSR_ENOMEM, "out of memory folding %zu delta records", d->nrecs);
+    }
+    size_t nu = 0, nd = 0, i = 0, j = 0;
+    /* upserts: the staged ones, and the delta's whose label the update does not touch */
+    while (i < e->nups || j < d->nrecs) {
+        tsr__rec *s = i < e->nups ? e->ups[i] : NULL, *r = j < d->nrecs ? d->recs[j] : NULL;
+        if (s && (!r || s->label <= r->label)) {
+            if (r && r->label == s->label)
+                j++;
+            ups[nu++] = s; /* the staged copy wins; moves e's ref */
+            i++;
+        } else {
+            if (!tsr__i64_in(e->dels, e->ndels, r->label))
+                ups[nu++] = tsr__rec_ref(r);
+            j++;
+        }
+    }
+    /* deletes: the staged ones and the masked base labels (a staged upsert of a masked
+     * label replaces the base record anyway) */
+    for (i = 0, j = 0; i < e->ndels || j < d->nmask;) {
+        int64_t x;
+        if (j >= d->nmask || (i < e->ndels && e->dels[i] <= d->mask[j])) {
+            x = e->dels[i++];
+            if (j < d->nmask && d->mask[j] == x)
+                j++;
+        } else {
+            x = d->mask[j++];
+        }
+        dels[nd++] = x;
+    }
+    free(e->ups);
+    free(e->dels);
+    e->ups = ups, e->nups = nu, e->capups = e->nups;
+    e->dels = dels, e->ndels = nd, e->capdels = nd;
+    return 0;
+}

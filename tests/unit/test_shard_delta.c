@@ -1,0 +1,246 @@
+/*
+ * test_shard_delta — streamed-write delta snapshots (shard/delta.c): an upsert of a new
+ * label, of a base label (masked and replaced), a delete of a base label (masked), of a
+ * delta label (gone, masked only if the base has it), of an unknown label (ignored), a
+ * label twice in one write (the later copy wins); counts and deletes held; an older
+ * snapshot is never modified and untouched lists are shared; a delta record's PQ code and
+ * ADC term are byte-identical to the same record's in a base list; crowding tag ids
+ * (the base dict's id, else a delta id, stable per string); folding a delta into an edit
+ * set (the staged edits win) builds the expected version.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "shard_test_util.h"
+
+typedef struct fixture {
+    tsr__tmpl *tmpl;
+    tsr__version *empty, *v1;
+    float *x;
+    size_t n;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = tsr_xcalloc(1, sizeof *f);
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_ivfpq *ix = tu_index();
+    assert_non_null(ix);
+    f->tmpl = tsr__tmpl_from_index(ix, &err);
+    f->empty = tsr__version_empty(&err);
+    f->n = 40;
+    f->x = tu_data(f->n + 20, 99);
+    tsr__edits e = {0};
+    e.ups = tsr_xcalloc(f->n + 1, sizeof *e.ups);
+    for (size_t i = 0; i < f->n; i++) /* labels 0, 2, 4, ... */
+        e.ups[e.nups++] = tu_rec((int64_t)(2 * i), (int32_t)(i % TNLIST), f->x + i * TD);
+    e.ups[0]->dp.crowding_tag = tsr_xstrdup("a");
+    assert_int_equal(tsr__version_build(f->empty, f->tmpl, &e, 1, &f->v1, &err), 0);
+    tsr__edits_close(&e);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    tsr__version_unref(f->v1);
+    tsr__version_unref(f->empty);
+    tsr__tmpl_unref(f->tmpl);
+    free(f->x);
+    free(f);
+    return 0;
+}
+
+static tsr__delta *apply(fixture *f, const tsr__delta *old, tsr__rec **ups, size_t nups,
+                         const int64_t *dels, size_t ndels, int64_t seq)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    tsr__delta *d = NULL;
+    assert_int_equal(tsr__delta_apply(f->v1, old, ups, nups, dels, ndels, seq, &d, &err), 0);
+    for (size_t i = 0; i < nups; i++)
+        tsr__rec_unref(ups[i]); /* the delta holds its own refs */
+    return d;
+}
+
+static size_t dlist_n(const tsr__delta *d, size_t li)
+{
+    return d->lists[li] ? d->lists[li]->n : 0;
+}
+
+static void test_semantics(void **state)
+{
+    fixture *f = *state;
+    tsr__rec *u1[] = {tu_rec(101, 1, f->x + 41 * TD), tu_rec(4, 2, f->x + 42 * TD)};
+    int64_t del1[] = {6, 5555};
+    tsr__delta *d1 = apply(f, NULL, u1, 2, del1, 2, 3);
+    assert_int_equal(d1->seq, 3);
+    assert_int_equal(d1->nrecs, 2);
+    assert_int_equal(d1->recs[0]->label, 4);
+    assert_int_equal(d1->recs[1]->label, 101);
+    assert_int_equal(d1->nmask, 2);
+    assert_int_equal(d1->mask[0], 4);
+    assert_int_equal(d1->mask[1], 6);
+    assert_int_equal(d1->ndeletes, 1);
+    assert_int_equal(d1->rvec, 2);
+    assert_int_equal(d1->mvec, 2);
+    assert_int_equal(dlist_n(d1, 1), 1);
+    assert_int_equal(dlist_n(d1, 2), 1);
+    assert_int_equal(dlist_n(d1, 0) + dlist_n(d1, 3), 0);
+
+    /* 101 moves to list 3; base label 4's delta record is deleted (stays masked) */
+    tsr__rec *u2[] = {tu_rec(101, 3, f->x + 43 * TD)};
+    int64_t del2[] = {4};
+    tsr__delta *d2 = apply(f, d1, u2, 1, del2, 1, 4);
+    assert_int_equal(d2->nrecs, 1);
+    assert_int_equal(d2->recs[0]->list, 3);
+    assert_int_equal(d2->nmask, 2);
+    assert_int_equal(d2->ndeletes, 2);
+    assert_int_equal(dlist_n(d2, 1) + dlist_n(d2, 2), 0);
+    assert_int_equal(dlist_n(d2, 3), 1);
+    assert_int_equal(d2->rvec, 1);
+    /* the older snapshot is unchanged */
+    assert_int_equal(d1->nrecs, 2);
+    assert_int_equal(dlist_n(d1, 1), 1);
+    assert_int_equal(d1->ndeletes, 1);
+
+    /* a delta-only label deleted: gone, not masked; a label twice in one write: the
+     * later copy wins; an untouched list is shared */
+    tsr__rec *u3[] = {tu_rec(300, 0, f->x + 44 * TD), tu_rec(300, 1, f->x + 45 * TD)};
+    int64_t del3[] = {101};
+    tsr__delta *d3 = apply(f, d2, u3, 2, del3, 1, 5);
+    assert_int_equal(d3->nrecs, 1);
+    assert_int_equal(d3->recs[0]->label, 300);
+    assert_int_equal(d3->recs[0]->list, 1);
+    assert_int_equal(d3->nmask, 2);
+    assert_int_equal(dlist_n(d3, 0) + dlist_n(d3, 3), 0);
+    assert_int_equal(dlist_n(d3, 1), 1);
+    tsr__rec *u4[] = {tu_rec(400, 2, f->x + 46 * TD)};
+    tsr__delta *d4 = apply(f, d3, u4, 1, NULL, 0, 6);
+    assert_ptr_equal(d4->lists[1], d3->lists[1]);
+    assert_int_equal(dlist_n(d4, 2), 1);
+    assert_non_null(tsr__delta_find(d4, 400, NULL));
+    assert_null(tsr__delta_find(d4, 101, NULL));
+    tsr__delta_unref(d1);
+    tsr__delta_unref(d2);
+    tsr__delta_unref(d3);
+    tsr__delta_unref(d4);
+}
+
+/* A record's code and ADC term in a delta list equal those it gets in a base list. */
+static void test_codes_match_base(void **state)
+{
+    fixture *f = *state;
+    tsr_error err = TSR_ERROR_INIT;
+    size_t cs = f->tmpl->ix->code_size;
+    for (int32_t li = 0; li < TNLIST; li++) {
+        tsr__rec *r = tu_rec(500 + li, li, f->x + (50 + (size_t)li) * TD);
+        tsr__edits e = {0};
+        e.ups = tsr_xcalloc(2, sizeof *e.ups);
+        e.ups[e.nups++] = tsr__rec_ref(r);
+        tsr__version *v2 = NULL;
+        assert_int_equal(tsr__version_build(f->v1, NULL, &e, 2, &v2, &err), 0);
+        tsr__edits_close(&e);
+        tsr__rec *ups[] = {r};
+        tsr__delta *d = apply(f, NULL, ups, 1, NULL, 0, 1);
+        const tsr__list *bl = v2->lists[li], *dl = d->lists[li];
+        assert_non_null(dl);
+        size_t j = 0;
+        while (j < bl->n && bl->ids[j] != 500 + li)
+            j++;
+        assert_true(j < bl->n);
+        assert_memory_equal(dl->codes, bl->codes + j * cs, cs);
+        if (bl->term)
+            assert_memory_equal(&dl->term[0], &bl->term[j], sizeof(float));
+        tsr__delta_unref(d);
+        tsr__version_unref(v2);
+    }
+}
+
+static void test_tags(void **state)
+{
+    fixture *f = *state;
+    tsr__rec *a = tu_rec(601, 0, f->x), *z1 = tu_rec(603, 1, f->x), *z2 = tu_rec(605, 2, f->x),
+             *none = tu_rec(607, 3, f->x), *y = tu_rec(609, 3, f->x);
+    a->dp.crowding_tag = tsr_xstrdup("a");
+    z1->dp.crowding_tag = tsr_xstrdup("zz");
+    z2->dp.crowding_tag = tsr_xstrdup("zz");
+    y->dp.crowding_tag = tsr_xstrdup("yy");
+    tsr__rec *ups[] = {a, z1, z2, none, y};
+    for (size_t i = 0; i < 5; i++)
+        tsr__rec_ref(ups[i]);
+    tsr__delta *d = apply(f, NULL, ups, 5, NULL, 0, 1);
+    uint32_t base_a = tsr_filter_meta_crowding(f->v1->meta, 0); /* label 0 has tag "a" */
+    assert_int_equal(a->tag, base_a);
+    assert_true(z1->tag & TSR__DTAG_BIT);
+    assert_int_equal(z1->tag, z2->tag);
+    assert_true(y->tag & TSR__DTAG_BIT);
+    assert_int_not_equal(y->tag, z1->tag);
+    assert_int_equal(none->tag, TSR_FILTER_NOID);
+    for (size_t i = 0; i < 5; i++)
+        tsr__rec_unref(ups[i]);
+    tsr__delta_unref(d);
+}
+
+static void test_fold(void **state)
+{
+    fixture *f = *state;
+    tsr_error err = TSR_ERROR_INIT;
+    /* delta: 8 replaced, 101 new, 12 deleted, 14 replaced */
+    tsr__rec *du[] = {tu_rec(8, 1, f->x + 41 * TD), tu_rec(101, 2, f->x + 42 * TD),
+                      tu_rec(14, 3, f->x + 43 * TD)};
+    int64_t dd[] = {12};
+    tsr__delta *d = apply(f, NULL, du, 3, dd, 1, 7);
+    /* staged: 8 replaced again (wins), 14 deleted (wins), 10 deleted */
+    tsr__rec *staged8 = tu_rec(8, 0, f->x + 44 * TD);
+    tsr__edits e = {0};
+    e.ups = tsr_xcalloc(2, sizeof *e.ups);
+    e.ups[e.nups++] = staged8;
+    e.dels = tsr_xcalloc(2, sizeof *e.dels);
+    e.dels[e.ndels++] = 10;
+    e.dels[e.ndels++] = 14;
+    assert_int_equal(tsr__delta_fold(d, &e, &err), 0);
+    tsr__version *v2 = NULL;
+    assert_int_equal(tsr__version_build(f->v1, NULL, &e, 2, &v2, &err), 0);
+    tsr__edits_close(&e);
+    assert_ptr_equal(tsr__version_find(v2, 8), staged8);
+    assert_int_equal(tsr__version_find(v2, 8)->list, 0);
+    assert_non_null(tsr__version_find(v2, 101));
+    assert_null(tsr__version_find(v2, 10));
+    assert_null(tsr__version_find(v2, 12));
+    assert_null(tsr__version_find(v2, 14));
+    assert_non_null(tsr__version_find(v2, 16));
+    assert_int_equal(v2->nrecs, f->n + 1 - 3);
+    assert_int_equal(v2->nvectors, f->n + 1 - 3);
+    tsr__version_unref(v2);
+    tsr__delta_unref(d);
+    /* an empty delta folds to nothing */
+    tsr__edits e2 = {0};
+    assert_int_equal(tsr__delta_fold(NULL, &e2, &err), 0);
+    assert_int_equal(e2.nups + e2.ndels, 0);
+}
+
+static void test_empty_version_refused(void **state)
+{
+    fixture *f = *state;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr__delta *d = NULL;
+    int64_t del[] = {1};
+    assert_int_equal(tsr__delta_apply(f->empty, NULL, NULL, 0, del, 1, 1, &d, &err), TSR_ESTATE);
+    assert_null(d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_semantics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_codes_match_base, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tags, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fold, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_empty_version_refused, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
