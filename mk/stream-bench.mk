@@ -4,10 +4,7 @@
 #                       a 1,000 records/s stream; then a 10 % delta folded under query load
 #                       and the folded slices checked in stock Faiss (bench/bench_stream.py;
 #                       BENCH_STREAM_N=100000 for a quick run, other BENCH_STREAM_* in its
-#                       header). The full-size read-your-writes test: make test-stream-full.
-.PHONY: bench-stream test-stream-full
+#                       header).
+.PHONY: bench-stream
 bench-stream: all
 	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_stream.py
-
-test-stream-full: all
-	@TSR_STREAM_FULL=1 /usr/bin/python3 tests/integration/test_stream_ryw.py

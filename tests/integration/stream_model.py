@@ -473,6 +473,36 @@ class StreamCluster(ch.Cluster):
                      if not isinstance(x, Exception) else "down" for x in row] for row in st]))
             time.sleep(0.2)
 
+    def metrics(self):
+        import urllib.request
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.mport,
+                                    timeout=10) as r:
+            return r.read().decode()
+
+    def replica_view(self):
+        """address -> (up, lagging) as the coordinator's /metrics shows them."""
+        import re
+        out = {}
+        for line in self.metrics().splitlines():
+            m = re.match(r'^tessera_shard_(up|lagging)\{.*address="([^"]*)".*\} (\S+)$', line)
+            if m:
+                out.setdefault(m.group(2), {})[m.group(1)] = float(m.group(3))
+        return out
+
+    def wait_coord_sees_all(self, timeout=30):
+        """Until the coordinator counts every replica up and none lagging."""
+        t0 = time.time()
+        while True:
+            v = self.replica_view()
+            if len(v) == len(self.shards) and all(x.get("up") == 1 and not x.get("lagging")
+                                                  for x in v.values()):
+                return time.time() - t0
+            if time.time() - t0 > timeout:
+                raise AssertionError("the coordinator does not see every replica up and "
+                                     "caught up after %ds: %s\n%s" % (
+                                         timeout, v, self.coord.text()[-3000:]))
+            time.sleep(0.1)
+
     def wait_ready(self, tp, timeout=60):
         """Until a full-probe query answers (every group serves)."""
         grpc = grpc_mod()

@@ -7,7 +7,7 @@ upserts (new ids, new vectors for existing ids — moves between groups —, all
 updates) and removes in batches of 1-50; every call is recorded (start, end, outcome: OK,
 a definite error, or UNKNOWN for UNAVAILABLE / deadline / a dropped connection).
 Each round (seeded RNG, seed printed) waits for a random number of OKs, then a random 0-5 ms,
-then kill -9 of one of: a replica of group 0, the coordinator, or (every 4th round) the
+then kill -9 of, in turn, the coordinator, a random replica of group 0, the coordinator, the
 single replica of group 1 — and restarts it. Writers keep going throughout. After each
 round the writers pause and the checker (stream_model.classify_history) runs on every id
 ever used, read through ReadIndexDatapoints:
@@ -24,7 +24,7 @@ restarted (log replay) and the check runs again.
 The checker is first run on synthetic histories (a lost write, a half-applied request)
 to show it fails.
 
-TSR_STREAM_CRASH_ROUNDS (default 8), TSR_STREAM_SEED.
+TSR_STREAM_CRASH_ROUNDS (default 12), TSR_STREAM_SEED.
 """
 import os
 import sys
@@ -40,7 +40,7 @@ import stream_model as sm  # noqa: E402
 
 D = 16
 NBASE = 2000
-ROUNDS = int(os.environ.get("TSR_STREAM_CRASH_ROUNDS", 8))
+ROUNDS = int(os.environ.get("TSR_STREAM_CRASH_ROUNDS", 12))
 SEED = int(os.environ.get("TSR_STREAM_SEED", int(time.time()) % 100000))
 WRITERS = 2
 
@@ -218,10 +218,7 @@ def main():
                 writers.ok_event.wait(1)
                 writers.ok_event.clear()
             time.sleep(float(rng.random()) * 0.005)
-            if rnd % 4 == 3:
-                target = "single"
-            else:
-                target = "coordinator" if rng.random() < 0.5 else "replica"
+            target = ("coordinator", "replica", "coordinator", "single")[rnd % 4]
             if target == "coordinator":
                 cl.kill_coord()
                 time.sleep(float(rng.random()) * 0.3)
@@ -249,6 +246,7 @@ def main():
         resolved, notes = check(cl, tp, hist, initial, all_ids, "end")
         # each replica of group 0 alone serves the same contents
         for r in range(2):
+            cl.wait_coord_sees_all()
             cl.kill_shard(0, r)
             check(cl, tp, hist, initial, all_ids, "group 0 replica %d alone" % (1 - r), 0)
             cl.restart_shard(0, r)
