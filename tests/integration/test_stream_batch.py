@@ -2,12 +2,13 @@
 docs/streaming.md "Folding, and batches").
 
 Cluster: tessera-coordinator + group 0 of 2 replicas + group 1 of 1 replica; version 1 from a
-batch of 2000 vectors. Two writer threads (disjoint ids; seeded, seed printed) stream
+batch of 2000 vectors. Four writer threads (disjoint ids; seeded, seed printed) stream
 upserts, all_restricts updates and removes in batches of 1-20 without pause, over base ids,
 their own new ids, and the ids the batch will replace, delete or create. In the middle an
 UpdateIndex with a batch root of JSON records commits: records replacing base ids and ids
 streamed before it, records for new ids (some of which the stream writes too), and a delete
-file naming base and streamed ids. Every streamed call must be OK (writes wait through an
+file naming base and streamed ids (8000 new records by default, TSR_STREAM_BATCH_NEW, so
+that the update lasts long enough for streamed writes to queue behind it). Every streamed call must be OK (writes wait through an
 update, they are not refused).
 
 The model: the acknowledged stream writes in stream_seq order, the batch applied between
@@ -35,6 +36,8 @@ import stream_model as sm  # noqa: E402
 
 D = 16
 NBASE = 2000
+WRITERS = 4
+NEW = int(os.environ.get("TSR_STREAM_BATCH_NEW", 8000))  # new ids in the delta batch
 SEED = int(os.environ.get("TSR_STREAM_SEED", int(time.time()) % 100000))
 
 
@@ -189,21 +192,21 @@ def main():
         assert op0.state == tp.Operation.SUCCEEDED, op0
         model = sm.Model(base)
         # phase 1: a delta batch. It replaces base ids 0..599, deletes 600..799, creates
-        # n00000..n00499; the writers also touch every one of those ids (and their own).
+        # n00000.. (NEW); the writers also touch every one of those ids (and their own).
         brecs = [sm.random_rec(rng, "b%05d" % i, D, centers) for i in range(600)]
-        brecs += [sm.random_rec(rng, "n%05d" % i, D, centers) for i in range(500)]
+        brecs += [sm.random_rec(rng, "n%05d" % i, D, centers) for i in range(NEW)]
         bdels = ["b%05d" % i for i in range(600, 800)] + ["p1w0-%05d" % i for i in range(0, 40, 3)]
-        ids = ["b%05d" % i for i in range(NBASE)] + ["n%05d" % i for i in range(500)]
-        pools = [ids[w::2] for w in range(2)]
+        ids = ["b%05d" % i for i in range(NBASE)] + ["n%05d" % i for i in range(0, NEW, 10)]
+        pools = [ids[w::WRITERS] for w in range(WRITERS)]
         model = run_phase(cl, tp, model, brecs, bdels, root, False, SEED + 1, pools,
                           set("b%05d" % i for i in range(600)), "p1", "delta batch")
-        # phase 2: a complete overwrite: 1500 records, half of them ids that exist now
+        # phase 2: a complete overwrite: 750 ids that exist now and NEW new ones
         live = sorted(model.m)
         keep = [live[int(j)] for j in rng.choice(len(live), 750, replace=False)]
         brecs = [sm.random_rec(rng, i, D, centers) for i in keep]
-        brecs += [sm.random_rec(rng, "o%05d" % i, D, centers) for i in range(750)]
-        ids = live + ["o%05d" % i for i in range(750)]
-        pools = [ids[w::2] for w in range(2)]
+        brecs += [sm.random_rec(rng, "o%05d" % i, D, centers) for i in range(NEW)]
+        ids = live + ["o%05d" % i for i in range(0, NEW, 10)]
+        pools = [ids[w::WRITERS] for w in range(WRITERS)]
         run_phase(cl, tp, model, brecs, [], root, True, SEED + 2, pools, set(keep), "p2",
                   "complete overwrite")
     finally:
