@@ -43,3 +43,11 @@ bench-shard-rpc: $(BUILD)/bench/bench_shard
 	@$(BUILD)/bench/bench_shard $(BENCH_SHARD_ARGS)
 
 bench-rpc: bench-shard-rpc
+
+# Streamed writes on one shard (issue 15): Write records/s and ack latency at 1/16/64 per
+# call, Search p50/p99 quiet vs under a 1,000 records/s stream vs with a delta vs folded.
+# `make bench-shard-stream [BENCH_SHARD_STREAM_ARGS="--n 200000 --delta 20000"]`.
+BENCH_SHARD_STREAM_ARGS ?=
+.PHONY: bench-shard-stream
+bench-shard-stream: all
+	@/usr/bin/python3 bench/bench_shard_stream.py $(BENCH_SHARD_STREAM_ARGS)

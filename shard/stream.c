@@ -206,6 +206,12 @@ int tsr__shard_write(tsr__shard *s, const uint8_t *raw, size_t len,
         /* A resend: acknowledged once that seq is applied, never applied twice. */
         while (!s->broken && tsr__applied_seq(v, v->delta) < rq->seq)
             pthread_cond_wait(&s->write_cv, &s->write_mu);
+        if (tsr__applied_seq(v, v->delta) < rq->seq) {
+            rc = tsr_err(err, TSR_EIO, "ShardWriteRequest seq %lld: the write-ahead log "
+                         "failed (%s) before it was applied", (long long)rq->seq,
+                         s->broken_msg);
+            goto out;
+        }
     } else if ((rc = append_apply(s, v, raw, len, rq, recs, nrecs, dels, err)) != 0) {
         goto out;
     } else {

@@ -260,6 +260,7 @@ def main():
             assert m and float(m.group(1)) == val, (name, m and m.group(1), val)
 
         # kill -9 right after the acknowledged writes: all of them are back.
+        assert "Sanitizer" not in A.text() and "runtime error:" not in A.text(), A.text()
         A.kill()
         A = H.restart(A)
         same(A.stub.Search(rq, timeout=60), rb, "after kill -9 and the log replay")

@@ -168,6 +168,7 @@ def main():
             return st
 
         check_model(s, 1)
+        assert "Sanitizer" not in s.text() and "runtime error:" not in s.text(), s.text()
         s.kill()
         s = H.restart(s)
         st = check_model(s, 1)
