@@ -522,18 +522,19 @@ class StreamCluster(ch.Cluster):
 # ---------------------------------------------------------------------------------------
 # Folded slices in stock Faiss
 
-def faiss_slices_check(cl, quantizer, xq, nprobe, nlist, k):
+def faiss_slices_check(cl, template, xq, nprobe, nlist, k):
     """Every shard's current vNNNNNN/slice.faiss opened with faiss.read_index; for each query
     Faiss's search_preassigned with the coordinator's lists and coarse distances (those the
     shard owns) against the shard's Search (PQ distances, candidates 0) — the rule of
     test_shard_faiss.py; then the merged Faiss answer (labels read back as ids with
     Shard.Read) against the cluster's FindNeighbors (approximate_neighbor_count 0, the same
-    nprobe). Returns the counts (the caller asserts)."""
+    nprobe). template: a faiss IndexIVFPQ with the coordinator's quantizer (kept alive by the
+    caller). Returns the counts (the caller asserts)."""
     import faiss
     tp, _, sp, _ = ch.stubs()
     xq = np.ascontiguousarray(xq, dtype="float32")
     nq = len(xq)
-    Dq, Iq = quantizer.search(xq, nprobe)
+    Dq, Iq = template.quantizer.search(xq, nprobe)
     Iq = Iq.astype("int64")
     ntotal, same, pairs, worst = 0, 0, 0, 0.0
     merged = [[] for _ in range(nq)]   # (distance, label, shard)

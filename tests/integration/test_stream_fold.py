@@ -148,7 +148,7 @@ def main():
         # the folded slices in stock Faiss
         tmpl = faiss.read_index(os.path.join(cl.root, "coordinator", "v%06d" % opf.version,
                                              "template.faiss"))
-        fz = sm.faiss_slices_check(cl, tmpl.quantizer, xq,
+        fz = sm.faiss_slices_check(cl, tmpl, xq,
                                    NPROBE, NLIST, 10)
         print("folded slices in stock Faiss %s: ntotal %d, index count %d; shard == Faiss for "
               "%d/%d (shard, query) pairs, worst rel. distance diff %.2g; cluster == merged "
