@@ -366,7 +366,8 @@ def main():
     t_start = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     load0 = os.getloadavg()[0]
     cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": be.M, "nprobe": NPROBE,
-                           "stage_chunk": 5000, "stream_fold_records": 0}, template=ix_p)
+                           "stage_chunk": 5000, "stream_fold_records": 0}, template=ix_p,
+                    coord_extra=["--batch-root-allow", os.path.abspath(OUT)])
     pool = None
     try:
         t0 = time.time()

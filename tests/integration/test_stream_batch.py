@@ -37,7 +37,8 @@ import stream_model as sm  # noqa: E402
 D = 16
 NBASE = 2000
 WRITERS = 4
-NEW = int(os.environ.get("TSR_STREAM_BATCH_NEW", 8000))  # new ids in the delta batch
+SAN = "san-" in os.path.basename(os.path.dirname(os.path.abspath(ch.BIN)))
+NEW = int(os.environ.get("TSR_STREAM_BATCH_NEW", 2000 if SAN else 8000))  # new ids in the delta batch
 SEED = int(os.environ.get("TSR_STREAM_SEED", int(time.time()) % 100000))
 
 

@@ -40,7 +40,8 @@ import stream_model as sm  # noqa: E402
 
 D = 16
 NBASE = 2000
-ROUNDS = int(os.environ.get("TSR_STREAM_CRASH_ROUNDS", 12))
+SAN = "san-" in os.path.basename(os.path.dirname(os.path.abspath(ch.BIN)))
+ROUNDS = int(os.environ.get("TSR_STREAM_CRASH_ROUNDS", 6 if SAN else 12))
 SEED = int(os.environ.get("TSR_STREAM_SEED", int(time.time()) % 100000))
 WRITERS = 2
 
