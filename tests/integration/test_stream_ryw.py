@@ -8,11 +8,12 @@ ids with a new vector (many move to another list / group), all_restricts updates
 vector stays), removes of base and streamed ids plus unknown ids (counted, not an error).
 After EVERY OK, on the writer's channel:
 - upsert: FindNeighbors (k = 1, every list probed: fraction_leaf_nodes_to_search_override
-  1.0) with each upserted vector returns that id first; ReadIndexDatapoints returns each
+  1.0) with each upserted vector returns that id first, and so does the Vertex
+  MatchService.Match for the first 3 of them; ReadIndexDatapoints returns each
   datapoint exactly as sent (vector bit for bit, restricts, numeric, crowding tag), or for
   all_restricts the new restricts with the old vector;
 - remove: ReadIndexDatapoints finds none of the ids, and a full-probe k = 10 query with
-  each removed vector does not return it;
+  each removed vector does not return it (nor Match, for the first 3);
 - stream_seq grows strictly from call to call; upserted / removed / unknown counts.
 4 query threads (each its own channel) query nonstop, full probe, k = 10: no id that was
 removed (and acknowledged) before the query started ever appears, no id appears twice,
@@ -34,6 +35,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import coord_harness as ch  # noqa: E402
 import shard_harness as sh  # noqa: E402
 import stream_model as sm  # noqa: E402
+import vertex_harness as vh  # noqa: E402
+
+IDX = "ryw"  # the coordinator's --deployed-index-id (Vertex MatchService)
 
 D = 16
 NBASE = 3000
@@ -101,8 +105,22 @@ def query_thread(sh_, target, tp, seed):
         chan.close()
 
 
+def match(cl, vec, k):
+    """Vertex MatchService.Match (the client's own proto copy), every list probed."""
+    mp, mpg = vh.vstubs()
+    m = mp.MatchRequest(deployed_index_id=IDX, num_neighbors=k,
+                        fraction_leaf_nodes_to_search_override=1.0)
+    m.float_val.extend([float(v) for v in vec])
+    r = mpg.MatchServiceStub(cl.channel).Match(m, timeout=30)
+    return [n.id for n in r.neighbor]
+
+
 def check_after_upsert(cl, tp, op, model):
     recs = [model.m[r.id] for r in op.recs]
+    for r in recs[:3]:
+        got = match(cl, r.vec, 1)
+        assert got[:1] == [r.id], "read-your-writes: after OK of %r Match with the vector " \
+            "of %s returns %s" % (op, r.id, got)
     ans = sm.full_probe(cl.stub, tp, [r.vec for r in recs], k=1)
     for r, a in zip(recs, ans):
         assert a and a[0][0] == r.id, \
@@ -116,6 +134,9 @@ def check_after_remove(cl, tp, op, vecs):
     got = sm.read_state(cl.stub, tp, op.ids)
     assert not got, "after OK of %r ReadIndexDatapoints still finds %s" % (op, sorted(got)[:5])
     gone = set(op.ids)
+    for i in [i for i in op.ids if i in vecs][:3]:
+        back = [j for j in match(cl, vecs[i], 10) if j in gone]
+        assert not back, "after OK of %r Match returns removed %s" % (op, back)
     for did, a in zip([i for i in op.ids if i in vecs],
                       sm.full_probe(cl.stub, tp, [vecs[i] for i in op.ids if i in vecs], k=10)):
         back = [i for i, _ in a if i in gone]
@@ -131,7 +152,8 @@ def main():
     base = [sm.random_rec(rng, "b%05d" % i, D, centers) for i in range(NBASE)]
     root = sh.tmpdir("tsr-stream-ryw-")
     b0 = ch.write_batch(os.path.join(root, "b0"), [sm.to_json(r) for r in base])
-    cl = sm.StreamCluster([2, 1], D, {"nlist": 32, "pq_m": 4, "nprobe": 4})
+    cl = sm.StreamCluster([2, 1], D, {"nlist": 32, "pq_m": 4, "nprobe": 4},
+                          coord_extra=["--deployed-index-id", IDX])
     threads = []
     try:
         op0 = cl.update(b0)
