@@ -93,6 +93,19 @@ def w_warm(args):
     return os.getpid()
 
 
+def _sync(ready, go):
+    """Tells the parent this process is ready, waits for the start time it sets, returns
+    it (every process of a measurement starts at the same moment, whatever its set-up
+    took)."""
+    ready.put(os.getpid())
+    while go.value == 0.0:
+        time.sleep(0.005)
+    t0 = go.value
+    while time.time() < t0:
+        time.sleep(0.001)
+    return t0
+
+
 def _request_bytes(tp, xs, rng, wid, seed, k, per_call):
     """The serialized UpsertDatapointsRequest of call k: per_call new ids, vectors near
     random sample rows."""
@@ -104,12 +117,12 @@ def _request_bytes(tp, xs, rng, wid, seed, k, per_call):
 
 
 def w_write(args):
-    """Upserts of new ids, per_call records per call, from t0 until t0 + seconds (or until
+    """Upserts of new ids, per_call records per call, from the start time for `seconds` (or until
     `quota` records are acknowledged); rate > 0 paces it to that many records/s. The
-    requests are serialized before t0 (up to `prebuild` calls; more are built on the fly),
+    requests are serialized before the start (up to `prebuild` calls; more are built on the fly),
     so that the window's client cost is the gRPC call itself. Returns (records
     acknowledged, [call latency s], errors, CPU seconds of this process in the window)."""
-    target, stub_dir, sample_p, wid, per_call, t0, seconds, rate, quota, seed, prebuild = args
+    target, stub_dir, sample_p, wid, per_call, sync, seconds, rate, quota, seed, prebuild = args
     _, tp, grpc = _stub(target, stub_dir)
     if "upsert_raw" not in _W:   # bytes in, bytes out: no (de)serialization in the window
         _W["upsert_raw"] = _W["chan"].unary_unary("/tessera.v1.VectorSearch/UpsertDatapoints")
@@ -118,8 +131,7 @@ def w_write(args):
     rng = np.random.default_rng(seed)
     reqs = [_request_bytes(tp, xs, rng, wid, seed, k, per_call) for k in range(prebuild)]
     n, lat, errors, k = 0, [], [], 0
-    while time.time() < t0:
-        time.sleep(0.001)
+    t0 = _sync(*sync)
     cpu0 = time.process_time()
     while True:
         now = time.time()
@@ -145,17 +157,17 @@ def w_write(args):
 
 
 def w_query(args):
-    """FindNeighbors, one query per call, from t0 until t0 + seconds or until stop_p exists.
+    """FindNeighbors, one query per call, from the start time for `seconds` or until stop_p
+    exists.
     Returns [(t_start, latency s, ok)] and the first errors."""
-    target, stub_dir, xq_p, t0, seconds, stop_p, seed = args
+    target, stub_dir, xq_p, sync, seconds, stop_p, seed = args
     stub, tp, grpc = _stub(target, stub_dir)
     if "xq" not in _W:
         _W["xq"] = np.load(xq_p)
     xq = _W["xq"]
     rng = np.random.default_rng(seed)
     out, errors = [], []
-    while time.time() < t0:
-        time.sleep(0.001)
+    t0 = _sync(*sync)
     i = int(rng.integers(0, len(xq)))
     while time.time() < t0 + seconds and not (stop_p and os.path.exists(stop_p)):
         q = tp.FindNeighborsRequest.Query(
@@ -199,34 +211,48 @@ class Bench:
         self.sample_p, self.xq_p = sample_p, xq_p
         self.seed = 0
 
-    def writes(self, procs, per_call, seconds, rate=0.0, quota=0, start_in=None):
-        """Starts procs writer tasks; returns an AsyncResult and the start time. Each
-        process serializes its requests first: as many calls as `rate` needs, or a guess
-        of what it can send (capped), or its quota."""
+    def group(self):
+        """A start group: (ready queue, start time) shared by the processes of one
+        measurement."""
+        return (self.mgr.Queue(), self.mgr.Value("d", 0.0))
+
+    def start(self, grp, n):
+        """Waits until n processes of grp are ready, starts them together; returns t0."""
+        for _ in range(n):
+            grp[0].get(timeout=1800)
+        grp[1].value = t0 = time.time() + 0.1
+        return t0
+
+    def writes(self, procs, per_call, seconds, rate=0.0, quota=0, grp=None):
+        """procs writer processes; returns (AsyncResult, t0) — t0 None when grp is given
+        (the caller starts the group). Each process serializes its requests first: as many
+        calls as `rate` needs, or its quota, or a guess of what it can send."""
         if rate > 0:
             prebuild = int(seconds * rate / per_call) + 1
         elif quota:
             prebuild = quota // per_call + 1
         else:
             prebuild = int(seconds * {1: 600, 16: 250}.get(per_call, 80))
-        if start_in is None:   # time to build them (~25 µs per record, 2 cores), then go
-            start_in = 1.0 + prebuild * per_call * 30e-6 * max(1.0, procs / 2.0)
-        t0 = time.time() + start_in
+        own = grp is None
+        grp = grp or self.group()
         args = []
         for p in range(procs):
             self.seed += 1
-            args.append((self.cl.target, self.stub_dir, self.sample_p, p, per_call, t0,
+            args.append((self.cl.target, self.stub_dir, self.sample_p, p, per_call, grp,
                          seconds, rate, quota, self.seed, prebuild))
-        return self.pool.map_async(w_write, args), t0
+        res = self.pool.map_async(w_write, args, chunksize=1)
+        return res, (self.start(grp, procs) if own else None)
 
-    def queries(self, procs, seconds, stop_p="", start_in=3.0):
-        t0 = time.time() + start_in
+    def queries(self, procs, seconds, stop_p="", grp=None):
+        own = grp is None
+        grp = grp or self.group()
         args = []
         for p in range(procs):
             self.seed += 1
-            args.append((self.cl.target, self.stub_dir, self.xq_p, t0, seconds, stop_p,
+            args.append((self.cl.target, self.stub_dir, self.xq_p, grp, seconds, stop_p,
                          self.seed))
-        return self.pool.map_async(w_query, args), t0
+        res = self.pool.map_async(w_query, args, chunksize=1)
+        return res, (self.start(grp, procs) if own else None)
 
 
 def write_table(b):
@@ -263,10 +289,12 @@ def write_table(b):
 
 
 def query_window(b, seconds, stream_rate):
-    res, t0 = b.queries(QPROCS, seconds)
+    grp = b.group()
+    res, _ = b.queries(QPROCS, seconds, grp=grp)
     wres = None
     if stream_rate > 0:   # 4 processes, 50 records per call, paced to stream_rate together
-        wres, _ = b.writes(4, 50, seconds, rate=stream_rate / 4, start_in=t0 - time.time())
+        wres, _ = b.writes(4, 50, seconds, rate=stream_rate / 4, grp=grp)
+    b.start(grp, QPROCS + (4 if stream_rate > 0 else 0))
     out = res.get(seconds + 600)
     recs = [x for o in out for x in o[0]]
     errs = [e for o in out for e in o[1]]
@@ -412,16 +440,18 @@ def main():
     cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": be.M, "nprobe": NPROBE,
                            "stage_chunk": 5000, "stream_fold_records": 0}, template=ix_p,
                     coord_extra=["--batch-root-allow", os.path.abspath(OUT)])
-    pool = None
+    pool = mgr = None
     try:
         t0 = time.time()
         op = cl.update(batch, timeout=3600)
         assert op.state == tp.Operation.SUCCEEDED, op
         log("loaded %d vectors in %.1fs" % (cl.stats().vectors_count, time.time() - t0))
         ctx = mp.get_context("spawn")
-        pool = ctx.Pool(max(8, QPROCS + 1))
-        pool.map(w_warm, [(cl.target, stub_dir, sample_p)] * (2 * max(8, QPROCS + 1)))
+        npool = max(8, QPROCS + 4)   # every task of a start group needs its own process
+        pool = ctx.Pool(npool)
+        pool.map(w_warm, [(cl.target, stub_dir, sample_p)] * (2 * npool))
         b = Bench(cl, pool, stub_dir, sample_p, xq_np)
+        b.mgr = mgr = ctx.Manager()
         print("bench_stream: %d x %d, IVF%d/PQ%d, 4 shards (1 replica each) + coordinator on "
               "loopback; python grpcio clients, one process per client (multiprocessing); "
               "%s UTC, load average %.1f at the start" % (N, D, NLIST, be.M, t_start, load0))
@@ -435,6 +465,8 @@ def main():
         if pool:
             pool.terminate()
             pool.join()
+        if mgr:
+            mgr.shutdown()
         cl.stop()
 
 
