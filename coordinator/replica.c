@@ -487,6 +487,8 @@ static void collect(void *ud)
             tsr_metrics_gauge_set("tessera_shard_consecutive_failures", l,
                                   atomic_load(&r->fails));
             tsr_metrics_gauge_set("tessera_shard_lagging", l, atomic_load(&r->lagging));
+            tsr_metrics_gauge_set("tessera_shard_stream_behind", l,
+                                  atomic_load(&r->stream_behind));
             if (atomic_load(&r->version) >= 0) {
                 tsr_metrics_gauge_set("tessera_shard_version", l,
                                       (double)atomic_load(&r->version));
@@ -587,6 +589,8 @@ void tsr__coord_metrics_register(tsr__coord *c)
         {"tessera_query_lists_probed_total", TSR_METRIC_COUNTER,
          "Sum over queries of the IVF lists probed."},
         {"tessera_update_running", TSR_METRIC_GAUGE, "1 while an update operation runs."},
+        {"tessera_shard_stream_behind", TSR_METRIC_GAUGE,
+         "1 when the replica missed a streamed write (not queried until reconcile resent it)."},
         {"tessera_stream_writes_total", TSR_METRIC_COUNTER,
          "Streamed writes acknowledged, by op (upsert: datapoints, remove: ids removed)."},
         {"tessera_stream_rounds_total", TSR_METRIC_COUNTER,

@@ -28,6 +28,7 @@
  * agree. The queue has its own q_mu. Lock order: update_mu, st.mu, st.ov_rw, snap_mu;
  * q_mu is never held with another lock.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -361,7 +362,8 @@ typedef struct round {
     Tessera__V1__ShardWriteRequest *w;
     Tessera__V1__StagedUpsert **ups;
     Tessera__V1__StagedDelete **dels;
-    tsr_pb_datapoint *pb;              /* one per act */
+    tsr_pb_datapoint *pb;       /* one per act */
+    size_t *ucap, *dcap;        /* per group: capacity of w[g].upserts, w[g].deletes */
     char *failed;               /* per group: no replica took the write */
 } round;
 
@@ -606,7 +608,9 @@ static void push_up(round *R, size_t g, int64_t label, int32_t list, size_t ai)
     u->list = list;
     tsr_pb_datapoint_set(&R->pb[ai], R->act[ai].dp);
     u->datapoint = &R->pb[ai].dp;
-    w->upserts = tsr_xrealloc(w->upserts, (w->n_upserts + 1) * sizeof *w->upserts);
+    if (w->n_upserts == R->ucap[g])
+        w->upserts = tsr_xrealloc(w->upserts, (R->ucap[g] = R->ucap[g] ? R->ucap[g] * 2 : 16) *
+                                                  sizeof *w->upserts);
     w->upserts[w->n_upserts++] = u;
 }
 
@@ -617,7 +621,9 @@ static void push_del(round *R, size_t g, int64_t label, int32_t list)
     tessera__v1__staged_delete__init(d);
     d->label = label;
     d->list = list;
-    w->deletes = tsr_xrealloc(w->deletes, (w->n_deletes + 1) * sizeof *w->deletes);
+    if (w->n_deletes == R->dcap[g])
+        w->deletes = tsr_xrealloc(w->deletes, (R->dcap[g] = R->dcap[g] ? R->dcap[g] * 2 : 16) *
+                                                  sizeof *w->deletes);
     w->deletes[w->n_deletes++] = d;
 }
 
@@ -806,6 +812,8 @@ static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
     R.touch = tsr_xcalloc(n * R.S + 1, 1);
     R.failed = tsr_xcalloc(R.S + 1, 1);
     R.w = tsr_xcalloc(R.S + 1, sizeof *R.w);
+    R.ucap = tsr_xcalloc(R.S + 1, sizeof *R.ucap);
+    R.dcap = tsr_xcalloc(R.S + 1, sizeof *R.dcap);
     tsr__dir_init(&R.pend);
     Tessera__V1__CoordLogRecord rec = TESSERA__V1__COORD_LOG_RECORD__INIT;
     for (size_t i = 0; i < n; i++) {
@@ -856,6 +864,8 @@ out:
     free(R.touch);
     free(R.failed);
     free(R.w);
+    free(R.ucap);
+    free(R.dcap);
     tsr__snap_unref(R.sn);
 }
 
@@ -1115,6 +1125,29 @@ static int write_header(tsr__coord *c, uint64_t version, int64_t next_label, tsr
     return tsr__slog_create(c->store, version, &h, err);
 }
 
+/* Removes the logs of other versions than `keep` (a crash between a commit point and the
+ * removal of the old log, or before the commit point after the new log's header). */
+static void remove_stale_logs(tsr__coord *c, uint64_t keep)
+{
+    char d[4096], path[4400];
+    tsr__slog_dir(c->store, d, sizeof d);
+    DIR *dh = opendir(d);
+    if (!dh)
+        return;
+    struct dirent *de;
+    while ((de = readdir(dh)) != NULL) {
+        unsigned long long v = 0;
+        char tail[8] = "";
+        if (sscanf(de->d_name, "v%llu.%7s", &v, tail) != 2 || strcmp(tail, "log") != 0 ||
+            v == keep)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", d, de->d_name);
+        if (unlink(path) == 0)
+            tsr_info("stream: removed %s (not the committed version's log)", path);
+    }
+    closedir(dh);
+}
+
 int tsr__stream_init(tsr__coord *c, tsr_error *err)
 {
     tsr__stream *s = &c->st;
@@ -1126,10 +1159,17 @@ int tsr__stream_init(tsr__coord *c, tsr_error *err)
     tsr__dir_init(&s->ov);
     s->log_fd = -1;
     s->grp_seq = tsr_xcalloc(c->cfg.nshards + 1, sizeof *s->grp_seq);
+    /* the families exist from the start (a scrape shows 0, not nothing) */
+    tsr_metrics_counter_add("tessera_stream_writes_total", "op=upsert", 0);
+    tsr_metrics_counter_add("tessera_stream_writes_total", "op=remove", 0);
+    tsr_metrics_counter_add("tessera_stream_rounds_total", NULL, 0);
+    tsr_metrics_counter_add("tessera_stream_folds_total", NULL, 0);
+    tsr_metrics_counter_add("tessera_stream_catchups_total", NULL, 0);
     const tsr__snap *sn = c->snap;
     s->next_label = sn->next_label;
     s->next_seq = 1;
     s->ov_version = sn->version;
+    remove_stale_logs(c, sn->version);
     if (sn->version == 0)
         return 0;
     char path[4200], why[300];

@@ -824,14 +824,36 @@ static void op_start(tsr__coord *c, const char *batch_root, char *root, const ch
 
 /* ---------------------------------------------------------------- background fold */
 
+#define FOLD_RETRY_MS 10000       /* after a fold that did not empty the overlay (it failed) */
+#define FOLD_RETRY_MAX_MS 600000  /* doubled each time, up to this */
+
 /* Starts a fold (an update with no records) when the stream's overlay passed
- * stream_fold_records and no update runs. */
-static void fold_maybe(tsr__coord *c)
+ * stream_fold_records and no update runs. A fold that failed (a replica down: the update
+ * needs them all) is retried after FOLD_RETRY_MS, doubled while it keeps failing, so a
+ * long outage does not fill the operations table with failed folds. */
+static void fold_maybe(tsr__coord *c, int64_t *next_at, int64_t *backoff, uint64_t *last_v)
 {
-    if (!tsr__stream_fold_due(c))
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    uint64_t v = sn->version;
+    tsr__snap_unref(sn);
+    if (!tsr__stream_fold_due(c) || tsr_clock_mono_ms() < *next_at)
         return;
     pthread_mutex_lock(&c->op_mu);
     if (!c->busy && !c->closing) {
+        if (*last_v == v) { /* the last fold did not produce a version */
+            *backoff = *backoff ? *backoff * 2 : FOLD_RETRY_MS;
+            if (*backoff > FOLD_RETRY_MAX_MS)
+                *backoff = FOLD_RETRY_MAX_MS;
+            *next_at = tsr_clock_mono_ms() + *backoff;
+            *last_v = 0;
+            pthread_mutex_unlock(&c->op_mu);
+            tsr_warn("stream fold: the last fold did not commit; the next one in %lld s",
+                     (long long)(*backoff / 1000));
+            return;
+        }
+        if (*last_v && *last_v != v)
+            *backoff = 0; /* the last fold committed */
+        *last_v = v;
         char id[sizeof ((tsr__op *)0)->id];
         op_start(c, "(stream fold)", NULL, NULL, 0, 0, id, sizeof id);
         tsr_info("update %s: stream fold: the overlay holds %d or more streamed writes",
@@ -844,13 +866,19 @@ static void fold_maybe(tsr__coord *c)
 static void *fold_main(void *p)
 {
     tsr__coord *c = p;
+    int64_t next_at = 0, backoff = 0;
+    uint64_t last_v = 0; /* the version the running / last fold started from; 0 = none */
     for (;;) {
         pthread_mutex_lock(&c->op_mu);
         int closing = c->closing;
         pthread_mutex_unlock(&c->op_mu);
         if (closing)
             break;
-        fold_maybe(c);
+        pthread_mutex_lock(&c->op_mu);
+        int busy = c->busy;
+        pthread_mutex_unlock(&c->op_mu);
+        if (!busy)
+            fold_maybe(c, &next_at, &backoff, &last_v);
         usleep(200 * 1000);
     }
     return NULL;

@@ -211,7 +211,8 @@ static void route(const tsr__snap *base, const tsr_batch *b, const int64_t *assi
     if (keep_base) {
         for (size_t i = 0; i < base->dir.n; i++) {
             const tsr__dir_entry *e = &base->dir.e[i];
-            if (bsearch(e->id, b->records, b->nrecords, sizeof *b->records, cmp_rec))
+            if (b->nrecords && /* a fold's batch is empty (records NULL) */
+                bsearch(e->id, b->records, b->nrecords, sizeof *b->records, cmp_rec))
                 continue;
             if (b->ndeletes && bsearch(&e->id, b->deletes, b->ndeletes, sizeof *b->deletes,
                                        cmp_str))

@@ -157,12 +157,41 @@ static int merge_mask(const tsr__version *v, const tsr__delta *old, const chg *c
     return 0;
 }
 
+/* The ADC term table of list li (tsr_ivfpq_list_table): the template's cached one, made
+ * now when missing and under the cap, else computed into scratch (M * ksub floats). */
+static const float *term_table(tsr__tmpl *t, size_t li, float *scratch, tsr_error *err)
+{
+    size_t bytes = t->ix->pq.M * t->ix->pq.ksub * sizeof(float);
+    if (t->ptab == NULL && (t->ptab = tsr_try_calloc(t->ix->nlist, sizeof *t->ptab)) == NULL) {
+        tsr_err(err, TSR_ENOMEM, "out of memory for the term tables");
+        return NULL;
+    }
+    if (t->ptab[li])
+        return t->ptab[li];
+    float *P = scratch;
+    if (t->ptab_bytes + bytes <= TSR__PTAB_CAP && (P = malloc(bytes)) != NULL) {
+        t->ptab[li] = P;
+        t->ptab_bytes += bytes;
+    } else {
+        P = scratch;
+    }
+    if (tsr_ivfpq_list_table(t->ix, li, P, err) != 0) {
+        if (P != scratch) {
+            t->ptab[li] = NULL;
+            t->ptab_bytes -= bytes;
+            free(P);
+        }
+        return NULL;
+    }
+    return P;
+}
+
 /* Rebuilds delta list li: the old list's entries whose label did not change, then the
  * new records of that list (in label order). */
 static int build_dlist(const tsr__version *v, const tsr__delta *old, const chg *c, size_t nc,
-                       tsr__delta *d, size_t li, tsr_error *err)
+                       tsr__delta *d, size_t li, float *scratch, tsr_error *err)
 {
-    const tsr__tmpl *t = v->tmpl;
+    tsr__tmpl *t = v->tmpl;
     size_t cs = t->ix->code_size;
     const tsr__list *ol = old && old->lists ? old->lists[li] : NULL;
     size_t cap = ol ? ol->n : 0;
@@ -204,8 +233,12 @@ static int build_dlist(const tsr__version *v, const tsr__delta *old, const chg *
         d->lists[li] = NULL;
         return 0;
     }
-    if (terms && l->n > n0)
-        return tsr_ivfpq_list_terms(t->ix, li, l->codes + n0 * cs, l->n - n0, l->term + n0, err);
+    if (terms && l->n > n0) {
+        const float *P = term_table(t, li, scratch, err);
+        if (P == NULL)
+            return err ? err->code : TSR_ENOMEM;
+        tsr_ivfpq_terms_from_table(t->ix, P, l->codes + n0 * cs, l->n - n0, l->term + n0);
+    }
     return 0;
 }
 
@@ -241,6 +274,7 @@ int tsr__delta_apply(tsr__version *v, const tsr__delta *old, tsr__rec *const *up
     int rc = TSR_ENOMEM;
     size_t nc = 0;
     uint8_t *touched = NULL;
+    float *scratch = NULL;
     chg *c = NULL;
     tsr__delta *d = calloc(1, sizeof *d);
     if (d == NULL)
@@ -269,14 +303,21 @@ int tsr__delta_apply(tsr__version *v, const tsr__delta *old, tsr__rec *const *up
     if ((rc = merge_recs(old, c, nc, d, touched, err)) != 0 ||
         (rc = merge_mask(v, old, c, nc, d, err)) != 0)
         goto fail;
+    scratch = tsr_try_malloc(v->tmpl->ix->pq.M * v->tmpl->ix->pq.ksub, sizeof(float));
+    if (scratch == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory for a term table");
+        goto fail;
+    }
     for (size_t i = 0; i < v->nlist; i++)
-        if (touched[i] && (rc = build_dlist(v, old, c, nc, d, i, err)) != 0)
+        if (touched[i] && (rc = build_dlist(v, old, c, nc, d, i, scratch, err)) != 0)
             goto fail;
+    free(scratch);
     free(c);
     free(touched);
     *out = d;
     return 0;
 fail:
+    free(scratch);
     free(c);
     free(touched);
     tsr__delta_unref(d);

@@ -5,10 +5,10 @@
  * shard does not hold → FAILED_PRECONDITION), run it on an immutable version snapshot
  * (scan.c) or on the update state (update.c), and encode the reply.
  *
- * DESIGN (threads): Search, Read, Stats, Commit, Abort and Release run on the rpc
- * polling threads (short; Search and Read take only a version reference, Stats only
- * table_mu); Stage and Prepare run on the rpc worker pool (TSR_RPC_LONG) since they parse
- * chunks, build and fsync a version.
+ * DESIGN (threads): Search, Read and Stats run on the rpc polling threads (short;
+ * Search and Read take only a version and delta reference, Stats only table_mu); Stage,
+ * Prepare, Commit, Abort, Release and Write run on the rpc worker pool (TSR_RPC_LONG):
+ * they parse chunks, build and fsync a version, or append to and fdatasync the log.
  */
 #include <math.h>
 #include <stdio.h>

@@ -14,11 +14,17 @@
  * the row tables (row r of the filter meta = entry r of the version: lists first, in list
  * order, then sparse-only datapoints).
  *
- * DESIGN (threads): a published version is never modified; readers hold a reference
- * taken under tsr__shard.table_mu, which is held only to look up a version and bump its
- * refcount, or to swap the table entries (never during I/O or building). Updates are
- * serialized by update_mu, which no query ever takes. Lock order: update_mu, then
- * table_mu.
+ * Streamed writes (stream.c, delta.c, wal.c) add to each version a tsr__delta: an
+ * immutable snapshot of the writes applied on it, replaced whole by each Write; the
+ * version owns a ref to its latest one (tsr__version.delta).
+ *
+ * DESIGN (threads): a published version is never modified except its delta pointer (and
+ * the writer-only dtags); readers take a reference to the version and to its delta
+ * together under tsr__shard.table_mu, which is held only to look up a version and bump its
+ * refcounts, or to swap the table entries or a delta pointer (never during I/O or
+ * building). Updates are serialized by update_mu, which no query ever takes; Writes by
+ * write_mu (stream.c), which no query takes either. Lock order: update_mu, then write_mu,
+ * then table_mu.
  */
 #ifndef TSR_SHARD_INTERNAL_H
 #define TSR_SHARD_INTERNAL_H
@@ -45,7 +51,16 @@
 typedef struct tsr__tmpl {
     atomic_int refs;
     tsr_ivfpq *ix;   /* owned; lists all empty; scanned only through tsr_ivfpq_scanner */
+    float **ptab;    /* owned, writer-only (write_mu): per list, the ADC term table of
+                        tsr_ivfpq_list_table, made on a delta's first write to the list
+                        (NULL = not yet); at most TSR__PTAB_CAP bytes in all */
+    size_t ptab_bytes;
+    float *pq_t;     /* owned, immutable: the PQ sub-centroids per sub-space transposed,
+                        [m][q][j] (d * ksub floats), for tsr__encode; NULL = not used */
 } tsr__tmpl;
+#define TSR__PTAB_CAP ((size_t)64 << 20)
+#define TSR__ENC_MAX_DSUB 256   /* tsr__encode's fast path: dsub and ksub at most these */
+#define TSR__ENC_MAX_KSUB 4096
 
 typedef struct tsr__list {
     atomic_int refs;

@@ -232,13 +232,11 @@ static float l2sqr(const float *a, const float *b, size_t n)
     return s;
 }
 
-/* Terms of n codes of list l (see tsr_ivfpq_list_terms); P is M * ksub scratch. */
-static void list_terms(const tsr_ivfpq *ix, size_t l, const uint8_t *codes, size_t n,
-                       float *P, float *term)
+/* P[m][j] = ||c_mj||^2 + 2 <cent_m, c_mj> of list l: the same per-entry table as Faiss's
+ * precomputed table type 1, so sum_m P[m][code_m] = ||y||^2 + 2 <cent, y>. */
+static void list_table(const tsr_ivfpq *ix, size_t l, float *P)
 {
     const tsr_pq *pq = &ix->pq;
-    /* P[m][j] = ||c_mj||^2 + 2 <cent_m, c_mj>: the same per-entry table as Faiss's
-     * precomputed table type 1, so sum_m P[m][code_m] = ||y||^2 + 2 <cent, y>. */
     const float *cent = ix->centroids + l * (size_t)ix->d;
     for (size_t m = 0; m < pq->M; m++) {
         const float *cm = cent + m * pq->dsub;
@@ -247,10 +245,35 @@ static void list_terms(const tsr_ivfpq *ix, size_t l, const uint8_t *codes, size
             P[m * pq->ksub + j] = dot(cj, cj, pq->dsub) + 2.0f * dot(cm, cj, pq->dsub);
         }
     }
+}
+
+void tsr_ivfpq_terms_from_table(const tsr_ivfpq *ix, const float *P, const uint8_t *codes,
+                                size_t n, float *term)
+{
+    const tsr_pq *pq = &ix->pq;
     if (pq->nbits == 8)
         tsr__scan8_scalar(P, pq->M, codes, n, NULL, 0.0f, term);
     else
         tsr__scan_generic(P, pq, codes, n, NULL, 0.0f, term);
+}
+
+/* Terms of n codes of list l (see tsr_ivfpq_list_terms); P is M * ksub scratch. */
+static void list_terms(const tsr_ivfpq *ix, size_t l, const uint8_t *codes, size_t n,
+                       float *P, float *term)
+{
+    list_table(ix, l, P);
+    tsr_ivfpq_terms_from_table(ix, P, codes, n, term);
+}
+
+int tsr_ivfpq_list_table(const tsr_ivfpq *ix, size_t list, float *P, tsr_error *err)
+{
+    if (!tsr_ivfpq_has_terms(ix) || list >= ix->nlist || ix->pq.centroids == NULL ||
+        ix->centroids == NULL)
+        return tsr_err(err, TSR_EINVAL, "list_table: list %zu of %zu, or no terms for this "
+                       "index (metric %d, by_residual %d)", list, ix->nlist, (int)ix->metric,
+                       ix->by_residual);
+    list_table(ix, list, P);
+    return 0;
 }
 
 int tsr_ivfpq_has_terms(const tsr_ivfpq *ix)

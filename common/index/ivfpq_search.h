@@ -157,6 +157,14 @@ int tsr_ivfpq_has_terms(const tsr_ivfpq *ix);
 int tsr_ivfpq_list_terms(const tsr_ivfpq *ix, size_t list, const uint8_t *codes, size_t n,
                          float *term, tsr_error *err);
 
+/* The same in two steps, for a caller that adds codes to a list a few at a time (the
+ * shard's streamed delta) and keeps the table: P (ix->pq.M * ix->pq.ksub floats, caller
+ * allocated) gets list's table; tsr_ivfpq_terms_from_table then gives exactly the terms
+ * tsr_ivfpq_list_terms gives. TSR_EINVAL as tsr_ivfpq_list_terms. */
+int tsr_ivfpq_list_table(const tsr_ivfpq *ix, size_t list, float *P, tsr_error *err);
+void tsr_ivfpq_terms_from_table(const tsr_ivfpq *ix, const float *P, const uint8_t *codes,
+                                size_t n, float *term);
+
 /* The kernel AUTO resolves to, and whether a given one can run on this CPU. */
 enum tsr_simd tsr_ivfpq_search_simd_auto(void);
 int tsr_ivfpq_search_simd_supported(enum tsr_simd s);

@@ -16,13 +16,15 @@ A 3-shard cluster (d 16, nlist 16) with a 3000-vector first version, then:
 - kill -9 of the coordinator right after OKs, restart: every acknowledged write is there;
   a torn tail appended to the coordinator log is dropped with a log line;
 - a batch update after streamed writes keeps them unless the batch deletes / replaces
-  them; streamed writes go on on the new version (seq continues);
+  them, streamed writes racing it are all there once (none lost, none doubled), and
+  streamed writes go on on the new version; a complete overwrite replaces everything;
 - the CLI: tessera upsert (file, stdin; a bad line named, nothing sent), tessera remove.
 """
 import math
 import os
 import signal
 import sys
+import threading
 
 import grpc
 import numpy as np
@@ -181,9 +183,12 @@ def check_restart(cl, tp, model):
     assert names == ["v000001.log"], names
     with open(os.path.join(logs, names[-1]), "ab") as f:
         f.write(b"\x40\x00\x00\x00\x01\x02\x03\x04half a record")
+    with open(os.path.join(logs, "v000007.log"), "wb") as f:  # a stale log: removed
+        f.write(b"x")
     cl.start()
     text = cl.coord.text()
     assert "is dropped" in text, text
+    assert sorted(os.listdir(logs)) == ["v000001.log"], os.listdir(logs)
     model.update(last)
     for i, v in last.items():
         assert top1(cl, tp, v) == [i], i
@@ -198,8 +203,28 @@ def check_batch_after_stream(cl, tp, model, root):
     b = ch.write_batch(os.path.join(root, "b2"), [ch.dp_json(replaced, newv),
                                                  ch.dp_json("batch-new", newv + 1)], [gone])
     st0 = cl.stats()
-    op = cl.update(b)
+    # streamed writes racing the update: queued while it holds the stream lock, applied on
+    # version 1 before its plan or on version 2 after its commit: neither lost nor doubled
+    racing, stop = {}, threading.Event()
+
+    def writer():
+        j = 0
+        while not stop.is_set():
+            v = np.full(D, -5.0 - j * 0.25, dtype="float32")
+            upsert(cl, tp, [dp(tp, "race-%d" % j, v)])
+            racing["race-%d" % j] = v
+            j += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        op = cl.update(b)
+    finally:
+        stop.set()
+        t.join()
     assert op.state == tp.Operation.SUCCEEDED and op.version == 2, op
+    assert len(racing) >= 2, len(racing)
+    model.update(racing)
     del model[gone]
     model[replaced] = newv
     model["batch-new"] = newv + 1
@@ -208,7 +233,11 @@ def check_batch_after_stream(cl, tp, model, root):
     for i, v in model.items():
         assert top1(cl, tp, v) == [i], i
     st = cl.stats()
-    assert st.version == 2 and st.vectors_count == st0.vectors_count, (st, st0)
+    assert st.version == 2 and st.vectors_count == st0.vectors_count + len(racing), (st, st0)
+    _, _, sp, spg = ch.stubs()
+    held = sum(spg.ShardStub(grpc.insecure_channel(x.target)).Stats(
+        sp.ShardStatsRequest(), timeout=10).vectors_count for x in cl.shards)
+    assert held == st.vectors_count, (held, st.vectors_count)  # no shard holds a double
     logs = sorted(os.listdir(os.path.join(cl.root, "coordinator", "stream")))
     assert logs == ["v000002.log"], logs
     # streaming goes on, on version 2
@@ -245,6 +274,18 @@ def check_cli(cl, tp, root):
     assert set(read(cl, tp, list(vecs))) == {"cli-2"}
 
 
+def check_overwrite(cl, tp, model, root):
+    """A complete overwrite replaces everything, streamed writes included."""
+    b = ch.write_batch(os.path.join(root, "b3"), [ch.dp_json("only-%d" % i, np.full(D, i))
+                                                 for i in range(300)])
+    op = cl.update(b, overwrite=True)
+    assert op.state == tp.Operation.SUCCEEDED, op
+    assert not read(cl, tp, sorted(model)), "streamed writes survived a complete overwrite"
+    st = cl.stats()
+    assert st.vectors_count == 300, st.vectors_count
+    assert top1(cl, tp, np.full(D, 7)) == ["only-7"]
+
+
 def main():
     tp = ch.stubs()[0]
     rng = np.random.default_rng(5)
@@ -270,6 +311,7 @@ def main():
         check_restart(cl, tp, model)
         check_batch_after_stream(cl, tp, model, root)
         check_cli(cl, tp, root)
+        check_overwrite(cl, tp, model, root)
         assert math.isfinite(cl.stats().plan_imbalance)
         print("test_coord_stream: OK")
     finally:

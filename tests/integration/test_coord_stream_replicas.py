@@ -10,6 +10,8 @@ stream_fold_records 400:
    logged, sent to the groups that answered; or no live replica: nothing written); after
    they restart and reconcile caught them up, everything acknowledged is there and the
    outcome-unknown write is there whole (a "nothing written" one is absent);
+   a wiped replica is re-seeded from its sibling with the streamed writes and answers
+   every acknowledged write alone;
 4. the background fold: past 400 streamed writes the coordinator folds them into version 2
    (tessera_stream_folds_total, the coordinator log of version 1 removed), every write is
    still there, and writes go on on version 2;
@@ -18,6 +20,7 @@ stream_fold_records 400:
 import json
 import os
 import re
+import shutil
 import sys
 import time
 
@@ -136,6 +139,23 @@ def main():
             print("the outcome-unknown write (seq %d) was applied by reconcile" % want)
         else:
             assert not got, sorted(got)
+
+        # 3b. a wiped replica (replaced disk): re-seeded from its sibling with the streamed
+        # writes (the directory plus the overlay), at the group's last seq
+        wiped = cl.shards[1]
+        wiped.stop()
+        shutil.rmtree(wiped.data)
+        cl.shards[1] = wiped = restart_shard(wiped)
+
+        def same():
+            a, b = (cl.shards[i].stub.Stats(sp.ShardStatsRequest(), timeout=10) for i in (0, 1))
+            return (b.current_version == 1 and a.vectors_count == b.vectors_count and
+                    a.stream_seq == b.stream_seq)
+        wait(same, "the wiped replica re-seeded", timeout=60)
+        cl.shards[0].kill()
+        check_all(cl, tp, model)  # group 0 answered by the re-seeded replica alone
+        cl.shards[0] = restart_shard(cl.shards[0])
+        wait(lambda: len(set(seqs(cl, sp, [0, 1]))) == 1, "replica 0 back")
 
         # 4. the background fold
         text = metrics(mport)

@@ -4,7 +4,8 @@
  * delta label (gone, masked only if the base has it), of an unknown label (ignored), a
  * label twice in one write (the later copy wins); counts and deletes held; an older
  * snapshot is never modified and untouched lists are shared; a delta record's PQ code and
- * ADC term are byte-identical to the same record's in a base list; crowding tag ids
+ * ADC term are byte-identical to the same record's in a base list (and tsr__encode's fast
+ * path gives the plain loop's codes); crowding tag ids
  * (the base dict's id, else a delta id, stable per string); folding a delta into an edit
  * set (the staged edits win) builds the expected version.
  */
@@ -160,6 +161,30 @@ static void test_codes_match_base(void **state)
     }
 }
 
+/* tsr__encode's transposed fast path gives the plain loop's codes. */
+static void test_encode_paths(void **state)
+{
+    fixture *f = *state;
+    assert_non_null(f->tmpl->pq_t);
+    tsr__tmpl slow = *f->tmpl;
+    slow.pq_t = NULL;
+    size_t cs = f->tmpl->ix->code_size;
+    uint8_t a[64], b[64];
+    assert_true(cs <= sizeof a);
+    uint32_t seed = 5;
+    for (size_t i = 0; i < f->n + 20; i++)
+        for (int32_t li = 0; li < TNLIST; li++) {
+            float x[TD];
+            for (size_t j = 0; j < TD; j++)
+                x[j] = f->x[i * TD + j] + tu_rand(&seed) * (float)li;
+            memset(a, 0, cs);
+            memset(b, 0, cs);
+            tsr__encode(f->tmpl, x, li, a);
+            tsr__encode(&slow, x, li, b);
+            assert_memory_equal(a, b, cs);
+        }
+}
+
 static void test_tags(void **state)
 {
     fixture *f = *state;
@@ -238,6 +263,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_semantics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_codes_match_base, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_encode_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_empty_version_refused, setup, teardown),
