@@ -11,7 +11,10 @@ After EVERY OK, on the writer's channel:
   1.0) with each upserted vector returns that id first, and so does the Vertex
   MatchService.Match for the first 3 of them; ReadIndexDatapoints returns each
   datapoint exactly as sent (vector bit for bit, restricts, numeric, crowding tag), or for
-  all_restricts the new restricts with the old vector;
+  all_restricts the new restricts with the old vector; filters apply to the written
+  records: a token restrict allowing one of a record's tokens and a numeric EQUAL on its
+  value return it first with its vector, a token it lacks and NOT_EQUAL never return it;
+  some requests hold one id twice (the later copy must win);
 - remove: ReadIndexDatapoints finds none of the ids, and a full-probe k = 10 query with
   each removed vector does not return it (nor Match, for the first 3);
 - stream_seq grows strictly from call to call; upserted / removed / unknown counts.
@@ -128,6 +131,37 @@ def check_after_upsert(cl, tp, op, model):
     got = sm.read_state(cl.stub, tp, [r.id for r in recs])
     diff = sm.diff_states({r.id: r for r in recs}, got)
     assert not diff, "after OK of %r ReadIndexDatapoints differs:\n  %s" % (op, "\n  ".join(diff))
+    check_filters(cl, tp, op, recs)
+
+
+def check_filters(cl, tp, op, recs):
+    """Filters apply to the written records: with its vector, a token restrict allowing
+    one of its tokens / a numeric EQUAL on its value returns it first; a token it does not
+    have / NOT_EQUAL never returns it (k 10, every list probed)."""
+    NR = tp.NumericRestriction
+    qs, want = [], []
+    for r in [r for r in recs if r[2]][:3]:
+        ns, allow, _ = r[2][0]
+        qs.append(ch.query(tp, r.vec, 10, fraction=1.0, restricts=[(ns, [allow[0]], [])]))
+        want.append((r.id, True, "restrict %s=%s" % (ns, allow[0])))
+        qs.append(ch.query(tp, r.vec, 10, fraction=1.0, restricts=[(ns, ["no-token"], [])]))
+        want.append((r.id, False, "restrict %s=no-token" % ns))
+    for r in [r for r in recs if r[3]][:3]:
+        ns, kind, val = r[3][0]
+        for opv, hit in ((NR.EQUAL, True), (NR.NOT_EQUAL, False)):
+            qs.append(ch.query(tp, r.vec, 10, fraction=1.0,
+                               numeric=[(ns, kind, int(val), opv)]))
+            want.append((r.id, hit, "numeric %s %s %d" % (ns, NR.Operator.Name(opv), val)))
+    if not qs:
+        return
+    resp = cl.stub.FindNeighbors(tp.FindNeighborsRequest(queries=qs), timeout=60)
+    for (did, hit, what), nn in zip(want, resp.nearest_neighbors):
+        ids = [n.datapoint.datapoint_id for n in nn.neighbors]
+        if hit:
+            assert ids[:1] == [did], "after OK of %r, %s with the vector of %s returns %s" % (
+                op, what, did, ids[:3])
+        else:
+            assert did not in ids, "after OK of %r, %s returns %s" % (op, what, did)
 
 
 def check_after_remove(cl, tp, op, vecs):
@@ -189,6 +223,8 @@ def main():
                         ids.append("s%06d" % nnew)
                         nnew += 1
                     recs = [sm.random_rec(rng, i, D, centers) for i in ids]
+                    if n > 1 and rng.random() < 0.1:   # one id twice: the later copy wins
+                        recs[-1] = sm.random_rec(rng, recs[0].id, D, centers)
                     op = sm.Op("upsert", recs)
                 ups_left -= n
             else:
@@ -220,7 +256,8 @@ def main():
                         shared.tomb[i] = op.end
                 shared.inflight = set()
             if op.kind == "upsert":
-                assert op.resp.upserted == len(op.recs), (op, op.resp)
+                distinct = len(set(r.id for r in op.recs))
+                assert op.resp.upserted in (distinct, len(op.recs)), (op, op.resp)
                 check_after_upsert(cl, tp, op, model)
                 calls["restricts" if op.restricts_only else "upsert"] += 1
             else:
