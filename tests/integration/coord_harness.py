@@ -143,10 +143,21 @@ class Cluster(Api):
         return rc
 
     def stop(self):
-        if self.coord and self.coord.proc.poll() is None:
-            self.stop_coord()
+        """Stops everything, also when one stop fails its checks (a sanitizer report, an
+        exit code): the first failure is raised after every process was stopped."""
+        errors = []
+        try:
+            if self.coord and self.coord.proc.poll() is None:
+                self.stop_coord()
+        except BaseException as e:
+            errors.append(e)
         for s in self.shards:
-            s.stop()
+            try:
+                s.stop()
+            except BaseException as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 
