@@ -19,6 +19,8 @@ write racing the batch is neither lost nor applied twice); full-probe queries re
 twice; every write's version is the old or the new one and versions never go back in seq
 order.
 
+Before that, 4 writers hit the same 40 ids at once: each id must end with the value of its
+acknowledged write of the highest stream_seq (the stream applies in acknowledgement order).
 Phase 2 does the same with is_complete_overwrite: the batch replaces everything, streamed
 writes before it included (the documented rule), streamed writes after it stay.
 """
@@ -179,6 +181,58 @@ def run_phase(cl, tp, model, batch_recs, batch_dels, root, overwrite, seed, pool
     return m
 
 
+def same_ids(cl, tp, model, seed):
+    """4 writers on the same 40 ids (20 existing, 20 new) at once: each id ends with the
+    value of its acknowledged write of the highest stream_seq (writes of one round share a
+    seq: then one of them) — the stream applies in acknowledgement (seq) order. Returns the
+    new model."""
+    hist, lock = sm.History(), threading.Lock()
+    ids = sorted(model.m)[:20] + ["same-%02d" % i for i in range(20)]
+
+    def writer(t):
+        rng = np.random.default_rng(seed + t)
+        for _ in range(100):
+            pick = [ids[j] for j in rng.choice(len(ids), int(rng.integers(1, 6)),
+                                               replace=False)]
+            if rng.random() < 0.2:
+                op = sm.Op("remove", ids=pick)
+            else:
+                op = sm.Op("upsert", [sm.random_rec(rng, i, D) for i in pick])
+            sm.call(cl.stub, op, tp)
+            with lock:
+                hist.add(op)
+
+    th = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for x in th:
+        x.start()
+    for x in th:
+        x.join(300)
+    bad = [o for o in hist.ops if o.outcome != sm.OK]
+    assert not bad, ["%r %s" % (o, o.code) for o in bad[:5]]
+    got = sm.read_state(cl.stub, tp, ids)
+    m = model.copy()
+    ties = 0
+    for i in ids:
+        ops = [o for o in hist.ops if i in o.touched()]
+        if not ops:
+            continue
+        top = max(o.seq for o in ops)
+        last = [o for o in ops if o.seq == top]
+        ties += len(last) > 1
+        cands = [sm._value_after(o, i, None) for o in last]
+        assert got.get(i) in cands, "%s holds %s, its last acknowledged write (seq %d) left " \
+            "%s" % (i, got[i].short() if i in got else "absent", top,
+                    [c.short() if c else "absent" for c in cands])
+        if i in got:
+            m.m[i] = got[i]
+        else:
+            m.m.pop(i, None)
+    assert cl.stats().vectors_count == len(m.m), (cl.stats().vectors_count, len(m.m))
+    print("same ids from 4 writers: %d writes acknowledged; every id holds its highest-seq "
+          "write (%d ids with two writes in that round)" % (len(hist.ops), ties))
+    return m
+
+
 def main():
     tp = ch.stubs()[0]
     print("test_stream_batch: seed %d (TSR_STREAM_SEED)" % SEED)
@@ -191,7 +245,7 @@ def main():
     try:
         op0 = cl.update(b0)
         assert op0.state == tp.Operation.SUCCEEDED, op0
-        model = sm.Model(base)
+        model = same_ids(cl, tp, sm.Model(base), SEED + 7)
         # phase 1: a delta batch. It replaces base ids 0..599, deletes 600..799, creates
         # n00000.. (NEW); the writers also touch every one of those ids (and their own).
         brecs = [sm.random_rec(rng, "b%05d" % i, D, centers) for i in range(600)]
@@ -200,7 +254,8 @@ def main():
         ids = ["b%05d" % i for i in range(NBASE)] + ["n%05d" % i for i in range(0, NEW, 10)]
         pools = [ids[w::WRITERS] for w in range(WRITERS)]
         model = run_phase(cl, tp, model, brecs, bdels, root, False, SEED + 1, pools,
-                          set("b%05d" % i for i in range(600)), "p1", "delta batch")
+                          set("b%05d" % i for i in range(600)) & set(model.m), "p1",
+                          "delta batch")
         # phase 2: a complete overwrite: 750 ids that exist now and NEW new ones
         live = sorted(model.m)
         keep = [live[int(j)] for j in rng.choice(len(live), 750, replace=False)]
