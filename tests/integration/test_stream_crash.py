@@ -21,6 +21,10 @@ ever used, read through ReadIndexDatapoints:
 At the end: the replicas of group 0 agree (version, stream seq, count); each of them alone
 (its sibling killed) serves the same contents; then every process is killed -9 at once and
 restarted (log replay) and the check runs again.
+Between the rounds and the end checks, writers still streaming, the coordinator exits at each
+step of a batch update
+(staged, prepared, flipped, committed — writes queued behind the update): the batch is
+wholly there iff its operation SUCCEEDED, and the history check holds after each.
 The checker is first run on synthetic histories (a lost write, a half-applied request)
 to show it fails.
 
@@ -167,9 +171,10 @@ class Writers:
             th.join(120)
 
 
-def check(cl, tp, hist, initial, all_ids, what, settle=20.0):
+def check(cl, tp, hist, initial, all_ids, what, settle=20.0, extra=0):
     """The checker on the cluster's current contents; soft violations may settle for up to
-    `settle` seconds (a pending resend), hard ones fail at once."""
+    `settle` seconds (a pending resend), hard ones fail at once. extra: records of batch
+    updates (ids no writer touches) the index holds besides the history's."""
     t0 = time.time()
     while True:
         got = sm.read_state(cl.stub, tp, all_ids)
@@ -183,13 +188,58 @@ def check(cl, tp, hist, initial, all_ids, what, settle=20.0):
                                  % (what, settle, len(soft), "\n  ".join(soft[:10])))
         time.sleep(0.5)
     st = cl.stats()
-    assert st.vectors_count == len(resolved.m), "%s: GetIndexStats counts %d, the history " \
-        "resolves to %d ids (a duplicate or a lost record)" % (what, st.vectors_count,
-                                                              len(resolved.m))
+    assert st.vectors_count == len(resolved.m) + extra, "%s: GetIndexStats counts %d, the " \
+        "history resolves to %d ids + %d batch records (a duplicate or a lost record)" % (
+            what, st.vectors_count, len(resolved.m), extra)
     recs = list(resolved.m.values())
     sample = [recs[k] for k in range(0, len(recs), max(1, len(recs) // 150))]
     sm.check_no_duplicates(cl.stub, tp, recs, sample)
     return resolved, notes
+
+
+def crash_in_updates(cl, tp, hist, initial, base, writers, root, rng):
+    """While the writers stream, the coordinator is made to exit (_exit 137) at each step of
+    a batch update (TSR_COORD_CRASH_AT = staged | prepared | flipped | committed; streamed
+    writes queue behind the update's stream lock) and restarted. The batch adds 1000 new
+    ids and deletes the previous batch's (ids no writer touches): they must be all there iff
+    GetOperation says SUCCEEDED after the restart (flipped, committed), all absent
+    otherwise; the stream's history check runs after each. Returns the batch records the
+    index holds."""
+    held = []
+    for k, step in enumerate(["staged", "prepared", "flipped", "committed"]):
+        recs = [sm.random_rec(rng, "u%d-%04d" % (k, i), D) for i in range(1000)]
+        bdir = ch.write_batch(os.path.join(root, "u%d" % k), [sm.to_json(r) for r in recs],
+                              [r.id for r in held])
+        cl.stop_coord()
+        cl.restart_coord(env={"TSR_COORD_CRASH_AT": step})
+        cl.wait_ready(tp)
+        time.sleep(0.3)
+        op_id = cl.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=bdir),
+                                    timeout=30).operation_id
+        rc = cl.wait_exit(120)
+        assert rc == 137, (step, rc, cl.coord.text()[-3000:])
+        cl.restart_coord()
+        cl.wait_ready(tp)
+        op = cl.stub.GetOperation(tp.GetOperationRequest(operation_id=op_id), timeout=10)
+        ok = op.state == tp.Operation.SUCCEEDED
+        assert ok == (step in ("flipped", "committed")), (step, op)
+        got = sm.read_state(cl.stub, tp, [r.id for r in recs + held])
+        want = {r.id: r for r in (recs if ok else held)}
+        diff = sm.diff_states(want, got)
+        assert not diff, "update interrupted after %s (%s): batch records:\n  %s" % (
+            step, tp.Operation.State.Name(op.state), "\n  ".join(diff))
+        if ok:
+            held = recs
+        writers.hold()
+        all_ids = set(r.id for r in base) | set(i for o in hist.ops for i in o.touched())
+        _, notes = check(cl, tp, hist, initial, all_ids, "update interrupted after " + step,
+                         extra=len(held))
+        print("update interrupted after %-9s while streaming: %s, its batch %s; history %d "
+              "ops, unknown %d: checked" % (step, tp.Operation.State.Name(op.state),
+                                            "all there" if ok else "all absent",
+                                            len(hist.ops), notes["unknown_ops"]))
+        writers.resume()
+    return len(held)
 
 
 def main():
@@ -240,16 +290,18 @@ def main():
                                            notes["unknown_ops"], notes["unknown_applied"],
                                            notes["unknown_absent"]))
             writers.resume()
+        extra = crash_in_updates(cl, tp, hist, initial, base, writers, root, rng)
         writers.finish()
         assert not writers.errors, writers.errors[:5]
         all_ids = set(r.id for r in base) | set(i for o in hist.ops for i in o.touched())
         cl.wait_replicas_agree()
-        resolved, notes = check(cl, tp, hist, initial, all_ids, "end")
+        resolved, notes = check(cl, tp, hist, initial, all_ids, "end", extra=extra)
         # each replica of group 0 alone serves the same contents
         for r in range(2):
             cl.wait_coord_sees_all()
             cl.kill_shard(0, r)
-            check(cl, tp, hist, initial, all_ids, "group 0 replica %d alone" % (1 - r), 0)
+            check(cl, tp, hist, initial, all_ids, "group 0 replica %d alone" % (1 - r), 0,
+                  extra)
             cl.restart_shard(0, r)
             cl.wait_replicas_agree()
         # everything killed at once, restarted: the logs are replayed
@@ -262,7 +314,7 @@ def main():
                 cl.restart_shard(g, r)
         cl.restart_coord()
         cl.wait_ready(tp)
-        check(cl, tp, hist, initial, all_ids, "after kill -9 of every process", 0)
+        check(cl, tp, hist, initial, all_ids, "after kill -9 of every process", 0, extra)
         acked = len(hist.acked())
         print("%d rounds (kills: %s), %d writes recorded, %d acknowledged, %d unknown (%d "
               "applied, %d absent); every acknowledged write there, no unacknowledged one "
