@@ -21,10 +21,10 @@ ever used, read through ReadIndexDatapoints:
 At the end: the replicas of group 0 agree (version, stream seq, count); each of them alone
 (its sibling killed) serves the same contents; then every process is killed -9 at once and
 restarted (log replay) and the check runs again.
-Between the rounds and the end checks, writers still streaming, the coordinator exits at each
-step of a batch update
-(staged, prepared, flipped, committed — writes queued behind the update): the batch is
-wholly there iff its operation SUCCEEDED, and the history check holds after each.
+Between the rounds and the end checks, writers still streaming, the coordinator exits at
+each step of a batch update (staged, prepared, flipped, committed — writes queued behind
+the update): the batch is wholly there iff its operation SUCCEEDED, and the history check
+holds after each.
 The checker is first run on synthetic histories (a lost write, a half-applied request)
 to show it fails.
 
