@@ -8,8 +8,8 @@ their own new ids, and the ids the batch will replace, delete or create. In the 
 UpdateIndex with a batch root of JSON records commits: records replacing base ids and ids
 streamed before it, records for new ids (some of which the stream writes too), and a delete
 file naming base and streamed ids (8000 new records by default, TSR_STREAM_BATCH_NEW, so
-that the update lasts long enough for streamed writes to queue behind it). Every streamed call must be OK (writes wait through an
-update, they are not refused).
+that the update lasts long enough for streamed writes to queue behind it). Every streamed
+call must be OK (writes wait through an update, they are not refused).
 
 The model: the acknowledged stream writes in stream_seq order, the batch applied between
 the last write answered with the old version and the first answered with the new one (the
@@ -40,7 +40,8 @@ D = 16
 NBASE = 2000
 WRITERS = 4
 SAN = "san-" in os.path.basename(os.path.dirname(os.path.abspath(ch.BIN)))
-NEW = int(os.environ.get("TSR_STREAM_BATCH_NEW", 2000 if SAN else 8000))  # new ids in the delta batch
+# new ids in each batch
+NEW = int(os.environ.get("TSR_STREAM_BATCH_NEW", 2000 if SAN else 8000))
 SEED = int(os.environ.get("TSR_STREAM_SEED", int(time.time()) % 100000))
 
 
@@ -250,7 +251,8 @@ def main():
         # n00000.. (NEW); the writers also touch every one of those ids (and their own).
         brecs = [sm.random_rec(rng, "b%05d" % i, D, centers) for i in range(600)]
         brecs += [sm.random_rec(rng, "n%05d" % i, D, centers) for i in range(NEW)]
-        bdels = ["b%05d" % i for i in range(600, 800)] + ["p1w0-%05d" % i for i in range(0, 40, 3)]
+        bdels = ["b%05d" % i for i in range(600, 800)] + \
+            ["p1w0-%05d" % i for i in range(0, 40, 3)]
         ids = ["b%05d" % i for i in range(NBASE)] + ["n%05d" % i for i in range(0, NEW, 10)]
         pools = [ids[w::WRITERS] for w in range(WRITERS)]
         model = run_phase(cl, tp, model, brecs, bdels, root, False, SEED + 1, pools,
