@@ -65,7 +65,13 @@ void tsr__scan8_avx2(const float *T, size_t M, const uint8_t *codes, size_t n,
  * low nibble stays L. The slices are stored as differences D_h = T_h - T_{h+1} (mod 256;
  * D_7 = T_7, D_15 = T_15; tsr__filter8_prep_avx2), so the bytes of the contributing slices
  * telescope to T_H[L] exactly: 16 VPSHUFB + 14 saturating adds + 16 byte adds per 32
- * lookups, no loads but one broadcast per slice, all on the vector ports. */
+ * lookups, no loads but one broadcast per slice, all on the vector ports. The byte sums
+ * are widened to 16-bit lanes per sub-quantizer (at most 256 * 255 = 65280).
+ * Measured (Zen 3, M = 64, blocks in cache, thread CPU time): 11.6 ns per code, against
+ * 26 for the scalar float scan, 33 for the scalar filter and 58 for the AVX2 gather
+ * scan. Not kept: widening pairs of sub-quantizers with VPMADDUBSW (12.1-14.3 ns), and an
+ * early exit when all 64 partial bounds are already over the limit (checked every 8 or
+ * 16 sub-quantizers: slower on the bench, a whole block is rarely out early). */
 
 void tsr__filter8_prep_avx2(uint8_t *Tq, size_t M)
 {
@@ -107,9 +113,9 @@ static inline uint64_t bound_mask(__m256i e0, __m256i o0, __m256i e1, __m256i o1
     return n == 64 ? mask : mask & (((uint64_t)1 << n) - 1);
 }
 
-/* Sub-quantizers between two checks that the whole block is already out (the bound only
- * grows with more sub-quantizers: the mask is then 0 whatever the rest adds). */
-#define FILTER_CHECK 16
+/* Keeps the sums a chain in this order: without it GCC reassociates the byte additions
+ * into a tree of 32 live vectors and spills most of them to the stack. */
+#define PIN(a, b) __asm__("" : "+x"(a), "+x"(b))
 
 uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size_t n,
                            const float *term, float base, float qmin, float delta, float lim,
@@ -144,6 +150,7 @@ uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size
         r1 = _mm256_add_epi8(r1, _mm256_shuffle_epi8(sa, _mm256_adds_epu8(x1, up)));         \
         r0 = _mm256_add_epi8(r0, _mm256_shuffle_epi8(sb, _mm256_adds_epu8(y0, up)));         \
         r1 = _mm256_add_epi8(r1, _mm256_shuffle_epi8(sb, _mm256_adds_epu8(y1, up)));         \
+        PIN(r0, r1);                                                                         \
     } while (0)
         TSR__SLICE(0);
         TSR__SLICE(1);
@@ -157,9 +164,6 @@ uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size
         o0 = _mm256_add_epi16(o0, _mm256_srli_epi16(r0, 8));
         e1 = _mm256_add_epi16(e1, _mm256_and_si256(r1, lo8));
         o1 = _mm256_add_epi16(o1, _mm256_srli_epi16(r1, 8));
-        if (lb == NULL && (m + 1) % FILTER_CHECK == 0 && m + 1 < M &&
-            bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, NULL) == 0)
-            return 0;
     }
     if (lb != NULL && n < TSR__FBLOCK) {
         uint64_t mask = bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lpad);

@@ -7,7 +7,7 @@
  * return the same masks and bit-identical bounds for every block length, with and without
  * terms, for limits around the bounds; the AVX2 kernel for every M from 1 to 256, ragged
  * blocks, extreme tables (all 0, all 255: the largest 16-bit sums) and the code bytes at
- * the edges of its nibble slices, with and without its early exit (lb NULL). The run-time
+ * the edges of its nibble slices, with and without bounds (lb NULL). The run-time
  * choice of the kernel (tsr__filter8_choose) follows the CPU and TSR_SIMD /
  * TSR_SEARCH_FILTER. The search-level tests (filter on / off / scalar / AVX2, identical
  * results) are in test_ivfpq_search.c and test_shard_prefilter.c.
@@ -242,7 +242,7 @@ static void test_filter_nan(void **st)
     if (tsr__filter8_avx2_supported()) {
         assert_true(filter_avx2(Tq, M, blk, 3, term, 0.0f, 0.0f, 1.0f, 50.0f, NULL) == 3);
         assert_true(filter_avx2(Tq, M, blk, 3, term, 0.0f, 0.0f, 1.0f, NAN, NULL) == 7);
-        /* -inf drops all but the NaN bound, also through the early exit (M >= 16) */
+        /* -inf drops all but the NaN bound (M = 32) */
         uint8_t Tq2[32 * 256], blk2[32 * TSR__FBLOCK];
         memset(Tq2, 1, sizeof Tq2);
         memset(blk2, 0, sizeof blk2);
@@ -255,7 +255,7 @@ static void test_filter_nan(void **st)
 
 /* Scalar vs AVX2 for every M the prefilter takes (1..256), ragged blocks, random and
  * extreme tables, code bytes at the slice edges, limits at / just under / between the
- * bounds, +-inf and NaN, with and without terms and bounds (lb NULL takes the early exit).
+ * bounds, +-inf and NaN, with and without terms and bounds (lb NULL).
  * Also the AVX-512 VBMI kernel where the CPU has it. */
 static void test_filter_avx2_all_m(void **st)
 {
@@ -307,7 +307,7 @@ static void test_filter_avx2_all_m(void **st)
                 hi = lb0[i] > hi ? lb0[i] : hi;
             }
             lims[6] = lo + (hi - lo) * 0.1f;
-            lims[7] = nextafterf(lo, -INFINITY); /* all out: the early exit */
+            lims[7] = nextafterf(lo, -INFINITY); /* all out */
             for (size_t li = 0; li < 8; li++) {
                 uint64_t want = tsr__filter8_scalar(Tq, M, blk, n, tp, base, qmin, delta,
                                                     lims[li], lb0);
