@@ -5,7 +5,7 @@
 # Run after `make fuzz-build`; then commit the corpus folders.
 set -eu
 cd "$(dirname "$0")/../.."
-for n in fuzz_shard_rpc fuzz_shard_wal fuzz_coord_rpc fuzz_coord_stream_log fuzz_etcd_response; do
+for n in fuzz_shard_rpc fuzz_shard_wal fuzz_etcd_response; do  # the coordinator's: gen_seeds_coord.py
   mkdir -p "tests/fuzz/corpus/$n"
   TSR_FUZZ_SEEDS="tests/fuzz/corpus/$n" "build/fuzz/$n" -runs=0 >/dev/null 2>&1 || true
   echo "$n: $(ls "tests/fuzz/corpus/$n" | wc -l) inputs"
