@@ -185,14 +185,14 @@ class Coord(ch.Api):
         self.data = os.path.join(cl.root, "coordinator-%d" % i)
         self.proc = None
 
-    def start(self, extra=()):
+    def start(self, extra=(), env=None):
         import grpc
         argv = [os.path.join(self.cl.bin, "tessera-coordinator"), "--listen", self.target,
                 "--data", self.data, "--config", self.cl.config,
                 "--etcd", self.cl.etcd.endpoints, "--etcd-prefix", self.cl.prefix,
                 "--etcd-ttl", str(self.cl.ttl), "--advertise", self.target]
         argv += ch.batch_allow_args(self.cl.root) + list(self.cl.coord_extra) + list(extra)
-        self.proc = sh.LoggedProc(argv)
+        self.proc = sh.LoggedProc(argv, env)
         if self.proc.port is None:
             self.proc.proc.kill()
             raise AssertionError("coordinator-%d did not start with --etcd:\n%s"
