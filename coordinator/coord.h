@@ -23,13 +23,19 @@
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
  *                all-replica fan-outs; the coordinator's /metrics collector
+ *   meta.c       the metadata backend: local folder or etcd (PREFIX/version, the version's
+ *                files in chunks); the commit point of an update with --etcd (meta.h)
+ *   leader.c     with --etcd: lease, member key, election of the leader, stepping down,
+ *                following PREFIX/version (followers move their snapshot)
  *   main.c       command line, server, signals
  *
  * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
- * fails on a loop): config, oplog, state, stream_log call no other file of the folder;
+ * fails on a loop): config, meta, oplog, state, stream_log call no other file of the folder;
+ * leader -> meta, state, stream;
  * replica -> state; stream -> replica, state, stream_log, update_plan; reconcile ->
- * replica, state, stream; query -> config, replica, state, stream; update_plan ->
- * config, state; update -> oplog, reconcile, replica, state, stream, update_plan;
+ * replica, state, stream; query -> config, leader, replica, state, stream; update_plan ->
+ * config, state; update -> leader, meta, oplog, reconcile, replica, state, stream,
+ * update_plan;
  * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state,
  * stream, vertex;
  * main -> all of them, and nothing calls main.c. Everything but main.c is
@@ -62,6 +68,7 @@
 #include "batch/batch.h"
 #include "core/error.h"
 #include "index/ivfpq.h"
+#include "net/etcd.h"
 #include "net/rpc.h"
 #include "store/store.h"
 #include "tessera/v1/shard.pb-c.h"
@@ -298,6 +305,20 @@ typedef struct tsr__stream {
     pthread_t thread;
 } tsr__stream;
 
+/* ---- leader.c: the election on etcd (docs/coordinator.md "Leader") ------------------- */
+typedef struct tsr__lead {
+    const char *advertise;      /* borrowed (main): how clients and peers reach this one */
+    int ttl_s;                  /* --etcd-ttl */
+    atomic_int leading;         /* 1 while this coordinator holds the leader key */
+    atomic_llong term;          /* the leader key's create revision while leading, else 0 */
+    atomic_llong lease;         /* our lease (0: none) */
+    pthread_mutex_t mu;         /* addr, cv */
+    char addr[256];             /* under mu: the leader's advertise address ("" = none) */
+    pthread_cond_t cv;          /* CLOCK_MONOTONIC: the thread's sleep; stop wakes it */
+    int stop, live;             /* under mu */
+    pthread_t thread;
+} tsr__lead;
+
 /* ---- the coordinator --------------------------------------------------------------- */
 typedef struct tsr__coord {
     tsr__coord_config cfg;
@@ -344,9 +365,37 @@ typedef struct tsr__coord {
     atomic_llong queries, shards_touched, lists_probed;
 
     tsr__stream st;             /* streamed writes (stream.c) */
+
+    /* --etcd (meta.h, leader.c): NULL = the local folder backend, always the leader */
+    struct tsr__meta *meta;     /* owned */
+    tsr__lead lead;
 } tsr__coord;
 
 tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unrefs */
+/* state.c: 0 when this coordinator may write (no --etcd, or it is the leader); else the
+ * write is refused on r with UNAVAILABLE "not the leader: the leader is ADDR" (or "no
+ * leader elected yet") and trailing metadata tessera-leader, and a negative code returned. */
+int tsr__coord_refuse_follower(tsr__coord *c, tsr_rpc_reply *r);
+/* state.c: 1 when this coordinator runs updates, reconcile and writes. */
+int tsr__coord_leading(tsr__coord *c);
+
+/* leader.c: with --etcd, the thread that keeps our lease and member key, campaigns for
+ * PREFIX/leader, steps down when the lease is lost (or not renewed within ttl - margin by
+ * our own clock), and moves the served snapshot when PREFIX/version changes (followers;
+ * a new leader first). start: 0 or a TSR code; stop revokes the lease (leadership passes
+ * at once). Both are no-ops without --etcd. */
+int tsr__leader_start(tsr__coord *c);
+void tsr__leader_stop(tsr__coord *c);
+/* The compares that fence the commit transaction (leader key's create revision == our
+ * term, its lease == ours) into cmp (2 entries); returns how many (0 without --etcd). */
+size_t tsr__leader_fence(tsr__coord *c, tsr_etcd_cmp *cmp);
+/* Steps down at once (a fenced commit failed: another leader exists); why is logged. */
+void tsr__leader_lost(tsr__coord *c, const char *why);
+/* The live coordinators (PREFIX/members/<addr>) into *addrs (caller frees each and the
+ * array), *n; the leader's address into leader (cap bytes, "" = none). */
+int tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap,
+                        tsr_error *err);
+
 void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference */
 
 /* update.c: starts the update of batch_root (confined by --batch-root-allow) on its

@@ -371,7 +371,8 @@ static void *rec_main(void *p)
         int64_t rel_at = c->release_at_ms;
         uint64_t below = c->release_below;
         pthread_mutex_unlock(&c->rec_mu);
-        if (pthread_mutex_trylock(&c->update_mu) == 0) {
+        /* followers leave the shards to the leader (leader.c) */
+        if (tsr__coord_leading(c) && pthread_mutex_trylock(&c->update_mu) == 0) {
             off = tsr__coord_reconcile_once(c);
             if (rel_at && tsr_clock_mono_ms() >= rel_at) {
                 release_all(c, (int64_t)below);

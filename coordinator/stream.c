@@ -254,7 +254,9 @@ static tsr__snap *precheck(tsr__coord *c, size_t n, const char *what, tsr_rpc_re
 int tsr__coord_stream_upsert(tsr__coord *c, const Tessera__V1__UpsertDatapointsRequest *rq,
                              Tessera__V1__UpsertDatapointsResponse *resp, tsr_rpc_reply *r)
 {
-    int rc = 0;
+    int rc = tsr__coord_refuse_follower(c, r);
+    if (rc)
+        return rc;
     tsr__snap *sn = precheck(c, rq->n_datapoints, "datapoints", r, &rc);
     if (!sn)
         return rc;
@@ -280,7 +282,9 @@ int tsr__coord_stream_upsert(tsr__coord *c, const Tessera__V1__UpsertDatapointsR
 int tsr__coord_stream_remove(tsr__coord *c, const Tessera__V1__RemoveDatapointsRequest *rq,
                              Tessera__V1__RemoveDatapointsResponse *resp, tsr_rpc_reply *r)
 {
-    int rc = 0;
+    int rc = tsr__coord_refuse_follower(c, r);
+    if (rc)
+        return rc;
     tsr__snap *sn = precheck(c, rq->n_datapoint_ids, "datapoint_ids", r, &rc);
     if (!sn)
         return rc;

@@ -31,6 +31,7 @@
 
 #include "batch/batch.h"
 #include "coord.h"
+#include "meta.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
@@ -568,10 +569,24 @@ static int upd_flip(upd *u, tsr_error *err)
 {
     tsr__coord *c = u->c;
     int rc;
+    tsr_etcd_cmp lead[2];
+    size_t nlead = tsr__leader_fence(c, lead);
     if ((rc = tsr__snap_save(u->p.ns, c->store, err)) ||
-        (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label, err)) ||
-        (rc = tsr_store_set_current(c->store, (uint64_t)u->newv, err)))
+        (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label, err)))
         return rc;
+    if (c->meta) { /* the commit point is the etcd transaction; CURRENT is a cache */
+        if ((rc = tsr__meta_commit(c->meta, c->store, (uint64_t)u->newv, lead, nlead, err))) {
+            if (rc == TSR_ESTATE)
+                tsr__leader_lost(c, err->msg);
+            return rc;
+        }
+        tsr_error e2 = TSR_ERROR_INIT;
+        if (tsr_store_set_current(c->store, (uint64_t)u->newv, &e2))
+            tsr_warn("update %s: committed version %lld in etcd but the local cache's "
+                     "CURRENT was not flipped: %s", u->op->id, (long long)u->newv, e2.msg);
+    } else if ((rc = tsr_store_set_current(c->store, (uint64_t)u->newv, err))) {
+        return rc;
+    }
     u->staged_any = 0;
     tsr__coord_crash_point("flipped");
     for (size_t k = 0; k < c->nrep; k++)
@@ -752,6 +767,9 @@ static void op_start(tsr__coord *c, const char *batch_root, char *root, const ch
 int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
                             int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r)
 {
+    int rc = tsr__coord_refuse_follower(c, r);
+    if (rc)
+        return rc;
     if (!batch_root || !batch_root[0])
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "batch_root is empty");
     if (max_invalid < 0)
@@ -759,7 +777,7 @@ int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite
                                    "negative", max_invalid);
     char *root = NULL;
     const char *within = NULL;
-    int rc = confine_root(c, batch_root, &root, &within, r);
+    rc = confine_root(c, batch_root, &root, &within, r);
     if (rc)
         return rc;
     pthread_mutex_lock(&c->op_mu);
@@ -836,7 +854,7 @@ static void fold_maybe(tsr__coord *c, int64_t *next_at, int64_t *backoff, uint64
     tsr__snap *sn = tsr__coord_snap_get(c);
     uint64_t v = sn->version;
     tsr__snap_unref(sn);
-    if (!tsr__stream_fold_due(c) || tsr_clock_mono_ms() < *next_at)
+    if (!tsr__coord_leading(c) || !tsr__stream_fold_due(c) || tsr_clock_mono_ms() < *next_at)
         return;
     pthread_mutex_lock(&c->op_mu);
     if (!c->busy && !c->closing) {

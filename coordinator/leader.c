@@ -1,0 +1,252 @@
+/*
+ * leader — with --etcd, several coordinators serve one index and exactly one of them, the
+ * leader, runs updates, reconcile, the fold and streamed writes (docs/coordinator.md
+ * "Leader, followers, failover").
+ *
+ * One thread per coordinator, waking every ttl/3 (at least 200 ms):
+ *   - lease: granted with --etcd-ttl, renewed each wake-up; PREFIX/members/<advertise> is
+ *     attached to it (the live coordinators GetIndexStats lists). A lease that etcd says is
+ *     gone (expired or revoked) is replaced by a new one.
+ *   - election: a coordinator with a lease and no leadership creates PREFIX/leader =
+ *     advertise address, attached to its lease, in a transaction conditional on the key's
+ *     absence (create revision 0). Success: the key's create revision is our TERM. Else the
+ *     key names the leader, which write refusals quote.
+ *   - stepping down: the leader re-reads the key each wake-up and steps down when it is not
+ *     its own any more; it also steps down by its own clock when no renewal succeeded for
+ *     ttl minus a margin (max(1 s, ttl/5)), before etcd can expire the lease and let another
+ *     coordinator win (a leader cut off from etcd stops acting before its successor starts).
+ *     A fenced commit that fails (update.c) steps down at once too.
+ *   - following: when PREFIX/version names a newer version than the served one (a follower,
+ *     or a coordinator that just won and must start from the committed version), the version
+ *     is fetched (meta.c: from the local cache or etcd), loaded and published (stream.c) —
+ *     queries never touch etcd, they read the snapshot this thread moves.
+ * A new leader thereby settles an interrupted update by the committed version in etcd:
+ * it serves that version, and reconcile (which runs on the leader only) aborts what shards
+ * staged or prepared above it and commits it where it is prepared.
+ *
+ * Threads: the thread is the only writer of leading/term/lease; others read them atomically.
+ * addr and stop are under lead.mu. Calls: meta, state, stream (tsr__stream_lock is taken
+ * to publish; no other lock of coord.h is held with it here).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "meta.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/mem.h"
+
+static int64_t period_ms(const tsr__coord *c)
+{
+    int64_t p = (int64_t)c->lead.ttl_s * 1000 / 3;
+    return p < 200 ? 200 : p;
+}
+
+static int64_t margin_ms(const tsr__coord *c)
+{
+    int64_t m = (int64_t)c->lead.ttl_s * 1000 / 5;
+    return m < 1000 ? 1000 : m;
+}
+
+static void set_addr(tsr__coord *c, const char *a)
+{
+    pthread_mutex_lock(&c->lead.mu);
+    snprintf(c->lead.addr, sizeof c->lead.addr, "%s", a);
+    pthread_mutex_unlock(&c->lead.mu);
+}
+
+void tsr__leader_lost(tsr__coord *c, const char *why)
+{
+    if (!c->meta || !atomic_exchange(&c->lead.leading, 0))
+        return;
+    atomic_store(&c->lead.term, 0);
+    set_addr(c, "");
+    tsr_warn("leader: stepping down (%s)", why);
+}
+
+size_t tsr__leader_fence(tsr__coord *c, tsr_etcd_cmp *cmp)
+{
+    if (!c->meta)
+        return 0;
+    static __thread char key[300];
+    tsr__meta_key(c->meta, "/leader", key, sizeof key);
+    cmp[0] = (tsr_etcd_cmp){key, TSR_ETCD_CREATE_REV, atomic_load(&c->lead.term), NULL, 0};
+    cmp[1] = (tsr_etcd_cmp){key, TSR_ETCD_LEASE, atomic_load(&c->lead.lease), NULL, 0};
+    return 2;
+}
+
+/* Moves the served snapshot to the version etcd holds when it is newer. */
+static void follow(tsr__coord *c)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    uint64_t v = 0;
+    int64_t rev = 0;
+    if (tsr__meta_read_version(c->meta, &v, &rev, &err))
+        return; /* etcd unreachable: keep serving what we have */
+    tsr__snap *cur = tsr__coord_snap_get(c);
+    uint64_t served = cur->version;
+    tsr__snap_unref(cur);
+    if (v <= served)
+        return;
+    tsr__snap *ns = NULL;
+    if (tsr__meta_sync(c->meta, c->store, &v, &err) || tsr__snap_load(c->store, v, &ns, &err)) {
+        tsr_error_log("leader: cannot load version %" PRIu64 " from etcd: %s", v, err.msg);
+        return;
+    }
+    tsr__stream_lock(c);
+    if (tsr__stream_version_begin(c, v, ns->next_label, &err))
+        tsr_warn("leader: version %" PRIu64 ": the stream log: %s", v, err.msg);
+    tsr__stream_publish(c, ns);
+    tsr__stream_unlock(c);
+    tsr_info("now serving version %" PRIu64 " (committed in etcd)", v);
+}
+
+/* The lease: granted when missing, else renewed; members key put with a new one. */
+static void keep_lease(tsr__coord *c, int64_t *ok_at)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    int64_t lease = atomic_load(&c->lead.lease), ttl = 0;
+    if (lease) {
+        int rc = tsr_etcd_lease_keepalive(c->meta->etcd, lease, &ttl, &err);
+        if (rc == 0) {
+            *ok_at = tsr_clock_mono_ms();
+            return;
+        }
+        if (rc != TSR_ENOTFOUND) {
+            if (atomic_load(&c->lead.leading) && tsr_clock_mono_ms() - *ok_at >
+                (int64_t)c->lead.ttl_s * 1000 - margin_ms(c))
+                tsr__leader_lost(c, "etcd did not renew the lease in time");
+            return;
+        }
+        tsr__leader_lost(c, "the lease expired");
+        atomic_store(&c->lead.lease, 0);
+    }
+    int64_t granted = 0;
+    int64_t t0 = tsr_clock_mono_ms();
+    if (tsr_etcd_lease_grant(c->meta->etcd, c->lead.ttl_s, &lease, &granted, &err))
+        return;
+    char key[600];
+    tsr__meta_key(c->meta, "/members/", key, 300);
+    strncat(key, c->lead.advertise, sizeof key - strlen(key) - 1);
+    if (tsr_etcd_put(c->meta->etcd, key, c->lead.advertise, strlen(c->lead.advertise), lease,
+                     NULL, &err))
+        tsr_warn("leader: %s: %s", key, err.msg);
+    atomic_store(&c->lead.lease, lease);
+    *ok_at = t0;
+}
+
+/* Campaigns (no leadership) or checks the leader key is still ours (leadership). */
+static void campaign(tsr__coord *c)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    char key[300];
+    tsr__meta_key(c->meta, "/leader", key, sizeof key);
+    int64_t lease = atomic_load(&c->lead.lease);
+    if (!atomic_load(&c->lead.leading) && lease) {
+        const char *a = c->lead.advertise;
+        tsr_etcd_cmp cmp = {key, TSR_ETCD_CREATE_REV, 0, NULL, 0};
+        tsr_etcd_op op = {0, key, a, strlen(a), lease};
+        int ok = 0;
+        int64_t rev = 0;
+        if (tsr_etcd_txn(c->meta->etcd, &cmp, 1, &op, 1, &ok, &rev, &err) == 0 && ok) {
+            follow(c); /* start from the committed version, then act */
+            atomic_store(&c->lead.term, rev);
+            set_addr(c, a);
+            atomic_store(&c->lead.leading, 1);
+            tsr_info("leader: elected (term %lld)", (long long)rev);
+            pthread_cond_broadcast(&c->rec_cv); /* reconcile: settle the shards now */
+            return;
+        }
+    }
+    tsr_etcd_kv kv;
+    int rc = tsr_etcd_get(c->meta->etcd, key, &kv, NULL, &err);
+    if (rc == 0) {
+        if (atomic_load(&c->lead.leading) && kv.create_rev != atomic_load(&c->lead.term))
+            tsr__leader_lost(c, "the leader key is not ours any more");
+        if (!atomic_load(&c->lead.leading))
+            set_addr(c, (const char *)kv.value);
+        tsr_etcd_kvs_free(&kv, 1);
+    } else if (rc == TSR_ENOTFOUND) {
+        tsr__leader_lost(c, "the leader key is gone");
+        set_addr(c, "");
+    }
+}
+
+static void *lead_main(void *p)
+{
+    tsr__coord *c = p;
+    int64_t ok_at = tsr_clock_mono_ms();
+    for (;;) {
+        keep_lease(c, &ok_at);
+        campaign(c);
+        if (!atomic_load(&c->lead.leading))
+            follow(c);
+        pthread_mutex_lock(&c->lead.mu);
+        if (!c->lead.stop) {
+            struct timespec ts = tsr_clock_mono_timespec(period_ms(c));
+            pthread_cond_timedwait(&c->lead.cv, &c->lead.mu, &ts);
+        }
+        int stop = c->lead.stop;
+        pthread_mutex_unlock(&c->lead.mu);
+        if (stop)
+            break;
+    }
+    return NULL;
+}
+
+int tsr__leader_start(tsr__coord *c)
+{
+    if (!c->meta)
+        return 0;
+    pthread_mutex_lock(&c->lead.mu);
+    int rc = pthread_create(&c->lead.thread, NULL, lead_main, c);
+    c->lead.live = rc == 0;
+    pthread_mutex_unlock(&c->lead.mu);
+    return rc ? TSR_EINTERNAL : 0;
+}
+
+void tsr__leader_stop(tsr__coord *c)
+{
+    if (!c->meta)
+        return;
+    pthread_mutex_lock(&c->lead.mu);
+    c->lead.stop = 1;
+    pthread_cond_broadcast(&c->lead.cv);
+    int live = c->lead.live;
+    pthread_mutex_unlock(&c->lead.mu);
+    if (live)
+        pthread_join(c->lead.thread, NULL);
+    atomic_store(&c->lead.leading, 0);
+    int64_t lease = atomic_exchange(&c->lead.lease, 0);
+    tsr_error err = TSR_ERROR_INIT;
+    if (lease && tsr_etcd_lease_revoke(c->meta->etcd, lease, &err) == 0)
+        tsr_info("leader: lease revoked (leadership and membership released)");
+}
+
+int tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap,
+                        tsr_error *err)
+{
+    *addrs = NULL;
+    *n = 0;
+    pthread_mutex_lock(&c->lead.mu);
+    snprintf(leader, cap, "%s", c->meta ? c->lead.addr : "");
+    pthread_mutex_unlock(&c->lead.mu);
+    if (!c->meta)
+        return 0;
+    char pre[320];
+    tsr__meta_key(c->meta, "/members/", pre, sizeof pre);
+    tsr_etcd_kv *kvs = NULL;
+    size_t m = 0;
+    int rc = tsr_etcd_get_prefix(c->meta->etcd, pre, 64, &kvs, &m, NULL, err);
+    if (rc)
+        return rc;
+    *addrs = tsr_xcalloc(m + 1, sizeof **addrs);
+    for (size_t i = 0; i < m; i++)
+        (*addrs)[i] = tsr_xstrdup((const char *)kvs[i].value);
+    *n = m;
+    tsr_etcd_kvs_free(kvs, m);
+    return 0;
+}

@@ -1,0 +1,247 @@
+"""The coordinator's etcd backend and election (issue 16; docs/coordinator.md "Metadata
+backends", "Leader, followers, failover"), with a real etcd (/usr/bin/etcd) and real
+coordinators and shards on loopback.
+
+1. Empty --data (acceptance 6): a coordinator with --etcd loads an index and is killed -9;
+   a new coordinator with an EMPTY --data folder and the same --etcd answers the same
+   FindNeighbors and ReadIndexDatapoints (the version's files come from etcd), and, once
+   the dead one's lease expired, it is the leader and the next UpdateIndex succeeds.
+2. Two coordinators on one etcd: exactly one leader; the follower answers queries,
+   refuses UpdateIndex and UpsertDatapoints with UNAVAILABLE naming the leader, and moves
+   to the version the leader commits; GetIndexStats lists both and the leader; kill -9 of
+   the leader -> the follower is the leader within TTL + 1 s (measured, printed) and its
+   UpdateIndex succeeds; every shard ends on the version etcd holds.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import coord_harness as ch  # noqa: E402
+import shard_harness as sh  # noqa: E402
+
+D = 16
+TTL = 2
+ETCD = os.environ.get("TSR_ETCD_BIN", "/usr/bin/etcd")
+
+
+class Etcd:
+    """A one-member etcd on free loopback ports in a temp dir; stop() kills it."""
+
+    def __init__(self):
+        self.dir = sh.tmpdir("tsr-etcd-")
+        cport, pport = sh.free_port(), sh.free_port()
+        curl, purl = "http://127.0.0.1:%d" % cport, "http://127.0.0.1:%d" % pport
+        self.endpoints = "127.0.0.1:%d" % cport
+        self.proc = subprocess.Popen(
+            [ETCD, "--name", "m0", "--data-dir", os.path.join(self.dir, "m0"),
+             "--listen-client-urls", curl, "--advertise-client-urls", curl,
+             "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+             "--initial-cluster", "m0=" + purl, "--initial-cluster-state", "new",
+             "--heartbeat-interval", "50", "--election-timeout", "500"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import socket
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", cport), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("etcd did not start")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def coord(cl, data, etcd, prefix, extra=()):
+    """Another coordinator in front of cl's shards with its own data folder."""
+    argv = [os.path.join(cl.bin, "tessera-coordinator"), "--listen", "127.0.0.1:0",
+            "--data", data, "--config", cl.config, "--etcd", etcd.endpoints,
+            "--etcd-prefix", prefix, "--etcd-ttl", str(TTL)]
+    argv += ch.batch_allow_args(cl.root) + list(extra)
+    p = ch.Proc(argv)
+    if p.port is None:
+        p.proc.kill()
+        raise RuntimeError("coordinator did not start:\n" + p.text())
+    tp, tpg, _, _ = ch.stubs()
+    p.target = "127.0.0.1:%d" % p.port
+    p.channel = grpc.insecure_channel(p.target)
+    p.stub = tpg.VectorSearchStub(p.channel)
+    return p
+
+
+def stop(p, sig=signal.SIGTERM):
+    p.channel.close()
+    if p.proc.poll() is None:
+        p.proc.send_signal(sig)
+    rc = p.proc.wait(30)
+    text = p.text()
+    if sig != signal.SIGKILL:
+        assert "ERROR: AddressSanitizer" not in text and "runtime error:" not in text, text
+        assert rc == 0, "coordinator exit code %s:\n%s" % (rc, text)
+
+
+def answers(tp, stub, x, ids):
+    res = []
+    for i in range(0, len(x), 97):
+        r = stub.FindNeighbors(tp.FindNeighborsRequest(queries=[ch.query(tp, x[i], k=10)]),
+                               timeout=20)
+        res.append([(n.datapoint.datapoint_id, round(n.distance, 4))
+                    for n in r.nearest_neighbors[0].neighbors])
+    rd = stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=ids), timeout=20)
+    res.append([(d.datapoint_id, tuple(round(v, 5) for v in d.feature_vector))
+                for d in rd.datapoints])
+    return res
+
+
+def update(tp, stub, root, timeout=120):
+    r = stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=root), timeout=30)
+    t0 = time.time()
+    while True:
+        op = stub.GetOperation(tp.GetOperationRequest(operation_id=r.operation_id), timeout=10)
+        if op.state in (tp.Operation.SUCCEEDED, tp.Operation.FAILED, tp.Operation.REJECTED):
+            return op
+        assert time.time() - t0 < timeout, op
+        time.sleep(0.05)
+
+
+def wait_leader(tp, stub, want, timeout):
+    """Polls GetIndexStats until it names `want` as leader; returns the seconds waited."""
+    t0 = time.time()
+    while True:
+        st = stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10)
+        if st.leader == want:
+            return time.time() - t0
+        assert time.time() - t0 < timeout, "leader %r, want %r" % (st.leader, want)
+        time.sleep(0.05)
+
+
+def shard_versions(cl):
+    _, _, sp, _ = ch.stubs()
+    return [s.stub.Stats(sp.ShardStatsRequest(), timeout=10).current_version
+            for s in cl.shards]
+
+
+def test_empty_data(etcd, x, b0, b1):
+    tp = ch.stubs()[0]
+    prefix = "/tessera/t-empty"
+    cl = ch.Cluster(nshards=2, dims=D, config={"nlist": 16, "pq_m": 4},
+                    coord_extra=["--etcd", etcd.endpoints, "--etcd-prefix", prefix,
+                                 "--etcd-ttl", str(TTL)])
+    try:
+        wait_leader(tp, cl.stub, cl.target, 10)
+        op = update(tp, cl.stub, b0)
+        assert op.state == tp.Operation.SUCCEEDED, op
+        ids = ["x%05d" % i for i in range(0, 2000, 131)] + ["nope"]
+        before = answers(tp, cl.stub, x, ids)
+        cl.stop_coord(signal.SIGKILL)
+        data = os.path.join(cl.root, "coordinator")
+        shutil.rmtree(data)
+        os.makedirs(data)
+        cl.start(extra_args=["--etcd", etcd.endpoints, "--etcd-prefix", prefix,
+                             "--etcd-ttl", str(TTL)])
+        assert cl.stats().version == 1, cl.coord.text()
+        after = answers(tp, cl.stub, x, ids)
+        assert after == before, "answers differ after a restart with an empty --data"
+        assert "loaded into the cache" in cl.coord.text(), cl.coord.text()
+        # the killed coordinator's lease still holds the leader key for up to TTL
+        wait_leader(tp, cl.stub, cl.target, TTL + 5)
+        op = update(tp, cl.stub, b1)
+        assert op.state == tp.Operation.SUCCEEDED and op.version == 2, op
+        t0 = time.time()
+        while shard_versions(cl) != [2, 2]:
+            assert time.time() - t0 < 20, shard_versions(cl)
+            time.sleep(0.1)
+        print("empty --data: same %d answers from etcd and the shards; update -> v2" %
+              len(before))
+    finally:
+        cl.stop()
+
+
+def test_two_coordinators(etcd, x, b0, b1, b2):
+    tp = ch.stubs()[0]
+    prefix = "/tessera/t-two"
+    cl = ch.Cluster(nshards=2, dims=D, config={"nlist": 16, "pq_m": 4},
+                    coord_extra=["--etcd", etcd.endpoints, "--etcd-prefix", prefix,
+                                 "--etcd-ttl", str(TTL)])
+    b = None
+    try:
+        wait_leader(tp, cl.stub, cl.target, 10)
+        b = coord(cl, os.path.join(cl.root, "coord-b"), etcd, prefix)
+        wait_leader(tp, b.stub, cl.target, 10)  # b is a follower naming a
+        st = b.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10)
+        assert sorted(st.coordinators) == sorted([cl.target, b.target]), st
+        try:
+            b.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=b0), timeout=10)
+            raise AssertionError("a follower accepted UpdateIndex")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+            assert e.details() == "not the leader: the leader is " + cl.target, e.details()
+        try:
+            dp = tp.IndexDatapoint(datapoint_id="s1", feature_vector=[0.0] * D)
+            b.stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=[dp]), timeout=10)
+            raise AssertionError("a follower accepted UpsertDatapoints")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+            assert cl.target in e.details(), e.details()
+        op = update(tp, cl.stub, b0)
+        assert op.state == tp.Operation.SUCCEEDED, op
+        t0 = time.time()
+        while b.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10).version != 1:
+            assert time.time() - t0 < 10, b.text()
+            time.sleep(0.05)
+        ids = ["x%05d" % i for i in range(0, 2000, 173)]
+        assert answers(tp, b.stub, x, ids) == answers(tp, cl.stub, x, ids)
+        op = update(tp, cl.stub, b1)
+        assert op.state == tp.Operation.SUCCEEDED and op.version == 2, op
+        # kill -9 of the leader: b takes over when the lease expires
+        cl.stop_coord(signal.SIGKILL)
+        t_kill = time.time()
+        took = wait_leader(tp, b.stub, b.target, TTL + 10)
+        took = time.time() - t_kill
+        assert took <= TTL + 1.5, "failover took %.2f s (TTL %d s)" % (took, TTL)
+        op = update(tp, b.stub, b2)
+        assert op.state == tp.Operation.SUCCEEDED and op.version == 3, (op, b.text())
+        t0 = time.time()
+        while shard_versions(cl) != [3, 3]:
+            assert time.time() - t0 < 20, shard_versions(cl)
+            time.sleep(0.1)
+        print("two coordinators: follower refuses writes naming the leader, follows v1/v2; "
+              "kill -9 of the leader -> new leader in %.2f s (TTL %d s); update -> v3" %
+              (took, TTL))
+    finally:
+        if b:
+            stop(b)
+        cl.stop()
+
+
+def main():
+    rng = np.random.default_rng(16)
+    x = rng.normal(size=(2000, D)).astype("float32")
+    root = sh.tmpdir("tsr-ha-core-")
+    b0 = ch.write_batch(os.path.join(root, "b0"), [ch.dp_json("x%05d" % i, x[i])
+                                                   for i in range(2000)])
+    b1 = ch.write_batch(os.path.join(root, "b1"), [ch.dp_json("y%05d" % i, x[i] + 1)
+                                                   for i in range(300)],
+                        deletes=["x%05d" % i for i in range(0, 2000, 7)])
+    b2 = ch.write_batch(os.path.join(root, "b2"), [ch.dp_json("z%05d" % i, x[i] - 1)
+                                                   for i in range(100)])
+    etcd = Etcd()
+    try:
+        test_empty_data(etcd, x, b0, b1)
+        test_two_coordinators(etcd, x, b0, b1, b2)
+    finally:
+        etcd.stop()
+    print("test_ha_core: OK")
+
+
+if __name__ == "__main__":
+    main()
