@@ -97,6 +97,8 @@ void tsr_cli_targets_close(tsr_cli_targets *t); /* accepts NULL */
 /* The target the next call starts on: the last one that answered (borrowed). */
 const char *tsr_cli_targets_current(const tsr_cli_targets *t);
 size_t tsr_cli_targets_count(const tsr_cli_targets *t);
+/* The next call starts on addr when it is in the list (else nothing changes). */
+void tsr_cli_targets_select(tsr_cli_targets *t, const char *addr);
 #define TSR_CLI_WRITE 1 /* a write: follow "not the leader: the leader is ADDR", wait for
                            an election ("no leader elected yet") up to timeout_ms */
 /* tsr_rpc_call_pb on the current target, failing over to the next ones on UNAVAILABLE or

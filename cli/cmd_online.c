@@ -824,6 +824,7 @@ int tsr_cmd_update(int argc, char **argv)
         goto done;
     }
     char *opid = tsr_xstrdup(((Tessera__V1__UpdateIndexResponse *)out)->operation_id);
+    char *origin = tsr_xstrdup(tsr_cli_targets_current(ch)); /* the leader that took it */
     protobuf_c_message_free_unpacked(out, NULL);
     int tty = isatty(2);
     /* monotonic: a step of the wall clock neither ends nor extends the wait */
@@ -839,10 +840,23 @@ int tsr_cmd_update(int argc, char **argv)
              * update: operations survive a restart, so keep asking until --timeout-s. */
             int transient = res.code == TSR_RPC_UNAVAILABLE ||
                             res.code == TSR_RPC_DEADLINE_EXCEEDED;
+            /* Another coordinator than the one that took the operation does not know it
+             * (its record not shared yet): ask the origin again, which may come back. */
+            int elsewhere = res.code == TSR_RPC_NOT_FOUND &&
+                            strcmp(tsr_cli_targets_current(ch), origin) != 0;
+            if (elsewhere) {
+                if (!warned_unavailable)
+                    fprintf(stderr, "%s" PROG ": %s does not know %s (%s); waiting for %s\n",
+                            tty ? "\n" : "", tsr_cli_targets_current(ch), opid, res.message,
+                            origin);
+                transient = warned_unavailable = 1;
+            }
             if (!transient || tsr_clock_mono_ms() > t_end) {
                 tsr_cli_targets_failure(ch, "GetOperation", &res);
                 break;
             }
+            if (elsewhere)
+                tsr_cli_targets_select(ch, origin);
             if (!warned_unavailable) {
                 fprintf(stderr, "%s" PROG ": %s: coordinator unavailable (%s); still "
                         "waiting for %s\n", tty ? "\n" : "", target, res.message, opid);
@@ -888,6 +902,7 @@ int tsr_cmd_update(int argc, char **argv)
         nanosleep(&ts, NULL);
     }
     free(opid);
+    free(origin);
 done:
     tsr_rpc_result_close(&res);
     tsr_cli_targets_close(ch);

@@ -106,6 +106,13 @@ size_t tsr_cli_targets_count(const tsr_cli_targets *t)
     return t->n;
 }
 
+void tsr_cli_targets_select(tsr_cli_targets *t, const char *addr)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (strcmp(t->addr[i], addr) == 0)
+            t->cur = i;
+}
+
 /* The ADDR of "not the leader: the leader is ADDR" in msg: its start, length in *len;
  * NULL when msg does not name a leader. */
 static const char *leader_named(const char *msg, size_t *len)
