@@ -297,6 +297,25 @@ class HACluster:
             time.sleep(0.05)
         raise AssertionError("no agreed live leader after %.1fs: %s" % (timeout, said))
 
+    def wait_version(self, v, timeout=10):
+        """Waits until every live coordinator serves version v (a follower moves to a
+        committed version within its polling period, not at once). Returns the seconds."""
+        t0 = time.time()
+        while True:
+            got = {}
+            for c in self.coords:
+                if c.alive():
+                    try:
+                        got[c.target] = c.stats().version
+                    except Exception as e:
+                        got[c.target] = str(e).splitlines()[0][:60]
+            if set(got.values()) == {v}:
+                return time.time() - t0
+            if time.time() - t0 > timeout:
+                raise AssertionError("coordinators not on version %d after %ds: %s"
+                                     % (v, timeout, got))
+            time.sleep(0.05)
+
     def follower(self, leader):
         return next(c for c in self.coords if c is not leader and c.alive())
 
