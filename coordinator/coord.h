@@ -376,6 +376,10 @@ tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unref
  * write is refused on r with UNAVAILABLE "not the leader: the leader is ADDR" (or "no
  * leader elected yet") and trailing metadata tessera-leader, and a negative code returned. */
 int tsr__coord_refuse_follower(tsr__coord *c, tsr_rpc_reply *r);
+/* state.c: the leader term its shard calls carry (Stage, Prepare, Commit, Abort, Release,
+ * Write): 0 without --etcd; with it the last term this coordinator won (kept after it
+ * stepped down, so shards that saw a newer one refuse it). */
+int64_t tsr__coord_term(tsr__coord *c);
 /* state.c: 1 when this coordinator runs updates, reconcile and writes. */
 int tsr__coord_leading(tsr__coord *c);
 

@@ -24,6 +24,9 @@
  * it serves that version, and reconcile (which runs on the leader only) aborts what shards
  * staged or prepared above it and commits it where it is prepared.
  *
+ * Fencing: the term is the create revision of our leader key; every shard call carries it
+ * (tsr__coord_term) and the commit transaction compares it (tsr__leader_fence).
+ *
  * Threads: the thread is the only writer of leading/term/lease; others read them atomically.
  * addr and stop are under lead.mu. Calls: meta, state, stream (tsr__stream_lock is taken
  * to publish; no other lock of coord.h is held with it here).
@@ -62,8 +65,7 @@ void tsr__leader_lost(tsr__coord *c, const char *why)
 {
     if (!c->meta || !atomic_exchange(&c->lead.leading, 0))
         return;
-    atomic_store(&c->lead.term, 0);
-    set_addr(c, "");
+    set_addr(c, ""); /* term stays: our calls still carry it and newer shards refuse them */
     tsr_warn("leader: stepping down (%s)", why);
 }
 

@@ -162,6 +162,11 @@ int tsr__coord_leading(tsr__coord *c)
     return c->meta == NULL || atomic_load(&c->lead.leading);
 }
 
+int64_t tsr__coord_term(tsr__coord *c)
+{
+    return c->meta ? atomic_load(&c->lead.term) : 0;
+}
+
 int tsr__coord_refuse_follower(tsr__coord *c, tsr_rpc_reply *r)
 {
     if (tsr__coord_leading(c))

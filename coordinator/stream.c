@@ -643,6 +643,7 @@ static void plan_writes(round *R, int64_t seq, int64_t *next_label,
         tessera__v1__shard_write_request__init(&R->w[g]);
         R->w[g].version = (int64_t)R->sn->version;
         R->w[g].seq = seq;
+        R->w[g].leader_term = tsr__coord_term(R->c);
     }
     rec->removed_ids = tsr_xcalloc(R->nact + 1, sizeof *rec->removed_ids);
     for (size_t i = 0; i < R->nact; i++) {
@@ -897,6 +898,7 @@ static int resend_one(void *ud, const Tessera__V1__CoordLogRecord *rec, int64_t 
         tsr_rpc_result res;
         tsr_rpc_result_init(&res);
         ProtobufCMessage *out = NULL;
+        lw->write->leader_term = tsr__coord_term(rs->c); /* logged under an older term */
         int code = tsr_rpc_call_pb(rs->c->rep[rs->k].ch, TSR_SHARD_SVC "Write", &lw->write->base,
                                    &tessera__v1__shard_write_response__descriptor,
                                    rs->c->cfg.stream_write_deadline_ms, &out, &res);

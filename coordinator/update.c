@@ -205,14 +205,17 @@ static size_t fan_version(tsr__coord *c, const char *what, int64_t version, cons
     if (strcmp(what, "Prepare") == 0) {
         Tessera__V1__PrepareRequest m = TESSERA__V1__PREPARE_REQUEST__INIT;
         m.version = version;
+        m.leader_term = tsr__coord_term(c);
         one = tsr_rpc_pack(&m.base, &len);
     } else if (strcmp(what, "Commit") == 0) {
         Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
         m.version = version;
+        m.leader_term = tsr__coord_term(c);
         one = tsr_rpc_pack(&m.base, &len);
     } else {
         Tessera__V1__AbortRequest m = TESSERA__V1__ABORT_REQUEST__INIT;
         m.version = version;
+        m.leader_term = tsr__coord_term(c);
         one = tsr_rpc_pack(&m.base, &len);
     }
     for (size_t s = 0; s < S; s++) {
@@ -415,6 +418,7 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
         return NULL;
     Tessera__V1__StageRequest m = TESSERA__V1__STAGE_REQUEST__INIT;
     m.version = u->newv;
+    m.leader_term = tsr__coord_term(u->c);
     m.base_version = u->p.overwrite ? 0 : (int64_t)u->base->version;
     m.chunk = (int32_t)r;
     if (r == 0) {

@@ -130,6 +130,34 @@ def shard_versions(cl):
             for s in cl.shards]
 
 
+def check_fencing(cl):
+    """Every shard holds the new leader's term (DATA/leader-term) and refuses calls with an
+    older one; term 0 (local backend) is not checked."""
+    _, _, sp, _ = ch.stubs()
+    for s in cl.shards:
+        with open(os.path.join(s.data, "leader-term")) as f:
+            term = int(f.read())
+        assert term > 1, term
+        calls = [("Commit", sp.CommitRequest(version=3, leader_term=term - 1)),
+                 ("Abort", sp.AbortRequest(version=4, leader_term=1)),
+                 ("Stage", sp.StageRequest(version=4, base_version=3, leader_term=term - 1)),
+                 ("Prepare", sp.PrepareRequest(version=4, leader_term=1)),
+                 ("Release", sp.ReleaseRequest(below_version=3, leader_term=1)),
+                 ("Write", sp.ShardWriteRequest(version=3, seq=10 ** 9, leader_term=1))]
+        for name, rq in calls:
+            try:
+                getattr(s.stub, name)(rq, timeout=10)
+                raise AssertionError("%s with an older term was accepted" % name)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, (name, e)
+                assert e.details() == "leader term %d is older than %d" % (
+                    rq.leader_term, term), (name, e.details())
+        s.stub.Abort(sp.AbortRequest(version=99), timeout=10)  # term 0: not checked
+        s.stub.Abort(sp.AbortRequest(version=99, leader_term=term), timeout=10)
+    print("fencing: %d shards refuse Stage/Prepare/Commit/Abort/Release/Write of an older "
+          "term" % len(cl.shards))
+
+
 def test_empty_data(etcd, x, b0, b1):
     tp = ch.stubs()[0]
     prefix = "/tessera/t-empty"
@@ -217,6 +245,7 @@ def test_two_coordinators(etcd, x, b0, b1, b2):
         print("two coordinators: follower refuses writes naming the leader, follows v1/v2; "
               "kill -9 of the leader -> new leader in %.2f s (TTL %d s); update -> v3" %
               (took, TTL))
+        check_fencing(cl)
     finally:
         if b:
             stop(b)
