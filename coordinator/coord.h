@@ -30,14 +30,14 @@
  *   main.c       command line, server, signals
  *
  * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
- * fails on a loop): config, meta, oplog, state, stream_log call no other file of the folder;
- * leader -> meta, state, stream;
+ * fails on a loop): config, meta, state, stream_log call no other file of the folder;
+ * leader -> meta, oplog, state, stream; oplog -> meta;
  * replica -> state; stream -> replica, state, stream_log, update_plan; reconcile ->
  * replica, state, stream; query -> config, leader, replica, state, stream; update_plan ->
  * config, state; update -> leader, meta, oplog, reconcile, replica, state, stream,
  * update_plan;
- * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state,
- * stream, vertex;
+ * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, oplog, update,
+ * state, stream, vertex; update -> oplog (fetch for GetOperation);
  * main -> all of them, and nothing calls main.c. Everything but main.c is
  * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
@@ -252,6 +252,13 @@ int tsr__oplog_save(struct tsr__coord *c, tsr__op *op, int state, int locked,
                     tsr_error *err);
 void tsr__oplog_forget(struct tsr__coord *c, const tsr__op *op);
 int tsr__oplog_load(struct tsr__coord *c, uint64_t current, tsr_error *err);
+/* With --etcd (records in etcd): fetch: the record of operation id as a new tsr__op
+ * (tsr__op_free it), NULL when unknown or without --etcd (GetOperation on a coordinator that
+ * did not run it). settle: a new leader resolves the records of operations that had not
+ * ended (their leader died) against the committed version, as tsr__oplog_load does at
+ * start, and continues the op ids after theirs. load with --etcd keeps only ended ones. */
+tsr__op *tsr__oplog_fetch(struct tsr__coord *c, const char *id);
+void tsr__oplog_settle(struct tsr__coord *c, uint64_t committed);
 
 /* ---- replicas ------------------------------------------------------------------------ */
 typedef struct tsr__replica {

@@ -155,6 +155,9 @@ static void campaign(tsr__coord *c)
         int64_t rev = 0;
         if (tsr_etcd_txn(c->meta->etcd, &cmp, 1, &op, 1, &ok, &rev, &err) == 0 && ok) {
             follow(c); /* start from the committed version, then act */
+            tsr__snap *sn = tsr__coord_snap_get(c);
+            tsr__oplog_settle(c, sn->version); /* updates its predecessor left running */
+            tsr__snap_unref(sn);
             atomic_store(&c->lead.term, rev);
             set_addr(c, a);
             atomic_store(&c->lead.leading, 1);
@@ -250,5 +253,6 @@ int tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, s
         (*addrs)[i] = tsr_xstrdup((const char *)kvs[i].value);
     *n = m;
     tsr_etcd_kvs_free(kvs, m);
+    free(kvs);
     return 0;
 }

@@ -155,6 +155,7 @@ static int fetch_file(tsr__meta *m, const vrec *r, size_t i, uint8_t **buf, tsr_
         }
     }
     tsr_etcd_kvs_free(kvs, n);
+    free(kvs);
     if (rc || got != r->len[i] || digest(b, got) != r->sum[i]) {
         free(b);
         return tsr_err(err, TSR_EFORMAT, "etcd %s*: %zu bytes in %zu chunk(s), expected %zu "
@@ -315,4 +316,73 @@ int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, const tsr_etcd_cmp
         tsr_etcd_delete(m->etcd, pre, 1, NULL, NULL, &e);
     }
     return 0;
+}
+
+/* ---------------------------------------------------------------- records (operations) */
+
+static void aux_key(const tsr__meta *m, const char *sub, const char *name, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/%s/%s", m->prefix, sub, name ? name : "");
+}
+
+int tsr__meta_aux_write(tsr__meta *m, const char *sub, const char *name, const void *buf,
+                        size_t len, tsr_error *err)
+{
+    char key[400];
+    aux_key(m, sub, name, key, sizeof key);
+    if (len > TSR__META_CHUNK)
+        return tsr_err(err, TSR_ELIMIT, "etcd %s: a record of %zu bytes (at most %u)", key, len,
+                       TSR__META_CHUNK);
+    return tsr_etcd_put(m->etcd, key, buf, len, 0, NULL, err);
+}
+
+int tsr__meta_aux_list(tsr__meta *m, const char *sub, char ***names, size_t *n, tsr_error *err)
+{
+    char pre[400];
+    aux_key(m, sub, NULL, pre, sizeof pre);
+    tsr_etcd_kv *kvs = NULL;
+    size_t k = 0;
+    *names = NULL;
+    *n = 0;
+    int rc = tsr_etcd_get_prefix(m->etcd, pre, 0, &kvs, &k, NULL, err);
+    if (rc)
+        return rc;
+    *names = tsr_xcalloc(k + 1, sizeof **names);
+    size_t pl = strlen(pre);
+    for (size_t i = 0; i < k; i++)
+        (*names)[(*n)++] = tsr_xstrdup(kvs[i].key + pl);
+    tsr_etcd_kvs_free(kvs, k);
+    free(kvs);
+    return 0;
+}
+
+int tsr__meta_aux_read(tsr__meta *m, const char *sub, const char *name, size_t max_len,
+                       void **buf, size_t *len, tsr_error *err)
+{
+    char key[400];
+    aux_key(m, sub, name, key, sizeof key);
+    tsr_etcd_kv kv;
+    *buf = NULL;
+    *len = 0;
+    int rc = tsr_etcd_get(m->etcd, key, &kv, NULL, err);
+    if (rc == TSR_ENOTFOUND)
+        return tsr_err(err, rc, "etcd %s: not found", key);
+    if (rc)
+        return rc;
+    if (kv.len > max_len) {
+        tsr_etcd_kvs_free(&kv, 1);
+        return tsr_err(err, TSR_ELIMIT, "etcd %s: %zu bytes (at most %zu)", key, kv.len, max_len);
+    }
+    *buf = kv.value; /* NUL-terminated, as tsr_store_aux_read's */
+    *len = kv.len;
+    kv.value = NULL;
+    tsr_etcd_kvs_free(&kv, 1);
+    return 0;
+}
+
+int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_error *err)
+{
+    char key[400];
+    aux_key(m, sub, name, key, sizeof key);
+    return tsr_etcd_delete(m->etcd, key, 0, NULL, NULL, err);
 }

@@ -75,4 +75,14 @@ int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, const tsr_etcd_cmp
 /* Reads PREFIX/version: *version and *rev (its mod revision; 0 / 0 when absent). */
 int tsr__meta_read_version(tsr__meta *m, uint64_t *version, int64_t *rev, tsr_error *err);
 
+/* Records beside the versions (the operation records, oplog.c) under PREFIX/<sub>/<name>,
+ * with the contracts of tsr_store_aux_write / _list / _read / _remove (common/store/store.h);
+ * a record is at most TSR__META_CHUNK bytes (TSR_ELIMIT). */
+int tsr__meta_aux_write(tsr__meta *m, const char *sub, const char *name, const void *buf,
+                        size_t len, tsr_error *err);
+int tsr__meta_aux_list(tsr__meta *m, const char *sub, char ***names, size_t *n, tsr_error *err);
+int tsr__meta_aux_read(tsr__meta *m, const char *sub, const char *name, size_t max_len,
+                       void **buf, size_t *len, tsr_error *err);
+int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_error *err);
+
 #endif

@@ -957,8 +957,14 @@ int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "GetOperationRequest: malformed "
                                    "protobuf");
     int rc;
+    tsr__op *fetched = NULL;
     pthread_mutex_lock(&c->op_mu);
     tsr__op *op = tsr__coord_op_find(c, rq->operation_id);
+    if (!op) { /* with --etcd: an operation another coordinator ran */
+        pthread_mutex_unlock(&c->op_mu);
+        op = fetched = tsr__oplog_fetch(c, rq->operation_id);
+        pthread_mutex_lock(&c->op_mu);
+    }
     if (!op) {
         pthread_mutex_unlock(&c->op_mu);
         rc = tsr_rpc_reply_error(r, TSR_RPC_NOT_FOUND, "operation \"%s\" not found (the last %d "
@@ -975,6 +981,7 @@ int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_
     pthread_mutex_unlock(&c->op_mu);
     if (o.report)
         tessera__v1__batch_report__free_unpacked(o.report, NULL);
+    tsr__op_free(fetched);
     tessera__v1__get_operation_request__free_unpacked(rq, NULL);
     return rc;
 }

@@ -61,13 +61,13 @@ class Etcd:
             self.proc.wait(10)
 
 
-def coord(cl, data, etcd, prefix, extra=()):
+def coord(cl, data, etcd, prefix, extra=(), env=None):
     """Another coordinator in front of cl's shards with its own data folder."""
     argv = [os.path.join(cl.bin, "tessera-coordinator"), "--listen", "127.0.0.1:0",
             "--data", data, "--config", cl.config, "--etcd", etcd.endpoints,
             "--etcd-prefix", prefix, "--etcd-ttl", str(TTL)]
     argv += ch.batch_allow_args(cl.root) + list(extra)
-    p = ch.Proc(argv)
+    p = ch.Proc(argv, env)
     if p.port is None:
         p.proc.kill()
         raise RuntimeError("coordinator did not start:\n" + p.text())
@@ -230,6 +230,9 @@ def test_two_coordinators(etcd, x, b0, b1, b2):
         assert answers(tp, b.stub, x, ids) == answers(tp, cl.stub, x, ids)
         op = update(tp, cl.stub, b1)
         assert op.state == tp.Operation.SUCCEEDED and op.version == 2, op
+        got = b.stub.GetOperation(tp.GetOperationRequest(operation_id=op.operation_id),
+                                  timeout=10)  # records in etcd: any coordinator answers
+        assert got.state == tp.Operation.SUCCEEDED and got.version == 2, got
         # kill -9 of the leader: b takes over when the lease expires
         cl.stop_coord(signal.SIGKILL)
         t_kill = time.time()
@@ -252,6 +255,71 @@ def test_two_coordinators(etcd, x, b0, b1, b2):
         cl.stop()
 
 
+def test_crash_steps(etcd, x, batches):
+    """kill -9 (_exit) of the leader at each step of an update: the follower takes over,
+    GetOperation on it reports the outcome (SUCCEEDED after the etcd commit, else FAILED
+    interrupted), and every shard ends on exactly the version etcd holds."""
+    tp = ch.stubs()[0]
+    _, _, sp, _ = ch.stubs()
+    prefix = "/tessera/t-crash"
+    cl = ch.Cluster(nshards=2, dims=D, config={"nlist": 16, "pq_m": 4},
+                    coord_extra=["--etcd", etcd.endpoints, "--etcd-prefix", prefix,
+                                 "--etcd-ttl", str(TTL)])
+    procs = []
+    try:
+        wait_leader(tp, cl.stub, cl.target, 10)
+        op = update(tp, cl.stub, batches[0])
+        assert op.state == tp.Operation.SUCCEEDED, op
+        cl.stop_coord()  # SIGTERM revokes its lease: the next one wins at once
+        version = 1
+        for i, step in enumerate(["staged", "prepared", "flipped", "committed"]):
+            x_ = coord(cl, os.path.join(cl.root, "cx%d" % i), etcd, prefix,
+                       env={"TSR_COORD_CRASH_AT": step})
+            procs.append(x_)
+            wait_leader(tp, x_.stub, x_.target, TTL + 5)
+            y = coord(cl, os.path.join(cl.root, "cy%d" % i), etcd, prefix)
+            procs.append(y)
+            wait_leader(tp, y.stub, x_.target, 10)
+            r = x_.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=batches[1 + i]),
+                                    timeout=30)
+            assert x_.proc.wait(60) == 137, x_.text()
+            wait_leader(tp, y.stub, y.target, TTL + 5)
+            after = step in ("flipped", "committed")
+            if after:
+                version += 1
+            t0 = time.time()
+            while True:
+                got = y.stub.GetOperation(tp.GetOperationRequest(operation_id=r.operation_id),
+                                          timeout=10)
+                if got.state in (tp.Operation.SUCCEEDED, tp.Operation.FAILED):
+                    break
+                assert time.time() - t0 < 10, got
+                time.sleep(0.1)
+            if after:
+                assert got.state == tp.Operation.SUCCEEDED and got.version == version, got
+            else:
+                assert got.state == tp.Operation.FAILED and "interrupted" in got.error, got
+            t0 = time.time()
+            while True:
+                sts = [s.stub.Stats(sp.ShardStatsRequest(), timeout=10) for s in cl.shards]
+                cur = [st.current_version for st in sts]
+                pend = [v.version for st in sts for v in st.versions
+                        if not v.current and v.state != sp.ShardVersion.SERVING]
+                if cur == [version] * len(cl.shards) and not pend:
+                    break
+                assert time.time() - t0 < 20, (step, cur, pend, y.text())
+                time.sleep(0.1)
+            assert y.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10).version == version
+            stop(y)  # the next crashing coordinator wins at once
+            print("crash at %s: %s, every shard on version %d" %
+                  (step, tp.Operation.State.Name(got.state), version))
+    finally:
+        for p in procs:
+            if p.proc.poll() is None:
+                stop(p)
+        cl.stop()
+
+
 def main():
     rng = np.random.default_rng(16)
     x = rng.normal(size=(2000, D)).astype("float32")
@@ -267,6 +335,10 @@ def main():
     try:
         test_empty_data(etcd, x, b0, b1)
         test_two_coordinators(etcd, x, b0, b1, b2)
+        more = [ch.write_batch(os.path.join(root, "c%d" % i),
+                               [ch.dp_json("c%d-%05d" % (i, j), x[j] * (i + 2))
+                                for j in range(200)]) for i in range(4)]
+        test_crash_steps(etcd, x, [b0] + more)
     finally:
         etcd.stop()
     print("test_ha_core: OK")
