@@ -32,7 +32,8 @@
  * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
  * fails on a loop): config, meta, state, stream_log call no other file of the folder;
  * leader -> meta, oplog, state, stream; oplog -> meta;
- * replica -> state; stream -> replica, state, stream_log, update_plan; reconcile ->
+ * replica -> state; stream -> replica, state, stream_ha, stream_log, update_plan;
+ * stream_ha -> meta, state, stream_log; reconcile ->
  * replica, state, stream; query -> config, leader, replica, state, stream; update_plan ->
  * config, state; update -> leader, meta, oplog, reconcile, replica, state, stream,
  * update_plan;
@@ -602,6 +603,15 @@ typedef int (*tsr__slog_fn)(void *ud, const struct Tessera__V1__CoordLogRecord *
 int tsr__slog_scan(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, char *why,
                    size_t whycap, tsr_error *err);
 
+/* ---- stream_ha.c: the coordinator log mirrored in etcd (--etcd; the leader only) ---- */
+/* mirror: rec into etcd (0 without --etcd or when not leading); drop: version's records;
+ * restore: the local log of version rewritten from etcd's records (*found 0: etcd holds
+ * none, the local log is untouched). */
+int tsr__shlog_mirror(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec,
+                      tsr_error *err);
+void tsr__shlog_drop(tsr__coord *c, uint64_t version);
+int tsr__shlog_restore(tsr__coord *c, uint64_t version, int *found, tsr_error *err);
+
 /* ---- stream.c: streamed writes (docs/streaming.md) ---- */
 /* At start, after the snapshot is loaded and before serving: replays the log of the
  * committed version (a torn or corrupt tail is cut, with a log line) into the overlay,
@@ -644,6 +654,12 @@ void tsr__stream_version_abort(tsr__coord *c, uint64_t version);
 /* The commit point's publication: ns becomes the served snapshot (takes its reference),
  * the overlay empties, the new version's log is opened and the old one removed. */
 void tsr__stream_publish(tsr__coord *c, tsr__snap *ns);
+/* A new leader (leader.c), before it acts: when etcd holds the stream records of the
+ * served version (its predecessor streamed writes on it), the local log is rewritten from
+ * them and the overlay, label counter, next seq and group seqs are rebuilt by replaying it.
+ * Takes the stream lock. Returns 0 or an error (streamed writes then stay refused until
+ * a restart: the log is closed). */
+int tsr__stream_adopt(tsr__coord *c, tsr_error *err);
 /* 1 when the overlay holds at least stream_fold_records writes (a fold is due). */
 int tsr__stream_fold_due(tsr__coord *c);
 /* reconcile: replica k answered Stats with stream_seq applied at the served version; when

@@ -155,6 +155,9 @@ static void campaign(tsr__coord *c)
         int64_t rev = 0;
         if (tsr_etcd_txn(c->meta->etcd, &cmp, 1, &op, 1, &ok, &rev, &err) == 0 && ok) {
             follow(c); /* start from the committed version, then act */
+            if (tsr__stream_adopt(c, &err)) /* its predecessor's streamed writes */
+                tsr_error_log("leader: the streamed writes of the served version: %s "
+                              "(streamed writes are refused until a restart)", err.msg);
             tsr__snap *sn = tsr__coord_snap_get(c);
             tsr__oplog_settle(c, sn->version); /* updates its predecessor left running */
             tsr__snap_unref(sn);

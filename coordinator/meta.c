@@ -386,3 +386,86 @@ int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_er
     aux_key(m, sub, name, key, sizeof key);
     return tsr_etcd_delete(m->etcd, key, 0, NULL, NULL, err);
 }
+
+/* ---------------------------------------------------------------- the stream's log */
+
+static void log_prefix(const tsr__meta *m, uint64_t v, int64_t seq, char *buf, size_t cap)
+{
+    if (seq < 0)
+        snprintf(buf, cap, "%s/stream/%020" PRIu64 "/", m->prefix, v);
+    else
+        snprintf(buf, cap, "%s/stream/%020" PRIu64 "/%020" PRId64 "/", m->prefix, v, seq);
+}
+
+int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
+                      tsr_error *err)
+{
+    char pre[400], key[440];
+    log_prefix(m, v, seq, pre, sizeof pre);
+    int rc = 0;
+    size_t k = 0;
+    for (size_t off = 0; rc == 0 && (off < len || k == 0); off += TSR__META_CHUNK, k++) {
+        size_t n = len - off < TSR__META_CHUNK ? len - off : TSR__META_CHUNK;
+        snprintf(key, sizeof key, "%sc%08zu", pre, k);
+        rc = tsr_etcd_put(m->etcd, key, buf + off, n, 0, NULL, err);
+    }
+    if (rc)
+        return rc;
+    char mark[64];
+    int ml = snprintf(mark, sizeof mark, "%zu %zu", k, len);
+    snprintf(key, sizeof key, "%sn", pre);
+    return tsr_etcd_put(m->etcd, key, mark, (size_t)ml, 0, NULL, err); /* complete now */
+}
+
+int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, tsr__meta_log_fn fn, void *ud, tsr_error *err)
+{
+    char pre[400];
+    log_prefix(m, v, -1, pre, sizeof pre);
+    tsr_etcd_kv *kvs = NULL;
+    size_t n = 0;
+    int rc = tsr_etcd_get_prefix(m->etcd, pre, 0, &kvs, &n, NULL, err);
+    if (rc)
+        return rc;
+    size_t pl = strlen(pre);
+    for (size_t i = 0; i < n && rc == 0;) {
+        /* one record: its chunks c%08zu in order, then its mark "n" (absent: incomplete) */
+        const char *seqkey = kvs[i].key + pl;
+        size_t sl = strcspn(seqkey, "/"), j = i, total = 0;
+        while (j < n && strncmp(kvs[j].key + pl, seqkey, sl + 1) == 0 &&
+               kvs[j].key[pl + sl + 1] == 'c')
+            total += kvs[j++].len;
+        size_t nch = 0, want = 0;
+        int complete = j < n && strncmp(kvs[j].key + pl, seqkey, sl + 1) == 0 &&
+                       strcmp(kvs[j].key + pl + sl + 1, "n") == 0 &&
+                       sscanf((const char *)kvs[j].value, "%zu %zu", &nch, &want) == 2 &&
+                       nch == j - i && want == total;
+        if (complete) {
+            uint8_t *b = tsr_xmalloc(total ? total : 1);
+            size_t off = 0;
+            for (size_t k = i; k < j; k++) {
+                memcpy(b + off, kvs[k].value, kvs[k].len);
+                off += kvs[k].len;
+            }
+            rc = fn(ud, b, total, err);
+            free(b);
+            j++;
+        } else {
+            while (j < n && strncmp(kvs[j].key + pl, seqkey, sl + 1) == 0)
+                j++; /* a round whose put failed: it was never acknowledged */
+        }
+        i = j;
+    }
+    tsr_etcd_kvs_free(kvs, n);
+    free(kvs);
+    return rc;
+}
+
+void tsr__meta_log_drop(tsr__meta *m, uint64_t v)
+{
+    char pre[400];
+    log_prefix(m, v, -1, pre, sizeof pre);
+    tsr_error e = TSR_ERROR_INIT;
+    if (tsr_etcd_delete(m->etcd, pre, 1, NULL, NULL, &e))
+        tsr_warn("etcd %s*: cannot remove the stream records of version %" PRIu64 ": %s", pre,
+                 v, e.msg);
+}

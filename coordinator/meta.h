@@ -85,4 +85,15 @@ int tsr__meta_aux_read(tsr__meta *m, const char *sub, const char *name, size_t m
                        void **buf, size_t *len, tsr_error *err);
 int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_error *err);
 
+/* The coordinator log of streamed writes mirrored in etcd (stream_ha.c): record seq (0 =
+ * the header) of version v, packed, under PREFIX/stream/<v>/<seq>/ in chunks c<k> and
+ * then a mark "n" = "<chunks> <bytes>" (a record without its mark was never acknowledged
+ * and is skipped). fetch calls fn(ud, record, len, err) for each complete one in seq order
+ * (a nonzero return stops it and is returned); drop removes version v's records. */
+int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
+                      tsr_error *err);
+typedef int (*tsr__meta_log_fn)(void *ud, const uint8_t *buf, size_t len, tsr_error *err);
+int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, tsr__meta_log_fn fn, void *ud, tsr_error *err);
+void tsr__meta_log_drop(tsr__meta *m, uint64_t v);
+
 #endif

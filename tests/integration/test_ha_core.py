@@ -320,6 +320,64 @@ def test_crash_steps(etcd, x, batches):
         cl.stop()
 
 
+def test_stream_failover(etcd, x, b0):
+    """Streamed writes on the leader, kill -9 of it: the new leader rebuilds the overlay,
+    label counter and seqs from etcd's copy of the coordinator log: it reads the streamed
+    ids, its own streamed writes get fresh labels (every id is found at distance 0 by its
+    own vector), and a batch update folds them all into the next version."""
+    tp = ch.stubs()[0]
+    prefix = "/tessera/t-stream"
+    cl = ch.Cluster(nshards=2, dims=D, config={"nlist": 16, "pq_m": 4},
+                    coord_extra=["--etcd", etcd.endpoints, "--etcd-prefix", prefix,
+                                 "--etcd-ttl", str(TTL)])
+    b = None
+    rng = np.random.default_rng(5)
+    v = (rng.normal(size=(60, D)) * 3).astype("float32")
+
+    def upsert(stub, lo, hi):
+        dps = [tp.IndexDatapoint(datapoint_id="s%03d" % i, feature_vector=[float(f) for f in v[i]])
+               for i in range(lo, hi)]
+        stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=dps), timeout=30)
+
+    def check(stub, n):
+        ids = ["s%03d" % i for i in range(n)]
+        rd = stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=ids), timeout=20)
+        assert sorted(d.datapoint_id for d in rd.datapoints) == ids, rd
+        for i in range(n):
+            r = stub.FindNeighbors(tp.FindNeighborsRequest(
+                queries=[ch.query(tp, v[i], k=1, fraction=1.0)]), timeout=20)
+            nb = r.nearest_neighbors[0].neighbors[0]
+            assert nb.datapoint.datapoint_id == "s%03d" % i and nb.distance < 1e-3, (i, r)
+    try:
+        wait_leader(tp, cl.stub, cl.target, 10)
+        assert update(tp, cl.stub, b0).state == tp.Operation.SUCCEEDED
+        b = coord(cl, os.path.join(cl.root, "coord-b"), etcd, prefix)
+        wait_leader(tp, b.stub, cl.target, 10)
+        for lo in range(0, 30, 10):
+            upsert(cl.stub, lo, lo + 10)
+        cl.stub.RemoveDatapoints(tp.RemoveDatapointsRequest(datapoint_ids=["x00001"]),
+                                 timeout=20)
+        cl.stop_coord(signal.SIGKILL)
+        wait_leader(tp, b.stub, b.target, TTL + 5)
+        assert "restored from etcd (3 rounds" in b.text() or \
+            "restored from etcd (4 rounds" in b.text(), b.text()
+        check(b.stub, 30)
+        upsert(b.stub, 30, 60)
+        check(b.stub, 60)
+        rd = b.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=["x00001"]), timeout=20)
+        assert len(rd.datapoints) == 0, rd
+        root = ch.write_batch(os.path.join(cl.root, "fold"), [ch.dp_json("f0", x[0] + 5)])
+        op = update(tp, b.stub, root)
+        assert op.state == tp.Operation.SUCCEEDED and op.version == 2, (op, b.text())
+        check(b.stub, 60)
+        print("stream failover: 30 streamed ids + a remove survive kill -9 of the leader; 30 "
+              "more on the new leader, fresh labels; folded into v2")
+    finally:
+        if b:
+            stop(b)
+        cl.stop()
+
+
 def main():
     rng = np.random.default_rng(16)
     x = rng.normal(size=(2000, D)).astype("float32")
@@ -339,6 +397,7 @@ def main():
                                [ch.dp_json("c%d-%05d" % (i, j), x[j] * (i + 2))
                                 for j in range(200)]) for i in range(4)]
         test_crash_steps(etcd, x, [b0] + more)
+        test_stream_failover(etcd, x, b0)
     finally:
         etcd.stop()
     print("test_ha_core: OK")
