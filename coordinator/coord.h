@@ -322,6 +322,9 @@ typedef struct tsr__lead {
     atomic_llong lease;         /* our lease (0: none) */
     pthread_mutex_t mu;         /* addr, cv */
     char addr[256];             /* under mu: the leader's advertise address ("" = none) */
+    char etcd_err[256];         /* under mu: why the last lease call failed ("" = it did not) */
+    char members[32][128];      /* under mu: PREFIX/members/ as last read (GetIndexStats) */
+    size_t nmembers;
     pthread_cond_t cv;          /* CLOCK_MONOTONIC: the thread's sleep; stop wakes it */
     int stop, live;             /* under mu */
     pthread_t thread;
@@ -403,10 +406,14 @@ void tsr__leader_stop(tsr__coord *c);
 size_t tsr__leader_fence(tsr__coord *c, tsr_etcd_cmp *cmp);
 /* Steps down at once (a fenced commit failed: another leader exists); why is logged. */
 void tsr__leader_lost(tsr__coord *c, const char *why);
-/* The live coordinators (PREFIX/members/<addr>) into *addrs (caller frees each and the
- * array), *n; the leader's address into leader (cap bytes, "" = none). */
-int tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap,
-                        tsr_error *err);
+/* The live coordinators (PREFIX/members/<addr>, as the leader thread last read them: no
+ * etcd call) into *addrs (caller frees each and the array), *n; the leader's address into
+ * leader (cap bytes, "" = none). Without --etcd: none and "". */
+void tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap);
+/* Before an update starts (fail fast): 0 without --etcd, or when this coordinator leads and
+ * etcd confirms its leader key; else the refusal is set on r (UNAVAILABLE "etcd
+ * unreachable ..." or "not the leader: ...") and a negative code returned. */
+int tsr__leader_check(tsr__coord *c, tsr_rpc_reply *r);
 
 void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference */
 

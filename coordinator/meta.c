@@ -34,7 +34,7 @@ void tsr__meta_key(const tsr__meta *m, const char *suffix, char *buf, size_t cap
 }
 
 int tsr__meta_open(const char *endpoints, const char *prefix, const tsr_rpc_client_opts *copts,
-                   tsr__meta **out, tsr_error *err)
+                   int ttl_s, tsr__meta **out, tsr_error *err)
 {
     *out = NULL;
     if (!prefix)
@@ -48,8 +48,16 @@ int tsr__meta_open(const char *endpoints, const char *prefix, const tsr_rpc_clie
     tsr_etcd *e = tsr_etcd_open(endpoints, copts, 5000, err);
     if (!e)
         return err->code ? err->code : TSR_EINVAL;
+    int64_t fast_ms = (int64_t)ttl_s * 1000 / 6;
+    fast_ms = fast_ms < 300 ? 300 : fast_ms > 1500 ? 1500 : fast_ms;
+    tsr_etcd *f = tsr_etcd_open(endpoints, copts, fast_ms, err);
+    if (!f) {
+        tsr_etcd_close(e);
+        return err->code ? err->code : TSR_EINVAL;
+    }
     tsr__meta *m = tsr_xcalloc(1, sizeof *m);
     m->etcd = e;
+    m->fast = f;
     memcpy(m->prefix, prefix, pl);
     m->prefix[pl] = 0;
     pthread_mutex_init(&m->mu, NULL);
@@ -62,6 +70,7 @@ void tsr__meta_close(tsr__meta *m)
     if (!m)
         return;
     tsr_etcd_close(m->etcd);
+    tsr_etcd_close(m->fast);
     pthread_mutex_destroy(&m->mu);
     free(m);
 }

@@ -38,7 +38,9 @@
 #define TSR__META_MAX_FILE ((size_t)1 << 34)
 
 typedef struct tsr__meta {
-    tsr_etcd *etcd;             /* owned */
+    tsr_etcd *etcd;             /* owned: versions, records (deadline 5 s) */
+    tsr_etcd *fast;             /* owned: lease, election, members (deadline ttl/6 within
+                                   0.3..1.5 s: a leader cut off from etcd learns it in time) */
     char prefix[256];           /* no trailing '/' */
     pthread_mutex_t mu;
     int64_t ver_rev;            /* under mu: mod revision of PREFIX/version last seen
@@ -47,10 +49,10 @@ typedef struct tsr__meta {
 } tsr__meta;
 
 /* Opens the etcd backend: endpoints "h:p[,h:p]", prefix (NULL = "/tessera/default"; a
- * trailing '/' is dropped), copts (TLS; borrowed during the call). Returns 0 with *out
- * set, or an error naming the flag. */
+ * trailing '/' is dropped), copts (TLS; borrowed during the call), ttl_s (the lease TTL:
+ * sets the fast handle's deadline). Returns 0 with *out set, or an error naming the flag. */
 int tsr__meta_open(const char *endpoints, const char *prefix, const tsr_rpc_client_opts *copts,
-                   tsr__meta **out, tsr_error *err);
+                   int ttl_s, tsr__meta **out, tsr_error *err);
 void tsr__meta_close(tsr__meta *m); /* accepts NULL */
 
 /* Key of PREFIX + suffix into buf (suffix starts with '/'). */

@@ -771,7 +771,7 @@ static void op_start(tsr__coord *c, const char *batch_root, char *root, const ch
 int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
                             int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r)
 {
-    int rc = tsr__coord_refuse_follower(c, r);
+    int rc = tsr__leader_check(c, r);
     if (rc)
         return rc;
     if (!batch_root || !batch_root[0])
