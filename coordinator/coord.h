@@ -30,14 +30,15 @@
  *   main.c       command line, server, signals
  *
  * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
- * fails on a loop): config, meta, oplog, state, stream_log call no other file of the folder;
- * leader -> meta, state, stream;
- * replica -> state; stream -> replica, state, stream_log, update_plan; reconcile ->
+ * fails on a loop): config, meta, state, stream_log call no other file of the folder;
+ * leader -> meta, oplog, state, stream; oplog -> meta;
+ * replica -> state; stream -> replica, state, stream_ha, stream_log, update_plan;
+ * stream_ha -> meta, state, stream_log; reconcile ->
  * replica, state, stream; query -> config, leader, replica, state, stream; update_plan ->
  * config, state; update -> leader, meta, oplog, reconcile, replica, state, stream,
  * update_plan;
- * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state,
- * stream, vertex;
+ * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, oplog, update,
+ * state, stream, vertex; update -> oplog (fetch for GetOperation);
  * main -> all of them, and nothing calls main.c. Everything but main.c is
  * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
@@ -252,6 +253,13 @@ int tsr__oplog_save(struct tsr__coord *c, tsr__op *op, int state, int locked,
                     tsr_error *err);
 void tsr__oplog_forget(struct tsr__coord *c, const tsr__op *op);
 int tsr__oplog_load(struct tsr__coord *c, uint64_t current, tsr_error *err);
+/* With --etcd (records in etcd): fetch: the record of operation id as a new tsr__op
+ * (tsr__op_free it), NULL when unknown or without --etcd (GetOperation on a coordinator that
+ * did not run it). settle: a new leader resolves the records of operations that had not
+ * ended (their leader died) against the committed version, as tsr__oplog_load does at
+ * start, and continues the op ids after theirs. load with --etcd keeps only ended ones. */
+tsr__op *tsr__oplog_fetch(struct tsr__coord *c, const char *id);
+void tsr__oplog_settle(struct tsr__coord *c, uint64_t committed);
 
 /* ---- replicas ------------------------------------------------------------------------ */
 typedef struct tsr__replica {
@@ -314,6 +322,9 @@ typedef struct tsr__lead {
     atomic_llong lease;         /* our lease (0: none) */
     pthread_mutex_t mu;         /* addr, cv */
     char addr[256];             /* under mu: the leader's advertise address ("" = none) */
+    char etcd_err[256];         /* under mu: why the last lease call failed ("" = it did not) */
+    char members[32][128];      /* under mu: PREFIX/members/ as last read (GetIndexStats) */
+    size_t nmembers;
     pthread_cond_t cv;          /* CLOCK_MONOTONIC: the thread's sleep; stop wakes it */
     int stop, live;             /* under mu */
     pthread_t thread;
@@ -376,6 +387,10 @@ tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unref
  * write is refused on r with UNAVAILABLE "not the leader: the leader is ADDR" (or "no
  * leader elected yet") and trailing metadata tessera-leader, and a negative code returned. */
 int tsr__coord_refuse_follower(tsr__coord *c, tsr_rpc_reply *r);
+/* state.c: the leader term its shard calls carry (Stage, Prepare, Commit, Abort, Release,
+ * Write): 0 without --etcd; with it the last term this coordinator won (kept after it
+ * stepped down, so shards that saw a newer one refuse it). */
+int64_t tsr__coord_term(tsr__coord *c);
 /* state.c: 1 when this coordinator runs updates, reconcile and writes. */
 int tsr__coord_leading(tsr__coord *c);
 
@@ -391,10 +406,14 @@ void tsr__leader_stop(tsr__coord *c);
 size_t tsr__leader_fence(tsr__coord *c, tsr_etcd_cmp *cmp);
 /* Steps down at once (a fenced commit failed: another leader exists); why is logged. */
 void tsr__leader_lost(tsr__coord *c, const char *why);
-/* The live coordinators (PREFIX/members/<addr>) into *addrs (caller frees each and the
- * array), *n; the leader's address into leader (cap bytes, "" = none). */
-int tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap,
-                        tsr_error *err);
+/* The live coordinators (PREFIX/members/<addr>, as the leader thread last read them: no
+ * etcd call) into *addrs (caller frees each and the array), *n; the leader's address into
+ * leader (cap bytes, "" = none). Without --etcd: none and "". */
+void tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap);
+/* Before an update starts (fail fast): 0 without --etcd, or when this coordinator leads and
+ * etcd confirms its leader key; else the refusal is set on r (UNAVAILABLE "etcd
+ * unreachable ..." or "not the leader: ...") and a negative code returned. */
+int tsr__leader_check(tsr__coord *c, tsr_rpc_reply *r);
 
 void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference */
 
@@ -591,6 +610,15 @@ typedef int (*tsr__slog_fn)(void *ud, const struct Tessera__V1__CoordLogRecord *
 int tsr__slog_scan(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, char *why,
                    size_t whycap, tsr_error *err);
 
+/* ---- stream_ha.c: the coordinator log mirrored in etcd (--etcd; the leader only) ---- */
+/* mirror: rec into etcd (0 without --etcd or when not leading); drop: version's records;
+ * restore: the local log of version rewritten from etcd's records (*found 0: etcd holds
+ * none, the local log is untouched). */
+int tsr__shlog_mirror(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec,
+                      tsr_error *err);
+void tsr__shlog_drop(tsr__coord *c, uint64_t version);
+int tsr__shlog_restore(tsr__coord *c, uint64_t version, int *found, tsr_error *err);
+
 /* ---- stream.c: streamed writes (docs/streaming.md) ---- */
 /* At start, after the snapshot is loaded and before serving: replays the log of the
  * committed version (a torn or corrupt tail is cut, with a log line) into the overlay,
@@ -633,6 +661,12 @@ void tsr__stream_version_abort(tsr__coord *c, uint64_t version);
 /* The commit point's publication: ns becomes the served snapshot (takes its reference),
  * the overlay empties, the new version's log is opened and the old one removed. */
 void tsr__stream_publish(tsr__coord *c, tsr__snap *ns);
+/* A new leader (leader.c), before it acts: when etcd holds the stream records of the
+ * served version (its predecessor streamed writes on it), the local log is rewritten from
+ * them and the overlay, label counter, next seq and group seqs are rebuilt by replaying it.
+ * Takes the stream lock. Returns 0 or an error (streamed writes then stay refused until
+ * a restart: the log is closed). */
+int tsr__stream_adopt(tsr__coord *c, tsr_error *err);
 /* 1 when the overlay holds at least stream_fold_records writes (a fold is due). */
 int tsr__stream_fold_due(tsr__coord *c);
 /* reconcile: replica k answered Stats with stream_seq applied at the served version; when

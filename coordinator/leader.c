@@ -24,6 +24,9 @@
  * it serves that version, and reconcile (which runs on the leader only) aborts what shards
  * staged or prepared above it and commits it where it is prepared.
  *
+ * Fencing: the term is the create revision of our leader key; every shard call carries it
+ * (tsr__coord_term) and the commit transaction compares it (tsr__leader_fence).
+ *
  * Threads: the thread is the only writer of leading/term/lease; others read them atomically.
  * addr and stop are under lead.mu. Calls: meta, state, stream (tsr__stream_lock is taken
  * to publish; no other lock of coord.h is held with it here).
@@ -62,8 +65,7 @@ void tsr__leader_lost(tsr__coord *c, const char *why)
 {
     if (!c->meta || !atomic_exchange(&c->lead.leading, 0))
         return;
-    atomic_store(&c->lead.term, 0);
-    set_addr(c, "");
+    set_addr(c, ""); /* term stays: our calls still carry it and newer shards refuse them */
     tsr_warn("leader: stepping down (%s)", why);
 }
 
@@ -104,15 +106,26 @@ static void follow(tsr__coord *c)
     tsr_info("now serving version %" PRIu64 " (committed in etcd)", v);
 }
 
-/* The lease: granted when missing, else renewed; members key put with a new one. */
+static void set_etcd_err(tsr__coord *c, const char *msg)
+{
+    pthread_mutex_lock(&c->lead.mu);
+    snprintf(c->lead.etcd_err, sizeof c->lead.etcd_err, "%.*s",
+             (int)sizeof c->lead.etcd_err - 1, msg);
+    pthread_mutex_unlock(&c->lead.mu);
+}
+
+/* The lease: granted when missing, else renewed; members key put with a new one. ok_at:
+ * when the last renewal that succeeded was SENT (etcd's TTL counts from later). */
 static void keep_lease(tsr__coord *c, int64_t *ok_at)
 {
     tsr_error err = TSR_ERROR_INIT;
     int64_t lease = atomic_load(&c->lead.lease), ttl = 0;
     if (lease) {
-        int rc = tsr_etcd_lease_keepalive(c->meta->etcd, lease, &ttl, &err);
+        int64_t sent = tsr_clock_mono_ms();
+        int rc = tsr_etcd_lease_keepalive(c->meta->fast, lease, &ttl, &err);
+        set_etcd_err(c, rc == 0 || rc == TSR_ENOTFOUND ? "" : err.msg);
         if (rc == 0) {
-            *ok_at = tsr_clock_mono_ms();
+            *ok_at = sent;
             return;
         }
         if (rc != TSR_ENOTFOUND) {
@@ -126,12 +139,14 @@ static void keep_lease(tsr__coord *c, int64_t *ok_at)
     }
     int64_t granted = 0;
     int64_t t0 = tsr_clock_mono_ms();
-    if (tsr_etcd_lease_grant(c->meta->etcd, c->lead.ttl_s, &lease, &granted, &err))
+    int rc = tsr_etcd_lease_grant(c->meta->fast, c->lead.ttl_s, &lease, &granted, &err);
+    set_etcd_err(c, rc ? err.msg : "");
+    if (rc)
         return;
     char key[600];
     tsr__meta_key(c->meta, "/members/", key, 300);
     strncat(key, c->lead.advertise, sizeof key - strlen(key) - 1);
-    if (tsr_etcd_put(c->meta->etcd, key, c->lead.advertise, strlen(c->lead.advertise), lease,
+    if (tsr_etcd_put(c->meta->fast, key, c->lead.advertise, strlen(c->lead.advertise), lease,
                      NULL, &err))
         tsr_warn("leader: %s: %s", key, err.msg);
     atomic_store(&c->lead.lease, lease);
@@ -151,8 +166,14 @@ static void campaign(tsr__coord *c)
         tsr_etcd_op op = {0, key, a, strlen(a), lease};
         int ok = 0;
         int64_t rev = 0;
-        if (tsr_etcd_txn(c->meta->etcd, &cmp, 1, &op, 1, &ok, &rev, &err) == 0 && ok) {
+        if (tsr_etcd_txn(c->meta->fast, &cmp, 1, &op, 1, &ok, &rev, &err) == 0 && ok) {
             follow(c); /* start from the committed version, then act */
+            if (tsr__stream_adopt(c, &err)) /* its predecessor's streamed writes */
+                tsr_error_log("leader: the streamed writes of the served version: %s "
+                              "(streamed writes are refused until a restart)", err.msg);
+            tsr__snap *sn = tsr__coord_snap_get(c);
+            tsr__oplog_settle(c, sn->version); /* updates its predecessor left running */
+            tsr__snap_unref(sn);
             atomic_store(&c->lead.term, rev);
             set_addr(c, a);
             atomic_store(&c->lead.leading, 1);
@@ -162,17 +183,45 @@ static void campaign(tsr__coord *c)
         }
     }
     tsr_etcd_kv kv;
-    int rc = tsr_etcd_get(c->meta->etcd, key, &kv, NULL, &err);
+    int rc = tsr_etcd_get(c->meta->fast, key, &kv, NULL, &err);
     if (rc == 0) {
         if (atomic_load(&c->lead.leading) && kv.create_rev != atomic_load(&c->lead.term))
             tsr__leader_lost(c, "the leader key is not ours any more");
-        if (!atomic_load(&c->lead.leading))
+        int stale = !atomic_load(&c->lead.leading) && lease && kv.lease == lease;
+        if (!atomic_load(&c->lead.leading) && !stale)
             set_addr(c, (const char *)kv.value);
         tsr_etcd_kvs_free(&kv, 1);
+        if (stale) {
+            /* we stepped down (e.g. etcd was unreachable past our margin) but our lease
+             * outlived it and still holds the key: give it up, a fresh election follows */
+            atomic_store(&c->lead.lease, 0);
+            if (tsr_etcd_lease_revoke(c->meta->fast, lease, &err) == 0)
+                tsr_info("leader: the key of a term we gave up is released (lease revoked)");
+        }
     } else if (rc == TSR_ENOTFOUND) {
         tsr__leader_lost(c, "the leader key is gone");
         set_addr(c, "");
     }
+}
+
+/* Refreshes the cached list of live coordinators (GetIndexStats reads it, not etcd). */
+static void read_members(tsr__coord *c)
+{
+    char pre[320];
+    tsr__meta_key(c->meta, "/members/", pre, sizeof pre);
+    tsr_etcd_kv *kvs = NULL;
+    size_t m = 0;
+    tsr_error err = TSR_ERROR_INIT;
+    if (tsr_etcd_get_prefix(c->meta->fast, pre, 32, &kvs, &m, NULL, &err))
+        return;
+    pthread_mutex_lock(&c->lead.mu);
+    c->lead.nmembers = 0;
+    for (size_t i = 0; i < m && i < 32; i++)
+        snprintf(c->lead.members[c->lead.nmembers++], sizeof c->lead.members[0], "%s",
+                 (const char *)kvs[i].value);
+    pthread_mutex_unlock(&c->lead.mu);
+    tsr_etcd_kvs_free(kvs, m);
+    free(kvs);
 }
 
 static void *lead_main(void *p)
@@ -182,6 +231,7 @@ static void *lead_main(void *p)
     for (;;) {
         keep_lease(c, &ok_at);
         campaign(c);
+        read_members(c);
         if (!atomic_load(&c->lead.leading))
             follow(c);
         pthread_mutex_lock(&c->lead.mu);
@@ -222,31 +272,44 @@ void tsr__leader_stop(tsr__coord *c)
     atomic_store(&c->lead.leading, 0);
     int64_t lease = atomic_exchange(&c->lead.lease, 0);
     tsr_error err = TSR_ERROR_INIT;
-    if (lease && tsr_etcd_lease_revoke(c->meta->etcd, lease, &err) == 0)
+    if (lease && tsr_etcd_lease_revoke(c->meta->fast, lease, &err) == 0)
         tsr_info("leader: lease revoked (leadership and membership released)");
 }
 
-int tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap,
-                        tsr_error *err)
+void tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap)
 {
     *addrs = NULL;
     *n = 0;
     pthread_mutex_lock(&c->lead.mu);
     snprintf(leader, cap, "%s", c->meta ? c->lead.addr : "");
+    if (c->meta) {
+        *addrs = tsr_xcalloc(c->lead.nmembers + 1, sizeof **addrs);
+        for (size_t i = 0; i < c->lead.nmembers; i++)
+            (*addrs)[i] = tsr_xstrdup(c->lead.members[i]);
+        *n = c->lead.nmembers;
+    }
     pthread_mutex_unlock(&c->lead.mu);
+}
+
+int tsr__leader_check(tsr__coord *c, tsr_rpc_reply *r)
+{
     if (!c->meta)
         return 0;
-    char pre[320];
-    tsr__meta_key(c->meta, "/members/", pre, sizeof pre);
-    tsr_etcd_kv *kvs = NULL;
-    size_t m = 0;
-    int rc = tsr_etcd_get_prefix(c->meta->etcd, pre, 64, &kvs, &m, NULL, err);
+    int rc = tsr__coord_refuse_follower(c, r);
     if (rc)
         return rc;
-    *addrs = tsr_xcalloc(m + 1, sizeof **addrs);
-    for (size_t i = 0; i < m; i++)
-        (*addrs)[i] = tsr_xstrdup((const char *)kvs[i].value);
-    *n = m;
-    tsr_etcd_kvs_free(kvs, m);
-    return 0;
+    char key[300];
+    tsr__meta_key(c->meta, "/leader", key, sizeof key);
+    tsr_etcd_kv kv;
+    tsr_error err = TSR_ERROR_INIT;
+    rc = tsr_etcd_get(c->meta->fast, key, &kv, NULL, &err);
+    if (rc && rc != TSR_ENOTFOUND)
+        return tsr_rpc_reply_error(r, TSR_RPC_UNAVAILABLE, "etcd unreachable, no update starts "
+                                   "(queries go on from version being served): %s", err.msg);
+    int ours = rc == 0 && kv.create_rev == atomic_load(&c->lead.term);
+    if (rc == 0)
+        tsr_etcd_kvs_free(&kv, 1);
+    if (!ours)
+        tsr__leader_lost(c, "the leader key is not ours any more");
+    return tsr__coord_refuse_follower(c, r);
 }

@@ -34,7 +34,7 @@ void tsr__meta_key(const tsr__meta *m, const char *suffix, char *buf, size_t cap
 }
 
 int tsr__meta_open(const char *endpoints, const char *prefix, const tsr_rpc_client_opts *copts,
-                   tsr__meta **out, tsr_error *err)
+                   int ttl_s, tsr__meta **out, tsr_error *err)
 {
     *out = NULL;
     if (!prefix)
@@ -48,8 +48,16 @@ int tsr__meta_open(const char *endpoints, const char *prefix, const tsr_rpc_clie
     tsr_etcd *e = tsr_etcd_open(endpoints, copts, 5000, err);
     if (!e)
         return err->code ? err->code : TSR_EINVAL;
+    int64_t fast_ms = (int64_t)ttl_s * 1000 / 6;
+    fast_ms = fast_ms < 300 ? 300 : fast_ms > 1500 ? 1500 : fast_ms;
+    tsr_etcd *f = tsr_etcd_open(endpoints, copts, fast_ms, err);
+    if (!f) {
+        tsr_etcd_close(e);
+        return err->code ? err->code : TSR_EINVAL;
+    }
     tsr__meta *m = tsr_xcalloc(1, sizeof *m);
     m->etcd = e;
+    m->fast = f;
     memcpy(m->prefix, prefix, pl);
     m->prefix[pl] = 0;
     pthread_mutex_init(&m->mu, NULL);
@@ -62,6 +70,7 @@ void tsr__meta_close(tsr__meta *m)
     if (!m)
         return;
     tsr_etcd_close(m->etcd);
+    tsr_etcd_close(m->fast);
     pthread_mutex_destroy(&m->mu);
     free(m);
 }
@@ -155,6 +164,7 @@ static int fetch_file(tsr__meta *m, const vrec *r, size_t i, uint8_t **buf, tsr_
         }
     }
     tsr_etcd_kvs_free(kvs, n);
+    free(kvs);
     if (rc || got != r->len[i] || digest(b, got) != r->sum[i]) {
         free(b);
         return tsr_err(err, TSR_EFORMAT, "etcd %s*: %zu bytes in %zu chunk(s), expected %zu "
@@ -315,4 +325,156 @@ int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, const tsr_etcd_cmp
         tsr_etcd_delete(m->etcd, pre, 1, NULL, NULL, &e);
     }
     return 0;
+}
+
+/* ---------------------------------------------------------------- records (operations) */
+
+static void aux_key(const tsr__meta *m, const char *sub, const char *name, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/%s/%s", m->prefix, sub, name ? name : "");
+}
+
+int tsr__meta_aux_write(tsr__meta *m, const char *sub, const char *name, const void *buf,
+                        size_t len, tsr_error *err)
+{
+    char key[400];
+    aux_key(m, sub, name, key, sizeof key);
+    if (len > TSR__META_CHUNK)
+        return tsr_err(err, TSR_ELIMIT, "etcd %s: a record of %zu bytes (at most %u)", key, len,
+                       TSR__META_CHUNK);
+    return tsr_etcd_put(m->etcd, key, buf, len, 0, NULL, err);
+}
+
+int tsr__meta_aux_list(tsr__meta *m, const char *sub, char ***names, size_t *n, tsr_error *err)
+{
+    char pre[400];
+    aux_key(m, sub, NULL, pre, sizeof pre);
+    tsr_etcd_kv *kvs = NULL;
+    size_t k = 0;
+    *names = NULL;
+    *n = 0;
+    int rc = tsr_etcd_get_prefix(m->etcd, pre, 0, &kvs, &k, NULL, err);
+    if (rc)
+        return rc;
+    *names = tsr_xcalloc(k + 1, sizeof **names);
+    size_t pl = strlen(pre);
+    for (size_t i = 0; i < k; i++)
+        (*names)[(*n)++] = tsr_xstrdup(kvs[i].key + pl);
+    tsr_etcd_kvs_free(kvs, k);
+    free(kvs);
+    return 0;
+}
+
+int tsr__meta_aux_read(tsr__meta *m, const char *sub, const char *name, size_t max_len,
+                       void **buf, size_t *len, tsr_error *err)
+{
+    char key[400];
+    aux_key(m, sub, name, key, sizeof key);
+    tsr_etcd_kv kv;
+    *buf = NULL;
+    *len = 0;
+    int rc = tsr_etcd_get(m->etcd, key, &kv, NULL, err);
+    if (rc == TSR_ENOTFOUND)
+        return tsr_err(err, rc, "etcd %s: not found", key);
+    if (rc)
+        return rc;
+    if (kv.len > max_len) {
+        tsr_etcd_kvs_free(&kv, 1);
+        return tsr_err(err, TSR_ELIMIT, "etcd %s: %zu bytes (at most %zu)", key, kv.len, max_len);
+    }
+    *buf = kv.value; /* NUL-terminated, as tsr_store_aux_read's */
+    *len = kv.len;
+    kv.value = NULL;
+    tsr_etcd_kvs_free(&kv, 1);
+    return 0;
+}
+
+int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_error *err)
+{
+    char key[400];
+    aux_key(m, sub, name, key, sizeof key);
+    return tsr_etcd_delete(m->etcd, key, 0, NULL, NULL, err);
+}
+
+/* ---------------------------------------------------------------- the stream's log */
+
+static void log_prefix(const tsr__meta *m, uint64_t v, int64_t seq, char *buf, size_t cap)
+{
+    if (seq < 0)
+        snprintf(buf, cap, "%s/stream/%020" PRIu64 "/", m->prefix, v);
+    else
+        snprintf(buf, cap, "%s/stream/%020" PRIu64 "/%020" PRId64 "/", m->prefix, v, seq);
+}
+
+int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
+                      tsr_error *err)
+{
+    char pre[400], key[440];
+    log_prefix(m, v, seq, pre, sizeof pre);
+    int rc = 0;
+    size_t k = 0;
+    for (size_t off = 0; rc == 0 && (off < len || k == 0); off += TSR__META_CHUNK, k++) {
+        size_t n = len - off < TSR__META_CHUNK ? len - off : TSR__META_CHUNK;
+        snprintf(key, sizeof key, "%sc%08zu", pre, k);
+        rc = tsr_etcd_put(m->etcd, key, buf + off, n, 0, NULL, err);
+    }
+    if (rc)
+        return rc;
+    char mark[64];
+    int ml = snprintf(mark, sizeof mark, "%zu %zu", k, len);
+    snprintf(key, sizeof key, "%sn", pre);
+    return tsr_etcd_put(m->etcd, key, mark, (size_t)ml, 0, NULL, err); /* complete now */
+}
+
+int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, tsr__meta_log_fn fn, void *ud, tsr_error *err)
+{
+    char pre[400];
+    log_prefix(m, v, -1, pre, sizeof pre);
+    tsr_etcd_kv *kvs = NULL;
+    size_t n = 0;
+    int rc = tsr_etcd_get_prefix(m->etcd, pre, 0, &kvs, &n, NULL, err);
+    if (rc)
+        return rc;
+    size_t pl = strlen(pre);
+    for (size_t i = 0; i < n && rc == 0;) {
+        /* one record: its chunks c%08zu in order, then its mark "n" (absent: incomplete) */
+        const char *seqkey = kvs[i].key + pl;
+        size_t sl = strcspn(seqkey, "/"), j = i, total = 0;
+        while (j < n && strncmp(kvs[j].key + pl, seqkey, sl + 1) == 0 &&
+               kvs[j].key[pl + sl + 1] == 'c')
+            total += kvs[j++].len;
+        size_t nch = 0, want = 0;
+        int complete = j < n && strncmp(kvs[j].key + pl, seqkey, sl + 1) == 0 &&
+                       strcmp(kvs[j].key + pl + sl + 1, "n") == 0 &&
+                       sscanf((const char *)kvs[j].value, "%zu %zu", &nch, &want) == 2 &&
+                       nch == j - i && want == total;
+        if (complete) {
+            uint8_t *b = tsr_xmalloc(total ? total : 1);
+            size_t off = 0;
+            for (size_t k = i; k < j; k++) {
+                memcpy(b + off, kvs[k].value, kvs[k].len);
+                off += kvs[k].len;
+            }
+            rc = fn(ud, b, total, err);
+            free(b);
+            j++;
+        } else {
+            while (j < n && strncmp(kvs[j].key + pl, seqkey, sl + 1) == 0)
+                j++; /* a round whose put failed: it was never acknowledged */
+        }
+        i = j;
+    }
+    tsr_etcd_kvs_free(kvs, n);
+    free(kvs);
+    return rc;
+}
+
+void tsr__meta_log_drop(tsr__meta *m, uint64_t v)
+{
+    char pre[400];
+    log_prefix(m, v, -1, pre, sizeof pre);
+    tsr_error e = TSR_ERROR_INIT;
+    if (tsr_etcd_delete(m->etcd, pre, 1, NULL, NULL, &e))
+        tsr_warn("etcd %s*: cannot remove the stream records of version %" PRIu64 ": %s", pre,
+                 v, e.msg);
 }

@@ -38,7 +38,9 @@
 #define TSR__META_MAX_FILE ((size_t)1 << 34)
 
 typedef struct tsr__meta {
-    tsr_etcd *etcd;             /* owned */
+    tsr_etcd *etcd;             /* owned: versions, records (deadline 5 s) */
+    tsr_etcd *fast;             /* owned: lease, election, members (deadline ttl/6 within
+                                   0.3..1.5 s: a leader cut off from etcd learns it in time) */
     char prefix[256];           /* no trailing '/' */
     pthread_mutex_t mu;
     int64_t ver_rev;            /* under mu: mod revision of PREFIX/version last seen
@@ -47,10 +49,10 @@ typedef struct tsr__meta {
 } tsr__meta;
 
 /* Opens the etcd backend: endpoints "h:p[,h:p]", prefix (NULL = "/tessera/default"; a
- * trailing '/' is dropped), copts (TLS; borrowed during the call). Returns 0 with *out
- * set, or an error naming the flag. */
+ * trailing '/' is dropped), copts (TLS; borrowed during the call), ttl_s (the lease TTL:
+ * sets the fast handle's deadline). Returns 0 with *out set, or an error naming the flag. */
 int tsr__meta_open(const char *endpoints, const char *prefix, const tsr_rpc_client_opts *copts,
-                   tsr__meta **out, tsr_error *err);
+                   int ttl_s, tsr__meta **out, tsr_error *err);
 void tsr__meta_close(tsr__meta *m); /* accepts NULL */
 
 /* Key of PREFIX + suffix into buf (suffix starts with '/'). */
@@ -74,5 +76,26 @@ int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, const tsr_etcd_cmp
 
 /* Reads PREFIX/version: *version and *rev (its mod revision; 0 / 0 when absent). */
 int tsr__meta_read_version(tsr__meta *m, uint64_t *version, int64_t *rev, tsr_error *err);
+
+/* Records beside the versions (the operation records, oplog.c) under PREFIX/<sub>/<name>,
+ * with the contracts of tsr_store_aux_write / _list / _read / _remove (common/store/store.h);
+ * a record is at most TSR__META_CHUNK bytes (TSR_ELIMIT). */
+int tsr__meta_aux_write(tsr__meta *m, const char *sub, const char *name, const void *buf,
+                        size_t len, tsr_error *err);
+int tsr__meta_aux_list(tsr__meta *m, const char *sub, char ***names, size_t *n, tsr_error *err);
+int tsr__meta_aux_read(tsr__meta *m, const char *sub, const char *name, size_t max_len,
+                       void **buf, size_t *len, tsr_error *err);
+int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_error *err);
+
+/* The coordinator log of streamed writes mirrored in etcd (stream_ha.c): record seq (0 =
+ * the header) of version v, packed, under PREFIX/stream/<v>/<seq>/ in chunks c<k> and
+ * then a mark "n" = "<chunks> <bytes>" (a record without its mark was never acknowledged
+ * and is skipped). fetch calls fn(ud, record, len, err) for each complete one in seq order
+ * (a nonzero return stops it and is returned); drop removes version v's records. */
+int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
+                      tsr_error *err);
+typedef int (*tsr__meta_log_fn)(void *ud, const uint8_t *buf, size_t len, tsr_error *err);
+int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, tsr__meta_log_fn fn, void *ud, tsr_error *err);
+void tsr__meta_log_drop(tsr__meta *m, uint64_t v);
 
 #endif

@@ -1089,9 +1089,7 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     char leader[256];
     char **members = NULL;
     size_t nmembers = 0;
-    tsr_error merr = TSR_ERROR_INIT;
-    if (tsr__leader_members(c, &members, &nmembers, leader, sizeof leader, &merr))
-        tsr_warn("GetIndexStats: the coordinators from etcd: %s", merr.msg);
+    tsr__leader_members(c, &members, &nmembers, leader, sizeof leader);
     out.coordinators = members;
     out.n_coordinators = nmembers;
     out.leader = leader;

@@ -205,14 +205,17 @@ static size_t fan_version(tsr__coord *c, const char *what, int64_t version, cons
     if (strcmp(what, "Prepare") == 0) {
         Tessera__V1__PrepareRequest m = TESSERA__V1__PREPARE_REQUEST__INIT;
         m.version = version;
+        m.leader_term = tsr__coord_term(c);
         one = tsr_rpc_pack(&m.base, &len);
     } else if (strcmp(what, "Commit") == 0) {
         Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
         m.version = version;
+        m.leader_term = tsr__coord_term(c);
         one = tsr_rpc_pack(&m.base, &len);
     } else {
         Tessera__V1__AbortRequest m = TESSERA__V1__ABORT_REQUEST__INIT;
         m.version = version;
+        m.leader_term = tsr__coord_term(c);
         one = tsr_rpc_pack(&m.base, &len);
     }
     for (size_t s = 0; s < S; s++) {
@@ -415,6 +418,7 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
         return NULL;
     Tessera__V1__StageRequest m = TESSERA__V1__STAGE_REQUEST__INIT;
     m.version = u->newv;
+    m.leader_term = tsr__coord_term(u->c);
     m.base_version = u->p.overwrite ? 0 : (int64_t)u->base->version;
     m.chunk = (int32_t)r;
     if (r == 0) {
@@ -767,7 +771,7 @@ static void op_start(tsr__coord *c, const char *batch_root, char *root, const ch
 int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
                             int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r)
 {
-    int rc = tsr__coord_refuse_follower(c, r);
+    int rc = tsr__leader_check(c, r);
     if (rc)
         return rc;
     if (!batch_root || !batch_root[0])
@@ -953,8 +957,14 @@ int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "GetOperationRequest: malformed "
                                    "protobuf");
     int rc;
+    tsr__op *fetched = NULL;
     pthread_mutex_lock(&c->op_mu);
     tsr__op *op = tsr__coord_op_find(c, rq->operation_id);
+    if (!op) { /* with --etcd: an operation another coordinator ran */
+        pthread_mutex_unlock(&c->op_mu);
+        op = fetched = tsr__oplog_fetch(c, rq->operation_id);
+        pthread_mutex_lock(&c->op_mu);
+    }
     if (!op) {
         pthread_mutex_unlock(&c->op_mu);
         rc = tsr_rpc_reply_error(r, TSR_RPC_NOT_FOUND, "operation \"%s\" not found (the last %d "
@@ -971,6 +981,7 @@ int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_
     pthread_mutex_unlock(&c->op_mu);
     if (o.report)
         tessera__v1__batch_report__free_unpacked(o.report, NULL);
+    tsr__op_free(fetched);
     tessera__v1__get_operation_request__free_unpacked(rq, NULL);
     return rc;
 }
