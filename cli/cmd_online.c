@@ -222,60 +222,6 @@ int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
     return tsr_cmdline_parse_spec(&spec, argc, argv, nargs, &code) ? code : -1;
 }
 
-/* Opens the channel. Returns NULL on failure with *code = 2 (TLS flags or files are
- * wrong: a usage error) or 1. TSR_TLS_CA / TSR_TLS_SERVER_NAME / TSR_TOKEN_FILE stand in
- * for --tls-ca / --tls-server-name / --token-file when those are not given. */
-tsr_rpc_channel *tsr_cli_connect(const char *prog, const char *target, const tsr_cli_tls *t,
-                                 int *code)
-{
-    tsr_error err = TSR_ERROR_INIT;
-    tsr_rpc_client_opts o;
-    tsr_rpc_client_opts_init(&o);
-    o.no_watch = 1; /* one-shot client: no connectivity thread needed */
-    o.tls_ca_file = t->ca ? t->ca : getenv("TSR_TLS_CA");
-    o.tls_cert_file = t->cert;
-    o.tls_key_file = t->key;
-    o.tls_server_name = t->name ? t->name : getenv("TSR_TLS_SERVER_NAME");
-    if (o.tls_server_name && !o.tls_ca_file) {
-        fprintf(stderr, "%s: --tls-server-name needs --tls-ca\n", prog);
-        *code = 2;
-        return NULL;
-    }
-    tsr_cmdline_tls chk = {o.tls_cert_file, "--tls-cert", o.tls_key_file, "--tls-key",
-                           o.tls_ca_file, t->ca ? "--tls-ca" : "TSR_TLS_CA"};
-    if (tsr_cmdline_check_tls(&chk, 1, &err) != 0) {
-        fprintf(stderr, "%s: %s\n", prog, err.msg);
-        *code = 2;
-        return NULL;
-    }
-    const char *tf = t->token_file ? t->token_file : getenv("TSR_TOKEN_FILE");
-    char *token = NULL;
-    if (tf && *tf && tsr_rpc_token_read(tf, &token, &err) != 0) {
-        fprintf(stderr, "%s: %s: %s\n", prog, t->token_file ? "--token-file" : "TSR_TOKEN_FILE",
-                err.msg);
-        *code = 2;
-        return NULL;
-    }
-    o.bearer_token = token; /* copied by the channel */
-    tsr_rpc_channel *ch = tsr_rpc_channel_create(target, &o, &err);
-    if (token) {
-        explicit_bzero(token, strlen(token));
-        free(token);
-    }
-    if (ch == NULL) {
-        fprintf(stderr, "%s: %s: %s\n", prog, target, err.msg);
-        *code = 1;
-    }
-    return ch;
-}
-
-void tsr_cli_rpc_failure(const char *prog, const char *what, const char *target,
-                         const tsr_rpc_result *res)
-{
-    fprintf(stderr, "%s: %s on %s failed: %s: %s\n", prog, what, target,
-            tsr_rpc_code_name(res->code), res->message ? res->message : "");
-}
-
 /* ------------------------------------------------------------------ datapoint JSON */
 
 static json_t *float_array(const float *v, size_t n)
