@@ -215,6 +215,11 @@ def run_plan(name, ix_p, xq_p, batch, xq):
             etcd.stop()
         raise
     try:
+        if etcd:  # the coordinator elects itself leader on etcd first
+            t_end = time.time() + 60
+            while cl.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10).leader == "":
+                assert time.time() < t_end, "no leader elected after 60 s"
+                time.sleep(0.1)
         t0 = time.time()
         op = cl.update(batch, timeout=900)
         assert op.state == tp.Operation.SUCCEEDED, op

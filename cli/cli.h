@@ -46,7 +46,7 @@ long tsr_cluster_log_size(const char *path);
 void tsr_cluster_print_log_tail(FILE *f, const char *prefix, const char *path, long off,
                                 int nlines);
 
-/* ---- cmd_online.c: what every online command (query, update, read, stats, health,
+/* ---- cmd_online.c and targets.c: what every online command (query, update, read, stats, health,
  * upsert, remove) shares ---- */
 #include "core/cmdline.h"
 #include "net/rpc.h"
@@ -77,7 +77,7 @@ typedef struct tsr_cli_tls {
  * error). */
 int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
                         void (*usage)(FILE *), int max_args, int argc, char **argv, int *nargs);
-/* Opens the channel to target with the TLS / token flags. Returns NULL on failure with
+/* (targets.c) Opens the channel to target with the TLS / token flags. Returns NULL on failure with
  * *code = 2 (TLS flags or files are wrong: a usage error) or 1. TSR_TLS_CA /
  * TSR_TLS_SERVER_NAME / TSR_TOKEN_FILE stand in for the flags when those are not given. */
 tsr_rpc_channel *tsr_cli_connect(const char *prog, const char *target, const tsr_cli_tls *t,
