@@ -326,8 +326,9 @@ typedef struct tsr__lead {
     char members[32][128];      /* under mu: PREFIX/members/ as last read (GetIndexStats) */
     size_t nmembers;
     pthread_cond_t cv;          /* CLOCK_MONOTONIC: the thread's sleep; stop wakes it */
-    int stop, live;             /* under mu */
-    pthread_t thread;
+    int stop, live, wlive;      /* under mu */
+    pthread_t thread, wthread;  /* the lease/election thread; the PREFIX/version watcher */
+    pthread_mutex_t follow_mu;  /* serializes moving the snapshot (both threads) */
 } tsr__lead;
 
 /* ---- the coordinator --------------------------------------------------------------- */

@@ -16,8 +16,9 @@
  *     ttl minus a margin (max(1 s, ttl/5)), before etcd can expire the lease and let another
  *     coordinator win (a leader cut off from etcd stops acting before its successor starts).
  *     A fenced commit that fails (update.c) steps down at once too.
- *   - following: when PREFIX/version names a newer version than the served one (a follower,
- *     or a coordinator that just won and must start from the committed version), the version
+ *   - following: a second thread watches PREFIX/version (the wake-up's read is the fallback
+ *     while the watch is down); when it names a newer version than the served one (a
+ *     follower, or a coordinator that just won and must start from it), the version
  *     is fetched (meta.c: from the local cache or etcd), loaded and published (stream.c) —
  *     queries never touch etcd, they read the snapshot this thread moves.
  * A new leader thereby settles an interrupted update by the committed version in etcd:
@@ -27,7 +28,8 @@
  * Fencing: the term is the create revision of our leader key; every shard call carries it
  * (tsr__coord_term) and the commit transaction compares it (tsr__leader_fence).
  *
- * Threads: the thread is the only writer of leading/term/lease; others read them atomically.
+ * Threads: the lease thread is the only writer of leading/term/lease; follow_mu serializes
+ * the two threads' moves of the snapshot; others read them atomically.
  * addr and stop are under lead.mu. Calls: meta, state, stream (tsr__stream_lock is taken
  * to publish; no other lock of coord.h is held with it here).
  */
@@ -80,8 +82,17 @@ size_t tsr__leader_fence(tsr__coord *c, tsr_etcd_cmp *cmp)
     return 2;
 }
 
-/* Moves the served snapshot to the version etcd holds when it is newer. */
+static void follow_locked(tsr__coord *c);
+
+/* Moves the served snapshot to the version etcd holds when it is newer (either thread). */
 static void follow(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->lead.follow_mu);
+    follow_locked(c);
+    pthread_mutex_unlock(&c->lead.follow_mu);
+}
+
+static void follow_locked(tsr__coord *c)
 {
     tsr_error err = TSR_ERROR_INIT;
     uint64_t v = 0;
@@ -247,6 +258,54 @@ static void *lead_main(void *p)
     return NULL;
 }
 
+static int stopping(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->lead.mu);
+    int s = c->lead.stop;
+    pthread_mutex_unlock(&c->lead.mu);
+    return s;
+}
+
+/* The watcher: a follower moves as soon as PREFIX/version changes (the lease thread's
+ * periodic read is the fallback while the watch is down). */
+static void *watch_main(void *p)
+{
+    tsr__coord *c = p;
+    tsr_etcd_watch *w = NULL;
+    char key[300];
+    tsr__meta_key(c->meta, "/version", key, sizeof key);
+    while (!stopping(c)) {
+        tsr_error err = TSR_ERROR_INIT;
+        if (!w) {
+            if (tsr_etcd_watch_open(c->meta->etcd, key, 0, 0, &w, &err)) {
+                w = NULL;
+                pthread_mutex_lock(&c->lead.mu);
+                if (!c->lead.stop) {
+                    struct timespec ts = tsr_clock_mono_timespec(500);
+                    pthread_cond_timedwait(&c->lead.cv, &c->lead.mu, &ts);
+                }
+                pthread_mutex_unlock(&c->lead.mu);
+                continue;
+            }
+            if (!atomic_load(&c->lead.leading))
+                follow(c); /* a change between the last read and the watch */
+        }
+        tsr_etcd_event *ev = NULL;
+        size_t n = 0;
+        int rc = tsr_etcd_watch_next(w, 300, &ev, &n, &err);
+        if (rc == 0) {
+            tsr_etcd_events_free(ev, n);
+            if (!atomic_load(&c->lead.leading))
+                follow(c);
+        } else if (rc != TSR_ETIMEOUT) {
+            tsr_etcd_watch_close(w);
+            w = NULL;
+        }
+    }
+    tsr_etcd_watch_close(w);
+    return NULL;
+}
+
 int tsr__leader_start(tsr__coord *c)
 {
     if (!c->meta)
@@ -254,6 +313,8 @@ int tsr__leader_start(tsr__coord *c)
     pthread_mutex_lock(&c->lead.mu);
     int rc = pthread_create(&c->lead.thread, NULL, lead_main, c);
     c->lead.live = rc == 0;
+    if (rc == 0) /* without the watcher, followers still move on the periodic read */
+        c->lead.wlive = pthread_create(&c->lead.wthread, NULL, watch_main, c) == 0;
     pthread_mutex_unlock(&c->lead.mu);
     return rc ? TSR_EINTERNAL : 0;
 }
@@ -265,10 +326,12 @@ void tsr__leader_stop(tsr__coord *c)
     pthread_mutex_lock(&c->lead.mu);
     c->lead.stop = 1;
     pthread_cond_broadcast(&c->lead.cv);
-    int live = c->lead.live;
+    int live = c->lead.live, wlive = c->lead.wlive;
     pthread_mutex_unlock(&c->lead.mu);
     if (live)
         pthread_join(c->lead.thread, NULL);
+    if (wlive)
+        pthread_join(c->lead.wthread, NULL);
     atomic_store(&c->lead.leading, 0);
     int64_t lease = atomic_exchange(&c->lead.lease, 0);
     tsr_error err = TSR_ERROR_INIT;

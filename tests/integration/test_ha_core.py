@@ -230,7 +230,8 @@ def test_two_coordinators(etcd, x, b0, b1, b2):
         t0 = time.time()
         while b.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10).version != 1:
             assert time.time() - t0 < 10, b.text()
-            time.sleep(0.05)
+            time.sleep(0.01)
+        lag = time.time() - t0
         ids = ["x%05d" % i for i in range(0, 2000, 173)]
         assert answers(tp, b.stub, x, ids) == answers(tp, cl.stub, x, ids)
         op = update(tp, cl.stub, b1)
@@ -250,9 +251,9 @@ def test_two_coordinators(etcd, x, b0, b1, b2):
         while shard_versions(cl) != [3, 3]:
             assert time.time() - t0 < 20, shard_versions(cl)
             time.sleep(0.1)
-        print("two coordinators: follower refuses writes naming the leader, follows v1/v2; "
-              "kill -9 of the leader -> new leader in %.2f s (TTL %d s); update -> v3" %
-              (took, TTL))
+        print("two coordinators: follower refuses writes naming the leader, follows v1 %.2f s "
+              "after GetOperation said SUCCEEDED; kill -9 of the leader -> new leader in %.2f s "
+              "(TTL %d s); update -> v3" % (lag, took, TTL))
         check_fencing(cl)
     finally:
         if b:
