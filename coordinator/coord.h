@@ -326,8 +326,9 @@ typedef struct tsr__lead {
     char members[32][128];      /* under mu: PREFIX/members/ as last read (GetIndexStats) */
     size_t nmembers;
     pthread_cond_t cv;          /* CLOCK_MONOTONIC: the thread's sleep; stop wakes it */
-    int stop, live;             /* under mu */
-    pthread_t thread;
+    int stop, live, wlive;      /* under mu */
+    pthread_t thread, wthread;  /* the lease/election thread; the PREFIX/version watcher */
+    pthread_mutex_t follow_mu;  /* serializes moving the snapshot (both threads) */
 } tsr__lead;
 
 /* ---- the coordinator --------------------------------------------------------------- */
@@ -667,6 +668,10 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns);
  * Takes the stream lock. Returns 0 or an error (streamed writes then stay refused until
  * a restart: the log is closed). */
 int tsr__stream_adopt(tsr__coord *c, tsr_error *err);
+/* A follower (leader.c): one round rec (borrowed) the leader mirrored in etcd, applied to
+ * the overlay when it is of the served version and newer than what was applied (a repeat
+ * is ignored), so that reads on a follower see the streamed writes. Takes the stream lock. */
+void tsr__stream_follow(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec);
 /* 1 when the overlay holds at least stream_fold_records writes (a fold is due). */
 int tsr__stream_fold_due(tsr__coord *c);
 /* reconcile: replica k answered Stats with stream_seq applied at the served version; when

@@ -16,8 +16,9 @@
  *     ttl minus a margin (max(1 s, ttl/5)), before etcd can expire the lease and let another
  *     coordinator win (a leader cut off from etcd stops acting before its successor starts).
  *     A fenced commit that fails (update.c) steps down at once too.
- *   - following: when PREFIX/version names a newer version than the served one (a follower,
- *     or a coordinator that just won and must start from the committed version), the version
+ *   - following: a second thread watches PREFIX/version (the wake-up's read is the fallback
+ *     while the watch is down); when it names a newer version than the served one (a
+ *     follower, or a coordinator that just won and must start from it), the version
  *     is fetched (meta.c: from the local cache or etcd), loaded and published (stream.c) —
  *     queries never touch etcd, they read the snapshot this thread moves.
  * A new leader thereby settles an interrupted update by the committed version in etcd:
@@ -27,7 +28,8 @@
  * Fencing: the term is the create revision of our leader key; every shard call carries it
  * (tsr__coord_term) and the commit transaction compares it (tsr__leader_fence).
  *
- * Threads: the thread is the only writer of leading/term/lease; others read them atomically.
+ * Threads: the lease thread is the only writer of leading/term/lease; follow_mu serializes
+ * the two threads' moves of the snapshot; others read them atomically.
  * addr and stop are under lead.mu. Calls: meta, state, stream (tsr__stream_lock is taken
  * to publish; no other lock of coord.h is held with it here).
  */
@@ -41,6 +43,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "tessera/v1/coord_log.pb-c.h"
 
 static int64_t period_ms(const tsr__coord *c)
 {
@@ -80,8 +83,37 @@ size_t tsr__leader_fence(tsr__coord *c, tsr_etcd_cmp *cmp)
     return 2;
 }
 
-/* Moves the served snapshot to the version etcd holds when it is newer. */
+static void follow_locked(tsr__coord *c);
+
+static int follow_one(void *ud, const uint8_t *buf, size_t len, tsr_error *err)
+{
+    tsr__coord *c = ud;
+    (void)err;
+    Tessera__V1__CoordLogRecord *rec = tessera__v1__coord_log_record__unpack(NULL, len, buf);
+    if (rec) {
+        tsr__stream_follow(c, rec);
+        tessera__v1__coord_log_record__free_unpacked(rec, NULL);
+    }
+    return 0;
+}
+
+/* A follower: the streamed rounds of version v the leader mirrored (seq -1: all of them). */
+static void follow_stream(tsr__coord *c, uint64_t v, int64_t seq)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    if (v && tsr__meta_log_fetch(c->meta, v, seq, follow_one, c, &err))
+        tsr_warn("leader: the streamed writes of version %" PRIu64 " from etcd: %s", v, err.msg);
+}
+
+/* Moves the served snapshot to the version etcd holds when it is newer (either thread). */
 static void follow(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->lead.follow_mu);
+    follow_locked(c);
+    pthread_mutex_unlock(&c->lead.follow_mu);
+}
+
+static void follow_locked(tsr__coord *c)
 {
     tsr_error err = TSR_ERROR_INIT;
     uint64_t v = 0;
@@ -104,6 +136,7 @@ static void follow(tsr__coord *c)
     tsr__stream_publish(c, ns);
     tsr__stream_unlock(c);
     tsr_info("now serving version %" PRIu64 " (committed in etcd)", v);
+    follow_stream(c, v, -1); /* rounds the leader streamed on it before we moved */
 }
 
 static void set_etcd_err(tsr__coord *c, const char *msg)
@@ -247,6 +280,103 @@ static void *lead_main(void *p)
     return NULL;
 }
 
+static int stopping(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->lead.mu);
+    int s = c->lead.stop;
+    pthread_mutex_unlock(&c->lead.mu);
+    return s;
+}
+
+/* The watcher: a follower moves as soon as PREFIX/version changes (the lease thread's
+ * periodic read is the fallback while the watch is down). */
+/* A stream key event: a record's completion mark ".../stream/<v>/<seq>/n" is applied. */
+static void stream_event(tsr__coord *c, const tsr_etcd_event *e, size_t plen)
+{
+    unsigned long long v = 0;
+    long long seq = 0;
+    int used = 0;
+    if (e->deleted || sscanf(e->kv.key + plen, "%llu/%lld/n%n", &v, &seq, &used) != 2 ||
+        e->kv.key[plen + (size_t)used] != 0 || atomic_load(&c->lead.leading))
+        return;
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    uint64_t served = sn->version;
+    tsr__snap_unref(sn);
+    if (v > served)
+        follow(c); /* moves, then fetches every round of v */
+    else if (v == served)
+        follow_stream(c, v, seq);
+}
+
+/* Drains the stream watch ws for up to ms; 0, or nonzero when it broke. */
+static int stream_poll(tsr__coord *c, tsr_etcd_watch *ws, size_t plen, int64_t ms)
+{
+    tsr_etcd_event *ev = NULL;
+    size_t n = 0;
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = tsr_etcd_watch_next(ws, ms, &ev, &n, &err);
+    if (rc == 0) {
+        for (size_t i = 0; i < n; i++)
+            stream_event(c, &ev[i], plen);
+        tsr_etcd_events_free(ev, n);
+    }
+    return rc != 0 && rc != TSR_ETIMEOUT;
+}
+
+static void *watch_main(void *p)
+{
+    tsr__coord *c = p;
+    tsr_etcd_watch *w = NULL, *ws = NULL;
+    char key[300], spre[320];
+    tsr__meta_key(c->meta, "/version", key, sizeof key);
+    tsr__meta_key(c->meta, "/stream/", spre, sizeof spre);
+    while (!stopping(c)) {
+        tsr_error err = TSR_ERROR_INIT;
+        if (!w || !ws) {
+            tsr_etcd_watch_close(w);
+            tsr_etcd_watch_close(ws);
+            w = ws = NULL;
+            if (tsr_etcd_watch_open(c->meta->etcd, key, 0, 0, &w, &err) ||
+                tsr_etcd_watch_open(c->meta->etcd, spre, 1, 0, &ws, &err)) {
+                tsr_etcd_watch_close(w);
+                w = NULL;
+                pthread_mutex_lock(&c->lead.mu);
+                if (!c->lead.stop) {
+                    struct timespec ts = tsr_clock_mono_timespec(500);
+                    pthread_cond_timedwait(&c->lead.cv, &c->lead.mu, &ts);
+                }
+                pthread_mutex_unlock(&c->lead.mu);
+                continue;
+            }
+            if (!atomic_load(&c->lead.leading)) { /* changes between the reads and the watch */
+                follow(c);
+                tsr__snap *sn = tsr__coord_snap_get(c);
+                uint64_t v = sn->version;
+                tsr__snap_unref(sn);
+                follow_stream(c, v, -1);
+            }
+        }
+        tsr_etcd_event *ev = NULL;
+        size_t n = 0;
+        int rc = tsr_etcd_watch_next(w, 150, &ev, &n, &err);
+        if (rc == 0) {
+            tsr_etcd_events_free(ev, n);
+            if (!atomic_load(&c->lead.leading))
+                follow(c);
+        } else if (rc != TSR_ETIMEOUT) {
+            tsr_etcd_watch_close(w);
+            w = NULL;
+        }
+        if (ws && stream_poll(c, ws, strlen(spre), 150)) {
+            tsr_etcd_watch_close(ws);
+            ws = NULL;
+        }
+    }
+    tsr_etcd_watch_close(w);
+    tsr_etcd_watch_close(ws);
+    return NULL;
+}
+
 int tsr__leader_start(tsr__coord *c)
 {
     if (!c->meta)
@@ -254,6 +384,8 @@ int tsr__leader_start(tsr__coord *c)
     pthread_mutex_lock(&c->lead.mu);
     int rc = pthread_create(&c->lead.thread, NULL, lead_main, c);
     c->lead.live = rc == 0;
+    if (rc == 0) /* without the watcher, followers still move on the periodic read */
+        c->lead.wlive = pthread_create(&c->lead.wthread, NULL, watch_main, c) == 0;
     pthread_mutex_unlock(&c->lead.mu);
     return rc ? TSR_EINTERNAL : 0;
 }
@@ -265,10 +397,12 @@ void tsr__leader_stop(tsr__coord *c)
     pthread_mutex_lock(&c->lead.mu);
     c->lead.stop = 1;
     pthread_cond_broadcast(&c->lead.cv);
-    int live = c->lead.live;
+    int live = c->lead.live, wlive = c->lead.wlive;
     pthread_mutex_unlock(&c->lead.mu);
     if (live)
         pthread_join(c->lead.thread, NULL);
+    if (wlive)
+        pthread_join(c->lead.wthread, NULL);
     atomic_store(&c->lead.leading, 0);
     int64_t lease = atomic_exchange(&c->lead.lease, 0);
     tsr_error err = TSR_ERROR_INIT;

@@ -426,13 +426,15 @@ int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf,
     return tsr_etcd_put(m->etcd, key, mark, (size_t)ml, 0, NULL, err); /* complete now */
 }
 
-int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, tsr__meta_log_fn fn, void *ud, tsr_error *err)
+int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, int64_t seq, tsr__meta_log_fn fn, void *ud,
+                        tsr_error *err)
 {
-    char pre[400];
+    char pre[400], q[400];
     log_prefix(m, v, -1, pre, sizeof pre);
+    log_prefix(m, v, seq, q, sizeof q); /* seq >= 0: one record, the same walk */
     tsr_etcd_kv *kvs = NULL;
     size_t n = 0;
-    int rc = tsr_etcd_get_prefix(m->etcd, pre, 0, &kvs, &n, NULL, err);
+    int rc = tsr_etcd_get_prefix(m->etcd, q, 0, &kvs, &n, NULL, err);
     if (rc)
         return rc;
     size_t pl = strlen(pre);

@@ -95,7 +95,8 @@ int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_er
 int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
                       tsr_error *err);
 typedef int (*tsr__meta_log_fn)(void *ud, const uint8_t *buf, size_t len, tsr_error *err);
-int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, tsr__meta_log_fn fn, void *ud, tsr_error *err);
+int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, int64_t seq, tsr__meta_log_fn fn, void *ud,
+                        tsr_error *err); /* seq -1: every record of v, else that one */
 void tsr__meta_log_drop(tsr__meta *m, uint64_t v);
 
 #endif

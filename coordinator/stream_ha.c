@@ -91,7 +91,7 @@ int tsr__shlog_restore(tsr__coord *c, uint64_t version, int *found, tsr_error *e
         return 0;
     restore rs = {.c = c, .version = version, .fd = -1};
     tsr__slog_path(c->store, version, rs.path, sizeof rs.path);
-    int rc = tsr__meta_log_fetch(c->meta, version, restore_one, &rs, err);
+    int rc = tsr__meta_log_fetch(c->meta, version, -1, restore_one, &rs, err);
     if (rs.fd >= 0) {
         close(rs.fd);
         *found = rc == 0;
