@@ -69,11 +69,11 @@ def main():
                        text=True, timeout=30, env=dict(os.environ, TSR_ETCD="/nonexistent/etcd"))
     assert r.returncode == 1 and "needs etcd, which is not installed" in r.stderr, r
     assert not os.path.exists(os.path.join(tmp, "no")), "a folder was made without etcd"
+    no_etcd = r.stderr.strip()
     r = subprocess.run([TESSERA, "cluster", "up", "--data", os.path.join(tmp, "no"),
                         "--coordinators", "2"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "needs --etcd-local" in r.stderr, r
-    print("a. no etcd: exit 1 (%s); --coordinators 2 alone: exit 2" %
-          r.stderr.strip()[:60])
+    print("a. no etcd: exit 1 (%s); --coordinators 2 alone: exit 2" % no_etcd[:90])
 
     rng = np.random.default_rng(5)
     x = rng.normal(size=(N, D)).astype("float32")
