@@ -1,8 +1,8 @@
 /*
  * tessera-shard — one shard of a Tessera cluster: loads the CURRENT version of its data
- * directory (or starts empty at version 0), serves tessera.v1.Shard (Search, Read,
- * Stage/Prepare/Commit/Abort/Release, Stats) and grpc.health.v1.Health over gRPC, and
- * stops gracefully on SIGTERM / SIGINT.
+ * directory (or starts empty at version 0) and replays its write-ahead log, serves
+ * tessera.v1.Shard (Search, Read, Stage/Prepare/Commit/Abort/Release, Stats, Write) and
+ * grpc.health.v1.Health over gRPC, and stops gracefully on SIGTERM / SIGINT.
  *
  * DESIGN (threads): SIGINT/SIGTERM post a semaphore that main waits on (common/core/cmdline.h
  * says why not sigwait: OpenBLAS starts a thread before main, which a signal mask set in
@@ -33,9 +33,10 @@ static void usage(FILE *f)
             "Serves one shard of a Tessera cluster (service tessera.v1.Shard + grpc health).\n"
             "  --listen ADDR   address to listen on, e.g. 127.0.0.1:7101 (port 0 = any free port;\n"
             "                  the chosen port is logged)\n"
-            "  --data DIR      data directory: CURRENT and v<N>/{slice.faiss, meta, vectors.f32,\n"
-            "                  MANIFEST}; created when missing (then the shard starts empty at\n"
-            "                  version 0 and receives its first version through Stage/Prepare/Commit)\n"
+            "  --data DIR      data directory: CURRENT, v<N>/{slice.faiss, meta, vectors.f32,\n"
+            "                  MANIFEST} and wal/v<N>.log (streamed writes); created when missing\n"
+            "                  (then the shard starts empty at version 0 and receives its first\n"
+            "                  version through Stage/Prepare/Commit)\n"
             "  --metrics-listen A  serve Prometheus /metrics and /healthz on A (e.g. 127.0.0.1:9100;\n"
             "                  \":9100\" is loopback too; 0.0.0.0:9100 exposes it to the network)\n"
             "  --peer-token-file FILE  accept only calls with \"authorization: Bearer <token>\" of\n"
@@ -44,7 +45,7 @@ static void usage(FILE *f)
             "  --insecure-no-auth  serve a non-loopback --listen without --peer-token-file or\n"
             "                  --tls-client-ca (otherwise refused: anyone could stage or commit)\n"
             "  --threads T     gRPC polling threads (default 1; one completion queue each)\n"
-            "  --workers W     worker threads for Stage/Prepare/Commit/Abort/Release (default 2)\n"
+            "  --workers W     worker threads for Stage/Prepare/Commit/Abort/Release/Write (default 2)\n"
             "  --tls-cert FILE PEM certificate chain: the port speaks TLS only (no plaintext)\n"
             "  --tls-key FILE  PEM private key of --tls-cert (unencrypted)\n"
             "  --tls-client-ca FILE  mutual TLS: require client certificates signed by this CA\n"

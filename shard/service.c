@@ -5,10 +5,10 @@
  * shard does not hold → FAILED_PRECONDITION), run it on an immutable version snapshot
  * (scan.c) or on the update state (update.c), and encode the reply.
  *
- * DESIGN (threads): Search, Read, Stats, Commit, Abort and Release run on the rpc
- * polling threads (short; Search and Read take only a version reference, Stats only
- * table_mu); Stage and Prepare run on the rpc worker pool (TSR_RPC_LONG) since they parse
- * chunks, build and fsync a version.
+ * DESIGN (threads): Search, Read and Stats run on the rpc polling threads (short;
+ * Search and Read take only a version and delta reference, Stats only table_mu); Stage,
+ * Prepare, Commit, Abort, Release and Write run on the rpc worker pool (TSR_RPC_LONG):
+ * they parse chunks, build and fsync a version, or append to and fdatasync the log.
  */
 #include <math.h>
 #include <stdio.h>
@@ -749,7 +749,12 @@ int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
         if (rc != 0)
             return rc;
     }
-    return 0;
+    /* staged datapoints carry embedding_metadata, a google.protobuf.Struct (recursive) */
+    if (tsr_rpc_server_set_request_type(srv, "/tessera.v1.Shard/Stage",
+                                        &tessera__v1__stage_request__descriptor))
+        return TSR_EINTERNAL;
+    return tsr_rpc_server_set_request_type(srv, "/tessera.v1.Shard/Write",
+                                           &tessera__v1__shard_write_request__descriptor);
 }
 
 /* The /metrics collector (docs/operations.md): the served version's number, dense

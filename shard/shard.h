@@ -14,11 +14,17 @@
  * the row tables (row r of the filter meta = entry r of the version: lists first, in list
  * order, then sparse-only datapoints).
  *
- * DESIGN (threads): a published version is never modified; readers hold a reference
- * taken under tsr__shard.table_mu, which is held only to look up a version and bump its
- * refcount, or to swap the table entries (never during I/O or building). Updates are
- * serialized by update_mu, which no query ever takes. Lock order: update_mu, then
- * table_mu.
+ * Streamed writes (stream.c, delta.c, wal.c) add to each version a tsr__delta: an
+ * immutable snapshot of the writes applied on it, replaced whole by each Write; the
+ * version owns a ref to its latest one (tsr__version.delta).
+ *
+ * DESIGN (threads): a published version is never modified except its delta pointer (and
+ * the writer-only dtags); readers take a reference to the version and to its delta
+ * together under tsr__shard.table_mu, which is held only to look up a version and bump its
+ * refcounts, or to swap the table entries or a delta pointer (never during I/O or
+ * building). Updates are serialized by update_mu, which no query ever takes; Writes by
+ * write_mu (stream.c), which no query takes either. Lock order: update_mu, then write_mu,
+ * then table_mu.
  */
 #ifndef TSR_SHARD_INTERNAL_H
 #define TSR_SHARD_INTERNAL_H
@@ -246,7 +252,10 @@ int tsr__convert_edits(const tsr__tmpl *t, const uint8_t *owned,
 /* proto <-> datapoint */
 int tsr__dp_from_proto(const Tessera__V1__IndexDatapoint *p, size_t d, tsr_datapoint *dp,
                        tsr_error *err);
-/* Returns a new message (free with tsr__dp_proto_free) that borrows dp's strings. */
+/* tsr__dp_from_proto keeps embedding_metadata serialized (dp->metadata; more than
+ * TSR_METADATA_MAX bytes is TSR_EINVAL). tsr__dp_to_proto returns a new message (free with
+ * tsr__dp_proto_free) that borrows dp's strings and arrays and owns the unpacked
+ * embedding_metadata; NULL when out of memory. */
 Tessera__V1__IndexDatapoint *tsr__dp_to_proto(const tsr_datapoint *dp);
 void tsr__dp_proto_free(Tessera__V1__IndexDatapoint *p);
 

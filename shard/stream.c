@@ -39,12 +39,12 @@ static void wal_path(const tsr__shard *s, int64_t version, char *buf, size_t cap
     snprintf(buf, cap, "%s/wal/v%" PRId64 ".log", s->dir, version);
 }
 
-/* The current version and its delta, refs (caller holds write_mu or is alone). */
-static tsr__version *current(tsr__shard *s, tsr__delta **d)
+/* A ref to the current version (its delta pointer is read under write_mu: only a
+ * writer holding it changes it). */
+static tsr__version *current(tsr__shard *s)
 {
     pthread_mutex_lock(&s->table_mu);
     tsr__version *v = tsr__version_ref(s->current);
-    *d = tsr__delta_ref(v->delta);
     pthread_mutex_unlock(&s->table_mu);
     return v;
 }
@@ -177,7 +177,6 @@ int tsr__shard_write(tsr__shard *s, const uint8_t *raw, size_t len,
     size_t nrecs = 0;
     tsr__rec **recs = tsr_try_calloc(rq->n_upserts + 1, sizeof *recs);
     int64_t *dels = tsr_try_malloc(rq->n_deletes + 1, sizeof *dels);
-    tsr__delta *d = NULL;
     tsr__version *v = NULL;
     if (!recs || !dels) {
         rc = tsr_err(err, TSR_ENOMEM, "out of memory");
@@ -186,8 +185,7 @@ int tsr__shard_write(tsr__shard *s, const uint8_t *raw, size_t len,
     pthread_mutex_lock(&s->write_mu);
     while (s->pausing)
         pthread_cond_wait(&s->write_cv, &s->write_mu);
-    v = current(s, &d);
-    tsr__delta_unref(d);
+    v = current(s);
     if ((rc = check_write(v, rq, recs, &nrecs, dels, err)) != 0)
         goto out;
     int64_t p = prepared_pending(s);
@@ -245,6 +243,7 @@ typedef struct replay_ctx {
  * it does not parse, names another version or does not validate. */
 static int replay_one(void *ctx, const uint8_t *p, size_t n, uint64_t off, tsr_error *err)
 {
+    (void)off; /* the log names the offset of a refused record itself */
     replay_ctx *c = ctx;
     tsr__version *v = c->v;
     int rc;
@@ -276,7 +275,6 @@ static int replay_one(void *ctx, const uint8_t *p, size_t n, uint64_t off, tsr_e
     tsr__delta_unref(v->delta); /* no reader yet: the shard is not serving */
     v->delta = nd;
 out:
-    (void)off;
     for (size_t i = 0; i < nrecs; i++)
         tsr__rec_unref(recs[i]);
     free(recs);
@@ -286,7 +284,7 @@ out:
 }
 
 /* Removes every log but the current version's (older: folded; newer: cannot exist). */
-static void remove_other_logs(tsr__shard *s, const char *wdir, int64_t cur)
+static void remove_other_logs(const char *wdir, int64_t cur)
 {
     DIR *dir = opendir(wdir);
     if (dir == NULL)
@@ -314,7 +312,6 @@ static void remove_other_logs(tsr__shard *s, const char *wdir, int64_t cur)
     closedir(dir);
     if (removed)
         tsr_file_fsync_dir(wdir, NULL);
-    (void)s;
 }
 
 /* Opens the log of s->current for appending (write_mu held or alone). */
@@ -350,7 +347,7 @@ int tsr__stream_open(tsr__shard *s, tsr_error *err)
     if (mkdir(wdir, 0755) != 0 && errno != EEXIST)
         return tsr_err(err, TSR_EIO, "%s: mkdir: %s", wdir, strerror(errno));
     tsr__version *v = s->current;
-    remove_other_logs(s, wdir, v->version);
+    remove_other_logs(wdir, v->version);
     if (v->tmpl != NULL) {
         replay_ctx c = {v, 0};
         uint64_t nrec = 0, size = 0;

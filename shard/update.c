@@ -21,8 +21,9 @@
  * DESIGN (threads): update_mu serializes every update call (Stage/Prepare run on the
  * rpc worker pool; Commit/Abort/Release are short). table_mu guards `current` and
  * `held` and is held only to look up + ref, or to swap entries: no I/O, no building,
- * no allocation beyond a pointer swap. Queries take only table_mu, briefly. Lock order:
- * update_mu before table_mu.
+ * no allocation beyond a pointer swap. Queries take only table_mu, briefly. Commit and
+ * Prepare's publication take write_mu (stream.c) with no Write in flight. Lock order:
+ * update_mu, write_mu, table_mu.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -656,9 +657,24 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
         }
     }
     v->disk_bytes = total;
+    /* Publish as PREPARED with no Write in flight (write_mu): from here Writes are
+     * refused, and one applied during the build would be missing from it. */
+    tsr__stream_pause(s);
     pthread_mutex_lock(&s->table_mu);
-    s->held[s->nheld++] = (tsr__held){v, TSR__PREPARED};
+    int64_t applied = tsr__applied_seq(st->base, st->base->delta);
+    int moved = st->base_version != 0 && applied != st->stream_seq;
+    if (!moved)
+        s->held[s->nheld++] = (tsr__held){v, TSR__PREPARED};
     pthread_mutex_unlock(&s->table_mu);
+    tsr__stream_resume(s, 0);
+    if (moved) {
+        tsr_store_remove(s->store, (uint64_t)version, NULL);
+        rc = tsr_err(err, TSR_ESTATE, "Prepare(%lld): version %lld's applied stream seq moved "
+                     "from %lld to %lld during the build (writes during a fold)",
+                     (long long)version, (long long)st->base_version,
+                     (long long)st->stream_seq, (long long)applied);
+        goto out;
+    }
     resp->ready = 1;
     resp->vectors_count = (int64_t)v->nvectors;
     resp->sparse_vectors_count = (int64_t)v->nsparse;
