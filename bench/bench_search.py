@@ -14,6 +14,11 @@ Env / args: BENCH_N (vectors, default 1000000), BENCH_NLIST (default 4000), BENC
 BENCH_NPROBES ("1,16,64,256"), BENCH_OUT (cache dir, default bench/out), TSR_BIN (bin dir),
 BENCH_SKIP_TSR_BUILD=1 to skip Tessera's own build. Generated data, ground truth, the Faiss
 index and both build times are cached under BENCH_OUT keyed by the parameters.
+
+BENCH_TSR_ENVS runs Tessera in several settings side by side on the Faiss-built file, in the
+same alternated rounds as Faiss, and prints one column per setting instead of the default
+table: a comma-separated list of settings, each `default` or env assignments joined by `+`,
+e.g. BENCH_TSR_ENVS="default,TSR_SIMD=avx2,TSR_SIMD=scalar,TSR_SEARCH_FILTER=0".
 """
 import json
 import os
@@ -150,8 +155,9 @@ def main():
     # loading (faiss_once); each Tessera round is a fresh process, so it does the same
     # (--warmup 50, untimed) before its timed search. Faiss's later rounds also run in a
     # process warmed by the earlier ones, Tessera's do not.
-    def tsr_once(path, nprobe):
+    def tsr_once(path, nprobe, extra=None):
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        env.update(extra or {})
         op = os.path.join(OUT, "tsr_out.ivecs")
         r = subprocess.run([BIN, "index", "search", "--index", path, "--queries", xq_path,
                             "--k", str(K), "--nprobe", str(nprobe), "--threads", "1",
@@ -187,6 +193,10 @@ def main():
             dt, tI = tsr_once(path, nprobe)
             tb = dt if tb is None else min(tb, dt)
         return NQ / fb, recall(fI), NQ / tb, recall(tI)
+
+    variants = [v.strip() for v in os.environ.get("BENCH_TSR_ENVS", "").split(",") if v.strip()]
+    if variants:
+        return compare_settings(variants, faiss_path, faiss_once, tsr_once, recall)
 
     have_tsr = os.path.exists(tsr_path) and "tessera_build_s" in meta
     load0 = os.getloadavg()[0]
@@ -227,6 +237,52 @@ def main():
     print("(Columns 2-6: both engines on the same Faiss-built file, runs alternated, best "
           "of %s each; Faiss's own build is that file. Build times are cached from the first "
           "run. Shared machine: compare the ratios of one run.)"
+          % os.environ.get("BENCH_REPS", "5 at nprobe <= 16, 3 at 64, 2 at 256"))
+
+
+def compare_settings(variants, path, faiss_once, tsr_once, recall):
+    """Faiss and each Tessera setting on the same file, alternated round by round, best
+    of a few rounds each; one table with QPS, the ratio to Faiss and the recall."""
+    envs = []
+    for v in variants:
+        e = {}
+        if v != "default":
+            for a in v.split("+"):
+                k, _, val = a.partition("=")
+                e[k.strip()] = val.strip()
+        envs.append(e)
+    load0 = os.getloadavg()[0]
+    rows = []
+    for p in NPROBES:
+        reps = int(os.environ.get("BENCH_REPS", 5 if p <= 16 else 3 if p <= 64 else 2))
+        fb, tb = None, [None] * len(envs)
+        fI, tI = None, [None] * len(envs)
+        for _ in range(reps):
+            dt, fI = faiss_once(path, p)
+            fb = dt if fb is None else min(fb, dt)
+            for j, e in enumerate(envs):
+                dt, tI[j] = tsr_once(path, p, e)
+                tb[j] = dt if tb[j] is None else min(tb[j], dt)
+        rows.append((p, NQ / fb, recall(fI), [NQ / t for t in tb], [recall(I) for I in tI]))
+        print("nprobe %d done" % p, file=sys.stderr)
+    print()
+    print("Search, one thread, %d queries, k=%d, %d x %d, IVF%d,PQ%dx%d L2 by_residual, "
+          "the Faiss-built file" % (NQ, K, N, D, NLIST, M, NBITS))
+    print()
+    print("| nprobe | Faiss 1.7.3 QPS | " +
+          " | ".join("Tessera %s QPS (x Faiss)" % v for v in variants) + " | recall |")
+    print("|---|---|" + "---|" * len(variants) + "---|")
+    for p, fq, fr, tq, tr in rows:
+        same = all(abs(r - fr) < 5e-4 for r in tr)
+        rec = "%.3f" % fr if same else "Faiss %.3f, Tessera %s" % (
+            fr, " / ".join("%.3f" % r for r in tr))
+        print("| %d | %.0f | " % (p, fq) +
+              " | ".join("%.0f (%.2fx)" % (q, q / fq) for q in tq) + " | %s |" % rec)
+    print()
+    print("Load average (1 min) at the start / end of the searches: %.1f / %.1f on %d cores"
+          % (load0, os.getloadavg()[0], os.cpu_count() or 0))
+    print("(Runs alternated Faiss, then each Tessera setting, best of %s each; shared "
+          "machine: compare the ratios of one run.)"
           % os.environ.get("BENCH_REPS", "5 at nprobe <= 16, 3 at 64, 2 at 256"))
 
 

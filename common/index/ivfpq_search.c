@@ -12,8 +12,8 @@
  * negation is exact in float, so IP results are the negated scan values bit for bit).
  * The scan computes a block of distances with a kernel, then a scalar pass offers the
  * few that beat the heap top to the filter and the heap. From nprobe 2 on (8-bit codes,
- * AVX-512 VBMI) a quantized prefilter bounds 64 codes at a time from a transposed copy of
- * the codes kept in the search cache, and only the codes whose bound is within a
+ * AVX-512 VBMI or AVX2) a quantized prefilter bounds 64 codes at a time from a transposed
+ * copy of the codes kept in the search cache, and only the codes whose bound is within a
  * rounding margin of the heap top get the exact sum: same results, ~3x less work at
  * nprobe 64 (see scan_list and tsr__quantize_table; docs/performance.md has figures).
  *
@@ -76,6 +76,8 @@ const char *tsr_ivfpq_search_simd_name(enum tsr_simd s)
 }
 
 static tsr__scan8_fn scan8_for(enum tsr_simd s);
+static int quantize_for(tsr__filter8_fn fn, const float *T, size_t M, uint8_t *Tq,
+                        float *qmin, float *delta, float *tabs);
 
 /* Gathers are not always faster than scalar loads (on the virtualized AMD EPYC of the
  * benchmarks, AVX2 gathers are ~20x and AVX-512 gathers ~3x slower than the scalar
@@ -300,8 +302,9 @@ int tsr_ivfpq_list_terms(const tsr_ivfpq *ix, size_t list, const uint8_t *codes,
     return 0;
 }
 
-/* TSR_SEARCH_FILTER: "0" = no prefilter, "scalar" = the scalar filter kernel (tests),
- * otherwise the AVX-512 VBMI kernel where the CPU has it, else none. */
+/* TSR_SEARCH_FILTER: "0" = no prefilter (0), "scalar" = the scalar filter kernel (1,
+ * tests), otherwise the AVX-512 VBMI kernel where the CPU has it (2), else the AVX2 kernel
+ * (3), else none (0). */
 static int filter_env(void)
 {
     const char *e = getenv("TSR_SEARCH_FILTER");
@@ -309,7 +312,13 @@ static int filter_env(void)
         return 0;
     if (e && strcmp(e, "scalar") == 0)
         return 1;
-    return tsr__filter8_avx512_supported() ? 2 : 0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (tsr__filter8_avx512_supported())
+        return 2;
+    if (tsr__filter8_avx2_supported())
+        return 3;
+#endif
+    return 0;
 }
 
 /* The transposed copy is built only where a filter kernel will use it. */
@@ -854,7 +863,7 @@ static int search_one(worker *w, size_t qi)
             meta_prefetch(ix, jb->cache, qlists[p]);
         float tabs = 0;
         if (jb->filter != NULL && jb->nprobe >= FILTER_MIN_NPROBE &&
-            tsr__quantize_table(w->T, pq->M, w->Tq, &fl.qmin, &fl.delta, &tabs)) {
+            quantize_for(jb->filter, w->T, pq->M, w->Tq, &fl.qmin, &fl.delta, &tabs)) {
             fl.fn = jb->filter;
             fl.Tq = w->Tq;
             fl.bsz = fblock_bytes(jb->cache, pq->M);
@@ -970,15 +979,26 @@ static int check_index(const tsr_ivfpq *ix, size_t k, tsr_error *err)
     return 0;
 }
 
-/* 1 when the caller or TSR_SIMD asked for the scalar or the AVX2 path. */
-static int plain_forced(enum tsr_simd asked)
+/* The path the caller or TSR_SIMD forced: TSR_SIMD_AUTO when none (or an unknown name). */
+static enum tsr_simd simd_forced(enum tsr_simd asked)
 {
     if (asked == TSR_SIMD_AUTO) {
         const char *e = getenv("TSR_SIMD");
-        if (e && (strcmp(e, "scalar") == 0 || strcmp(e, "avx2") == 0))
-            return 1;
+        if (e && strcmp(e, "scalar") == 0)
+            return TSR_SIMD_SCALAR;
+        if (e && strcmp(e, "avx2") == 0)
+            return TSR_SIMD_AVX2;
+        if (e && strcmp(e, "avx512") == 0)
+            return TSR_SIMD_AVX512;
     }
-    return asked == TSR_SIMD_SCALAR || asked == TSR_SIMD_AVX2;
+    return asked;
+}
+
+/* 1 when the caller or TSR_SIMD asked for the scalar or the AVX2 path. */
+static int plain_forced(enum tsr_simd asked)
+{
+    enum tsr_simd f = simd_forced(asked);
+    return f == TSR_SIMD_SCALAR || f == TSR_SIMD_AVX2;
 }
 
 /* The AVX-512 table unless the caller or TSR_SIMD forced the scalar or AVX2 path (which
@@ -988,17 +1008,38 @@ static int wide_table_ok(enum tsr_simd asked)
     return !plain_forced(asked) && tsr_ivfpq_search_simd_supported(TSR_SIMD_AVX512);
 }
 
-/* The prefilter kernel, NULL = none: it runs with the automatic kernel choice or forced
- * AVX-512 (a forced scalar or AVX2 path stays that plain path), or forced by
- * TSR_SEARCH_FILTER=scalar. */
+/* The prefilter kernel, NULL = none. TSR_SEARCH_FILTER=scalar forces the scalar one and
+ * =0 none; otherwise a forced scalar path stays the plain scalar scan, a forced AVX2 path
+ * (or a CPU without VBMI) takes the AVX2 kernel, and the automatic choice or forced
+ * AVX-512 the VBMI kernel where the CPU has it. */
 static tsr__filter8_fn filter_kernel(enum tsr_simd asked)
 {
     int fe = filter_env();
+    enum tsr_simd f = simd_forced(asked);
     if (fe == 1)
         return tsr__filter8_scalar;
-    if (fe == 2 && !plain_forced(asked))
+    if (fe == 0 || f == TSR_SIMD_SCALAR)
+        return NULL;
+    if (fe == 2 && f != TSR_SIMD_AVX2)
         return tsr__filter8_avx512;
-    return NULL;
+    return tsr__filter8_avx2; /* fe is 2 or 3: the CPU has AVX2 */
+}
+
+tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked)
+{
+    return filter_kernel(asked);
+}
+
+/* tsr__quantize_table, then the kernel's own layout of the table (the AVX2 kernel reads
+ * slice differences, see ivfpq_search_avx2.c). Returns what tsr__quantize_table returns. */
+static int quantize_for(tsr__filter8_fn fn, const float *T, size_t M, uint8_t *Tq,
+                        float *qmin, float *delta, float *tabs)
+{
+    if (!tsr__quantize_table(T, M, Tq, qmin, delta, tabs))
+        return 0;
+    if (fn == tsr__filter8_avx2)
+        tsr__filter8_prep_avx2(Tq, M);
+    return 1;
 }
 
 int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
@@ -1278,8 +1319,9 @@ float tsr_ivfpq_scanner_scan_filtered(tsr_ivfpq_scanner *s, const uint8_t *codes
     if (fl != NULL && s->filter != NULL && fl->n == n && fl->has_term == (term != NULL)) {
         if (s->tq_state == 0) /* quantized once per query, on the first filtered list */
             s->tq_state =
-                tsr__quantize_table(s->T, pq->M, s->Tq, &s->qmin, &s->delta, &s->tabs) ? 1
-                                                                                        : -1;
+                quantize_for(s->filter, s->T, pq->M, s->Tq, &s->qmin, &s->delta, &s->tabs)
+                    ? 1
+                    : -1;
         /* The rounding margin as in search_one, with the list's own max |term|. */
         float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
         if (s->tq_state == 1 && margin < INFINITY) {

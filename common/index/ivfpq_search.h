@@ -19,8 +19,10 @@
  * exactly as Faiss's IndexIVFPQR::search_preassigned.
  *
  * Env knobs (results never change, only speed): TSR_SIMD=scalar|avx2|avx512 forces a
- * scan kernel, TSR_SEARCH_FILTER=0|scalar turns the quantized prefilter off or forces its
- * scalar kernel (read when the cache is built and at each search).
+ * scan kernel (scalar: the plain scalar scan, no prefilter; avx2: the AVX2 scan and the
+ * AVX2 prefilter kernel, as on a CPU without AVX-512 VBMI), TSR_SEARCH_FILTER=0|scalar
+ * turns the quantized prefilter off or forces its scalar kernel (read when the cache is
+ * built and at each search).
  *
  * Thread safety: concurrent searches on one index are safe. The search cache is built on
  * first use (under a lock) from the lists as they are then; an index must not be modified
@@ -132,8 +134,8 @@ typedef struct tsr_ivfpq_flist tsr_ivfpq_flist;
 /* Builds the prefilter data of one list of n codes (n * code_size bytes) and their terms
  * (NULL when tsr_ivfpq_has_terms is 0), all copied: M * 64 + 256 bytes per block of 64
  * codes. *out is set to NULL (and 0 returned) when no prefilter kernel runs for ix in this
- * process (8-bit codes, M <= 256, AVX-512 VBMI or TSR_SEARCH_FILTER=scalar; not with
- * TSR_SEARCH_FILTER=0 or TSR_SIMD=scalar|avx2) or n == 0. Returns 0 or TSR_ENOMEM. */
+ * process (8-bit codes, M <= 256, and AVX-512 VBMI, AVX2 or TSR_SEARCH_FILTER=scalar; not
+ * with TSR_SEARCH_FILTER=0 or TSR_SIMD=scalar) or n == 0. Returns 0 or TSR_ENOMEM. */
 int tsr_ivfpq_flist_build(const tsr_ivfpq *ix, const uint8_t *codes, size_t n,
                           const float *term, tsr_ivfpq_flist **out, tsr_error *err);
 void tsr_ivfpq_flist_free(tsr_ivfpq_flist *f); /* accepts NULL */

@@ -5,7 +5,8 @@
  *
  * Who defines what (no file calls back into one that calls it):
  *   ivfpq_search_scalar.c   the scalar reference kernels (always built, no SIMD flags)
- *   ivfpq_search_avx2.c     tsr__scan8_avx2 (AVX2 flags; its tail is the scalar kernel)
+ *   ivfpq_search_avx2.c     tsr__scan8_avx2 (AVX2 flags; its tail is the scalar kernel),
+ *                           tsr__filter8_avx2 and its table layout (VPSHUFB)
  *   ivfpq_search_avx512.c   tsr__scan8_avx512, tsr__filter8_avx512, tsr__table_avx512
  *                           (AVX-512 flags; its tail is the scalar kernel)
  *   ivfpq_search.c          the search, the cache and the run-time choice of a kernel
@@ -20,6 +21,7 @@
 #include <stdint.h>
 
 #include "index/ivfpq.h"
+#include "index/ivfpq_search.h"
 #include "index/pq.h"
 
 /* Called by tsr_ivfpq_destroy (weak symbol in ivfpq.c). */
@@ -65,6 +67,20 @@ uint64_t tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, si
                              float lim, float *lb);
 /* 1 when the CPU runs tsr__filter8_avx512 (AVX-512 F, BW and VBMI). */
 int tsr__filter8_avx512_supported(void);
+/* The AVX2 form (VPSHUFB, ivfpq_search_avx2.c): the same masks and bounds, but it reads
+ * the table in its own layout: Tp = Tq after tsr__filter8_prep_avx2(Tq, M) (in place,
+ * once per query). */
+uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size_t n,
+                           const float *term, float base, float qmin, float delta,
+                           float lim, float *lb);
+void tsr__filter8_prep_avx2(uint8_t *Tq, size_t M);
+/* 1 when the CPU runs tsr__filter8_avx2 (AVX2). */
+int tsr__filter8_avx2_supported(void);
+/* The filter kernel a search or scanner asked for `asked` uses (NULL = the plain scan), as
+ * ivfpq_search.c chooses it at run time: TSR_SEARCH_FILTER=0 none, =scalar the scalar
+ * kernel; else none for a forced scalar path (asked or TSR_SIMD=scalar), the AVX2 kernel
+ * for a forced AVX2 path or a CPU with AVX2 but not VBMI, the VBMI kernel otherwise. */
+tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked);
 
 /* sum_m T[m][code[m]] of code `lane` of a transposed block, in tsr__scan8_scalar's
  * order (accumulator m % 4, the sub-quantizers past the last multiple of 4 into the

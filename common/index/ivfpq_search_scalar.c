@@ -12,6 +12,9 @@
 #include <float.h>
 #include <math.h>
 #include <string.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 /* 4-wide vectors of the GCC vector extension (SSE2 on x86-64, no flags needed). */
 typedef float v4sf __attribute__((vector_size(16)));
@@ -108,7 +111,15 @@ uint64_t tsr__filter8_scalar(const uint8_t *Tq, size_t M, const uint8_t *blk, si
 }
 
 /* Lane-wise min / max / clamp (C has no vector ?:). vmin4(a, b) is a where a < b, else
- * b (so a NaN in a is skipped); vclamp255(v) is v where v < 255, else 255. */
+ * b (so a NaN in a is skipped); vclamp255(v) is v where v < 255, else 255. On x86 these
+ * are exactly MINPS / MAXPS (which return the second operand unless the first is
+ * smaller / larger: the same bits, also for NaN and signed zeros), one instruction each
+ * instead of four (the quantizer took ~10 us per query at M = 64 on Zen 3 with the
+ * select form, ~2x that of the AVX2 prefilter's table preparation). */
+#if defined(__SSE__)
+static inline v4sf vmin4(v4sf a, v4sf b) { return (v4sf)_mm_min_ps((__m128)a, (__m128)b); }
+static inline v4sf vmax4(v4sf a, v4sf b) { return (v4sf)_mm_max_ps((__m128)a, (__m128)b); }
+#else
 static inline v4sf vsel4(v4si m, v4sf a, v4sf b)
 {
     v4si r = (m & (v4si)a) | (~m & (v4si)b);
@@ -116,10 +127,11 @@ static inline v4sf vsel4(v4si m, v4sf a, v4sf b)
 }
 static inline v4sf vmin4(v4sf a, v4sf b) { return vsel4(a < b, a, b); }
 static inline v4sf vmax4(v4sf a, v4sf b) { return vsel4(a > b, a, b); }
+#endif
 static inline v4sf vclamp255(v4sf v)
 {
     const v4sf c = {255.0f, 255.0f, 255.0f, 255.0f};
-    return vsel4(v < c, v, c);
+    return vmin4(v, c);
 }
 
 /* Quantizes the table down for the prefilter: Tq[m][j] = floor((T[m][j] - min_m) /

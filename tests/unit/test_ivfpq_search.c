@@ -448,16 +448,19 @@ static void run_variant(int d, size_t M, size_t nbits, enum tsr_metric metric, i
 }
 
 /* The quantized prefilter (8-bit codes, nprobe >= 2): with the scalar filter kernel
- * (TSR_SEARCH_FILTER=scalar) and the default one (AVX-512 VBMI where present), the same
- * labels and bit-identical distances as without it (TSR_SEARCH_FILTER=0), and the
+ * (TSR_SEARCH_FILTER=scalar), the default one (AVX-512 VBMI where present, else AVX2) and
+ * the AVX2 one (TSR_SIMD=avx2), the same labels and bit-identical distances as without it
+ * (TSR_SEARCH_FILTER=0), and the
  * reference; for every metric / residual variant, an M that is not a multiple of 4, k
  * from 1 to more than a block, the accept filter and two threads. */
 static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual)
 {
     const size_t nlist = 16, nprobe = 12;
-    const char *modes[] = {"0", "scalar", NULL};
-    fixture f[3];
-    for (int mo = 0; mo < 3; mo++) {
+    enum { NMO = 4 };
+    const char *modes[NMO] = {"0", "scalar", NULL, NULL};
+    const char *simds[NMO] = {NULL, NULL, NULL, "avx2"};
+    fixture f[NMO];
+    for (int mo = 0; mo < NMO; mo++) {
         /* one index per mode: the transposed copy is built with the cache */
         f[mo] = make(d, nlist, M, 8, metric, by_residual, 3000, 30);
         /* Pull the lists together (any centroids make a valid index): the answers then
@@ -475,9 +478,9 @@ static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual
     for (size_t ki = 0; ki < 3; ki++) {
         size_t k = ks[ki];
         for (int acc = 0; acc < 2; acc++) {
-            float *D[3];
-            int64_t *I[3];
-            for (int mo = 0; mo < 3; mo++) {
+            float *D[NMO];
+            int64_t *I[NMO];
+            for (int mo = 0; mo < NMO; mo++) {
                 D[mo] = malloc(nq * k * sizeof(float));
                 I[mo] = malloc(nq * k * sizeof(int64_t));
                 tsr_ivfpq_search_opts o;
@@ -493,11 +496,14 @@ static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual
                     setenv("TSR_SEARCH_FILTER", modes[mo], 1);
                 else
                     unsetenv("TSR_SEARCH_FILTER");
+                if (simds[mo])
+                    setenv("TSR_SIMD", simds[mo], 1);
                 assert_int_equal(tsr_ivfpq_search(f[mo].ix, nq, f[mo].xq, k, &o, D[mo], I[mo],
                                                   &err), 0);
                 unsetenv("TSR_SEARCH_FILTER");
+                unsetenv("TSR_SIMD");
             }
-            for (int mo = 1; mo < 3; mo++) {
+            for (int mo = 1; mo < NMO; mo++) {
                 assert_memory_equal(I[0], I[mo], nq * k * sizeof(int64_t));
                 assert_memory_equal(D[0], D[mo], nq * k * sizeof(float));
             }
@@ -508,7 +514,7 @@ static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual
             for (size_t q = 0; q < nq; q++)
                 check_query(f[2].ix, f[2].xq + q * (size_t)d, cl + q * nprobe, nprobe, k,
                             D[2] + q * k, I[2] + q * k, acc);
-            for (int mo = 0; mo < 3; mo++) {
+            for (int mo = 0; mo < NMO; mo++) {
                 free(D[mo]);
                 free(I[mo]);
             }
@@ -516,7 +522,7 @@ static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual
             free(cl);
         }
     }
-    for (int mo = 0; mo < 3; mo++)
+    for (int mo = 0; mo < NMO; mo++)
         fixture_free(&f[mo]);
 }
 

@@ -3,10 +3,14 @@
  *
  * tsr__quantize_table must give a lower bound that is also tight (the sum of the quantized
  * entries is within M * delta of the exact sum, so the filter really drops codes), and the
- * scalar and the AVX-512 VBMI filter kernels must return the same masks and bit-identical
- * bounds for every block length, with and without terms, for limits around the bounds.
- * The search-level tests (filter on / off / scalar, identical results) are in
- * test_ivfpq_search.c.
+ * scalar (the reference), the AVX2 (VPSHUFB) and the AVX-512 VBMI filter kernels must
+ * return the same masks and bit-identical bounds for every block length, with and without
+ * terms, for limits around the bounds; the AVX2 kernel for every M from 1 to 256, ragged
+ * blocks, extreme tables (all 0, all 255: the largest 16-bit sums) and the code bytes at
+ * the edges of its nibble slices, with and without bounds (lb NULL). The run-time
+ * choice of the kernel (tsr__filter8_choose) follows the CPU and TSR_SIMD /
+ * TSR_SEARCH_FILTER. The search-level tests (filter on / off / scalar / AVX2, identical
+ * results) are in test_ivfpq_search.c and test_shard_prefilter.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -108,6 +112,19 @@ static void test_quantize_special(void **st)
     assert_int_equal(tsr__quantize_table(T, M, Tq, &qmin, &delta, &tabs), 0);
 }
 
+/* The AVX2 kernel on Tq (it reads the table in its own layout: a prepared copy). */
+static uint64_t filter_avx2(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                            const float *term, float base, float qmin, float delta, float lim,
+                            float *lb)
+{
+    uint8_t *Tp = aligned_alloc(64, (M * 256 + 63) / 64 * 64);
+    memcpy(Tp, Tq, M * 256);
+    tsr__filter8_prep_avx2(Tp, M);
+    uint64_t m = tsr__filter8_avx2(Tp, M, blk, n, term, base, qmin, delta, lim, lb);
+    free(Tp);
+    return m;
+}
+
 /* Row-major codes to one transposed block (zero padded). */
 static void transpose(const uint8_t *codes, size_t M, size_t n, uint8_t *blk)
 {
@@ -120,9 +137,11 @@ static void transpose(const uint8_t *codes, size_t M, size_t n, uint8_t *blk)
 static void test_filter_kernels(void **st)
 {
     (void)st;
-    int have512 = tsr__filter8_avx512_supported();
+    int have512 = tsr__filter8_avx512_supported(), have2 = tsr__filter8_avx2_supported();
     if (!have512)
-        fprintf(stderr, "(no AVX-512 VBMI here: only the scalar filter is checked)\n");
+        fprintf(stderr, "(no AVX-512 VBMI here: its filter kernel is not checked)\n");
+    if (!have2)
+        fprintf(stderr, "(no AVX2 here: its filter kernel is not checked)\n");
     unsigned s = 11;
     const size_t Ms[] = {1, 3, 8, 64, 200, 256};
     const size_t ns[] = {1, 15, 16, 17, 33, 63, 64};
@@ -181,6 +200,17 @@ static void test_filter_kernels(void **st)
                                      (unsigned long long)g5, (unsigned long long)want);
                         assert_memory_equal(lb0, lb1, n * sizeof(float));
                     }
+                    if (have2) {
+                        memset(lb1, 0, sizeof lb1);
+                        uint64_t g2 = filter_avx2(Tq, M, blk, n, tp, base, qmin, delta, lim,
+                                                  lb1);
+                        if (g2 != want)
+                            fail_msg("M=%zu n=%zu: avx2 mask %llx, scalar %llx", M, n,
+                                     (unsigned long long)g2, (unsigned long long)want);
+                        assert_memory_equal(lb0, lb1, n * sizeof(float));
+                        assert_true(filter_avx2(Tq, M, blk, n, tp, base, qmin, delta, lim,
+                                                NULL) == want);
+                    }
                 }
             }
         }
@@ -209,6 +239,132 @@ static void test_filter_nan(void **st)
                     3);
         assert_true(tsr__filter8_avx512(Tq, M, blk, 3, term, 0.0f, 0.0f, 1.0f, NAN, NULL) == 7);
     }
+    if (tsr__filter8_avx2_supported()) {
+        assert_true(filter_avx2(Tq, M, blk, 3, term, 0.0f, 0.0f, 1.0f, 50.0f, NULL) == 3);
+        assert_true(filter_avx2(Tq, M, blk, 3, term, 0.0f, 0.0f, 1.0f, NAN, NULL) == 7);
+        /* -inf drops all but the NaN bound (M = 32) */
+        uint8_t Tq2[32 * 256], blk2[32 * TSR__FBLOCK];
+        memset(Tq2, 1, sizeof Tq2);
+        memset(blk2, 0, sizeof blk2);
+        assert_true(filter_avx2(Tq2, 32, blk2, 3, term, 0.0f, 0.0f, 1.0f, -INFINITY, NULL) ==
+                    2);
+        assert_true(tsr__filter8_scalar(Tq2, 32, blk2, 3, term, 0.0f, 0.0f, 1.0f, -INFINITY,
+                                        NULL) == 2);
+    }
+}
+
+/* Scalar vs AVX2 for every M the prefilter takes (1..256), ragged blocks, random and
+ * extreme tables, code bytes at the slice edges, limits at / just under / between the
+ * bounds, +-inf and NaN, with and without terms and bounds (lb NULL).
+ * Also the AVX-512 VBMI kernel where the CPU has it. */
+static void test_filter_avx2_all_m(void **st)
+{
+    (void)st;
+    if (!tsr__filter8_avx2_supported()) {
+        fprintf(stderr, "(no AVX2 here: skipped)\n");
+        return;
+    }
+    int have512 = tsr__filter8_avx512_supported();
+    unsigned s = 99;
+    const size_t ns[] = {1, 7, 8, 9, 31, 32, 33, 63, 64};
+    const uint8_t edge[] = {0x00, 0x0f, 0x10, 0x6f, 0x70, 0x7f, 0x80, 0x8f, 0x90, 0xef, 0xf0, 0xff};
+    uint8_t *Tq = aligned_alloc(64, 256 * 256), *blk = aligned_alloc(64, 256 * TSR__FBLOCK);
+    uint8_t *codes = malloc(256 * TSR__FBLOCK);
+    float *T = malloc(256 * 256 * sizeof(float));
+    for (size_t M = 1; M <= 256; M++) {
+        int kind = (int)(M % 4); /* 0: random T; 1: all 255; 2: all 0; 3: random bytes */
+        float qmin = 0.25f, delta = 0.01f, tabs;
+        if (kind == 0) {
+            for (size_t i = 0; i < M * 256; i++)
+                T[i] = frand(&s) * (float)(1 + M % 5);
+            assert_int_equal(tsr__quantize_table(T, M, Tq, &qmin, &delta, &tabs), 1);
+        } else {
+            for (size_t i = 0; i < M * 256; i++)
+                Tq[i] = kind == 1 ? 255 : kind == 2 ? 0 : (uint8_t)urand(&s);
+        }
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            size_t n = ns[ni];
+            for (size_t i = 0; i < M * n; i++)
+                codes[i] = (M + ni) % 3 == 0 ? edge[urand(&s) % sizeof edge] : (uint8_t)urand(&s);
+            transpose(codes, M, n, blk);
+            float term[TSR__FBLOCK], lb0[TSR__FBLOCK], lb1[TSR__FBLOCK];
+            for (size_t i = 0; i < n; i++)
+                term[i] = frand(&s) * 3.0f;
+            const float *tp = (M + ni) % 2 ? term : NULL;
+            float base = frand(&s) * 8.0f;
+            uint64_t all = tsr__filter8_scalar(Tq, M, blk, n, tp, base, qmin, delta, INFINITY,
+                                               lb0);
+            assert_true(all == (n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1));
+            if (kind == 1) /* the largest sums: 255 M, up to 65280 */
+                for (size_t i = 0; i < n; i++)
+                    assert_true(lb0[i] == (base + (tp ? tp[i] : 0.0f)) +
+                                              (qmin + delta * (float)(255 * M)));
+            float lims[8] = {INFINITY, -INFINITY, NAN, lb0[0], nextafterf(lb0[n - 1], -INFINITY),
+                             lb0[n / 2], 0.0f, 0.0f};
+            float lo = lb0[0], hi = lb0[0];
+            for (size_t i = 1; i < n; i++) {
+                lo = lb0[i] < lo ? lb0[i] : lo;
+                hi = lb0[i] > hi ? lb0[i] : hi;
+            }
+            lims[6] = lo + (hi - lo) * 0.1f;
+            lims[7] = nextafterf(lo, -INFINITY); /* all out */
+            for (size_t li = 0; li < 8; li++) {
+                uint64_t want = tsr__filter8_scalar(Tq, M, blk, n, tp, base, qmin, delta,
+                                                    lims[li], lb0);
+                memset(lb1, 0xff, sizeof lb1);
+                uint64_t got = filter_avx2(Tq, M, blk, n, tp, base, qmin, delta, lims[li], lb1);
+                if (got != want)
+                    fail_msg("M=%zu n=%zu lim %zu: avx2 mask %llx, scalar %llx", M, n, li,
+                             (unsigned long long)got, (unsigned long long)want);
+                assert_memory_equal(lb0, lb1, n * sizeof(float));
+                got = filter_avx2(Tq, M, blk, n, tp, base, qmin, delta, lims[li], NULL);
+                if (got != want)
+                    fail_msg("M=%zu n=%zu lim %zu (lb NULL): avx2 mask %llx, scalar %llx", M,
+                             n, li, (unsigned long long)got, (unsigned long long)want);
+                if (have512)
+                    assert_true(tsr__filter8_avx512(Tq, M, blk, n, tp, base, qmin, delta,
+                                                    lims[li], NULL) == want);
+            }
+        }
+    }
+    free(Tq);
+    free(blk);
+    free(codes);
+    free(T);
+}
+
+/* The run-time choice: AVX2 where the CPU has AVX2 but not VBMI, or when TSR_SIMD=avx2 /
+ * opts asks for it; none for a forced scalar path or TSR_SEARCH_FILTER=0; the scalar
+ * kernel with TSR_SEARCH_FILTER=scalar. */
+static void test_filter_choose(void **st)
+{
+    (void)st;
+    unsetenv("TSR_SIMD");
+    unsetenv("TSR_SEARCH_FILTER");
+    int v = tsr__filter8_avx512_supported(), a = tsr__filter8_avx2_supported();
+    tsr__filter8_fn best = v ? tsr__filter8_avx512 : a ? tsr__filter8_avx2 : NULL;
+    tsr__filter8_fn avx2 = a ? tsr__filter8_avx2 : NULL;
+    assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == best);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AVX512) == best);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AVX2) == avx2);
+    assert_true(tsr__filter8_choose(TSR_SIMD_SCALAR) == NULL);
+    if (a && !v)
+        assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == tsr__filter8_avx2);
+    setenv("TSR_SIMD", "avx2", 1);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == avx2);
+    setenv("TSR_SIMD", "scalar", 1);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == NULL);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AVX2) == avx2); /* the caller's choice wins */
+    setenv("TSR_SIMD", "avx512", 1);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == best);
+    unsetenv("TSR_SIMD");
+    setenv("TSR_SEARCH_FILTER", "0", 1);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == NULL);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AVX2) == NULL);
+    setenv("TSR_SEARCH_FILTER", "scalar", 1);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == tsr__filter8_scalar);
+    assert_true(tsr__filter8_choose(TSR_SIMD_SCALAR) == tsr__filter8_scalar);
+    unsetenv("TSR_SEARCH_FILTER");
 }
 
 int main(void)
@@ -218,6 +374,8 @@ int main(void)
         cmocka_unit_test(test_quantize_special),
         cmocka_unit_test(test_filter_kernels),
         cmocka_unit_test(test_filter_nan),
+        cmocka_unit_test(test_filter_avx2_all_m),
+        cmocka_unit_test(test_filter_choose),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
