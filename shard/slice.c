@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -298,6 +299,10 @@ tsr__rec *tsr__version_find(const tsr__version *v, int64_t label)
     return NULL;
 }
 
+/* Bytes a heap allocation costs beyond its size (glibc: an 8-byte header, 16-byte
+ * rounding): counted for the two allocations of every record (the record, its string id). */
+#define TSR__MALLOC_OVERHEAD 16
+
 /* Heap bytes of one list. */
 static uint64_t list_bytes(const tsr__list *l, size_t cs)
 {
@@ -311,7 +316,8 @@ static void recs_bytes(tsr__rec *const *recs, size_t n, uint64_t *anon, uint64_t
     for (size_t i = 0; i < n; i++) {
         const tsr_datapoint *dp = &recs[i]->dp;
         uint64_t vec = dp->dense ? dp->ndense * sizeof(float) : 0;
-        *anon += sizeof(tsr__rec) + strlen(dp->id) + 1 + (recs[i]->vmap ? 0 : vec) +
+        *anon += sizeof(tsr__rec) + strlen(dp->id) + 1 + 2 * TSR__MALLOC_OVERHEAD +
+                 (recs[i]->vmap ? 0 : vec) +
                  dp->nsparse * (sizeof(int64_t) + sizeof(float)) + dp->nrestricts * 32 +
                  dp->nnumeric * 32 + (dp->crowding_tag ? strlen(dp->crowding_tag) + 1 : 0);
         *mapped += recs[i]->vmap ? vec : 0;
@@ -329,8 +335,9 @@ void tsr__version_memory_split(const tsr__version *v, const tsr__delta *d, uint6
         if (d && d->lists && d->lists[i])
             *anon += list_bytes(d->lists[i], cs);
     }
-    /* the pointer arrays: recs and row_rec of the version */
-    *anon += v->nrecs * 2 * sizeof(tsr__rec *);
+    /* the pointer arrays (recs, row_rec), the row starts and the filter rows */
+    *anon += v->nrecs * 2 * sizeof(tsr__rec *) + (v->nlist + 1) * sizeof(size_t) +
+             tsr_filter_meta_bytes(v->meta);
     recs_bytes(v->recs, v->nrecs, anon, mapped);
     if (d)
         recs_bytes(d->recs, d->nrecs, anon, mapped);
@@ -1314,6 +1321,11 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
     if (vm == NULL)
         free(vb);
     tsr__vmap_unref(vm);
+#ifdef __GLIBC__
+    /* The Faiss-order codes freed list by list as the scan blocks were built, and the
+     * parse buffers, leave free heap pages between live ones: give them back. */
+    malloc_trim(0);
+#endif
     *out = v;
     return 0;
 fail:
