@@ -190,7 +190,8 @@ def py_client(cl, tp, xq, n):
 def run_plan(plan, ix_p, xq_p, batch, xq):
     tp = ch.stubs()[0]
     cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": M, "nprobe": NPROBE, "plan": plan,
-                           "stage_chunk": 5000}, template=ix_p)
+                           "stage_chunk": 5000}, template=ix_p,
+                    coord_extra=["--batch-root-allow", os.path.abspath(OUT)])
     try:
         t0 = time.time()
         op = cl.update(batch, timeout=900)

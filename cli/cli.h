@@ -11,6 +11,10 @@
 #ifndef TSR_CLI_H
 #define TSR_CLI_H
 
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
 int tsr_cmd_index_build(int argc, char **argv);
 int tsr_cmd_index_search(int argc, char **argv);
 int tsr_cmd_index_check(int argc, char **argv);
@@ -29,8 +33,17 @@ int tsr_cmd_cluster_up(int argc, char **argv);
  * "PROG: cannot write the report: PATH: why" and returns -1. (cmd_batch.c) */
 int tsr_cli_write_report(const char *prog, const char *path, const char *json);
 
+/* cli_metadata.c: a google.protobuf.Struct (a datapoint's embedding_metadata; NULL = {})
+ * as a JSON object, new reference; tsr_cli_metadata_json takes it serialized in
+ * data[0..len) and returns NULL when it does not parse. */
+struct Google__Protobuf__Struct;
+json_t *tsr_cli_struct_json(const struct Google__Protobuf__Struct *s);
+json_t *tsr_cli_metadata_json(const uint8_t *data, size_t len);
+
 /* cluster_check.c: the checks of `tessera cluster up` (see the file comment there). */
 #include <stddef.h>
+#include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 struct tsr_rpc_client_opts;
 /* 0 when a server could bind host:port now; -1 with the reason in why otherwise. */

@@ -158,6 +158,13 @@ static void put_record(FILE *f, const tsr_datapoint *dp)
         fputs(", \"crowding_tag\": ", f);
         put_str(f, dp->crowding_tag);
     }
+    if (dp->nmetadata) { /* the serialized Struct, as JSON (numbers shortest round trip) */
+        json_t *m = tsr_cli_metadata_json(dp->metadata, dp->nmetadata);
+        char *t = m ? json_dumps(m, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+        fprintf(f, ", \"embedding_metadata\": %s", t ? t : "null");
+        free(t);
+        json_decref(m);
+    }
     fputs("}\n", f);
 }
 

@@ -336,6 +336,9 @@ static json_t *datapoint_json(const Tessera__V1__IndexDatapoint *dp)
     if (dp->crowding_tag && dp->crowding_tag->crowding_attribute &&
         dp->crowding_tag->crowding_attribute[0])
         json_object_set_new(o, "crowding_tag", json_string(dp->crowding_tag->crowding_attribute));
+    if (dp->embedding_metadata)
+        json_object_set_new(o, "embedding_metadata",
+                            tsr_cli_struct_json(dp->embedding_metadata));
     return o;
 }
 

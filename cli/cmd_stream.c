@@ -131,8 +131,9 @@ static void upsert_usage(FILE *f)
                "  --json FILE            JSON lines in the batch record format (\"-\" = stdin):\n"
                "                         {\"id\": \"a\", \"embedding\": [...], \"restricts\": [...],\n"
                "                         \"numeric_restricts\": [...], \"crowding_tag\": \"t\",\n"
-               "                         \"sparse_embedding\": {...}}; every line is checked as a\n"
-               "                         batch record before anything is sent\n"
+               "                         \"sparse_embedding\": {...}, \"embedding_metadata\": {...}};\n"
+               "                         every line is checked as a batch record before\n"
+               "                         anything is sent\n"
                "  --per-call N           records per request (1..10000, default 500); each request\n"
                "                         is all or nothing and acknowledged before the next\n"
                TSR_CLI_TLS_USAGE

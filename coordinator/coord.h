@@ -15,7 +15,8 @@
  *   vertex_v1.c  google.cloud.aiplatform.v1.MatchService (the official clients' API) on
  *                the query path; IndexService's other methods answer UNIMPLEMENTED
  *   vertex_v1_index.c  google.cloud.aiplatform.v1.IndexService GetIndex, UpdateIndex and
- *                google.longrunning.Operations/GetOperation on the update path
+ *                google.longrunning.Operations/GetOperation on the update path;
+ *                UpsertDatapoints and RemoveDatapoints on the streamed-write path
  *   stream.c     streamed writes (UpsertDatapoints, RemoveDatapoints): validation, the
  *                queue, the writer thread's rounds, the overlay directory, catch-up of
  *                replicas that missed writes, the hooks of updates (docs/streaming.md)
@@ -31,7 +32,7 @@
  * replica, state, stream; query -> config, replica, state, stream; update_plan ->
  * config, state; update -> oplog, reconcile, replica, state, stream, update_plan;
  * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state,
- * stream, vertex;
+ * stream, vertex, vertex_v1;
  * main -> all of them, and nothing calls main.c. Everything but main.c is
  * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
@@ -441,16 +442,32 @@ int tsr__vertex_v1_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len,
 int tsr__vertex_v1_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,
                                      tsr_rpc_reply *r);
+/* The allocations of one v1 -> tessera.v1 translation (free with tsr__vertex_v1_pool_free;
+ * start zeroed). */
+typedef struct tsr__v1_pool {
+    void **p;
+    size_t n, cap;
+} tsr__v1_pool;
+void tsr__vertex_v1_pool_free(tsr__v1_pool *a);
+/* The tessera.v1 IndexDatapoint for the v1 one g (same fields and numbers): it borrows every
+ * string, array and the embedding_metadata of g (which must outlive it); its structs are
+ * a's. Used for queries and for UpsertDatapoints' datapoints. */
+struct Google__Cloud__Aiplatform__V1__IndexDatapoint;
+Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(
+    tsr__v1_pool *a, const struct Google__Cloud__Aiplatform__V1__IndexDatapoint *g);
 
 /* vertex_v1_index.c: IndexService GetIndex (role query), UpdateIndex (admin) and
  * google.longrunning.Operations/GetOperation (query); no TSR_RPC_LONG needed (they take
- * op_mu briefly and a snapshot reference). */
+ * op_mu briefly and a snapshot reference). UpsertDatapoints and RemoveDatapoints (admin)
+ * block on the streamed write (tsr__coord_stream_*): register them with TSR_RPC_LONG. */
 #define TSR_LRO_SVC "/google.longrunning.Operations/"
 int tsr__vertex_v1_rpc_get_index(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__vertex_v1_rpc_update_index(void *ctx, const uint8_t *req, size_t len,
                                     tsr_rpc_reply *r);
 int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
                                      tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 
 /* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed). */
 void tsr__coord_crash_point(const char *step);

@@ -24,6 +24,8 @@
 #include "net/metrics_http.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "google/cloud/aiplatform/v1/index_service.pb-c.h"
+#include "google/cloud/aiplatform/v1/match_service.pb-c.h"
 
 static void usage(FILE *f)
 {
@@ -38,7 +40,8 @@ static void usage(FILE *f)
             "\n"
             "Serves tessera.v1.VectorSearch and the Vertex AI MatchService\n"
             "(google.cloud.aiplatform.container.v1: Match, BatchMatch, BatchGetEmbeddings;\n"
-            "google.cloud.aiplatform.v1: FindNeighbors, ReadIndexDatapoints;\n"
+            "google.cloud.aiplatform.v1: FindNeighbors, ReadIndexDatapoints, IndexService\n"
+            "GetIndex, UpdateIndex, UpsertDatapoints, RemoveDatapoints;\n"
             "docs/vertex-compat.md) in front of the shards named in the config.\n"
             "  --listen ADDR       address to listen on, e.g. 127.0.0.1:7000 (port 0 = any free\n"
             "                      port; the chosen port is logged as \"(port N)\")\n"
@@ -246,16 +249,16 @@ static int resolve_allowed(const tsr_cmdline_list *l, char ***out)
 }
 
 /* Registers google.cloud.aiplatform.v1: MatchService's FindNeighbors and
- * ReadIndexDatapoints (role query); IndexService's GetIndex (query) and UpdateIndex (admin)
- * with google.longrunning.Operations/GetOperation (query); IndexService's other methods,
+ * ReadIndexDatapoints (role query); IndexService's GetIndex (query), UpdateIndex,
+ * UpsertDatapoints and RemoveDatapoints (admin) with
+ * google.longrunning.Operations/GetOperation (query); IndexService's other methods,
  * which answer UNIMPLEMENTED naming what Tessera serves instead (role admin, the default).
  * Returns 0 or a TSR code. */
 static int add_vertex_v1_methods(tsr_rpc_server *srv, tsr__coord *c)
 {
     static const char *const index_methods[] = {
         TSR_VERTEX_V1_INDEX_SVC "CreateIndex", TSR_VERTEX_V1_INDEX_SVC "ListIndexes",
-        TSR_VERTEX_V1_INDEX_SVC "DeleteIndex", TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
-        TSR_VERTEX_V1_INDEX_SVC "RemoveDatapoints"};
+        TSR_VERTEX_V1_INDEX_SVC "DeleteIndex"};
     if (tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
                                   tsr__vertex_v1_rpc_find_neighbors, c, TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints",
@@ -268,8 +271,19 @@ static int add_vertex_v1_methods(tsr_rpc_server *srv, tsr__coord *c)
                                   tsr__vertex_v1_rpc_update_index, c, 0) ||
         tsr_rpc_server_add_method(srv, TSR_LRO_SVC "GetOperation",
                                   tsr__vertex_v1_rpc_get_operation, c, 0) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
+                                  tsr__vertex_v1_rpc_upsert, c, TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "RemoveDatapoints",
+                                  tsr__vertex_v1_rpc_remove, c, TSR_RPC_LONG) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_INDEX_SVC "GetIndex", ROLE_QUERY) ||
-        tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY))
+        tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY) ||
+        /* recursive request types (google.protobuf.Struct/Value): nesting checked first */
+        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
+            &google__cloud__aiplatform__v1__find_neighbors_request__descriptor) ||
+        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_INDEX_SVC "UpdateIndex",
+            &google__cloud__aiplatform__v1__update_index_request__descriptor) ||
+        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
+            &google__cloud__aiplatform__v1__upsert_datapoints_request__descriptor))
         return TSR_EINTERNAL;
     for (size_t i = 0; i < sizeof index_methods / sizeof index_methods[0]; i++)
         if (tsr_rpc_server_add_method(srv, index_methods[i], tsr__vertex_v1_rpc_unimplemented,
@@ -313,6 +327,12 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
     for (size_t i = 0; i < sizeof query_methods / sizeof query_methods[0]; i++)
         if (tsr_rpc_server_set_role(srv, query_methods[i], ROLE_QUERY))
             return TSR_EINTERNAL;
+    /* IndexDatapoint.embedding_metadata is a google.protobuf.Struct (recursive) */
+    if (tsr_rpc_server_set_request_type(srv, SVC "FindNeighbors",
+                                        &tessera__v1__find_neighbors_request__descriptor) ||
+        tsr_rpc_server_set_request_type(srv, SVC "UpsertDatapoints",
+                                        &tessera__v1__upsert_datapoints_request__descriptor))
+        return TSR_EINTERNAL;
 #undef SVC
     return add_vertex_v1_methods(srv, c);
 }

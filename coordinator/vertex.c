@@ -344,6 +344,7 @@ static vx_embedding *to_embedding(vx_arena *a, const Tessera__V1__IndexDatapoint
     e->float_val = dp->feature_vector;
     e->n_float_val = dp->n_feature_vector;
     e->crowding_attribute = tsr__vertex_crowding_attribute(tag_of(dp));
+    e->embedding_metadata = dp->embedding_metadata; /* the same google.protobuf.Struct */
     if (dp->sparse_embedding && dp->sparse_embedding->n_values) {
         vx_sparse *s = ar(a, 1, sizeof *s);
         VX(sparse_embedding__init)(s);

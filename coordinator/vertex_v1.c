@@ -3,9 +3,9 @@
  * and ReadIndexDatapoints, the public API Google's official Vertex AI clients
  * (@google-cloud/aiplatform's v1.MatchServiceClient, google-cloud-aiplatform's
  * MatchServiceClient) call, so that code written with them works against Tessera by
- * changing the endpoint (docs/vertex-compat.md). IndexService's methods but UpdateIndex
- * and GetIndex (vertex_v1_index.c) answer UNIMPLEMENTED with a message that says what
- * Tessera serves instead.
+ * changing the endpoint (docs/vertex-compat.md). IndexService's methods but UpdateIndex,
+ * GetIndex, UpsertDatapoints and RemoveDatapoints (vertex_v1_index.c) answer UNIMPLEMENTED
+ * with a message that says what Tessera serves instead.
  *
  * Nothing here searches. tessera.v1's FindNeighbors/ReadIndexDatapoints messages keep the
  * Vertex v1 shapes and field numbers (proto/tessera/v1/tessera.proto), so each request is
@@ -14,9 +14,10 @@
  * coordinator's own query path (tsr__coord_find_neighbors, tsr__coord_read): an answer
  * here is exactly tessera.v1's for the same query. Replies borrow their strings and
  * arrays from those responses, which stay alive until the reply is packed.
- * IndexDatapoint.embedding_metadata (field 8) is accepted in a query and ignored (a
- * query's metadata has no meaning to the search, and Tessera stores none yet), and never
- * sent back.
+ * IndexDatapoint.embedding_metadata (field 8, a google.protobuf.Struct in both APIs) is
+ * passed through as is: ignored in a query (it has no meaning to the search), returned with
+ * full datapoints and ReadIndexDatapoints, and stored by UpsertDatapoints
+ * (vertex_v1_index.c, which uses tsr__vertex_v1_dp_to_tessera for its datapoints).
  *
  * DESIGN (threads): the handlers run on the rpc worker pool (TSR_RPC_LONG, they block on
  * the fan-out) and share nothing but the coordinator, which they only read through the
@@ -49,20 +50,14 @@ typedef Google__Cloud__Aiplatform__V1__ReadIndexDatapointsResponse g_rd_resp;
 
 /* ---------------------------------------------------------------- allocations */
 
-/* The allocations one translation makes (the strings and arrays stay borrowed). */
-typedef struct v1_pool {
-    void **p;
-    size_t n, cap;
-} v1_pool;
-
-static void *pool_new(v1_pool *a, size_t n, size_t size)
+static void *pool_new(tsr__v1_pool *a, size_t n, size_t size)
 {
     if (a->n == a->cap)
         a->p = tsr_xrealloc(a->p, (a->cap = a->cap ? a->cap * 2 : 64) * sizeof *a->p);
     return a->p[a->n++] = tsr_xcalloc(n ? n : 1, size);
 }
 
-static void pool_free(v1_pool *a)
+void tsr__vertex_v1_pool_free(tsr__v1_pool *a)
 {
     for (size_t i = 0; i < a->n; i++)
         free(a->p[i]);
@@ -87,8 +82,7 @@ static int check_names(const tsr__coord *c, const char *endpoint, const char *de
 
 /* ---------------------------------------------------------------- request translation */
 
-/* A tessera.v1 IndexDatapoint borrowing from g (embedding_metadata dropped). */
-static Tessera__V1__IndexDatapoint *dp_to_tessera(v1_pool *a, const g_dp *g)
+Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(tsr__v1_pool *a, const g_dp *g)
 {
     Tessera__V1__IndexDatapoint *dp = pool_new(a, 1, sizeof *dp);
     tessera__v1__index_datapoint__init(dp);
@@ -143,12 +137,14 @@ static Tessera__V1__IndexDatapoint *dp_to_tessera(v1_pool *a, const g_dp *g)
         t->crowding_attribute = g->crowding_tag->crowding_attribute;
         dp->crowding_tag = t;
     }
+    /* the same google.protobuf.Struct in both APIs; a query's takes no part in the search */
+    dp->embedding_metadata = g->embedding_metadata;
     return dp;
 }
 
 /* The tessera.v1 request for g (borrowing from it); the query path validates it and names
  * the fields (queries[i]: ...), which are the same in both APIs. */
-static void req_to_tessera(v1_pool *a, const g_fn_req *g, Tessera__V1__FindNeighborsRequest *rq)
+static void req_to_tessera(tsr__v1_pool *a, const g_fn_req *g, Tessera__V1__FindNeighborsRequest *rq)
 {
     tessera__v1__find_neighbors_request__init(rq);
     rq->return_full_datapoint = g->return_full_datapoint;
@@ -158,7 +154,7 @@ static void req_to_tessera(v1_pool *a, const g_fn_req *g, Tessera__V1__FindNeigh
         const g_query *gq = g->queries[i];
         Tessera__V1__FindNeighborsRequest__Query *q = pool_new(a, 1, sizeof *q);
         tessera__v1__find_neighbors_request__query__init(q);
-        q->datapoint = gq->datapoint ? dp_to_tessera(a, gq->datapoint) : NULL;
+        q->datapoint = gq->datapoint ? tsr__vertex_v1_dp_to_tessera(a, gq->datapoint) : NULL;
         q->neighbor_count = gq->neighbor_count;
         q->per_crowding_attribute_neighbor_count = gq->per_crowding_attribute_neighbor_count;
         /* Vertex: unset (0) = the index setting; set = must be > 0 (the query path says so) */
@@ -182,7 +178,7 @@ static void req_to_tessera(v1_pool *a, const g_fn_req *g, Tessera__V1__FindNeigh
 /* ---------------------------------------------------------------- response translation */
 
 /* A Vertex IndexDatapoint borrowing from dp (NULL stays NULL). */
-static g_dp *dp_to_vertex(v1_pool *a, const Tessera__V1__IndexDatapoint *dp)
+static g_dp *dp_to_vertex(tsr__v1_pool *a, const Tessera__V1__IndexDatapoint *dp)
 {
     if (!dp)
         return NULL;
@@ -238,10 +234,11 @@ static g_dp *dp_to_vertex(v1_pool *a, const Tessera__V1__IndexDatapoint *dp)
         t->crowding_attribute = dp->crowding_tag->crowding_attribute;
         g->crowding_tag = t;
     }
+    g->embedding_metadata = dp->embedding_metadata;
     return g;
 }
 
-static void resp_to_vertex(v1_pool *a, const Tessera__V1__FindNeighborsResponse *t, g_fn_resp *g)
+static void resp_to_vertex(tsr__v1_pool *a, const Tessera__V1__FindNeighborsResponse *t, g_fn_resp *g)
 {
     GV(find_neighbors_response__init)(g);
     g->nearest_neighbors = pool_new(a, t->n_nearest_neighbors, sizeof *g->nearest_neighbors);
@@ -275,7 +272,7 @@ int tsr__vertex_v1_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len,
     if (!g)
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "FindNeighborsRequest: "
                                    "malformed protobuf");
-    v1_pool a = {0};
+    tsr__v1_pool a = {0};
     tsr_error err = TSR_ERROR_INIT;
     Tessera__V1__FindNeighborsResponse *out = NULL;
     int rc = check_names(c, g->index_endpoint, g->deployed_index_id, &err);
@@ -292,7 +289,7 @@ int tsr__vertex_v1_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len,
         rc = tsr__coord_reply_error(r, &err);
     }
     tsr__coord_response_free(out);
-    pool_free(&a);
+    tsr__vertex_v1_pool_free(&a);
     GV(find_neighbors_request__free_unpacked)(g, NULL);
     return rc;
 }
@@ -304,7 +301,7 @@ int tsr__vertex_v1_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_r
     if (!g)
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
                                    "malformed protobuf");
-    v1_pool a = {0};
+    tsr__v1_pool a = {0};
     tsr_error err = TSR_ERROR_INIT;
     Tessera__V1__ReadIndexDatapointsResponse *out = NULL;
     int rc = check_names(c, g->index_endpoint, g->deployed_index_id, &err);
@@ -325,7 +322,7 @@ int tsr__vertex_v1_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_r
         rc = tsr__coord_reply_error(r, &err);
     }
     tsr__coord_read_free(out);
-    pool_free(&a);
+    tsr__vertex_v1_pool_free(&a);
     GV(read_index_datapoints_request__free_unpacked)(g, NULL);
     return rc;
 }
@@ -340,6 +337,7 @@ int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,
                                "(a batch folder; `tessera update`), read stats with "
                                "tessera.v1.VectorSearch/GetIndexStats; "
                                "google.cloud.aiplatform.v1.MatchService (FindNeighbors, "
-                               "ReadIndexDatapoints) and IndexService UpdateIndex and GetIndex "
-                               "are served (docs/vertex-compat.md)", method);
+                               "ReadIndexDatapoints) and IndexService UpdateIndex, GetIndex, "
+                               "UpsertDatapoints and RemoveDatapoints are served "
+                               "(docs/vertex-compat.md)", method);
 }

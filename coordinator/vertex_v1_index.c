@@ -13,10 +13,19 @@
  * google.rpc.Status with the batch's error (REJECTED: INVALID_ARGUMENT, with the batch
  * report; FAILED: FAILED_PRECONDITION). GetIndex answers from the served snapshot:
  * metadata.config.dimensions / distanceMeasureType as Vertex writes them, indexStats,
- * indexUpdateMethod BATCH_UPDATE.
+ * indexUpdateMethod STREAM_UPDATE (streamed writes and batches are both served).
+ *
+ *
+ * UpsertDatapoints and RemoveDatapoints check the index name, translate the request into
+ * tessera.v1's (the datapoints with tsr__vertex_v1_dp_to_tessera, embedding_metadata
+ * included; update_mask's paths as they are) and answer through the streamed-write path
+ * (tsr__coord_stream_upsert / _remove), which validates and names datapoints[i] and its
+ * field; the v1 responses are empty.
  *
  * DESIGN (threads): UpdateIndex and GetOperation run on the polling thread (they only
- * take op_mu, briefly, as tessera.v1's do); GetIndex reads a snapshot reference.
+ * take op_mu, briefly, as tessera.v1's do); GetIndex reads a snapshot reference;
+ * UpsertDatapoints and RemoveDatapoints block until their write is durable, on the rpc
+ * worker pool (TSR_RPC_LONG).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,7 +88,7 @@ static const char *vertex_distance(enum tsr__distance d)
 }
 
 /* Fills m with the served index named `name` (borrowed): metadata {config: {dimensions,
- * distanceMeasureType}}, indexStats of the served snapshot, BATCH_UPDATE. */
+ * distanceMeasureType}}, indexStats of the served snapshot, STREAM_UPDATE. */
 static void index_fill(tsr__coord *c, const char *name, index_msg *m)
 {
     memset(m, 0, sizeof *m);
@@ -89,7 +98,7 @@ static void index_fill(tsr__coord *c, const char *name, index_msg *m)
     m->ix.display_name = (char *)(c->deployed_index_id && c->deployed_index_id[0]
                                   ? c->deployed_index_id : "tessera");
     m->ix.index_update_method =
-        GOOGLE__CLOUD__AIPLATFORM__V1__INDEX__INDEX_UPDATE_METHOD__BATCH_UPDATE;
+        GOOGLE__CLOUD__AIPLATFORM__V1__INDEX__INDEX_UPDATE_METHOD__STREAM_UPDATE;
     tsr__snap *sn = tsr__coord_snap_get(c);
     tsr__stream_counts(c, sn, &m->st.vectors_count, &m->st.sparse_vectors_count);
     m->st.shards_count = (int32_t)c->cfg.nshards;
@@ -297,5 +306,76 @@ out:
     free(msg);
     free(index_name);
     google__longrunning__get_operation_request__free_unpacked(g, NULL);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- streamed writes */
+
+int tsr__vertex_v1_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    Google__Cloud__Aiplatform__V1__UpsertDatapointsRequest *g =
+        google__cloud__aiplatform__v1__upsert_datapoints_request__unpack(NULL, len, req);
+    if (!g)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "UpsertDatapointsRequest: "
+                                   "malformed protobuf");
+    tsr__v1_pool a = {0};
+    int rc = check_index_name("index", g->index, r);
+    for (size_t i = 0; !rc && i < g->n_datapoints; i++) {
+        const Google__Protobuf__Struct *md = g->datapoints[i]->embedding_metadata;
+        size_t n = md ? protobuf_c_message_get_packed_size(&md->base) : 0;
+        if (n > TSR_METADATA_MAX)
+            rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "datapoints[%zu] (id \"%.64s\"): "
+                                     "embedding_metadata is %zu bytes serialized, at most %zu",
+                                     i, g->datapoints[i]->datapoint_id, n, TSR_METADATA_MAX);
+    }
+    if (!rc) {
+        Tessera__V1__UpsertDatapointsRequest rq = TESSERA__V1__UPSERT_DATAPOINTS_REQUEST__INIT;
+        Tessera__V1__FieldMask mask = TESSERA__V1__FIELD_MASK__INIT;
+        Tessera__V1__UpsertDatapointsResponse tresp = TESSERA__V1__UPSERT_DATAPOINTS_RESPONSE__INIT;
+        rq.n_datapoints = g->n_datapoints;
+        rq.datapoints = tsr_xcalloc(g->n_datapoints + 1, sizeof *rq.datapoints);
+        for (size_t i = 0; i < g->n_datapoints; i++)
+            rq.datapoints[i] = tsr__vertex_v1_dp_to_tessera(&a, g->datapoints[i]);
+        if (g->update_mask) {
+            mask.paths = g->update_mask->paths;
+            mask.n_paths = g->update_mask->n_paths;
+            rq.update_mask = &mask;
+        }
+        rc = tsr__coord_stream_upsert(c, &rq, &tresp, r);
+        free(rq.datapoints);
+    }
+    if (!rc) {
+        Google__Cloud__Aiplatform__V1__UpsertDatapointsResponse out =
+            GOOGLE__CLOUD__AIPLATFORM__V1__UPSERT_DATAPOINTS_RESPONSE__INIT;
+        rc = tsr_rpc_reply_pack(r, &out.base);
+    }
+    tsr__vertex_v1_pool_free(&a);
+    google__cloud__aiplatform__v1__upsert_datapoints_request__free_unpacked(g, NULL);
+    return rc;
+}
+
+int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    Google__Cloud__Aiplatform__V1__RemoveDatapointsRequest *g =
+        google__cloud__aiplatform__v1__remove_datapoints_request__unpack(NULL, len, req);
+    if (!g)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "RemoveDatapointsRequest: "
+                                   "malformed protobuf");
+    int rc = check_index_name("index", g->index, r);
+    if (!rc) {
+        Tessera__V1__RemoveDatapointsRequest rq = TESSERA__V1__REMOVE_DATAPOINTS_REQUEST__INIT;
+        Tessera__V1__RemoveDatapointsResponse tresp = TESSERA__V1__REMOVE_DATAPOINTS_RESPONSE__INIT;
+        rq.datapoint_ids = g->datapoint_ids;
+        rq.n_datapoint_ids = g->n_datapoint_ids;
+        rc = tsr__coord_stream_remove(c, &rq, &tresp, r);
+    }
+    if (!rc) {
+        Google__Cloud__Aiplatform__V1__RemoveDatapointsResponse out =
+            GOOGLE__CLOUD__AIPLATFORM__V1__REMOVE_DATAPOINTS_RESPONSE__INIT;
+        rc = tsr_rpc_reply_pack(r, &out.base);
+    }
+    google__cloud__aiplatform__v1__remove_datapoints_request__free_unpacked(g, NULL);
     return rc;
 }

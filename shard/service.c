@@ -752,7 +752,12 @@ int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
         if (rc != 0)
             return rc;
     }
-    return 0;
+    /* staged datapoints carry embedding_metadata, a google.protobuf.Struct (recursive) */
+    if (tsr_rpc_server_set_request_type(srv, "/tessera.v1.Shard/Stage",
+                                        &tessera__v1__stage_request__descriptor))
+        return TSR_EINTERNAL;
+    return tsr_rpc_server_set_request_type(srv, "/tessera.v1.Shard/Write",
+                                           &tessera__v1__shard_write_request__descriptor);
 }
 
 /* The /metrics collector (docs/operations.md): the served version's number, dense

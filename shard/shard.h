@@ -280,7 +280,10 @@ int tsr__convert_edits(const tsr__tmpl *t, const uint8_t *owned,
 /* proto <-> datapoint */
 int tsr__dp_from_proto(const Tessera__V1__IndexDatapoint *p, size_t d, tsr_datapoint *dp,
                        tsr_error *err);
-/* Returns a new message (free with tsr__dp_proto_free) that borrows dp's strings. */
+/* tsr__dp_from_proto keeps embedding_metadata serialized (dp->metadata; more than
+ * TSR_METADATA_MAX bytes is TSR_EINVAL). tsr__dp_to_proto returns a new message (free with
+ * tsr__dp_proto_free) that borrows dp's strings and arrays and owns the unpacked
+ * embedding_metadata; NULL when out of memory. */
 Tessera__V1__IndexDatapoint *tsr__dp_to_proto(const tsr_datapoint *dp);
 void tsr__dp_proto_free(Tessera__V1__IndexDatapoint *p);
 

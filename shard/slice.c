@@ -319,7 +319,8 @@ static void recs_bytes(tsr__rec *const *recs, size_t n, uint64_t *anon, uint64_t
         *anon += sizeof(tsr__rec) + strlen(dp->id) + 1 + 2 * TSR__MALLOC_OVERHEAD +
                  (recs[i]->vmap ? 0 : vec) +
                  dp->nsparse * (sizeof(int64_t) + sizeof(float)) + dp->nrestricts * 32 +
-                 dp->nnumeric * 32 + (dp->crowding_tag ? strlen(dp->crowding_tag) + 1 : 0);
+                 dp->nnumeric * 32 + dp->nmetadata +
+                 (dp->crowding_tag ? strlen(dp->crowding_tag) + 1 : 0);
         *mapped += recs[i]->vmap ? vec : 0;
     }
 }
@@ -746,6 +747,18 @@ int tsr__dp_from_proto(const Tessera__V1__IndexDatapoint *p, size_t d, tsr_datap
         if ((dp->crowding_tag = dupn(p->crowding_tag->crowding_attribute)) == NULL)
             goto nomem;
     }
+    if (p->embedding_metadata) { /* kept serialized; the limit is checked before packing */
+        size_t n = protobuf_c_message_get_packed_size(&p->embedding_metadata->base);
+        if (n > TSR_METADATA_MAX) {
+            tsr_err(err, TSR_EINVAL, "datapoint '%s': embedding_metadata is %zu bytes "
+                    "serialized, at most %zu", dp->id, n, TSR_METADATA_MAX);
+            goto fail;
+        }
+        if (n && (dp->metadata = tsr_try_malloc(n, 1)) == NULL)
+            goto nomem;
+        dp->nmetadata = n ? protobuf_c_message_pack(&p->embedding_metadata->base,
+                                                    dp->metadata) : 0;
+    }
     return 0;
 nomem:
     tsr_err(err, TSR_ENOMEM, "out of memory");
@@ -819,7 +832,8 @@ int tsr__convert_edits(const tsr__tmpl *t, const uint8_t *owned,
     return 0;
 }
 
-/* The message borrows every string and array of dp; only the message structs are ours. */
+/* The message borrows every string and array of dp; only the message structs and the
+ * unpacked embedding_metadata are ours. */
 Tessera__V1__IndexDatapoint *tsr__dp_to_proto(const tsr_datapoint *dp)
 {
     Tessera__V1__IndexDatapoint *p = calloc(1, sizeof *p);
@@ -846,6 +860,9 @@ Tessera__V1__IndexDatapoint *tsr__dp_to_proto(const tsr_datapoint *dp)
         tessera__v1__crowding_tag__init(p->crowding_tag);
         p->crowding_tag->crowding_attribute = dp->crowding_tag;
     }
+    if (dp->nmetadata && (p->embedding_metadata = google__protobuf__struct__unpack(
+                              NULL, dp->nmetadata, dp->metadata)) == NULL)
+        goto fail; /* out of memory: the bytes were packed by tsr__dp_from_proto */
     if (dp->nrestricts) {
         p->restricts = calloc(dp->nrestricts, sizeof *p->restricts);
         if (p->restricts == NULL)
@@ -902,6 +919,8 @@ void tsr__dp_proto_free(Tessera__V1__IndexDatapoint *p)
         return;
     free(p->sparse_embedding);
     free(p->crowding_tag);
+    if (p->embedding_metadata)
+        google__protobuf__struct__free_unpacked(p->embedding_metadata, NULL);
     for (size_t i = 0; i < p->n_restricts; i++)
         free(p->restricts[i]);
     free(p->restricts);

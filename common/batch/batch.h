@@ -105,8 +105,9 @@ int tsr_batch_confine(const char *root, const char *const *allowed, size_t n, ch
 /* batch_check.c: the semantic rules of one record (dp borrowed; sparse normalised), the
  * same for every format and for streamed upserts: non-empty UTF-8 id, dense embedding of
  * exactly dims values or a non-empty sparse one, finite values, non-empty UTF-8 namespaces
- * and tokens, each namespace once, a non-empty UTF-8 crowding tag. Returns 0, or 1 with
- * the Vertex error type in *type and a message naming the field in msg (cap bytes). */
+ * and tokens, each namespace once, a non-empty UTF-8 crowding tag, embedding_metadata of
+ * at most TSR_METADATA_MAX bytes. Returns 0, or 1 with the Vertex error type in *type and a
+ * message naming the field in msg (cap bytes). */
 int tsr_batch_record_check(const tsr_datapoint *dp, size_t dims, enum tsr_rec_error *type,
                            char *msg, size_t cap);
 /* Its parts: the id alone (a removed id), the token and numeric restricts alone (an

@@ -283,6 +283,13 @@ static int gen_reader(tsr_buf *b, const desc *d, avro_schema_t w, const char *pa
                 return -1;
             }
         }
+        if (w != NULL && !*path && field_by_name(w, "embedding_metadata") != NULL) {
+            /* a writer-only field would be skipped by the resolver: refuse, never drop */
+            snprintf(msg, msgcap, "the writer schema has a field 'embedding_metadata': the Avro "
+                     "format (FeatureVector) cannot carry embedding metadata in Tessera; write "
+                     "these records as JSON (.json) or send them with UpsertDatapoints");
+            return -1;
+        }
         tsr_buf_printf(b, "{\"type\":\"record\",\"name\":\"%s\"", name);
         if (ns != NULL && *ns != '\0')
             tsr_buf_printf(b, ",\"namespace\":\"%s\"", ns);

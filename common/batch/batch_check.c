@@ -153,6 +153,9 @@ int tsr_batch_record_check(const tsr_datapoint *dp, size_t dims, enum tsr_rec_er
         BAD(TSR_REC_INVALID_TOKEN_VALUE, "crowding_tag is empty");
     if (dp->crowding_tag && !utf8(dp->crowding_tag))
         BAD(TSR_REC_INVALID_ENCODING, "crowding_tag is not valid UTF-8");
+    if (dp->nmetadata > TSR_METADATA_MAX)
+        BAD(TSR_REC_PARSING_ERROR, "embedding_metadata is %zu bytes serialized, at most %zu",
+            dp->nmetadata, TSR_METADATA_MAX);
     return 0;
 }
 #undef BAD

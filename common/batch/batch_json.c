@@ -6,6 +6,13 @@
  * tsr_datapoint field by field. null counts as absent for the optional fields (the Avro
  * schema's null unions say the same). Numbers go through double (as protobuf's JSON
  * parser does for float fields) and must fit a float32.
+ *
+ * embedding_metadata (a JSON object) is stored serialized as the google.protobuf.Struct
+ * the APIs carry (tsr_datapoint.metadata): objects -> Struct, arrays -> ListValue, numbers
+ * -> number_value (a double, as protobuf's JSON mapping), strings, booleans, null. The
+ * encoder below writes the protobuf wire form directly (common/ does not link the
+ * generated code); its size is computed first and checked against TSR_METADATA_MAX before
+ * anything is allocated.
  */
 #include "batch/batch_json.h"
 
@@ -22,7 +29,7 @@
 
 static const char *const top_fields[] = {"id",         "embedding",         "sparse_embedding",
                                          "restricts",  "numeric_restricts", "crowding_tag",
-                                         NULL};
+                                         "embedding_metadata", NULL};
 static const char *const sparse_fields[] = {"values", "dimensions", NULL};
 static const char *const restrict_fields[] = {"namespace", "allow", "deny", NULL};
 static const char *const numeric_fields[] = {"namespace", "value_int", "value_float",
@@ -54,6 +61,8 @@ static const char *const aliases[][2] = {
     {"token_restricts", "restricts"},
     {"numeric_restrictions", "numeric_restricts"},
     {"crowding_attribute", "crowding_tag"},
+    {"metadata", "embedding_metadata"},
+    {"embeddingmetadata", "embedding_metadata"},
     {"crowding", "crowding_tag"},
     {"name", "namespace"},
     {"ns", "namespace"},
@@ -353,6 +362,204 @@ static int parse_numeric(json_state *st, json_t *arr, tsr_datapoint *dp, enum ts
     return REC_OK;
 }
 
+/* ---- embedding_metadata -> google.protobuf.Struct wire bytes ------------------------- */
+
+#define META_DEPTH_MAX 64 /* nesting of objects/arrays inside embedding_metadata */
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* A length-delimited field of n payload bytes (tags here are one byte). */
+static size_t ld_len(size_t n)
+{
+    return 1 + varint_len(n) + n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+static uint8_t *put_ld(uint8_t *p, uint8_t tag, const void *data, size_t n)
+{
+    *p++ = tag;
+    p = put_varint(p, n);
+    if (n)
+        memcpy(p, data, n);
+    return p + n;
+}
+
+/* Payload size of v as a google.protobuf.Value (what = 0), or of the object v as a Struct
+ * (what = 1) or the array v as a ListValue (what = 2); checks depth and NULs on the way.
+ * path names the member for messages ("embedding_metadata.a.b[2]"). -1 with st->msg. */
+static int meta_size(json_state *st, json_t *v, int what, int depth, char *path, size_t *out)
+{
+    size_t n = 0, plen = strlen(path);
+    if (what == 0) {
+        switch (json_typeof(v)) {
+        case JSON_NULL:
+        case JSON_TRUE:
+        case JSON_FALSE:
+            *out = 2; /* tag + varint */
+            return 0;
+        case JSON_INTEGER:
+        case JSON_REAL:
+            *out = 9; /* tag + fixed64 */
+            return 0;
+        case JSON_STRING:
+            if (strlen(json_string_value(v)) != json_string_length(v)) {
+                snprintf(st->msg, sizeof st->msg, "%s: a string contains a NUL character", path);
+                return -1;
+            }
+            *out = ld_len(json_string_length(v));
+            return 0;
+        case JSON_OBJECT:
+        case JSON_ARRAY:
+            if (meta_size(st, v, json_is_object(v) ? 1 : 2, depth + 1, path, &n) != 0)
+                return -1;
+            *out = ld_len(n);
+            return 0;
+        }
+        return -1;
+    }
+    if (depth >= META_DEPTH_MAX) { /* the metadata object itself is level 1 */
+        snprintf(st->msg, sizeof st->msg, "%s: nests deeper than %d levels", path, META_DEPTH_MAX);
+        return -1;
+    }
+    if (what == 1) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x)
+        {
+            size_t kl = strlen(k), vs;
+            if (plen < 200)
+                snprintf(path + plen, 256 - plen, ".%.40s", k);
+            if (json_object_iter_key_len(json_object_key_to_iter(k)) != kl) {
+                snprintf(st->msg, sizeof st->msg, "%s: a key contains a NUL character", path);
+                return -1;
+            }
+            if (meta_size(st, x, 0, depth, path, &vs) != 0)
+                return -1;
+            /* map entry {key = 1, value = 2}; an empty key is left out (proto3 default) */
+            n += ld_len((kl ? ld_len(kl) : 0) + ld_len(vs));
+            path[plen] = 0;
+            if (n > TSR_METADATA_MAX)
+                break;
+        }
+    } else {
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            size_t vs;
+            if (plen < 200)
+                snprintf(path + plen, 256 - plen, "[%zu]", i);
+            if (meta_size(st, json_array_get(v, i), 0, depth, path, &vs) != 0)
+                return -1;
+            n += ld_len(vs);
+            path[plen] = 0;
+            if (n > TSR_METADATA_MAX)
+                break;
+        }
+    }
+    *out = n;
+    return 0;
+}
+
+/* Writes what meta_size measured (already checked) at p; returns the end. */
+static uint8_t *meta_put(json_state *st, json_t *v, int what, uint8_t *p)
+{
+    char path[256] = "";
+    size_t n = 0;
+    if (what == 0) {
+        switch (json_typeof(v)) {
+        case JSON_NULL: /* null_value = 1 (NULL_VALUE) */
+            *p++ = 0x08;
+            *p++ = 0;
+            return p;
+        case JSON_TRUE:
+        case JSON_FALSE: /* bool_value = 4 */
+            *p++ = 0x20;
+            *p++ = json_is_true(v) ? 1 : 0;
+            return p;
+        case JSON_INTEGER:
+        case JSON_REAL: { /* number_value = 2, fixed64 little-endian */
+            double d = json_number_value(v);
+            uint64_t bits;
+            memcpy(&bits, &d, sizeof bits);
+            *p++ = 0x11;
+            for (int i = 0; i < 8; i++)
+                *p++ = (uint8_t)(bits >> (8 * i));
+            return p;
+        }
+        case JSON_STRING: /* string_value = 3 */
+            return put_ld(p, 0x1a, json_string_value(v), json_string_length(v));
+        default: /* struct_value = 5, list_value = 6 */
+            meta_size(st, v, json_is_object(v) ? 1 : 2, 0, path, &n);
+            *p++ = json_is_object(v) ? 0x2a : 0x32;
+            p = put_varint(p, n);
+            return meta_put(st, v, json_is_object(v) ? 1 : 2, p);
+        }
+    }
+    if (what == 1) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x)
+        { /* fields = 1: map entry {string key = 1; Value value = 2} */
+            size_t kl = strlen(k), vs;
+            meta_size(st, x, 0, 0, path, &vs);
+            *p++ = 0x0a;
+            p = put_varint(p, (kl ? ld_len(kl) : 0) + ld_len(vs));
+            if (kl)
+                p = put_ld(p, 0x0a, k, kl);
+            *p++ = 0x12;
+            p = put_varint(p, vs);
+            p = meta_put(st, x, 0, p);
+        }
+        return p;
+    }
+    for (size_t i = 0; i < json_array_size(v); i++) { /* values = 1 */
+        json_t *x = json_array_get(v, i);
+        size_t vs;
+        meta_size(st, x, 0, 0, path, &vs);
+        *p++ = 0x0a;
+        p = put_varint(p, vs);
+        p = meta_put(st, x, 0, p);
+    }
+    return p;
+}
+
+/* dp->metadata from the JSON object md: REC_OK, REC_BAD (*type, st->msg) or TSR_ENOMEM. */
+static int parse_metadata(json_state *st, json_t *md, tsr_datapoint *dp, enum tsr_rec_error *type)
+{
+    char path[256] = "embedding_metadata";
+    size_t n = 0;
+    if (!json_is_object(md))
+        BAD(TSR_REC_PARSING_ERROR, "\"embedding_metadata\" must be a JSON object");
+    if (meta_size(st, md, 1, 0, path, &n) != 0) {
+        *type = TSR_REC_PARSING_ERROR;
+        return REC_BAD;
+    }
+    if (n > TSR_METADATA_MAX)
+        BAD(TSR_REC_PARSING_ERROR, "\"embedding_metadata\" is more than %zu bytes serialized "
+            "(as a google.protobuf.Struct), the limit", TSR_METADATA_MAX);
+    if (n == 0) /* {}: nothing to store */
+        return REC_OK;
+    if ((dp->metadata = tsr_try_malloc(n, 1)) == NULL)
+        return TSR_ENOMEM;
+    dp->nmetadata = (size_t)(meta_put(st, md, 1, dp->metadata) - dp->metadata);
+    return REC_OK;
+}
+
 static int parse_record(json_state *st, json_t *o, tsr_datapoint *dp, enum tsr_rec_error *type)
 {
     if (!json_is_object(o))
@@ -431,6 +638,9 @@ static int parse_record(json_state *st, json_t *o, tsr_datapoint *dp, enum tsr_r
             return TSR_ENOMEM;
         memcpy(dp->crowding_tag, json_string_value(ct), l + 1);
     }
+    json_t *md = json_object_get(o, "embedding_metadata");
+    if (md != NULL && !json_is_null(md))
+        return parse_metadata(st, md, dp, type);
     return REC_OK;
 }
 
@@ -451,7 +661,13 @@ static int json_line(void *ctx, const tsr__lines *r, const char *line, size_t le
     json_error_t jerr;
     json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     if (o == NULL) {
-        snprintf(st->msg, sizeof st->msg, "column %d: %s", jerr.column, jerr.text);
+        /* jansson quotes the bad token ("... near '...'") byte-wise, and may cut a UTF-8
+         * sequence (e.g. a backslash before a 2-byte character): drop the quote then */
+        char *near = strstr(jerr.text, " near '");
+        if (near && !tsr__utf8_valid(jerr.text, strlen(jerr.text)))
+            *near = '\0';
+        snprintf(st->msg, sizeof st->msg, "column %d: %s", jerr.column,
+                 tsr__utf8_valid(jerr.text, strlen(jerr.text)) ? jerr.text : "syntax error");
         return sink->invalid(sink->ctx, ln, TSR_REC_INVALID_JSON_SYNTAX, st->msg) != 0;
     }
     tsr_datapoint dp;

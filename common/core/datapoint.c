@@ -46,6 +46,7 @@ void tsr_datapoint_close(tsr_datapoint *dp)
         free(dp->numeric[i].ns);
     free(dp->numeric);
     free(dp->crowding_tag);
+    free(dp->metadata);
     memset(dp, 0, sizeof *dp);
 }
 

@@ -79,7 +79,16 @@ typedef struct tsr_datapoint {
     tsr_numeric_restrict *numeric; /* owned array */
     size_t nnumeric;
     char *crowding_tag;       /* owned; NULL when absent */
+    uint8_t *metadata;        /* owned; embedding_metadata as a serialized
+                                 google.protobuf.Struct (protobuf wire bytes); NULL when
+                                 absent or empty ({}); at most TSR_METADATA_MAX bytes */
+    size_t nmetadata;
 } tsr_datapoint;
+
+/* Largest embedding_metadata a datapoint may carry, serialized (a google.protobuf.Struct
+ * in protobuf wire form): larger is an error wherever metadata enters (a batch record,
+ * UpsertDatapoints), checked before anything of that size is allocated. */
+#define TSR_METADATA_MAX ((size_t)64 << 10)
 
 void tsr_datapoint_init(tsr_datapoint *dp);  /* zeroes */
 void tsr_datapoint_close(tsr_datapoint *dp); /* frees all fields, leaves it zeroed */

@@ -5,10 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/log.h"
 #include "core/mem.h"
 #include "net/pb_datapoint.h"
 
-/* Fills p to describe d (borrowing d's arrays). */
+/* Fills p to describe d (borrowing d's arrays; the metadata is unpacked). */
 void tsr_pb_datapoint_set(tsr_pb_datapoint *p, const tsr_datapoint *d)
 {
     memset(p, 0, sizeof *p);
@@ -68,10 +69,21 @@ void tsr_pb_datapoint_set(tsr_pb_datapoint *p, const tsr_datapoint *d)
         p->sp.n_dimensions = d->nsparse;
         p->dp.sparse_embedding = &p->sp;
     }
+    if (d->nmetadata) {
+        p->dp.embedding_metadata = google__protobuf__struct__unpack(NULL, d->nmetadata,
+                                                                    d->metadata);
+        if (p->dp.embedding_metadata == NULL) { /* our own bytes: out of memory or a bug */
+            tsr_error_log("datapoint '%s': cannot unpack its embedding_metadata (%zu bytes)",
+                          d->id, d->nmetadata);
+            abort();
+        }
+    }
 }
 
 void tsr_pb_datapoint_free(tsr_pb_datapoint *p)
 {
+    if (p->dp.embedding_metadata)
+        google__protobuf__struct__free_unpacked(p->dp.embedding_metadata, NULL);
     free(p->rs);
     free(p->rsp);
     free(p->ns);
@@ -157,6 +169,19 @@ int tsr_pb_datapoint_record(const Tessera__V1__IndexDatapoint *p, tsr_datapoint 
     if (p->crowding_tag && p->crowding_tag->crowding_attribute &&
         p->crowding_tag->crowding_attribute[0])
         dp->crowding_tag = tsr_xstrdup(p->crowding_tag->crowding_attribute);
+    if (p->embedding_metadata) { /* kept serialized, measured before anything is allocated */
+        size_t n = protobuf_c_message_get_packed_size(&p->embedding_metadata->base);
+        if (n > TSR_METADATA_MAX) {
+            *type = TSR_REC_PARSING_ERROR;
+            snprintf(msg, cap, "embedding_metadata is %zu bytes serialized, at most %zu", n,
+                     TSR_METADATA_MAX);
+            return 1;
+        }
+        if (n) {
+            dp->metadata = tsr_xmalloc(n);
+            dp->nmetadata = protobuf_c_message_pack(&p->embedding_metadata->base, dp->metadata);
+        }
+    }
     return 0;
 }
 

@@ -20,7 +20,9 @@ typedef struct tsr_pb_datapoint {
     Tessera__V1__SparseEmbedding sp;
 } tsr_pb_datapoint;
 
-/* Fills p->dp to describe d (borrowing d's arrays and strings: d must outlive p). */
+/* Fills p->dp to describe d (borrowing d's arrays and strings: d must outlive p; the
+ * serialized embedding_metadata is unpacked into a Struct p owns — failing to unpack those
+ * bytes, which a reader or tsr_pb_datapoint_record wrote, aborts like tsr_xmalloc). */
 void tsr_pb_datapoint_set(tsr_pb_datapoint *p, const tsr_datapoint *d);
 /* Frees what set allocated (not d's data). */
 void tsr_pb_datapoint_free(tsr_pb_datapoint *p);
@@ -28,7 +30,9 @@ void tsr_pb_datapoint_free(tsr_pb_datapoint *p);
 /* IndexDatapoint -> record (copies everything; dp is initialised first; sparse normalised;
  * an empty crowding_attribute = no tag). Returns 0, or 1 with *type and msg (cap bytes) for
  * what the record model cannot hold: unequal sparse lengths, a numeric restrict without a
- * value or with an op. dp is then partly filled: tsr_datapoint_close it. The semantic
+ * value or with an op, embedding_metadata over TSR_METADATA_MAX bytes serialized (checked
+ * before it is copied; kept serialized in dp->metadata). dp is then partly filled:
+ * tsr_datapoint_close it. The semantic
  * checks are the batch's (tsr_batch_record_check). */
 int tsr_pb_datapoint_record(const Tessera__V1__IndexDatapoint *p, tsr_datapoint *dp,
                             enum tsr_rec_error *type, char *msg, size_t cap);

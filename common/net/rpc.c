@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -168,3 +169,62 @@ const char *__tsan_default_suppressions(void)
            "mutex:libgrpc.so\n";
 }
 #endif
+
+/* ---------------------------------------------------------------- nesting depth */
+
+static int rd_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (int sh = 0; sh < 64 && *p < end; sh += 7) {
+        uint8_t b = *(*p)++;
+        x |= (uint64_t)(b & 0x7f) << sh;
+        if (!(b & 0x80)) {
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int tsr_rpc_too_deep(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
+                     int max_depth)
+{
+    const uint8_t *p = data, *end = data ? data + len : data;
+    while (p < end) {
+        uint64_t key, n;
+        if (rd_varint(&p, end, &key))
+            return 0;
+        switch (key & 7) {
+        case 0: /* varint */
+            if (rd_varint(&p, end, &n))
+                return 0;
+            break;
+        case 1: /* fixed64 */
+            if (end - p < 8)
+                return 0;
+            p += 8;
+            break;
+        case 5: /* fixed32 */
+            if (end - p < 4)
+                return 0;
+            p += 4;
+            break;
+        case 2: { /* length-delimited: a sub-message when desc says so */
+            if (rd_varint(&p, end, &n) || n > (uint64_t)(end - p))
+                return 0;
+            const ProtobufCFieldDescriptor *f =
+                key >> 3 <= UINT32_MAX
+                    ? protobuf_c_message_descriptor_get_field(desc, (unsigned)(key >> 3))
+                    : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+                (max_depth <= 0 || tsr_rpc_too_deep(f->descriptor, p, (size_t)n, max_depth - 1)))
+                return 1;
+            p += n;
+            break;
+        }
+        default: /* groups (3, 4) and invalid types: protobuf-c refuses the message */
+            return 0;
+        }
+    }
+    return 0;
+}

@@ -311,6 +311,26 @@ void tsr_rpc_server_set_tokens(tsr_rpc_server *s, tsr_rpc_tokens *t);
  * unknown path. */
 int tsr_rpc_server_set_role(tsr_rpc_server *s, const char *path, int level);
 
+/* Deepest nesting of sub-messages a request of a method with a request type may have.
+ * protobuf-c's unpack recurses once per level, so a message of a recursive type
+ * (google.protobuf.Struct / Value: embedding_metadata, Index.metadata) nested millions
+ * deep — a few MB on the wire — would overflow the stack. A Struct takes 3 levels per
+ * JSON level, so 256 covers a batch's 64 JSON levels of metadata with room to spare. */
+#define TSR_RPC_MAX_DEPTH 256
+/* Declares the request type of a registered method (desc: static storage): before the
+ * handler runs, a request nesting deeper than TSR_RPC_MAX_DEPTH is answered
+ * INVALID_ARGUMENT ("<Type>: sub-messages nest deeper than 256 levels") and the handler is
+ * not called. For the methods whose request type is recursive. Only before start;
+ * TSR_EINVAL for an unknown path. */
+int tsr_rpc_server_set_request_type(tsr_rpc_server *s, const char *path,
+                                    const ProtobufCMessageDescriptor *desc);
+/* 1 when the protobuf data[0..len) of type desc nests sub-messages more than max_depth
+ * levels deep, else 0 (also when it is malformed: its unpack says so). Walks the wire
+ * format with the descriptors: no allocation, at most max_depth recursions; fields that
+ * desc does not know are skipped (protobuf-c keeps them as bytes, unparsed). */
+int tsr_rpc_too_deep(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
+                     int max_depth);
+
 /* 1 when a listen address is local only: 127.0.0.0/8, ::1, ::ffff:127.x, localhost,
  * unix:. "0.0.0.0", "[::]" and every other address give 0. */
 int tsr_rpc_addr_is_loopback(const char *addr);

@@ -98,6 +98,7 @@ struct method {
     void *ctx;
     unsigned flags;
     int role; /* level a call needs (rpc.h "authorization"); INT_MAX = the highest */
+    const ProtobufCMessageDescriptor *req_type; /* NULL = no nesting check */
 };
 
 struct slot {
@@ -340,7 +341,13 @@ static void run_handler(struct call *c)
     size_t n = c->has_req ? GRPC_SLICE_LENGTH(c->req) : 0;
     if (n == 0)
         p = NULL;
-    int rc = c->m->fn(c->m->ctx, p, n, r);
+    int rc;
+    if (c->m->req_type && tsr_rpc_too_deep(c->m->req_type, p, n, TSR_RPC_MAX_DEPTH))
+        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "%s: sub-messages nest deeper "
+                                 "than %d levels", c->m->req_type->short_name,
+                                 TSR_RPC_MAX_DEPTH);
+    else
+        rc = c->m->fn(c->m->ctx, p, n, r);
     if (c->fan) {
         if (atomic_fetch_sub(&c->fan->left, 1) == 1)
             fan_complete(c);
@@ -829,6 +836,7 @@ int tsr_rpc_server_add_method(tsr_rpc_server *s, const char *path, tsr_rpc_handl
     m->ctx = ctx;
     m->flags = flags;
     m->role = INT_MAX;
+    m->req_type = NULL;
     return 0;
 }
 
@@ -841,6 +849,19 @@ int tsr_rpc_server_set_role(tsr_rpc_server *s, const char *path, int level)
             if (strcmp(path, HEALTH_CHECK_PATH) == 0)
                 return TSR_EINVAL; /* stays open */
             s->methods[i].role = level;
+            return 0;
+        }
+    return TSR_EINVAL;
+}
+
+int tsr_rpc_server_set_request_type(tsr_rpc_server *s, const char *path,
+                                    const ProtobufCMessageDescriptor *desc)
+{
+    if (s->started || !path)
+        return TSR_EINVAL;
+    for (int i = 0; i < s->nmethods; i++)
+        if (strcmp(s->methods[i].path, path) == 0) {
+            s->methods[i].req_type = desc;
             return 0;
         }
     return TSR_EINVAL;

@@ -6,7 +6,8 @@ coordinator has --auth-tokens (one query and one admin token). Then:
   service (tessera.v1.VectorSearch: FindNeighbors, ReadIndexDatapoints, UpdateIndex,
   GetOperation, GetIndexStats; Vertex container.v1 MatchService: Match, BatchMatch,
   BatchGetEmbeddings; Vertex aiplatform.v1 MatchService: FindNeighbors,
-  ReadIndexDatapoints; aiplatform.v1 IndexService: GetIndex, UpdateIndex;
+  ReadIndexDatapoints; aiplatform.v1 IndexService: GetIndex, UpdateIndex, UpsertDatapoints,
+  RemoveDatapoints; tessera.v1 UpsertDatapoints, RemoveDatapoints;
   google.longrunning.Operations/GetOperation; grpc.health.v1.Health/Check) gives: health OK for all; no or unknown
   token UNAUTHENTICATED; query token OK on the read side and PERMISSION_DENIED on
   UpdateIndex; admin OK everywhere. With python grpcio and node grpc-js, each with plain
@@ -95,6 +96,13 @@ def calls(op_id, batch):
         # only their messages (no service definitions), so these go as raw bytes
         (IS, "GetIndex", raw_str(1, INDEX), RAW, RAW, "query"),
         (IS, "UpdateIndex", raw_update(batch), RAW, RAW, "admin"),
+        (IS, "UpsertDatapoints", raw_str(1, INDEX) + _field(2, raw_str(1, "auth-up") + _field(
+            2, b"".join(__import__("struct").pack("<f", x) for x in v))), RAW, RAW, "admin"),
+        (IS, "RemoveDatapoints", raw_str(1, INDEX) + raw_str(2, "auth-up"), RAW, RAW, "admin"),
+        (VS, "UpsertDatapoints", {"datapoints": [{"datapoint_id": "auth-up2", "feature_vector": v}]},
+         tp.UpsertDatapointsRequest, tp.UpsertDatapointsResponse, "admin"),
+        (VS, "RemoveDatapoints", {"datapoint_ids": ["auth-up2"]}, tp.RemoveDatapointsRequest,
+         tp.RemoveDatapointsResponse, "admin"),
         (OPS, "GetOperation", raw_str(1, op_id), RAW, RAW, "query"),
         (HS, "Check", {}, hp.HealthCheckRequest, hp.HealthCheckResponse, "open"),
     ]

@@ -1,20 +1,31 @@
-"""Google's official node client @google-cloud/aiplatform (v1.MatchServiceClient, pinned in
-tests/interop/node/package-lock.json, used unmodified) calls tessera-coordinator's
-google.cloud.aiplatform.v1.MatchService (issue 17, the read half).
+"""Google's official node client @google-cloud/aiplatform (v1.MatchServiceClient and
+v1.IndexServiceClient, pinned in tests/interop/node/package-lock.json, used unmodified)
+against tessera-coordinator's google.cloud.aiplatform.v1 MatchService and IndexService
+(issue 17).
 
 A 4-shard cluster is loaded through UpdateIndex with restricts, numeric restricts, crowding
-tags, sparse and sparse-only datapoints (vertex_harness.dataset). tests/interop/node/
-vertex_v1_client.js points the client at the coordinator (apiEndpoint, port, insecure
-channel credentials) and sends findNeighbors with resource names as callers write them:
-dense, token restricts (allow and deny), numeric restricts (int and double, several ops),
-crowding, sparse-only, hybrid RRF, return_full_datapoint over a batch of queries, a query
-carrying embedding_metadata (accepted and ignored); then readIndexDatapoints. Every answer
-must equal tessera.v1 FindNeighbors / ReadIndexDatapoints for the same query (python
-grpcio). Bad requests get INVALID_ARGUMENT naming the field; IndexService's methods
-UNIMPLEMENTED naming what Tessera serves instead. Then the coordinator is restarted with
+tags, sparse and sparse-only datapoints (vertex_harness.dataset), every fifth with
+embedding_metadata. tests/interop/node/vertex_v1_client.js points the client at the
+coordinator (apiEndpoint, port, insecure channel credentials) and sends findNeighbors with
+resource names as callers write them: dense, token restricts (allow and deny), numeric
+restricts (int and double, several ops), crowding, sparse-only, hybrid RRF,
+return_full_datapoint over a batch of queries (the batch's embeddingMetadata returned), a
+query carrying embedding_metadata (accepted and ignored); then readIndexDatapoints. Every
+answer must equal tessera.v1 FindNeighbors / ReadIndexDatapoints for the same query (python
+grpcio), embedding_metadata included. Bad requests get INVALID_ARGUMENT naming the field;
+IndexService's unserved methods UNIMPLEMENTED naming what Tessera serves instead.
+
+Streamed writes: upsertDatapoints (dense with restricts, numeric restricts, crowding tag and
+embeddingMetadata; dense + sparse; sparse-only) is seen at once by findNeighbors
+(returnFullDatapoint, the metadata as sent) and readIndexDatapoints, equal to tessera.v1;
+bad upserts (wrong dimension, NaN, bad or missing index name, metadata over 64 KiB, an
+unknown update_mask path) are INVALID_ARGUMENT naming the field and write nothing;
+removeDatapoints removes at once. Then updateIndex from a batch folder (complete overwrite)
+through its long-running operation. Then the coordinator is restarted with
 --deployed-index-id and --auth-tokens: the client passes the token through its call
 options (otherArgs.headers) and is served; a wrong deployed_index_id is NOT_FOUND naming
-it; no token is UNAUTHENTICATED.
+it; no token is UNAUTHENTICATED; upsert/removeDatapoints with a query token are
+PERMISSION_DENIED and served with an admin token.
 """
 import json
 import os
@@ -22,6 +33,7 @@ import subprocess
 import sys
 
 import numpy as np
+from google.protobuf import json_format
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
@@ -35,6 +47,7 @@ ENDPOINT = "projects/my-project/locations/us-central1/indexEndpoints/1234567890"
 OPS = {1: "LESS", 2: "LESS_EQUAL", 3: "EQUAL", 4: "GREATER_EQUAL", 5: "GREATER",
        6: "NOT_EQUAL"}
 QUERY_TOKEN = "q-" + os.urandom(12).hex()
+ADMIN_TOKEN = "a-" + os.urandom(12).hex()
 
 
 def vertex_query(spec, qid):
@@ -68,9 +81,50 @@ def tessera_kwargs(spec):
     return {k: v for k, v in spec.items() if k != "metadata"}
 
 
+def js_value(v):
+    """A google.protobuf.Value as the client decoded it, as plain JSON (numbers float)."""
+    kind = v.get("kind") or next(k for k in ("nullValue", "numberValue", "stringValue",
+                                             "boolValue", "structValue", "listValue") if k in v)
+    if kind == "nullValue":
+        return None
+    if kind == "structValue":
+        return js_struct(v["structValue"])
+    if kind == "listValue":
+        return [js_value(x) for x in v["listValue"].get("values") or []]
+    return float(v[kind]) if kind == "numberValue" else v[kind]
+
+
+def js_struct(st):
+    """A google.protobuf.Struct as the client decoded it (or null), as plain JSON."""
+    return None if st is None else {k: js_value(v) for k, v in (st.get("fields") or {}).items()}
+
+
+def to_js_struct(o):
+    """Plain JSON as the client's google.protobuf.Struct request object."""
+    def val(v):
+        if v is None:
+            return {"nullValue": "NULL_VALUE"}
+        if isinstance(v, bool):
+            return {"boolValue": v}
+        if isinstance(v, (int, float)):
+            return {"numberValue": v}
+        if isinstance(v, str):
+            return {"stringValue": v}
+        if isinstance(v, list):
+            return {"listValue": {"values": [val(x) for x in v]}}
+        return {"structValue": to_js_struct(v)}
+    return {"fields": {k: val(v) for k, v in o.items()}}
+
+
+def t_meta(d):
+    """The embedding_metadata of a tessera.v1 IndexDatapoint as plain JSON (or None)."""
+    return json_format.MessageToDict(d.embedding_metadata) \
+        if d.HasField("embedding_metadata") else None
+
+
 def v_dp(d):
-    """(id, tag, vector, sparse, restricts, numeric) of an IndexDatapoint as the client
-    decoded it (unset fields are null or absent)."""
+    """(id, tag, vector, sparse, restricts, numeric, metadata) of an IndexDatapoint as the
+    client decoded it (unset fields are null or absent)."""
     d = d or {}
     sp = d.get("sparseEmbedding")
     num = []
@@ -83,7 +137,7 @@ def v_dp(d):
              [float(v) for v in sp.get("values") or []]) if sp else None,
             [(r.get("namespace") or "", r.get("allowList") or [], r.get("denyList") or [])
              for r in d.get("restricts") or []],
-            sorted(num))
+            sorted(num), js_struct(d.get("embeddingMetadata")))
 
 
 def t_dp(d):
@@ -94,7 +148,7 @@ def t_dp(d):
             if d.HasField("sparse_embedding") else None,
             [(r.namespace, list(r.allow_list), list(r.deny_list)) for r in d.restricts],
             sorted((n.namespace, float(getattr(n, n.WhichOneof("Value"))))
-                   for n in d.numeric_restricts))
+                   for n in d.numeric_restricts), t_meta(d))
 
 
 def run_node(port, calls, root, token=None):
@@ -213,7 +267,7 @@ def index_service(cl, tp, D, ss, root):
     assert int(ist["vectorsCount"]) == st.vectors_count, (ist, st)
     assert int(ist.get("sparseVectorsCount") or 0) == st.sparse_vectors_count, (ist, st)
     assert ist["shardsCount"] == st.shards_count == 4, (ist, st)
-    assert gi["indexUpdateMethod"] == "BATCH_UPDATE", gi
+    assert gi["indexUpdateMethod"] == "STREAM_UPDATE", gi
     for c, g in zip(calls, got):
         if "_want" in c:
             code, msg = c["_want"]
@@ -225,12 +279,129 @@ def index_service(cl, tp, D, ss, root):
           "rejects the promise, gs:// refused" % (st.version, n_ok))
 
 
+def strip(calls):
+    return [{k: v for k, v in c.items() if not k.startswith("_")} for c in calls]
+
+
+def expect_codes(calls, got):
+    n = 0
+    for i, (c, g) in enumerate(zip(calls, got)):
+        if "_want" in c:
+            code, msg = c["_want"]
+            assert g.get("code") == code and msg in g.get("details", ""), \
+                (i, c["method"], c["_want"], str(g)[:600])
+            n += 1
+    return n
+
+
+META = {"genre": "jazz", "year": 1959, "tags": ["a", True, None, 2.5],
+        "nested": {"x": {"y": [1, {"z": "\u00e9"}]}}, "empty": {}}
+
+
+def stream_dps(d):
+    """Three datapoints for UpsertDatapoints (client request objects): s1 dense far from the
+    batch's data with restricts, numeric restricts, a crowding tag and metadata; s2 dense +
+    sparse with other metadata; s3 sparse-only without metadata."""
+    far = [6.0 + 0.01 * i for i in range(d)]
+    return [
+        {"datapointId": "s1", "featureVector": far,
+         "restricts": [{"namespace": "color", "allowList": ["red"], "denyList": ["blue"]}],
+         "numericRestricts": [{"namespace": "price", "valueInt": 7},
+                              {"namespace": "w", "valueDouble": 1.0}],
+         "crowdingTag": {"crowdingAttribute": "shop-s"},
+         "embeddingMetadata": to_js_struct(META)},
+        {"datapointId": "s2", "featureVector": [v + 0.5 for v in far],
+         "sparseEmbedding": {"dimensions": [3, 9], "values": [0.5, 0.25]},
+         "restricts": [{"namespace": "color", "allowList": ["red"]}],
+         "embeddingMetadata": to_js_struct({"n": 2})},
+        {"datapointId": "s3", "sparseEmbedding": {"dimensions": [3, 7], "values": [2.0, 1.0]}},
+    ], far
+
+
+def stream_writes(cl, tp, D, root):
+    """IndexService UpsertDatapoints / RemoveDatapoints with the official client: the
+    upserted datapoints are seen at once by findNeighbors (returnFullDatapoint, with their
+    embeddingMetadata) and readIndexDatapoints, equal to tessera.v1's answers; after
+    removeDatapoints they are gone; bad requests are refused naming the field and change
+    nothing."""
+    dps, far = stream_dps(D.d)
+    base = cl.stats().vectors_count
+    q_far = dict(vec=far, k=4, fraction=1.0, restricts=[("color", ["red"], [])])
+    q_sparse = dict(sparse=([3, 7, 9], [1.0, 1.0, 1.0]), k=4)
+    finds = [{"method": "findNeighbors", "_specs": [q_far, q_sparse],
+              "request": {"indexEndpoint": ENDPOINT, "returnFullDatapoint": True,
+                          "queries": [vertex_query(q_far, "q1-0"),
+                                      vertex_query(q_sparse, "q1-1")]}},
+             {"method": "readIndexDatapoints",
+              "request": {"indexEndpoint": ENDPOINT, "ids": ["s1", "s2", "s3", "p0001"]}}]
+    calls = [{"method": "upsertDatapoints", "client": "IndexServiceClient",
+              "request": {"index": INDEX, "datapoints": dps}}] + finds
+    got = run_node(cl.coord.port, strip(calls), root)
+    assert got[0].get("response") == {}, got[0]
+    check_answers(cl, tp, calls, got, True)
+    nn = got[1]["response"]["nearestNeighbors"]
+    top = [v_dp(x["datapoint"]) for x in nn[0]["neighbors"]]
+    assert [t[0] for t in top[:2]] == ["s1", "s2"], top
+    assert top[0][6] == META, top[0]  # numbers come back as doubles: 1959.0 == 1959
+    assert top[0][1] == "shop-s" and abs(nn[0]["neighbors"][0].get("distance", 0.0)) < 1e-6
+    assert "s3" in [x["datapoint"]["datapointId"] for x in nn[1]["neighbors"]], nn[1]
+    rd = got[2]["response"]["datapoints"]
+    want = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(
+        ids=["s1", "s2", "s3", "p0001"]), timeout=30)
+    assert [v_dp(x) for x in rd] == [t_dp(x) for x in want.datapoints], rd
+    assert [v_dp(x)[6] for x in rd][:3] == [t_meta(want.datapoints[0]), {"n": 2.0}, None]
+    assert cl.stats().vectors_count == base + 2
+    print("upsertDatapoints: 3 datapoints seen at once by findNeighbors (full datapoints with "
+          "embeddingMetadata) and readIndexDatapoints, equal to tessera.v1")
+
+    big = dict(dps[0], datapointId="big", embeddingMetadata=to_js_struct({"b": "y" * 70000}))
+    bad = [
+        ({"index": INDEX, "datapoints": [{"datapointId": "bad", "featureVector": [1.0, 2.0]}]},
+         "upsertDatapoints", "datapoints[0]"),
+        ({"index": INDEX, "datapoints": [dps[0], dict(dps[1], datapointId="bad", sparseEmbedding={
+            "dimensions": [1, 2], "values": [0.5]})]}, "upsertDatapoints", "datapoints[1]"),
+        ({"index": "my-index", "datapoints": [dps[0]]}, "upsertDatapoints", "index \"my-index\""),
+        ({"datapoints": [dps[0]]}, "upsertDatapoints", "index is empty"),
+        ({"index": INDEX, "datapoints": [big]}, "upsertDatapoints",
+         "datapoints[0] (id \"big\"): embedding_metadata is"),
+        ({"index": INDEX, "datapoints": [dps[0]], "updateMask": {"paths": ["color"]}},
+         "upsertDatapoints", "update_mask"),
+        ({"index": "projects/p/locations/l/indexEndpoints/1", "datapointIds": ["s1"]},
+         "removeDatapoints", "index \"projects/p/locations/l/indexEndpoints/1\""),
+    ]
+    calls = [{"method": m, "client": "IndexServiceClient", "request": rq, "_want": (3, msg)}
+             for rq, m, msg in bad]
+    calls.append({"method": "readIndexDatapoints",
+                  "request": {"indexEndpoint": ENDPOINT, "ids": ["bad", "big"]}})
+    got = run_node(cl.coord.port, strip(calls), root)
+    n_bad = expect_codes(calls, got)
+    assert not got[-1]["response"].get("datapoints"), got[-1]
+
+    calls = [{"method": "removeDatapoints", "client": "IndexServiceClient",
+              "request": {"index": INDEX, "datapointIds": ["s1", "s3", "never-there"]}}] + finds
+    got = run_node(cl.coord.port, strip(calls), root)
+    assert got[0].get("response") == {}, got[0]
+    check_answers(cl, tp, calls, got, True)
+    ids0 = [x["datapoint"]["datapointId"] for x in got[1]["response"]["nearestNeighbors"][0][
+        "neighbors"]]
+    ids1 = [x["datapoint"]["datapointId"] for x in got[1]["response"]["nearestNeighbors"][1][
+        "neighbors"]]
+    assert ids0[0] == "s2" and "s1" not in ids0 and "s3" not in ids1, (ids0, ids1)
+    assert [v_dp(x)[0] for x in got[2]["response"]["datapoints"]] == ["s2", "p0001"], got[2]
+    assert cl.stats().vectors_count == base + 1
+    print("removeDatapoints: s1, s3 gone at once (an unknown id is no error); %d bad requests "
+          "INVALID_ARGUMENT naming the field, nothing written" % n_bad)
+
+
 def main():
     if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "@google-cloud", "aiplatform")):
         subprocess.check_call(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
                               cwd=NODE_DIR)
     tp = ch.stubs()[0]
     D = vh.dataset(n=600, d=12, seed=8)
+    for i in range(0, len(D.recs), 5):  # metadata from the batch, returned with full datapoints
+        D.recs[i]["embedding_metadata"] = {"i": i, "name": "rec %d" % i, "odd": bool(i % 2),
+                                           "l": [i, None, {"k": "v"}]}
     root = sh.tmpdir("tsr-v1node-")
     batch = ch.write_batch(os.path.join(root, "b"), D.recs, per_file=200)
     cl = ch.Cluster(4, D.d, {"nlist": 8, "pq_m": 4, "nprobe": 3})
@@ -265,13 +436,16 @@ def main():
                ({"queries": [{"neighborCount": 3}]}, 3, "datapoint is missing")]
         for req, code, msg in bad:
             calls.append({"method": "findNeighbors", "request": req, "_want": (code, msg)})
-        for m in ("upsertDatapoints", "removeDatapoints"):
-            calls.append({"method": m, "client": "IndexServiceClient",
-                          "request": {"index": "projects/p/locations/l/indexes/1"},
+        for m, rq in (("deleteIndex", {"name": INDEX}),
+                      ("listIndexes", {"parent": "projects/p/locations/l"})):
+            calls.append({"method": m, "client": "IndexServiceClient", "request": rq,
                           "_want": (12, "tessera.v1.VectorSearch/UpdateIndex")})
         got = run_node(cl.coord.port, [{k: v for k, v in c.items() if not k.startswith("_")}
                                        for c in calls], root)
         n_ok = check_answers(cl, tp, calls, got, True)
+        with_meta = [x for nn in got[len(ss)]["response"]["nearestNeighbors"]
+                     for x in nn["neighbors"] if x["datapoint"].get("embeddingMetadata")]
+        assert with_meta, "no neighbor with the batch's embedding_metadata"
         # ReadIndexDatapoints: the same datapoints as tessera.v1's, in request order
         rd = got[len(ss) + 1]
         want = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=ids), timeout=30)
@@ -289,12 +463,13 @@ def main():
                 n_err += 1
         print("official client: %d findNeighbors calls equal to tessera.v1, readIndexDatapoints "
               "equal, %d refused as expected" % (n_ok, n_err))
+        stream_writes(cl, tp, D, root)
         index_service(cl, tp, D, ss, root)
 
         # --deployed-index-id and --auth-tokens: the token through the client's call options
         tokens = os.path.join(root, "tokens")
         with open(tokens, "w") as f:
-            f.write("query %s\n" % QUERY_TOKEN)
+            f.write("query %s\nadmin %s\n" % (QUERY_TOKEN, ADMIN_TOKEN))
         cl.stop_coord()
         cl.start(extra_args=["--deployed-index-id", "idx_1", "--auth-tokens", tokens])
         s = ss[1]
@@ -323,8 +498,23 @@ def main():
         got = run_node(cl.coord.port, [{k: v for k, v in ok.items() if not k.startswith("_")}],
                        root)
         assert got[0].get("code") == grpc.StatusCode.UNAUTHENTICATED.value[0], got
+        # streamed writes need the admin role: a query token is PERMISSION_DENIED
+        dps, _ = stream_dps(D.d)
+        up = {"method": "upsertDatapoints", "client": "IndexServiceClient",
+              "request": {"index": INDEX, "datapoints": dps[:1]}}
+        rm = {"method": "removeDatapoints", "client": "IndexServiceClient",
+              "request": {"index": INDEX, "datapointIds": ["s1"]}}
+        rd = {"method": "readIndexDatapoints", "request": {"ids": ["s1"]}}
+        got = run_node(cl.coord.port, [up, rm], root, token=QUERY_TOKEN)
+        assert [g.get("code") for g in got] == [7, 7], got
+        got = run_node(cl.coord.port, [up, rd, rm, rd], root, token=ADMIN_TOKEN)
+        assert got[0].get("response") == {} and got[2].get("response") == {}, got
+        assert [v_dp(x)[0] for x in got[1]["response"]["datapoints"]] == ["s1"], got[1]
+        assert v_dp(got[1]["response"]["datapoints"][0])[6] == META, got[1]
+        assert not got[3]["response"].get("datapoints"), got[3]
         print("with --auth-tokens: the client's bearer token served; a wrong "
-              "deployed_index_id NOT_FOUND; no token UNAUTHENTICATED")
+              "deployed_index_id NOT_FOUND; no token UNAUTHENTICATED; upsert/removeDatapoints "
+              "PERMISSION_DENIED with a query token, served with an admin token")
     finally:
         cl.stop()
     print("ok")

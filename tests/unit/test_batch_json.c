@@ -1,6 +1,7 @@
 /*
  * test_batch_json — the JSON reader against SPEC §2: the seed examples, unknown-field
- * errors with suggestions, and every record-level error type.
+ * errors with suggestions, every record-level error type, and embedding_metadata (its
+ * google.protobuf.Struct bytes decoded and re-packed by protobuf-c, its limits).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 
 #include "batch/batch_json.h"
 #include "batch_test_sink.h"
+#include "google/protobuf/struct.pb-c.h"
 
 static coll *parse(const char *text, size_t dims)
 {
@@ -203,12 +205,148 @@ static void test_suggest(void **state)
     assert_null(tsr_batch_json_suggest("qqqqqqqq", k));
 }
 
+
+/* The member key of s, or fail. */
+static const Google__Protobuf__Value *member(const Google__Protobuf__Struct *s, const char *key)
+{
+    for (size_t i = 0; i < s->n_fields; i++)
+        if (strcmp(s->fields[i]->key, key) == 0)
+            return s->fields[i]->value;
+    fail_msg("no member '%s'", key);
+    return NULL;
+}
+
+/* One record with embedding_metadata md (JSON text); returns its unpacked Struct after
+ * checking that protobuf-c packs it back to the very same bytes. */
+static Google__Protobuf__Struct *meta_of(const char *md, coll **cp)
+{
+    char line[4096];
+    snprintf(line, sizeof line, "{\"id\":\"m\",\"embedding\":[1],\"embedding_metadata\":%s}", md);
+    coll *c = parse(line, 1);
+    if (c->nbad)
+        fail_msg("%s: %s", md, c->msgs[0]);
+    assert_int_equal(c->nrecs, 1);
+    const tsr_datapoint *dp = &c->recs[0];
+    assert_non_null(dp->metadata);
+    Google__Protobuf__Struct *s = google__protobuf__struct__unpack(NULL, dp->nmetadata, dp->metadata);
+    assert_non_null(s);
+    size_t n = protobuf_c_message_get_packed_size(&s->base);
+    assert_int_equal(n, dp->nmetadata);
+    uint8_t *b = malloc(n);
+    protobuf_c_message_pack(&s->base, b);
+    assert_memory_equal(b, dp->metadata, n);
+    free(b);
+    *cp = c;
+    return s;
+}
+
+static void test_metadata(void **state)
+{
+    (void)state;
+    coll *c;
+    Google__Protobuf__Struct *s = meta_of(
+        "{\"title\":\"caf\u00e9 \\u00e9\",\"year\":1999,\"price\":-2.5,\"new\":true,"
+        "\"old\":false,\"none\":null,\"tags\":[\"a\",1,[],{}],\"nested\":{\"deep\":{\"x\":[1e300]}},"
+        "\"\":\"empty key\"}", &c);
+    assert_int_equal(s->n_fields, 9);
+    assert_string_equal(s->fields[0]->key, "title");
+    assert_string_equal(member(s, "title")->string_value, "caf\u00e9 \u00e9");
+    assert_true(member(s, "year")->kind_case == GOOGLE__PROTOBUF__VALUE__KIND_NUMBER_VALUE);
+    assert_true(member(s, "year")->number_value == 1999.0);
+    assert_true(member(s, "price")->number_value == -2.5);
+    assert_true(member(s, "new")->kind_case == GOOGLE__PROTOBUF__VALUE__KIND_BOOL_VALUE &&
+                member(s, "new")->bool_value);
+    assert_true(member(s, "old")->kind_case == GOOGLE__PROTOBUF__VALUE__KIND_BOOL_VALUE &&
+                !member(s, "old")->bool_value);
+    assert_true(member(s, "none")->kind_case == GOOGLE__PROTOBUF__VALUE__KIND_NULL_VALUE);
+    const Google__Protobuf__ListValue *l = member(s, "tags")->list_value;
+    assert_int_equal(l->n_values, 4);
+    assert_string_equal(l->values[0]->string_value, "a");
+    assert_true(l->values[1]->number_value == 1.0);
+    assert_true(l->values[2]->kind_case == GOOGLE__PROTOBUF__VALUE__KIND_LIST_VALUE);
+    assert_int_equal(l->values[2]->list_value->n_values, 0);
+    assert_true(l->values[3]->kind_case == GOOGLE__PROTOBUF__VALUE__KIND_STRUCT_VALUE);
+    const Google__Protobuf__Value *x = member(member(member(s, "nested")->struct_value,
+                                                     "deep")->struct_value, "x");
+    assert_true(x->list_value->values[0]->number_value == 1e300);
+    assert_string_equal(member(s, "")->string_value, "empty key");
+    google__protobuf__struct__free_unpacked(s, NULL);
+    coll_free(c);
+
+    /* {} and null: nothing stored */
+    c = parse("{\"id\":\"a\",\"embedding\":[1],\"embedding_metadata\":{}}\n"
+              "{\"id\":\"b\",\"embedding\":[1],\"embedding_metadata\":null}\n", 1);
+    assert_int_equal(c->nbad, 0);
+    assert_int_equal(c->nrecs, 2);
+    assert_null(c->recs[0].metadata);
+    assert_int_equal(c->recs[0].nmetadata, 0);
+    assert_null(c->recs[1].metadata);
+    coll_free(c);
+}
+
+static void test_metadata_errors(void **state)
+{
+    (void)state;
+    expect_bad("{\"id\":\"a\",\"embedding\":[1],\"embedding_metadata\":\"x\"}", 1,
+               TSR_REC_PARSING_ERROR, "\"embedding_metadata\" must be a JSON object");
+    expect_bad("{\"id\":\"a\",\"embedding\":[1],\"embedding_metadata\":[1]}", 1,
+               TSR_REC_PARSING_ERROR, "must be a JSON object");
+    /* a NUL cannot reach a protobuf string: the JSON parser refuses \u0000 (and the encoder
+     * would too) */
+    expect_bad("{\"id\":\"a\",\"embedding\":[1],\"embedding_metadata\":{\"k\":[\"a\\u0000b\"]}}", 1,
+               TSR_REC_INVALID_JSON_SYNTAX, "\\u0000 is not allowed");
+    expect_bad("{\"id\":\"a\",\"embedding\":[1],\"embedding_metadata\":{\"k\\u0000\":1}}", 1,
+               TSR_REC_INVALID_JSON_SYNTAX, "NUL byte in object key");
+    expect_bad("{\"id\":\"a\",\"embedding\":[1],\"metadata\":{}}", 1, TSR_REC_PARSING_ERROR,
+               "did you mean 'embedding_metadata'?");
+    /* depth: 64 nested levels are fine, 65 are not */
+    for (int depth = 64; depth <= 65; depth++) {
+        char line[1024] = "{\"id\":\"a\",\"embedding\":[1],\"embedding_metadata\":";
+        for (int i = 0; i < depth; i++)
+            strcat(line, "{\"a\":");
+        strcat(line, "1");
+        for (int i = 0; i < depth; i++)
+            strcat(line, "}");
+        strcat(line, "}");
+        if (depth == 64) {
+            coll *c = parse(line, 1);
+            assert_int_equal(c->nbad, 0);
+            assert_int_equal(c->nrecs, 1);
+            coll_free(c);
+        } else {
+            expect_bad(line, 1, TSR_REC_PARSING_ERROR, "nests deeper than 64 levels");
+        }
+    }
+    /* size: the limit is on the serialized Struct. {"k": "<L x>"} with 2^14 <= L < 2^21 is
+     * Struct{entry(3-byte varint length){key 3, Value(3){string(3) L}}} = L + 15 bytes:
+     * L = 65536 - 15 fits exactly, one more does not. */
+    for (size_t L = 65536 - 16; L <= 65536 - 14; L++) {
+        size_t n = 64 + L;
+        char *line = malloc(n);
+        int o = snprintf(line, n, "{\"id\":\"a\",\"embedding\":[1],\"embedding_metadata\":{\"k\":\"");
+        memset(line + o, 'x', L);
+        strcpy(line + o + L, "\"}}");
+        coll *c = parse(line, 1);
+        if (L <= 65536 - 15) {
+            assert_int_equal(c->nbad, 0);
+            assert_int_equal(c->recs[0].nmetadata, L + 15);
+        } else {
+            assert_int_equal(c->nbad, 1);
+            assert_int_equal(c->types[0], TSR_REC_PARSING_ERROR);
+            assert_non_null(strstr(c->msgs[0], "more than 65536 bytes serialized"));
+        }
+        coll_free(c);
+        free(line);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seed_examples), cmocka_unit_test(test_full_record),
         cmocka_unit_test(test_unknown_fields), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_lines),          cmocka_unit_test(test_suggest),
+        cmocka_unit_test(test_metadata),       cmocka_unit_test(test_metadata_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

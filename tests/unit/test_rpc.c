@@ -4,7 +4,7 @@
  * with messages, TSR error mapping, UNIMPLEMENTED, deadlines with a slow handler, fan-out,
  * many sequential calls, message size limits, health, shutdown with calls in flight,
  * reconnect to a restarted server, TLS (certificates made with the openssl CLI when it
- * exists), and the protobuf-c helpers.
+ * exists), the protobuf-c helpers, and the nesting check of recursive request types.
  *
  * Serve mode for the python interop test: TSR_RPC_TEST_SERVE=1 runs the same test server
  * (methods under /tessera.test.Echo/ plus a fake /tessera.v1.Shard/Stats), prints
@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "google/protobuf/struct.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "net/rpc.h"
 #include "tessera/v1/shard.pb-c.h"
@@ -784,6 +785,47 @@ static int serve(void)
     return 0;
 }
 
+/* tsr_rpc_too_deep on a google.protobuf.Struct {"a": {"a": ... }} of n objects below the
+ * top one (3 message levels each: map entry, Value, Struct), packed by protobuf-c: the
+ * smallest max_depth it passes is exactly 3n; non-message fields and malformed bytes pass
+ * (the unpack judges those). */
+static void test_nesting_depth(void **state)
+{
+    (void)state;
+    enum { N = 100 };
+    Google__Protobuf__Struct st[N + 1];
+    Google__Protobuf__Struct__FieldsEntry en[N], *enp[N];
+    Google__Protobuf__Value va[N];
+    for (int i = 0; i <= N; i++)
+        google__protobuf__struct__init(&st[i]);
+    for (int i = 0; i < N; i++) {
+        google__protobuf__struct__fields_entry__init(&en[i]);
+        google__protobuf__value__init(&va[i]);
+        va[i].kind_case = GOOGLE__PROTOBUF__VALUE__KIND_STRUCT_VALUE;
+        va[i].struct_value = &st[i + 1];
+        en[i].key = (char *)"a";
+        en[i].value = &va[i];
+        enp[i] = &en[i];
+        st[i].fields = &enp[i];
+        st[i].n_fields = 1;
+    }
+    size_t len = protobuf_c_message_get_packed_size(&st[0].base);
+    uint8_t *buf = malloc(len);
+    protobuf_c_message_pack(&st[0].base, buf);
+    const ProtobufCMessageDescriptor *d = &google__protobuf__struct__descriptor;
+    assert_int_equal(tsr_rpc_too_deep(d, buf, len, 3 * N), 0);
+    assert_int_equal(tsr_rpc_too_deep(d, buf, len, 3 * N - 1), 1);
+    assert_int_equal(tsr_rpc_too_deep(d, buf, len, 0), 1);
+    assert_int_equal(tsr_rpc_too_deep(d, buf, 0, 0), 0);
+    /* the same bytes read as another message (field 1 a string there): not looked into */
+    assert_int_equal(tsr_rpc_too_deep(&grpc__health__v1__health_check_request__descriptor,
+                                      buf, len, 0), 0);
+    /* cut anywhere: malformed, not too deep */
+    for (size_t cut = 0; cut < len; cut += 7)
+        (void)tsr_rpc_too_deep(d, buf, cut, 3 * N);
+    free(buf);
+}
+
 int main(void)
 {
     if (getenv("TSR_RPC_TEST_SERVE"))
@@ -803,6 +845,7 @@ int main(void)
         cmocka_unit_test(test_restart_reconnect),
         cmocka_unit_test(test_api_misuse),
         cmocka_unit_test(test_tls),
+        cmocka_unit_test(test_nesting_depth),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
