@@ -263,6 +263,13 @@ int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edi
 
 /* Writes slice.faiss, meta, vectors.f32 of v into dir (existing, empty). */
 int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err);
+/* After v's files are durable in dir and before v is published (no reader yet): the
+ * records of v whose raw vector is on the heap (made by Stage or Write) are replaced in v
+ * by copies pointing into a mapping of dir/vectors.f32 (after checking the bytes match),
+ * so a built or folded version reads its vectors through the page cache like a loaded
+ * one; the heap copies go with the last older version or delta that holds them. A failure
+ * leaves the rest on the heap (logged). Nothing with TSR_SHARD_VECTORS=heap. */
+void tsr__version_map_vectors(tsr__version *v, const char *dir);
 /* Loads a version from dir (files already checked against the MANIFEST). */
 int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_error *err);
 

@@ -30,6 +30,7 @@
 #include "index/ivfpq_search.h"
 #include "core/buf.h"
 #include "core/file.h"
+#include "core/log.h"
 #include "core/mem.h"
 #include "shard.h"
 #include "query/sparse.h"
@@ -1098,6 +1099,81 @@ out:
     free(meta.p);
     free(vec.p);
     return rc;
+}
+
+/* A copy of record r (one ref) whose raw vector is vec (d floats in mapping vm), or NULL
+ * when out of memory: the datapoint goes through its stored form (as a load does). */
+static tsr__rec *rec_mapped_copy(const tsr__rec *r, const float *vec, size_t d, tsr__vmap *vm)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    Tessera__V1__IndexDatapoint *p = tsr__dp_to_proto(&r->dp);
+    tsr__rec *nr = p ? calloc(1, sizeof *nr) : NULL;
+    if (nr == NULL) {
+        tsr__dp_proto_free(p);
+        return NULL;
+    }
+    p->n_feature_vector = 0;
+    p->feature_vector = NULL;
+    int rc = tsr__dp_from_proto(p, 0, &nr->dp, &err);
+    tsr__dp_proto_free(p);
+    if (rc != 0) {
+        tsr_datapoint_close(&nr->dp);
+        free(nr);
+        return NULL;
+    }
+    atomic_init(&nr->refs, 1);
+    nr->label = r->label, nr->list = r->list, nr->tag = r->tag;
+    nr->dp.dense = (float *)vec;
+    nr->dp.ndense = d;
+    nr->vmap = tsr__vmap_ref(vm);
+    return nr;
+}
+
+void tsr__version_map_vectors(tsr__version *v, const char *dir)
+{
+    char path[4096];
+    struct stat st;
+    if (vectors_on_heap() || v->tmpl == NULL)
+        return;
+    size_t d = (size_t)v->tmpl->ix->d, n = 0, heap = 0, off = 0, done = 0;
+    for (size_t i = 0; i < v->nrecs; i++)
+        if (v->recs[i]->list >= 0) {
+            n++;
+            heap += v->recs[i]->vmap == NULL;
+        }
+    snprintf(path, sizeof path, "%s/vectors.f32", dir);
+    if (heap == 0 || stat(path, &st) != 0 || (uint64_t)st.st_size != (uint64_t)n * d * 4)
+        return;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr__vmap *vm = vmap_open(path, (size_t)st.st_size, &err);
+    if (vm == NULL) {
+        tsr_warn("version %lld: raw vectors stay on the heap: %s", (long long)v->version,
+                 err.msg);
+        return;
+    }
+    for (size_t i = 0; i < v->nrecs; i++) { /* vectors.f32 is in record order */
+        tsr__rec *r = v->recs[i];
+        if (r->list < 0)
+            continue;
+        const float *vec = (const float *)(const void *)((const uint8_t *)vm->base + off);
+        off += d * sizeof(float);
+        if (r->vmap != NULL)
+            continue;
+        tsr__rec *nr = NULL;
+        if (r->dp.dense == NULL || memcmp(vec, r->dp.dense, d * sizeof(float)) != 0 ||
+            (nr = rec_mapped_copy(r, vec, d, vm)) == NULL)
+            break; /* not what was written, or out of memory: the rest stays on the heap */
+        v->recs[i] = nr;
+        tsr__rec_unref(r);
+        done++;
+    }
+    for (size_t li = 0; done > 0 && li < v->nlist; li++) /* list rows: the new records */
+        for (size_t j = 0; v->lists[li] && j < v->lists[li]->n; j++)
+            v->row_rec[v->row0[li] + j] = tsr__version_find(v, v->lists[li]->ids[j]);
+    tsr__vmap_unref(vm);
+    if (done < heap)
+        tsr_warn("version %lld: %zu of %zu raw vectors stay on the heap", (long long)v->version,
+                 heap - done, heap);
 }
 
 static int rec_cmp(const void *a, const void *b)

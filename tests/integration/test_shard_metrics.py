@@ -4,7 +4,7 @@ documented gauges of what it serves (docs/operations.md): tessera_version,
 tessera_vectors, tessera_lists — 0 when empty, then equal to Stats' current_version,
 vectors_count and number of non-empty lists after a version is committed; and the memory
 gauges (tessera_shard_anonymous_bytes, tessera_shard_mapped_bytes and per vector) equal to
-Stats', with the raw vectors on the heap after a build and mapped after a restart."""
+Stats', with the raw vectors mapped after a commit and after a restart."""
 import os
 import re
 import subprocess
@@ -61,14 +61,15 @@ def served_gauges(ch, mport):
     assert 0 < len(st.lists) <= nlist, st.lists
     print("ok: tessera_version %d, tessera_vectors %d, tessera_lists %d" %
           (got["tessera_version"], got["tessera_vectors"], got["tessera_lists"]))
-    # memory (docs/shard.md "Memory"): a built version's vectors are on the heap
-    memory_gauges(S.stub, sp, mport, n, d, mapped=False)
+    # memory (docs/shard.md "Memory"): a prepared version's vectors are mapped from the
+    # vectors.f32 it wrote
+    memory_gauges(S.stub, sp, mport, n, d, mapped=True)
     return n, d
 
 
 def memory_gauges(stub, sp, mport, n, d, mapped):
     """Stats' anonymous / mapped bytes (and per vector) and the /metrics gauges agree; the
-    raw vectors (n x d floats) are mapped after a load from disk, on the heap before."""
+    raw vectors (n x d floats) are mapped (after a Prepare or a load from disk), or not."""
     st = stub.Stats(sp.ShardStatsRequest(), timeout=5)
     assert st.mapped_bytes == (n * d * 4 if mapped else 0), st
     # codes as scan blocks + labels + records at least; the vectors too when on the heap
@@ -82,7 +83,7 @@ def memory_gauges(stub, sp, mport, n, d, mapped):
                        ("tessera_shard_mapped_bytes_per_vector", st.mapped_bytes_per_vector)):
         assert abs(value(text, name) - want) <= 1e-6 * max(1.0, want), (name, want, text[-2000:])
     print("ok: memory %s: anonymous %d B (%.1f per vector), mapped %d B (%.1f per vector)" %
-          ("after a load" if mapped else "built", st.anonymous_bytes,
+          ("vectors mapped" if mapped else "vectors on the heap", st.anonymous_bytes,
            st.anonymous_bytes_per_vector, st.mapped_bytes, st.mapped_bytes_per_vector))
 
 

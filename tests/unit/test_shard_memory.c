@@ -8,7 +8,8 @@
  *  - a loaded version's mapped vectors.f32 stays valid while a newer version shares its
  *    records, after the older version is released and its directory removed, and is
  *    unmapped with the last record (run under ASan by make test-san);
- *  - a template change re-encodes from the mapped vectors.
+ *  - a template change re-encodes from the mapped vectors;
+ *  - a written version's heap vectors are re-pointed into its own vectors.f32.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -242,6 +243,23 @@ static void test_mapping_outlives_version(void **state)
     assert_int_equal(v3->nvectors, v2->nvectors);
     tsr__tmpl_unref(t2);
     assert_int_equal(tsr__version_write(v2, d2, &err), 0);
+    /* v2 written: its heap record (label 1) is re-pointed into d2's vectors.f32, the
+     * others keep version 1's mapping; rows follow */
+    tsr__rec *old1 = tsr__rec_ref(tsr__version_find(v2, 1));
+    tsr__version_map_vectors(v2, d2);
+    tsr__rec *new1 = tsr__version_find(v2, 1);
+    assert_true(new1 != old1 && new1->vmap != NULL && old1->vmap == NULL);
+    assert_memory_equal(new1->dp.dense, f->x, TD * sizeof(float));
+    assert_string_equal(new1->dp.id, old1->dp.id);
+    tsr__rec_unref(old1);
+    assert_int_equal(tsr__vmap_bytes() - mapped0, (f->n + f->n) * TD * sizeof(float));
+    for (size_t li = 0; li < v2->nlist; li++)
+        for (size_t j = 0; v2->lists[li] && j < v2->lists[li]->n; j++) {
+            const tsr__rec *r = v2->row_rec[v2->row0[li] + j];
+            assert_int_equal(r->label, v2->lists[li]->ids[j]);
+            assert_ptr_equal(r, tsr__version_find(v2, r->label));
+            assert_non_null(r->vmap);
+        }
     tsr__version_unref(v2);
     tsr__version_unref(v3);
     /* the last record gone: unmapped */
