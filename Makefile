@@ -4,6 +4,7 @@
 #                   fuzz-corpus replay)
 #   make check-layers  the include rules between common/'s layers (part of make test)
 #   make test-san   the unit, interop, integration and fault tests against ASan+UBSan
+#   make test-ha    the high-availability tests alone (etcd + several coordinators)
 #   make deps       install the Debian packages the project needs (idempotent)
 #   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
 #   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
@@ -69,7 +70,7 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: check-layers fuzz-build all deps test test-san test-unit test-interop test-integration test-fuzz-replay fuzz clean \
+.PHONY: check-layers fuzz-build all deps test test-san test-ha test-unit test-interop test-integration test-fuzz-replay fuzz clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo python-client
 all: $(TARGETS)
 
@@ -141,6 +142,14 @@ else
 test-san: all $(UNIT_BINS)
 	@TSR_SAN_BIN=$(TSR_BIN) tests/run.sh unit interop integration faults
 endif
+
+# The high-availability tests alone (docs/ha.md; `make test` runs them too): real etcd x3,
+# coordinators x2, shard groups x replicas; each SKIPs (exit 77) only without etcd.
+test-ha: all
+	@fails=0; for t in tests/integration/test_ha_*.py tests/interop/test_ha_clients.py; do \
+	  echo "== $$t"; /usr/bin/python3 $$t; rc=$$?; \
+	  if [ $$rc -ne 0 ] && [ $$rc -ne 77 ]; then fails=$$((fails+1)); echo "FAIL $$t"; fi; \
+	done; test $$fails -eq 0
 
 # The include rules of docs/architecture.md ("Layers"): a file includes only its own layer
 # and the layers below it; an internal header (*_int.h) only from its own folder. Then no

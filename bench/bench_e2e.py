@@ -30,6 +30,12 @@ BENCH_E2E_K (10), BENCH_E2E_PLANS ("balanced,locality"), BENCH_E2E_REPEAT (3),
 BENCH_E2E_OUT (cache dir, default build/bench-e2e), BENCH_E2E_CLIENT (the C client binary),
 BENCH_E2E_PERF=1 (perf record the coordinator during one extra run; needs perf),
 TSR_BIN.
+
+Metadata backend (issue 16, docs/ha.md): a plan name with the suffix "@etcd" runs the
+coordinator with --etcd on a 3-member etcd started for it (tests/integration/
+etcd_harness.py; data under the cluster's temp dir). BENCH_E2E_ETCD=1 makes the default
+plans "balanced,balanced@etcd": the same cluster on the local and on the etcd backend,
+side by side (queries must not touch etcd: their p50 should be the same).
 """
 import json
 import os
@@ -53,7 +59,9 @@ NLIST = int(os.environ.get("BENCH_E2E_NLIST", 1024))
 M = int(os.environ.get("BENCH_E2E_M", 16))
 NPROBE = int(os.environ.get("BENCH_E2E_NPROBE", 16))
 K = int(os.environ.get("BENCH_E2E_K", 10))
-PLANS = os.environ.get("BENCH_E2E_PLANS", "balanced,locality").split(",")
+PLANS = os.environ.get("BENCH_E2E_PLANS", "balanced,balanced@etcd"
+                       if os.environ.get("BENCH_E2E_ETCD") == "1"
+                       else "balanced,locality").split(",")
 REPEAT = int(os.environ.get("BENCH_E2E_REPEAT", 3))
 OUT = os.environ.get("BENCH_E2E_OUT", os.path.join(ROOT, "build", "bench-e2e"))
 CLIENT = os.environ.get("BENCH_E2E_CLIENT",
@@ -187,12 +195,31 @@ def py_client(cl, tp, xq, n):
     return pstats(lat)
 
 
-def run_plan(plan, ix_p, xq_p, batch, xq):
+def run_plan(name, ix_p, xq_p, batch, xq):
     tp = ch.stubs()[0]
-    cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": M, "nprobe": NPROBE, "plan": plan,
-                           "stage_chunk": 5000}, template=ix_p,
-                    coord_extra=["--batch-root-allow", os.path.abspath(OUT)])
+    plan, _, backend = name.partition("@")
+    etcd, extra = None, ["--batch-root-allow", os.path.abspath(OUT)]
+    if backend == "etcd":
+        import etcd_harness as eh
+        if eh.etcd_bin() is None:
+            sys.exit("bench_e2e: %s needs etcd (apt-get install etcd-server)" % name)
+        etcd = eh.Etcd(3)
+        extra += ["--etcd", etcd.endpoints, "--etcd-prefix", "/tessera/bench-e2e"]
+    elif backend:
+        sys.exit("bench_e2e: plan %s: unknown backend %s (etcd)" % (name, backend))
     try:
+        cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": M, "nprobe": NPROBE, "plan": plan,
+                               "stage_chunk": 5000}, template=ix_p, coord_extra=extra)
+    except BaseException:
+        if etcd:
+            etcd.stop()
+        raise
+    try:
+        if etcd:  # the coordinator elects itself leader on etcd first
+            t_end = time.time() + 60
+            while cl.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10).leader == "":
+                assert time.time() < t_end, "no leader elected after 60 s"
+                time.sleep(0.1)
         t0 = time.time()
         op = cl.update(batch, timeout=900)
         assert op.state == tp.Operation.SUCCEEDED, op
@@ -224,10 +251,12 @@ def run_plan(plan, ix_p, xq_p, batch, xq):
         py = py_client(cl, tp, xq, min(1000, len(xq)))
         if os.environ.get("BENCH_E2E_PERF") == "1":
             perf_profile(cl, argv)
-        return {"plan": plan, "runs": runs, "touched": touched, "py": py, "load_s": load_s,
+        return {"plan": name, "runs": runs, "touched": touched, "py": py, "load_s": load_s,
                 "imbalance": st.plan_imbalance}
     finally:
         cl.stop()
+        if etcd:
+            etcd.stop()
 
 
 def perf_profile(cl, argv):

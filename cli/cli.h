@@ -59,7 +59,7 @@ long tsr_cluster_log_size(const char *path);
 void tsr_cluster_print_log_tail(FILE *f, const char *prefix, const char *path, long off,
                                 int nlines);
 
-/* ---- cmd_online.c: what every online command (query, update, read, stats, health,
+/* ---- cmd_online.c and targets.c: what every online command (query, update, read, stats, health,
  * upsert, remove) shares ---- */
 #include "core/cmdline.h"
 #include "net/rpc.h"
@@ -76,6 +76,9 @@ typedef struct tsr_cli_tls {
         {"--tls-server-name", TSR_CMDLINE_STR, &(t).name, 0, 0, 0},                       \
         {"--token-file", TSR_CMDLINE_STR, &(t).token_file, 0, 0, 0}
 #define TSR_CLI_TLS_USAGE                                                                          \
+    "  --target A,B,...       several coordinators of one index: a call that fails with\n"  \
+    "                         UNAVAILABLE or DEADLINE_EXCEEDED is tried on the next; a write\n" \
+    "                         goes to the leader a follower names (docs/ha.md)\n"              \
     "  --tls-ca FILE          use TLS, trusting this CA (PEM) for the coordinator's certificate\n" \
     "  --tls-cert FILE --tls-key FILE  client certificate (coordinator with mutual TLS)\n"       \
     "  --tls-server-name N    name to check in the certificate instead of ADDR's host\n" \
@@ -87,7 +90,7 @@ typedef struct tsr_cli_tls {
  * error). */
 int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
                         void (*usage)(FILE *), int max_args, int argc, char **argv, int *nargs);
-/* Opens the channel to target with the TLS / token flags. Returns NULL on failure with
+/* (targets.c) Opens the channel to target with the TLS / token flags. Returns NULL on failure with
  * *code = 2 (TLS flags or files are wrong: a usage error) or 1. TSR_TLS_CA /
  * TSR_TLS_SERVER_NAME / TSR_TOKEN_FILE stand in for the flags when those are not given. */
 tsr_rpc_channel *tsr_cli_connect(const char *prog, const char *target, const tsr_cli_tls *t,
@@ -95,6 +98,33 @@ tsr_rpc_channel *tsr_cli_connect(const char *prog, const char *target, const tsr
 /* "PROG: WHAT on TARGET failed: CODE: message" on stderr. */
 void tsr_cli_rpc_failure(const char *prog, const char *what, const char *target,
                          const tsr_rpc_result *res);
+
+/* ---- targets.c: `--target A,B,...`, the coordinators of an online command and the calls
+ * that fail over between them (see the file comment there and docs/ha.md) ---- */
+typedef struct tsr_cli_targets tsr_cli_targets;
+/* Opens a channel to every address of list (comma-separated host:port). NULL on failure
+ * with *code = 2 (an empty entry, TLS flags) or 1, said on stderr. */
+tsr_cli_targets *tsr_cli_targets_open(const char *prog, const char *list, const tsr_cli_tls *t,
+                                      int *code);
+void tsr_cli_targets_close(tsr_cli_targets *t); /* accepts NULL */
+/* The target the next call starts on: the last one that answered (borrowed). */
+const char *tsr_cli_targets_current(const tsr_cli_targets *t);
+size_t tsr_cli_targets_count(const tsr_cli_targets *t);
+/* The next call starts on addr when it is in the list (else nothing changes). */
+void tsr_cli_targets_select(tsr_cli_targets *t, const char *addr);
+#define TSR_CLI_WRITE 1 /* a write: follow "not the leader: the leader is ADDR", wait for
+                           an election ("no leader elected yet") up to timeout_ms */
+/* tsr_rpc_call_pb on the current target, failing over to the next ones on UNAVAILABLE or
+ * DEADLINE_EXCEEDED (each target at most once, timeout_ms per try). Returns res->code; on
+ * OK *out is the reply (caller frees). On failure res is the last target's answer and
+ * tsr_cli_targets_current names that target. */
+int tsr_cli_call(tsr_cli_targets *t, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *resp_desc, int64_t timeout_ms, int flags,
+                 ProtobufCMessage **out, tsr_rpc_result *res);
+/* "PROG: WHAT on TARGET failed: CODE: message" (TARGET: the last one tried, followed by
+ * "(tried all N)" when the list has several). */
+void tsr_cli_targets_failure(const tsr_cli_targets *t, const char *what,
+                             const tsr_rpc_result *res);
 
 /* cmd_stream.c: `tessera upsert`, `tessera remove` (streamed writes). */
 int tsr_cmd_upsert(int argc, char **argv);

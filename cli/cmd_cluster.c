@@ -2,7 +2,11 @@
  * cmd_cluster — `tessera cluster up`: a local cluster supervisor on libuv.
  *
  * It starts S tessera-shard processes and then one tessera-coordinator on loopback
- * (uv_spawn), each with its own data directory and log file under --data. Start-up is
+ * (uv_spawn), each with its own data directory and log file under --data. With
+ * --etcd-local M it first starts an M-member etcd cluster (the etcd found in PATH or
+ * /usr/bin/etcd; data under DIR/etcd-<j>) and --coordinators N coordinators, all with
+ * --etcd on it (docs/ha.md): one leader, N-1 followers, each announced on stdout as
+ * "cluster: coordinator-<i> listening on ADDR". Start-up is
  * checked, not assumed: before anything starts, every port must be free and no running
  * process may hold one of the data directories (cluster_check.c); "listening" is printed
  * only once every process answered grpc.health.v1 Check with SERVING (the shards first,
@@ -37,6 +41,8 @@
 
 enum {
     MAX_SHARDS = 64,
+    MAX_COORDS = 9,
+    MAX_ETCD = 9,
     STOP_GRACE_MS = 5000,
     HEALTH_POLL_MS = 200,   /* start-up: how often a starting process is asked */
     HEALTH_CALL_MS = 500,   /* deadline of one Health/Check */
@@ -49,6 +55,7 @@ typedef struct child {
     char *log_path;     /* owned */
     char *target;       /* owned: "127.0.0.1:PORT", asked for health */
     const char *service; /* health service name that says it serves */
+    int plain;          /* no TLS on its port (etcd): health-checked without it */
     long log_off;       /* size of the log before this run: where its lines start */
     uv_process_t proc;
     uv_timer_t restart_timer;
@@ -61,14 +68,15 @@ typedef struct child {
 
 typedef struct supervisor {
     uv_loop_t *loop;
-    child kids[MAX_SHARDS + 1]; /* shards 0..nshards-1, then the coordinator */
-    int nkids, nshards;
+    /* etcd members 0..netcd-1, then the shards, then the coordinators from first_coord */
+    child kids[MAX_ETCD + MAX_SHARDS + MAX_COORDS];
+    int nkids, nshards, netcd, ncoords, first_coord;
     int stopping;
     int starting;       /* 1 until every process answered SERVING once */
     int exit_code;      /* 0, or 1 when the cluster could not start */
     int alive;
     uint64_t start_deadline_ms;
-    tsr_rpc_client_opts health_opts;
+    tsr_rpc_client_opts health_opts, plain_opts;
     const char *cfg, *data, *mlisten, *tls_mode;
     uv_signal_t sigint, sigterm;
     uv_timer_t kill_timer, health_timer;
@@ -209,10 +217,17 @@ static void start_child(child *c)
 
 static void print_listening(void)
 {
-    child *co = &sup.kids[sup.nshards];
+    child *co = &sup.kids[sup.first_coord];
     printf(PROG ": coordinator listening on %s (config %s%s)\n", co->target, sup.cfg,
            sup.tls_mode);
-    for (int i = 0; i < sup.nshards; i++)
+    if (sup.netcd > 0) { /* the high-availability layout (docs/ha.md) */
+        for (int i = 0; i < sup.ncoords; i++)
+            printf("cluster: %s listening on %s\n", co[i].name, co[i].target);
+        for (int j = 0; j < sup.netcd; j++)
+            printf("cluster: %s listening on %s (etcd client URL http://%s)\n",
+                   sup.kids[j].name, sup.kids[j].target, sup.kids[j].target);
+    }
+    for (int i = sup.netcd; i < sup.netcd + sup.nshards; i++)
         printf(PROG ": %s listening on %s\n", sup.kids[i].name, sup.kids[i].target);
     if (sup.mlisten)
         printf(PROG ": metrics on %s (coordinator), the next ports for shard-0..%d\n",
@@ -221,30 +236,34 @@ static void print_listening(void)
     fflush(stdout);
 }
 
-/* Start-up: the shards first; once each answered SERVING, the coordinator (so that its
- * first query finds them); once it answered SERVING, "listening" is true. */
+/* Start-up: etcd and the shards first; once each answered SERVING, the coordinators (so
+ * that their first query finds them); once they answered SERVING, "listening" is true. */
 static void on_health_timer(uv_timer_t *t)
 {
     (void)t;
     if (sup.stopping || !sup.starting)
         return;
-    int shards_ready = 1;
+    int backends_ready = 1, all_ready = 1;
     for (int i = 0; i < sup.nkids; i++) {
         child *c = &sup.kids[i];
-        if (i == sup.nshards && !shards_ready)
+        if (i >= sup.first_coord && !backends_ready)
             break;
-        if (i == sup.nshards && !c->launched) {
+        if (i >= sup.first_coord && !c->launched) {
             start_child(c);
-            break;
+            all_ready = 0;
+            continue;
         }
         if (!c->healthy && c->running &&
-            tsr_cluster_health(c->target, c->service, &sup.health_opts, HEALTH_CALL_MS))
+            tsr_cluster_health(c->target, c->service,
+                               c->plain ? &sup.plain_opts : &sup.health_opts, HEALTH_CALL_MS))
             c->healthy = 1;
         if (sup.stopping)
             return;
-        shards_ready &= c->healthy;
+        if (i < sup.first_coord)
+            backends_ready &= c->healthy;
+        all_ready &= c->healthy;
     }
-    if (shards_ready && sup.kids[sup.nshards].healthy) {
+    if (backends_ready && all_ready) {
         sup.starting = 0;
         uv_timer_stop(&sup.health_timer);
         print_listening();
@@ -332,6 +351,7 @@ static void usage(FILE *f)
             "usage: tessera cluster up --data DIR [--shards S] [--port P] [--config FILE]\n"
             "                          [--dimensions D --distance M --nlist N --pq-m M --nprobe P]\n"
             "                          [--metrics-listen HOST:PORT] [--start-timeout SECONDS]\n"
+            "                          [--coordinators N --etcd-local M]\n"
             "  Starts S shards (default 4) on 127.0.0.1:P+1..P+S and, once they answer, a\n"
             "  coordinator on 127.0.0.1:P (default 7000), each with its data and log under DIR.\n"
             "  Before starting anything it checks that every port is free and that no running\n"
@@ -346,6 +366,14 @@ static void usage(FILE *f)
             "  --metrics-listen HOST:PORT  Prometheus /metrics: the coordinator on HOST:PORT,\n"
             "                  shard i on HOST:PORT+1+i (docs/operations.md \"Metrics\").\n"
             "  --start-timeout SECONDS  how long start-up may take, 1..86400 (default 120).\n"
+            "  High availability (docs/ha.md): --etcd-local M starts an M-member etcd cluster\n"
+            "  (etcd from PATH or /usr/bin/etcd; data in DIR/etcd-<j>) and --coordinators N\n"
+            "  coordinators with --etcd on it: one leader takes the writes, all answer reads.\n"
+            "  coordinator-0 is on P, coordinator-i (i >= 1) on P+S+i, etcd member j's client\n"
+            "  and peer ports on P+S+N+2j and the next one; each announced on stdout as\n"
+            "  \"cluster: coordinator-<i> listening on ADDR\". --coordinators > 1 needs\n"
+            "  --etcd-local. Ranges: --coordinators 1..9, --etcd-local 1..9 (3 or 5 to survive\n"
+            "  the loss of 1 or 2 members); env TSR_ETCD names another etcd executable.\n"
             "  TLS (docs/operations.md): --tls-cert FILE --tls-key FILE --tls-ca FILE makes every\n"
             "  port TLS-only with that certificate (it must name 127.0.0.1 or the name given with\n"
             "  --tls-server-name); the coordinator verifies the shards with --tls-ca. --mtls also\n"
@@ -403,30 +431,50 @@ static int split_host_port(const char *s, char *host, size_t hostlen, int *port)
  * data directories it will open: checked before anything starts (a second cluster on the
  * same ports or the same DIR must not start, nor write into the other's logs). Returns 0,
  * or 1 after printing what is in use. */
-static int preflight(const char *data, int port, int shards, const char *mhost, int mport)
+/* The role of port P+i: coordinator(-0), shard-k, coordinator-k, etcd-k (client/peer). */
+static void port_role(int i, int shards, int coords, int netcd, char *buf, size_t cap)
+{
+    if (i == 0)
+        snprintf(buf, cap, netcd ? "coordinator-0" : "coordinator");
+    else if (i <= shards)
+        snprintf(buf, cap, "shard-%d", i - 1);
+    else if (i < shards + coords)
+        snprintf(buf, cap, "coordinator-%d", i - shards);
+    else
+        snprintf(buf, cap, "etcd-%d %s", (i - shards - coords) / 2,
+                 (i - shards - coords) % 2 ? "peer" : "client");
+    (void)netcd;
+}
+
+static int preflight(const char *data, int port, int shards, int coords, int netcd,
+                     const char *mhost, int mport)
 {
     char why[128], dir[PATH_MAX + 32];
-    for (int i = 0; i <= shards; i++) {
-        char role[32];
-        snprintf(role, sizeof role, i ? "shard-%d" : "coordinator", i - 1);
+    int last = shards + coords - 1 + 2 * netcd; /* ports P..P+last */
+    int mlast = shards + coords - 1;            /* metrics: no etcd */
+    for (int i = 0; i <= last; i++) {
+        char role[48];
+        port_role(i, shards, coords, netcd, role, sizeof role);
         if (tsr_cluster_port_free("127.0.0.1", port + i, why, sizeof why) != 0) {
             fprintf(stderr,
                     PROG ": port %d (%s) is in use: %s; the cluster needs 127.0.0.1:%d..%d "
                          "(pick another --port)\n",
-                    port + i, role, why, port, port + shards);
+                    port + i, role, why, port, port + last);
             return 1;
         }
-        if (mhost && tsr_cluster_port_free(mhost, mport + i, why, sizeof why) != 0) {
+        if (mhost && i <= mlast && tsr_cluster_port_free(mhost, mport + i, why, sizeof why)) {
             fprintf(stderr,
                     PROG ": metrics port %s:%d is in use: %s; --metrics-listen needs ports "
                          "%d..%d (pick another one)\n",
-                    mhost, mport + i, why, mport, mport + shards);
+                    mhost, mport + i, why, mport, mport + mlast);
             return 1;
         }
     }
-    for (int i = 0; i <= shards; i++) {
+    for (int i = 0; i < shards + coords; i++) {
         if (i < shards)
             snprintf(dir, sizeof dir, "%s/shard-%d", data, i);
+        else if (netcd)
+            snprintf(dir, sizeof dir, "%s/coordinator-%d", data, i - shards);
         else
             snprintf(dir, sizeof dir, "%s/coordinator", data);
         if (tsr_cluster_dir_locked(dir)) {
@@ -444,7 +492,8 @@ static int preflight(const char *data, int port, int shards, const char *mhost, 
 /* What a cluster is made of, from the flags. */
 typedef struct cluster_plan {
     const char *data, *bindir, *cfg;
-    int port, shards;
+    int port, shards, coords, netcd;
+    const char *etcd; /* the etcd executable when netcd > 0 */
     const char *mhost; /* NULL = no metrics */
     int mport;
     const cluster_tls *tls;
@@ -460,20 +509,67 @@ static void add_metrics(char **v, const cluster_plan *pl, int i)
     argv_add(v, "--metrics-listen", m, (char *)NULL);
 }
 
-/* Fills sup.kids: the shards, then the coordinator (it starts once they answer). */
+/* The etcd members of --etcd-local: kids 0..netcd-1, client port P+S+N+2j, peer port
+ * the next; data in DIR/etcd-<j> (a restarted member finds its data and rejoins). Their
+ * client addresses go to endpoints (for the coordinators' --etcd). */
+static void plan_etcd(const cluster_plan *pl, char *endpoints, size_t cap)
+{
+    char cluster[MAX_ETCD * 64] = "", item[64], dir[PATH_MAX + 32], curl[64], purl[64];
+    int base = pl->port + pl->shards + pl->coords;
+    endpoints[0] = '\0';
+    for (int j = 0; j < pl->netcd; j++) {
+        snprintf(item, sizeof item, "%setcd-%d=http://127.0.0.1:%d", j ? "," : "", j,
+                 base + 2 * j + 1);
+        strncat(cluster, item, sizeof cluster - strlen(cluster) - 1);
+        snprintf(item, sizeof item, "%s127.0.0.1:%d", j ? "," : "", base + 2 * j);
+        strncat(endpoints, item, cap - strlen(endpoints) - 1);
+    }
+    for (int j = 0; j < pl->netcd; j++) {
+        child *k = &sup.kids[sup.nkids++];
+        char name[32], path[PATH_MAX + 64];
+        snprintf(name, sizeof name, "etcd-%d", j);
+        snprintf(dir, sizeof dir, "%s/%s", pl->data, name);
+        snprintf(curl, sizeof curl, "http://127.0.0.1:%d", base + 2 * j);
+        snprintf(purl, sizeof purl, "http://127.0.0.1:%d", base + 2 * j + 1);
+        k->name = tsr_xstrdup(name);
+        k->target = tsr_xstrdup(curl + 7);
+        k->service = "";
+        k->plain = 1;
+        k->args = argv_new();
+        argv_add(k->args, pl->etcd, "--name", name, "--data-dir", dir, "--listen-client-urls",
+                 curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+                 "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
+                 "--initial-cluster-state", "new", "--initial-cluster-token", "tessera-local",
+                 (char *)NULL);
+        snprintf(path, sizeof path, "%s/logs/%s.log", pl->data, name);
+        k->log_path = tsr_xstrdup(path);
+        uv_timer_init(sup.loop, &k->restart_timer);
+        k->restart_timer.data = k;
+    }
+    sup.netcd = pl->netcd;
+}
+
+/* Fills sup.kids: the etcd members, the shards, then the coordinators (they start once
+ * the others answer). */
 static void plan_children(const cluster_plan *pl)
 {
     char path[PATH_MAX + 64], exe[PATH_MAX + 32], addr[64], dir[PATH_MAX + 32];
-    for (int i = 0; i <= pl->shards; i++) {
-        int coord = i == pl->shards;
+    char endpoints[MAX_ETCD * 32];
+    plan_etcd(pl, endpoints, sizeof endpoints);
+    for (int i = 0; i < pl->shards + pl->coords; i++) {
+        int coord = i >= pl->shards, ci = i - pl->shards;
         child *k = &sup.kids[sup.nkids++];
         char name[32];
-        snprintf(name, sizeof name, coord ? "coordinator" : "shard-%d", i);
+        if (coord)
+            snprintf(name, sizeof name, pl->netcd ? "coordinator-%d" : "coordinator", ci);
+        else
+            snprintf(name, sizeof name, "shard-%d", i);
         snprintf(dir, sizeof dir, "%s/%s", pl->data, name);
         mkdir(dir, 0755);
         snprintf(exe, sizeof exe, "%s/%s", pl->bindir,
                  coord ? "tessera-coordinator" : "tessera-shard");
-        snprintf(addr, sizeof addr, "127.0.0.1:%d", coord ? pl->port : pl->port + 1 + i);
+        int port = !coord ? pl->port + 1 + i : ci == 0 ? pl->port : pl->port + pl->shards + ci;
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
         k->name = tsr_xstrdup(name);
         k->target = tsr_xstrdup(addr);
         k->service = coord ? "tessera.v1.VectorSearch" : "tessera.v1.Shard";
@@ -481,19 +577,23 @@ static void plan_children(const cluster_plan *pl)
         argv_add(k->args, exe, "--listen", addr, "--data", dir, (char *)NULL);
         if (coord) {
             argv_add(k->args, "--config", pl->cfg, (char *)NULL);
+            if (pl->netcd)
+                argv_add(k->args, "--etcd", endpoints, "--advertise", addr, (char *)NULL);
             add_coord_tls(k->args, pl->tls);
             for (char **a = pl->coord_extra; *a; a++)
                 argv_add(k->args, *a, (char *)NULL);
         } else {
             add_shard_tls(k->args, pl->tls);
         }
-        add_metrics(k->args, pl, coord ? 0 : 1 + i);
+        add_metrics(k->args, pl, coord ? (ci ? pl->shards + ci : 0) : 1 + i);
         snprintf(path, sizeof path, "%s/logs/%s.log", pl->data, name);
         k->log_path = tsr_xstrdup(path);
         uv_timer_init(sup.loop, &k->restart_timer);
         k->restart_timer.data = k;
     }
     sup.nshards = pl->shards;
+    sup.ncoords = pl->coords;
+    sup.first_coord = pl->netcd + pl->shards;
 }
 
 /* Runs the supervisor until the cluster stopped; returns the exit status. */
@@ -507,10 +607,14 @@ static int supervise(int start_timeout_s)
     uv_signal_start(&sup.sigterm, on_signal, SIGTERM);
     sup.starting = 1;
     sup.start_deadline_ms = uv_now(sup.loop) + (uint64_t)start_timeout_s * 1000;
-    printf(PROG ": starting %d shards, then the coordinator (logs in %s/logs)\n", sup.nshards,
-           sup.data);
+    if (sup.netcd)
+        printf(PROG ": starting %d etcd members and %d shards, then %d coordinators (logs in "
+               "%s/logs)\n", sup.netcd, sup.nshards, sup.ncoords, sup.data);
+    else
+        printf(PROG ": starting %d shards, then the coordinator (logs in %s/logs)\n",
+               sup.nshards, sup.data);
     fflush(stdout);
-    for (int i = 0; i < sup.nshards && !sup.stopping; i++)
+    for (int i = 0; i < sup.first_coord && !sup.stopping; i++)
         start_child(&sup.kids[i]);
     if (!sup.stopping)
         uv_timer_start(&sup.health_timer, on_health_timer, HEALTH_POLL_MS, HEALTH_POLL_MS);
@@ -535,6 +639,29 @@ static int supervise(int start_timeout_s)
     }
     fprintf(stderr, PROG ": %s\n", sup.exit_code ? "could not start the cluster" : "stopped");
     return sup.exit_code;
+}
+
+/* The etcd executable: $TSR_ETCD when set, else the first "etcd" in PATH, else
+ * /usr/bin/etcd. 0, or -1 when none is executable. */
+static int find_etcd(char *buf, size_t cap)
+{
+    const char *env = getenv("TSR_ETCD");
+    if (env && *env) {
+        snprintf(buf, cap, "%s", env);
+        return access(buf, X_OK) == 0 ? 0 : -1;
+    }
+    const char *path = getenv("PATH");
+    while (path && *path) {
+        size_t n = strcspn(path, ":");
+        if (n > 0) {
+            snprintf(buf, cap, "%.*s/etcd", (int)n, path);
+            if (access(buf, X_OK) == 0)
+                return 0;
+        }
+        path += n + (path[n] == ':');
+    }
+    snprintf(buf, cap, "/usr/bin/etcd");
+    return access(buf, X_OK) == 0 ? 0 : -1;
 }
 
 /* Directory of this executable (bin/tessera → bin/tessera-shard beside it). */
@@ -676,8 +803,10 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     tsr_cmdline_list allow = {0};
     const char *data = NULL, *config = NULL, *distance = "SQUARED_L2", *mlisten = NULL;
     int shards = 4, port = 7000, dims = 64, nlist = 64, pq_m = 16, nprobe = 8;
-    int start_timeout = 120;
+    int start_timeout = 120, coords = 1, netcd = 0;
     const tsr_cmdline_opt opts[] = {
+        {"--coordinators", TSR_CMDLINE_INT, &coords, 1, MAX_COORDS, 0},
+        {"--etcd-local", TSR_CMDLINE_INT, &netcd, 1, MAX_ETCD, 0},
         {"--data", TSR_CMDLINE_STR, &data, 0, 0, 1},
         {"--shards", TSR_CMDLINE_INT, &shards, 1, MAX_SHARDS, 0},
         {"--port", TSR_CMDLINE_INT, &port, 1, 65535, 0},
@@ -701,10 +830,22 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     int code;
     if (tsr_cmdline_parse_spec(&spec, argc, argv, NULL, &code))
         return code;
-    if (port + shards > 65535) {
-        fprintf(stderr, PROG ": --port %d with --shards %d: the shard ports pass 65535\n", port,
-                shards);
+    if (coords > 1 && netcd == 0) {
+        fprintf(stderr, PROG ": --coordinators %d needs --etcd-local M: several coordinators "
+                "share their state in etcd (docs/ha.md)\n", coords);
         return 2;
+    }
+    if (port + shards + coords - 1 + 2 * netcd > 65535) {
+        fprintf(stderr, PROG ": --port %d with --shards %d, --coordinators %d and --etcd-local "
+                "%d: the ports pass 65535\n", port, shards, coords, netcd);
+        return 2;
+    }
+    char etcd[PATH_MAX] = "";
+    if (netcd && find_etcd(etcd, sizeof etcd) != 0) {
+        fprintf(stderr, PROG ": --etcd-local needs etcd, which is not installed (%s is not an "
+                "executable; searched $TSR_ETCD, PATH, /usr/bin/etcd): apt-get install "
+                "etcd-server, or run without --etcd-local\n", etcd[0] ? etcd : "etcd");
+        return 1;
     }
     char mhost[256];
     int mport = 0;
@@ -722,7 +863,7 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     if (code == 0 && own_dir(bindir, sizeof bindir) != 0)
         code = 1;
     if (code == 0)
-        code = preflight(data, port, shards, mlisten ? mhost : NULL, mport);
+        code = preflight(data, port, shards, coords, netcd, mlisten ? mhost : NULL, mport);
     if (code == 0)
         code = prepare_data(data, config, cfg, sizeof cfg, port, shards, dims, distance, nlist,
                             pq_m, nprobe);
@@ -739,14 +880,16 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         sup.tls_mode = tls.cert ? (tls.mtls ? ", mutual TLS" : ", TLS") : "";
         tsr_rpc_client_opts_init(&sup.health_opts);
         sup.health_opts.no_watch = 1;
+        tsr_rpc_client_opts_init(&sup.plain_opts);
+        sup.plain_opts.no_watch = 1;
         sup.health_opts.tls_ca_file = tls.ca;
         sup.health_opts.tls_server_name = tls.name;
         if (tls.mtls) {
             sup.health_opts.tls_cert_file = tls.cert;
             sup.health_opts.tls_key_file = tls.key;
         }
-        cluster_plan pl = {data, bindir, cfg, port, shards, mlisten ? mhost : NULL, mport, &tls,
-                           coord_extra};
+        cluster_plan pl = {data, bindir, cfg, port, shards, coords, netcd, etcd,
+                           mlisten ? mhost : NULL, mport, &tls, coord_extra};
         plan_children(&pl);
         code = supervise(start_timeout);
     }

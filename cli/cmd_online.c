@@ -222,60 +222,6 @@ int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
     return tsr_cmdline_parse_spec(&spec, argc, argv, nargs, &code) ? code : -1;
 }
 
-/* Opens the channel. Returns NULL on failure with *code = 2 (TLS flags or files are
- * wrong: a usage error) or 1. TSR_TLS_CA / TSR_TLS_SERVER_NAME / TSR_TOKEN_FILE stand in
- * for --tls-ca / --tls-server-name / --token-file when those are not given. */
-tsr_rpc_channel *tsr_cli_connect(const char *prog, const char *target, const tsr_cli_tls *t,
-                                 int *code)
-{
-    tsr_error err = TSR_ERROR_INIT;
-    tsr_rpc_client_opts o;
-    tsr_rpc_client_opts_init(&o);
-    o.no_watch = 1; /* one-shot client: no connectivity thread needed */
-    o.tls_ca_file = t->ca ? t->ca : getenv("TSR_TLS_CA");
-    o.tls_cert_file = t->cert;
-    o.tls_key_file = t->key;
-    o.tls_server_name = t->name ? t->name : getenv("TSR_TLS_SERVER_NAME");
-    if (o.tls_server_name && !o.tls_ca_file) {
-        fprintf(stderr, "%s: --tls-server-name needs --tls-ca\n", prog);
-        *code = 2;
-        return NULL;
-    }
-    tsr_cmdline_tls chk = {o.tls_cert_file, "--tls-cert", o.tls_key_file, "--tls-key",
-                           o.tls_ca_file, t->ca ? "--tls-ca" : "TSR_TLS_CA"};
-    if (tsr_cmdline_check_tls(&chk, 1, &err) != 0) {
-        fprintf(stderr, "%s: %s\n", prog, err.msg);
-        *code = 2;
-        return NULL;
-    }
-    const char *tf = t->token_file ? t->token_file : getenv("TSR_TOKEN_FILE");
-    char *token = NULL;
-    if (tf && *tf && tsr_rpc_token_read(tf, &token, &err) != 0) {
-        fprintf(stderr, "%s: %s: %s\n", prog, t->token_file ? "--token-file" : "TSR_TOKEN_FILE",
-                err.msg);
-        *code = 2;
-        return NULL;
-    }
-    o.bearer_token = token; /* copied by the channel */
-    tsr_rpc_channel *ch = tsr_rpc_channel_create(target, &o, &err);
-    if (token) {
-        explicit_bzero(token, strlen(token));
-        free(token);
-    }
-    if (ch == NULL) {
-        fprintf(stderr, "%s: %s: %s\n", prog, target, err.msg);
-        *code = 1;
-    }
-    return ch;
-}
-
-void tsr_cli_rpc_failure(const char *prog, const char *what, const char *target,
-                         const tsr_rpc_result *res)
-{
-    fprintf(stderr, "%s: %s on %s failed: %s: %s\n", prog, what, target,
-            tsr_rpc_code_name(res->code), res->message ? res->message : "");
-}
-
 /* ------------------------------------------------------------------ datapoint JSON */
 
 static json_t *float_array(const float *v, size_t n)
@@ -359,7 +305,7 @@ static void query_usage(FILE *f)
     fprintf(f,
             "usage: tessera query --target ADDR (--vector \"1,2,3\" | --queries Q.fvecs) [options]\n"
             "  Runs FindNeighbors on a coordinator and prints the neighbors of each query.\n"
-            "  --target ADDR          coordinator address (host:port)\n"
+            "  --target ADDR          coordinator address (host:port), or several: A,B,...\n"
             "  --vector V             one dense query, comma-separated floats\n"
             "  --queries F            dense queries from a .fvecs file (one request per 100)\n"
             "  --sparse S             sparse query \"dim:value,...\" (alone or with a dense one)\n"
@@ -537,7 +483,7 @@ int tsr_cmd_query(int argc, char **argv)
         free(se.dimensions);
         goto cleanup;
     }
-    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
+    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
     if (ch == NULL) {
         free(qv);
         goto cleanup;
@@ -594,10 +540,10 @@ int tsr_cmd_query(int argc, char **argv)
         tsr_rpc_result res;
         tsr_rpc_result_init(&res);
         ProtobufCMessage *out = NULL;
-        tsr_rpc_call_pb(ch, SVC "FindNeighbors", &req.base,
-                        &tessera__v1__find_neighbors_response__descriptor, timeout, &out, &res);
+        tsr_cli_call(ch, SVC "FindNeighbors", &req.base,
+                     &tessera__v1__find_neighbors_response__descriptor, timeout, 0, &out, &res);
         if (res.code != TSR_RPC_OK) {
-            tsr_cli_rpc_failure(PROG, "FindNeighbors", target, &res);
+            tsr_cli_targets_failure(ch, "FindNeighbors", &res);
             rc = 1;
         } else {
             print_neighbors((Tessera__V1__FindNeighborsResponse *)out, sparse != NULL, as_json,
@@ -614,7 +560,7 @@ int tsr_cmd_query(int argc, char **argv)
     if (as_json && rc == 0)
         print_json(all);
     json_decref(all);
-    tsr_rpc_channel_destroy(ch);
+    tsr_cli_targets_close(ch);
     free(qv);
     free(se.values);
     free(se.dimensions);
@@ -809,7 +755,7 @@ int tsr_cmd_update(int argc, char **argv)
         return 1;
     }
     int rc = 1;
-    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
+    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     rc = 1;
@@ -820,13 +766,14 @@ int tsr_cmd_update(int argc, char **argv)
     tsr_rpc_result res;
     tsr_rpc_result_init(&res);
     ProtobufCMessage *out = NULL;
-    if (tsr_rpc_call_pb(ch, SVC "UpdateIndex", &req.base,
-                        &tessera__v1__update_index_response__descriptor, 30000, &out,
-                        &res) != TSR_RPC_OK) {
-        tsr_cli_rpc_failure(PROG, "UpdateIndex", target, &res);
+    if (tsr_cli_call(ch, SVC "UpdateIndex", &req.base,
+                     &tessera__v1__update_index_response__descriptor, 30000, TSR_CLI_WRITE, &out,
+                     &res) != TSR_RPC_OK) {
+        tsr_cli_targets_failure(ch, "UpdateIndex", &res);
         goto done;
     }
     char *opid = tsr_xstrdup(((Tessera__V1__UpdateIndexResponse *)out)->operation_id);
+    char *origin = tsr_xstrdup(tsr_cli_targets_current(ch)); /* the leader that took it */
     protobuf_c_message_free_unpacked(out, NULL);
     int tty = isatty(2);
     /* monotonic: a step of the wall clock neither ends nor extends the wait */
@@ -836,16 +783,29 @@ int tsr_cmd_update(int argc, char **argv)
         Tessera__V1__GetOperationRequest g = TESSERA__V1__GET_OPERATION_REQUEST__INIT;
         g.operation_id = opid;
         out = NULL;
-        if (tsr_rpc_call_pb(ch, SVC "GetOperation", &g.base, &tessera__v1__operation__descriptor,
-                            10000, &out, &res) != TSR_RPC_OK) {
+        if (tsr_cli_call(ch, SVC "GetOperation", &g.base, &tessera__v1__operation__descriptor,
+                         10000, 0, &out, &res) != TSR_RPC_OK) {
             /* The coordinator restarting (or briefly unreachable) is not the end of the
              * update: operations survive a restart, so keep asking until --timeout-s. */
             int transient = res.code == TSR_RPC_UNAVAILABLE ||
                             res.code == TSR_RPC_DEADLINE_EXCEEDED;
+            /* Another coordinator than the one that took the operation does not know it
+             * (its record not shared yet): ask the origin again, which may come back. */
+            int elsewhere = res.code == TSR_RPC_NOT_FOUND &&
+                            strcmp(tsr_cli_targets_current(ch), origin) != 0;
+            if (elsewhere) {
+                if (!warned_unavailable)
+                    fprintf(stderr, "%s" PROG ": %s does not know %s (%s); waiting for %s\n",
+                            tty ? "\n" : "", tsr_cli_targets_current(ch), opid, res.message,
+                            origin);
+                transient = warned_unavailable = 1;
+            }
             if (!transient || tsr_clock_mono_ms() > t_end) {
-                tsr_cli_rpc_failure(PROG, "GetOperation", target, &res);
+                tsr_cli_targets_failure(ch, "GetOperation", &res);
                 break;
             }
+            if (elsewhere)
+                tsr_cli_targets_select(ch, origin);
             if (!warned_unavailable) {
                 fprintf(stderr, "%s" PROG ": %s: coordinator unavailable (%s); still "
                         "waiting for %s\n", tty ? "\n" : "", target, res.message, opid);
@@ -891,9 +851,10 @@ int tsr_cmd_update(int argc, char **argv)
         nanosleep(&ts, NULL);
     }
     free(opid);
+    free(origin);
 done:
     tsr_rpc_result_close(&res);
-    tsr_rpc_channel_destroy(ch);
+    tsr_cli_targets_close(ch);
     return rc;
 }
 
@@ -950,7 +911,7 @@ int tsr_cmd_read(int argc, char **argv)
         return 2;
     }
     int rc = 1;
-    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
+    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     Tessera__V1__ReadIndexDatapointsRequest req = TESSERA__V1__READ_INDEX_DATAPOINTS_REQUEST__INIT;
@@ -960,10 +921,10 @@ int tsr_cmd_read(int argc, char **argv)
     tsr_rpc_result_init(&res);
     ProtobufCMessage *out = NULL;
     rc = 1;
-    if (tsr_rpc_call_pb(ch, SVC "ReadIndexDatapoints", &req.base,
-                        &tessera__v1__read_index_datapoints_response__descriptor, 10000, &out,
-                        &res) != TSR_RPC_OK) {
-        tsr_cli_rpc_failure(PROG, "ReadIndexDatapoints", target, &res);
+    if (tsr_cli_call(ch, SVC "ReadIndexDatapoints", &req.base,
+                     &tessera__v1__read_index_datapoints_response__descriptor, 10000, 0, &out,
+                     &res) != TSR_RPC_OK) {
+        tsr_cli_targets_failure(ch, "ReadIndexDatapoints", &res);
     } else {
         Tessera__V1__ReadIndexDatapointsResponse *r = (Tessera__V1__ReadIndexDatapointsResponse *)out;
         for (size_t i = 0; i < r->n_datapoints; i++) {
@@ -977,7 +938,7 @@ int tsr_cmd_read(int argc, char **argv)
         protobuf_c_message_free_unpacked(out, NULL);
     }
     tsr_rpc_result_close(&res);
-    tsr_rpc_channel_destroy(ch);
+    tsr_cli_targets_close(ch);
     return rc;
 }
 
@@ -991,6 +952,57 @@ static void stats_usage(FILE *f)
                TSR_CLI_TLS_USAGE
                "Exit status: 0 success, 1 the coordinator refused or is unreachable, 2 usage\n"
                "error (flags, TLS files).\n");
+}
+
+/* GetIndexStatsResponse fields 13 (repeated string coordinators) and 14 (string leader)
+ * as JSON (an array and a string): read through the message descriptor when the
+ * generated code knows them, else from the unknown fields, so that this file builds and
+ * works with the protos from before and after they were added. */
+static void add_len_field(json_t *arr, const ProtobufCMessageUnknownField *u)
+{
+    /* data: the length varint, then the bytes */
+    uint64_t n = 0;
+    size_t i = 0;
+    for (int shift = 0; i < u->len && shift < 64; shift += 7) {
+        n |= (uint64_t)(u->data[i] & 0x7f) << shift;
+        if ((u->data[i++] & 0x80) == 0)
+            break;
+    }
+    if (n <= u->len - i)
+        json_array_append_new(arr, json_stringn((const char *)u->data + i, (size_t)n));
+}
+
+static void ha_fields(const Tessera__V1__GetIndexStatsResponse *s, json_t **coords,
+                      json_t **leader)
+{
+    *coords = json_array();
+    *leader = NULL;
+    const ProtobufCMessageDescriptor *d = s->base.descriptor;
+    const ProtobufCFieldDescriptor *fc = protobuf_c_message_descriptor_get_field(d, 13);
+    const ProtobufCFieldDescriptor *fl = protobuf_c_message_descriptor_get_field(d, 14);
+    const char *base = (const char *)s;
+    if (fc && fc->type == PROTOBUF_C_TYPE_STRING && fc->label == PROTOBUF_C_LABEL_REPEATED) {
+        size_t n = *(const size_t *)(base + fc->quantifier_offset);
+        char *const *v = *(char *const *const *)(base + fc->offset);
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(*coords, json_string(v[i] ? v[i] : ""));
+    }
+    if (fl && fl->type == PROTOBUF_C_TYPE_STRING && fl->label != PROTOBUF_C_LABEL_REPEATED) {
+        const char *v = *(const char *const *)(base + fl->offset);
+        if (v && v[0])
+            *leader = json_string(v);
+    }
+    json_t *lv = json_array();
+    for (size_t i = 0; i < s->base.n_unknown_fields; i++) {
+        const ProtobufCMessageUnknownField *u = &s->base.unknown_fields[i];
+        if (u->wire_type == PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED && u->tag == 13 && !fc)
+            add_len_field(*coords, u);
+        else if (u->wire_type == PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED && u->tag == 14 && !fl)
+            add_len_field(lv, u);
+    }
+    if (*leader == NULL && json_array_size(lv))
+        *leader = json_incref(json_array_get(lv, json_array_size(lv) - 1));
+    json_decref(lv);
 }
 
 int tsr_cmd_stats(int argc, char **argv)
@@ -1008,7 +1020,7 @@ int tsr_cmd_stats(int argc, char **argv)
     if (code >= 0)
         return code;
     int rc = 1;
-    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
+    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     Tessera__V1__GetIndexStatsRequest req = TESSERA__V1__GET_INDEX_STATS_REQUEST__INIT;
@@ -1016,10 +1028,10 @@ int tsr_cmd_stats(int argc, char **argv)
     tsr_rpc_result_init(&res);
     ProtobufCMessage *out = NULL;
     rc = 1;
-    if (tsr_rpc_call_pb(ch, SVC "GetIndexStats", &req.base,
-                        &tessera__v1__get_index_stats_response__descriptor, 10000, &out,
-                        &res) != TSR_RPC_OK) {
-        tsr_cli_rpc_failure(PROG, "GetIndexStats", target, &res);
+    if (tsr_cli_call(ch, SVC "GetIndexStats", &req.base,
+                     &tessera__v1__get_index_stats_response__descriptor, 10000, 0, &out,
+                     &res) != TSR_RPC_OK) {
+        tsr_cli_targets_failure(ch, "GetIndexStats", &res);
     } else {
         Tessera__V1__GetIndexStatsResponse *s = (Tessera__V1__GetIndexStatsResponse *)out;
         json_t *o = json_object(), *sh = json_array();
@@ -1030,6 +1042,26 @@ int tsr_cmd_stats(int argc, char **argv)
         if (!as_json)
             printf("version %lld  vectors %lld  sparse %lld  shards %d\n", (long long)s->version,
                    (long long)s->vectors_count, (long long)s->sparse_vectors_count, s->shards_count);
+        json_t *coords, *leader;
+        ha_fields(s, &coords, &leader);
+        if (json_array_size(coords) || leader) {
+            json_object_set(o, "coordinators", coords);
+            json_object_set_new(o, "leader", leader ? json_incref(leader) : json_string(""));
+            if (!as_json) {
+                size_t ci;
+                json_t *c;
+                printf("coordinators");
+                json_array_foreach(coords, ci, c) {
+                    const char *a = json_string_value(c);
+                    printf(" %s%s", a, leader && strcmp(a, json_string_value(leader)) == 0
+                                           ? " (leader)" : "");
+                }
+                printf("%s%s\n", leader ? "  leader " : "  no leader",
+                       leader ? json_string_value(leader) : "");
+            }
+        }
+        json_decref(coords);
+        json_decref(leader);
         for (size_t i = 0; i < s->n_shards; i++) {
             const Tessera__V1__ShardIndexStats *x = s->shards[i];
             json_t *so = json_object();
@@ -1052,7 +1084,7 @@ int tsr_cmd_stats(int argc, char **argv)
         protobuf_c_message_free_unpacked(out, NULL);
     }
     tsr_rpc_result_close(&res);
-    tsr_rpc_channel_destroy(ch);
+    tsr_cli_targets_close(ch);
     return rc;
 }
 
@@ -1092,7 +1124,7 @@ int tsr_cmd_health(int argc, char **argv)
     if (code >= 0)
         return code;
     int rc = 1;
-    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
+    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
@@ -1101,10 +1133,10 @@ int tsr_cmd_health(int argc, char **argv)
     tsr_rpc_result_init(&res);
     ProtobufCMessage *out = NULL;
     rc = 1;
-    if (tsr_rpc_call_pb(ch, "/grpc.health.v1.Health/Check", &req.base,
-                        &grpc__health__v1__health_check_response__descriptor,
-                        (int64_t)timeout_ms, &out, &res) != TSR_RPC_OK) {
-        tsr_cli_rpc_failure(PROG, "Health/Check", target, &res);
+    if (tsr_cli_call(ch, "/grpc.health.v1.Health/Check", &req.base,
+                     &grpc__health__v1__health_check_response__descriptor, (int64_t)timeout_ms,
+                     0, &out, &res) != TSR_RPC_OK) {
+        tsr_cli_targets_failure(ch, "Health/Check", &res);
     } else {
         Grpc__Health__V1__HealthCheckResponse *h = (Grpc__Health__V1__HealthCheckResponse *)out;
         const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
@@ -1115,7 +1147,7 @@ int tsr_cmd_health(int argc, char **argv)
         protobuf_c_message_free_unpacked(out, NULL);
     }
     tsr_rpc_result_close(&res);
-    tsr_rpc_channel_destroy(ch);
+    tsr_cli_targets_close(ch);
     return rc;
 }
 #undef PROG

@@ -92,21 +92,22 @@ static int read_stdin(char **out, size_t *len, tsr_error *err)
 }
 
 /* The index dimension, from GetIndexStats. Returns 0 or 1 (printed). */
-static int index_dims(const char *prog, tsr_rpc_channel *ch, const char *target, size_t *dims)
+static int index_dims(const char *prog, tsr_cli_targets *ch, size_t *dims)
 {
     Tessera__V1__GetIndexStatsRequest req = TESSERA__V1__GET_INDEX_STATS_REQUEST__INIT;
     tsr_rpc_result res;
     tsr_rpc_result_init(&res);
     ProtobufCMessage *out = NULL;
     int rc = 1;
-    if (tsr_rpc_call_pb(ch, SVC "GetIndexStats", &req.base,
-                        &tessera__v1__get_index_stats_response__descriptor, 10000, &out,
-                        &res) != TSR_RPC_OK) {
-        tsr_cli_rpc_failure(prog, "GetIndexStats", target, &res);
+    if (tsr_cli_call(ch, SVC "GetIndexStats", &req.base,
+                     &tessera__v1__get_index_stats_response__descriptor, 10000, 0, &out,
+                     &res) != TSR_RPC_OK) {
+        tsr_cli_targets_failure(ch, "GetIndexStats", &res);
     } else {
         Tessera__V1__GetIndexStatsResponse *st = (Tessera__V1__GetIndexStatsResponse *)out;
         if (st->dimensions <= 0) {
-            fprintf(stderr, "%s: %s reports no index dimension\n", prog, target);
+            fprintf(stderr, "%s: %s reports no index dimension\n", prog,
+                    tsr_cli_targets_current(ch));
         } else {
             *dims = (size_t)st->dimensions;
             rc = 0;
@@ -142,8 +143,8 @@ static void upsert_usage(FILE *f)
 }
 
 /* Sends records [from, to) in one request. Returns 0 or 1 (printed). */
-static int send_upsert(tsr_rpc_channel *ch, const char *target, const recs *r, size_t from,
-                       size_t to, int64_t *version, int64_t *seq)
+static int send_upsert(tsr_cli_targets *ch, const recs *r, size_t from, size_t to,
+                       int64_t *version, int64_t *seq)
 {
     size_t n = to - from;
     tsr_pb_datapoint *pb = tsr_xcalloc(n, sizeof *pb);
@@ -159,13 +160,13 @@ static int send_upsert(tsr_rpc_channel *ch, const char *target, const recs *r, s
     tsr_rpc_result_init(&res);
     ProtobufCMessage *out = NULL;
     int rc = 0;
-    if (tsr_rpc_call_pb(ch, SVC "UpsertDatapoints", &req.base,
-                        &tessera__v1__upsert_datapoints_response__descriptor, 60000, &out,
-                        &res) != TSR_RPC_OK) {
+    if (tsr_cli_call(ch, SVC "UpsertDatapoints", &req.base,
+                     &tessera__v1__upsert_datapoints_response__descriptor, 60000, TSR_CLI_WRITE,
+                     &out, &res) != TSR_RPC_OK) {
         char what[96];
         snprintf(what, sizeof what, "UpsertDatapoints of lines %llu..%llu",
                  (unsigned long long)r->line[from], (unsigned long long)r->line[to - 1]);
-        tsr_cli_rpc_failure(PROG, what, target, &res);
+        tsr_cli_targets_failure(ch, what, &res);
         rc = 1;
     } else {
         Tessera__V1__UpsertDatapointsResponse *u = (Tessera__V1__UpsertDatapointsResponse *)out;
@@ -224,19 +225,19 @@ int tsr_cmd_upsert(int argc, char **argv)
     if (code >= 0)
         return code;
     int rc = 1;
-    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
+    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     recs r = {.prog = PROG, .name = strcmp(json, "-") == 0 ? "stdin" : json};
     size_t dims = 0;
     int64_t version = 0, seq = 0;
     size_t sent = 0;
-    rc = index_dims(PROG, ch, target, &dims);
+    rc = index_dims(PROG, ch, &dims);
     if (rc == 0)
         rc = load_input(json, dims, &r);
     for (size_t i = 0; rc == 0 && i < r.n; i += (size_t)per_call) {
         size_t to = i + (size_t)per_call < r.n ? i + (size_t)per_call : r.n;
-        rc = send_upsert(ch, target, &r, i, to, &version, &seq);
+        rc = send_upsert(ch, &r, i, to, &version, &seq);
         if (rc == 0)
             sent = to;
     }
@@ -250,7 +251,7 @@ int tsr_cmd_upsert(int argc, char **argv)
         tsr_datapoint_close(&r.dp[i]);
     free(r.dp);
     free(r.line);
-    tsr_rpc_channel_destroy(ch);
+    tsr_cli_targets_close(ch);
     return rc;
 }
 
@@ -286,7 +287,7 @@ int tsr_cmd_remove(int argc, char **argv)
         return 2;
     }
     int rc = 1;
-    tsr_rpc_channel *ch = tsr_cli_connect(PROG, target, &tls, &rc);
+    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
     if (ch == NULL)
         return rc;
     int64_t removed = 0, unknown = 0, version = 0, seq = 0;
@@ -298,10 +299,10 @@ int tsr_cmd_remove(int argc, char **argv)
         tsr_rpc_result res;
         tsr_rpc_result_init(&res);
         ProtobufCMessage *out = NULL;
-        if (tsr_rpc_call_pb(ch, SVC "RemoveDatapoints", &req.base,
-                            &tessera__v1__remove_datapoints_response__descriptor, 60000, &out,
-                            &res) != TSR_RPC_OK) {
-            tsr_cli_rpc_failure(PROG, "RemoveDatapoints", target, &res);
+        if (tsr_cli_call(ch, SVC "RemoveDatapoints", &req.base,
+                         &tessera__v1__remove_datapoints_response__descriptor, 60000,
+                         TSR_CLI_WRITE, &out, &res) != TSR_RPC_OK) {
+            tsr_cli_targets_failure(ch, "RemoveDatapoints", &res);
             rc = 1;
         } else {
             Tessera__V1__RemoveDatapointsResponse *m = (Tessera__V1__RemoveDatapointsResponse *)out;
@@ -316,6 +317,6 @@ int tsr_cmd_remove(int argc, char **argv)
     if (rc == 0)
         printf("removed %lld, unknown %lld (version %lld, stream seq %lld)\n",
                (long long)removed, (long long)unknown, (long long)version, (long long)seq);
-    tsr_rpc_channel_destroy(ch);
+    tsr_cli_targets_close(ch);
     return rc;
 }

@@ -32,7 +32,8 @@ static const command commands[] = {
     {"remove", NULL, tsr_cmd_remove, "remove datapoints by id at once (streamed write)"},
     {"stats", NULL, tsr_cmd_stats, "index and shard statistics"},
     {"health", NULL, tsr_cmd_health, "grpc.health.v1 check of a coordinator or shard (a probe)"},
-    {"cluster", "up", tsr_cmd_cluster_up, "run a local coordinator + shards (supervised)"},
+    {"cluster", "up", tsr_cmd_cluster_up,
+     "run a local cluster, supervised (--coordinators N --etcd-local M: HA)"},
 };
 enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 

@@ -24,15 +24,22 @@
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
  *                all-replica fan-outs; the coordinator's /metrics collector
+ *   meta.c       the metadata backend: local folder or etcd (PREFIX/version, the version's
+ *                files in chunks); the commit point of an update with --etcd (meta.h)
+ *   leader.c     with --etcd: lease, member key, election of the leader, stepping down,
+ *                following PREFIX/version and the mirrored stream (followers)
+ *   stream_ha.c  with --etcd: the coordinator log mirrored in etcd, restored by a new leader
  *   main.c       command line, server, signals
  *
  * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
- * fails on a loop): config, oplog, state, stream_log call no other file of the folder;
- * replica -> state; stream -> replica, state, stream_log, update_plan; reconcile ->
- * replica, state, stream; query -> config, replica, state, stream; update_plan ->
- * config, state; update -> oplog, reconcile, replica, state, stream, update_plan;
- * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, update, state,
- * stream, vertex, vertex_v1;
+ * fails on a loop): config, meta, state, stream_log call no other file of the folder;
+ * oplog -> meta; leader -> meta, oplog, state, stream;
+ * replica -> state; stream -> replica, state, stream_ha, stream_log, update_plan;
+ * stream_ha -> meta, state, stream_log; reconcile -> replica, state, stream;
+ * query -> config, leader, replica, state, stream; update_plan -> config, state;
+ * update -> leader, meta, oplog, reconcile, replica, state, stream, update_plan;
+ * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, oplog, update,
+ * state, stream, vertex, vertex_v1;
  * main -> all of them, and nothing calls main.c. Everything but main.c is
  * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
@@ -63,6 +70,7 @@
 #include "batch/batch.h"
 #include "core/error.h"
 #include "index/ivfpq.h"
+#include "net/etcd.h"
 #include "net/rpc.h"
 #include "store/store.h"
 #include "tessera/v1/shard.pb-c.h"
@@ -246,6 +254,13 @@ int tsr__oplog_save(struct tsr__coord *c, tsr__op *op, int state, int locked,
                     tsr_error *err);
 void tsr__oplog_forget(struct tsr__coord *c, const tsr__op *op);
 int tsr__oplog_load(struct tsr__coord *c, uint64_t current, tsr_error *err);
+/* With --etcd (records in etcd): fetch: the record of operation id as a new tsr__op
+ * (tsr__op_free it), NULL when unknown or without --etcd (GetOperation on a coordinator that
+ * did not run it). settle: a new leader resolves the records of operations that had not
+ * ended (their leader died) against the committed version, as tsr__oplog_load does at
+ * start, and continues the op ids after theirs. load with --etcd keeps only ended ones. */
+tsr__op *tsr__oplog_fetch(struct tsr__coord *c, const char *id);
+void tsr__oplog_settle(struct tsr__coord *c, uint64_t committed);
 
 /* ---- replicas ------------------------------------------------------------------------ */
 typedef struct tsr__replica {
@@ -299,6 +314,24 @@ typedef struct tsr__stream {
     pthread_t thread;
 } tsr__stream;
 
+/* ---- leader.c: the election on etcd (docs/coordinator.md "Leader") ------------------- */
+typedef struct tsr__lead {
+    const char *advertise;      /* borrowed (main): how clients and peers reach this one */
+    int ttl_s;                  /* --etcd-ttl */
+    atomic_int leading;         /* 1 while this coordinator holds the leader key */
+    atomic_llong term;          /* the leader key's create revision while leading, else 0 */
+    atomic_llong lease;         /* our lease (0: none) */
+    pthread_mutex_t mu;         /* addr, cv */
+    char addr[256];             /* under mu: the leader's advertise address ("" = none) */
+    char etcd_err[256];         /* under mu: why the last lease call failed ("" = it did not) */
+    char members[32][128];      /* under mu: PREFIX/members/ as last read (GetIndexStats) */
+    size_t nmembers;
+    pthread_cond_t cv;          /* CLOCK_MONOTONIC: the thread's sleep; stop wakes it */
+    int stop, live, wlive;      /* under mu */
+    pthread_t thread, wthread;  /* the lease/election thread; the PREFIX/version watcher */
+    pthread_mutex_t follow_mu;  /* serializes moving the snapshot (both threads) */
+} tsr__lead;
+
 /* ---- the coordinator --------------------------------------------------------------- */
 typedef struct tsr__coord {
     tsr__coord_config cfg;
@@ -345,9 +378,45 @@ typedef struct tsr__coord {
     atomic_llong queries, shards_touched, lists_probed;
 
     tsr__stream st;             /* streamed writes (stream.c) */
+
+    /* --etcd (meta.h, leader.c): NULL = the local folder backend, always the leader */
+    struct tsr__meta *meta;     /* owned */
+    tsr__lead lead;
 } tsr__coord;
 
 tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unrefs */
+/* state.c: 0 when this coordinator may write (no --etcd, or it is the leader); else the
+ * write is refused on r with UNAVAILABLE "not the leader: the leader is ADDR" (or "no
+ * leader elected yet") and trailing metadata tessera-leader, and a negative code returned. */
+int tsr__coord_refuse_follower(tsr__coord *c, tsr_rpc_reply *r);
+/* state.c: the leader term its shard calls carry (Stage, Prepare, Commit, Abort, Release,
+ * Write): 0 without --etcd; with it the last term this coordinator won (kept after it
+ * stepped down, so shards that saw a newer one refuse it). */
+int64_t tsr__coord_term(tsr__coord *c);
+/* state.c: 1 when this coordinator runs updates, reconcile and writes. */
+int tsr__coord_leading(tsr__coord *c);
+
+/* leader.c: with --etcd, the thread that keeps our lease and member key, campaigns for
+ * PREFIX/leader, steps down when the lease is lost (or not renewed within ttl - margin by
+ * our own clock), and moves the served snapshot when PREFIX/version changes (followers;
+ * a new leader first). start: 0 or a TSR code; stop revokes the lease (leadership passes
+ * at once). Both are no-ops without --etcd. */
+int tsr__leader_start(tsr__coord *c);
+void tsr__leader_stop(tsr__coord *c);
+/* The compares that fence the commit transaction (leader key's create revision == our
+ * term, its lease == ours) into cmp (2 entries); returns how many (0 without --etcd). */
+size_t tsr__leader_fence(tsr__coord *c, tsr_etcd_cmp *cmp);
+/* Steps down at once (a fenced commit failed: another leader exists); why is logged. */
+void tsr__leader_lost(tsr__coord *c, const char *why);
+/* The live coordinators (PREFIX/members/<addr>, as the leader thread last read them: no
+ * etcd call) into *addrs (caller frees each and the array), *n; the leader's address into
+ * leader (cap bytes, "" = none). Without --etcd: none and "". */
+void tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap);
+/* Before an update starts (fail fast): 0 without --etcd, or when this coordinator leads and
+ * etcd confirms its leader key; else the refusal is set on r (UNAVAILABLE "etcd
+ * unreachable ..." or "not the leader: ...") and a negative code returned. */
+int tsr__leader_check(tsr__coord *c, tsr_rpc_reply *r);
+
 void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference */
 
 /* update.c: starts the update of batch_root (confined by --batch-root-allow) on its
@@ -559,6 +628,15 @@ typedef int (*tsr__slog_fn)(void *ud, const struct Tessera__V1__CoordLogRecord *
 int tsr__slog_scan(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, char *why,
                    size_t whycap, tsr_error *err);
 
+/* ---- stream_ha.c: the coordinator log mirrored in etcd (--etcd; the leader only) ---- */
+/* mirror: rec into etcd (0 without --etcd or when not leading); drop: version's records;
+ * restore: the local log of version rewritten from etcd's records (*found 0: etcd holds
+ * none, the local log is untouched). */
+int tsr__shlog_mirror(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec,
+                      tsr_error *err);
+void tsr__shlog_drop(tsr__coord *c, uint64_t version);
+int tsr__shlog_restore(tsr__coord *c, uint64_t version, int *found, tsr_error *err);
+
 /* ---- stream.c: streamed writes (docs/streaming.md) ---- */
 /* At start, after the snapshot is loaded and before serving: replays the log of the
  * committed version (a torn or corrupt tail is cut, with a log line) into the overlay,
@@ -601,6 +679,16 @@ void tsr__stream_version_abort(tsr__coord *c, uint64_t version);
 /* The commit point's publication: ns becomes the served snapshot (takes its reference),
  * the overlay empties, the new version's log is opened and the old one removed. */
 void tsr__stream_publish(tsr__coord *c, tsr__snap *ns);
+/* A new leader (leader.c), before it acts: when etcd holds the stream records of the
+ * served version (its predecessor streamed writes on it), the local log is rewritten from
+ * them and the overlay, label counter, next seq and group seqs are rebuilt by replaying it.
+ * Takes the stream lock. Returns 0 or an error (streamed writes then stay refused until
+ * a restart: the log is closed). */
+int tsr__stream_adopt(tsr__coord *c, tsr_error *err);
+/* A follower (leader.c): one round rec (borrowed) the leader mirrored in etcd, applied to
+ * the overlay when it is of the served version and newer than what was applied (a repeat
+ * is ignored), so that reads on a follower see the streamed writes. Takes the stream lock. */
+void tsr__stream_follow(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec);
 /* 1 when the overlay holds at least stream_fold_records writes (a fold is due). */
 int tsr__stream_fold_due(tsr__coord *c);
 /* reconcile: replica k answered Stats with stream_seq applied at the served version; when

@@ -21,6 +21,7 @@
 #include "core/clock.h"
 #include "core/cmdline.h"
 #include "coord.h"
+#include "meta.h"
 #include "net/metrics_http.h"
 #include "core/log.h"
 #include "core/mem.h"
@@ -37,6 +38,9 @@ static void usage(FILE *f)
             "                            [--shard-tls-server-name NAME]] [--max-message BYTES]\n"
             "                           [--auth-tokens FILE | --insecure-no-auth]\n"
             "                           [--batch-root-allow DIR]... [--peer-token-file FILE]\n"
+            "                           [--etcd ENDPOINTS [--etcd-prefix P] [--etcd-ttl S]\n"
+            "                            [--advertise HOST:PORT] [--etcd-ca FILE\n"
+            "                            [--etcd-cert FILE --etcd-key FILE]]]\n"
             "\n"
             "Serves tessera.v1.VectorSearch and the Vertex AI MatchService\n"
             "(google.cloud.aiplatform.container.v1: Match, BatchMatch, BatchGetEmbeddings;\n"
@@ -79,6 +83,20 @@ static void usage(FILE *f)
             "  --max-message BYTES largest request or reply on the public port (default 64M;\n"
             "                      K/M/G suffixes); larger requests get RESOURCE_EXHAUSTED (the\n"
             "                      shard channels keep 64M: shard replies carry candidates)\n"
+            "  --etcd ENDPOINTS    keep the committed version, its plan, template and directory\n"
+            "                      in etcd v3 (comma list of host:port); several coordinators\n"
+            "                      then serve one index, one of them elected leader (runs\n"
+            "                      updates and writes; followers refuse them with UNAVAILABLE\n"
+            "                      \"not the leader: the leader is ADDR\"). Without it: --data\n"
+            "                      alone (docs/coordinator.md \"Metadata backends\")\n"
+            "  --etcd-prefix P     key prefix of this index in etcd (default /tessera/default)\n"
+            "  --etcd-ttl S        leader lease TTL in seconds (default 5): a dead leader is\n"
+            "                      replaced within about S + 1 s\n"
+            "  --advertise H:P     how clients and the other coordinators reach this one\n"
+            "                      (default: --listen with its bound port; required when\n"
+            "                      --listen is 0.0.0.0 or [::])\n"
+            "  --etcd-ca FILE      dial etcd over TLS, verifying it against this CA\n"
+            "  --etcd-cert FILE --etcd-key FILE  client certificate for etcd (mutual TLS)\n"
             "  --help              this text;  --version  the release\n"
             "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_COORD_CRASH_AT=staged|prepared|flipped|\n"
             "committed makes an update _exit(137) at that step (crash tests only).\n");
@@ -105,6 +123,101 @@ static int check_shards(const tsr__snap *sn, uint64_t v, size_t nshards, tsr_err
     return 0;
 }
 
+/* Client channel options: TLS files, server name, bearer token (borrowed; NULL = none). */
+static void client_opts(tsr_rpc_client_opts *o, const char *ca, const char *cert,
+                        const char *key, const char *name, const char *token)
+{
+    tsr_rpc_client_opts_init(o);
+    o->tls_ca_file = ca;
+    o->tls_cert_file = cert;
+    o->tls_key_file = key;
+    o->tls_server_name = name;
+    o->bearer_token = token;
+}
+
+/* --etcd and its companions. */
+typedef struct etcd_args {
+    const char *endpoints, *prefix;
+    int ttl;
+    const char *ca, *cert, *key, *advertise;
+} etcd_args;
+
+/* Opens the etcd backend (TLS like the shard channels). Returns 0 or an error. */
+static int open_meta(tsr__coord *c, const etcd_args *a, tsr_error *err)
+{
+    tsr_cmdline_tls t = {a->cert, "--etcd-cert", a->key, "--etcd-key", a->ca, "--etcd-ca"};
+    if (tsr_cmdline_check_tls(&t, 1, err))
+        return TSR_EINVAL;
+    tsr_rpc_client_opts o;
+    client_opts(&o, a->ca, a->cert, a->key, NULL, NULL);
+    int rc = tsr__meta_open(a->endpoints, a->prefix, &o, a->ttl, &c->meta, err);
+    if (rc) {
+        char why[sizeof err->msg];
+        memcpy(why, err->msg, sizeof why);
+        tsr_err(err, rc, "--etcd %s: %s", a->endpoints, why);
+    }
+    return rc;
+}
+
+/* --advertise, or the listen address with its bound port when it names one host (not
+ * 0.0.0.0 / [::]). Returns 0 or -1 (logged). */
+static int advertise_of(const char *listen, const char *adv, int port, char *buf, size_t cap)
+{
+    if (adv) {
+        snprintf(buf, cap, "%s", adv);
+        return 0;
+    }
+    const char *colon = strrchr(listen, ':');
+    size_t hl = colon ? (size_t)(colon - listen) : 0;
+    if (!colon || hl == 0 || strncmp(listen, "0.0.0.0", hl) == 0 ||
+        strncmp(listen, "[::]", hl) == 0) {
+        tsr_error_log("--etcd needs --advertise HOST:PORT when --listen %s names no single "
+                      "host (how clients and the other coordinators reach this one)", listen);
+        return -1;
+    }
+    snprintf(buf, cap, "%.*s:%d", (int)hl, listen, port);
+    return 0;
+}
+
+static int load_state(tsr__coord *c, const char *data);
+
+/* --etcd (when given), the served version and operations, the stream's log. Returns 0,
+ * or -1 with the exit code in *code (logged). */
+static int load_all(tsr__coord *c, const etcd_args *ea, const char *data, int *code)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    if (ea->endpoints && open_meta(c, ea, &err)) {
+        tsr_error_log("%s", err.msg);
+        *code = 2;
+        return -1;
+    }
+    if (load_state(c, data) != 0)
+        return -1;
+    if (tsr__stream_init(c, &err)) {
+        tsr_error_log("%s: the coordinator log of streamed writes: %s", data, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* With --etcd: the advertise address into buf, then the leader thread. Returns 0, or the
+ * exit code (logged). */
+static int start_leader(tsr__coord *c, const etcd_args *ea, const char *listen, int port,
+                        char *buf, size_t cap)
+{
+    if (advertise_of(listen, ea->advertise, port, buf, cap))
+        return 2;
+    c->lead.advertise = buf;
+    c->lead.ttl_s = ea->ttl;
+    if (tsr__leader_start(c)) {
+        tsr_error_log("cannot start the leader thread");
+        return 1;
+    }
+    tsr_info("etcd %s, prefix %s: advertised as %s, lease TTL %d s", ea->endpoints,
+             c->meta->prefix, buf, ea->ttl);
+    return 0;
+}
+
 /* Opens the data directory, loads the version CURRENT names (or starts empty) and the
  * operation records. Returns 0, or -1 with the reason logged. */
 static int load_state(tsr__coord *c, const char *data)
@@ -115,12 +228,14 @@ static int load_state(tsr__coord *c, const char *data)
         return -1;
     }
     uint64_t cur = 0;
-    int rc = tsr_store_current(c->store, &cur, &err);
+    int rc = tsr__meta_sync(c->meta, c->store, &cur, &err);
+    if (rc == 0 && cur == 0)
+        rc = TSR_ENOTFOUND;
     if (rc == TSR_ENOTFOUND) {
         c->snap = tsr__snap_create();
         tsr_info("data %s: no version yet (the first UpdateIndex creates the index)", data);
     } else if (rc) {
-        tsr_error_log("%s: CURRENT: %s", data, err.msg);
+        tsr_error_log("%s: %s: %s", data, c->meta ? "etcd" : "CURRENT", err.msg);
         return -1;
     } else if (tsr__snap_load(c->store, cur, &c->snap, &err)) {
         tsr_error_log("%s: version %llu (CURRENT) does not load: %s", data,
@@ -373,6 +488,9 @@ static tsr__coord *coord_new(const char *tmpl, const char *deployed)
     pthread_mutex_init(&c->update_mu, NULL);
     pthread_mutex_init(&c->op_mu, NULL);
     pthread_mutex_init(&c->rec_mu, NULL);
+    pthread_mutex_init(&c->lead.mu, NULL);
+    pthread_mutex_init(&c->lead.follow_mu, NULL);
+    tsr_clock_cond_init(&c->lead.cv);
     tsr_clock_cond_init(&c->rec_cv); /* reconcile sleeps on CLOCK_MONOTONIC */
     c->template_path = tmpl;
     c->deployed_index_id = deployed;
@@ -401,6 +519,7 @@ static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
     pthread_mutex_lock(&c->op_mu);
     c->closing = 1;
     pthread_mutex_unlock(&c->op_mu);
+    tsr__leader_stop(c); /* first: the lease is revoked, another leader takes over */
     tsr__coord_fold_stop(c); /* before the join: it may start an update */
     pthread_mutex_lock(&c->op_mu);
     int live = c->upd_thread_live;
@@ -417,6 +536,7 @@ static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
     tsr__snap_unref(c->snap);
     tsr__coord_ops_close(c);
     tsr_store_destroy(c->store);
+    tsr__meta_close(c->meta);
     tsr__coord_config_close(&c->cfg);
     free(c);
 }
@@ -435,6 +555,8 @@ int main(int argc, char **argv)
     size_t max_message = 0;
     tsr_metrics_http *mh = NULL;
     int threads = 0, workers = 8, ec;
+    etcd_args ea = {NULL, NULL, 5, NULL, NULL, NULL, NULL};
+    char advertise[300]; /* the leader thread borrows it until coord_close */
     tsr_cmdline_stop_init(); /* first: a SIGTERM while loading still stops cleanly */
     tsr_log_set_program("tessera-coordinator");
     const tsr_cmdline_opt opts[] = {
@@ -458,6 +580,13 @@ int main(int argc, char **argv)
         {"--insecure-no-auth", TSR_CMDLINE_FLAG, &insecure, 0, 0, 0},
         {"--batch-root-allow", TSR_CMDLINE_LIST, &allow, 0, 0, 0},
         {"--peer-token-file", TSR_CMDLINE_STR, &peer_token_file, 0, 0, 0},
+        {"--etcd", TSR_CMDLINE_STR, &ea.endpoints, 0, 0, 0},
+        {"--etcd-prefix", TSR_CMDLINE_STR, &ea.prefix, 0, 0, 0},
+        {"--etcd-ttl", TSR_CMDLINE_INT, &ea.ttl, 2, 600, 0},
+        {"--etcd-ca", TSR_CMDLINE_STR, &ea.ca, 0, 0, 0},
+        {"--etcd-cert", TSR_CMDLINE_STR, &ea.cert, 0, 0, 0},
+        {"--etcd-key", TSR_CMDLINE_STR, &ea.key, 0, 0, 0},
+        {"--advertise", TSR_CMDLINE_STR, &ea.advertise, 0, 0, 0},
     };
     if (tsr_cmdline_parse("tessera-coordinator", argc, argv, opts, sizeof opts / sizeof opts[0],
                           usage, &ec))
@@ -485,12 +614,7 @@ int main(int argc, char **argv)
      * the default: a shard's reply carries re-rank candidates and can be larger than the
      * client's reply, and a refused shard reply would surface as an unavailable shard. */
     tsr_rpc_client_opts shard_opts;
-    tsr_rpc_client_opts_init(&shard_opts);
-    shard_opts.tls_ca_file = sh_ca;
-    shard_opts.tls_cert_file = sh_cert;
-    shard_opts.tls_key_file = sh_key;
-    shard_opts.tls_server_name = sh_name;
-    shard_opts.bearer_token = peer_token;
+    client_opts(&shard_opts, sh_ca, sh_cert, sh_key, sh_name, peer_token);
 
     int code = 1;
     tsr__coord *c = coord_new(tmpl, deployed);
@@ -509,12 +633,8 @@ int main(int argc, char **argv)
         code = 2;
         goto out;
     }
-    if (load_state(c, data) != 0)
+    if (load_all(c, &ea, data, &code))
         goto out;
-    if (tsr__stream_init(c, &err)) {
-        tsr_error_log("%s: the coordinator log of streamed writes: %s", data, err.msg);
-        goto out;
-    }
     if (tsr__coord_channels_open(c, &shard_opts, &err)) {
         tsr_error_log("%s", err.msg);
         goto out;
@@ -546,6 +666,10 @@ int main(int argc, char **argv)
         tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
         goto out;
     }
+    if (ea.endpoints && (code = start_leader(c, &ea, listen, tsr_rpc_server_port(srv),
+                                             advertise, sizeof advertise)) != 0)
+        goto out;
+    code = 1;
     rec_started = start_background(c);
     /* the server is live: an UpdateIndex may already swap c->snap, so read it through
      * snap_mu and a reference (a bare c->snap->version races with the swap and can read

@@ -32,12 +32,41 @@
 #include <string.h>
 
 #include "coord.h"
+#include "meta.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
 
 #define OPLOG_DIR "operations"
 #define OPLOG_MAX_RECORD (64u << 20) /* a record holds a batch report; far more than one */
+
+/* The records' home: etcd with --etcd (any coordinator answers GetOperation), else
+ * DATA/operations/. */
+static int aux_write(tsr__coord *c, const char *name, const void *buf, size_t len,
+                     tsr_error *err)
+{
+    return c->meta ? tsr__meta_aux_write(c->meta, OPLOG_DIR, name, buf, len, err)
+                   : tsr_store_aux_write(c->store, OPLOG_DIR, name, buf, len, err);
+}
+
+static int aux_list(tsr__coord *c, char ***names, size_t *n, tsr_error *err)
+{
+    return c->meta ? tsr__meta_aux_list(c->meta, OPLOG_DIR, names, n, err)
+                   : tsr_store_aux_list(c->store, OPLOG_DIR, names, n, err);
+}
+
+static int aux_read(tsr__coord *c, const char *name, void **buf, size_t *len, tsr_error *err)
+{
+    return c->meta ? tsr__meta_aux_read(c->meta, OPLOG_DIR, name, OPLOG_MAX_RECORD, buf, len, err)
+                   : tsr_store_aux_read(c->store, OPLOG_DIR, name, OPLOG_MAX_RECORD, buf, len,
+                                        err);
+}
+
+static int aux_remove(tsr__coord *c, const char *name, tsr_error *err)
+{
+    return c->meta ? tsr__meta_aux_remove(c->meta, OPLOG_DIR, name, err)
+                   : tsr_store_aux_remove(c->store, OPLOG_DIR, name, err);
+}
 
 static int final_state(int st)
 {
@@ -125,7 +154,7 @@ int tsr__oplog_save(tsr__coord *c, tsr__op *op, int state, int locked, tsr_error
     record_name(op->id, name, sizeof name);
     if (!locked)
         pthread_mutex_unlock(&c->op_mu);
-    int rc = tsr_store_aux_write(c->store, OPLOG_DIR, name, buf, len, err);
+    int rc = aux_write(c, name, buf, len, err);
     free(buf);
     return rc;
 }
@@ -135,7 +164,7 @@ void tsr__oplog_forget(tsr__coord *c, const tsr__op *op)
     char name[48];
     tsr_error err = TSR_ERROR_INIT;
     record_name(op->id, name, sizeof name);
-    if (tsr_store_aux_remove(c->store, OPLOG_DIR, name, &err))
+    if (aux_remove(c, name, &err))
         tsr_warn("operation %s: %s", op->id, err.msg);
 }
 
@@ -245,7 +274,7 @@ int tsr__oplog_load(tsr__coord *c, uint64_t current, tsr_error *err)
 {
     char **names = NULL;
     size_t n = 0;
-    int rc = tsr_store_aux_list(c->store, OPLOG_DIR, &names, &n, err);
+    int rc = aux_list(c, &names, &n, err);
     if (rc)
         return rc;
     tsr__op **ops = n ? tsr_xcalloc(n, sizeof *ops) : NULL;
@@ -259,7 +288,7 @@ int tsr__oplog_load(tsr__coord *c, uint64_t current, tsr_error *err)
         void *buf = NULL;
         size_t len = 0;
         tsr_error e = TSR_ERROR_INIT;
-        if (tsr_store_aux_read(c->store, OPLOG_DIR, names[i], OPLOG_MAX_RECORD, &buf, &len, &e)) {
+        if (aux_read(c, names[i], &buf, &len, &e)) {
             tsr_warn("%s (left on disk, operation unknown)", e.msg);
             continue;
         }
@@ -280,6 +309,10 @@ int tsr__oplog_load(tsr__coord *c, uint64_t current, tsr_error *err)
             tsr__op_free(ops[i]);
             continue;
         }
+        if (!final_state(ops[i]->state) && c->meta) {
+            tsr__op_free(ops[i]); /* the leader's, running or settled by the next leader */
+            continue;
+        }
         if (!final_state(ops[i]->state))
             resolve_interrupted(c, ops[i], current);
         c->ops = tsr_xrealloc(c->ops, (c->nops + 1) * sizeof *c->ops);
@@ -292,4 +325,54 @@ int tsr__oplog_load(tsr__coord *c, uint64_t current, tsr_error *err)
         free(names[i]);
     free(names);
     return 0;
+}
+
+tsr__op *tsr__oplog_fetch(tsr__coord *c, const char *id)
+{
+    size_t idlen = id ? strlen(id) : 0;
+    if (!c->meta || idlen == 0 || idlen >= sizeof ((tsr__op *)0)->id)
+        return NULL;
+    char name[48];
+    record_name(id, name, sizeof name);
+    void *buf = NULL;
+    size_t len = 0;
+    tsr_error e = TSR_ERROR_INIT;
+    if (aux_read(c, name, &buf, &len, &e))
+        return NULL;
+    tsr__op *op = op_from_record(name, buf, len);
+    free(buf);
+    return op;
+}
+
+void tsr__oplog_settle(tsr__coord *c, uint64_t committed)
+{
+    char **names = NULL;
+    size_t n = 0;
+    tsr_error err = TSR_ERROR_INIT;
+    if (!c->meta || aux_list(c, &names, &n, &err)) {
+        if (c->meta)
+            tsr_warn("operations: cannot list them in etcd: %s", err.msg);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        void *buf = NULL;
+        size_t len = 0;
+        tsr__op *op = NULL;
+        if (aux_read(c, names[i], &buf, &len, &err) == 0)
+            op = op_from_record(names[i], buf, len);
+        free(buf);
+        pthread_mutex_lock(&c->op_mu);
+        unsigned long long seq;
+        if (op && sscanf(op->id, "op-%llu-", &seq) == 1 && seq > c->op_seq)
+            c->op_seq = seq; /* new ids continue after the other leaders' */
+        int mine = 0;
+        for (size_t k = 0; op && k < c->nops; k++)
+            mine |= strcmp(c->ops[k]->id, op->id) == 0;
+        if (op && !mine && !final_state(op->state))
+            resolve_interrupted(c, op, committed); /* writes the record back */
+        pthread_mutex_unlock(&c->op_mu);
+        tsr__op_free(op);
+        free(names[i]);
+    }
+    free(names);
 }

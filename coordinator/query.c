@@ -1088,7 +1088,17 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
         }
         tsr_rpc_result_close(res);
     }
+    char leader[256];
+    char **members = NULL;
+    size_t nmembers = 0;
+    tsr__leader_members(c, &members, &nmembers, leader, sizeof leader);
+    out.coordinators = members;
+    out.n_coordinators = nmembers;
+    out.leader = leader;
     int rc = tsr_rpc_reply_pack(r, &out.base);
+    for (size_t i = 0; i < nmembers; i++)
+        free(members[i]);
+    free(members);
     ar_free(&a);
     tsr__snap_unref(sn);
     return rc;

@@ -43,14 +43,17 @@ static int call_version(tsr__coord *c, size_t k, const char *what, int64_t v)
     if (strcmp(what, "Commit") == 0) {
         Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
         m.version = v;
+        m.leader_term = tsr__coord_term(c);
         buf = tsr_rpc_pack(&m.base, &len);
     } else if (strcmp(what, "Abort") == 0) {
         Tessera__V1__AbortRequest m = TESSERA__V1__ABORT_REQUEST__INIT;
         m.version = v;
+        m.leader_term = tsr__coord_term(c);
         buf = tsr_rpc_pack(&m.base, &len);
     } else {
         Tessera__V1__ReleaseRequest m = TESSERA__V1__RELEASE_REQUEST__INIT;
         m.below_version = v;
+        m.leader_term = tsr__coord_term(c);
         buf = tsr_rpc_pack(&m.base, &len);
     }
     const tsr__replica *r = &c->rep[k];
@@ -133,6 +136,7 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
         }
         Tessera__V1__StageRequest st = TESSERA__V1__STAGE_REQUEST__INIT;
         st.version = V;
+        st.leader_term = tsr__coord_term(c);
         st.base_version = 0;
         st.chunk = (int32_t)ch;
         if (ch == 0) {
@@ -177,6 +181,7 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
     if (rc == 0) {
         Tessera__V1__PrepareRequest pq = TESSERA__V1__PREPARE_REQUEST__INIT;
         pq.version = V;
+        pq.leader_term = tsr__coord_term(c);
         Tessera__V1__PrepareResponse *pr = NULL;
         int code = tsr_rpc_call_pb(r->ch, TSR_SHARD_SVC "Prepare", &pq.base,
                                    &tessera__v1__prepare_response__descriptor,
@@ -332,6 +337,7 @@ static void release_all(tsr__coord *c, int64_t below)
     size_t S = c->cfg.nshards, len = 0;
     Tessera__V1__ReleaseRequest m = TESSERA__V1__RELEASE_REQUEST__INIT;
     m.below_version = below;
+    m.leader_term = tsr__coord_term(c);
     uint8_t *one = tsr_rpc_pack(&m.base, &len);
     uint8_t **bufs = tsr_xcalloc(S ? S : 1, sizeof *bufs);
     size_t *lens = tsr_xcalloc(S ? S : 1, sizeof *lens);
@@ -371,7 +377,8 @@ static void *rec_main(void *p)
         int64_t rel_at = c->release_at_ms;
         uint64_t below = c->release_below;
         pthread_mutex_unlock(&c->rec_mu);
-        if (pthread_mutex_trylock(&c->update_mu) == 0) {
+        /* followers leave the shards to the leader (leader.c) */
+        if (tsr__coord_leading(c) && pthread_mutex_trylock(&c->update_mu) == 0) {
             off = tsr__coord_reconcile_once(c);
             if (rel_at && tsr_clock_mono_ms() >= rel_at) {
                 release_all(c, (int64_t)below);

@@ -157,6 +157,34 @@ void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
     tsr__snap_unref(old);
 }
 
+int tsr__coord_leading(tsr__coord *c)
+{
+    return c->meta == NULL || atomic_load(&c->lead.leading);
+}
+
+int64_t tsr__coord_term(tsr__coord *c)
+{
+    return c->meta ? atomic_load(&c->lead.term) : 0;
+}
+
+int tsr__coord_refuse_follower(tsr__coord *c, tsr_rpc_reply *r)
+{
+    if (tsr__coord_leading(c))
+        return 0;
+    char addr[sizeof c->lead.addr], why[sizeof c->lead.etcd_err];
+    pthread_mutex_lock(&c->lead.mu);
+    memcpy(addr, c->lead.addr, sizeof addr);
+    memcpy(why, c->lead.etcd_err, sizeof why);
+    pthread_mutex_unlock(&c->lead.mu);
+    if (!addr[0] && why[0])
+        return tsr_rpc_reply_error(r, TSR_RPC_UNAVAILABLE, "not the leader: no leader elected "
+                                   "yet (etcd unreachable: %s)", why);
+    if (!addr[0])
+        return tsr_rpc_reply_error(r, TSR_RPC_UNAVAILABLE, "not the leader: no leader elected "
+                                   "yet");
+    return tsr_rpc_reply_error(r, TSR_RPC_UNAVAILABLE, "not the leader: the leader is %s", addr);
+}
+
 int tsr__snap_set_template(tsr__snap *s, tsr_ivfpq *tmpl, tsr_error *err)
 {
     /* The template carries no vectors: empty every list before serializing. */

@@ -254,7 +254,9 @@ static tsr__snap *precheck(tsr__coord *c, size_t n, const char *what, tsr_rpc_re
 int tsr__coord_stream_upsert(tsr__coord *c, const Tessera__V1__UpsertDatapointsRequest *rq,
                              Tessera__V1__UpsertDatapointsResponse *resp, tsr_rpc_reply *r)
 {
-    int rc = 0;
+    int rc = tsr__coord_refuse_follower(c, r);
+    if (rc)
+        return rc;
     tsr__snap *sn = precheck(c, rq->n_datapoints, "datapoints", r, &rc);
     if (!sn)
         return rc;
@@ -280,7 +282,9 @@ int tsr__coord_stream_upsert(tsr__coord *c, const Tessera__V1__UpsertDatapointsR
 int tsr__coord_stream_remove(tsr__coord *c, const Tessera__V1__RemoveDatapointsRequest *rq,
                              Tessera__V1__RemoveDatapointsResponse *resp, tsr_rpc_reply *r)
 {
-    int rc = 0;
+    int rc = tsr__coord_refuse_follower(c, r);
+    if (rc)
+        return rc;
     tsr__snap *sn = precheck(c, rq->n_datapoint_ids, "datapoint_ids", r, &rc);
     if (!sn)
         return rc;
@@ -639,6 +643,7 @@ static void plan_writes(round *R, int64_t seq, int64_t *next_label,
         tessera__v1__shard_write_request__init(&R->w[g]);
         R->w[g].version = (int64_t)R->sn->version;
         R->w[g].seq = seq;
+        R->w[g].leader_term = tsr__coord_term(R->c);
     }
     rec->removed_ids = tsr_xcalloc(R->nact + 1, sizeof *rec->removed_ids);
     for (size_t i = 0; i < R->nact; i++) {
@@ -833,7 +838,16 @@ static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
     char path[4200];
     tsr__slog_path(c->store, s->log_version, path, sizeof path);
     tsr_error err = TSR_ERROR_INIT;
-    if (tsr__slog_append(s->log_fd, path, &rec, &s->log_bytes, &err)) {
+    int64_t bytes0 = s->log_bytes;
+    int mrc = tsr__slog_append(s->log_fd, path, &rec, &s->log_bytes, &err);
+    if (mrc == 0 && (mrc = tsr__shlog_mirror(c, &rec, &err)) != 0) {
+        /* etcd must hold every round a shard may apply (a new leader replays them) */
+        if (ftruncate(s->log_fd, (off_t)bytes0) != 0)
+            tsr_warn("%s: cannot cut the round etcd refused: %s", path, strerror(errno));
+        s->log_bytes = bytes0;
+        tsr_err_prefix(&err, "etcd: ");
+    }
+    if (mrc) {
         s->next_label = label0;
         tsr_error_log("stream: %s", err.msg);
         for (size_t i = 0; i < n; i++)
@@ -893,6 +907,7 @@ static int resend_one(void *ud, const Tessera__V1__CoordLogRecord *rec, int64_t 
         tsr_rpc_result res;
         tsr_rpc_result_init(&res);
         ProtobufCMessage *out = NULL;
+        lw->write->leader_term = tsr__coord_term(rs->c); /* logged under an older term */
         int code = tsr_rpc_call_pb(rs->c->rep[rs->k].ch, TSR_SHARD_SVC "Write", &lw->write->base,
                                    &tessera__v1__shard_write_response__descriptor,
                                    rs->c->cfg.stream_write_deadline_ms, &out, &res);
@@ -1122,7 +1137,8 @@ static int write_header(tsr__coord *c, uint64_t version, int64_t next_label, tsr
     h.next_seq = c->st.next_seq;
     h.group_seq = c->st.grp_seq;
     h.n_group_seq = c->cfg.nshards;
-    return tsr__slog_create(c->store, version, &h, err);
+    int rc = tsr__slog_create(c->store, version, &h, err);
+    return rc ? rc : tsr__shlog_mirror(c, &h, err);
 }
 
 /* Removes the logs of other versions than `keep` (a crash between a commit point and the
@@ -1148,6 +1164,8 @@ static void remove_stale_logs(tsr__coord *c, uint64_t keep)
     closedir(dh);
 }
 
+static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err);
+
 int tsr__stream_init(tsr__coord *c, tsr_error *err)
 {
     tsr__stream *s = &c->st;
@@ -1172,6 +1190,14 @@ int tsr__stream_init(tsr__coord *c, tsr_error *err)
     remove_stale_logs(c, sn->version);
     if (sn->version == 0)
         return 0;
+    return load_log(c, sn, err);
+}
+
+/* Replays the log of sn's version into the (empty) overlay and the counters, creating it
+ * when missing, and opens it for appending. */
+static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err)
+{
+    tsr__stream *s = &c->st;
     char path[4200], why[300];
     int64_t good = 0;
     replay rp = {c, sn, 0};
@@ -1200,6 +1226,53 @@ int tsr__stream_init(tsr__coord *c, tsr_error *err)
     tsr_metrics_gauge_set("tessera_stream_log_bytes", NULL, (double)s->log_bytes);
     tsr_metrics_gauge_set("tessera_stream_overlay_records", NULL, (double)s->ov_records);
     return 0;
+}
+
+void tsr__stream_follow(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec)
+{
+    tsr__stream *s = &c->st;
+    tsr__stream_lock(c);
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    if (rec->seq > 0 && (uint64_t)rec->version == sn->version && s->ov_version == sn->version &&
+        rec->seq >= s->next_seq) {
+        pthread_rwlock_wrlock(&s->ov_rw);
+        apply_record(c, sn, rec);
+        pthread_rwlock_unlock(&s->ov_rw);
+    }
+    tsr__snap_unref(sn);
+    tsr__stream_unlock(c);
+}
+
+int tsr__stream_adopt(tsr__coord *c, tsr_error *err)
+{
+    tsr__stream *s = &c->st;
+    tsr__stream_lock(c);
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    int found = 0;
+    int rc = tsr__shlog_restore(c, sn->version, &found, err);
+    if (rc && s->log_fd >= 0) { /* the local log is stale: refuse rounds, never reuse labels */
+        close(s->log_fd);
+        s->log_fd = -1;
+    }
+    if (rc == 0 && found) {
+        if (s->log_fd >= 0)
+            close(s->log_fd);
+        s->log_fd = -1;
+        s->log_version = 0;
+        pthread_rwlock_wrlock(&s->ov_rw);
+        tsr__dir_close(&s->ov);
+        tsr__dir_init(&s->ov);
+        s->ov_version = sn->version;
+        s->ov_records = s->d_dense = s->d_sparse = 0;
+        s->next_label = sn->next_label;
+        s->next_seq = 1;
+        memset(s->grp_seq, 0, c->cfg.nshards * sizeof *s->grp_seq);
+        rc = load_log(c, sn, err);
+        pthread_rwlock_unlock(&s->ov_rw);
+    }
+    tsr__snap_unref(sn);
+    tsr__stream_unlock(c);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- updates */
@@ -1264,6 +1337,7 @@ void tsr__stream_version_abort(tsr__coord *c, uint64_t version)
     tsr__slog_path(c->store, version, path, sizeof path);
     if (unlink(path) != 0 && errno != ENOENT)
         tsr_warn("%s: cannot remove: %s", path, strerror(errno));
+    tsr__shlog_drop(c, version);
 }
 
 void tsr__stream_publish(tsr__coord *c, tsr__snap *ns)

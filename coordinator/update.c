@@ -31,6 +31,7 @@
 
 #include "batch/batch.h"
 #include "coord.h"
+#include "meta.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
@@ -204,14 +205,17 @@ static size_t fan_version(tsr__coord *c, const char *what, int64_t version, cons
     if (strcmp(what, "Prepare") == 0) {
         Tessera__V1__PrepareRequest m = TESSERA__V1__PREPARE_REQUEST__INIT;
         m.version = version;
+        m.leader_term = tsr__coord_term(c);
         one = tsr_rpc_pack(&m.base, &len);
     } else if (strcmp(what, "Commit") == 0) {
         Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
         m.version = version;
+        m.leader_term = tsr__coord_term(c);
         one = tsr_rpc_pack(&m.base, &len);
     } else {
         Tessera__V1__AbortRequest m = TESSERA__V1__ABORT_REQUEST__INIT;
         m.version = version;
+        m.leader_term = tsr__coord_term(c);
         one = tsr_rpc_pack(&m.base, &len);
     }
     for (size_t s = 0; s < S; s++) {
@@ -414,6 +418,7 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
         return NULL;
     Tessera__V1__StageRequest m = TESSERA__V1__STAGE_REQUEST__INIT;
     m.version = u->newv;
+    m.leader_term = tsr__coord_term(u->c);
     m.base_version = u->p.overwrite ? 0 : (int64_t)u->base->version;
     m.chunk = (int32_t)r;
     if (r == 0) {
@@ -568,10 +573,24 @@ static int upd_flip(upd *u, tsr_error *err)
 {
     tsr__coord *c = u->c;
     int rc;
+    tsr_etcd_cmp lead[2];
+    size_t nlead = tsr__leader_fence(c, lead);
     if ((rc = tsr__snap_save(u->p.ns, c->store, err)) ||
-        (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label, err)) ||
-        (rc = tsr_store_set_current(c->store, (uint64_t)u->newv, err)))
+        (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label, err)))
         return rc;
+    if (c->meta) { /* the commit point is the etcd transaction; CURRENT is a cache */
+        if ((rc = tsr__meta_commit(c->meta, c->store, (uint64_t)u->newv, lead, nlead, err))) {
+            if (rc == TSR_ESTATE)
+                tsr__leader_lost(c, err->msg);
+            return rc;
+        }
+        tsr_error e2 = TSR_ERROR_INIT;
+        if (tsr_store_set_current(c->store, (uint64_t)u->newv, &e2))
+            tsr_warn("update %s: committed version %lld in etcd but the local cache's "
+                     "CURRENT was not flipped: %s", u->op->id, (long long)u->newv, e2.msg);
+    } else if ((rc = tsr_store_set_current(c->store, (uint64_t)u->newv, err))) {
+        return rc;
+    }
     u->staged_any = 0;
     tsr__coord_crash_point("flipped");
     for (size_t k = 0; k < c->nrep; k++)
@@ -752,6 +771,9 @@ static void op_start(tsr__coord *c, const char *batch_root, char *root, const ch
 int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite,
                             int32_t max_invalid, char *id, size_t cap, tsr_rpc_reply *r)
 {
+    int rc = tsr__leader_check(c, r);
+    if (rc)
+        return rc;
     if (!batch_root || !batch_root[0])
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "batch_root is empty");
     if (max_invalid < 0)
@@ -759,7 +781,7 @@ int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite
                                    "negative", max_invalid);
     char *root = NULL;
     const char *within = NULL;
-    int rc = confine_root(c, batch_root, &root, &within, r);
+    rc = confine_root(c, batch_root, &root, &within, r);
     if (rc)
         return rc;
     pthread_mutex_lock(&c->op_mu);
@@ -836,7 +858,7 @@ static void fold_maybe(tsr__coord *c, int64_t *next_at, int64_t *backoff, uint64
     tsr__snap *sn = tsr__coord_snap_get(c);
     uint64_t v = sn->version;
     tsr__snap_unref(sn);
-    if (!tsr__stream_fold_due(c) || tsr_clock_mono_ms() < *next_at)
+    if (!tsr__coord_leading(c) || !tsr__stream_fold_due(c) || tsr_clock_mono_ms() < *next_at)
         return;
     pthread_mutex_lock(&c->op_mu);
     if (!c->busy && !c->closing) {
@@ -935,8 +957,14 @@ int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "GetOperationRequest: malformed "
                                    "protobuf");
     int rc;
+    tsr__op *fetched = NULL;
     pthread_mutex_lock(&c->op_mu);
     tsr__op *op = tsr__coord_op_find(c, rq->operation_id);
+    if (!op) { /* with --etcd: an operation another coordinator ran */
+        pthread_mutex_unlock(&c->op_mu);
+        op = fetched = tsr__oplog_fetch(c, rq->operation_id);
+        pthread_mutex_lock(&c->op_mu);
+    }
     if (!op) {
         pthread_mutex_unlock(&c->op_mu);
         rc = tsr_rpc_reply_error(r, TSR_RPC_NOT_FOUND, "operation \"%s\" not found (the last %d "
@@ -953,6 +981,7 @@ int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_
     pthread_mutex_unlock(&c->op_mu);
     if (o.report)
         tessera__v1__batch_report__free_unpacked(o.report, NULL);
+    tsr__op_free(fetched);
     tessera__v1__get_operation_request__free_unpacked(rq, NULL);
     return rc;
 }

@@ -284,8 +284,14 @@ int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
     Google__Rpc__Status st = GOOGLE__RPC__STATUS__INIT;
     char *msg = NULL;
     int rc;
+    tsr__op *fetched = NULL;
     pthread_mutex_lock(&c->op_mu);
     const tsr__op *op = tsr__coord_op_find(c, id);
+    if (!op) { /* with --etcd: an operation another coordinator ran */
+        pthread_mutex_unlock(&c->op_mu);
+        op = fetched = tsr__oplog_fetch(c, id);
+        pthread_mutex_lock(&c->op_mu);
+    }
     if (!op) {
         pthread_mutex_unlock(&c->op_mu);
         rc = tsr_rpc_reply_error(r, TSR_RPC_NOT_FOUND, "name: operation \"%s\" not found (the "
@@ -302,6 +308,7 @@ int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
     pthread_mutex_unlock(&c->op_mu);
     rc = tsr_rpc_reply_pack(r, &o.base);
 out:
+    tsr__op_free(fetched);
     free(any.value.data);
     free(msg);
     free(index_name);

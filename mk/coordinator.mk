@@ -27,3 +27,9 @@ $(CLOCKSTEP): tests/shim/clockstep.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $@"
 	@$(CC) -std=c11 -O2 -g -Wall -Wextra $(WERROR) -fPIC -shared -o $@ $< -ldl
+
+# make bench-ha: start-up of a coordinator with --etcd and an empty / cached --data beside
+# the local backend (bench/bench_ha_start.py; BENCH_HA_N, BENCH_HA_DIMS).
+.PHONY: bench-ha
+bench-ha: all
+	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_ha_start.py

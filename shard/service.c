@@ -510,7 +510,9 @@ static int h_stage(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *rep
     if (rq == NULL)
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "StageRequest: malformed protobuf");
-    int rc = tsr__shard_stage(ctx, rq, &resp, &err);
+    int rc = tsr__shard_term_check(ctx, rq->leader_term, &err);
+    if (rc == 0)
+        rc = tsr__shard_stage(ctx, rq, &resp, &err);
     tessera__v1__stage_request__free_unpacked(rq, NULL);
     if (rc != 0)
         return tsr_rpc_reply_from_error(reply, &err);
@@ -525,9 +527,10 @@ static int h_prepare(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r
     if (rq == NULL)
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "PrepareRequest: malformed protobuf");
-    int64_t version = rq->version;
+    int64_t version = rq->version, term = rq->leader_term;
     tessera__v1__prepare_request__free_unpacked(rq, NULL);
-    if (tsr__shard_prepare(ctx, version, &resp, &err) != 0)
+    if (tsr__shard_term_check(ctx, term, &err) != 0 ||
+        tsr__shard_prepare(ctx, version, &resp, &err) != 0)
         return tsr_rpc_reply_from_error(reply, &err);
     return tsr_rpc_reply_pack(reply, &resp.base);
 }
@@ -541,8 +544,10 @@ static int h_commit(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
                                    "CommitRequest: malformed protobuf");
     Tessera__V1__CommitResponse resp = TESSERA__V1__COMMIT_RESPONSE__INIT;
     resp.version = rq->version;
+    int64_t term = rq->leader_term;
     tessera__v1__commit_request__free_unpacked(rq, NULL);
-    if (tsr__shard_commit(ctx, resp.version, &err) != 0)
+    if (tsr__shard_term_check(ctx, term, &err) != 0 ||
+        tsr__shard_commit(ctx, resp.version, &err) != 0)
         return tsr_rpc_reply_from_error(reply, &err);
     return tsr_rpc_reply_pack(reply, &resp.base);
 }
@@ -554,9 +559,10 @@ static int h_abort(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *rep
     if (rq == NULL)
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "AbortRequest: malformed protobuf");
-    int64_t version = rq->version;
+    int64_t version = rq->version, term = rq->leader_term;
     tessera__v1__abort_request__free_unpacked(rq, NULL);
-    if (tsr__shard_abort(ctx, version, &err) != 0)
+    if (tsr__shard_term_check(ctx, term, &err) != 0 ||
+        tsr__shard_abort(ctx, version, &err) != 0)
         return tsr_rpc_reply_from_error(reply, &err);
     return 0;
 }
@@ -568,8 +574,10 @@ static int h_release(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r
     if (rq == NULL)
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "ReleaseRequest: malformed protobuf");
-    int64_t below = rq->below_version;
+    int64_t below = rq->below_version, term = rq->leader_term;
     tessera__v1__release_request__free_unpacked(rq, NULL);
+    if (tsr__shard_term_check(ctx, term, &err) != 0)
+        return tsr_rpc_reply_from_error(reply, &err);
     int64_t vs[TSR__HELD_CAP];
     size_t n = 0;
     if (tsr__shard_release(ctx, below, vs, TSR__HELD_CAP, &n, &err) != 0)
@@ -639,7 +647,9 @@ static int h_write(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *rep
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "ShardWriteRequest: malformed protobuf");
     Tessera__V1__ShardWriteResponse resp = TESSERA__V1__SHARD_WRITE_RESPONSE__INIT;
-    int rc = tsr__shard_write(ctx, req, len, rq, &resp, &err);
+    int rc = tsr__shard_term_check(ctx, rq->leader_term, &err);
+    if (rc == 0)
+        rc = tsr__shard_write(ctx, req, len, rq, &resp, &err);
     tessera__v1__shard_write_request__free_unpacked(rq, NULL);
     if (rc != 0)
         return tsr_rpc_reply_from_error(reply, &err);

@@ -412,7 +412,15 @@ typedef struct tsr__shard {
     uint64_t tickets, applied_tickets;      /* appends made / applied, in order */
     char broken_msg[256];       /* why the log refuses writes (broken) */
     _Atomic int64_t wal_bytes, writes, write_records, folds;
+    /* term.c: the highest HA leader term seen (DATA/leader-term); term_mu alone */
+    pthread_mutex_t term_mu;
+    int64_t term;
+    int term_loaded;
 } tsr__shard;
+
+/* term.c: 0 when term is 0 (no term) or at least the highest seen (a higher one is made
+ * durable first); else TSR_ESTATE "leader term T is older than U" (or an I/O error). */
+int tsr__shard_term_check(tsr__shard *s, int64_t term, tsr_error *err);
 
 int tsr__shard_open(tsr__shard *s, const char *dir, tsr_error *err);
 void tsr__shard_close(tsr__shard *s);

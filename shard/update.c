@@ -174,6 +174,7 @@ int tsr__shard_open(tsr__shard *s, const char *dir, tsr_error *err)
     pthread_mutex_init(&s->table_mu, NULL);
     pthread_mutex_init(&s->update_mu, NULL);
     pthread_mutex_init(&s->write_mu, NULL);
+    pthread_mutex_init(&s->term_mu, NULL);
     pthread_cond_init(&s->write_cv, NULL);
     s->wal.fd = -1;
     s->dir = strdup(dir);
@@ -275,6 +276,7 @@ void tsr__shard_close(tsr__shard *s)
     pthread_mutex_destroy(&s->table_mu);
     pthread_mutex_destroy(&s->update_mu);
     pthread_mutex_destroy(&s->write_mu);
+    pthread_mutex_destroy(&s->term_mu);
     pthread_cond_destroy(&s->write_cv);
 }
 

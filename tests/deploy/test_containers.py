@@ -315,7 +315,13 @@ def kube_forms(docs, port, batch_dir, auth):
     sts = copy.deepcopy(docs[("StatefulSet", "tessera-shard")])
     dep = copy.deepcopy(docs[("Deployment", "tessera-coordinator")])
     cm = copy.deepcopy(docs[("ConfigMap", "tessera-coordinator-config")])
-    pvc = copy.deepcopy(docs[("PersistentVolumeClaim", "tessera-coordinator-data")])
+    # The coordinators of the manifests run on etcd (docs/ha.md) with an emptyDir cache;
+    # podman cannot reach etcd's image (no registry here): the played form is one
+    # coordinator on the local backend, its --data on a claim (test_ha_* run the etcd form
+    # with real processes).
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "tessera-coordinator-data"},
+           "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
     out, names = [], []
     tmpl = sts["spec"]["volumeClaimTemplates"][0]
     for i in range(sts["spec"]["replicas"]):
@@ -345,8 +351,17 @@ def kube_forms(docs, port, batch_dir, auth):
     pvc["metadata"]["name"] = P + pvc["metadata"]["name"]
     made["volume"].append(pvc["metadata"]["name"])
     dep["metadata"]["name"] = P + dep["metadata"]["name"]
+    dep["spec"]["replicas"] = 1
     pod = dep["spec"]["template"]["spec"]
+    pod.pop("affinity", None)
     c = pod["containers"][0]
+    for flag in ("--etcd", "--etcd-prefix", "--etcd-ttl", "--advertise"):
+        if flag in c["args"]:
+            i = c["args"].index(flag)
+            del c["args"][i:i + 2]
+    c.pop("env", None)
+    data_vol = next(m["name"] for m in c["volumeMounts"]
+                    if m["mountPath"] == c["args"][c["args"].index("--data") + 1])
     allow = c["args"][c["args"].index("--batch-root-allow") + 1]
     batch_vol = next(m["name"] for m in c["volumeMounts"] if m["mountPath"] == allow)
     for v in pod["volumes"]:
@@ -355,8 +370,9 @@ def kube_forms(docs, port, batch_dir, auth):
         if v["name"] == batch_vol:  # the claim tessera-batch: this run's batch folder
             del v["persistentVolumeClaim"]
             v["hostPath"] = {"path": batch_dir, "type": "Directory"}
-        elif "persistentVolumeClaim" in v:
-            v["persistentVolumeClaim"]["claimName"] = pvc["metadata"]["name"]
+        elif v["name"] == data_vol:
+            v.pop("emptyDir", None)
+            v["persistentVolumeClaim"] = {"claimName": pvc["metadata"]["name"]}
     secrets_as_host_paths(pod, auth, "coordinator")
     loopback_host_ports(pod)
     grpc = next(p for p in c["ports"] if p["name"] == "grpc")

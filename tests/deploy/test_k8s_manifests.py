@@ -21,7 +21,17 @@
   none has --insecure-no-auth; each token file is a key of a Secret volume mounted read-only
   at the file's folder (the coordinator's peer token the same Secret key as the shards'),
   the batch-root-allow folder a read-only mount; no Secret (no token value) is in the repo.
+- high availability (docs/ha.md): the coordinator Deployment has >= 2 replicas only with
+  --etcd (without it: 1 replica, strategy Recreate: one commit point); its --etcd
+  endpoints are exactly <sts>-<i>.<headless svc>:<client port> of the etcd StatefulSet
+  (when deploy/k8s has one; else any external endpoint), --advertise is $(POD_IP):<grpc
+  port> with POD_IP from status.podIP, --data is not a shared claim (each replica its own
+  cache); the etcd StatefulSet starts its members in Parallel and its --initial-cluster
+  names exactly its pods at their peer port;
+- every flag given to a Tessera binary is one that binary's --help lists (TSR_BIN, built
+  by `make`), and every etcd flag one `etcd --help` lists when etcd is installed.
 """
+import subprocess
 import json
 import os
 import re
@@ -179,6 +189,95 @@ def auth_checks(sc, dc, docs):
           "coordinator: --batch-root-allow %s is not a read-only mounted volume" % allow)
 
 
+def ha_checks(by, dep, c, args, vols):
+    """Several coordinators on etcd (docs/ha.md)."""
+    check(dep["spec"]["replicas"] >= 2, "coordinator with --etcd: %d replica(s), want >= 2"
+          % dep["spec"]["replicas"])
+    eps = arg_after(args, "--etcd").split(",")
+    ets = by.get(("StatefulSet", "tessera-etcd"))
+    if ets is not None:
+        esvc = by.get(("Service", ets["spec"]["serviceName"]))
+        check(esvc is not None and esvc["spec"].get("clusterIP") == "None",
+              "etcd StatefulSet's Service %s is missing or not headless" % ets["spec"]["serviceName"])
+        check(ets["spec"].get("podManagementPolicy") == "Parallel",
+              "etcd StatefulSet: podManagementPolicy must be Parallel (a member alone has no quorum)")
+        ec = ets["spec"]["template"]["spec"]["containers"][0]
+        eports = {p.get("name"): p["containerPort"] for p in ec.get("ports", [])}
+        n = ets["spec"]["replicas"]
+        name, svc = ets["metadata"]["name"], ets["spec"]["serviceName"]
+        want = ["%s-%d.%s:%d" % (name, i, svc, eports.get("client")) for i in range(n)]
+        check(eps == want, "coordinator --etcd %s != the etcd pods %s" % (eps, want))
+        check(n % 2 == 1 and n >= 3, "etcd: %d members (want an odd number >= 3)" % n)
+        eargs = [str(a) for a in ec.get("args", [])]
+        ic = arg_after(eargs, "--initial-cluster") or ""
+        wantic = ",".join("%s-%d=http://%s-%d.%s:%d" % (name, i, name, i, svc, eports.get("peer"))
+                          for i in range(n))
+        check(ic == wantic, "etcd --initial-cluster %s != %s" % (ic, wantic))
+        if esvc:
+            sp = {p["port"] for p in esvc["spec"]["ports"]}
+            check({eports.get("client"), eports.get("peer")} <= sp,
+                  "etcd Service lacks the client or peer port")
+        claims = {t["metadata"]["name"] for t in ets["spec"].get("volumeClaimTemplates", [])}
+        dd = arg_after(eargs, "--data-dir")
+        mounts = {m["mountPath"]: m["name"] for m in ec.get("volumeMounts", [])}
+        check(mounts.get(dd) in claims, "etcd --data-dir %s is not on a per-pod claim" % dd)
+    else:
+        check(all(re.match(r"^[^,:]+:\d+$", e) for e in eps), "--etcd %s: expected host:port,..." % eps)
+    adv = arg_after(args, "--advertise")
+    grpc_port = port_of(arg_after(args, "--listen"))
+    check(adv == "$(POD_IP):%d" % grpc_port, "coordinator --advertise %s != $(POD_IP):%d" % (adv, grpc_port))
+    env = {e["name"]: e for e in c.get("env", [])}
+    check(env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP",
+          "coordinator: env POD_IP is not status.podIP")
+    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+    dv = vols.get(mounts.get(arg_after(args, "--data")), {})
+    check("persistentVolumeClaim" not in dv,
+          "coordinator --data on a claim: %d replicas would share it (use emptyDir: it is a cache)"
+          % dep["spec"]["replicas"])
+
+
+def help_flags(argv):
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", r.stdout + r.stderr))
+
+
+def flag_checks(docs):
+    """Every --flag of a container's args is one its binary knows."""
+    tsr_bin = os.environ.get("TSR_BIN", os.path.join(ROOT, "bin"))
+    known = {}
+    for d in docs:
+        if d["kind"] not in ("StatefulSet", "Deployment"):
+            continue
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            cmd = c.get("command", [None])[0] or ""
+            base = os.path.basename(cmd)
+            if base.startswith("tessera"):
+                exe = os.path.join(tsr_bin, base)
+                check(os.access(exe, os.X_OK), "%s: no %s to check its flags against (make all)" % (d["metadata"]["name"], exe))
+                if not os.access(exe, os.X_OK):
+                    continue
+                argv = [exe, "--help"]
+            elif base == "etcd":
+                exe = "/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None
+                if exe is None:
+                    print("note: etcd not installed: the etcd flags are not checked")
+                    continue
+                argv = [exe, "--help"]
+            else:
+                continue
+            if exe not in known:
+                known[exe] = help_flags(argv) or set()
+            for a in c.get("args", []):
+                a = str(a)
+                if a.startswith("--"):
+                    flag = a.split("=", 1)[0]
+                    check(flag in known[exe], "%s/%s: %s is not a flag of %s --help"
+                          % (d["metadata"]["name"], c["name"], flag, base))
+
+
 def main():
     docs = []
     for fn in sorted(os.listdir(K8S)):
@@ -247,8 +346,11 @@ def main():
     dpod = dep["spec"]["template"]
     dc = container_checks("Deployment", "tessera-coordinator", dpod, kinds)
     c, ports, args, mounts, vols = dc[0]
-    check(dep["spec"]["replicas"] == 1 and dep["spec"].get("strategy", {}).get("type") == "Recreate",
-          "coordinator must be 1 replica with strategy Recreate (one commit point)")
+    if arg_after(args, "--etcd") is None:
+        check(dep["spec"]["replicas"] == 1 and dep["spec"].get("strategy", {}).get("type") == "Recreate",
+              "coordinator without --etcd must be 1 replica with strategy Recreate (one commit point)")
+    else:
+        ha_checks(by, dep, c, args, vols)
     conf = arg_after(args, "--config")
     check(conf is not None, "coordinator has no --config")
     cdir, cfile = os.path.split(conf)
@@ -261,6 +363,7 @@ def main():
                   "claim %s not declared" % v["persistentVolumeClaim"]["claimName"])
 
     auth_checks(sc, dc, docs)
+    flag_checks(docs)
 
     # config JSON
     check(cfile in cm["data"], "ConfigMap has no key %s" % cfile)

@@ -1,0 +1,449 @@
+/*
+ * leader — with --etcd, several coordinators serve one index and exactly one of them, the
+ * leader, runs updates, reconcile, the fold and streamed writes (docs/coordinator.md
+ * "Leader, followers, failover").
+ *
+ * One thread per coordinator, waking every ttl/3 (at least 200 ms):
+ *   - lease: granted with --etcd-ttl, renewed each wake-up; PREFIX/members/<advertise> is
+ *     attached to it (the live coordinators GetIndexStats lists). A lease that etcd says is
+ *     gone (expired or revoked) is replaced by a new one.
+ *   - election: a coordinator with a lease and no leadership creates PREFIX/leader =
+ *     advertise address, attached to its lease, in a transaction conditional on the key's
+ *     absence (create revision 0). Success: the key's create revision is our TERM. Else the
+ *     key names the leader, which write refusals quote.
+ *   - stepping down: the leader re-reads the key each wake-up and steps down when it is not
+ *     its own any more; it also steps down by its own clock when no renewal succeeded for
+ *     ttl minus a margin (max(1 s, ttl/5)), before etcd can expire the lease and let another
+ *     coordinator win (a leader cut off from etcd stops acting before its successor starts).
+ *     A fenced commit that fails (update.c) steps down at once too.
+ *   - following: a second thread watches PREFIX/version (the wake-up's read is the fallback
+ *     while the watch is down); when it names a newer version than the served one (a
+ *     follower, or a coordinator that just won and must start from it), the version
+ *     is fetched (meta.c: from the local cache or etcd), loaded and published (stream.c) —
+ *     queries never touch etcd, they read the snapshot this thread moves.
+ * A new leader thereby settles an interrupted update by the committed version in etcd:
+ * it serves that version, and reconcile (which runs on the leader only) aborts what shards
+ * staged or prepared above it and commits it where it is prepared.
+ *
+ * Fencing: the term is the create revision of our leader key; every shard call carries it
+ * (tsr__coord_term) and the commit transaction compares it (tsr__leader_fence).
+ *
+ * Threads: the lease thread is the only writer of leading/term/lease; follow_mu serializes
+ * the two threads' moves of the snapshot; others read them atomically.
+ * addr and stop are under lead.mu. Calls: meta, state, stream (tsr__stream_lock is taken
+ * to publish; no other lock of coord.h is held with it here).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "meta.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/mem.h"
+#include "tessera/v1/coord_log.pb-c.h"
+
+static int64_t period_ms(const tsr__coord *c)
+{
+    int64_t p = (int64_t)c->lead.ttl_s * 1000 / 3;
+    return p < 200 ? 200 : p;
+}
+
+static int64_t margin_ms(const tsr__coord *c)
+{
+    int64_t m = (int64_t)c->lead.ttl_s * 1000 / 5;
+    return m < 1000 ? 1000 : m;
+}
+
+static void set_addr(tsr__coord *c, const char *a)
+{
+    pthread_mutex_lock(&c->lead.mu);
+    snprintf(c->lead.addr, sizeof c->lead.addr, "%s", a);
+    pthread_mutex_unlock(&c->lead.mu);
+}
+
+void tsr__leader_lost(tsr__coord *c, const char *why)
+{
+    if (!c->meta || !atomic_exchange(&c->lead.leading, 0))
+        return;
+    set_addr(c, ""); /* term stays: our calls still carry it and newer shards refuse them */
+    tsr_warn("leader: stepping down (%s)", why);
+}
+
+size_t tsr__leader_fence(tsr__coord *c, tsr_etcd_cmp *cmp)
+{
+    if (!c->meta)
+        return 0;
+    static __thread char key[300];
+    tsr__meta_key(c->meta, "/leader", key, sizeof key);
+    cmp[0] = (tsr_etcd_cmp){key, TSR_ETCD_CREATE_REV, atomic_load(&c->lead.term), NULL, 0};
+    cmp[1] = (tsr_etcd_cmp){key, TSR_ETCD_LEASE, atomic_load(&c->lead.lease), NULL, 0};
+    return 2;
+}
+
+static void follow_locked(tsr__coord *c);
+
+static int follow_one(void *ud, const uint8_t *buf, size_t len, tsr_error *err)
+{
+    tsr__coord *c = ud;
+    (void)err;
+    Tessera__V1__CoordLogRecord *rec = tessera__v1__coord_log_record__unpack(NULL, len, buf);
+    if (rec) {
+        tsr__stream_follow(c, rec);
+        tessera__v1__coord_log_record__free_unpacked(rec, NULL);
+    }
+    return 0;
+}
+
+/* A follower: the streamed rounds of version v the leader mirrored (seq -1: all of them). */
+static void follow_stream(tsr__coord *c, uint64_t v, int64_t seq)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    if (v && tsr__meta_log_fetch(c->meta, v, seq, follow_one, c, &err))
+        tsr_warn("leader: the streamed writes of version %" PRIu64 " from etcd: %s", v, err.msg);
+}
+
+/* Moves the served snapshot to the version etcd holds when it is newer (either thread). */
+static void follow(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->lead.follow_mu);
+    follow_locked(c);
+    pthread_mutex_unlock(&c->lead.follow_mu);
+}
+
+static void follow_locked(tsr__coord *c)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    uint64_t v = 0;
+    int64_t rev = 0;
+    if (tsr__meta_read_version(c->meta, &v, &rev, &err))
+        return; /* etcd unreachable: keep serving what we have */
+    tsr__snap *cur = tsr__coord_snap_get(c);
+    uint64_t served = cur->version;
+    tsr__snap_unref(cur);
+    if (v <= served)
+        return;
+    tsr__snap *ns = NULL;
+    if (tsr__meta_sync(c->meta, c->store, &v, &err) || tsr__snap_load(c->store, v, &ns, &err)) {
+        tsr_error_log("leader: cannot load version %" PRIu64 " from etcd: %s", v, err.msg);
+        return;
+    }
+    tsr__stream_lock(c);
+    if (tsr__stream_version_begin(c, v, ns->next_label, &err))
+        tsr_warn("leader: version %" PRIu64 ": the stream log: %s", v, err.msg);
+    tsr__stream_publish(c, ns);
+    tsr__stream_unlock(c);
+    tsr_info("now serving version %" PRIu64 " (committed in etcd)", v);
+    follow_stream(c, v, -1); /* rounds the leader streamed on it before we moved */
+}
+
+static void set_etcd_err(tsr__coord *c, const char *msg)
+{
+    pthread_mutex_lock(&c->lead.mu);
+    snprintf(c->lead.etcd_err, sizeof c->lead.etcd_err, "%.*s",
+             (int)sizeof c->lead.etcd_err - 1, msg);
+    pthread_mutex_unlock(&c->lead.mu);
+}
+
+/* The lease: granted when missing, else renewed; members key put with a new one. ok_at:
+ * when the last renewal that succeeded was SENT (etcd's TTL counts from later). */
+static void keep_lease(tsr__coord *c, int64_t *ok_at)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    int64_t lease = atomic_load(&c->lead.lease), ttl = 0;
+    if (lease) {
+        int64_t sent = tsr_clock_mono_ms();
+        int rc = tsr_etcd_lease_keepalive(c->meta->fast, lease, &ttl, &err);
+        set_etcd_err(c, rc == 0 || rc == TSR_ENOTFOUND ? "" : err.msg);
+        if (rc == 0) {
+            *ok_at = sent;
+            return;
+        }
+        if (rc != TSR_ENOTFOUND) {
+            if (atomic_load(&c->lead.leading) && tsr_clock_mono_ms() - *ok_at >
+                (int64_t)c->lead.ttl_s * 1000 - margin_ms(c))
+                tsr__leader_lost(c, "etcd did not renew the lease in time");
+            return;
+        }
+        tsr__leader_lost(c, "the lease expired");
+        atomic_store(&c->lead.lease, 0);
+    }
+    int64_t granted = 0;
+    int64_t t0 = tsr_clock_mono_ms();
+    int rc = tsr_etcd_lease_grant(c->meta->fast, c->lead.ttl_s, &lease, &granted, &err);
+    set_etcd_err(c, rc ? err.msg : "");
+    if (rc)
+        return;
+    char key[600];
+    tsr__meta_key(c->meta, "/members/", key, 300);
+    strncat(key, c->lead.advertise, sizeof key - strlen(key) - 1);
+    if (tsr_etcd_put(c->meta->fast, key, c->lead.advertise, strlen(c->lead.advertise), lease,
+                     NULL, &err))
+        tsr_warn("leader: %s: %s", key, err.msg);
+    atomic_store(&c->lead.lease, lease);
+    *ok_at = t0;
+}
+
+/* Campaigns (no leadership) or checks the leader key is still ours (leadership). */
+static void campaign(tsr__coord *c)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    char key[300];
+    tsr__meta_key(c->meta, "/leader", key, sizeof key);
+    int64_t lease = atomic_load(&c->lead.lease);
+    if (!atomic_load(&c->lead.leading) && lease) {
+        const char *a = c->lead.advertise;
+        tsr_etcd_cmp cmp = {key, TSR_ETCD_CREATE_REV, 0, NULL, 0};
+        tsr_etcd_op op = {0, key, a, strlen(a), lease};
+        int ok = 0;
+        int64_t rev = 0;
+        if (tsr_etcd_txn(c->meta->fast, &cmp, 1, &op, 1, &ok, &rev, &err) == 0 && ok) {
+            follow(c); /* start from the committed version, then act */
+            if (tsr__stream_adopt(c, &err)) /* its predecessor's streamed writes */
+                tsr_error_log("leader: the streamed writes of the served version: %s "
+                              "(streamed writes are refused until a restart)", err.msg);
+            tsr__snap *sn = tsr__coord_snap_get(c);
+            tsr__oplog_settle(c, sn->version); /* updates its predecessor left running */
+            tsr__snap_unref(sn);
+            atomic_store(&c->lead.term, rev);
+            set_addr(c, a);
+            atomic_store(&c->lead.leading, 1);
+            tsr_info("leader: elected (term %lld)", (long long)rev);
+            pthread_cond_broadcast(&c->rec_cv); /* reconcile: settle the shards now */
+            return;
+        }
+    }
+    tsr_etcd_kv kv;
+    int rc = tsr_etcd_get(c->meta->fast, key, &kv, NULL, &err);
+    if (rc == 0) {
+        if (atomic_load(&c->lead.leading) && kv.create_rev != atomic_load(&c->lead.term))
+            tsr__leader_lost(c, "the leader key is not ours any more");
+        int stale = !atomic_load(&c->lead.leading) && lease && kv.lease == lease;
+        if (!atomic_load(&c->lead.leading) && !stale)
+            set_addr(c, (const char *)kv.value);
+        tsr_etcd_kvs_free(&kv, 1);
+        if (stale) {
+            /* we stepped down (e.g. etcd was unreachable past our margin) but our lease
+             * outlived it and still holds the key: give it up, a fresh election follows */
+            atomic_store(&c->lead.lease, 0);
+            if (tsr_etcd_lease_revoke(c->meta->fast, lease, &err) == 0)
+                tsr_info("leader: the key of a term we gave up is released (lease revoked)");
+        }
+    } else if (rc == TSR_ENOTFOUND) {
+        tsr__leader_lost(c, "the leader key is gone");
+        set_addr(c, "");
+    }
+}
+
+/* Refreshes the cached list of live coordinators (GetIndexStats reads it, not etcd). */
+static void read_members(tsr__coord *c)
+{
+    char pre[320];
+    tsr__meta_key(c->meta, "/members/", pre, sizeof pre);
+    tsr_etcd_kv *kvs = NULL;
+    size_t m = 0;
+    tsr_error err = TSR_ERROR_INIT;
+    if (tsr_etcd_get_prefix(c->meta->fast, pre, 32, &kvs, &m, NULL, &err))
+        return;
+    pthread_mutex_lock(&c->lead.mu);
+    c->lead.nmembers = 0;
+    for (size_t i = 0; i < m && i < 32; i++)
+        snprintf(c->lead.members[c->lead.nmembers++], sizeof c->lead.members[0], "%s",
+                 (const char *)kvs[i].value);
+    pthread_mutex_unlock(&c->lead.mu);
+    tsr_etcd_kvs_free(kvs, m);
+    free(kvs);
+}
+
+static void *lead_main(void *p)
+{
+    tsr__coord *c = p;
+    int64_t ok_at = tsr_clock_mono_ms();
+    for (;;) {
+        keep_lease(c, &ok_at);
+        campaign(c);
+        read_members(c);
+        if (!atomic_load(&c->lead.leading))
+            follow(c);
+        pthread_mutex_lock(&c->lead.mu);
+        if (!c->lead.stop) {
+            struct timespec ts = tsr_clock_mono_timespec(period_ms(c));
+            pthread_cond_timedwait(&c->lead.cv, &c->lead.mu, &ts);
+        }
+        int stop = c->lead.stop;
+        pthread_mutex_unlock(&c->lead.mu);
+        if (stop)
+            break;
+    }
+    return NULL;
+}
+
+static int stopping(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->lead.mu);
+    int s = c->lead.stop;
+    pthread_mutex_unlock(&c->lead.mu);
+    return s;
+}
+
+/* The watcher: a follower moves as soon as PREFIX/version changes (the lease thread's
+ * periodic read is the fallback while the watch is down). */
+/* A stream key event: a record's completion mark ".../stream/<v>/<seq>/n" is applied. */
+static void stream_event(tsr__coord *c, const tsr_etcd_event *e, size_t plen)
+{
+    unsigned long long v = 0;
+    long long seq = 0;
+    int used = 0;
+    if (e->deleted || sscanf(e->kv.key + plen, "%llu/%lld/n%n", &v, &seq, &used) != 2 ||
+        e->kv.key[plen + (size_t)used] != 0 || atomic_load(&c->lead.leading))
+        return;
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    uint64_t served = sn->version;
+    tsr__snap_unref(sn);
+    if (v > served)
+        follow(c); /* moves, then fetches every round of v */
+    else if (v == served)
+        follow_stream(c, v, seq);
+}
+
+/* Drains the stream watch ws for up to ms; 0, or nonzero when it broke. */
+static int stream_poll(tsr__coord *c, tsr_etcd_watch *ws, size_t plen, int64_t ms)
+{
+    tsr_etcd_event *ev = NULL;
+    size_t n = 0;
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = tsr_etcd_watch_next(ws, ms, &ev, &n, &err);
+    if (rc == 0) {
+        for (size_t i = 0; i < n; i++)
+            stream_event(c, &ev[i], plen);
+        tsr_etcd_events_free(ev, n);
+    }
+    return rc != 0 && rc != TSR_ETIMEOUT;
+}
+
+static void *watch_main(void *p)
+{
+    tsr__coord *c = p;
+    tsr_etcd_watch *w = NULL, *ws = NULL;
+    char key[300], spre[320];
+    tsr__meta_key(c->meta, "/version", key, sizeof key);
+    tsr__meta_key(c->meta, "/stream/", spre, sizeof spre);
+    while (!stopping(c)) {
+        tsr_error err = TSR_ERROR_INIT;
+        if (!w || !ws) {
+            tsr_etcd_watch_close(w);
+            tsr_etcd_watch_close(ws);
+            w = ws = NULL;
+            if (tsr_etcd_watch_open(c->meta->etcd, key, 0, 0, &w, &err) ||
+                tsr_etcd_watch_open(c->meta->etcd, spre, 1, 0, &ws, &err)) {
+                tsr_etcd_watch_close(w);
+                w = NULL;
+                pthread_mutex_lock(&c->lead.mu);
+                if (!c->lead.stop) {
+                    struct timespec ts = tsr_clock_mono_timespec(500);
+                    pthread_cond_timedwait(&c->lead.cv, &c->lead.mu, &ts);
+                }
+                pthread_mutex_unlock(&c->lead.mu);
+                continue;
+            }
+            if (!atomic_load(&c->lead.leading)) { /* changes between the reads and the watch */
+                follow(c);
+                tsr__snap *sn = tsr__coord_snap_get(c);
+                uint64_t v = sn->version;
+                tsr__snap_unref(sn);
+                follow_stream(c, v, -1);
+            }
+        }
+        tsr_etcd_event *ev = NULL;
+        size_t n = 0;
+        int rc = tsr_etcd_watch_next(w, 150, &ev, &n, &err);
+        if (rc == 0) {
+            tsr_etcd_events_free(ev, n);
+            if (!atomic_load(&c->lead.leading))
+                follow(c);
+        } else if (rc != TSR_ETIMEOUT) {
+            tsr_etcd_watch_close(w);
+            w = NULL;
+        }
+        if (ws && stream_poll(c, ws, strlen(spre), 150)) {
+            tsr_etcd_watch_close(ws);
+            ws = NULL;
+        }
+    }
+    tsr_etcd_watch_close(w);
+    tsr_etcd_watch_close(ws);
+    return NULL;
+}
+
+int tsr__leader_start(tsr__coord *c)
+{
+    if (!c->meta)
+        return 0;
+    pthread_mutex_lock(&c->lead.mu);
+    int rc = pthread_create(&c->lead.thread, NULL, lead_main, c);
+    c->lead.live = rc == 0;
+    if (rc == 0) /* without the watcher, followers still move on the periodic read */
+        c->lead.wlive = pthread_create(&c->lead.wthread, NULL, watch_main, c) == 0;
+    pthread_mutex_unlock(&c->lead.mu);
+    return rc ? TSR_EINTERNAL : 0;
+}
+
+void tsr__leader_stop(tsr__coord *c)
+{
+    if (!c->meta)
+        return;
+    pthread_mutex_lock(&c->lead.mu);
+    c->lead.stop = 1;
+    pthread_cond_broadcast(&c->lead.cv);
+    int live = c->lead.live, wlive = c->lead.wlive;
+    pthread_mutex_unlock(&c->lead.mu);
+    if (live)
+        pthread_join(c->lead.thread, NULL);
+    if (wlive)
+        pthread_join(c->lead.wthread, NULL);
+    atomic_store(&c->lead.leading, 0);
+    int64_t lease = atomic_exchange(&c->lead.lease, 0);
+    tsr_error err = TSR_ERROR_INIT;
+    if (lease && tsr_etcd_lease_revoke(c->meta->fast, lease, &err) == 0)
+        tsr_info("leader: lease revoked (leadership and membership released)");
+}
+
+void tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, size_t cap)
+{
+    *addrs = NULL;
+    *n = 0;
+    pthread_mutex_lock(&c->lead.mu);
+    snprintf(leader, cap, "%s", c->meta ? c->lead.addr : "");
+    if (c->meta) {
+        *addrs = tsr_xcalloc(c->lead.nmembers + 1, sizeof **addrs);
+        for (size_t i = 0; i < c->lead.nmembers; i++)
+            (*addrs)[i] = tsr_xstrdup(c->lead.members[i]);
+        *n = c->lead.nmembers;
+    }
+    pthread_mutex_unlock(&c->lead.mu);
+}
+
+int tsr__leader_check(tsr__coord *c, tsr_rpc_reply *r)
+{
+    if (!c->meta)
+        return 0;
+    int rc = tsr__coord_refuse_follower(c, r);
+    if (rc)
+        return rc;
+    char key[300];
+    tsr__meta_key(c->meta, "/leader", key, sizeof key);
+    tsr_etcd_kv kv;
+    tsr_error err = TSR_ERROR_INIT;
+    rc = tsr_etcd_get(c->meta->fast, key, &kv, NULL, &err);
+    if (rc && rc != TSR_ENOTFOUND)
+        return tsr_rpc_reply_error(r, TSR_RPC_UNAVAILABLE, "etcd unreachable, no update starts "
+                                   "(queries go on from version being served): %s", err.msg);
+    int ours = rc == 0 && kv.create_rev == atomic_load(&c->lead.term);
+    if (rc == 0)
+        tsr_etcd_kvs_free(&kv, 1);
+    if (!ours)
+        tsr__leader_lost(c, "the leader key is not ours any more");
+    return tsr__coord_refuse_follower(c, r);
+}

@@ -1,0 +1,102 @@
+/*
+ * meta — the coordinator's metadata backend: where the committed version lives
+ * (docs/coordinator.md "Metadata backends").
+ *
+ * Two backends behind one handle:
+ *   - local (no --etcd; the default of `make run`): DATA/CURRENT names the committed
+ *     version, DATA/v<N>/ holds its files; a tsr__meta is then NULL and every call below
+ *     is a no-op that succeeds (the store alone decides, as before this module).
+ *   - etcd (--etcd ENDPOINTS --etcd-prefix PREFIX): the key PREFIX/version is the
+ *     authoritative committed version, its value names the version and the length and
+ *     FNV-1a 64 digest of each of its files (template.faiss, plan, directory); the files
+ *     themselves are kept in etcd in chunks of at most TSR__META_CHUNK bytes under
+ *     PREFIX/blobs/<N>/<file>/<chunk#> (the committed version and the one before it), so
+ *     a coordinator with an empty --data folder loads the version from etcd and the
+ *     shards alone. DATA/ is then a cache: CURRENT and v<N>/ are written after the etcd
+ *     commit, and a cached version is used only when its files match the digests.
+ *
+ * The commit point of an update is one etcd transaction: PREFIX/version is replaced only
+ * when its mod revision is still the one this coordinator read or wrote last (and, once
+ * an election runs, when the caller's leader key is still its own: the compares given in
+ * extra). A transaction whose answer was lost is settled by re-reading the key.
+ *
+ * DESIGN (threads): the update thread commits; start-up syncs before any other thread
+ * runs; tsr__meta_poll is called by one watcher thread. ver_rev is guarded by mu.
+ */
+#ifndef TSR_COORD_META_H
+#define TSR_COORD_META_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "net/etcd.h"
+#include "net/rpc.h"
+#include "store/store.h"
+
+#define TSR__META_CHUNK (1u << 20)   /* etcd's default request limit is 1.5 MiB */
+#define TSR__META_MAX_FILE ((size_t)1 << 34)
+
+typedef struct tsr__meta {
+    tsr_etcd *etcd;             /* owned: versions, records (deadline 5 s) */
+    tsr_etcd *fast;             /* owned: lease, election, members (deadline ttl/6 within
+                                   0.3..1.5 s: a leader cut off from etcd learns it in time) */
+    char prefix[256];           /* no trailing '/' */
+    pthread_mutex_t mu;
+    int64_t ver_rev;            /* under mu: mod revision of PREFIX/version last seen
+                                   (0: absent) */
+    uint64_t version;           /* under mu: the version it names (0: none) */
+} tsr__meta;
+
+/* Opens the etcd backend: endpoints "h:p[,h:p]", prefix (NULL = "/tessera/default"; a
+ * trailing '/' is dropped), copts (TLS; borrowed during the call), ttl_s (the lease TTL:
+ * sets the fast handle's deadline). Returns 0 with *out set, or an error naming the flag. */
+int tsr__meta_open(const char *endpoints, const char *prefix, const tsr_rpc_client_opts *copts,
+                   int ttl_s, tsr__meta **out, tsr_error *err);
+void tsr__meta_close(tsr__meta *m); /* accepts NULL */
+
+/* Key of PREFIX + suffix into buf (suffix starts with '/'). */
+void tsr__meta_key(const tsr__meta *m, const char *suffix, char *buf, size_t cap);
+
+/* At start: the version etcd holds into *version (0 = none yet) and, when it is not in
+ * st's cache with matching digests, downloaded into st; st's CURRENT then names it.
+ * m NULL: *version = st's CURRENT (0 when none). Returns 0 or an error
+ * (TSR_EUNAVAILABLE naming etcd). */
+int tsr__meta_sync(tsr__meta *m, tsr_store *st, uint64_t *version, tsr_error *err);
+
+/* The commit point of version v, already saved in st (tsr__snap_save): its files are
+ * uploaded, then PREFIX/version is set by one transaction conditional on its mod revision
+ * (and the ncmp compares in extra, e.g. the leader key). Returns 0 = committed; TSR_ESTATE
+ * when a compare failed (another coordinator committed, or leadership was lost: nothing
+ * changed); TSR_EUNAVAILABLE when etcd did not answer (nothing changed, or the re-read
+ * after a lost answer showed it did not). m NULL: 0 (the local backend's commit point is
+ * st's CURRENT, which the caller flips). */
+int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, const tsr_etcd_cmp *extra,
+                     size_t ncmp, tsr_error *err);
+
+/* Reads PREFIX/version: *version and *rev (its mod revision; 0 / 0 when absent). */
+int tsr__meta_read_version(tsr__meta *m, uint64_t *version, int64_t *rev, tsr_error *err);
+
+/* Records beside the versions (the operation records, oplog.c) under PREFIX/<sub>/<name>,
+ * with the contracts of tsr_store_aux_write / _list / _read / _remove (common/store/store.h);
+ * a record is at most TSR__META_CHUNK bytes (TSR_ELIMIT). */
+int tsr__meta_aux_write(tsr__meta *m, const char *sub, const char *name, const void *buf,
+                        size_t len, tsr_error *err);
+int tsr__meta_aux_list(tsr__meta *m, const char *sub, char ***names, size_t *n, tsr_error *err);
+int tsr__meta_aux_read(tsr__meta *m, const char *sub, const char *name, size_t max_len,
+                       void **buf, size_t *len, tsr_error *err);
+int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_error *err);
+
+/* The coordinator log of streamed writes mirrored in etcd (stream_ha.c): record seq (0 =
+ * the header) of version v, packed, under PREFIX/stream/<v>/<seq>/ in chunks c<k> and
+ * then a mark "n" = "<chunks> <bytes>" (a record without its mark was never acknowledged
+ * and is skipped). fetch calls fn(ud, record, len, err) for each complete one in seq order
+ * (a nonzero return stops it and is returned); drop removes version v's records. */
+int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
+                      tsr_error *err);
+typedef int (*tsr__meta_log_fn)(void *ud, const uint8_t *buf, size_t len, tsr_error *err);
+int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, int64_t seq, tsr__meta_log_fn fn, void *ud,
+                        tsr_error *err); /* seq -1: every record of v, else that one */
+void tsr__meta_log_drop(tsr__meta *m, uint64_t v);
+
+#endif

@@ -1,0 +1,103 @@
+/*
+ * stream_ha — with --etcd, the coordinator log of streamed writes (stream.c, stream_log.c)
+ * is mirrored in etcd (meta.h: PREFIX/stream/<version>/<seq>/), so that a new leader
+ * continues the stream where its predecessor stopped: the same overlay (ids streamed since
+ * the committed version, their labels and groups), label counter, next seq and per-group
+ * seqs, rebuilt by replaying the records exactly as a restart replays the local log.
+ *
+ * Rules: only the leader mirrors (a follower's log is its own scratch); a round is mirrored
+ * after its local append and before any Write reaches a shard, and a round whose mirror
+ * failed is cut from the local log and refused (nothing written), so etcd holds every round
+ * a shard may have applied. The header (seq 0) is mirrored when a version's log is created
+ * (before the commit point); the records of a version are dropped when the leader moves
+ * past it or aborts it.
+ *
+ * Threads: called under the stream lock (st.mu) by the writer thread, an update and the
+ * leader thread. Calls meta and stream_log only.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "coord.h"
+#include "meta.h"
+#include "core/log.h"
+#include "core/mem.h"
+#include "tessera/v1/coord_log.pb-c.h"
+
+static int mirroring(tsr__coord *c)
+{
+    return c->meta != NULL && tsr__coord_leading(c);
+}
+
+int tsr__shlog_mirror(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec, tsr_error *err)
+{
+    if (!mirroring(c))
+        return 0;
+    size_t len = tessera__v1__coord_log_record__get_packed_size(rec);
+    uint8_t *buf = tsr_xmalloc(len ? len : 1);
+    tessera__v1__coord_log_record__pack(rec, buf);
+    int rc = tsr__meta_log_put(c->meta, (uint64_t)rec->version, rec->seq, buf, len, err);
+    free(buf);
+    return rc;
+}
+
+void tsr__shlog_drop(tsr__coord *c, uint64_t version)
+{
+    if (mirroring(c))
+        tsr__meta_log_drop(c->meta, version);
+}
+
+typedef struct restore {
+    tsr__coord *c;
+    uint64_t version;
+    int fd;
+    int64_t size, rounds;
+    char path[4200];
+} restore;
+
+static int restore_one(void *ud, const uint8_t *buf, size_t len, tsr_error *err)
+{
+    restore *rs = ud;
+    Tessera__V1__CoordLogRecord *rec = tessera__v1__coord_log_record__unpack(NULL, len, buf);
+    if (!rec)
+        return tsr_err(err, TSR_EFORMAT, "etcd: a stream record of version %" PRIu64 " is not "
+                       "a packed tessera.v1.CoordLogRecord", rs->version);
+    int rc = 0;
+    if ((uint64_t)rec->version != rs->version) {
+        rc = tsr_err(err, TSR_EFORMAT, "etcd: a stream record of version %" PRIu64 " names "
+                     "version %lld", rs->version, (long long)rec->version);
+    } else if (rec->seq == 0) { /* the header: a fresh local log */
+        if (rs->fd >= 0)
+            close(rs->fd);
+        rs->fd = -1;
+        if ((rc = tsr__slog_create(rs->c->store, rs->version, rec, err)) == 0)
+            rc = tsr__slog_open(rs->c->store, rs->version, &rs->fd, &rs->size, err);
+    } else if (rs->fd < 0) {
+        rc = tsr_err(err, TSR_EFORMAT, "etcd: stream round %lld of version %" PRIu64 " comes "
+                     "before its header", (long long)rec->seq, rs->version);
+    } else {
+        rc = tsr__slog_append(rs->fd, rs->path, rec, &rs->size, err);
+        rs->rounds++;
+    }
+    tessera__v1__coord_log_record__free_unpacked(rec, NULL);
+    return rc;
+}
+
+int tsr__shlog_restore(tsr__coord *c, uint64_t version, int *found, tsr_error *err)
+{
+    *found = 0;
+    if (!c->meta || version == 0)
+        return 0;
+    restore rs = {.c = c, .version = version, .fd = -1};
+    tsr__slog_path(c->store, version, rs.path, sizeof rs.path);
+    int rc = tsr__meta_log_fetch(c->meta, version, -1, restore_one, &rs, err);
+    if (rs.fd >= 0) {
+        close(rs.fd);
+        *found = rc == 0;
+        if (rc == 0)
+            tsr_info("stream: the log of version %" PRIu64 " restored from etcd (%lld rounds)",
+                     version, (long long)rs.rounds);
+    }
+    return rc;
+}
