@@ -1081,6 +1081,8 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
                 st[s].vectors_count = sr->vectors_count;
                 st[s].sparse_vectors_count = sr->sparse_vectors_count;
                 st[s].version = sr->current_version;
+                st[s].anonymous_bytes = sr->anonymous_bytes;
+                st[s].mapped_bytes = sr->mapped_bytes;
                 tessera__v1__shard_stats_response__free_unpacked(sr, NULL);
             }
         }

@@ -51,3 +51,11 @@ BENCH_SHARD_STREAM_ARGS ?=
 .PHONY: bench-shard-stream
 bench-shard-stream: all
 	@/usr/bin/python3 bench/bench_shard_stream.py $(BENCH_SHARD_STREAM_ARGS)
+
+# make bench-memory: memory per vector of 4 shards on the bench-search data (smaps_rollup
+# anonymous / file-backed and the shards' Stats) and the exact re-rank's QPS with the raw
+# vectors mapped vs on the heap (bench/bench_memory.py; BENCH_MEMORY_BEFORE_BIN=<bin dir of
+# an older build> adds its row).
+.PHONY: bench-memory
+bench-memory: all $(BENCH_CLUSTER_BIN)
+	@BENCH_CLUSTER_CLIENT=$(abspath $(BENCH_CLUSTER_BIN)) /usr/bin/python3 bench/bench_memory.py

@@ -10,8 +10,11 @@
  * the coordinator's coarse distance. This is Faiss's IndexIVFPQ::search_preassigned up to
  * float rounding in the last bits (SPEC §1; the Faiss interop bar is met), for the lists
  * and coarse distances the coordinator sends. From 2 probes on it runs with the quantized
- * prefilter (the list's transposed blocks, tsr__list.fl), which only skips codes that
- * could not enter a collector: the answers are bit-identical with it or without.
+ * prefilter (the list's transposed blocks, tsr__list.fl: a base list's only copy of its
+ * codes and terms, which the plain scan of one probe reads too, block by block back in
+ * Faiss order), which only skips codes that could not enter a collector: the answers are
+ * bit-identical with it or without. The re-rank reads the raw vectors where the records
+ * point: the heap, or the mapped vectors.f32 of a loaded version (page cache).
  *
  * Collectors (common/query/topk, total order: score, then the smaller label, so a distributed
  * answer is the single-node answer even with ties): without crowding a bounded heap of k;
@@ -381,10 +384,13 @@ static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *
         /* With the prefilter from 2 probes on, as `tessera index search`: sink_fn's
          * threshold (the looser collector's worst kept score) never increases, so the
          * sink sees the same codes with the same scores as without it. */
-        thr = tsr_ivfpq_scanner_scan_filtered(sc, l->codes, l->n, l->term,
-                                              q->nprobe >= 2 ? l->fl : NULL,
-                                              tsr_ivfpq_scanner_base(sc, q->coarse[p]), thr,
-                                              sink_fn, &k);
+        float base = tsr_ivfpq_scanner_base(sc, q->coarse[p]);
+        if (l->fl != NULL) /* the list's only copy of its codes: the scan blocks */
+            thr = tsr_ivfpq_scanner_scan_flist(sc, l->fl, q->nprobe >= 2, base, thr, sink_fn,
+                                               &k);
+        else
+            thr = tsr_ivfpq_scanner_scan_filtered(sc, l->codes, l->n, l->term, NULL, base, thr,
+                                                  sink_fn, &k);
         res->codes_scanned += (int64_t)l->n;
     }
     res->passed += k.passed;

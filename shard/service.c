@@ -599,6 +599,18 @@ static void view_counts(const tsr__version *v, const tsr__delta *d, int64_t *vec
     }
 }
 
+/* Stats' memory fields of v with its delta d (nvec dense datapoints). */
+static void memory_fields(const tsr__version *v, const tsr__delta *d, int64_t nvec,
+                          Tessera__V1__ShardStatsResponse *resp)
+{
+    uint64_t anon, mapped;
+    tsr__version_memory_split(v, d, &anon, &mapped);
+    resp->anonymous_bytes = (int64_t)anon;
+    resp->mapped_bytes = (int64_t)mapped;
+    resp->anonymous_bytes_per_vector = nvec > 0 ? (double)anon / (double)nvec : 0.0;
+    resp->mapped_bytes_per_vector = nvec > 0 ? (double)mapped / (double)nvec : 0.0;
+}
+
 /* Stats' lists and list_sizes of v with its delta d: the non-empty lists. */
 static int stats_lists(const tsr__version *v, const tsr__delta *d,
                        Tessera__V1__ShardStatsResponse *resp, int32_t **lists, int64_t **sizes)
@@ -701,6 +713,7 @@ static int h_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *rep
     resp.wal_bytes = atomic_load(&s->wal_bytes);
     if (c) {
         view_counts(c, cd, &resp.vectors_count, &resp.sparse_vectors_count);
+        memory_fields(c, cd, resp.vectors_count, &resp);
         resp.stream_seq = tsr__applied_seq(c, cd);
         resp.delta_upserts = cd ? (int64_t)cd->nrecs : 0;
         resp.delta_deletes = cd ? (int64_t)cd->ndeletes : 0;
@@ -781,7 +794,8 @@ tsr_rpc_handler_fn tsr_shard_service_handler(const char *method,
 
 /* The /metrics collector (docs/operations.md): the served version's number, dense
  * datapoints and non-empty lists — the same numbers as Stats' current_version,
- * vectors_count and lists, the delta included — and the streaming gauges (docs/shard.md),
+ * vectors_count and lists, the delta included — the streaming gauges and the memory
+ * gauges (Stats' anonymous / mapped bytes, total and per vector; docs/shard.md),
  * read at each scrape on the metrics thread (a version reference only, as a Search
  * takes). */
 static void collect(void *ud)
@@ -806,6 +820,13 @@ static void collect(void *ud)
                           d ? (double)(d->nrecs + d->ndeletes) : 0.0);
     tsr_metrics_gauge_set("tessera_shard_wal_bytes", NULL, (double)atomic_load(&s->wal_bytes));
     tsr_metrics_gauge_set("tessera_shard_stream_seq", NULL, (double)tsr__applied_seq(v, d));
+    memory_fields(v, d, vec, &st);
+    tsr_metrics_gauge_set("tessera_shard_anonymous_bytes", NULL, (double)st.anonymous_bytes);
+    tsr_metrics_gauge_set("tessera_shard_mapped_bytes", NULL, (double)st.mapped_bytes);
+    tsr_metrics_gauge_set("tessera_shard_anonymous_bytes_per_vector", NULL,
+                          st.anonymous_bytes_per_vector);
+    tsr_metrics_gauge_set("tessera_shard_mapped_bytes_per_vector", NULL,
+                          st.mapped_bytes_per_vector);
     tsr__delta_unref(d);
     tsr__version_unref(v);
 }

@@ -62,16 +62,34 @@ typedef struct tsr__tmpl {
 #define TSR__ENC_MAX_DSUB 256   /* tsr__encode's fast path: dsub and ksub at most these */
 #define TSR__ENC_MAX_KSUB 4096
 
+/* One copy of the codes (docs/shard.md "Memory"): a base list keeps its codes and terms
+ * only as fl, the scan blocks (transposed by 64 for the quantized prefilter; codes back in
+ * Faiss order with tsr_ivfpq_flist_codes for slice.faiss and list rebuilds); codes and
+ * term are then NULL. A list keeps codes + term instead (fl NULL) where no blocks can be
+ * built (codes of other than 8 bits, M > 256), in a delta (appended a few at a time), and
+ * with TSR_SHARD_CODES=faiss (the former layout, for comparisons). */
 typedef struct tsr__list {
     atomic_int refs;
     size_t n;
-    uint8_t *codes;  /* owned: n * code_size */
+    uint8_t *codes;  /* owned: n * code_size, or NULL when fl */
     int64_t *ids;    /* owned: n labels */
-    float *term;     /* owned: n ADC terms (L2 by_residual), else NULL */
-    tsr_ivfpq_flist *fl; /* owned: the codes and terms again, transposed for the quantized
-                            prefilter (built with the list, immutable); NULL where no
-                            prefilter kernel runs (tsr_ivfpq_flist_build) */
+    float *term;     /* owned: n ADC terms (L2 by_residual), else NULL; NULL when fl */
+    tsr_ivfpq_flist *fl; /* owned: codes and terms as scan blocks (immutable), or NULL */
 } tsr__list;
+
+/* A read-only, shared mapping of a version's vectors.f32 (mmap PROT_READ, MAP_SHARED:
+ * pages come from the page cache, which the kernel may evict and read again). Every record
+ * whose raw vector points into it holds a ref, so the mapping lives as long as any version
+ * holds one of those records, also after its directory is removed (an unlinked file stays
+ * valid while mapped). */
+typedef struct tsr__vmap {
+    atomic_int refs;
+    void *base;
+    size_t len;
+} tsr__vmap;
+tsr__vmap *tsr__vmap_ref(tsr__vmap *m);
+void tsr__vmap_unref(tsr__vmap *m);   /* accepts NULL; munmaps at the last ref */
+uint64_t tsr__vmap_bytes(void);       /* bytes mapped by live tsr__vmap of the process */
 
 typedef struct tsr__rec {
     atomic_int refs;
@@ -80,7 +98,12 @@ typedef struct tsr__rec {
     uint32_t tag;    /* crowding tag id while the record is in a delta (tsr__delta), in
                         the id space of its version's filter dict (see tsr__delta);
                         set once before the delta is published; unused in a base */
-    tsr_datapoint dp; /* owned; dp.dense is the raw vector (d floats) or NULL */
+    tsr_datapoint dp; /* owned; dp.dense is the raw vector (d floats) or NULL: on the heap
+                         (owned), or in vmap's pages (read-only, not owned) */
+    tsr__vmap *vmap; /* ref, or NULL when dp.dense is on the heap: records loaded from a
+                        version directory point into its mapped vectors.f32 (unless
+                        TSR_SHARD_VECTORS=heap); records made by Stage or Write keep their
+                        heap copy */
 } tsr__rec;
 
 /* The streamed writes held by one version (docs/streaming.md "On the shard"): an
@@ -155,6 +178,11 @@ tsr__version *tsr__version_empty(tsr_error *err);
 tsr__rec *tsr__version_find(const tsr__version *v, int64_t label);
 /* Bytes of index data held (codes, labels, vectors, metadata estimate). */
 uint64_t tsr__version_memory(const tsr__version *v);
+/* The same split: *anon = on the heap (codes, labels, terms, records, heap vectors, row
+ * tables, metadata estimate), *mapped = raw vectors in mapped vectors.f32 pages; d (v's
+ * delta or NULL) adds its lists and records. */
+void tsr__version_memory_split(const tsr__version *v, const tsr__delta *d, uint64_t *anon,
+                               uint64_t *mapped);
 
 /* ---- delta snapshots (slice.c: refcount; delta.c: building) ---- */
 tsr__delta *tsr__delta_ref(tsr__delta *d);   /* accepts NULL */
@@ -235,6 +263,13 @@ int tsr__version_build(const tsr__version *base, tsr__tmpl *tmpl, const tsr__edi
 
 /* Writes slice.faiss, meta, vectors.f32 of v into dir (existing, empty). */
 int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err);
+/* After v's files are durable in dir and before v is published (no reader yet): the
+ * records of v whose raw vector is on the heap (made by Stage or Write) are replaced in v
+ * by copies pointing into a mapping of dir/vectors.f32 (after checking the bytes match),
+ * so a built or folded version reads its vectors through the page cache like a loaded
+ * one; the heap copies go with the last older version or delta that holds them. A failure
+ * leaves the rest on the heap (logged). Nothing with TSR_SHARD_VECTORS=heap. */
+void tsr__version_map_vectors(tsr__version *v, const char *dir);
 /* Loads a version from dir (files already checked against the MANIFEST). */
 int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_error *err);
 

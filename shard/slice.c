@@ -17,16 +17,20 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "index/faiss_io.h"
 #include "index/ivfpq_search.h"
 #include "core/buf.h"
 #include "core/file.h"
+#include "core/log.h"
 #include "core/mem.h"
 #include "shard.h"
 #include "query/sparse.h"
@@ -105,9 +109,18 @@ void tsr__list_unref(tsr__list *l)
     free(l);
 }
 
-/* The per-code ADC terms and the prefilter blocks of a list just filled (see tsr__list):
- * built once, when the list version is made (a version load or a delta), and shared by
- * every version that keeps the list. */
+/* 1 when lists keep their codes in Faiss order (TSR_SHARD_CODES=faiss: the layout before
+ * the scan blocks became the only copy; for comparisons), read at each list build. */
+static int codes_faiss_order(void)
+{
+    const char *e = getenv("TSR_SHARD_CODES");
+    return e != NULL && strcmp(e, "faiss") == 0;
+}
+
+/* The per-code ADC terms and the scan blocks of a list just filled (see tsr__list): built
+ * once, when the list version is made (a version load or a build), and shared by every
+ * version that keeps the list. The blocks replace codes and term (freed) when they can be
+ * built. */
 static int list_terms(const tsr__tmpl *t, size_t list, tsr__list *l, tsr_error *err)
 {
     if (l->n == 0)
@@ -121,7 +134,24 @@ static int list_terms(const tsr__tmpl *t, size_t list, tsr__list *l, tsr_error *
         if (rc != 0)
             return rc;
     }
-    return tsr_ivfpq_flist_build(t->ix, l->codes, l->n, l->term, &l->fl, err);
+    if (codes_faiss_order())
+        return 0;
+    int rc = tsr_ivfpq_flist_build(t->ix, l->codes, l->n, l->term, &l->fl, err);
+    if (rc == 0 && l->fl != NULL) {
+        free(l->codes);
+        free(l->term);
+        l->codes = NULL, l->term = NULL;
+    }
+    return rc;
+}
+
+/* Code j of list l (code_size cs) into out, from whichever copy l holds. */
+static void list_code(const tsr__list *l, size_t j, size_t cs, uint8_t *out)
+{
+    if (l->fl != NULL)
+        tsr_ivfpq_flist_codes(l->fl, j, 1, out, NULL);
+    else
+        memcpy(out, l->codes + j * cs, cs);
 }
 
 tsr__rec *tsr__rec_ref(tsr__rec *r)
@@ -135,8 +165,71 @@ void tsr__rec_unref(tsr__rec *r)
 {
     if (r == NULL || atomic_fetch_sub(&r->refs, 1) != 1)
         return;
+    if (r->vmap != NULL) { /* the vector is the mapping's, not the record's */
+        r->dp.dense = NULL;
+        tsr__vmap_unref(r->vmap);
+    }
     tsr_datapoint_close(&r->dp);
     free(r);
+}
+
+static atomic_ullong vmap_live; /* bytes of live mappings (tsr__vmap_bytes) */
+
+tsr__vmap *tsr__vmap_ref(tsr__vmap *m)
+{
+    if (m)
+        atomic_fetch_add(&m->refs, 1);
+    return m;
+}
+
+void tsr__vmap_unref(tsr__vmap *m)
+{
+    if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1)
+        return;
+    munmap(m->base, m->len);
+    atomic_fetch_sub(&vmap_live, (unsigned long long)m->len);
+    free(m);
+}
+
+uint64_t tsr__vmap_bytes(void)
+{
+    return atomic_load(&vmap_live);
+}
+
+/* Maps the file at path (exactly len > 0 bytes, checked by the caller) read-only. */
+static tsr__vmap *vmap_open(const char *path, size_t len, tsr_error *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        tsr_err(err, TSR_EIO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd); /* the mapping keeps the file */
+    if (p == MAP_FAILED) {
+        tsr_err(err, e == ENOMEM ? TSR_ENOMEM : TSR_EIO, "%s: mmap of %zu bytes: %s", path,
+                len, strerror(e));
+        return NULL;
+    }
+    tsr__vmap *m = calloc(1, sizeof *m);
+    if (m == NULL) {
+        munmap(p, len);
+        tsr_err(err, TSR_ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    atomic_init(&m->refs, 1);
+    m->base = p, m->len = len;
+    atomic_fetch_add(&vmap_live, (unsigned long long)len);
+    return m;
+}
+
+/* 1 when raw vectors are copied to the heap at load (TSR_SHARD_VECTORS=heap: the former
+ * way, for comparisons), read at each load. */
+static int vectors_on_heap(void)
+{
+    const char *e = getenv("TSR_SHARD_VECTORS");
+    return e != NULL && strcmp(e, "heap") == 0;
 }
 
 tsr__delta *tsr__delta_ref(tsr__delta *d)
@@ -207,22 +300,56 @@ tsr__rec *tsr__version_find(const tsr__version *v, int64_t label)
     return NULL;
 }
 
+/* Bytes a heap allocation costs beyond its size (glibc: an 8-byte header, 16-byte
+ * rounding): counted for the two allocations of every record (the record, its string id). */
+#define TSR__MALLOC_OVERHEAD 16
+
+/* Heap bytes of one list. */
+static uint64_t list_bytes(const tsr__list *l, size_t cs)
+{
+    return l->n * ((l->codes ? cs : 0) + sizeof(int64_t) + (l->term ? sizeof(float) : 0)) +
+           tsr_ivfpq_flist_bytes(l->fl) + sizeof *l;
+}
+
+/* Heap (*anon) and mapped (*mapped) bytes of recs[0..n) (metadata estimated). */
+static void recs_bytes(tsr__rec *const *recs, size_t n, uint64_t *anon, uint64_t *mapped)
+{
+    for (size_t i = 0; i < n; i++) {
+        const tsr_datapoint *dp = &recs[i]->dp;
+        uint64_t vec = dp->dense ? dp->ndense * sizeof(float) : 0;
+        *anon += sizeof(tsr__rec) + strlen(dp->id) + 1 + 2 * TSR__MALLOC_OVERHEAD +
+                 (recs[i]->vmap ? 0 : vec) +
+                 dp->nsparse * (sizeof(int64_t) + sizeof(float)) + dp->nrestricts * 32 +
+                 dp->nnumeric * 32 + dp->nmetadata +
+                 (dp->crowding_tag ? strlen(dp->crowding_tag) + 1 : 0);
+        *mapped += recs[i]->vmap ? vec : 0;
+    }
+}
+
+void tsr__version_memory_split(const tsr__version *v, const tsr__delta *d, uint64_t *anon,
+                               uint64_t *mapped)
+{
+    size_t cs = v->tmpl ? v->tmpl->ix->code_size : 0;
+    *anon = *mapped = 0;
+    for (size_t i = 0; i < v->nlist; i++) {
+        if (v->lists[i])
+            *anon += list_bytes(v->lists[i], cs);
+        if (d && d->lists && d->lists[i])
+            *anon += list_bytes(d->lists[i], cs);
+    }
+    /* the pointer arrays (recs, row_rec), the row starts and the filter rows */
+    *anon += v->nrecs * 2 * sizeof(tsr__rec *) + (v->nlist + 1) * sizeof(size_t) +
+             tsr_filter_meta_bytes(v->meta);
+    recs_bytes(v->recs, v->nrecs, anon, mapped);
+    if (d)
+        recs_bytes(d->recs, d->nrecs, anon, mapped);
+}
+
 uint64_t tsr__version_memory(const tsr__version *v)
 {
-    uint64_t b = 0;
-    size_t cs = v->tmpl ? v->tmpl->ix->code_size : 0;
-    for (size_t i = 0; i < v->nlist; i++)
-        if (v->lists[i])
-            b += v->lists[i]->n * (cs + sizeof(int64_t) +
-                                   (v->lists[i]->term ? sizeof(float) : 0)) +
-                 tsr_ivfpq_flist_bytes(v->lists[i]->fl);
-    for (size_t i = 0; i < v->nrecs; i++) {
-        const tsr_datapoint *dp = &v->recs[i]->dp;
-        b += sizeof(tsr__rec) + strlen(dp->id) + dp->ndense * sizeof(float) +
-             dp->nsparse * (sizeof(int64_t) + sizeof(float)) + dp->nrestricts * 32 +
-             dp->nnumeric * 32 + dp->nmetadata;
-    }
-    return b;
+    uint64_t a, m;
+    tsr__version_memory_split(v, NULL, &a, &m);
+    return a + m;
 }
 
 /* Fills counts, rows and the filter metadata of v from its lists and recs; dict is the
@@ -431,7 +558,7 @@ static int build_list(const tsr__version *base, const tsr__edits *e, tsr__versio
         if (find_up(e, lab) || in_sorted(e->dels, e->ndels, lab))
             continue;
         if (same_tmpl) {
-            memcpy(l->codes + l->n * cs, bl->codes + j * cs, cs);
+            list_code(bl, j, cs, l->codes + l->n * cs);
         } else {
             tsr__rec *r = tsr__version_find(base, lab);
             if (r == NULL || r->dp.dense == NULL)
@@ -825,15 +952,26 @@ static int read_all(const char *path, size_t max, uint8_t **out, size_t *n, tsr_
     return rc;
 }
 
-/* Reads vectors.f32 of v (lists loaded), at most its exact size: d floats per list entry. */
+/* vectors.f32 of v (lists loaded), at most its exact size (d floats per list entry):
+ * mapped (*vm a new mapping, *out its bytes) unless it is empty or TSR_SHARD_VECTORS=heap,
+ * else read whole (*vm NULL, *out owned). */
 static int read_vectors(const char *path, const tsr__version *v, size_t d, uint8_t **out,
-                        size_t *n, tsr_error *err)
+                        size_t *n, tsr__vmap **vm, tsr_error *err)
 {
     size_t nvec = 0, max;
+    struct stat st;
+    *vm = NULL;
     for (size_t i = 0; i < v->nlist; i++)
         nvec += v->lists[i] ? v->lists[i]->n : 0;
     if (tsr_mul_ok(nvec, d * sizeof(float), &max) != 0)
         max = SIZE_MAX;
+    if (!vectors_on_heap() && stat(path, &st) == 0 && st.st_size > 0 &&
+        (uint64_t)st.st_size <= max) {
+        if ((*vm = vmap_open(path, (size_t)st.st_size, err)) == NULL)
+            return err ? err->code : TSR_EIO;
+        *out = (*vm)->base, *n = (*vm)->len;
+        return 0;
+    }
     int rc = read_all(path, max, out, n, err);
     if (rc == TSR_ELIMIT) /* more vectors than slice.faiss has entries: a bad version */
         rc = err ? (err->code = TSR_EFORMAT) : TSR_EFORMAT;
@@ -845,7 +983,7 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
     char path[4096];
     int rc = 0;
     tsr_buf meta = TSR_BUF_INIT, vec = TSR_BUF_INIT;
-    uint8_t *fb = NULL;
+    uint8_t *fb = NULL, *tmp = NULL;
     size_t fn = 0;
     tsr_invlist *lists = NULL;
     const tsr_ivfpq *tix = v->tmpl->ix;
@@ -858,14 +996,34 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
     view.lists = lists;
     view.ntotal = 0;
     view.search_cache = NULL;
+    /* Lists held as scan blocks get their codes back in Faiss order for the file (one
+     * buffer for all of them, freed once the file is made). */
+    size_t nfl = 0, cs = tix->code_size, at = 0;
+    for (size_t i = 0; i < v->nlist; i++)
+        if (v->lists[i] && v->lists[i]->fl)
+            nfl += v->lists[i]->n;
+    if (nfl > 0 && (tmp = tsr_try_malloc(nfl, cs)) == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "out of memory for %zu codes to write %s/slice.faiss",
+                     nfl, dir);
+        goto out;
+    }
     for (size_t i = 0; i < v->nlist; i++)
         if (v->lists[i]) {
-            lists[i].size = lists[i].cap = v->lists[i]->n;
-            lists[i].codes = v->lists[i]->codes;
-            lists[i].ids = v->lists[i]->ids;
-            view.ntotal += (int64_t)v->lists[i]->n;
+            const tsr__list *l = v->lists[i];
+            lists[i].size = lists[i].cap = l->n;
+            lists[i].codes = l->codes;
+            if (l->fl) {
+                tsr_ivfpq_flist_codes(l->fl, 0, l->n, tmp + at * cs, NULL);
+                lists[i].codes = tmp + at * cs;
+                at += l->n;
+            }
+            lists[i].ids = l->ids;
+            view.ntotal += (int64_t)l->n;
         }
-    if ((rc = tsr_faiss_write_mem(&view, &fb, &fn, err)) != 0)
+    rc = tsr_faiss_write_mem(&view, &fb, &fn, err);
+    free(tmp);
+    tmp = NULL;
+    if (rc != 0)
         goto out;
     snprintf(path, sizeof path, "%s/slice.faiss", dir);
     if ((rc = tsr_file_write_sync(path, fb, fn, err)) != 0)
@@ -936,10 +1094,86 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
     }
 out:
     free(lists);
+    free(tmp);
     free(fb);
     free(meta.p);
     free(vec.p);
     return rc;
+}
+
+/* A copy of record r (one ref) whose raw vector is vec (d floats in mapping vm), or NULL
+ * when out of memory: the datapoint goes through its stored form (as a load does). */
+static tsr__rec *rec_mapped_copy(const tsr__rec *r, const float *vec, size_t d, tsr__vmap *vm)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    Tessera__V1__IndexDatapoint *p = tsr__dp_to_proto(&r->dp);
+    tsr__rec *nr = p ? calloc(1, sizeof *nr) : NULL;
+    if (nr == NULL) {
+        tsr__dp_proto_free(p);
+        return NULL;
+    }
+    p->n_feature_vector = 0;
+    p->feature_vector = NULL;
+    int rc = tsr__dp_from_proto(p, 0, &nr->dp, &err);
+    tsr__dp_proto_free(p);
+    if (rc != 0) {
+        tsr_datapoint_close(&nr->dp);
+        free(nr);
+        return NULL;
+    }
+    atomic_init(&nr->refs, 1);
+    nr->label = r->label, nr->list = r->list, nr->tag = r->tag;
+    nr->dp.dense = (float *)vec;
+    nr->dp.ndense = d;
+    nr->vmap = tsr__vmap_ref(vm);
+    return nr;
+}
+
+void tsr__version_map_vectors(tsr__version *v, const char *dir)
+{
+    char path[4096];
+    struct stat st;
+    if (vectors_on_heap() || v->tmpl == NULL)
+        return;
+    size_t d = (size_t)v->tmpl->ix->d, n = 0, heap = 0, off = 0, done = 0;
+    for (size_t i = 0; i < v->nrecs; i++)
+        if (v->recs[i]->list >= 0) {
+            n++;
+            heap += v->recs[i]->vmap == NULL;
+        }
+    snprintf(path, sizeof path, "%s/vectors.f32", dir);
+    if (heap == 0 || stat(path, &st) != 0 || (uint64_t)st.st_size != (uint64_t)n * d * 4)
+        return;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr__vmap *vm = vmap_open(path, (size_t)st.st_size, &err);
+    if (vm == NULL) {
+        tsr_warn("version %lld: raw vectors stay on the heap: %s", (long long)v->version,
+                 err.msg);
+        return;
+    }
+    for (size_t i = 0; i < v->nrecs; i++) { /* vectors.f32 is in record order */
+        tsr__rec *r = v->recs[i];
+        if (r->list < 0)
+            continue;
+        const float *vec = (const float *)(const void *)((const uint8_t *)vm->base + off);
+        off += d * sizeof(float);
+        if (r->vmap != NULL)
+            continue;
+        tsr__rec *nr = NULL;
+        if (r->dp.dense == NULL || memcmp(vec, r->dp.dense, d * sizeof(float)) != 0 ||
+            (nr = rec_mapped_copy(r, vec, d, vm)) == NULL)
+            break; /* not what was written, or out of memory: the rest stays on the heap */
+        v->recs[i] = nr;
+        tsr__rec_unref(r);
+        done++;
+    }
+    for (size_t li = 0; done > 0 && li < v->nlist; li++) /* list rows: the new records */
+        for (size_t j = 0; v->lists[li] && j < v->lists[li]->n; j++)
+            v->row_rec[v->row0[li] + j] = tsr__version_find(v, v->lists[li]->ids[j]);
+    tsr__vmap_unref(vm);
+    if (done < heap)
+        tsr_warn("version %lld: %zu of %zu raw vectors stay on the heap", (long long)v->version,
+                 heap - done, heap);
 }
 
 static int rec_cmp(const void *a, const void *b)
@@ -1049,7 +1283,7 @@ static int load_meta_header(meta_rd *m, int64_t version, size_t d, tsr__version 
 /* Record i from the meta cursor into v->recs (with its raw vector from vectors.f32 at
  * *voff when it is in a list). */
 static int load_record(meta_rd *m, uint64_t i, size_t d, const uint8_t *vb, size_t vn,
-                       size_t *voff, tsr__version *v, tsr_error *err)
+                       tsr__vmap *vm, size_t *voff, tsr__version *v, tsr_error *err)
 {
     int rc;
     const char *dir = m->dir;
@@ -1085,10 +1319,15 @@ static int load_record(meta_rd *m, uint64_t i, size_t d, const uint8_t *vb, size
         if (vn - *voff < d * sizeof(float))
             return tsr_err(err, TSR_EFORMAT, "%s/vectors.f32: truncated at record %llu", dir,
                            (unsigned long long)i);
-        r->dp.dense = tsr_try_malloc(d, sizeof(float));
-        if (r->dp.dense == NULL)
-            return tsr_err(err, TSR_ENOMEM, "%s: out of memory", dir);
-        memcpy(r->dp.dense, vb + *voff, d * sizeof(float));
+        if (vm != NULL) { /* 4-byte aligned: the mapping is page-aligned, *voff % 4 == 0 */
+            r->dp.dense = (float *)(void *)(vb + *voff);
+            r->vmap = tsr__vmap_ref(vm);
+        } else {
+            r->dp.dense = tsr_try_malloc(d, sizeof(float));
+            if (r->dp.dense == NULL)
+                return tsr_err(err, TSR_ENOMEM, "%s: out of memory", dir);
+            memcpy(r->dp.dense, vb + *voff, d * sizeof(float));
+        }
         r->dp.ndense = d;
         *voff += d * sizeof(float);
     }
@@ -1125,6 +1364,7 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
     char path[4096];
     int rc;
     uint8_t *mb = NULL, *vb = NULL;
+    tsr__vmap *vm = NULL; /* vb is vm's when mapped (each record with a vector holds a ref) */
     size_t mn = 0, vn = 0, d = 0;
     tsr__version *v = calloc(1, sizeof *v);
     if (v == NULL)
@@ -1138,7 +1378,7 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
     if ((rc = read_all(path, SLICE_META_MAX, &mb, &mn, err)) != 0)
         goto fail;
     snprintf(path, sizeof path, "%s/vectors.f32", dir);
-    if ((rc = read_vectors(path, v, d, &vb, &vn, err)) != 0)
+    if ((rc = read_vectors(path, v, d, &vb, &vn, &vm, err)) != 0)
         goto fail;
     meta_rd m = {dir, mb, mn, 0};
     uint64_t nrecs = 0;
@@ -1151,7 +1391,7 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
     }
     size_t voff = 0;
     for (uint64_t i = 0; i < nrecs; i++)
-        if ((rc = load_record(&m, i, d, vb, vn, &voff, v, err)) != 0)
+        if ((rc = load_record(&m, i, d, vb, vn, vm, &voff, v, err)) != 0)
             goto fail;
     if (voff != vn || m.off != mn) {
         rc = tsr_err(err, TSR_EFORMAT, "%s: trailing bytes in meta (%zu/%zu) or vectors.f32 "
@@ -1173,12 +1413,21 @@ int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_
     if ((rc = load_stream_seq(dir, v, err)) != 0)
         goto fail;
     free(mb);
-    free(vb);
+    if (vm == NULL)
+        free(vb);
+    tsr__vmap_unref(vm);
+#ifdef __GLIBC__
+    /* The Faiss-order codes freed list by list as the scan blocks were built, and the
+     * parse buffers, leave free heap pages between live ones: give them back. */
+    malloc_trim(0);
+#endif
     *out = v;
     return 0;
 fail:
     free(mb);
-    free(vb);
+    if (vm == NULL)
+        free(vb);
+    tsr__vmap_unref(vm);
     tsr__version_unref(v);
     return rc;
 }

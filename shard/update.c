@@ -657,6 +657,8 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
         }
     }
     v->disk_bytes = total;
+    if (total > 0) /* vd is the version's directory */
+        tsr__version_map_vectors(v, vd);
     /* Publish as PREPARED with no Write in flight (write_mu): from here Writes are
      * refused, and one applied during the build would be missing from it. */
     tsr__stream_pause(s);

@@ -1260,7 +1260,7 @@ float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t 
 /* ---- the prefilter of a list held by the caller ------------------------------------- */
 
 struct tsr_ivfpq_flist {
-    size_t n, bsz, bytes;
+    size_t n, M, bsz, bytes;
     int has_term;
     float tmax;      /* max |term| of the list (rounding margin; inf if any NaN) */
     uint8_t *blocks; /* transposed by blocks of TSR__FBLOCK, 64-aligned, zero-padded */
@@ -1271,13 +1271,14 @@ int tsr_ivfpq_flist_build(const tsr_ivfpq *ix, const uint8_t *codes, size_t n,
 {
     const tsr_pq *pq = &ix->pq;
     *out = NULL;
-    if (n == 0 || pq->nbits != 8 || pq->M > 256 || filter_kernel(TSR_SIMD_AUTO) == NULL)
+    if (n == 0 || pq->nbits != 8 || pq->M > 256)
         return 0;
     tsr_ivfpq_flist *f = calloc(1, sizeof *f);
     size_t nb = (n + TSR__FBLOCK - 1) / TSR__FBLOCK;
     if (f == NULL)
         goto oom;
     f->n = n;
+    f->M = pq->M;
     f->has_term = term != NULL;
     f->bsz = fblock_size(pq->M, f->has_term);
     if (tsr_mul_ok(nb, f->bsz, &f->bytes) != 0 ||
@@ -1310,25 +1311,96 @@ size_t tsr_ivfpq_flist_bytes(const tsr_ivfpq_flist *f)
     return f ? f->bytes + sizeof *f : 0;
 }
 
+/* The prefilter of scanner s for list fl at base into *f: 1, or 0 when it cannot run
+ * (no filter kernel, a table that does not quantize, an infinite margin). The table is
+ * quantized once per query, on the first filtered list. */
+static int scanner_filt(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl, float base, filt *f)
+{
+    const tsr_pq *pq = &s->ix->pq;
+    if (s->filter == NULL)
+        return 0;
+    if (s->tq_state == 0)
+        s->tq_state =
+            quantize_for(s->filter, s->T, pq->M, s->Tq, &s->qmin, &s->delta, &s->tabs) ? 1
+                                                                                        : -1;
+    /* The rounding margin as in search_one, with the list's own max |term|. */
+    float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
+    if (s->tq_state != 1 || !(margin < INFINITY))
+        return 0;
+    *f = (filt){s->filter, s->Tq, fl->blocks, fl->bsz, s->qmin, s->delta, margin, NULL};
+    return 1;
+}
+
+size_t tsr_ivfpq_flist_size(const tsr_ivfpq_flist *f)
+{
+    return f ? f->n : 0;
+}
+
+/* Code i of f (Faiss order, f->M bytes) into out. */
+static void flist_code(const tsr_ivfpq_flist *f, size_t i, uint8_t *out)
+{
+    const uint8_t *c = f->blocks + i / TSR__FBLOCK * f->bsz + i % TSR__FBLOCK;
+    for (size_t m = 0; m < f->M; m++)
+        out[m] = c[m * TSR__FBLOCK];
+}
+
+void tsr_ivfpq_flist_codes(const tsr_ivfpq_flist *f, size_t i0, size_t n, uint8_t *codes,
+                           float *term)
+{
+    for (size_t i = i0; i < i0 + n; i++) {
+        const uint8_t *bp = f->blocks + i / TSR__FBLOCK * f->bsz;
+        if (codes != NULL)
+            flist_code(f, i, codes + (i - i0) * f->M);
+        if (term != NULL && f->has_term)
+            memcpy(term + (i - i0), bp + f->M * TSR__FBLOCK + i % TSR__FBLOCK * sizeof(float),
+                   sizeof(float));
+    }
+}
+
+float tsr_ivfpq_scanner_scan_flist(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl,
+                                   int prefilter, float base, float thr, tsr_ivfpq_sink_fn sink,
+                                   void *ctx)
+{
+    const tsr_pq *pq = &s->ix->pq;
+    if (fl == NULL || fl->n == 0)
+        return thr;
+    filt f;
+    if (prefilter && scanner_filt(s, fl, base, &f))
+        /* codes are not read on the filtered path; term only says "has terms" */
+        return scan_list(pq, s->scan8, s->T, s->dis, NULL, fl->n,
+                         fl->has_term ? (const float *)(const void *)fl->blocks : NULL, base,
+                         &f, thr, sink, ctx);
+    /* The plain scan, block by block: each block's codes back in Faiss order (a 64 x M
+     * copy, ~1/4 of the kernel's own work) through the same kernel with the same terms,
+     * so every score has the bits tsr_ivfpq_scanner_scan gives on the Faiss-order list. */
+    uint8_t cb[TSR__FBLOCK * 256];
+    for (size_t b = 0; b < fl->n; b += TSR__FBLOCK) {
+        size_t nb = fl->n - b < TSR__FBLOCK ? fl->n - b : TSR__FBLOCK;
+        const uint8_t *blk = fl->blocks + b / TSR__FBLOCK * fl->bsz;
+        for (size_t m = 0; m < pq->M; m++) {
+            const uint8_t *row = blk + m * TSR__FBLOCK;
+            for (size_t i = 0; i < nb; i++)
+                cb[i * pq->M + m] = row[i];
+        }
+        const float *tb =
+            fl->has_term ? (const float *)(const void *)(blk + pq->M * TSR__FBLOCK) : NULL;
+        s->scan8(s->T, pq->M, cb, nb, tb, base, s->dis);
+        for (size_t i = 0; i < nb; i++)
+            if (s->dis[i] <= thr)
+                thr = sink(ctx, b + i, s->dis[i]);
+    }
+    return thr;
+}
+
 float tsr_ivfpq_scanner_scan_filtered(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t n,
                                       const float *term, const tsr_ivfpq_flist *fl,
                                       float base, float thr, tsr_ivfpq_sink_fn sink,
                                       void *ctx)
 {
     const tsr_pq *pq = &s->ix->pq;
-    if (fl != NULL && s->filter != NULL && fl->n == n && fl->has_term == (term != NULL)) {
-        if (s->tq_state == 0) /* quantized once per query, on the first filtered list */
-            s->tq_state =
-                quantize_for(s->filter, s->T, pq->M, s->Tq, &s->qmin, &s->delta, &s->tabs)
-                    ? 1
-                    : -1;
-        /* The rounding margin as in search_one, with the list's own max |term|. */
-        float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
-        if (s->tq_state == 1 && margin < INFINITY) {
-            filt f = {s->filter, s->Tq, fl->blocks, fl->bsz, s->qmin, s->delta, margin, NULL};
-            return scan_list(pq, s->scan8, s->T, s->dis, codes, n, term, base, &f, thr, sink,
-                             ctx);
-        }
-    }
+    filt f;
+    if (fl != NULL && fl->n == n && fl->has_term == (term != NULL) &&
+        scanner_filt(s, fl, base, &f))
+        return scan_list(pq, s->scan8, s->T, s->dis, codes, n, term, base, &f, thr, sink, ctx);
     return scan_list(pq, s->scan8, s->T, s->dis, codes, n, term, base, NULL, thr, sink, ctx);
 }

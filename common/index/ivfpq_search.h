@@ -133,13 +133,33 @@ typedef struct tsr_ivfpq_flist tsr_ivfpq_flist;
 
 /* Builds the prefilter data of one list of n codes (n * code_size bytes) and their terms
  * (NULL when tsr_ivfpq_has_terms is 0), all copied: M * 64 + 256 bytes per block of 64
- * codes. *out is set to NULL (and 0 returned) when no prefilter kernel runs for ix in this
- * process (8-bit codes, M <= 256, and AVX-512 VBMI, AVX2 or TSR_SEARCH_FILTER=scalar; not
- * with TSR_SEARCH_FILTER=0 or TSR_SIMD=scalar) or n == 0. Returns 0 or TSR_ENOMEM. */
+ * codes. It holds everything a scan reads, so a caller may keep it as the list's only copy
+ * of the codes and terms (tsr_ivfpq_scanner_scan_flist, tsr_ivfpq_flist_codes). *out is set
+ * to NULL (and 0 returned) for codes of other than 8 bits, M > 256 or n == 0; it is built
+ * whichever kernel runs (the prefilter itself needs AVX-512 VBMI, AVX2 or
+ * TSR_SEARCH_FILTER=scalar, and is off with TSR_SEARCH_FILTER=0 or TSR_SIMD=scalar).
+ * Returns 0 or TSR_ENOMEM. */
 int tsr_ivfpq_flist_build(const tsr_ivfpq *ix, const uint8_t *codes, size_t n,
                           const float *term, tsr_ivfpq_flist **out, tsr_error *err);
 void tsr_ivfpq_flist_free(tsr_ivfpq_flist *f); /* accepts NULL */
 size_t tsr_ivfpq_flist_bytes(const tsr_ivfpq_flist *f); /* heap bytes; 0 for NULL */
+size_t tsr_ivfpq_flist_size(const tsr_ivfpq_flist *f);  /* codes held; 0 for NULL */
+
+/* Codes i0 .. i0+n-1 of f back in Faiss order (n * code_size bytes into codes, unless
+ * NULL) and their terms (n floats into term, unless NULL or f was built without terms):
+ * byte for byte what tsr_ivfpq_flist_build was given. i0 + n <= tsr_ivfpq_flist_size. */
+void tsr_ivfpq_flist_codes(const tsr_ivfpq_flist *f, size_t i0, size_t n, uint8_t *codes,
+                           float *term);
+
+/* As tsr_ivfpq_scanner_scan on the codes and terms fl was built from (sink positions are
+ * positions in the list), reading only fl: with the prefilter when prefilter is nonzero
+ * and the scanner has a filter kernel (pass 0 when one list is probed: see
+ * tsr_ivfpq_scanner_scan_filtered), else the plain kernel on each block put back in Faiss
+ * order. Either way the sink sees the same (i, score) calls, with the same bits, as
+ * tsr_ivfpq_scanner_scan; its threshold must not increase. fl NULL = an empty list. */
+float tsr_ivfpq_scanner_scan_flist(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl,
+                                   int prefilter, float base, float thr, tsr_ivfpq_sink_fn sink,
+                                   void *ctx);
 
 /* As tsr_ivfpq_scanner_scan, with the prefilter when fl (built from exactly these codes
  * and terms) is non-NULL and the scanner has a filter kernel; otherwise the plain scan.

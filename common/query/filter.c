@@ -250,6 +250,16 @@ struct tsr_filter_meta {
 #define KEY_TOK(k) ((uint32_t)(((k) >> 1) & 0x7fffffffu))
 #define KEY_DENY(k) ((uint32_t)((k)&1u))
 
+size_t tsr_filter_meta_bytes(const tsr_filter_meta *m)
+{
+    if (m == NULL)
+        return 0;
+    return sizeof *m + m->cap * (sizeof *m->labels + sizeof *m->crowd) +
+           (m->cap + 1) * (sizeof *m->tok_off + sizeof *m->num_off) +
+           m->toks_cap * sizeof *m->toks + m->nums_cap * sizeof *m->nums +
+           (m->lslot ? (m->lmask + 1) * sizeof *m->lslot : 0);
+}
+
 tsr_filter_meta *tsr_filter_meta_create(tsr_filter_dict *dict)
 {
     tsr_filter_meta *m = calloc(1, sizeof *m);

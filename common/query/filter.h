@@ -64,6 +64,9 @@ typedef struct tsr_filter_meta tsr_filter_meta;
  * modified by tsr_filter_meta_add); NULL on out of memory. */
 tsr_filter_meta *tsr_filter_meta_create(tsr_filter_dict *dict);
 void tsr_filter_meta_destroy(tsr_filter_meta *m); /* accepts NULL */
+/* Heap bytes of m's row arrays, token/numeric arenas and label hash (capacities; not the
+ * dictionary). 0 for NULL. */
+size_t tsr_filter_meta_bytes(const tsr_filter_meta *m);
 
 /* Appends a row for the datapoint dp (borrowed; only its restricts, numeric values and
  * crowding tag are read) with the given label; its row number goes to *row (may be NULL).

@@ -49,6 +49,9 @@ def main():
         assert st.vectors_count == N and st.version == 1 and st.shards_count == 4, st
         assert sum(s.vectors_count for s in st.shards) == N, st
         assert all(s.available and s.version == 1 for s in st.shards), st
+        # the shards' memory passed through: the raw vectors are mapped from vectors.f32
+        assert all(s.anonymous_bytes > s.vectors_count * 16 and
+                   s.mapped_bytes == s.vectors_count * D * 4 for s in st.shards), st
         print("per shard:", [s.vectors_count for s in st.shards], "imbalance %.3f" %
               st.plan_imbalance)
 

@@ -2,7 +2,9 @@
 latency histogram move when RPCs run (and unknown methods share one label), and the
 documented gauges of what it serves (docs/operations.md): tessera_version,
 tessera_vectors, tessera_lists — 0 when empty, then equal to Stats' current_version,
-vectors_count and number of non-empty lists after a version is committed."""
+vectors_count and number of non-empty lists after a version is committed; and the memory
+gauges (tessera_shard_anonymous_bytes, tessera_shard_mapped_bytes and per vector) equal to
+Stats', with the raw vectors mapped after a commit and after a restart."""
 import os
 import re
 import subprocess
@@ -59,6 +61,30 @@ def served_gauges(ch, mport):
     assert 0 < len(st.lists) <= nlist, st.lists
     print("ok: tessera_version %d, tessera_vectors %d, tessera_lists %d" %
           (got["tessera_version"], got["tessera_vectors"], got["tessera_lists"]))
+    # memory (docs/shard.md "Memory"): a prepared version's vectors are mapped from the
+    # vectors.f32 it wrote
+    memory_gauges(S.stub, sp, mport, n, d, mapped=True)
+    return n, d
+
+
+def memory_gauges(stub, sp, mport, n, d, mapped):
+    """Stats' anonymous / mapped bytes (and per vector) and the /metrics gauges agree; the
+    raw vectors (n x d floats) are mapped (after a Prepare or a load from disk), or not."""
+    st = stub.Stats(sp.ShardStatsRequest(), timeout=5)
+    assert st.mapped_bytes == (n * d * 4 if mapped else 0), st
+    # codes as scan blocks + labels + records at least; the vectors too when on the heap
+    assert st.anonymous_bytes > n * (8 + 8 + (0 if mapped else d * 4)), st
+    assert abs(st.anonymous_bytes_per_vector - st.anonymous_bytes / n) < 1e-6, st
+    assert abs(st.mapped_bytes_per_vector - st.mapped_bytes / n) < 1e-6, st
+    text = scrape(mport)
+    for name, want in (("tessera_shard_anonymous_bytes", st.anonymous_bytes),
+                       ("tessera_shard_mapped_bytes", st.mapped_bytes),
+                       ("tessera_shard_anonymous_bytes_per_vector", st.anonymous_bytes_per_vector),
+                       ("tessera_shard_mapped_bytes_per_vector", st.mapped_bytes_per_vector)):
+        assert abs(value(text, name) - want) <= 1e-6 * max(1.0, want), (name, want, text[-2000:])
+    print("ok: memory %s: anonymous %d B (%.1f per vector), mapped %d B (%.1f per vector)" %
+          ("vectors mapped" if mapped else "vectors on the heap", st.anonymous_bytes,
+           st.anonymous_bytes_per_vector, st.mapped_bytes, st.mapped_bytes_per_vector))
 
 
 def main():
@@ -90,7 +116,18 @@ def main():
             for g in ("tessera_version", "tessera_vectors", "tessera_lists"):
                 assert re.search(r"^%s 0$" % g, text, re.M), (g, text[:3000])
             print("ok: Stats counter %d -> %d" % (before, after))
-            served_gauges(ch, mport)
+            n, dim = served_gauges(ch, mport)
+            ch.close()
+            p.terminate()
+            p.wait(timeout=10)
+            # restarted on the same data: the version is loaded, its vectors.f32 mapped
+            p = subprocess.Popen([binp + "/tessera-shard", "--listen", "127.0.0.1:%d" % rpc,
+                                  "--data", d + "/s", "--metrics-listen",
+                                  "127.0.0.1:%d" % mport], stderr=subprocess.DEVNULL)
+            ch = grpc.insecure_channel("127.0.0.1:%d" % rpc)
+            grpc.channel_ready_future(ch).result(timeout=10)
+            sp, spg = H.stubs()[:2]
+            memory_gauges(spg.ShardStub(ch), sp, mport, n, dim, mapped=True)
         finally:
             p.terminate()
             p.wait(timeout=10)

@@ -7,9 +7,10 @@
  * TSR_SIMD=scalar (the plain scalar scan), for queries with token restricts, numeric restricts, crowding and
  * the exact re-rank, at nprobe 1 (no filter) and 2, 5 and 8 of 8 lists.
  *
- * The prefilter data is built with each list (tsr_ivfpq_flist_build reads the knobs), so
- * each setting builds its own version from the same records. The reference is
- * TSR_SEARCH_FILTER=0 (no transposed copy at all: the plain scan).
+ * A list keeps its codes only as the scan blocks (tsr_ivfpq_flist), whichever kernel runs;
+ * the reference is TSR_SHARD_CODES=faiss with TSR_SEARCH_FILTER=0 (Faiss-order codes, the
+ * plain scan, the layout before the blocks became the only copy). Each setting builds its
+ * own version from the same records.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,7 +18,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "index/ivfpq_search_int.h" /* white-box: which filter kernels the CPU runs */
 #include "index/knn.h"
 #include "shard_test_util.h"
 
@@ -203,6 +203,10 @@ static void answers(const fixture *f, const char *filter_env, const char *simd_e
                     int expect_fl, uint8_t **out, size_t *n)
 {
     tsr_error err = TSR_ERROR_INIT;
+    if (expect_fl == 0) /* the Faiss-order layout: codes + terms, no scan blocks */
+        setenv("TSR_SHARD_CODES", "faiss", 1);
+    else
+        unsetenv("TSR_SHARD_CODES");
     if (filter_env)
         setenv("TSR_SEARCH_FILTER", filter_env, 1);
     else
@@ -216,12 +220,15 @@ static void answers(const fixture *f, const char *filter_env, const char *simd_e
     assert_int_equal(tsr__version_build(empty, f->tmpl, &f->e, 1, &v, &err), 0);
     for (size_t l = 0; l < v->nlist; l++) {
         assert_non_null(v->lists[l]);
-        if (expect_fl >= 0)
-            assert_int_equal(v->lists[l]->fl != NULL, expect_fl);
+        /* one copy: the scan blocks, or the Faiss-order codes */
+        assert_int_equal(v->lists[l]->fl != NULL, expect_fl);
+        assert_int_equal(v->lists[l]->codes == NULL, expect_fl);
+        assert_int_equal(v->lists[l]->term == NULL, expect_fl);
     }
     run_all(f, v, out, n);
     tsr__version_unref(v);
     tsr__version_unref(empty);
+    unsetenv("TSR_SHARD_CODES");
 }
 
 static void test_identical(void **state)
@@ -229,25 +236,26 @@ static void test_identical(void **state)
     fixture *f = *state;
     uint8_t *ref, *got;
     size_t nref, ngot;
+    /* The reference: Faiss-order codes, the plain scan (no prefilter). Every other case
+     * keeps the codes only as scan blocks: with each prefilter kernel, and with none (the
+     * plain kernels on blocks put back in Faiss order). */
     answers(f, "0", NULL, 0, &ref, &nref);
     struct {
         const char *filter, *simd;
-        int fl; /* prefilter blocks expected: 1, 0, -1 = depends on the CPU */
+        int fl; /* 1 = scan blocks, 0 = Faiss-order codes */
     } cases[] = {
-        {"scalar", NULL, 1}, {NULL, NULL, -1},    {NULL, "avx2", 0},     {"scalar", "avx2", 1},
-        {"0", "avx2", 0},    {NULL, "scalar", 0}, {"scalar", "scalar", 1},
+        {"scalar", NULL, 1}, {NULL, NULL, 1},     {NULL, "avx2", 1},     {"scalar", "avx2", 1},
+        {"0", "avx2", 1},    {NULL, "scalar", 1}, {"scalar", "scalar", 1}, {"0", NULL, 1},
+        {"0", "scalar", 1},  {NULL, NULL, 0},     {"0", "avx2", 0},
     };
-    /* an x86 CPU has a filter kernel (AVX2 at least): blocks with the automatic choice
-     * and with TSR_SIMD=avx2 */
-    if (tsr__filter8_avx2_supported())
-        cases[1].fl = cases[2].fl = 1;
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         answers(f, cases[c].filter, cases[c].simd, cases[c].fl, &got, &ngot);
         if (ngot != nref || memcmp(got, ref, nref) != 0)
-            fail_msg("TSR_SEARCH_FILTER=%s TSR_SIMD=%s: answers differ from "
-                     "TSR_SEARCH_FILTER=0 (%zu vs %zu bytes)",
+            fail_msg("TSR_SEARCH_FILTER=%s TSR_SIMD=%s layout %s: answers differ from "
+                     "TSR_SEARCH_FILTER=0 on Faiss-order codes (%zu vs %zu bytes)",
                      cases[c].filter ? cases[c].filter : "(unset)",
-                     cases[c].simd ? cases[c].simd : "(unset)", ngot, nref);
+                     cases[c].simd ? cases[c].simd : "(unset)",
+                     cases[c].fl ? "blocks" : "faiss", ngot, nref);
         free(got);
     }
     free(ref);
@@ -255,29 +263,30 @@ static void test_identical(void **state)
     unsetenv("TSR_SIMD");
 }
 
-/* The prefilter data: the version's memory counts it, a list's copy is M * 64 + 256
- * bytes per started block of 64 codes. */
+/* One copy of the codes: a list's scan blocks are M * 64 + 256 bytes per started block of
+ * 64 codes, the version's memory counts them instead of the Faiss-order codes and terms
+ * (TSR_SHARD_CODES=faiss), and nothing else changes. */
 static void test_flist_memory(void **state)
 {
     fixture *f = *state;
     tsr_error err = TSR_ERROR_INIT;
-    setenv("TSR_SEARCH_FILTER", "scalar", 1);
     tsr__version *empty = tsr__version_empty(&err), *v = NULL;
     assert_int_equal(tsr__version_build(empty, f->tmpl, &f->e, 1, &v, &err), 0);
-    uint64_t with = tsr__version_memory(v);
-    uint64_t fl = 0;
+    uint64_t blocks_mem = tsr__version_memory(v);
+    uint64_t fl = 0, faiss = 0;
     for (size_t l = 0; l < v->nlist; l++) {
         size_t blocks = (v->lists[l]->n + 63) / 64;
         assert_true(tsr_ivfpq_flist_bytes(v->lists[l]->fl) >= blocks * (PM * 64 + 256));
         fl += tsr_ivfpq_flist_bytes(v->lists[l]->fl);
+        faiss += v->lists[l]->n * (PM + sizeof(float));
     }
     tsr__version_unref(v);
-    setenv("TSR_SEARCH_FILTER", "0", 1);
+    setenv("TSR_SHARD_CODES", "faiss", 1);
     assert_int_equal(tsr__version_build(empty, f->tmpl, &f->e, 1, &v, &err), 0);
-    assert_int_equal(with - tsr__version_memory(v), fl);
+    assert_int_equal(blocks_mem - fl, tsr__version_memory(v) - faiss);
     tsr__version_unref(v);
     tsr__version_unref(empty);
-    unsetenv("TSR_SEARCH_FILTER");
+    unsetenv("TSR_SHARD_CODES");
 }
 
 int main(void)
