@@ -1,5 +1,5 @@
 """Issue 16, acceptance 4 (docs/ha.md): losing etcd members. etcd x3, coordinators x2
-(--etcd, TTL 2 s), 2 shard groups x 2 replicas.
+(--etcd, the default TTL 5 s), 2 shard groups x 2 replicas.
 
 - 1 of 3 members killed (-9): nothing changes: the same leader, the same answers on both
   coordinators, an update succeeds.
@@ -25,7 +25,7 @@ import shard_harness as sh  # noqa: E402
 
 D = 16
 N = 1200
-TTL = 2
+TTL = 5  # the default --etcd-ttl: an etcd member loss (and its raft election) must not cost the lease
 
 
 def tessera(*args, timeout=240):
