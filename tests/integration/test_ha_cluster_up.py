@@ -100,9 +100,17 @@ def main():
         vec = ",".join("%g" % v for v in x[7])
         a0, a1 = query(coords[0], vec)[0], query(coords[1], vec)[0]
         assert a0 == a1 and a0[0] == "u0007", (a0, a1)
-        st = [json.loads(tsr("stats", "--target", t, "--json")[1]) for t in coords]
+        # a coordinator's member list is a cache refreshed from etcd every few seconds
+        # (no etcd call on GetIndexStats), so a member that joined last may show late
+        t_end = time.time() + 30
+        while True:
+            st = [json.loads(tsr("stats", "--target", t, "--json")[1]) for t in coords]
+            if all(sorted(s.get("coordinators") or []) == sorted(coords) for s in st) or \
+                    time.time() > t_end:
+                break
+            time.sleep(0.5)
         assert st[0].get("leader") and st[0]["leader"] == st[1].get("leader"), st
-        assert sorted(st[0]["coordinators"]) == sorted(coords), st
+        assert all(sorted(s["coordinators"]) == sorted(coords) for s in st), st
         leader = st[0]["leader"]
         li = coords.index(leader)
         print("c. update ok; same answers on both; leader %s" % leader)
