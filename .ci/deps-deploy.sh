@@ -7,9 +7,10 @@
 #   - runtime runc + cgroupfs: crun refuses the hybrid cgroup layout.
 # Idempotent and quiet when all is present. Needs root (apt-get) when something is missing.
 set -euo pipefail
-# With recommends. netavark + aardvark-dns: containers reach each other by name;
+# With recommends. netavark + aardvark-dns: containers reach each other by name (netavark
+# runs iptables, which a minimal machine lacks: "netavark: No such file or directory");
 # catatonit: the pause process of pods (podman kube play).
-pkgs=(podman runc debootstrap netavark aardvark-dns catatonit)
+pkgs=(podman runc debootstrap netavark aardvark-dns catatonit iptables)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
