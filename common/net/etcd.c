@@ -5,7 +5,9 @@
  * LeaseKeepAlive is a bidirectional stream in etcd's API; one renewal is one stream used
  * like a unary call (one request, half-close, one response: etcd's server answers each
  * request and ends the stream at the client's half-close), which needs no long-lived state.
- * Watch uses a real stream (tsr_rpc_stream) that stays open between waits.
+ * Watch uses a real stream (tsr_rpc_stream) that stays open between waits; several keys
+ * share one stream (one create request each, acknowledged in order), so one thread waits
+ * on all of them at once.
  */
 #include "net/etcd.h"
 
@@ -28,7 +30,11 @@ struct tsr_etcd {
 
 struct tsr_etcd_watch {
     tsr_rpc_stream *st;
-    int64_t id;
+    size_t n;                               /* watched keys on the stream */
+    int64_t id[TSR_ETCD_MAX_WATCH_KEYS];    /* etcd's watch id of each */
+    int64_t next[TSR_ETCD_MAX_WATCH_KEYS];  /* resume revision of each (0: unknown) */
+    tsr_etcd_event *pend;   /* events received while the watches were being created */
+    size_t npend;
     char *addr;             /* borrowed from the tsr_etcd, for messages */
 };
 
@@ -439,41 +445,95 @@ static int watch_recv(tsr_etcd_watch *w, int64_t timeout_ms, Etcdserverpb__Watch
     return 0;
 }
 
-int tsr_etcd_watch_open(tsr_etcd *e, const char *key, int prefix, int64_t from_rev,
-                        tsr_etcd_watch **wp, tsr_error *err)
+/* Sends the create request of keys[i] on w's stream. */
+static int watch_create(tsr_etcd_watch *w, const tsr_etcd_watch_key *k, int64_t timeout_ms,
+                        tsr_error *err)
 {
-    *wp = NULL;
-    size_t k = atomic_load(&e->good) % e->n;
-    tsr_etcd_watch *w = tsr_xcalloc(1, sizeof *w);
-    w->addr = e->addr[k];
-    if (!(w->st = tsr_rpc_stream_open(e->ch[k], "/etcdserverpb.Watch/Watch", 0, err))) {
-        free(w);
-        return TSR_EIO;
-    }
-    size_t klen = strlen(key);
+    size_t klen = strlen(k->key);
     uint8_t *end = tsr_xmalloc(klen + 1);
     Etcdserverpb__WatchCreateRequest cr = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
-    cr.key.data = (uint8_t *)key;
+    cr.key.data = (uint8_t *)k->key;
     cr.key.len = klen;
-    if (prefix) {
-        cr.range_end.len = prefix_end(key, klen, end);
+    if (k->prefix) {
+        cr.range_end.len = prefix_end(k->key, klen, end);
         cr.range_end.data = end;
     }
-    cr.start_revision = from_rev;
+    cr.start_revision = k->from_rev;
     Etcdserverpb__WatchRequest rq = ETCDSERVERPB__WATCH_REQUEST__INIT;
     rq.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
     rq.create_request = &cr;
     size_t len;
     uint8_t *buf = tsr_rpc_pack(&rq.base, &len);
     free(end);
-    int rc = buf ? tsr_rpc_stream_send(w->st, buf, len, e->timeout_ms, err)
+    int rc = buf ? tsr_rpc_stream_send(w->st, buf, len, timeout_ms, err)
                  : tsr_err(err, TSR_ENOMEM, "etcd watch: packing the request");
     free(buf);
-    Etcdserverpb__WatchResponse *r = NULL;
-    if (!rc)
-        rc = watch_recv(w, e->timeout_ms, &r, err);
-    if (!rc) {
-        rc = tsr__etcd_watch_created(r, w->addr, from_rev, &w->id, err);
+    return rc ? tsr_err_prefix(err, "etcd watch on %s", w->addr), rc : 0;
+}
+
+/* Index of etcd's watch id among w's keys; w->n when it is none of them. */
+static size_t watch_index(const tsr_etcd_watch *w, int64_t id)
+{
+    size_t i = 0;
+    while (i < w->n && w->id[i] != id)
+        i++;
+    return i;
+}
+
+/* Events of response r into ev / n (appended), each tagged with its key's index; the
+ * resume revisions move past them. */
+static int watch_events(tsr_etcd_watch *w, const Etcdserverpb__WatchResponse *r,
+                        tsr_etcd_event **ev, size_t *n, tsr_error *err)
+{
+    tsr_etcd_event *got = NULL;
+    size_t k = 0;
+    int rc = tsr__etcd_watch_take(r, w->addr, &got, &k, err);
+    size_t i = watch_index(w, r->watch_id);
+    if (rc || !k || i == w->n) { /* an error, a progress notice, or a watch not ours */
+        tsr_etcd_events_free(got, k);
+        return rc;
+    }
+    *ev = tsr_xrealloc(*ev, (*n + k) * sizeof **ev);
+    for (size_t j = 0; j < k; j++) {
+        got[j].watch = i;
+        if (got[j].kv.mod_rev >= w->next[i])
+            w->next[i] = got[j].kv.mod_rev + 1;
+        (*ev)[(*n)++] = got[j];
+    }
+    free(got); /* the kvs moved */
+    return 0;
+}
+
+/* Opens a stream on member k and creates every watch of keys on it. */
+static int watch_open_on(tsr_etcd *e, size_t k, const tsr_etcd_watch_key *keys, size_t n,
+                         tsr_etcd_watch **wp, tsr_error *err)
+{
+    tsr_etcd_watch *w = tsr_xcalloc(1, sizeof *w);
+    w->addr = e->addr[k];
+    if (!(w->st = tsr_rpc_stream_open(e->ch[k], "/etcdserverpb.Watch/Watch", 0, err))) {
+        free(w);
+        return TSR_EIO;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = watch_create(w, &keys[i], e->timeout_ms, err);
+    /* etcd acknowledges the creates in order; events of the watches created first may come
+     * in between (kept for watch_next) */
+    while (rc == 0 && w->n < n) {
+        Etcdserverpb__WatchResponse *r = NULL;
+        if ((rc = watch_recv(w, e->timeout_ms, &r, err)))
+            break;
+        if (r->created) {
+            int64_t id = 0;
+            rc = tsr__etcd_watch_created(r, w->addr, keys[w->n].from_rev, &id, err);
+            if (rc == 0) {
+                w->id[w->n] = id;
+                w->next[w->n] = keys[w->n].from_rev;
+                w->n++;
+            }
+        } else {
+            rc = watch_events(w, r, &w->pend, &w->npend, err);
+        }
         etcdserverpb__watch_response__free_unpacked(r, NULL);
     }
     if (rc) {
@@ -484,22 +544,93 @@ int tsr_etcd_watch_open(tsr_etcd *e, const char *key, int prefix, int64_t from_r
     return 0;
 }
 
+int tsr_etcd_watch_open_keys(tsr_etcd *e, const tsr_etcd_watch_key *keys, size_t n,
+                             tsr_etcd_watch **wp, tsr_error *err)
+{
+    *wp = NULL;
+    if (n == 0 || n > TSR_ETCD_MAX_WATCH_KEYS)
+        return tsr_err(err, TSR_EINVAL, "etcd watch: %zu keys (expected 1 to %d)", n,
+                       TSR_ETCD_MAX_WATCH_KEYS);
+    /* from the member that answered last; a member that does not answer (or refuses the
+     * stream) is skipped, as call_any does for unary calls */
+    size_t first = atomic_load(&e->good) % e->n;
+    int rc = TSR_EUNAVAILABLE;
+    for (size_t i = 0; i < e->n; i++) {
+        size_t k = (first + i) % e->n;
+        rc = watch_open_on(e, k, keys, n, wp, err);
+        if (rc == 0) {
+            atomic_store(&e->good, k);
+            return 0;
+        }
+        if (rc == TSR_ESTATE || rc == TSR_EINVAL || rc == TSR_EFORMAT)
+            return rc; /* etcd's answer: another member would say the same */
+    }
+    return rc;
+}
+
+int tsr_etcd_watch_open(tsr_etcd *e, const char *key, int prefix, int64_t from_rev,
+                        tsr_etcd_watch **wp, tsr_error *err)
+{
+    tsr_etcd_watch_key k = {key, prefix, from_rev};
+    return tsr_etcd_watch_open_keys(e, &k, 1, wp, err);
+}
+
+int64_t tsr_etcd_watch_resume_rev(const tsr_etcd_watch *w, size_t i)
+{
+    return i < w->n ? w->next[i] : 0;
+}
+
 int tsr_etcd_watch_next(tsr_etcd_watch *w, int64_t timeout_ms, tsr_etcd_event **ev, size_t *n,
                         tsr_error *err)
 {
     *ev = NULL;
     *n = 0;
+    if (w->npend) { /* events that came while the watches were being created */
+        *ev = w->pend;
+        *n = w->npend;
+        w->pend = NULL;
+        w->npend = 0;
+        return 0;
+    }
     for (;;) {
         Etcdserverpb__WatchResponse *r = NULL;
         int rc = watch_recv(w, timeout_ms, &r, err);
         if (rc)
             return rc;
-        rc = tsr__etcd_watch_take(r, w->addr, ev, n, err);
+        rc = watch_events(w, r, ev, n, err);
         etcdserverpb__watch_response__free_unpacked(r, NULL);
         if (rc || *n)
             return rc;
         /* a progress notification or a fragment header: wait on */
     }
+}
+
+int tsr_etcd_compact(tsr_etcd *e, int64_t rev, int *already, tsr_error *err)
+{
+    if (already)
+        *already = 0;
+    if (rev <= 0)
+        return tsr_err(err, TSR_EINVAL, "etcd Compact: revision %lld (expected > 0)",
+                       (long long)rev);
+    Etcdserverpb__CompactionRequest rq = ETCDSERVERPB__COMPACTION_REQUEST__INIT;
+    rq.revision = rev;
+    Etcdserverpb__CompactionResponse *r = NULL;
+    int rc = call_any(e, "/etcdserverpb.KV/Compact", &rq.base,
+                      &etcdserverpb__compaction_response__descriptor,
+                      (ProtobufCMessage **)&r, err);
+    if (rc == 0) {
+        etcdserverpb__compaction_response__free_unpacked(r, NULL);
+        return 0;
+    }
+    /* OUT_OF_RANGE "mvcc: required revision has been compacted": done before (by us on
+     * another member, a retried request, or another client) — what was asked holds */
+    if (rc != TSR_EUNAVAILABLE && strstr(err->msg, "has been compacted")) {
+        tsr_error_clear(err);
+        if (already)
+            *already = 1;
+        return 0;
+    }
+    return rc;
 }
 
 int tsr__etcd_watch_created(const Etcdserverpb__WatchResponse *r, const char *addr,
@@ -544,5 +675,6 @@ void tsr_etcd_watch_close(tsr_etcd_watch *w)
     if (!w)
         return;
     tsr_rpc_stream_close(w->st);
+    tsr_etcd_events_free(w->pend, w->npend);
     free(w);
 }

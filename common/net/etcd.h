@@ -4,7 +4,7 @@
  * leader's lease live in etcd; docs/coordinator.md).
  *
  * What it offers is what the control plane needs and no more: single-key reads and prefix
- * reads, puts and deletes, transactions whose compares are all "equal" (create/mod
+ * reads, puts and deletes, history compaction, transactions whose compares are all "equal" (create/mod
  * revision, version, value, lease of a key) — the building block of compare-and-swap,
  * election and fenced commits —, leases (grant, keep-alive, revoke) and watches. Messages
  * are etcd's own (proto/etcd/v3, trimmed copies of etcd 3.4's files), carried by the
@@ -113,11 +113,22 @@ int tsr_etcd_lease_keepalive(tsr_etcd *e, int64_t id, int64_t *ttl, tsr_error *e
 /* Revokes lease id (its keys are deleted). An unknown lease is TSR_ENOTFOUND. */
 int tsr_etcd_lease_revoke(tsr_etcd *e, int64_t id, tsr_error *err);
 
+/* ---- history ----------------------------------------------------------------------- */
+/* Compacts etcd's key-value history below revision rev: every key keeps its current value,
+ * older values (and a watch or read at an older revision) are gone — what bounds etcd's
+ * database (docs/operations.md "etcd"). 0 when done; also 0 with *already = 1 (may be NULL)
+ * when the history was already compacted at or above rev (OUT_OF_RANGE "has been
+ * compacted": by us before, on a retry, or by another client). TSR_EINVAL for rev <= 0 or
+ * a future revision; TSR_EUNAVAILABLE as every call. */
+int tsr_etcd_compact(tsr_etcd *e, int64_t rev, int *already, tsr_error *err);
+
 /* ---- watches ------------------------------------------------------------------------ */
 typedef struct tsr_etcd_watch tsr_etcd_watch;
 
 typedef struct tsr_etcd_event {
     int deleted;            /* 0 = put */
+    size_t watch;           /* which watched key it matched: its index in keys[] of
+                               tsr_etcd_watch_open_keys (0 for tsr_etcd_watch_open) */
     tsr_etcd_kv kv;         /* the key's new state (for a delete: key and mod_rev only) */
 } tsr_etcd_event;
 
@@ -128,6 +139,24 @@ void tsr_etcd_events_free(tsr_etcd_event *ev, size_t n);
  * a read and its watch). The watch is established when this returns 0. */
 int tsr_etcd_watch_open(tsr_etcd *e, const char *key, int prefix, int64_t from_rev,
                         tsr_etcd_watch **w, tsr_error *err);
+
+/* Several keys (or prefixes) watched on ONE stream, so that one wait covers them all: each
+ * keys[i] as tsr_etcd_watch_open's key / prefix / from_rev; events say which (ev.watch).
+ * The stream goes to the member that answered last, else the next one that answers.
+ * Errors as tsr_etcd_watch_open (TSR_ESTATE when a from_rev was compacted away). */
+#define TSR_ETCD_MAX_WATCH_KEYS 8
+typedef struct tsr_etcd_watch_key {
+    const char *key;
+    int prefix;
+    int64_t from_rev;
+} tsr_etcd_watch_key;
+int tsr_etcd_watch_open_keys(tsr_etcd *e, const tsr_etcd_watch_key *keys, size_t n,
+                             tsr_etcd_watch **w, tsr_error *err);
+
+/* The from_rev to re-open watched key i with after the stream broke, so that nothing is
+ * missed or repeated: its last event's revision + 1, else the from_rev it was opened with
+ * (0 = it was opened "from now": that cannot resume without a gap; re-read instead). */
+int64_t tsr_etcd_watch_resume_rev(const tsr_etcd_watch *w, size_t i);
 
 /* Waits up to timeout_ms for changes: 0 with *ev (caller frees with tsr_etcd_events_free)
  * and *n >= 1; TSR_ETIMEOUT when nothing changed; TSR_ESTATE when from_rev was compacted

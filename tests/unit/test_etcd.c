@@ -2,7 +2,8 @@
  * test_etcd — common/net/etcd (and rpc's streaming calls, which its watches use) against
  * real etcd processes from Debian's etcd-server: a one-member cluster for the API (reads,
  * prefix reads, puts, deletes, compare-and-swap transactions, leases that expire and that
- * are revoked, watches from a revision, a watch timeout that loses nothing) and a
+ * are revoked, watches from a revision, a watch timeout that loses nothing, several keys
+ * watched on one stream, history compaction and a watch from a compacted revision) and a
  * three-member cluster where one member is killed (requests fail over; a dead endpoint in
  * the list is skipped; every endpoint dead = UNAVAILABLE naming each).
  * Without the etcd binary the test exits 77 (SKIP) and says so.
@@ -285,6 +286,87 @@ static void test_watch(void **state)
     tsr_etcd_close(e);
 }
 
+/* Several keys on one stream: each event says which; the resume revision moves past it. */
+static void test_watch_keys(void **state)
+{
+    (void)state;
+    tsr_etcd *e = client();
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_etcd_watch_key keys[2] = {{"/m/a", 0, 0}, {"/m/b/", 1, 0}};
+    tsr_etcd_watch *w;
+    assert_int_equal(tsr_etcd_watch_open_keys(e, keys, 2, &w, &err), 0);
+    assert_int_equal(tsr_etcd_watch_resume_rev(w, 0), 0); /* "from now": not resumable */
+    int64_t r1, r2, r3;
+    assert_int_equal(tsr_etcd_put(e, "/m/b/x", "1", 1, 0, &r1, &err), 0);
+    assert_int_equal(tsr_etcd_put(e, "/m/a", "2", 1, 0, &r2, &err), 0);
+    assert_int_equal(tsr_etcd_put(e, "/m/c", "-", 1, 0, NULL, &err), 0); /* not watched */
+    assert_int_equal(tsr_etcd_delete(e, "/m/a", 0, NULL, &r3, &err), 0);
+    size_t want_watch[3] = {1, 0, 0}, seen = 0;
+    while (seen < 3) {
+        tsr_etcd_event *ev;
+        size_t n;
+        assert_int_equal(tsr_etcd_watch_next(w, 2000, &ev, &n, &err), 0);
+        for (size_t i = 0; i < n; i++, seen++) {
+            assert_true(seen < 3);
+            assert_int_equal(ev[i].watch, want_watch[seen]);
+            assert_int_equal(ev[i].deleted, seen == 2);
+        }
+        tsr_etcd_events_free(ev, n);
+    }
+    assert_int_equal(tsr_etcd_watch_resume_rev(w, 0), r3 + 1);
+    assert_int_equal(tsr_etcd_watch_resume_rev(w, 1), r1 + 1);
+    tsr_etcd_watch_close(w);
+    /* too many or no keys: refused with a message */
+    assert_int_equal(tsr_etcd_watch_open_keys(e, keys, 0, &w, &err), TSR_EINVAL);
+    assert_non_null(strstr(err.msg, "keys"));
+    tsr_etcd_close(e);
+}
+
+/* Compaction: the history below a revision goes, a watch from there is refused (TSR_ESTATE),
+ * compacting again is "already", a future revision is invalid. */
+static void test_compact(void **state)
+{
+    (void)state;
+    tsr_etcd *e = client();
+    tsr_error err = TSR_ERROR_INIT;
+    int64_t r1, r2, r3;
+    assert_int_equal(tsr_etcd_put(e, "/c/k", "1", 1, 0, &r1, &err), 0);
+    assert_int_equal(tsr_etcd_put(e, "/c/k", "2", 1, 0, &r2, &err), 0);
+    assert_int_equal(tsr_etcd_put(e, "/c/k", "3", 1, 0, &r3, &err), 0);
+    int already = -1;
+    assert_int_equal(tsr_etcd_compact(e, r2, &already, &err), 0);
+    assert_int_equal(already, 0);
+    assert_int_equal(tsr_etcd_compact(e, r2, &already, &err), 0);
+    assert_int_equal(already, 1);
+    assert_int_equal(tsr_etcd_compact(e, r1, &already, &err), 0);
+    assert_int_equal(already, 1);
+    assert_int_equal(tsr_etcd_compact(e, r3 + 1000, &already, &err), TSR_EINVAL);
+    assert_non_null(strstr(err.msg, "future"));
+    assert_int_equal(tsr_etcd_compact(e, 0, NULL, &err), TSR_EINVAL);
+    /* a watch from a compacted revision: TSR_ESTATE, at the open or at the first wait */
+    tsr_etcd_watch_key keys[2] = {{"/c/other", 0, r3}, {"/c/k", 0, r1}};
+    tsr_etcd_watch *w = NULL;
+    int rc = tsr_etcd_watch_open_keys(e, keys, 2, &w, &err);
+    if (rc == 0) {
+        tsr_etcd_event *ev;
+        size_t n;
+        rc = tsr_etcd_watch_next(w, 2000, &ev, &n, &err);
+        tsr_etcd_watch_close(w);
+    }
+    assert_int_equal(rc, TSR_ESTATE);
+    assert_non_null(strstr(err.msg, "compacted"));
+    /* from the current revision it works: the key's latest value */
+    assert_int_equal(tsr_etcd_watch_open(e, "/c/k", 0, r3, &w, &err), 0);
+    tsr_etcd_event *ev;
+    size_t n;
+    assert_int_equal(tsr_etcd_watch_next(w, 2000, &ev, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal((char *)ev[0].kv.value, "3");
+    tsr_etcd_events_free(ev, n);
+    tsr_etcd_watch_close(w);
+    tsr_etcd_close(e);
+}
+
 static void test_failover(void **state)
 {
     (void)state;
@@ -344,6 +426,8 @@ int main(void)
         cmocka_unit_test(test_txn),
         cmocka_unit_test(test_lease),
         cmocka_unit_test(test_watch),
+        cmocka_unit_test(test_watch_keys),
+        cmocka_unit_test(test_compact),
     };
     const struct CMUnitTest three[] = {
         cmocka_unit_test(test_failover),
