@@ -15,7 +15,7 @@ else
   pkgs=(
     "${build_pkgs[@]}" clang libclang-rt-14-dev libcmocka-dev
     python3-faiss python3-numpy python3-avro python3-grpcio python3-grpc-tools python3-protobuf python3-yaml
-    iproute2 curl openssl etcd-server
+    iproute2 curl openssl etcd-server etcd-client
   )
 fi
 missing=()

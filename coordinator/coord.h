@@ -326,9 +326,15 @@ typedef struct tsr__lead {
     char etcd_err[256];         /* under mu: why the last lease call failed ("" = it did not) */
     char members[32][128];      /* under mu: PREFIX/members/ as last read (GetIndexStats) */
     size_t nmembers;
-    pthread_cond_t cv;          /* CLOCK_MONOTONIC: the thread's sleep; stop wakes it */
+    pthread_cond_t cv;          /* CLOCK_MONOTONIC: the thread's sleep; stop and kick wake it */
     int stop, live, wlive;      /* under mu */
-    pthread_t thread, wthread;  /* the lease/election thread; the PREFIX/version watcher */
+    int kick;                   /* under mu: the watcher saw PREFIX/leader change: campaign now */
+    atomic_int lwatch;          /* 1 while the watch on PREFIX/leader is up (the election's
+                                   poll is then only a slow safety net) */
+    int compact_s;              /* --etcd-compact: the leader compacts etcd's history every
+                                   compact_s seconds (0 = never) */
+    pthread_t thread, wthread;  /* the lease/election thread; the watcher (PREFIX/version,
+                                   PREFIX/stream/, PREFIX/leader on one stream) */
     pthread_mutex_t follow_mu;  /* serializes moving the snapshot (both threads) */
 } tsr__lead;
 

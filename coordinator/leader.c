@@ -3,24 +3,32 @@
  * leader, runs updates, reconcile, the fold and streamed writes (docs/coordinator.md
  * "Leader, followers, failover").
  *
- * One thread per coordinator, waking every ttl/3 (at least 200 ms):
+ * Two threads per coordinator. The lease thread wakes every ttl/3 (at least 200 ms):
  *   - lease: granted with --etcd-ttl, renewed each wake-up; PREFIX/members/<advertise> is
  *     attached to it (the live coordinators GetIndexStats lists). A lease that etcd says is
  *     gone (expired or revoked) is replaced by a new one.
  *   - election: a coordinator with a lease and no leadership creates PREFIX/leader =
  *     advertise address, attached to its lease, in a transaction conditional on the key's
  *     absence (create revision 0). Success: the key's create revision is our TERM. Else the
- *     key names the leader, which write refusals quote.
+ *     key names the leader, which write refusals quote. A follower campaigns as soon as
+ *     the watcher sees the key deleted (the leader's lease expired or was revoked) or
+ *     replaced: the watcher "kicks" the lease thread. The periodic campaign is then a slow
+ *     safety net (every 3 wake-ups); while the watch is down it runs every wake-up.
  *   - stepping down: the leader re-reads the key each wake-up and steps down when it is not
  *     its own any more; it also steps down by its own clock when no renewal succeeded for
  *     ttl minus a margin (max(1 s, ttl/5)), before etcd can expire the lease and let another
  *     coordinator win (a leader cut off from etcd stops acting before its successor starts).
  *     A fenced commit that fails (update.c) steps down at once too.
- *   - following: a second thread watches PREFIX/version (the wake-up's read is the fallback
- *     while the watch is down); when it names a newer version than the served one (a
- *     follower, or a coordinator that just won and must start from it), the version
- *     is fetched (meta.c: from the local cache or etcd), loaded and published (stream.c) —
- *     queries never touch etcd, they read the snapshot this thread moves.
+ *   - compaction (--etcd-compact S, leader only): every S seconds etcd's history is
+ *     compacted below the revision read S seconds earlier.
+ * The watcher holds one etcd watch stream on PREFIX/version, PREFIX/stream/ and
+ * PREFIX/leader (the lease thread's reads are the fallback while it is down); when
+ * PREFIX/version names a newer version than the served one (a follower, or a coordinator
+ * that just won and must start from it), the version is fetched (meta.c: from the local
+ * cache or etcd), loaded and published (stream.c) — queries never touch etcd, they read
+ * the snapshot this thread moves. A broken stream resumes from the revision after the
+ * last event of each key; when compaction removed that revision, the keys are read again
+ * and the watch restarts from the current revision.
  * A new leader thereby settles an interrupted update by the committed version in etcd:
  * it serves that version, and reconcile (which runs on the leader only) aborts what shards
  * staged or prepared above it and commits it where it is prepared.
@@ -30,7 +38,7 @@
  *
  * Threads: the lease thread is the only writer of leading/term/lease; follow_mu serializes
  * the two threads' moves of the snapshot; others read them atomically.
- * addr and stop are under lead.mu. Calls: meta, state, stream (tsr__stream_lock is taken
+ * addr, stop and kick are under lead.mu. Calls: meta, state, stream (tsr__stream_lock is taken
  * to publish; no other lock of coord.h is held with it here).
  */
 #include <inttypes.h>
@@ -257,19 +265,81 @@ static void read_members(tsr__coord *c)
     free(kvs);
 }
 
+/* The watcher asks the lease thread to campaign now (PREFIX/leader changed). */
+static void kick(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->lead.mu);
+    c->lead.kick = 1;
+    pthread_cond_broadcast(&c->lead.cv);
+    pthread_mutex_unlock(&c->lead.mu);
+}
+
+/* The leader compacts etcd's history below the revision it read one interval ago (a
+ * watcher up to one interval behind is not cut off; one further behind re-reads, see
+ * watch_main). *prev: the revision read last tick (0: none yet, or we did not lead). */
+static void compact_tick(tsr__coord *c, int64_t *prev)
+{
+    if (!atomic_load(&c->lead.leading)) {
+        *prev = 0;
+        return;
+    }
+    char key[300];
+    tsr__meta_key(c->meta, "/leader", key, sizeof key);
+    tsr_etcd_kv kv;
+    int64_t rev = 0;
+    tsr_error err = TSR_ERROR_INIT;
+    int rc = tsr_etcd_get(c->meta->fast, key, &kv, &rev, &err);
+    if (rc == 0)
+        tsr_etcd_kvs_free(&kv, 1);
+    else if (rc != TSR_ENOTFOUND)
+        return; /* etcd unreachable: the next tick tries again */
+    int already = 0;
+    if (*prev > 0 && tsr_etcd_compact(c->meta->fast, *prev, &already, &err) != 0)
+        tsr_warn("leader: compacting etcd's history below revision %lld: %s", (long long)*prev,
+                 err.msg);
+    else if (*prev > 0 && !already)
+        tsr_debug("leader: etcd history compacted below revision %lld", (long long)*prev);
+    if (rev > 0)
+        *prev = rev;
+}
+
+/* The lease thread: lease renewal, members and the fallback read of PREFIX/version every
+ * period; the election then too while leading or while the watch on PREFIX/leader is down,
+ * else every 3 periods (a safety net: the watcher's kick campaigns at once); compaction
+ * every compact_s seconds. */
 static void *lead_main(void *p)
 {
     tsr__coord *c = p;
-    int64_t ok_at = tsr_clock_mono_ms();
+    int64_t now = tsr_clock_mono_ms(), ok_at = now, next = now, poll_at = now, crev = 0;
+    int64_t cms = (int64_t)c->lead.compact_s * 1000, compact_at = now + cms;
     for (;;) {
-        keep_lease(c, &ok_at);
-        campaign(c);
-        read_members(c);
-        if (!atomic_load(&c->lead.leading))
-            follow(c);
         pthread_mutex_lock(&c->lead.mu);
-        if (!c->lead.stop) {
-            struct timespec ts = tsr_clock_mono_timespec(period_ms(c));
+        int kicked = c->lead.kick;
+        c->lead.kick = 0;
+        pthread_mutex_unlock(&c->lead.mu);
+        now = tsr_clock_mono_ms();
+        if (now >= next) {
+            keep_lease(c, &ok_at);
+            if (kicked || now >= poll_at || atomic_load(&c->lead.leading) ||
+                !atomic_load(&c->lead.lwatch)) {
+                campaign(c);
+                poll_at = now + 3 * period_ms(c);
+            }
+            read_members(c);
+            if (!atomic_load(&c->lead.leading))
+                follow(c);
+            next = now + period_ms(c);
+        } else if (kicked) {
+            campaign(c); /* the leader key changed: an election now, not at the next poll */
+        }
+        if (cms && now >= compact_at) {
+            compact_tick(c, &crev);
+            compact_at = now + cms;
+        }
+        pthread_mutex_lock(&c->lead.mu);
+        if (!c->lead.stop && !c->lead.kick) {
+            int64_t wake = cms && compact_at < next ? compact_at : next;
+            struct timespec ts = tsr_clock_mono_timespec(wake - tsr_clock_mono_ms()); /* <0: 0 */
             pthread_cond_timedwait(&c->lead.cv, &c->lead.mu, &ts);
         }
         int stop = c->lead.stop;
@@ -288,8 +358,6 @@ static int stopping(tsr__coord *c)
     return s;
 }
 
-/* The watcher: a follower moves as soon as PREFIX/version changes (the lease thread's
- * periodic read is the fallback while the watch is down). */
 /* A stream key event: a record's completion mark ".../stream/<v>/<seq>/n" is applied. */
 static void stream_event(tsr__coord *c, const tsr_etcd_event *e, size_t plen)
 {
@@ -308,38 +376,88 @@ static void stream_event(tsr__coord *c, const tsr_etcd_event *e, size_t plen)
         follow_stream(c, v, seq);
 }
 
-/* Drains the stream watch ws for up to ms; 0, or nonzero when it broke. */
-static int stream_poll(tsr__coord *c, tsr_etcd_watch *ws, size_t plen, int64_t ms)
+/* The watcher's keys, in this order on its one stream. */
+enum { W_VERSION, W_STREAM, W_LEADER, W_N };
+
+typedef struct watcher {
+    char key[W_N][320];
+    size_t n;               /* W_N, or W_LEADER with TSR_LEADER_WATCH=0 (the election polled) */
+    int64_t from[W_N];      /* where the next open starts each key (0: re-read first) */
+} watcher;
+
+/* Opens the watch stream: from where the last one stopped when it can (nothing missed or
+ * repeated), else from a fresh read of the store's revision R (every key from R + 1) and
+ * *reread set: the caller then reads what the watch does not replay. A resume point that
+ * compaction removed (TSR_ESTATE) falls back to the fresh read: the keys' current state is
+ * read again and the watch restarts from the current revision. NULL when etcd is down. */
+static tsr_etcd_watch *watch_start(tsr__coord *c, watcher *wt, int *reread)
 {
-    tsr_etcd_event *ev = NULL;
-    size_t n = 0;
     tsr_error err = TSR_ERROR_INIT;
-    int rc = tsr_etcd_watch_next(ws, ms, &ev, &n, &err);
-    if (rc == 0) {
-        for (size_t i = 0; i < n; i++)
-            stream_event(c, &ev[i], plen);
-        tsr_etcd_events_free(ev, n);
+    *reread = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (!wt->from[0]) {
+            tsr_etcd_kv kv;
+            int64_t rev = 0;
+            int rc = tsr_etcd_get(c->meta->etcd, wt->key[W_VERSION], &kv, &rev, &err);
+            if (rc == 0)
+                tsr_etcd_kvs_free(&kv, 1);
+            else if (rc != TSR_ENOTFOUND || rev <= 0)
+                return NULL;
+            for (size_t i = 0; i < wt->n; i++)
+                wt->from[i] = rev + 1;
+            *reread = 1;
+        }
+        tsr_etcd_watch_key keys[W_N];
+        for (size_t i = 0; i < wt->n; i++)
+            keys[i] = (tsr_etcd_watch_key){wt->key[i], i == W_STREAM, wt->from[i]};
+        tsr_etcd_watch *w = NULL;
+        int rc = tsr_etcd_watch_open_keys(c->meta->etcd, keys, wt->n, &w, &err);
+        if (rc == 0)
+            return w;
+        memset(wt->from, 0, sizeof wt->from);
+        if (rc != TSR_ESTATE)
+            return NULL;
+        tsr_info("leader: the watch could not resume (%s): re-reading from the current "
+                 "revision", err.msg);
     }
-    return rc != 0 && rc != TSR_ETIMEOUT;
+    return NULL;
 }
 
+/* After a fresh (re)start of the watch: what it does not replay is read. */
+static void watch_caught_up(tsr__coord *c, const watcher *wt)
+{
+    if (!atomic_load(&c->lead.leading)) { /* changes between the reads and the watch */
+        follow(c);
+        tsr__snap *sn = tsr__coord_snap_get(c);
+        uint64_t v = sn->version;
+        tsr__snap_unref(sn);
+        follow_stream(c, v, -1);
+    }
+    if (wt->n > W_LEADER)
+        kick(c); /* the leader key as it is now */
+}
+
+/* The watcher: one stream on PREFIX/version (a follower moves as soon as it changes),
+ * PREFIX/stream/ (a follower replays the leader's streamed rounds) and PREFIX/leader (a
+ * deleted or replaced leader key makes the lease thread campaign at once). While it is
+ * down the lease thread's periodic reads are the fallback. */
 static void *watch_main(void *p)
 {
     tsr__coord *c = p;
-    tsr_etcd_watch *w = NULL, *ws = NULL;
-    char key[300], spre[320];
-    tsr__meta_key(c->meta, "/version", key, sizeof key);
-    tsr__meta_key(c->meta, "/stream/", spre, sizeof spre);
+    watcher wt;
+    memset(&wt, 0, sizeof wt);
+    tsr__meta_key(c->meta, "/version", wt.key[W_VERSION], sizeof wt.key[0]);
+    tsr__meta_key(c->meta, "/stream/", wt.key[W_STREAM], sizeof wt.key[0]);
+    tsr__meta_key(c->meta, "/leader", wt.key[W_LEADER], sizeof wt.key[0]);
+    const char *lw = getenv("TSR_LEADER_WATCH"); /* "0": the election polled (bench) */
+    wt.n = lw && strcmp(lw, "0") == 0 ? W_LEADER : W_N;
+    size_t plen = strlen(wt.key[W_STREAM]);
+    tsr_etcd_watch *w = NULL;
     while (!stopping(c)) {
         tsr_error err = TSR_ERROR_INIT;
-        if (!w || !ws) {
-            tsr_etcd_watch_close(w);
-            tsr_etcd_watch_close(ws);
-            w = ws = NULL;
-            if (tsr_etcd_watch_open(c->meta->etcd, key, 0, 0, &w, &err) ||
-                tsr_etcd_watch_open(c->meta->etcd, spre, 1, 0, &ws, &err)) {
-                tsr_etcd_watch_close(w);
-                w = NULL;
+        if (!w) {
+            int reread = 0;
+            if (!(w = watch_start(c, &wt, &reread))) {
                 pthread_mutex_lock(&c->lead.mu);
                 if (!c->lead.stop) {
                     struct timespec ts = tsr_clock_mono_timespec(500);
@@ -348,32 +466,40 @@ static void *watch_main(void *p)
                 pthread_mutex_unlock(&c->lead.mu);
                 continue;
             }
-            if (!atomic_load(&c->lead.leading)) { /* changes between the reads and the watch */
-                follow(c);
-                tsr__snap *sn = tsr__coord_snap_get(c);
-                uint64_t v = sn->version;
-                tsr__snap_unref(sn);
-                follow_stream(c, v, -1);
-            }
+            atomic_store(&c->lead.lwatch, wt.n > W_LEADER);
+            if (reread)
+                watch_caught_up(c, &wt);
         }
         tsr_etcd_event *ev = NULL;
         size_t n = 0;
-        int rc = tsr_etcd_watch_next(w, 150, &ev, &n, &err);
-        if (rc == 0) {
-            tsr_etcd_events_free(ev, n);
-            if (!atomic_load(&c->lead.leading))
-                follow(c);
-        } else if (rc != TSR_ETIMEOUT) {
+        int rc = tsr_etcd_watch_next(w, 250, &ev, &n, &err);
+        if (rc == TSR_ETIMEOUT)
+            continue;
+        if (rc) { /* the member went away, or compaction cut the watch off */
+            atomic_store(&c->lead.lwatch, 0);
+            for (size_t i = 0; i < wt.n; i++)
+                wt.from[i] = rc == TSR_ESTATE ? 0 : tsr_etcd_watch_resume_rev(w, i);
             tsr_etcd_watch_close(w);
             w = NULL;
+            continue;
         }
-        if (ws && stream_poll(c, ws, strlen(spre), 150)) {
-            tsr_etcd_watch_close(ws);
-            ws = NULL;
+        int moved = 0, leader = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (ev[i].watch == W_VERSION)
+                moved = 1;
+            else if (ev[i].watch == W_STREAM)
+                stream_event(c, &ev[i], plen);
+            else if (ev[i].watch == W_LEADER)
+                leader = 1;
         }
+        tsr_etcd_events_free(ev, n);
+        if (leader)
+            kick(c);
+        if (moved && !atomic_load(&c->lead.leading))
+            follow(c);
     }
+    atomic_store(&c->lead.lwatch, 0);
     tsr_etcd_watch_close(w);
-    tsr_etcd_watch_close(ws);
     return NULL;
 }
 

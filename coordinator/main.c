@@ -39,7 +39,7 @@ static void usage(FILE *f)
             "                           [--auth-tokens FILE | --insecure-no-auth]\n"
             "                           [--batch-root-allow DIR]... [--peer-token-file FILE]\n"
             "                           [--etcd ENDPOINTS [--etcd-prefix P] [--etcd-ttl S]\n"
-            "                            [--advertise HOST:PORT] [--etcd-ca FILE\n"
+            "                            [--etcd-compact S] [--advertise HOST:PORT] [--etcd-ca FILE\n"
             "                            [--etcd-cert FILE --etcd-key FILE]]]\n"
             "\n"
             "Serves tessera.v1.VectorSearch and the Vertex AI MatchService\n"
@@ -92,6 +92,9 @@ static void usage(FILE *f)
             "  --etcd-prefix P     key prefix of this index in etcd (default /tessera/default)\n"
             "  --etcd-ttl S        leader lease TTL in seconds (default 5): a dead leader is\n"
             "                      replaced within about S + 1 s\n"
+            "  --etcd-compact S    the leader compacts etcd's history every S seconds, below\n"
+            "                      the revision it read S seconds earlier (default 300; 0 =\n"
+            "                      never: then compact etcd yourself, docs/operations.md)\n"
             "  --advertise H:P     how clients and the other coordinators reach this one\n"
             "                      (default: --listen with its bound port; required when\n"
             "                      --listen is 0.0.0.0 or [::])\n"
@@ -99,7 +102,9 @@ static void usage(FILE *f)
             "  --etcd-cert FILE --etcd-key FILE  client certificate for etcd (mutual TLS)\n"
             "  --help              this text;  --version  the release\n"
             "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_COORD_CRASH_AT=staged|prepared|flipped|\n"
-            "committed makes an update _exit(137) at that step (crash tests only).\n");
+            "committed makes an update _exit(137) at that step (crash tests only);\n"
+            "TSR_LEADER_WATCH=0 polls the election instead of watching the leader key (the\n"
+            "baseline of bench/bench_ha_elect.py).\n");
 }
 
 /* The served version's plan and directory name shard groups by number: every number
@@ -138,7 +143,7 @@ static void client_opts(tsr_rpc_client_opts *o, const char *ca, const char *cert
 /* --etcd and its companions. */
 typedef struct etcd_args {
     const char *endpoints, *prefix;
-    int ttl;
+    int ttl, compact;
     const char *ca, *cert, *key, *advertise;
 } etcd_args;
 
@@ -209,12 +214,13 @@ static int start_leader(tsr__coord *c, const etcd_args *ea, const char *listen, 
         return 2;
     c->lead.advertise = buf;
     c->lead.ttl_s = ea->ttl;
+    c->lead.compact_s = ea->compact;
     if (tsr__leader_start(c)) {
         tsr_error_log("cannot start the leader thread");
         return 1;
     }
-    tsr_info("etcd %s, prefix %s: advertised as %s, lease TTL %d s", ea->endpoints,
-             c->meta->prefix, buf, ea->ttl);
+    tsr_info("etcd %s, prefix %s: advertised as %s, lease TTL %d s, history compacted every "
+             "%d s (0: never)", ea->endpoints, c->meta->prefix, buf, ea->ttl, ea->compact);
     return 0;
 }
 
@@ -555,7 +561,7 @@ int main(int argc, char **argv)
     size_t max_message = 0;
     tsr_metrics_http *mh = NULL;
     int threads = 0, workers = 8, ec;
-    etcd_args ea = {NULL, NULL, 5, NULL, NULL, NULL, NULL};
+    etcd_args ea = {NULL, NULL, 5, 300, NULL, NULL, NULL, NULL};
     char advertise[300]; /* the leader thread borrows it until coord_close */
     tsr_cmdline_stop_init(); /* first: a SIGTERM while loading still stops cleanly */
     tsr_log_set_program("tessera-coordinator");
@@ -583,6 +589,7 @@ int main(int argc, char **argv)
         {"--etcd", TSR_CMDLINE_STR, &ea.endpoints, 0, 0, 0},
         {"--etcd-prefix", TSR_CMDLINE_STR, &ea.prefix, 0, 0, 0},
         {"--etcd-ttl", TSR_CMDLINE_INT, &ea.ttl, 2, 600, 0},
+        {"--etcd-compact", TSR_CMDLINE_INT, &ea.compact, 0, 86400, 0},
         {"--etcd-ca", TSR_CMDLINE_STR, &ea.ca, 0, 0, 0},
         {"--etcd-cert", TSR_CMDLINE_STR, &ea.cert, 0, 0, 0},
         {"--etcd-key", TSR_CMDLINE_STR, &ea.key, 0, 0, 0},
@@ -639,10 +646,8 @@ int main(int argc, char **argv)
         tsr_error_log("%s", err.msg);
         goto out;
     }
-    if (tsr__stream_start(c)) {
-        tsr_error_log("cannot start the stream writer thread");
+    if (tsr__stream_start(c) && (tsr_error_log("cannot start the stream writer thread"), 1))
         goto out;
-    }
     tsr__coord_metrics_register(c);
     tsr_rpc_server_opts o;
     tsr_rpc_server_opts_init(&o);

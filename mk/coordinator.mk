@@ -33,3 +33,10 @@ $(CLOCKSTEP): tests/shim/clockstep.c
 .PHONY: bench-ha
 bench-ha: all
 	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_ha_start.py
+
+# make bench-ha-elect: leader key deleted -> new leader, election watched vs polled
+# (TSR_LEADER_WATCH=0), modes alternating in one run (bench/bench_ha_elect.py;
+# BENCH_ELECT_ROUNDS, BENCH_ELECT_TTL, BENCH_ELECT_ETCD).
+.PHONY: bench-ha-elect
+bench-ha-elect: all
+	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_ha_elect.py
