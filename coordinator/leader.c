@@ -412,8 +412,12 @@ static tsr_etcd_watch *watch_start(tsr__coord *c, watcher *wt, int *reread)
             keys[i] = (tsr_etcd_watch_key){wt->key[i], i == W_STREAM, wt->from[i]};
         tsr_etcd_watch *w = NULL;
         int rc = tsr_etcd_watch_open_keys(c->meta->etcd, keys, wt->n, &w, &err);
-        if (rc == 0)
+        if (rc == 0) {
+            tsr_info("leader: watching %s/{version,stream/%s} on etcd %s from revision %lld",
+                     c->meta->prefix, wt->n > W_LEADER ? ",leader" : "",
+                     tsr_etcd_watch_member(w), (long long)wt->from[W_VERSION]);
             return w;
+        }
         memset(wt->from, 0, sizeof wt->from);
         if (rc != TSR_ESTATE)
             return NULL;
@@ -476,6 +480,12 @@ static void *watch_main(void *p)
         if (rc == TSR_ETIMEOUT)
             continue;
         if (rc) { /* the member went away, or compaction cut the watch off */
+            if (rc == TSR_ESTATE)
+                tsr_info("leader: the watch could not resume (%s): re-reading from the "
+                         "current revision", err.msg);
+            else
+                tsr_warn("leader: the watch on etcd %s ended: %s", tsr_etcd_watch_member(w),
+                         err.msg);
             atomic_store(&c->lead.lwatch, 0);
             for (size_t i = 0; i < wt.n; i++)
                 wt.from[i] = rc == TSR_ESTATE ? 0 : tsr_etcd_watch_resume_rev(w, i);

@@ -580,6 +580,11 @@ int64_t tsr_etcd_watch_resume_rev(const tsr_etcd_watch *w, size_t i)
     return i < w->n ? w->next[i] : 0;
 }
 
+const char *tsr_etcd_watch_member(const tsr_etcd_watch *w)
+{
+    return w->addr;
+}
+
 int tsr_etcd_watch_next(tsr_etcd_watch *w, int64_t timeout_ms, tsr_etcd_event **ev, size_t *n,
                         tsr_error *err)
 {

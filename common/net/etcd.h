@@ -158,6 +158,9 @@ int tsr_etcd_watch_open_keys(tsr_etcd *e, const tsr_etcd_watch_key *keys, size_t
  * (0 = it was opened "from now": that cannot resume without a gap; re-read instead). */
 int64_t tsr_etcd_watch_resume_rev(const tsr_etcd_watch *w, size_t i);
 
+/* The member ("host:port") the watch's stream is on (borrowed from the tsr_etcd). */
+const char *tsr_etcd_watch_member(const tsr_etcd_watch *w);
+
 /* Waits up to timeout_ms for changes: 0 with *ev (caller frees with tsr_etcd_events_free)
  * and *n >= 1; TSR_ETIMEOUT when nothing changed; TSR_ESTATE when from_rev was compacted
  * away (re-read and re-watch); another code when the member went away (re-open the watch
