@@ -29,7 +29,8 @@ Env: BENCH_E2E_N, BENCH_E2E_NQ, BENCH_E2E_NLIST, BENCH_E2E_M, BENCH_E2E_NPROBE (
 BENCH_E2E_K (10), BENCH_E2E_PLANS ("balanced,locality"), BENCH_E2E_REPEAT (3),
 BENCH_E2E_OUT (cache dir, default build/bench-e2e), BENCH_E2E_CLIENT (the C client binary),
 BENCH_E2E_PERF=1 (perf record the coordinator during one extra run; needs perf),
-TSR_BIN.
+BENCH_E2E_THREADS=1 (each coordinator thread's context switches and CPU during one extra
+run, from /proc), TSR_BIN.
 
 Metadata backend (issue 16, docs/ha.md): a plan name with the suffix "@etcd" runs the
 coordinator with --etcd on a 3-member etcd started for it (tests/integration/
@@ -251,6 +252,8 @@ def run_plan(name, ix_p, xq_p, batch, xq):
         py = py_client(cl, tp, xq, min(1000, len(xq)))
         if os.environ.get("BENCH_E2E_PERF") == "1":
             perf_profile(cl, argv)
+        if os.environ.get("BENCH_E2E_THREADS") == "1":
+            thread_profile(name, cl, argv)
         return {"plan": name, "runs": runs, "touched": touched, "py": py, "load_s": load_s,
                 "imbalance": st.plan_imbalance}
     finally:
@@ -273,6 +276,52 @@ def perf_profile(cl, argv):
                          capture_output=True, text=True)
     log("perf (coordinator during one bench run), written to %s:\n%s" %
         (data, "\n".join(rep.stdout.splitlines()[:60])))
+
+
+def task_sample(pid):
+    """{tid: (cpu ticks, voluntary, involuntary context switches, syscall it sleeps in)}
+    of every thread of pid, from /proc."""
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        d = "/proc/%d/task/%s/" % (pid, tid)
+        try:
+            with open(d + "stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(d + "status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+            with open(d + "syscall") as f:
+                sc = f.read().split()[0]
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12]),
+                         int(status["voluntary_ctxt_switches"]),
+                         int(status["nonvoluntary_ctxt_switches"]), sc)
+    return out
+
+
+def thread_profile(name, cl, argv):
+    """BENCH_E2E_THREADS=1: the coordinator's threads during one more C-client run: context
+    switches and CPU of each (a thread that is not on the query path but switches about as
+    often as queries arrive takes part in handling them, e.g. a gRPC poller)."""
+    pid = cl.coord.proc.pid
+    a = task_sample(pid)
+    p = subprocess.run(argv, capture_output=True, text=True)
+    b = task_sample(pid)
+    j = json.loads(p.stdout)
+    names = {"7": "read", "232": "epoll_wait", "281": "epoll_pwait", "202": "futex",
+             "23": "select", "230": "clock_nanosleep", "0": "read", "35": "nanosleep"}
+    log("threads of the coordinator (%s) during one more run (%d queries through it; "
+        "syscall each sleeps in after the run):" % (name, j["queries"]))
+    tot = 0
+    for tid in sorted(b):
+        if tid not in a:
+            continue
+        cpu = b[tid][0] - a[tid][0]
+        vol, nvol = b[tid][1] - a[tid][1], b[tid][2] - a[tid][2]
+        tot += vol + nvol
+        log("  tid %7d: %7d voluntary + %5d involuntary switches, cpu %5d ms, sleeps in %s"
+            % (tid, vol, nvol, cpu * 10, names.get(b[tid][3], b[tid][3])))
+    log("  all threads: %d switches" % tot)
 
 
 def med(runs, path, key):
