@@ -493,6 +493,10 @@ int tsr__coord_rpc_remove_group(void *ctx, const uint8_t *req, size_t len, tsr_r
  * Progress on op. Returns 0, or an error code with err set (p closed). */
 int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
                       tsr__upd_plan *p, tsr_batch *b, tsr_error *err);
+/* reshard.c: before a new group g is staged: every replica answers Stats, serves no
+ * version (else TSR_ESTATE: a new group starts empty), and its staged or prepared
+ * leftovers (a move that crashed before its commit point) are aborted. */
+int tsr__reshard_fresh_check(tsr__coord *c, size_t g, tsr_error *err);
 /* stream.c: tessera.v1 UpsertDatapoints / RemoveDatapoints (TSR_RPC_LONG, role admin). */
 int tsr__coord_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__coord_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);

@@ -319,3 +319,60 @@ out:
         tsr__upd_plan_close(p);
     return rc;
 }
+
+int tsr__reshard_fresh_check(tsr__coord *c, size_t g, tsr_error *err)
+{
+    size_t S = c->cfg.nshards;
+    uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
+    size_t *lens = tsr_xcalloc(S, sizeof *lens);
+    ProtobufCMessage **resps = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *resps);
+    Tessera__V1__ShardStatsRequest rq = TESSERA__V1__SHARD_STATS_REQUEST__INIT;
+    bufs[g] = tsr_rpc_pack(&rq.base, &lens[g]);
+    int rc = 0;
+    if (tsr__coord_all_fanout(c, TSR_SHARD_SVC "Stats", bufs, lens, NULL,
+                              c->cfg.search_deadline_ms,
+                              &tessera__v1__shard_stats_response__descriptor, resps, err))
+        rc = err->code ? err->code : TSR_EUNAVAILABLE;
+    for (size_t j = 0; j < c->grp[g].n && !rc; j++) {
+        size_t k = c->grp[g].first + j;
+        const Tessera__V1__ShardStatsResponse *sr = (Tessera__V1__ShardStatsResponse *)resps[k];
+        if (sr->current_version != 0) {
+            rc = tsr_err(err, TSR_ESTATE, "new group replica %s serves version %lld: a new "
+                         "group must start empty (a fresh --data folder)", c->rep[k].addr,
+                         (long long)sr->current_version);
+            break;
+        }
+        /* a staged or prepared leftover (an earlier move that crashed before its commit
+         * point): dropped, as reconcile drops them on the groups it knows */
+        for (size_t v = 0; v < sr->n_versions && !rc; v++) {
+            if (sr->versions[v]->state != TESSERA__V1__SHARD_VERSION__STATE__STAGING &&
+                sr->versions[v]->state != TESSERA__V1__SHARD_VERSION__STATE__PREPARED)
+                continue;
+            Tessera__V1__AbortRequest ab = TESSERA__V1__ABORT_REQUEST__INIT;
+            ab.version = sr->versions[v]->version;
+            ab.leader_term = tsr__coord_term(c);
+            size_t len = 0;
+            uint8_t *buf = tsr_rpc_pack(&ab.base, &len);
+            tsr_rpc_result res;
+            tsr_rpc_result_init(&res);
+            tsr_rpc_call(c->rep[k].ch, TSR_SHARD_SVC "Abort", buf, len,
+                         c->cfg.search_deadline_ms, &res);
+            if (res.code != TSR_RPC_OK)
+                rc = tsr_err(err, TSR_EUNAVAILABLE, "new group replica %s: Abort(%lld) of a "
+                             "leftover version: %s: %s", c->rep[k].addr, (long long)ab.version,
+                             tsr_rpc_code_name(res.code), res.message ? res.message : "");
+            else
+                tsr_info("new group replica %s: leftover version %lld aborted", c->rep[k].addr,
+                         (long long)ab.version);
+            tsr_rpc_result_close(&res);
+            free(buf);
+        }
+    }
+    for (size_t k = 0; k < c->nrep; k++)
+        protobuf_c_message_free_unpacked(resps[k], NULL); /* accepts NULL */
+    free(resps);
+    free(bufs[g]);
+    free(bufs);
+    free(lens);
+    return rc;
+}

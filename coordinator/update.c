@@ -772,6 +772,8 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
             if ((rc = tsr__coord_group_append(c, err))) {
                 c->cfg.retired[u.fresh] = 1; /* its slot stays, unused */
                 u.fresh = -1;
+            } else {
+                rc = tsr__reshard_fresh_check(c, (size_t)u.fresh, err);
             }
         }
     }
