@@ -179,11 +179,16 @@ typedef struct tsr__snap {
     char *groups;            /* owned; the shard groups (config groups_text) stored with the
                                 version after a reshard (file "groups"); NULL = the config's */
     size_t groups_len;
+    size_t ngroups;          /* shard groups at this version (its plan and directory name no
+                                other); 0 = the config's count (tsr__snap_groups) */
     uint8_t retired[TSR_COORD_MAX_SHARDS]; /* 1: a group RemoveShardGroup removed (owns no
                                 list and no sparse-only id) */
 } tsr__snap;
 
 tsr__snap *tsr__snap_create(void);
+/* The shard groups of s's version: the bound of every per-group array a reader of s sizes
+ * (AddShardGroup grows the config's count while queries on older snapshots still run). */
+size_t tsr__snap_groups(const tsr__snap *s, const tsr__coord_config *cfg);
 void tsr__snap_unref(tsr__snap *s); /* accepts NULL */
 /* Sets tmpl (takes ownership), its bytes, norms. */
 int tsr__snap_set_template(tsr__snap *s, tsr_ivfpq *tmpl, tsr_error *err);

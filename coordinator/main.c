@@ -246,7 +246,8 @@ static int load_state(tsr__coord *c, const char *data)
                                             &err)) {
         tsr_error_log("%s: version %llu: %s", data, (unsigned long long)cur, err.msg);
         return -1;
-    } else if (check_shards(c->snap, cur, c->cfg.nshards, &err)) {
+    } else if ((c->snap->ngroups = c->cfg.nshards),
+               check_shards(c->snap, cur, c->cfg.nshards, &err)) {
         tsr_error_log("%s: %s", data, err.msg);
         return -1;
     } else {

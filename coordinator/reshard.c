@@ -285,6 +285,7 @@ int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
     tmpl = NULL;
     ns->plan = new_plan(base, cfg, S, rm);
     ns->plan_kind = base->plan_kind;
+    ns->ngroups = S;
     ns->next_label = base->next_label;
     for (size_t g = 0; g < S; g++)
         ns->retired[g] = cfg->retired[g] || (int)g == rm;

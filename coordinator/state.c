@@ -125,6 +125,11 @@ tsr__snap *tsr__snap_create(void)
     return s;
 }
 
+size_t tsr__snap_groups(const tsr__snap *s, const tsr__coord_config *cfg)
+{
+    return s->ngroups ? s->ngroups : cfg->nshards;
+}
+
 void tsr__snap_unref(tsr__snap *s)
 {
     if (!s || atomic_fetch_sub(&s->refs, 1) != 1)
@@ -379,6 +384,7 @@ int tsr__snap_load(tsr_store *st, uint64_t version, tsr__snap **out, tsr_error *
             s->retired[g++] = strncmp(q, "retired ", 8) == 0;
             q = strchr(q, '\n');
         }
+        s->ngroups = g;
     }
     *out = s;
     return 0;

@@ -1294,6 +1294,7 @@ tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn)
     v->plan = sn->plan;
     v->plan_kind = sn->plan_kind;
     memcpy(v->retired, sn->retired, sizeof v->retired);
+    v->ngroups = sn->ngroups;
     v->next_label = s->next_label;
     for (size_t i = 0; i < sn->dir.n; i++) {
         const tsr__dir_entry *e = &sn->dir.e[i];

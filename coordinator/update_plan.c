@@ -278,6 +278,7 @@ int tsr__upd_plan_build(const tsr__coord_config *cfg, const char *tmpl_path,
         goto out;
     p->ns = tsr__snap_create();
     p->ns->version = base->version + 1;
+    p->ns->ngroups = cfg->nshards;
     if (cfg->resharded) /* the groups travel with every version after a reshard */
         p->ns->groups = tsr__coord_config_groups_text(cfg, &p->ns->groups_len);
     for (size_t g = 0; g < cfg->nshards; g++)

@@ -42,7 +42,7 @@ def converge(cl, live, timeout=30):
 def check(cl, live, others, label):
     """Every datapoint once over live; none on others (dead or out of the index)."""
     v = converge(cl, live)
-    per = tr.lists_checker(live, N - 1)
+    per = tr.lists_checker(live, N - 1, N)
     for s in others:
         if s.proc.poll() is not None:
             continue
