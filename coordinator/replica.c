@@ -55,7 +55,7 @@ void tsr__coord_target_of(const char *addr, char *buf, size_t cap)
 static int group_open(tsr__coord *c, size_t s, tsr_error *err)
 {
     const tsr__coord_config *cfg = &c->cfg;
-    size_t first = c->nrep, n = cfg->retired[s] ? 0 : cfg->nreplicas[s];
+    size_t first = c->nrep, n = cfg->retired && cfg->retired[s] ? 0 : cfg->nreplicas[s];
     for (size_t j = 0; j < n; j++) {
         tsr__replica *r = &c->rep[first + j];
         r->group = s;

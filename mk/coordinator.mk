@@ -33,3 +33,9 @@ $(CLOCKSTEP): tests/shim/clockstep.c
 .PHONY: bench-ha
 bench-ha: all
 	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_ha_start.py
+
+# make bench-reshard: AddShardGroup / RemoveShardGroup beside a complete reload, time and
+# bytes moved per million vectors (bench/bench_reshard.py; BENCH_RESHARD_N, _DIMS).
+.PHONY: bench-reshard
+bench-reshard: all
+	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_reshard.py
