@@ -26,6 +26,8 @@ int tsr_cmd_update(int argc, char **argv);
 int tsr_cmd_read(int argc, char **argv);
 int tsr_cmd_stats(int argc, char **argv);
 int tsr_cmd_health(int argc, char **argv);
+int tsr_cmd_shards_add(int argc, char **argv);    /* cmd_shards.c (docs/resharding.md) */
+int tsr_cmd_shards_remove(int argc, char **argv);
 int tsr_cmd_cluster_up(int argc, char **argv);
 
 /* Writes a JSON batch report and a newline to path (created or truncated, fsynced), as

@@ -1070,10 +1070,11 @@ int tsr_cmd_stats(int argc, char **argv)
             json_object_set_new(so, "sparse_vectors", json_integer(x->sparse_vectors_count));
             json_object_set_new(so, "version", json_integer(x->version));
             json_object_set_new(so, "available", json_boolean(x->available));
+            json_object_set_new(so, "removed", json_boolean(x->removed));
             json_array_append_new(sh, so);
             if (!as_json)
                 printf("  shard %-22s %s  version %lld  vectors %lld  sparse %lld\n", x->address,
-                       x->available ? "up  " : "DOWN", (long long)x->version,
+                       x->removed ? "gone" : x->available ? "up  " : "DOWN", (long long)x->version,
                        (long long)x->vectors_count, (long long)x->sparse_vectors_count);
         }
         json_object_set_new(o, "shards", sh);

@@ -74,7 +74,7 @@ static int add_group(tsr__coord_config *cfg, const char *path, size_t i, const c
         if (rc)
             return rc;
         for (size_t s = 0; s < cfg->nshards; s++)
-            for (size_t r = 0; r < cfg->nreplicas[s]; r++)
+            for (size_t r = 0; r < cfg->nreplicas[s] && !cfg->retired[s]; r++)
                 if (strcmp(cfg->replicas[s][r], addr[j]) == 0)
                     return tsr_err(err, TSR_EINVAL, "%s: shards[%zu]: \"%s\" is also a replica "
                                    "of shards[%zu]", path, i, addr[j], s);
@@ -84,9 +84,15 @@ static int add_group(tsr__coord_config *cfg, const char *path, size_t i, const c
                                "twice", path, i, addr[j]);
     }
     size_t g = cfg->nshards;
-    cfg->shards = tsr_xrealloc(cfg->shards, (g + 1) * sizeof *cfg->shards);
-    cfg->replicas = tsr_xrealloc(cfg->replicas, (g + 1) * sizeof *cfg->replicas);
-    cfg->nreplicas = tsr_xrealloc(cfg->nreplicas, (g + 1) * sizeof *cfg->nreplicas);
+    if (g >= TSR_COORD_MAX_SHARDS)
+        return tsr_err(err, TSR_EINVAL, "%s: shards[%zu]: at most %d shard groups", path, i,
+                       TSR_COORD_MAX_SHARDS);
+    if (!cfg->shards) { /* full capacity at once: a reshard appends while others read */
+        cfg->shards = tsr_xcalloc(TSR_COORD_MAX_SHARDS, sizeof *cfg->shards);
+        cfg->replicas = tsr_xcalloc(TSR_COORD_MAX_SHARDS, sizeof *cfg->replicas);
+        cfg->nreplicas = tsr_xcalloc(TSR_COORD_MAX_SHARDS, sizeof *cfg->nreplicas);
+        cfg->retired = tsr_xcalloc(TSR_COORD_MAX_SHARDS, sizeof *cfg->retired);
+    }
     cfg->replicas[g] = tsr_xcalloc(n, sizeof **cfg->replicas);
     for (size_t j = 0; j < n; j++)
         cfg->replicas[g][j] = tsr_xstrdup(addr[j]);
@@ -301,8 +307,97 @@ void tsr__coord_config_close(tsr__coord_config *cfg)
     free(cfg->shards); /* its strings are replicas[i][0] */
     free(cfg->replicas);
     free(cfg->nreplicas);
+    free(cfg->retired);
+    cfg->retired = NULL;
     cfg->shards = NULL;
     cfg->replicas = NULL;
     cfg->nreplicas = NULL;
     cfg->nshards = 0;
+}
+
+/* ---------------------------------------------------------------- resharding */
+
+int tsr__coord_config_add_group(tsr__coord_config *cfg, const char *const *addr, size_t n,
+                                tsr_error *err)
+{
+    if (n == 0 || n > TSR_COORD_MAX_REPLICAS)
+        return tsr_err(err, TSR_EINVAL, "replicas: %zu given, expected 1 .. %d \"host:port\"",
+                       n, TSR_COORD_MAX_REPLICAS);
+    return add_group(cfg, "new group", cfg->nshards, (const char **)addr, n, err);
+}
+
+char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, size_t *len)
+{
+    size_t cap = 64, n = 0;
+    for (size_t s = 0; s < cfg->nshards; s++)
+        for (size_t j = 0; j < cfg->nreplicas[s]; j++)
+            cap += strlen(cfg->replicas[s][j]) + 16;
+    char *t = tsr_xmalloc(cap);
+    n += (size_t)snprintf(t, cap, "tessera-groups 1\n%zu\n", cfg->nshards);
+    for (size_t s = 0; s < cfg->nshards; s++) {
+        n += (size_t)snprintf(t + n, cap - n, "%s", cfg->retired[s] ? "retired" : "live");
+        for (size_t j = 0; j < cfg->nreplicas[s]; j++)
+            n += (size_t)snprintf(t + n, cap - n, " %s", cfg->replicas[s][j]);
+        n += (size_t)snprintf(t + n, cap - n, "\n");
+    }
+    *len = n;
+    return t;
+}
+
+int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_t len,
+                                 tsr_error *err)
+{
+    char *t = tsr_xmalloc(len + 1), *save = NULL;
+    memcpy(t, text, len);
+    t[len] = 0;
+    tsr__coord_config nc;
+    memset(&nc, 0, sizeof nc);
+    int rc = 0;
+    size_t ng = 0;
+    char *line = strtok_r(t, "\n", &save);
+    if (!line || strcmp(line, "tessera-groups 1") != 0) {
+        rc = tsr_err(err, TSR_EFORMAT, "groups: expected the header \"tessera-groups 1\"");
+        goto out;
+    }
+    line = strtok_r(NULL, "\n", &save);
+    if (!line || sscanf(line, "%zu", &ng) != 1 || ng == 0 || ng > TSR_COORD_MAX_SHARDS) {
+        rc = tsr_err(err, TSR_EFORMAT, "groups: line 2: expected a group count 1 .. %d",
+                     TSR_COORD_MAX_SHARDS);
+        goto out;
+    }
+    for (size_t g = 0; g < ng; g++) {
+        line = strtok_r(NULL, "\n", &save);
+        const char *addr[TSR_COORD_MAX_REPLICAS];
+        size_t na = 0;
+        char *s2 = NULL, *w = line ? strtok_r(line, " ", &s2) : NULL;
+        int retired = w && strcmp(w, "retired") == 0;
+        if (!w || (!retired && strcmp(w, "live") != 0)) {
+            rc = tsr_err(err, TSR_EFORMAT, "groups: group %zu: expected \"live\" or "
+                         "\"retired\" and its replicas", g);
+            goto out;
+        }
+        while ((w = strtok_r(NULL, " ", &s2)) && na < TSR_COORD_MAX_REPLICAS)
+            addr[na++] = w;
+        if (na == 0 || w) {
+            rc = tsr_err(err, TSR_EFORMAT, "groups: group %zu: expected 1 .. %d replicas", g,
+                         TSR_COORD_MAX_REPLICAS);
+            goto out;
+        }
+        if ((rc = add_group(&nc, "groups", g, addr, na, err)))
+            goto out;
+        nc.retired[g] = (uint8_t)retired;
+    }
+    /* keep every other setting; swap the groups (called before any thread reads them) */
+    tsr__coord_config old = *cfg;
+    cfg->shards = nc.shards;
+    cfg->replicas = nc.replicas;
+    cfg->nreplicas = nc.nreplicas;
+    cfg->retired = nc.retired;
+    cfg->nshards = nc.nshards;
+    cfg->resharded = 1;
+    nc = old;
+out:
+    tsr__coord_config_close(&nc);
+    free(t);
+    return rc;
 }

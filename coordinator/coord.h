@@ -6,7 +6,9 @@
  *                their on-disk form (common/store/store) and the plan builders
  *   update_plan.c  an update's shard-free half: template, assignment, plan, directory,
  *                per-group work
- *   update.c     UpdateIndex: background two-phase update (its shard phases), GetOperation
+ *   update.c     UpdateIndex: background two-phase update (its shard phases), GetOperation;
+ *                AddShardGroup / RemoveShardGroup run the same phases (docs/resharding.md)
+ *   reshard.c    a move's plan: the balance rule, the moved records read from old owners
  *   oplog.c      operations: their records on disk (survive a restart), free, to protobuf
  *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge);
  *                errors are tsr_error, mapped to a gRPC status in the handlers only
@@ -37,7 +39,8 @@
  * replica -> state; stream -> replica, state, stream_ha, stream_log, update_plan;
  * stream_ha -> meta, state, stream_log; reconcile -> replica, state, stream;
  * query -> config, leader, replica, state, stream; update_plan -> config, state;
- * update -> leader, meta, oplog, reconcile, replica, state, stream, update_plan;
+ * update -> leader, meta, oplog, reconcile, replica, reshard, state, stream, update_plan;
+ * reshard -> config, replica, state, update_plan;
  * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, oplog, update,
  * state, stream, vertex, vertex_v1;
  * main -> all of them, and nothing calls main.c. Everything but main.c is
@@ -93,6 +96,11 @@ typedef struct tsr__coord_config {
     char **shards;          /* owned: "host:port" naming each group (its first replica) */
     size_t *nreplicas;      /* owned: replicas per group (>= 1) */
     char ***replicas;       /* owned: replicas[s][j] = "host:port" of replica j of group s */
+    uint8_t *retired;       /* owned: retired[s] = 1: removed by RemoveShardGroup (owns no
+                               list, not called); the arrays above have room for
+                               TSR_COORD_MAX_SHARDS groups so AddShardGroup never moves them */
+    int resharded;          /* the groups differ from the config file (a reshard): every
+                               version stores them (file "groups") and a restart uses those */
     int replica_attempt_ms; /* per-attempt deadline while another replica is left; 0 = half
                                the query's deadline */
     enum tsr__plan_kind plan;
@@ -115,6 +123,16 @@ typedef struct tsr__coord_config {
 int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *err);
 void tsr__coord_config_close(tsr__coord_config *cfg);
 const char *tsr__distance_name(enum tsr__distance d);
+/* Resharding (docs/resharding.md). add_group: appends a group of n replicas (addresses
+ * copied; checked like the config's; TSR_EINVAL naming the problem). groups_text: the
+ * groups as the text of a version's "groups" file (new, *len bytes; caller frees).
+ * set_groups: replaces the groups by those of such a text (before any thread reads them;
+ * TSR_EFORMAT naming the line). */
+int tsr__coord_config_add_group(tsr__coord_config *cfg, const char *const *addr, size_t n,
+                                tsr_error *err);
+char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, size_t *len);
+int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_t len,
+                                 tsr_error *err);
 
 /* ---- directory: string id -> (label, list, shard) ------------------------------------ */
 typedef struct tsr__dir_entry {
@@ -158,9 +176,19 @@ typedef struct tsr__snap {
     tsr__dir dir;
     int64_t next_label;
     int64_t ndense, nsparse;
+    char *groups;            /* owned; the shard groups (config groups_text) stored with the
+                                version after a reshard (file "groups"); NULL = the config's */
+    size_t groups_len;
+    size_t ngroups;          /* shard groups at this version (its plan and directory name no
+                                other); 0 = the config's count (tsr__snap_groups) */
+    uint8_t retired[TSR_COORD_MAX_SHARDS]; /* 1: a group RemoveShardGroup removed (owns no
+                                list and no sparse-only id) */
 } tsr__snap;
 
 tsr__snap *tsr__snap_create(void);
+/* The shard groups of s's version: the bound of every per-group array a reader of s sizes
+ * (AddShardGroup grows the config's count while queries on older snapshots still run). */
+size_t tsr__snap_groups(const tsr__snap *s, const tsr__coord_config *cfg);
 void tsr__snap_unref(tsr__snap *s); /* accepts NULL */
 /* Sets tmpl (takes ownership), its bytes, norms. */
 int tsr__snap_set_template(tsr__snap *s, tsr_ivfpq *tmpl, tsr_error *err);
@@ -217,6 +245,7 @@ typedef struct tsr__op {
     int state;                  /* Tessera__V1__Operation__State */
     int64_t files_total, files_read, records_read;
     int shards_total, shards_staged, shards_prepared, shards_committed;
+    int64_t lists_total, lists_moved, datapoints_moved, bytes_moved; /* a reshard */
     char *report_json;          /* owned */
     uint8_t *report_pb;         /* owned; packed tessera.v1.BatchReport */
     size_t report_len;
@@ -344,7 +373,10 @@ typedef struct tsr__coord {
     tsr_store *store;
     tsr__replica *rep;          /* owned; every replica of every group (group-major) */
     size_t nrep;
-    tsr__group *grp;            /* owned; cfg.nshards groups */
+    tsr__group *grp;            /* owned; cfg.nshards groups (room for
+                                   TSR_COORD_MAX_SHARDS: AddShardGroup appends) */
+    tsr_rpc_client_opts shard_opts; /* how channels to shards are made (strings borrowed
+                                   from main) */
     const char *template_path;  /* borrowed (argv); used when no version exists */
 
     pthread_mutex_t snap_mu;
@@ -460,6 +492,22 @@ int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply
 int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+/* update.c: tessera.v1 AddShardGroup / RemoveShardGroup (docs/resharding.md): start a move
+ * on the update thread (leader only, one operation at a time). */
+int tsr__coord_rpc_add_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_remove_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+
+/* reshard.c: the plan of a move on base (borrowed: the committed version plus the streamed
+ * writes) over the config's groups (an added one already appended) without rm (-1: none):
+ * p->ns (next version: new plan, directory, groups), each group's work, and the moved
+ * records read from their old groups into b (records only; indices in p's upserts).
+ * Progress on op. Returns 0, or an error code with err set (p closed). */
+int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
+                      tsr__upd_plan *p, tsr_batch *b, tsr_error *err);
+/* reshard.c: before a new group g is staged: every replica answers Stats, serves no
+ * version (else TSR_ESTATE: a new group starts empty), and its staged or prepared
+ * leftovers (a move that crashed before its commit point) are aborted. */
+int tsr__reshard_fresh_check(tsr__coord *c, size_t g, tsr_error *err);
 /* stream.c: tessera.v1 UpsertDatapoints / RemoveDatapoints (TSR_RPC_LONG, role admin). */
 int tsr__coord_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__coord_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
@@ -552,6 +600,11 @@ void tsr__coord_crash_point(const char *step);
  * 0 or an error naming the replica. tsr__coord_channels_close accepts a partial open. */
 int tsr__coord_channels_open(tsr__coord *c, const tsr_rpc_client_opts *opts, tsr_error *err);
 void tsr__coord_channels_close(tsr__coord *c);
+/* Resharding (update thread, under update_mu and the stream lock): append: opens the
+ * replicas of the config's last group (just added) and makes the group callable; retire:
+ * group s is removed (its replicas are no longer called; config retired[s] set). */
+int tsr__coord_group_append(tsr__coord *c, tsr_error *err);
+void tsr__coord_group_retire(tsr__coord *c, size_t s);
 /* "127.0.0.1:7001" -> "ipv4:127.0.0.1:7001"; other forms as they are. */
 void tsr__coord_target_of(const char *addr, char *buf, size_t cap);
 /* Records the outcome of one call to replica k (health, failure count, metrics). */

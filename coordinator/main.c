@@ -247,7 +247,13 @@ static int load_state(tsr__coord *c, const char *data)
         tsr_error_log("%s: version %llu (CURRENT) does not load: %s", data,
                       (unsigned long long)cur, err.msg);
         return -1;
-    } else if (check_shards(c->snap, cur, c->cfg.nshards, &err)) {
+    } else if (c->snap->groups && /* a reshard's groups override the config file's */
+               tsr__coord_config_set_groups(&c->cfg, c->snap->groups, c->snap->groups_len,
+                                            &err)) {
+        tsr_error_log("%s: version %llu: %s", data, (unsigned long long)cur, err.msg);
+        return -1;
+    } else if ((c->snap->ngroups = c->cfg.nshards),
+               check_shards(c->snap, cur, c->cfg.nshards, &err)) {
         tsr_error_log("%s: %s", data, err.msg);
         return -1;
     } else {
@@ -432,6 +438,9 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, SVC "RemoveDatapoints", tsr__coord_rpc_remove, c,
                                   TSR_RPC_LONG) ||
+        tsr_rpc_server_add_method(srv, SVC "AddShardGroup", tsr__coord_rpc_add_group, c, 0) ||
+        tsr_rpc_server_add_method(srv, SVC "RemoveShardGroup", tsr__coord_rpc_remove_group, c,
+                                  0) ||
         tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
                                   TSR_RPC_LONG) ||
         tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,

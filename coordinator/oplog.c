@@ -117,6 +117,10 @@ void tsr__op_to_pb(const tsr__op *op, int state, Tessera__V1__Operation *o,
     pg->shards_staged = op->shards_staged;
     pg->shards_prepared = op->shards_prepared;
     pg->shards_committed = op->shards_committed;
+    pg->lists_total = op->lists_total;
+    pg->lists_moved = op->lists_moved;
+    pg->datapoints_moved = op->datapoints_moved;
+    pg->bytes_moved = op->bytes_moved;
     o->progress = pg;
     o->report_json = op->report_json ? op->report_json : (char *)"";
     o->report = op->report_pb ? tessera__v1__batch_report__unpack(NULL, op->report_len,
@@ -201,6 +205,10 @@ static tsr__op *op_from_record(const char *name, const uint8_t *buf, size_t len)
         op->shards_total = o->progress->shards_total;
         op->shards_staged = o->progress->shards_staged;
         op->shards_prepared = o->progress->shards_prepared;
+        op->lists_total = o->progress->lists_total;
+        op->lists_moved = o->progress->lists_moved;
+        op->datapoints_moved = o->progress->datapoints_moved;
+        op->bytes_moved = o->progress->bytes_moved;
         op->shards_committed = o->progress->shards_committed;
     }
     if (o->report_json && *o->report_json)

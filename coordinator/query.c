@@ -423,7 +423,7 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                     int64_t remaining_ms, fnq *q, tsr_error *err)
 {
     const tsr__coord_config *cfg = &c->cfg;
-    size_t S = cfg->nshards, d = (size_t)cfg->dimensions;
+    size_t S, d = (size_t)cfg->dimensions; /* S: the snapshot's groups, below */
     size_t nq = rq->n_queries;
     memset(q, 0, sizeof *q);
     if (nq == 0)
@@ -442,6 +442,7 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         return tsr_err(err, TSR_ESTATE, "the index is empty: no version "
                    "yet (apply a batch with UpdateIndex first)");
     }
+    S = tsr__snap_groups(sn, cfg);
     fn_out *o = tsr_xcalloc(1, sizeof *o);
     tessera__v1__find_neighbors_response__init(&o->resp);
     arena *a = &o->a;
@@ -588,7 +589,7 @@ static Tessera__V1__FindNeighborsResponse__Neighbor *neighbor_of(const fnq *q, s
 {
     fn_out *o = q->o;
     arena *a = &o->a;
-    size_t S = q->c->cfg.nshards, *slot = q->slot;
+    size_t S = q->o->nshards, *slot = q->slot;
     Tessera__V1__FindNeighborsResponse__Neighbor *nb = ar(a, 1, sizeof *nb);
     tessera__v1__find_neighbors_response__neighbor__init(nb);
     const cand *cd = find_cand(cs, ncs, h->label, h->in_dense ? 0 : 1);
@@ -697,7 +698,7 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
     tsr__snap *sn = q->sn;
     fn_out *o = q->o;
     arena *a = &o->a;
-    size_t S = cfg->nshards, nq = rq->n_queries;
+    size_t S = o->nshards, nq = rq->n_queries;
     int larger = cfg->distance != TSR_DIST_SQUARED_L2;
     qplan *qp = q->qp;
     size_t *slot = q->slot;
@@ -916,7 +917,7 @@ void tsr__coord_read_free(Tessera__V1__ReadIndexDatapointsResponse *r)
 int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remaining_ms,
                     Tessera__V1__ReadIndexDatapointsResponse **outp, tsr_error *err)
 {
-    size_t S = c->cfg.nshards;
+    size_t S;
     *outp = NULL;
     if (n_ids > 10000)
         return tsr_err(err, TSR_EINVAL, "%zu ids, at most 10000 per call",
@@ -924,6 +925,7 @@ int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remai
     tsr__loc *loc = tsr_xcalloc(n_ids + 1, sizeof *loc);
     /* the snapshot and the streamed writes on it, read together */
     tsr__snap *sn = tsr__stream_resolve(c, ids, n_ids, loc);
+    S = tsr__snap_groups(sn, &c->cfg);
     rd_out *o = tsr_xcalloc(1, sizeof *o);
     tessera__v1__read_index_datapoints_response__init(&o->resp);
     arena *a = &o->a;
@@ -1071,6 +1073,7 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     for (size_t s = 0; s < S; s++) {
         tessera__v1__shard_index_stats__init(&st[s]);
         st[s].address = c->cfg.shards[s]; /* names the group (its first replica) */
+        st[s].removed = c->cfg.retired && c->cfg.retired[s];
         out.shards[s] = &st[s];
         tsr_rpc_result *res = &calls[s].result;
         if (res->code == TSR_RPC_OK) {

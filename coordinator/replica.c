@@ -50,43 +50,72 @@ void tsr__coord_target_of(const char *addr, char *buf, size_t cap)
         snprintf(buf, cap, "%s", addr);
 }
 
+/* Fills replica slots for group s (its config entry) from c->nrep on; a retired group gets
+ * none (n = 0: nothing calls it). */
+static int group_open(tsr__coord *c, size_t s, tsr_error *err)
+{
+    const tsr__coord_config *cfg = &c->cfg;
+    size_t first = c->nrep, n = cfg->retired && cfg->retired[s] ? 0 : cfg->nreplicas[s];
+    for (size_t j = 0; j < n; j++) {
+        tsr__replica *r = &c->rep[first + j];
+        r->group = s;
+        r->index = j;
+        r->addr = cfg->replicas[s][j];
+        atomic_init(&r->inflight, 0);
+        atomic_init(&r->fails, 0);
+        atomic_init(&r->retry_at_ms, 0);
+        atomic_init(&r->up, -1);
+        atomic_init(&r->down_at_ms, 0);
+        atomic_init(&r->lagging, 0);
+        atomic_init(&r->stream_behind, 0);
+        atomic_init(&r->version, -1);
+        atomic_init(&r->vectors, -1);
+        atomic_init(&r->sparse, -1);
+        atomic_init(&r->lists, -1);
+        char t[512];
+        tsr__coord_target_of(r->addr, t, sizeof t);
+        if (!(r->ch = tsr_rpc_channel_create(t, &c->shard_opts, err))) {
+            for (size_t i = 0; i < j; i++)
+                tsr_rpc_channel_destroy(c->rep[first + i].ch);
+            return tsr_err_prefix(err, "shard %zu replica %zu (%s)", s, j, r->addr);
+        }
+    }
+    c->grp[s].first = first;
+    atomic_init(&c->grp[s].next, 0);
+    c->grp[s].n = n;
+    c->nrep += n;
+    return 0;
+}
+
 int tsr__coord_channels_open(tsr__coord *c, const tsr_rpc_client_opts *opts, tsr_error *err)
 {
     const tsr__coord_config *cfg = &c->cfg;
-    size_t n = 0;
-    for (size_t s = 0; s < cfg->nshards; s++)
-        n += cfg->nreplicas[s];
-    c->rep = tsr_xcalloc(n ? n : 1, sizeof *c->rep);
-    c->grp = tsr_xcalloc(cfg->nshards ? cfg->nshards : 1, sizeof *c->grp);
+    c->shard_opts = *opts;
+    /* room for every group and replica there may be: AddShardGroup appends while queries
+     * read these arrays without a lock, so they never move */
+    c->rep = tsr_xcalloc((size_t)TSR_COORD_MAX_SHARDS * TSR_COORD_MAX_REPLICAS, sizeof *c->rep);
+    c->grp = tsr_xcalloc(TSR_COORD_MAX_SHARDS, sizeof *c->grp);
     c->nrep = 0;
     for (size_t s = 0; s < cfg->nshards; s++) {
-        c->grp[s].first = c->nrep;
-        c->grp[s].n = cfg->nreplicas[s];
-        atomic_init(&c->grp[s].next, 0);
-        for (size_t j = 0; j < cfg->nreplicas[s]; j++) {
-            tsr__replica *r = &c->rep[c->nrep];
-            r->group = s;
-            r->index = j;
-            r->addr = cfg->replicas[s][j];
-            atomic_init(&r->inflight, 0);
-            atomic_init(&r->fails, 0);
-            atomic_init(&r->retry_at_ms, 0);
-            atomic_init(&r->up, -1);
-            atomic_init(&r->down_at_ms, 0);
-            atomic_init(&r->lagging, 0);
-            atomic_init(&r->stream_behind, 0);
-            atomic_init(&r->version, -1);
-            atomic_init(&r->vectors, -1);
-            atomic_init(&r->sparse, -1);
-            atomic_init(&r->lists, -1);
-            char t[512];
-            tsr__coord_target_of(r->addr, t, sizeof t);
-            if (!(r->ch = tsr_rpc_channel_create(t, opts, err)))
-                return tsr_err_prefix(err, "shard %zu replica %zu (%s)", s, j, r->addr);
-            c->nrep++;
-        }
+        int rc = group_open(c, s, err);
+        if (rc)
+            return rc;
     }
     return 0;
+}
+
+int tsr__coord_group_append(tsr__coord *c, tsr_error *err)
+{
+    size_t s = c->cfg.nshards - 1;
+    if (c->nrep + c->cfg.nreplicas[s] > (size_t)TSR_COORD_MAX_SHARDS * TSR_COORD_MAX_REPLICAS)
+        return tsr_err(err, TSR_ELIMIT, "too many replicas");
+    return group_open(c, s, err);
+}
+
+void tsr__coord_group_retire(tsr__coord *c, size_t s)
+{
+    c->cfg.retired[s] = 1;
+    c->grp[s].n = 0; /* its replica slots stay (and their channels), never called again */
 }
 
 void tsr__coord_channels_close(tsr__coord *c)
@@ -278,6 +307,14 @@ static size_t gf_round(gfan *g)
         if (!g->pending[i])
             continue;
         size_t gr = g->calls[i].group;
+        if (c->grp[gr].n == 0) { /* a removed group (RemoveShardGroup): nothing to call */
+            tsr_rpc_result *res = &g->calls[i].result;
+            tsr_rpc_result_close(res);
+            res->code = TSR_RPC_UNAVAILABLE;
+            res->message = tsr_xstrdup("shard group removed");
+            g->pending[i] = 0;
+            continue;
+        }
         size_t k = pick(c, gr, g->tried[i], now);
         g->tried[i] |= 1u << c->rep[k].index;
         int64_t att = left;

@@ -125,6 +125,11 @@ tsr__snap *tsr__snap_create(void)
     return s;
 }
 
+size_t tsr__snap_groups(const tsr__snap *s, const tsr__coord_config *cfg)
+{
+    return s->ngroups ? s->ngroups : cfg->nshards;
+}
+
 void tsr__snap_unref(tsr__snap *s)
 {
     if (!s || atomic_fetch_sub(&s->refs, 1) != 1)
@@ -133,6 +138,7 @@ void tsr__snap_unref(tsr__snap *s)
     free(s->tmpl_bytes);
     free(s->cent_norms);
     free(s->plan);
+    free(s->groups);
     tsr__dir_close(&s->dir);
     free(s);
 }
@@ -262,6 +268,8 @@ int tsr__snap_save(const tsr__snap *s, tsr_store *st, tsr_error *err)
     free(b);
     if (rc)
         goto fail;
+    if (s->groups && (rc = tsr_store_txn_write_file(t, "groups", s->groups, s->groups_len, err)))
+        goto fail;
     return tsr_store_commit(t, err);
 fail:
     tsr_store_abort(t);
@@ -356,6 +364,28 @@ int tsr__snap_load(tsr_store *st, uint64_t version, tsr__snap **out, tsr_error *
     free(tb);
     free(pb);
     free(db);
+    /* the groups after a reshard (absent before any) */
+    void *gb = NULL;
+    size_t gl = 0;
+    rc = tsr_store_read_file(st, version, "groups", (size_t)1 << 20, &gb, &gl, err);
+    if (rc == TSR_ENOTFOUND) {
+        tsr_error_clear(err);
+    } else if (rc) {
+        tsr__snap_unref(s);
+        return rc;
+    } else {
+        s->groups = gb;
+        s->groups_len = gl;
+        const char *q = gb;
+        size_t g = 0;
+        q = strchr(q, '\n'); /* header */
+        q = q ? strchr(q + 1, '\n') : NULL; /* count */
+        while (q && *++q && g < TSR_COORD_MAX_SHARDS) {
+            s->retired[g++] = strncmp(q, "retired ", 8) == 0;
+            q = strchr(q, '\n');
+        }
+        s->ngroups = g;
+    }
     *out = s;
     return 0;
 trunc:

@@ -1176,7 +1176,7 @@ int tsr__stream_init(tsr__coord *c, tsr_error *err)
     pthread_cond_init(&s->done_cv, NULL);
     tsr__dir_init(&s->ov);
     s->log_fd = -1;
-    s->grp_seq = tsr_xcalloc(c->cfg.nshards + 1, sizeof *s->grp_seq);
+    s->grp_seq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *s->grp_seq); /* room for AddShardGroup */
     /* the families exist from the start (a scrape shows 0, not nothing) */
     tsr_metrics_counter_add("tessera_stream_writes_total", "op=upsert", 0);
     tsr_metrics_counter_add("tessera_stream_writes_total", "op=remove", 0);
@@ -1293,6 +1293,8 @@ tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn)
     v->cent_norms = sn->cent_norms;
     v->plan = sn->plan;
     v->plan_kind = sn->plan_kind;
+    memcpy(v->retired, sn->retired, sizeof v->retired);
+    v->ngroups = sn->ngroups;
     v->next_label = s->next_label;
     for (size_t i = 0; i < sn->dir.n; i++) {
         const tsr__dir_entry *e = &sn->dir.e[i];

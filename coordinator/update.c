@@ -367,6 +367,7 @@ typedef struct upd {
     int64_t newv;
     char *out;                  /* per replica: left out of newv (update_min_replicas) */
     int staged_any;             /* shards may hold part of newv: a failure aborts it */
+    int fresh;                  /* a reshard's new group (staged on an empty base), or -1 */
 } upd;
 
 /* A warning naming the batch's delete ids that the base version does not hold. */
@@ -419,12 +420,13 @@ static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *o
     Tessera__V1__StageRequest m = TESSERA__V1__STAGE_REQUEST__INIT;
     m.version = u->newv;
     m.leader_term = tsr__coord_term(u->c);
-    m.base_version = u->p.overwrite ? 0 : (int64_t)u->base->version;
+    int empty = u->p.overwrite || (int)s == u->fresh;
+    m.base_version = empty ? 0 : (int64_t)u->base->version;
     m.chunk = (int32_t)r;
     if (r == 0) {
         /* the shard folds its delta of the base: it must have applied exactly this */
-        m.base_stream_seq = tsr__stream_group_seq(u->c, s);
-        if (u->p.overwrite) {
+        m.base_stream_seq = (int)s == u->fresh ? 0 : tsr__stream_group_seq(u->c, s);
+        if (empty) {
             m.template_faiss.data = ns->tmpl_bytes;
             m.template_faiss.len = ns->tmpl_len;
         }
@@ -661,7 +663,7 @@ static void upd_cleanup(upd *u, int rc)
 static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version,
                       tsr_error *err)
 {
-    upd u = {.c = c, .op = op, .b = b};
+    upd u = {.c = c, .op = op, .b = b, .fresh = -1};
     /* streamed writes wait (queued) from the plan through the Commit fan-out: the plan's
      * base and each group's base_stream_seq stay true, and no Write reaches a shard between
      * the flip and its Commit */
@@ -739,6 +741,249 @@ static void *update_main(void *p)
     }
     tsr_batch_destroy(b);
     return NULL;
+}
+
+/* ---------------------------------------------------------------- resharding */
+
+/* Waits ms (a removed group keeps answering the queries planned before the flip). */
+static void drain_wait(int64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* One move (docs/resharding.md): add (addrs, n > 0: a new group appended) or remove group
+ * rm; the plan of reshard.c, then the update's phases. Returns the final state. */
+static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int rm,
+                       int64_t *version, tsr_error *err)
+{
+    upd u = {.c = c, .op = op, .fresh = -1};
+    tsr_batch *b = tsr_xcalloc(1, sizeof *b);
+    tsr__stream_lock(c); /* streamed writes wait for the whole move (docs/resharding.md) */
+    u.base = tsr__coord_snap_get(c);
+    u.newv = (int64_t)u.base->version + 1;
+    int rc = 0;
+    if (u.base->version == 0 || !u.base->plan)
+        rc = tsr_err(err, TSR_ESTATE, "no index yet: create it with UpdateIndex first");
+    if (!rc && n) {
+        if ((rc = tsr__coord_config_add_group(&c->cfg, (const char *const *)addrs, n, err)) == 0) {
+            u.fresh = (int)c->cfg.nshards - 1;
+            if ((rc = tsr__coord_group_append(c, err))) {
+                c->cfg.retired[u.fresh] = 1; /* its slot stays, unused */
+                u.fresh = -1;
+            } else {
+                rc = tsr__reshard_fresh_check(c, (size_t)u.fresh, err);
+            }
+        }
+    }
+    c->cfg.resharded = 1;
+    u.out = tsr_xcalloc((size_t)TSR_COORD_MAX_SHARDS * TSR_COORD_MAX_REPLICAS, 1);
+    pthread_mutex_lock(&c->op_mu);
+    op->shards_total = (int)c->cfg.nshards;
+    pthread_mutex_unlock(&c->op_mu);
+    tsr__snap *view = rc ? NULL : tsr__stream_base(c, u.base);
+    if (!rc)
+        rc = tsr__reshard_plan(c, op, view ? view : u.base, rm, &u.p, b, err);
+    tsr__stream_base_free(view);
+    u.b = b;
+    if (rc == 0)
+        rc = upd_stage(&u, err);
+    if (rc == 0)
+        rc = upd_prepare(&u, err);
+    if (rc == 0)
+        rc = upd_flip(&u, err);
+    if (rc == 0) {
+        upd_commit(&u);
+        *version = u.newv;
+        pthread_mutex_lock(&c->op_mu);
+        op->lists_moved = op->lists_total;
+        pthread_mutex_unlock(&c->op_mu);
+    }
+    if (rc && u.fresh >= 0) /* the added group serves nothing: out of every later call */
+        tsr__coord_group_retire(c, (size_t)u.fresh);
+    upd_cleanup(&u, rc);
+    tsr__stream_unlock(c);
+    if (rc == 0 && rm >= 0) {
+        /* queries planned on the old version may still call it: drain, then retire */
+        drain_wait(c->cfg.search_deadline_ms);
+        tsr__coord_group_retire(c, (size_t)rm);
+        tsr_info("reshard %s: shard group %d removed (its processes may be stopped)", op->id,
+                 rm);
+    }
+    tsr_batch_destroy(b);
+    return rc ? TESSERA__V1__OPERATION__STATE__FAILED : TESSERA__V1__OPERATION__STATE__SUCCEEDED;
+}
+
+typedef struct rs_arg {
+    tsr__coord *c;
+    tsr__op *op;
+    char **addrs;                /* owned; n new replicas (add) */
+    size_t n;
+    int rm;                      /* remove: the group, else -1 */
+} rs_arg;
+
+static void *reshard_main(void *p)
+{
+    rs_arg *a = p;
+    tsr__coord *c = a->c;
+    tsr__op *op = a->op;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_metrics_update_phase("reshard");
+    op_set(c, op, TESSERA__V1__OPERATION__STATE__READING);
+    int64_t version = 0;
+    pthread_mutex_lock(&c->update_mu);
+    int st = run_reshard(c, op, a->addrs, a->n, a->rm, &version, &err);
+    pthread_mutex_unlock(&c->update_mu);
+    op_finish(c, op, st, st == TESSERA__V1__OPERATION__STATE__SUCCEEDED ? NULL : err.msg,
+              version, err.code);
+    for (size_t i = 0; i < a->n; i++)
+        free(a->addrs[i]);
+    free(a->addrs);
+    free(a);
+    return NULL;
+}
+
+/* Starts a move on the update thread (one operation at a time). addrs (borrowed, n > 0):
+ * add a group; else remove group rm. Returns 0 with the op id and the group in *group, or a
+ * negative code with the status set on r. */
+static int reshard_start(tsr__coord *c, char *const *addrs, size_t n, int64_t rm,
+                         uint32_t *group, char *id, size_t cap, tsr_rpc_reply *r)
+{
+    int rc = tsr__leader_check(c, r);
+    if (rc)
+        return rc;
+    if (c->meta)
+        return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, "resharding with --etcd is "
+                                   "not supported yet (docs/resharding.md)");
+    if (n == 0 && (rm < 0 || (size_t)rm >= c->cfg.nshards || c->cfg.retired[rm]))
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "group %lld: not a shard group "
+                                   "of this index (0 .. %zu, not removed)", (long long)rm,
+                                   c->cfg.nshards ? c->cfg.nshards - 1 : 0);
+    if (n > TSR_COORD_MAX_REPLICAS)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "replicas: %zu given, at most "
+                                   "%d", n, TSR_COORD_MAX_REPLICAS);
+    for (size_t i = 0; i < n; i++)
+        if (!addrs[i] || !addrs[i][0] || strlen(addrs[i]) > 255)
+            return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "replicas[%zu]: expected "
+                                       "\"host:port\"", i);
+    if (n && c->cfg.nshards >= TSR_COORD_MAX_SHARDS)
+        return tsr_rpc_reply_error(r, TSR_RPC_RESOURCE_EXHAUSTED, "at most %d shard groups",
+                                   TSR_COORD_MAX_SHARDS);
+    if (!n) {
+        size_t live = 0;
+        for (size_t s = 0; s < c->cfg.nshards; s++)
+            live += !c->cfg.retired[s];
+        if (live < 2)
+            return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, "group %lld is the last "
+                                       "shard group", (long long)rm);
+    }
+    pthread_mutex_lock(&c->op_mu);
+    if (c->busy || c->closing) {
+        pthread_mutex_unlock(&c->op_mu);
+        return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, c->closing ? "shutting down"
+                                   : "update in progress");
+    }
+    char what[300];
+    if (n)
+        snprintf(what, sizeof what, "(reshard: add group %zu %s%s)", c->cfg.nshards, addrs[0],
+                 n > 1 ? ",..." : "");
+    else
+        snprintf(what, sizeof what, "(reshard: remove group %lld)", (long long)rm);
+    *group = n ? (uint32_t)c->cfg.nshards : (uint32_t)rm;
+    if (c->upd_thread_live) {
+        pthread_join(c->upd_thread, NULL);
+        c->upd_thread_live = 0;
+    }
+    tsr__op *op = tsr_xcalloc(1, sizeof *op);
+    snprintf(op->id, sizeof op->id, "op-%llu-%lld", (unsigned long long)++c->op_seq,
+             (long long)(tsr_clock_wall_ms() % 1000000));
+    op->state = TESSERA__V1__OPERATION__STATE__PENDING;
+    op->batch_root = tsr_xstrdup(what);
+    op->start_ms = tsr_clock_wall_ms();
+    op->shards_total = (int)c->cfg.nshards;
+    if (c->nops == TSR__OP_MAX_KEPT) {
+        tsr__oplog_forget(c, c->ops[0]);
+        tsr__op_free(c->ops[0]);
+        memmove(c->ops, c->ops + 1, (c->nops - 1) * sizeof *c->ops);
+        c->nops--;
+    }
+    c->ops = tsr_xrealloc(c->ops, (c->nops + 1) * sizeof *c->ops);
+    c->ops[c->nops++] = op;
+    c->busy = 1;
+    tsr_error serr = TSR_ERROR_INIT;
+    if (tsr__oplog_save(c, op, 0, 1, &serr))
+        tsr_warn("reshard %s: cannot write its operation record: %s", op->id, serr.msg);
+    rs_arg *a = tsr_xcalloc(1, sizeof *a);
+    a->c = c;
+    a->op = op;
+    a->n = n;
+    a->rm = n ? -1 : (int)rm;
+    a->addrs = tsr_xcalloc(n + 1, sizeof *a->addrs);
+    for (size_t i = 0; i < n; i++)
+        a->addrs[i] = tsr_xstrdup(addrs[i]);
+    if (pthread_create(&c->upd_thread, NULL, reshard_main, a) != 0) {
+        for (size_t i = 0; i < n; i++)
+            free(a->addrs[i]);
+        free(a->addrs);
+        free(a);
+        c->busy = 0;
+        op->state = TESSERA__V1__OPERATION__STATE__FAILED;
+        op->error = tsr_xstrdup("cannot start the update thread");
+    } else {
+        c->upd_thread_live = 1;
+    }
+    snprintf(id, cap, "%s", op->id);
+    tsr_info("reshard %s: %s", op->id, what);
+    pthread_mutex_unlock(&c->op_mu);
+    return 0;
+}
+
+static int reshard_reply(tsr_rpc_reply *r, const char *id, uint32_t group)
+{
+    Tessera__V1__ReshardResponse resp = TESSERA__V1__RESHARD_RESPONSE__INIT;
+    resp.operation_id = (char *)id;
+    resp.group = group;
+    return tsr_rpc_reply_pack(r, &resp.base);
+}
+
+int tsr__coord_rpc_add_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    Tessera__V1__AddShardGroupRequest *rq =
+        tessera__v1__add_shard_group_request__unpack(NULL, len, req);
+    if (!rq)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "AddShardGroupRequest: "
+                                   "malformed protobuf");
+    char id[sizeof ((tsr__op *)0)->id];
+    uint32_t group = 0;
+    int rc;
+    if (rq->n_replicas == 0)
+        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "replicas: empty (expected the "
+                                 "new group's \"host:port\" addresses)");
+    else
+        rc = reshard_start(c, rq->replicas, rq->n_replicas, -1, &group, id, sizeof id, r);
+    if (!rc)
+        rc = reshard_reply(r, id, group);
+    tessera__v1__add_shard_group_request__free_unpacked(rq, NULL);
+    return rc;
+}
+
+int tsr__coord_rpc_remove_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+{
+    tsr__coord *c = ctx;
+    Tessera__V1__RemoveShardGroupRequest *rq =
+        tessera__v1__remove_shard_group_request__unpack(NULL, len, req);
+    if (!rq)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "RemoveShardGroupRequest: "
+                                   "malformed protobuf");
+    char id[sizeof ((tsr__op *)0)->id];
+    uint32_t group = 0;
+    int rc = reshard_start(c, NULL, 0, (int64_t)rq->group, &group, id, sizeof id, r);
+    if (!rc)
+        rc = reshard_reply(r, id, group);
+    tessera__v1__remove_shard_group_request__free_unpacked(rq, NULL);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- handlers */

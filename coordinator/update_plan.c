@@ -177,7 +177,12 @@ static int assign_lists(const tsr_ivfpq *tmpl, const tsr_batch *b, size_t d, int
 
 int32_t tsr__group_of(const tsr__snap *s, int32_t list, const char *id, size_t nshards)
 {
-    return list >= 0 ? s->plan[list] : (int32_t)(tsr__hash_str(id) % nshards);
+    if (list >= 0)
+        return s->plan[list];
+    size_t g = (size_t)(tsr__hash_str(id) % nshards);
+    for (size_t i = 0; i < nshards && s->retired[g]; i++) /* the next group not removed */
+        g = (g + 1) % nshards;
+    return (int32_t)g;
 }
 
 /* ns's plan: base's when it has the same lists, else built from the batch's list sizes. */
@@ -273,6 +278,11 @@ int tsr__upd_plan_build(const tsr__coord_config *cfg, const char *tmpl_path,
         goto out;
     p->ns = tsr__snap_create();
     p->ns->version = base->version + 1;
+    p->ns->ngroups = cfg->nshards;
+    if (cfg->resharded) /* the groups travel with every version after a reshard */
+        p->ns->groups = tsr__coord_config_groups_text(cfg, &p->ns->groups_len);
+    for (size_t g = 0; g < cfg->nshards; g++)
+        p->ns->retired[g] = cfg->retired ? cfg->retired[g] : 0; /* (a config made by hand) */
     if ((rc = tsr__snap_set_template(p->ns, tmpl, err)))
         goto out;
     tmpl = NULL;

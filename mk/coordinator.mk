@@ -40,3 +40,9 @@ bench-ha: all
 .PHONY: bench-ha-elect
 bench-ha-elect: all
 	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_ha_elect.py
+
+# make bench-reshard: AddShardGroup / RemoveShardGroup beside a complete reload, time and
+# bytes moved per million vectors (bench/bench_reshard.py; BENCH_RESHARD_N, _DIMS).
+.PHONY: bench-reshard
+bench-reshard: all
+	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_reshard.py

@@ -52,7 +52,9 @@ static void usage(FILE *f)
             "                  (the coordinator's --shard-tls-cert)\n"
             "  --max-message BYTES  largest request or reply (default 64M; K/M/G suffixes);\n"
             "                  larger requests get RESOURCE_EXHAUSTED\n"
-            "  --help          this text;  --version  the release\n");
+            "  --help          this text;  --version  the release\n"
+            "Env: TSR_SHARD_CRASH_AT=prepare|commit makes the shard _exit(137) when that call\n"
+            "arrives (crash tests only).\n");
 }
 
 int main(int argc, char **argv)

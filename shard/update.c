@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "index/faiss_io.h"
 #include "core/log.h"
@@ -595,9 +596,22 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
     return rc;
 }
 
+/* Test hook of the crash tests (tests/integration/test_reshard_crash.py): with
+ * TSR_SHARD_CRASH_AT=prepare|commit the shard _exit(137)s when that call arrives, as a
+ * kill -9 at that step would. */
+static void crash_point(const char *step)
+{
+    const char *at = getenv("TSR_SHARD_CRASH_AT");
+    if (at && strcmp(at, step) == 0) {
+        tsr_warn("TSR_SHARD_CRASH_AT=%s: exiting with 137 (test hook)", step);
+        _exit(137);
+    }
+}
+
 int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareResponse *resp,
                        tsr_error *err)
 {
+    crash_point("prepare");
     int rc = 0;
     tsr__version *v = NULL;
     tsr__edits e = {0};
@@ -726,6 +740,7 @@ static void enforce_cap(tsr__shard *s)
 
 int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err)
 {
+    crash_point("commit");
     int rc = 0;
     tsr__version *old = NULL;
     pthread_mutex_lock(&s->update_mu);

@@ -88,6 +88,11 @@ usage_error(["cluster", "up", "--data", "d", "--nlist", "0"], "tessera cluster u
 usage_error(["query", "--kk", "3"], "tessera query: unknown option --kk", "--help")
 usage_error(["stats", "--target"], "tessera stats: --target needs a value")
 usage_error(["stats"], "tessera stats: --target is required")
+usage_error(["shards", "add", "--target", "t"], "tessera shards add: --group is required")
+usage_error(["shards", "add", "--target", "t", "--group", "nocolon"],
+            "tessera shards add: --group nocolon: expected")
+usage_error(["shards", "remove", "--target", "t", "--group", "256"],
+            "tessera shards remove: --group")
 usage_error(["read", "--target", "t"], "tessera read: expected at least one ID")
 usage_error(["remove", "--target", "t"], "tessera remove: expected at least one ID")
 usage_error(["upsert", "--target", "t"], "tessera upsert: --json is required")
@@ -158,7 +163,8 @@ check(r.returncode == 2 and "usage: tessera" in r.stderr, "tessera alone: usage,
 # ---- every command's --help: exit 0, on stdout, with its exit codes
 for cmd in (["index", "build"], ["index", "search"], ["index", "check"], ["index", "info"],
             ["index", "rewrite"], ["batch", "inspect"], ["query"], ["update"], ["read"],
-            ["upsert"], ["remove"], ["stats"], ["health"], ["cluster", "up"]):
+            ["upsert"], ["remove"], ["stats"], ["health"], ["cluster", "up"],
+            ["shards", "add"], ["shards", "remove"]):
     r = run(*(cmd + ["--help"]))
     check(r.returncode == 0 and r.stdout.startswith("usage: tessera " + " ".join(cmd)) and
           re.search(r"Exit( status:)? 0", r.stdout) and

@@ -1,0 +1,229 @@
+"""Grow and shrink online (issue 19): AddShardGroup 2 -> 3 groups, then RemoveShardGroup of
+group 0 (3 -> 2), while a client queries nonstop; then a coordinator restart.
+
+Scaled down for `make test` (well under a minute on 2 busy cores): 20000 vectors, d 16,
+nlist 64, trained by the coordinator from the first batch. Queries probe every list
+(fraction 1.0) with PQ distances (approximate_neighbor_count 0), so an answer does not
+depend on the partition plan: every answer during and after a move must equal the answer
+before it (ids, or equal distances where PQ distances tie).
+Checks after each move: 0 failed queries; every label of the index present exactly once
+over the live groups (Shard.Read of every label on every shard: the checker of
+lists_checker()); dense datapoints per live group within 10 % of the mean; the operation's
+progress (lists and bytes moved); GetIndexStats marks the removed group; the removed
+group's shard can be stopped and queries still answer; after a coordinator restart the
+groups come from the stored version (the new shard is still queried).
+"""
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import coord_harness as ch  # noqa: E402
+import shard_harness as sh  # noqa: E402
+
+N = int(os.environ.get("TSR_RESHARD_N", "20000"))
+D = 16
+NLIST = 64
+
+
+def lists_checker(shards, nlabels, expect=None, at_least=False):
+    """Every label 0 .. nlabels (the coordinator's counter starts at 0) on at most one of
+    shards (their current version) and `expect` (default N) labels on exactly one. Returns
+    the datapoints held per shard."""
+    expect = N if expect is None else expect
+    sp = sh.stubs()[0]
+    seen = np.zeros(nlabels + 1, dtype=np.int64)
+    per = []
+    for s in shards:
+        held = 0
+        for k in range(0, nlabels + 1, 5000):
+            labels = list(range(k, min(k + 5000, nlabels + 1)))
+            r = s.stub.Read(sp.ShardReadRequest(version=0, labels=labels), timeout=30)
+            for lab, d in zip(labels, r.datapoints):
+                if d.found:
+                    seen[lab] += 1
+                    held += 1
+        per.append(held)
+    twice = np.nonzero(seen > 1)[0]
+    assert len(twice) == 0, "labels on more than one group: %s" % twice[:10]
+    once = int((seen == 1).sum())
+    if at_least:  # streamed writes go on: every batch datapoint at least
+        assert once >= expect, "labels present once: %d, expected >= %d" % (once, expect)
+    else:
+        assert once == expect, "labels present once: %d, expected %d" % (once, expect)
+    return per
+
+
+def balanced(per):
+    mean = sum(per) / len(per)
+    assert all(abs(p - mean) <= 0.10 * mean for p in per), \
+        "vectors per group %s not within 10%% of the mean %.0f" % (per, mean)
+
+
+def same_answer(a, b):
+    ia = [n.datapoint.datapoint_id for n in a.neighbors]
+    ib = [n.datapoint.datapoint_id for n in b.neighbors]
+    if ia == ib:
+        return True
+    da = [round(n.distance, 3) for n in a.neighbors]
+    db = [round(n.distance, 3) for n in b.neighbors]
+    return da == db
+
+
+def main():
+    tp = ch.stubs()[0]
+    rng = np.random.default_rng(19)
+    centers = rng.normal(size=(NLIST, D)).astype("float32") * 4
+    x = (centers[rng.integers(0, NLIST, N)] + rng.normal(size=(N, D))).astype("float32")
+    root = sh.tmpdir("tsr-reshard-")
+    b1 = ch.write_batch(os.path.join(root, "b1"),
+                        [ch.dp_json("a%06d" % i, x[i]) for i in range(N)], per_file=10000)
+    cl = ch.Cluster(2, D, {"nlist": NLIST, "pq_m": 4, "nprobe": 8})
+    extra = []
+    try:
+        op = cl.update(b1, timeout=300)
+        assert op.state == tp.Operation.SUCCEEDED and op.version == 1, op
+        qv = x[rng.integers(0, N, 24)] + rng.normal(size=(24, D)).astype("float32") * 0.3
+        # streamed writes carry the token src=w; the queries deny it, so their answers stay
+        # those of the batch's datapoints while the writes go on
+        rq = tp.FindNeighborsRequest(queries=[ch.query(tp, v, 10, cand=0, fraction=1.0,
+                                                       restricts=[("src", [], ["w"])])
+                                              for v in qv])
+        before = cl.stub.FindNeighbors(rq, timeout=30).nearest_neighbors
+        stop = threading.Event()
+        st = {"ok": 0, "fail": [], "diff": 0}
+
+        def client():
+            while not stop.is_set():
+                try:
+                    r = cl.stub.FindNeighbors(rq, timeout=30)
+                except Exception as e:  # noqa: BLE001 - every failure counts
+                    st["fail"].append(str(e)[:300])
+                    continue
+                for a, b in zip(r.nearest_neighbors, before):
+                    if not same_answer(a, b):
+                        st["diff"] += 1
+                st["ok"] += 1
+
+        wr = {"acked": [], "fail": [], "max_s": 0.0}
+
+        def writer():
+            i = 0
+            while not stop.is_set():
+                ids = ["w%06d" % (i + j) for j in range(20)]
+                dps = []
+                for j, did in enumerate(ids):
+                    p = tp.IndexDatapoint(datapoint_id=did)
+                    p.feature_vector.extend([float(v) for v in x[(i + j) * 7 % N] + 0.5])
+                    p.restricts.add(namespace="src", allow_list=["w"])
+                    dps.append(p)
+                t0 = time.time()
+                try:
+                    cl.stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=dps),
+                                             timeout=60)
+                    wr["acked"] += ids
+                except Exception as e:  # noqa: BLE001 - every failure counts
+                    wr["fail"].append(str(e)[:300])
+                wr["max_s"] = max(wr["max_s"], time.time() - t0)
+                i += 20
+                time.sleep(0.02)
+
+        th = threading.Thread(target=client)
+        th.start()
+        tw = threading.Thread(target=writer)
+        tw.start()
+        try:
+            # grow: a fresh shard becomes group 2
+            s3 = sh.Shard(os.path.join(cl.root, "shard-new"))
+            extra.append(s3)
+            t0 = time.time()
+            cli = subprocess.run([os.path.join(ch.BIN, "tessera"), "shards", "add", "--target",
+                                  cl.target, "--group", s3.target], capture_output=True,
+                                 text=True, timeout=120)
+            dt = time.time() - t0
+            assert cli.returncode == 0 and "succeeded: version 2" in cli.stdout, cli
+            m = re.search(r"operation (\S+) \(group 2\)", cli.stderr)
+            assert m, cli.stderr
+            op = cl.wait_op(m.group(1), 10)
+            assert op.state == tp.Operation.SUCCEEDED and op.version == 2, op
+            pg = op.progress
+            assert pg.lists_total > 0 and pg.lists_moved == pg.lists_total, pg
+            assert pg.datapoints_moved > 0 and pg.bytes_moved > 0, pg
+            print("add: %d lists, %d datapoints, %d bytes moved in %.2fs" %
+                  (pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt))
+            n_at = len(wr["acked"])
+            per = lists_checker(cl.shards + [s3], N + n_at + 2000, N, at_least=True)
+            print("after add, datapoints per group:", per)
+            balanced(per)
+            # a batch update is refused while a move runs? (one operation at a time) - the
+            # move is over here; a second move is accepted now
+            t0 = time.time()
+            r = cl.stub.RemoveShardGroup(tp.RemoveShardGroupRequest(group=0), timeout=30)
+            try:
+                cl.stub.AddShardGroup(tp.AddShardGroupRequest(replicas=["127.0.0.1:1"]),
+                                      timeout=30)
+                busy = None
+            except Exception as e:  # noqa: BLE001
+                busy = str(e)
+            op = cl.wait_op(r.operation_id, 120)
+            dt = time.time() - t0
+            assert op.state == tp.Operation.SUCCEEDED and op.version == 3, op
+            assert busy is None or "in progress" in busy, busy
+            pg = op.progress
+            print("remove: %d lists, %d datapoints, %d bytes moved in %.2fs" %
+                  (pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt))
+            live = [cl.shards[1], s3]
+            per = lists_checker(live, N + len(wr["acked"]) + 2000, N, at_least=True)
+            print("after remove, datapoints per group:", per)
+            balanced(per)
+            stats = cl.stats()
+            assert [s.removed for s in stats.shards] == [True, False, False], stats
+            assert stats.vectors_count >= N, stats
+            # the removed group's process is no longer needed
+            cl.shards[0].stop()
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            th.join()
+            tw.join()
+        print("queries during the moves: %d ok, %d failed, %d differing answers" %
+              (st["ok"], len(st["fail"]), st["diff"]))
+        assert not st["fail"], st["fail"][:3]
+        assert st["diff"] == 0, st["diff"]
+        assert st["ok"] > 0
+        print("streamed writes during the moves: %d acknowledged, %d failed, longest wait "
+              "%.2fs" % (len(wr["acked"]), len(wr["fail"]), wr["max_s"]))
+        assert not wr["fail"], wr["fail"][:3]
+        acked = wr["acked"]
+        assert len(acked) > 0
+        per = lists_checker([cl.shards[1], s3], N + len(acked) + 2000, N + len(acked))
+        balanced(per)
+        for k in range(0, len(acked), 1000):
+            r = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=acked[k:k + 1000]),
+                                            timeout=30)
+            assert len(r.datapoints) == len(acked[k:k + 1000]), "acknowledged writes missing"
+        # restart: the groups come from the stored version, not the config file
+        cl.stop_coord()
+        cl.start()
+        r = cl.stub.FindNeighbors(rq, timeout=30)
+        for a, b in zip(r.nearest_neighbors, before):
+            assert same_answer(a, b), (a, b)
+        stats = cl.stats()
+        assert [s.removed for s in stats.shards] == [True, False, False], stats
+        assert stats.shards[2].address == s3.target and stats.shards[2].available, stats
+        print("test_reshard: OK")
+    finally:
+        try:
+            cl.stop()
+        finally:
+            for s in extra:
+                s.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Crash safety of a move (issue 19, "what must be true" 2): kill -9 of the leader
+coordinator at each step of AddShardGroup / RemoveShardGroup (TSR_COORD_CRASH_AT=staged,
+prepared, flipped, committed: the process _exit(137)s there, as a kill -9 would) and of
+the receiving shard (TSR_SHARD_CRASH_AT=prepare, commit). After each, the restarted
+coordinator's committed version decides: the move is complete (version + 1, the new
+groups) or rolled back (same version, same groups), the shards converge to that version
+(reconcile), and the checker over the lists of every group (Shard.Read of every label on
+every shard, test_reshard.lists_checker) finds every datapoint exactly once. A rolled-back
+move is then retried and succeeds (the new shard's leftover staged version is aborted).
+One cluster runs the whole sequence (a few thousand vectors) to stay well under a minute.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import coord_harness as ch  # noqa: E402
+import shard_harness as sh  # noqa: E402
+import test_reshard as tr  # noqa: E402
+
+N = 4000
+D = 16
+tr.N = N
+
+
+def converge(cl, live, timeout=30):
+    """Waits until every live shard serves the coordinator's version; returns it."""
+    sp = sh.stubs()[0]
+    t0 = time.time()
+    while True:
+        v = cl.stats().version
+        cur = [s.stub.Stats(sp.ShardStatsRequest(), timeout=10).current_version for s in live]
+        if all(c == v for c in cur):
+            return v
+        if time.time() - t0 > timeout:
+            raise AssertionError("shards %s did not reach version %d" % (cur, v))
+        time.sleep(0.2)
+
+
+def check(cl, live, others, label):
+    """Every datapoint once over live; none on others (dead or out of the index)."""
+    v = converge(cl, live)
+    per = tr.lists_checker(live, N - 1, N)
+    for s in others:
+        if s.proc.poll() is not None:
+            continue
+        sp = sh.stubs()[0]
+        try:
+            r = s.stub.Read(sp.ShardReadRequest(version=0, labels=list(range(N))), timeout=30)
+            held = sum(1 for d in r.datapoints if d.found)
+        except Exception:  # noqa: BLE001 - no version at all: holds nothing
+            held = 0
+        assert held == 0, "%s: a shard out of the index holds %d datapoints" % (label, held)
+    st = cl.stats()
+    assert st.vectors_count == N, st
+    print("%s: version %d, datapoints per live group %s" % (label, v, per))
+    return v
+
+
+def move(cl, rq, crash=None):
+    """Starts the move; with crash, waits for the coordinator to die and restarts it.
+    Returns the finished operation (None after a crash)."""
+    tp = ch.stubs()[0]
+    if crash:
+        cl.stop_coord()
+        cl.start(env={"TSR_COORD_CRASH_AT": crash})
+    if isinstance(rq, tp.AddShardGroupRequest):
+        r = cl.stub.AddShardGroup(rq, timeout=30)
+    else:
+        r = cl.stub.RemoveShardGroup(rq, timeout=30)
+    if not crash:
+        return cl.wait_op(r.operation_id, 60)
+    rc = cl.wait_exit(60)
+    assert rc == 137, "coordinator exit %s, expected the crash hook's 137" % rc
+    cl.start()
+    return None
+
+
+def main():
+    tp = ch.stubs()[0]
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(N, D)).astype("float32")
+    root = sh.tmpdir("tsr-reshard-crash-")
+    b1 = ch.write_batch(os.path.join(root, "b1"), [ch.dp_json("a%05d" % i, x[i]) for i in range(N)])
+    cl = ch.Cluster(2, D, {"nlist": 16, "pq_m": 4, "nprobe": 4})
+    extra = []
+    try:
+        assert cl.update(b1, timeout=120).state == tp.Operation.SUCCEEDED
+        s0, s1 = cl.shards
+        # 1. add, coordinator killed after staging: rolled back, then retried
+        a = sh.Shard(os.path.join(cl.root, "a"))
+        extra.append(a)
+        move(cl, tp.AddShardGroupRequest(replicas=[a.target]), crash="staged")
+        assert check(cl, [s0, s1], [a], "add, coordinator killed at staged") == 1
+        assert len(cl.stats().shards) == 2
+        op = move(cl, tp.AddShardGroupRequest(replicas=[a.target]))
+        assert op.state == tp.Operation.SUCCEEDED, op
+        assert check(cl, [s0, s1, a], [], "add retried") == 2
+        # 2. remove group 2, killed after prepare: rolled back
+        move(cl, tp.RemoveShardGroupRequest(group=2), crash="prepared")
+        assert check(cl, [s0, s1, a], [], "remove, coordinator killed at prepared") == 2
+        # 3. remove group 2, killed right after the commit point: complete
+        move(cl, tp.RemoveShardGroupRequest(group=2), crash="flipped")
+        assert check(cl, [s0, s1], [], "remove, coordinator killed at flipped") == 3
+        assert [s.removed for s in cl.stats().shards] == [False, False, True]
+        # 4. add, killed after the Commit fan-out: complete
+        b = sh.Shard(os.path.join(cl.root, "b"))
+        extra.append(b)
+        move(cl, tp.AddShardGroupRequest(replicas=[b.target]), crash="committed")
+        assert check(cl, [s0, s1, b], [], "add, coordinator killed at committed") == 4
+        # 5. the receiving shard dies at Prepare: the move fails, nothing changes; restarted,
+        #    the add is retried
+        c = sh.Shard(os.path.join(cl.root, "c"), env={"TSR_SHARD_CRASH_AT": "prepare"})
+        extra.append(c)
+        op = move(cl, tp.AddShardGroupRequest(replicas=[c.target]))
+        assert op.state == tp.Operation.FAILED, op
+        assert c.proc.wait(30) == 137
+        c.kill()
+        assert check(cl, [s0, s1, b], [], "add, receiving shard killed at prepare") == 4
+        c = sh.restart(c)
+        extra.append(c)
+        op = move(cl, tp.AddShardGroupRequest(replicas=[c.target]))
+        assert op.state == tp.Operation.SUCCEEDED, op
+        assert check(cl, [s0, s1, b, c], [], "add retried after the shard restart") == 5
+        # 6. the receiving shard dies at Commit (after the commit point): the move stands;
+        #    reconcile commits it on the restarted shard
+        d = sh.Shard(os.path.join(cl.root, "d"), env={"TSR_SHARD_CRASH_AT": "commit"})
+        extra.append(d)
+        op = move(cl, tp.AddShardGroupRequest(replicas=[d.target]))
+        assert op.state == tp.Operation.SUCCEEDED, op
+        assert d.proc.wait(30) == 137
+        d.kill()
+        d = sh.restart(d)
+        extra.append(d)
+        assert check(cl, [s0, s1, b, c, d], [], "add, receiving shard killed at commit") == 6
+        print("test_reshard_crash: OK")
+    finally:
+        try:
+            cl.stop()
+        finally:
+            for s in extra:
+                if s.proc.poll() is None:
+                    s.stop()
+                else:
+                    s.kill()
+
+
+if __name__ == "__main__":
+    main()
