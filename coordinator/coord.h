@@ -594,6 +594,12 @@ int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc
 
 /* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed). */
 void tsr__coord_crash_point(const char *step);
+/* Test-only: 1 when TSR_COORD_CRASH_AT names this hook. Besides the crash points, one
+ * planted bug for the chaos checker (tests/chaos, docs/reliability.md "Chaos"):
+ * "plant-ack-unlogged" makes the stream writer acknowledge each round without appending it
+ * to the coordinator log or mirroring it in etcd (it still sends it to the shards). Never
+ * set outside that demonstration. */
+int tsr__coord_test_hook(const char *name);
 
 /* ---- replica.c ---- */
 /* Opens one channel per replica (opts borrowed, may be NULL = plaintext defaults). Returns

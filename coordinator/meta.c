@@ -406,8 +406,29 @@ static void log_prefix(const tsr__meta *m, uint64_t v, int64_t seq, char *buf, s
         snprintf(buf, cap, "%s/stream/%020" PRIu64 "/%020" PRId64 "/", m->prefix, v, seq);
 }
 
+/* One fenced put: applied only while every fence compare holds (the caller's leadership)
+ * and, for the mark, while the record's mark does not exist yet. */
+static int log_put_one(tsr__meta *m, const char *key, const void *val, size_t n, int mark,
+                       const tsr_etcd_cmp *fence, size_t nfence, tsr_error *err)
+{
+    tsr_etcd_cmp cmp[4];
+    if (nfence > 3)
+        return tsr_err(err, TSR_EINVAL, "etcd: %zu fence compares, at most 3", nfence);
+    memcpy(cmp, fence, nfence * sizeof *cmp);
+    size_t ncmp = nfence;
+    if (mark)
+        cmp[ncmp++] = (tsr_etcd_cmp){key, TSR_ETCD_CREATE_REV, 0, NULL, 0};
+    tsr_etcd_op op = {0, key, val, n, 0};
+    int ok = 0;
+    int rc = tsr_etcd_txn(m->etcd, cmp, ncmp, &op, 1, &ok, NULL, err);
+    if (rc == 0 && !ok)
+        rc = tsr_err(err, TSR_ESTATE, "%s: compare failed (this coordinator is not the "
+                     "leader any more%s)", key, mark ? ", or the round's seq is taken" : "");
+    return rc;
+}
+
 int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
-                      tsr_error *err)
+                      const tsr_etcd_cmp *fence, size_t nfence, tsr_error *err)
 {
     char pre[400], key[440];
     log_prefix(m, v, seq, pre, sizeof pre);
@@ -416,14 +437,14 @@ int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf,
     for (size_t off = 0; rc == 0 && (off < len || k == 0); off += TSR__META_CHUNK, k++) {
         size_t n = len - off < TSR__META_CHUNK ? len - off : TSR__META_CHUNK;
         snprintf(key, sizeof key, "%sc%08zu", pre, k);
-        rc = tsr_etcd_put(m->etcd, key, buf + off, n, 0, NULL, err);
+        rc = log_put_one(m, key, buf + off, n, 0, fence, nfence, err);
     }
     if (rc)
         return rc;
     char mark[64];
     int ml = snprintf(mark, sizeof mark, "%zu %zu", k, len);
     snprintf(key, sizeof key, "%sn", pre);
-    return tsr_etcd_put(m->etcd, key, mark, (size_t)ml, 0, NULL, err); /* complete now */
+    return log_put_one(m, key, mark, (size_t)ml, 1, fence, nfence, err); /* complete now */
 }
 
 int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, int64_t seq, tsr__meta_log_fn fn, void *ud,

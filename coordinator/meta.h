@@ -91,9 +91,13 @@ int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_er
  * the header) of version v, packed, under PREFIX/stream/<v>/<seq>/ in chunks c<k> and
  * then a mark "n" = "<chunks> <bytes>" (a record without its mark was never acknowledged
  * and is skipped). fetch calls fn(ud, record, len, err) for each complete one in seq order
- * (a nonzero return stops it and is returned); drop removes version v's records. */
+ * (a nonzero return stops it and is returned); drop removes version v's records.
+ * put is fenced: every key is written in a transaction with the fence compares (at most 3;
+ * the leader's, tsr__leader_fence), the mark only while it does not exist yet: a deposed
+ * leader cannot add a round after its successor read the log, nor two leaders complete
+ * one seq twice (TSR_ESTATE "compare failed"; found by tests/chaos). */
 int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
-                      tsr_error *err);
+                      const tsr_etcd_cmp *fence, size_t nfence, tsr_error *err);
 typedef int (*tsr__meta_log_fn)(void *ud, const uint8_t *buf, size_t len, tsr_error *err);
 int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, int64_t seq, tsr__meta_log_fn fn, void *ud,
                         tsr_error *err); /* seq -1: every record of v, else that one */

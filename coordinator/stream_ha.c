@@ -37,8 +37,13 @@ int tsr__shlog_mirror(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec, tsr
     size_t len = tessera__v1__coord_log_record__get_packed_size(rec);
     uint8_t *buf = tsr_xmalloc(len ? len : 1);
     tessera__v1__coord_log_record__pack(rec, buf);
-    int rc = tsr__meta_log_put(c->meta, (uint64_t)rec->version, rec->seq, buf, len, err);
+    tsr_etcd_cmp fence[2];
+    size_t nfence = tsr__leader_fence(c, fence);
+    int rc = tsr__meta_log_put(c->meta, (uint64_t)rec->version, rec->seq, buf, len, fence,
+                               nfence, err);
     free(buf);
+    if (rc == TSR_ESTATE) /* another coordinator leads now: stop acting at once */
+        tsr__leader_lost(c, err->msg);
     return rc;
 }
 

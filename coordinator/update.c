@@ -38,10 +38,15 @@
 #include "net/metrics.h"
 #include "net/pb_datapoint.h"
 
-void tsr__coord_crash_point(const char *step)
+int tsr__coord_test_hook(const char *name)
 {
     const char *at = getenv("TSR_COORD_CRASH_AT");
-    if (at && strcmp(at, step) == 0) {
+    return at != NULL && strcmp(at, name) == 0;
+}
+
+void tsr__coord_crash_point(const char *step)
+{
+    if (tsr__coord_test_hook(step)) {
         tsr_warn("TSR_COORD_CRASH_AT=%s: exiting with 137 (test hook)", step);
         _exit(137);
     }
