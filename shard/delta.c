@@ -3,12 +3,18 @@
  * and folding a delta into the edit set of the next version.
  *
  * A write makes a new snapshot from the old one (copy-on-write): the list pointer array
- * is copied (refs), the records and the mask are merged with the write's changes (one
- * pass over each sorted array), and only the lists the write touches are rebuilt (their
- * kept entries copied, the new records PQ-encoded with tsr__encode and their ADC terms
- * computed by tsr_ivfpq_list_terms — the same functions a base list is built with, so a
- * delta record scores exactly as it would in a base list). The cost of a write is
- * O(nlist pointers + delta records + mask + the touched lists), never O(version).
+ * is copied (refs), the mask is merged with the write's changes (one pass), the records
+ * are appended to the old snapshot's shared buffer (tsr__recbuf) when the write only adds
+ * labels past the last one (new ids: the coordinator's labels grow) or else merged into a
+ * new buffer (one pass, a ref per record), and only the lists the write touches are
+ * rebuilt (their kept entries copied, the new records PQ-encoded with tsr__encode and
+ * their ADC terms computed by tsr_ivfpq_list_terms — the same functions a base list is
+ * built with, so a delta record scores exactly as it would in a base list). Counts and
+ * bytes follow the changes. The cost of a write is O(nlist pointers + mask + the touched
+ * lists + its records), plus O(delta records) when it replaces or deletes one of them,
+ * never O(version). (Before the shared buffer every write copied and ref'd every delta
+ * record and the old snapshot's release unref'd them all: 40 % of a streaming shard's CPU
+ * at a 20k-record delta, docs/performance.md "Streamed writes".)
  *
  * Threads: the caller serializes the builds of one version's deltas (write_mu in
  * stream.c, or the single thread of the start-up replay); v->dtags is touched only here.
@@ -79,37 +85,97 @@ static void count_rec(const tsr__rec *r, int64_t *vec, int64_t *sp, int sign)
         *sp += sign;
 }
 
+/* Counts and bytes of the delta record r into d (sign +1 added, -1 removed). */
+static void account(tsr__delta *d, const tsr__rec *r, int sign)
+{
+    uint64_t anon = 0, mapped = 0;
+    tsr__rec_bytes(r, &anon, &mapped);
+    count_rec(r, &d->rvec, &d->rsparse, sign);
+    d->rec_anon += sign > 0 ? anon : -anon;
+    d->rec_mapped += sign > 0 ? mapped : -mapped;
+}
+
+/* 1 when the write only adds records that sort after the last one of old, which is the
+ * tip of its buffer with room for them: they are appended in place (no copy). */
+static int can_append(const tsr__delta *old, const chg *c, size_t nc)
+{
+    if (old == NULL || old->rbuf == NULL || old->nrecs == 0 || old->nrecs != old->rbuf->n)
+        return 0;
+    int64_t last = old->recs[old->nrecs - 1]->label;
+    size_t add = 0;
+    for (size_t j = 0; j < nc; j++) {
+        if (c[j].rec) {
+            if (c[j].label <= last)
+                return 0;
+            add++;
+        } else if (c[j].label <= last && tsr__delta_find(old, c[j].label, NULL)) {
+            return 0; /* deletes a delta record */
+        }
+    }
+    return old->nrecs + add <= old->rbuf->cap;
+}
+
 /* Records: old->recs merged with the changes (the last change of a label wins); touched[]
- * gets the lists of removed and added records. */
+ * gets the lists of removed and added records; counts and bytes follow the changes
+ * (O(changes)). Appends to old's buffer when can_append, else copies into a new one
+ * (with room to append after it). */
 static int merge_recs(const tsr__delta *old, const chg *c, size_t nc, tsr__delta *d,
                       uint8_t *touched, tsr_error *err)
 {
     size_t on = old ? old->nrecs : 0;
-    d->recs = tsr_try_malloc(on + nc + 1, sizeof *d->recs);
-    if (d->recs == NULL)
+    if (old) {
+        d->rvec = old->rvec, d->rsparse = old->rsparse;
+        d->rec_anon = old->rec_anon, d->rec_mapped = old->rec_mapped;
+    }
+    if (can_append(old, c, nc)) {
+        tsr__recbuf *b = old->rbuf;
+        for (size_t j = 0; j < nc; j++) {
+            if (!c[j].rec)
+                continue;
+            b->recs[b->n++] = tsr__rec_ref(c[j].rec);
+            account(d, c[j].rec, 1);
+            if (c[j].rec->list >= 0)
+                touched[c[j].rec->list] = 1;
+        }
+        atomic_fetch_add(&b->refs, 1);
+        d->rbuf = b;
+        d->recs = b->recs;
+        d->nrecs = b->n;
+        return 0;
+    }
+    size_t cap = on + nc + (on + nc) / 2 + 64;
+    tsr__recbuf *b = calloc(1, sizeof *b);
+    if (b == NULL || (b->recs = tsr_try_malloc(cap, sizeof *b->recs)) == NULL) {
+        free(b);
         return tsr_err(err, TSR_ENOMEM, "out of memory for %zu delta records", on + nc);
+    }
+    atomic_init(&b->refs, 1);
+    b->cap = cap;
+    d->rbuf = b;
+    d->recs = b->recs;
     size_t i = 0, j = 0;
     while (i < on || j < nc) {
         tsr__rec *o = i < on ? old->recs[i] : NULL;
         if (j >= nc || (o && o->label < c[j].label)) {
-            d->recs[d->nrecs++] = tsr__rec_ref(o);
-            count_rec(o, &d->rvec, &d->rsparse, 1);
+            b->recs[b->n++] = tsr__rec_ref(o);
             i++;
             continue;
         }
         if (o && o->label == c[j].label) { /* replaced or deleted */
+            account(d, o, -1);
             if (o->list >= 0)
                 touched[o->list] = 1;
             i++;
         }
         if (c[j].rec) {
-            d->recs[d->nrecs++] = tsr__rec_ref(c[j].rec);
-            count_rec(c[j].rec, &d->rvec, &d->rsparse, 1);
+            b->recs[b->n++] = tsr__rec_ref(c[j].rec);
+            account(d, c[j].rec, 1);
             if (c[j].rec->list >= 0)
                 touched[c[j].rec->list] = 1;
         }
         j++;
     }
+    d->nrecs = b->n;
     return 0;
 }
 
@@ -143,15 +209,15 @@ static int merge_mask(const tsr__version *v, const tsr__delta *old, const chg *c
         }
         j++;
     }
-    /* deletes held = masked labels without an upsert in recs */
-    size_t both = 0;
-    for (size_t a = 0, r = 0; a < d->nmask && r < d->nrecs;) {
-        if (d->mask[a] == d->recs[r]->label)
-            both++, a++, r++;
-        else if (d->mask[a] < d->recs[r]->label)
-            a++;
-        else
-            r++;
+    /* deletes held = masked labels without an upsert in recs; only the changed labels
+     * can change side (a masked label stays masked), so O(changes log delta) */
+    size_t both = old ? old->nmask - old->ndeletes : 0;
+    for (size_t j = 0; j < nc; j++) {
+        int64_t l = c[j].label;
+        if (old && tsr__i64_in(old->mask, old->nmask, l) && tsr__delta_find(old, l, NULL))
+            both--;
+        if (c[j].rec && tsr__i64_in(d->mask, d->nmask, l))
+            both++;
     }
     d->ndeletes = d->nmask - both;
     return 0;

@@ -108,8 +108,8 @@ typedef struct tsr__rec {
 
 /* The streamed writes held by one version (docs/streaming.md "On the shard"): an
  * immutable, refcounted snapshot, replaced whole by every applied Write (copy-on-write:
- * the list pointer array and the record/mask arrays are copied, only the lists the write
- * touches are rebuilt). Readers take a reference together with the version's (under
+ * the list pointer array and the mask are copied, the records appended to a shared buffer
+ * or copied (tsr__recbuf), only the lists the write touches are rebuilt). Readers take a reference together with the version's (under
  * table_mu) and never wait for a writer.
  *  - lists[i]: the delta records of list i as a tsr__list (codes, labels, ADC terms
  *    computed exactly as for a base list; fl always NULL), or NULL;
@@ -120,13 +120,27 @@ typedef struct tsr__rec {
  *    sorted. Crowding tag ids of delta records: the base dict's id of the tag when it has
  *    one, else TSR__DTAG_BIT | an id from the version's writer-only dtags dict. */
 #define TSR__DTAG_BIT 0x80000000u
+/* The record array of deltas, shared by successive snapshots (delta.c): recs[0..n) are
+ * refs owned by the buffer (dropped when its last delta goes). A write whose new records
+ * all sort after the tip's last label appends them in place past n (readers of older
+ * snapshots only read their own prefix), so such a write costs O(its records), not
+ * O(delta). Only the writer (write_mu, or the replay thread) changes n and the slots past
+ * it; a snapshot is published with a pointer swap under table_mu, which orders them. */
+typedef struct tsr__recbuf {
+    atomic_int refs;
+    tsr__rec **recs;         /* cap slots; [0..n) refs */
+    size_t n, cap;
+} tsr__recbuf;
+
 typedef struct tsr__delta {
     atomic_int refs;
     int64_t seq;             /* applied seq: the last write applied to the version */
     size_t nlist;
     tsr__list **lists;       /* nlist refs, NULL = no delta record in that list */
-    tsr__rec **recs;         /* refs, sorted by label */
+    tsr__rec **recs;         /* = rbuf->recs (borrowed), sorted by label; [0..nrecs) */
     size_t nrecs;
+    tsr__recbuf *rbuf;       /* ref, or NULL when nrecs is 0 */
+    uint64_t rec_anon, rec_mapped; /* bytes of recs[0..nrecs) (tsr__version_memory_split) */
     int64_t *mask;           /* sorted base labels masked */
     size_t nmask;
     size_t ndeletes;         /* masked labels without an upsert in recs */
@@ -154,6 +168,7 @@ typedef struct tsr__version {
     tsr__rec **row_rec;       /* rows -> rec (borrowed from recs) */
     size_t nrows;
     uint64_t disk_bytes;
+    uint64_t rec_anon, rec_mapped; /* bytes of recs[0..nrecs) (set once, by finish) */
     int64_t stream_seq;       /* the stream seq folded into this version (file "stream"
                                  of its directory; 0 without one) */
     /* Streaming (the only mutable parts of a published version): */
@@ -181,6 +196,8 @@ uint64_t tsr__version_memory(const tsr__version *v);
 /* The same split: *anon = on the heap (codes, labels, terms, records, heap vectors, row
  * tables, metadata estimate), *mapped = raw vectors in mapped vectors.f32 pages; d (v's
  * delta or NULL) adds its lists and records. */
+/* Adds the heap (*anon) and mapped (*mapped) bytes of record r (metadata estimated). */
+void tsr__rec_bytes(const tsr__rec *r, uint64_t *anon, uint64_t *mapped);
 void tsr__version_memory_split(const tsr__version *v, const tsr__delta *d, uint64_t *anon,
                                uint64_t *mapped);
 

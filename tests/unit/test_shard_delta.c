@@ -7,7 +7,9 @@
  * ADC term are byte-identical to the same record's in a base list (and tsr__encode's fast
  * path gives the plain loop's codes); crowding tag ids
  * (the base dict's id, else a delta id, stable per string); folding a delta into an edit
- * set (the staged edits win) builds the expected version.
+ * set (the staged edits win) builds the expected version; random writes against a model:
+ * every snapshot's labels, counts, deletes held and record bytes, after later writes
+ * appended to the shared record buffer (new labels) or copied it (replaced / deleted).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -253,6 +255,108 @@ static void test_fold(void **state)
     assert_int_equal(e2.nups + e2.ndels, 0);
 }
 
+/* Random writes (new labels past the last, replacements and deletes of delta and base
+ * labels) checked against a model after every write, and every older snapshot checked
+ * again at the end (appends to a shared buffer must not show in an older snapshot). */
+#define RW_STEPS 300
+#define RW_MAXL 4000
+static void test_random_vs_model(void **state)
+{
+    fixture *f = *state;
+    static uint8_t in_recs[RW_STEPS + 1][RW_MAXL], masked[RW_MAXL];
+    static size_t n_of[RW_STEPS + 1], del_of[RW_STEPS + 1];
+    tsr__delta *snap[RW_STEPS + 1] = {0};
+    uint64_t rng = 12345;
+    int64_t next = 1001;
+    size_t appended = 0, copied = 0;
+    for (int st = 1; st <= RW_STEPS; st++) {
+        memcpy(in_recs[st], in_recs[st - 1], RW_MAXL);
+        tsr__rec *ups[8];
+        int64_t dels[8], used[16];
+        size_t nu = 0, nd = 0, nused = 0;
+        size_t k = 1 + (size_t)((rng = rng * 6364136223846793005ULL + 1) >> 61);
+        for (size_t i = 0; i < k; i++) {
+            rng = rng * 6364136223846793005ULL + 1;
+            unsigned r = (unsigned)(rng >> 33) % 10;
+            int64_t l;
+            if (r < 6 && next < RW_MAXL)
+                l = next++;                                        /* a new label */
+            else if (r < 8)
+                l = 1001 + (int64_t)((rng >> 40) % (uint64_t)(next - 1001)); /* a delta one */
+            else
+                l = 2 * (int64_t)((rng >> 40) % f->n);             /* a base one */
+            int dup = 0;
+            for (size_t j = 0; j < nused; j++)
+                dup |= used[j] == l;
+            if (dup)
+                continue;
+            used[nused++] = l;
+            if ((rng >> 20) % 4 == 0) {
+                dels[nd++] = l;
+                in_recs[st][l] = 0;
+            } else {
+                ups[nu++] = tu_rec(l, (int32_t)((rng >> 24) % TNLIST), f->x + (l % 60) * TD);
+                in_recs[st][l] = 1;
+            }
+            if (l < 2 * (int64_t)f->n)
+                masked[l] = 1;
+        }
+        snap[st] = apply(f, snap[st - 1], ups, nu, dels, nd, st);
+        if (snap[st - 1] && snap[st]->rbuf == snap[st - 1]->rbuf)
+            appended++;
+        else
+            copied++;
+        size_t n = 0, both = 0, nm = 0;
+        for (int64_t l = 0; l < RW_MAXL; l++) {
+            n += in_recs[st][l];
+            nm += masked[l];
+            both += masked[l] && in_recs[st][l];
+        }
+        n_of[st] = n;
+        del_of[st] = nm - both;
+        const tsr__delta *d = snap[st];
+        assert_int_equal(d->nrecs, n);
+        assert_int_equal(d->nmask, nm);
+        assert_int_equal(d->ndeletes, nm - both);
+        assert_int_equal(d->rvec, (int64_t)n);
+        uint64_t anon = 0, mapped = 0;
+        for (size_t i = 0; i < d->nrecs; i++)
+            tsr__rec_bytes(d->recs[i], &anon, &mapped);
+        assert_int_equal(d->rec_anon, anon);
+        assert_int_equal(d->rec_mapped, mapped);
+    }
+    /* a write on an older snapshot (not its buffer's tip: the shard never does it, but a
+     * failed apply leaves the buffer past the tip) must not overwrite the newer one's */
+    int bs = RW_STEPS;
+    while (bs > 1 && snap[bs]->rbuf != snap[bs - 1]->rbuf)
+        bs--;
+    assert_true(bs > 1); /* snap[bs] appended to snap[bs - 1]'s buffer */
+    tsr__rec *br[] = {tu_rec(RW_MAXL + 1, 0, f->x)};
+    tsr__delta *branch = apply(f, snap[bs - 1], br, 1, NULL, 0, RW_STEPS + 1);
+    assert_int_equal(branch->nrecs, n_of[bs - 1] + 1);
+    assert_int_equal(branch->recs[branch->nrecs - 1]->label, RW_MAXL + 1);
+    tsr__delta_unref(branch);
+    for (int st = 1; st <= RW_STEPS; st++) {
+        const tsr__delta *d = snap[st];
+        assert_int_equal(d->nrecs, n_of[st]);
+        assert_int_equal(d->ndeletes, del_of[st]);
+        size_t i = 0;
+        for (int64_t l = 0; l < RW_MAXL; l++)
+            if (in_recs[st][l]) {
+                assert_true(i < d->nrecs);
+                assert_int_equal(d->recs[i++]->label, l);
+            }
+        size_t rows = 0;
+        for (size_t li = 0; li < TNLIST; li++)
+            rows += dlist_n(d, li);
+        assert_int_equal(rows, n_of[st]);
+    }
+    assert_true(appended > RW_STEPS / 10); /* both paths ran */
+    assert_true(copied > RW_STEPS / 10);
+    for (int st = 1; st <= RW_STEPS; st++)
+        tsr__delta_unref(snap[st]);
+}
+
 static void test_empty_version_refused(void **state)
 {
     fixture *f = *state;
@@ -271,6 +375,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_encode_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fold, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_random_vs_model, setup, teardown),
         cmocka_unit_test_setup_teardown(test_empty_version_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
