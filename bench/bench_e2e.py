@@ -36,7 +36,9 @@ Metadata backend (issue 16, docs/ha.md): a plan name with the suffix "@etcd" run
 coordinator with --etcd on a 3-member etcd started for it (tests/integration/
 etcd_harness.py; data under the cluster's temp dir). BENCH_E2E_ETCD=1 makes the default
 plans "balanced,balanced@etcd": the same cluster on the local and on the etcd backend,
-side by side (queries must not touch etcd: their p50 should be the same).
+side by side (queries must not touch etcd: their p50 should be the same). "@etcd-poll" is
+"@etcd" with TSR_RPC_STREAM_POLL=1: the coordinator's etcd watch thread waits in gRPC's
+completion queue as a poller (what it did before its stream got a callback queue).
 """
 import json
 import os
@@ -200,17 +202,21 @@ def run_plan(name, ix_p, xq_p, batch, xq):
     tp = ch.stubs()[0]
     plan, _, backend = name.partition("@")
     etcd, extra = None, ["--batch-root-allow", os.path.abspath(OUT)]
-    if backend == "etcd":
+    env = None
+    if backend == "etcd-poll":  # the watch streams poll (before the callback queue)
+        env = dict(os.environ, TSR_RPC_STREAM_POLL="1")
+    if backend in ("etcd", "etcd-poll"):
         import etcd_harness as eh
         if eh.etcd_bin() is None:
             sys.exit("bench_e2e: %s needs etcd (apt-get install etcd-server)" % name)
         etcd = eh.Etcd(3)
         extra += ["--etcd", etcd.endpoints, "--etcd-prefix", "/tessera/bench-e2e"]
     elif backend:
-        sys.exit("bench_e2e: plan %s: unknown backend %s (etcd)" % (name, backend))
+        sys.exit("bench_e2e: plan %s: unknown backend %s (etcd, etcd-poll)" % (name, backend))
     try:
         cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": M, "nprobe": NPROBE, "plan": plan,
-                               "stage_chunk": 5000}, template=ix_p, coord_extra=extra)
+                               "stage_chunk": 5000}, template=ix_p, coord_extra=extra,
+                        env=env)
     except BaseException:
         if etcd:
             etcd.stop()

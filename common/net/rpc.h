@@ -349,6 +349,14 @@ typedef struct tsr_rpc_client_opts {
     int no_watch;                /* 1 = not watched by the connectivity thread */
     int slow_reconnect;          /* 1 = the watcher leaves a failed channel to core's
                                     backoff (1..2 s) instead of retrying every 0.2 s */
+    int streams_nonpolling;      /* 1 = a stream's user waits on its queue without polling
+                                    I/O (GRPC_CQ_NON_POLLING): ONLY in a process whose server
+                                    pollers run as long as the stream does (they then drive
+                                    its connection, core's epoll1 polls every fd from any
+                                    poller). Keeps a long-waiting stream user (an etcd
+                                    watch) out of the pollers' hand-offs on the query path
+                                    (docs/performance.md "Metadata backend"). Env
+                                    TSR_RPC_STREAM_POLL=1 overrides it (benchmarks). */
     /* TLS: set tls_ca_file to use TLS (server verified against this CA, PEM path). */
     const char *tls_ca_file;
     const char *tls_cert_file;   /* optional client certificate (mutual TLS) */

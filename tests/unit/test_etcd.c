@@ -3,7 +3,8 @@
  * real etcd processes from Debian's etcd-server: a one-member cluster for the API (reads,
  * prefix reads, puts, deletes, compare-and-swap transactions, leases that expire and that
  * are revoked, watches from a revision, a watch timeout that loses nothing, several keys
- * watched on one stream, history compaction and a watch from a compacted revision) and a
+ * watched on one stream, history compaction and a watch from a compacted revision, a watch
+ * on a callback queue driven by an in-process server's pollers) and a
  * three-member cluster where one member is killed (requests fail over; a dead endpoint in
  * the list is skipped; every endpoint dead = UNAVAILABLE naming each).
  * Without the etcd binary the test exits 77 (SKIP) and says so.
@@ -367,6 +368,50 @@ static void test_compact(void **state)
     tsr_etcd_close(e);
 }
 
+/* streams_nonpolling (the coordinator's etcd channels): the watch's stream runs on a
+ * callback queue that no thread polls, its I/O driven by a server's pollers in the same
+ * process. With a server running: events arrive, a wait times out and loses nothing, a
+ * first endpoint that is dead is skipped (a call that must wait for a connection: what
+ * aborts core with a GRPC_CQ_NON_POLLING queue), closing returns. */
+static void test_watch_callback(void **state)
+{
+    (void)state;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_rpc_server_opts so;
+    tsr_rpc_server_opts_init(&so);
+    so.listen = "127.0.0.1:0";
+    tsr_rpc_server *srv = tsr_rpc_server_create(&so, &err);
+    assert_non_null(srv);
+    assert_int_equal(tsr_rpc_server_start(srv, &err), 0);
+    tsr_rpc_client_opts co;
+    tsr_rpc_client_opts_init(&co);
+    co.streams_nonpolling = 1;
+    char eps[320];
+    snprintf(eps, sizeof eps, "127.0.0.1:%d,%s", free_port(), E.endpoints);
+    tsr_etcd *e = tsr_etcd_open(eps, &co, 2000, &err);
+    assert_non_null(e);
+    tsr_etcd_watch_key keys[2] = {{"/cb/a", 0, 0}, {"/cb/b/", 1, 0}};
+    tsr_etcd_watch *w;
+    assert_int_equal(tsr_etcd_watch_open_keys(e, keys, 2, &w, &err), 0);
+    tsr_etcd_event *ev;
+    size_t n;
+    assert_int_equal(tsr_etcd_watch_next(w, 200, &ev, &n, &err), TSR_ETIMEOUT);
+    assert_int_equal(tsr_etcd_put(e, "/cb/b/1", "x", 1, 0, NULL, &err), 0);
+    assert_int_equal(tsr_etcd_watch_next(w, 2000, &ev, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].watch, 1);
+    assert_string_equal(ev[0].kv.key, "/cb/b/1");
+    tsr_etcd_events_free(ev, n);
+    assert_int_equal(tsr_etcd_delete(e, "/cb/a", 0, NULL, NULL, &err), 0); /* no event */
+    assert_int_equal(tsr_etcd_put(e, "/cb/a", "y", 1, 0, NULL, &err), 0);
+    assert_int_equal(tsr_etcd_watch_next(w, 2000, &ev, &n, &err), 0);
+    assert_int_equal(ev[0].watch, 0);
+    tsr_etcd_events_free(ev, n);
+    tsr_etcd_watch_close(w);
+    tsr_etcd_close(e);
+    tsr_rpc_server_destroy(srv);
+}
+
 static void test_failover(void **state)
 {
     (void)state;
@@ -428,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_watch),
         cmocka_unit_test(test_watch_keys),
         cmocka_unit_test(test_compact),
+        cmocka_unit_test(test_watch_callback),
     };
     const struct CMUnitTest three[] = {
         cmocka_unit_test(test_failover),
