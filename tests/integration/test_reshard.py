@@ -13,12 +13,14 @@ progress (lists and bytes moved); GetIndexStats marks the removed group; the rem
 group's shard can be stopped and queries still answer; after a coordinator restart the
 groups come from the stored version (the new shard is still queried).
 """
+import json
 import os
 import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import numpy as np
 
@@ -83,7 +85,9 @@ def main():
     root = sh.tmpdir("tsr-reshard-")
     b1 = ch.write_batch(os.path.join(root, "b1"),
                         [ch.dp_json("a%06d" % i, x[i]) for i in range(N)], per_file=10000)
-    cl = ch.Cluster(2, D, {"nlist": NLIST, "pq_m": 4, "nprobe": 8})
+    mport = ch.free_port()
+    cl = ch.Cluster(2, D, {"nlist": NLIST, "pq_m": 4, "nprobe": 8},
+                    coord_extra=["--metrics-listen", "127.0.0.1:%d" % mport])
     extra = []
     try:
         op = cl.update(b1, timeout=300)
@@ -158,6 +162,18 @@ def main():
                   (pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt))
             n_at = len(wr["acked"])
             per = lists_checker(cl.shards + [s3], N + n_at + 2000, N, at_least=True)
+            # the progress in GetIndexStats, `tessera stats` and /metrics
+            stats = cl.stats()
+            assert stats.last_operation_id == m.group(1), stats
+            assert stats.last_operation_progress.lists_moved == pg.lists_total, stats
+            js = json.loads(subprocess.run([os.path.join(ch.BIN, "tessera"), "stats", "--target",
+                                            cl.target, "--json"], capture_output=True, text=True,
+                                           timeout=30).stdout)
+            assert js["reshard"]["bytes_moved"] == pg.bytes_moved, js
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport, timeout=10) as h:
+                text = h.read().decode()
+            assert 'tessera_reshard_lists{step="moved"} %d' % pg.lists_total in text, text[-2000:]
+            assert "tessera_reshard_bytes_moved %d" % pg.bytes_moved in text
             print("after add, datapoints per group:", per)
             balanced(per)
             # a batch update is refused while a move runs? (one operation at a time) - the
