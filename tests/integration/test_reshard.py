@@ -156,6 +156,7 @@ def main():
         live = list(cl.shards)       # the shard of each live group, by group number
         groups = list(range(START))  # live group numbers
         version = 1
+        removed_addrs = []
         try:
             first = True
             while len(groups) < GROW:
@@ -237,9 +238,14 @@ def main():
                 assert [not s.removed for s in stats.shards] == \
                     [k in groups for k in range(len(stats.shards))], stats
                 assert stats.vectors_count >= N, stats
-                # the removed group's process is no longer needed
+                # the removed group's process is no longer needed, and nothing calls it
                 live[g].stop()
-            time.sleep(0.5)
+                removed_addrs.append(live[g].target)
+            time.sleep(2.5)  # reconcile passes (about one a second) while it is down
+            for line in cl.coord.text().splitlines():
+                for a in removed_addrs:
+                    assert not (a in line and ("marked down" in line or "reconcile" in line)), \
+                        "a removed group's replica is still called: " + line
         finally:
             stop.set()
             for t in ths:
