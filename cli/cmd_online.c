@@ -1042,6 +1042,21 @@ int tsr_cmd_stats(int argc, char **argv)
         if (!as_json)
             printf("version %lld  vectors %lld  sparse %lld  shards %d\n", (long long)s->version,
                    (long long)s->vectors_count, (long long)s->sparse_vectors_count, s->shards_count);
+        const Tessera__V1__OperationProgress *lp = s->last_operation_progress;
+        if (lp && lp->lists_total) { /* the running or last reshard (docs/resharding.md) */
+            json_t *rs = json_object();
+            json_object_set_new(rs, "operation_id", json_string(s->last_operation_id));
+            json_object_set_new(rs, "lists_total", json_integer(lp->lists_total));
+            json_object_set_new(rs, "lists_moved", json_integer(lp->lists_moved));
+            json_object_set_new(rs, "datapoints_moved", json_integer(lp->datapoints_moved));
+            json_object_set_new(rs, "bytes_moved", json_integer(lp->bytes_moved));
+            json_object_set_new(o, "reshard", rs);
+            if (!as_json)
+                printf("reshard %s: lists %lld/%lld  datapoints %lld  bytes %lld\n",
+                       s->last_operation_id, (long long)lp->lists_moved,
+                       (long long)lp->lists_total, (long long)lp->datapoints_moved,
+                       (long long)lp->bytes_moved);
+        }
         json_t *coords, *leader;
         ha_fields(s, &coords, &leader);
         if (json_array_size(coords) || leader) {

@@ -312,7 +312,9 @@ typedef struct tsr__replica {
 } tsr__replica;
 
 typedef struct tsr__group {
-    size_t first, n;            /* replicas first .. first + n - 1 of tsr__coord.rep */
+    size_t first, n;            /* replicas first .. first + n - 1 of tsr__coord.rep; n = 0:
+                                   a group RemoveShardGroup removed (its replica slots stay,
+                                   never called: tsr__replica_removed) */
     atomic_uint next;           /* round-robin cursor for ties */
 } tsr__group;
 
@@ -423,6 +425,12 @@ typedef struct tsr__coord {
 } tsr__coord;
 
 tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unrefs */
+/* 1 when replica slot k belongs to a removed group (RemoveShardGroup): loops over every
+ * replica slot (reconcile, catch-up, the update's bookkeeping) skip it. */
+static inline int tsr__replica_removed(const tsr__coord *c, size_t k)
+{
+    return c->grp[c->rep[k].group].n == 0;
+}
 /* state.c: 0 when this coordinator may write (no --etcd, or it is the leader); else the
  * write is refused on r with UNAVAILABLE "not the leader: the leader is ADDR" (or "no
  * leader elected yet") and trailing metadata tessera-leader, and a negative code returned. */

@@ -1091,6 +1091,28 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
         }
         tsr_rpc_result_close(res);
     }
+    Tessera__V1__OperationProgress pg = TESSERA__V1__OPERATION_PROGRESS__INIT;
+    char opid[sizeof ((tsr__op *)0)->id] = "";
+    pthread_mutex_lock(&c->op_mu);
+    const tsr__op *lop = c->nops ? c->ops[c->nops - 1] : NULL;
+    if (lop) {
+        snprintf(opid, sizeof opid, "%s", lop->id);
+        out.last_operation_state = (Tessera__V1__Operation__State)lop->state;
+        pg.files_total = lop->files_total;
+        pg.files_read = lop->files_read;
+        pg.records_read = lop->records_read;
+        pg.shards_total = lop->shards_total;
+        pg.shards_staged = lop->shards_staged;
+        pg.shards_prepared = lop->shards_prepared;
+        pg.shards_committed = lop->shards_committed;
+        pg.lists_total = lop->lists_total;
+        pg.lists_moved = lop->lists_moved;
+        pg.datapoints_moved = lop->datapoints_moved;
+        pg.bytes_moved = lop->bytes_moved;
+        out.last_operation_progress = &pg;
+    }
+    pthread_mutex_unlock(&c->op_mu);
+    out.last_operation_id = opid;
     char leader[256];
     char **members = NULL;
     size_t nmembers = 0;

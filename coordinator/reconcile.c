@@ -230,7 +230,7 @@ int tsr__coord_reconcile_once(tsr__coord *c)
     /* Stats from every replica at once: a hung one costs one deadline, not one each */
     tsr_rpc_fanout_call *calls = tsr_xcalloc(R ? R : 1, sizeof *calls);
     for (size_t k = 0; k < R; k++) {
-        calls[k].ch = c->rep[k].ch;
+        calls[k].ch = tsr__replica_removed(c, k) ? NULL : c->rep[k].ch; /* NULL: not called */
         calls[k].method = TSR_SHARD_SVC "Stats";
         calls[k].timeout_ms = c->cfg.search_deadline_ms;
         tsr_rpc_result_init(&calls[k].result);
@@ -241,6 +241,10 @@ int tsr__coord_reconcile_once(tsr__coord *c)
     for (size_t k = 0; k < R; k++) {
         tsr__replica *r = &c->rep[k];
         tsr_rpc_result *res = &calls[k].result;
+        if (tsr__replica_removed(c, k)) { /* its group was removed: nothing to reconcile */
+            tsr_rpc_result_close(res);
+            continue;
+        }
         tsr__replica_note(c, k, TSR_SHARD_SVC "Stats", res->code, secs);
         Tessera__V1__ShardStatsResponse *st = NULL;
         if (res->code == TSR_RPC_OK)

@@ -570,7 +570,12 @@ static void collect(void *ud)
     tsr__op *op = c->nops ? c->ops[c->nops - 1] : NULL;
     int64_t fr = 0, ft = 0, rr = 0;
     int st[4] = {0, 0, 0, 0}, running = c->busy;
+    int64_t rs[4] = {0, 0, 0, 0};
     if (op) {
+        rs[0] = op->lists_total;
+        rs[1] = op->lists_moved;
+        rs[2] = op->datapoints_moved;
+        rs[3] = op->bytes_moved;
         fr = op->files_read;
         ft = op->files_total;
         rr = op->records_read;
@@ -588,6 +593,10 @@ static void collect(void *ud)
                                    "step=committed"};
     for (int i = 0; i < 4; i++)
         tsr_metrics_gauge_set("tessera_update_shards", steps[i], st[i]);
+    tsr_metrics_gauge_set("tessera_reshard_lists", "step=total", (double)rs[0]);
+    tsr_metrics_gauge_set("tessera_reshard_lists", "step=moved", (double)rs[1]);
+    tsr_metrics_gauge_set("tessera_reshard_datapoints_moved", NULL, (double)rs[2]);
+    tsr_metrics_gauge_set("tessera_reshard_bytes_moved", NULL, (double)rs[3]);
 }
 
 void tsr__coord_metrics_register(tsr__coord *c)
@@ -648,6 +657,13 @@ void tsr__coord_metrics_register(tsr__coord *c)
          "Batch files read so far by the running (or last) update."},
         {"tessera_update_records_read", TSR_METRIC_GAUGE,
          "Batch records read so far by the running (or last) update."},
+        {"tessera_reshard_lists", TSR_METRIC_GAUGE,
+         "Lists of the running (or last) operation that change shard group (a reshard, "
+         "docs/resharding.md), by step: total, moved (read from their old group)."},
+        {"tessera_reshard_datapoints_moved", TSR_METRIC_GAUGE,
+         "Datapoints the running (or last) reshard read from their old group so far."},
+        {"tessera_reshard_bytes_moved", TSR_METRIC_GAUGE,
+         "Bytes (packed datapoints) the running (or last) reshard read from their old group."},
         {"tessera_update_shards", TSR_METRIC_GAUGE,
          "Shard groups of the running (or last) update by step: total, staged, prepared, "
          "committed (a group counts when every replica did the step)."},

@@ -1010,6 +1010,8 @@ static void catch_up_all(tsr__coord *c)
     tsr__stream *s = &c->st;
     pthread_mutex_lock(&s->mu);
     for (size_t k = 0; s->log_version && k < c->nrep; k++) {
+        if (tsr__replica_removed(c, k))
+            continue;
         int64_t a = applied_seq(c, k);
         if (a < 0) {
             if (s->grp_seq[c->rep[k].group] > 0)

@@ -243,7 +243,7 @@ static size_t commit_all(tsr__coord *c, int64_t version, const char *out, int *m
     size_t bad = fan_version(c, "Commit", version, out, c->cfg.stage_deadline_ms,
                              &tessera__v1__commit_response__descriptor, resps, err);
     for (size_t k = 0; k < c->nrep; k++) {
-        if (!resps[k] && !out[k])
+        if (!resps[k] && !out[k] && !tsr__replica_removed(c, k))
             missed[c->rep[k].group]++;
         else
             protobuf_c_message_free_unpacked(resps[k], NULL);
@@ -284,7 +284,8 @@ static int absorb_failures(tsr__coord *c, tsr__op *op, const char *what, int64_t
         }
     }
     for (size_t k = 0; k < c->nrep; k++) {
-        if (out[k] || resps[k] || (bufs && !bufs[c->rep[k].group]))
+        if (out[k] || resps[k] || (bufs && !bufs[c->rep[k].group]) ||
+            tsr__replica_removed(c, k))
             continue;
         out[k] = 1;
         char w[700];

@@ -46,3 +46,11 @@ bench-ha-elect: all
 .PHONY: bench-reshard
 bench-reshard: all
 	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_reshard.py
+
+# make test-reshard-large: issue 19's shape at a larger size, not part of `make test`:
+# 4 groups grow to 6 and shrink to 3 while 4 threads query and upserts stream
+# (tests/integration/test_reshard.py; ~200k x 64 takes several minutes here).
+.PHONY: test-reshard-large
+test-reshard-large: all
+	@TSR_RESHARD_N=$${TSR_RESHARD_N:-200000} TSR_RESHARD_DIMS=64 TSR_RESHARD_NLIST=256 \
+	 TSR_RESHARD_GROUPS=4,6,3 TSR_RESHARD_CLIENTS=4 /usr/bin/python3 tests/integration/test_reshard.py

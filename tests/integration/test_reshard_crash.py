@@ -1,5 +1,5 @@
 """Crash safety of a move (issue 19, "what must be true" 2): kill -9 of the leader
-coordinator at each step of AddShardGroup / RemoveShardGroup (TSR_COORD_CRASH_AT=staged,
+coordinator at each step of AddShardGroup and of RemoveShardGroup (TSR_COORD_CRASH_AT=staged,
 prepared, flipped, committed: the process _exit(137)s there, as a kill -9 would) and of
 the receiving shard (TSR_SHARD_CRASH_AT=prepare, commit). After each, the restarted
 coordinator's committed version decides: the move is complete (version + 1, the new
@@ -135,6 +135,22 @@ def main():
         d = sh.restart(d)
         extra.append(d)
         assert check(cl, [s0, s1, b, c, d], [], "add, receiving shard killed at commit") == 6
+        # 7. the remaining steps of each kind: remove killed at staged (rolled back) and at
+        #    committed (complete); add killed at prepared (rolled back), retried and killed
+        #    at flipped (complete)
+        move(cl, tp.RemoveShardGroupRequest(group=0), crash="staged")
+        assert check(cl, [s0, s1, b, c, d], [], "remove, coordinator killed at staged") == 6
+        move(cl, tp.RemoveShardGroupRequest(group=0), crash="committed")
+        assert check(cl, [s1, b, c, d], [], "remove, coordinator killed at committed") == 7
+        e = sh.Shard(os.path.join(cl.root, "e"))
+        extra.append(e)
+        move(cl, tp.AddShardGroupRequest(replicas=[e.target]), crash="prepared")
+        assert check(cl, [s1, b, c, d], [e], "add, coordinator killed at prepared") == 7
+        move(cl, tp.AddShardGroupRequest(replicas=[e.target]), crash="flipped")
+        assert check(cl, [s1, b, c, d, e], [], "add, coordinator killed at flipped") == 8
+        st = cl.stats()
+        assert [s.address for s in st.shards if not s.removed] == \
+            [x.target for x in (s1, b, c, d, e)], st
         print("test_reshard_crash: OK")
     finally:
         try:
