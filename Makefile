@@ -5,6 +5,8 @@
 #   make check-layers  the include rules between common/'s layers (part of make test)
 #   make test-san   the unit, interop, integration and fault tests against ASan+UBSan
 #   make test-ha    the high-availability tests alone (etcd + several coordinators)
+#   make chaos [SECONDS=120] [SEED=1]   random faults + history checker (docs/reliability.md)
+#   make soak [SECONDS=N]   steady load: RSS, fds, p50/p99 per interval and a verdict
 #   make deps       install the Debian packages the project needs (idempotent)
 #   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
 #   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
@@ -71,7 +73,7 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: check-layers fuzz-build all deps test test-san test-ha test-unit test-interop test-integration test-fuzz-replay fuzz fuzz-long clean \
+.PHONY: check-layers fuzz-build all deps test test-san test-ha test-unit test-interop test-integration test-fuzz-replay fuzz fuzz-long chaos soak clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo python-client
 all: $(TARGETS)
 
@@ -151,6 +153,21 @@ test-ha: all
 	  echo "== $$t"; /usr/bin/python3 $$t; rc=$$?; \
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 77 ]; then fails=$$((fails+1)); echo "FAIL $$t"; fi; \
 	done; test $$fails -eq 0
+
+# Chaos (docs/reliability.md "Chaos"): an HA cluster in network namespaces (root + etcd;
+# exit 77 = SKIP otherwise), a seeded fault schedule for SECONDS under queries, streamed
+# writes and batch updates, then the history checker; fails on any violation. CI runs the
+# 2-minute one (.ci/run). The history and the processes' logs stay under build/chaos/.
+# `make soak SECONDS=N`: steady load, RSS / fds / p50 / p99 per interval, a verdict.
+SECONDS ?= 120
+SEED ?= 1
+chaos: all
+	@/usr/bin/python3 tests/chaos/chaos.py --seconds $(SECONDS) --seed $(SEED); rc=$$?; \
+	  if [ $$rc -eq 77 ]; then echo "chaos: SKIP (needs root for network namespaces, and etcd)"; \
+	  else exit $$rc; fi
+soak: all
+	@/usr/bin/python3 tests/chaos/soak.py --seconds $(SECONDS); rc=$$?; \
+	  if [ $$rc -eq 77 ]; then echo "soak: SKIP (needs etcd)"; else exit $$rc; fi
 
 # The include rules of docs/architecture.md ("Layers"): a file includes only its own layer
 # and the layers below it; an internal header (*_int.h) only from its own folder. Then no

@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coord.h"
+#include "core/log.h"
 #include "core/mem.h"
 
 static const char *known[] = {"dimensions", "distance", "nlist", "pq_m", "pq_nbits", "nprobe",
@@ -400,4 +402,22 @@ out:
     tsr__coord_config_close(&nc);
     free(t);
     return rc;
+}
+
+/* ---------------------------------------------------------------- test hooks */
+
+/* (coord.h; here, in a file that calls nothing back, so that update.c and stream.c can
+ * both use them without a call loop between their files) */
+int tsr__coord_test_hook(const char *name)
+{
+    const char *at = getenv("TSR_COORD_CRASH_AT");
+    return at != NULL && strcmp(at, name) == 0;
+}
+
+void tsr__coord_crash_point(const char *step)
+{
+    if (tsr__coord_test_hook(step)) {
+        tsr_warn("TSR_COORD_CRASH_AT=%s: exiting with 137 (test hook)", step);
+        _exit(137);
+    }
 }

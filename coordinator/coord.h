@@ -761,7 +761,8 @@ int tsr__stream_adopt(tsr__coord *c, tsr_error *err);
 /* A follower (leader.c): one round rec (borrowed) the leader mirrored in etcd, applied to
  * the overlay when it is of the served version and newer than what was applied (a repeat
  * is ignored), so that reads on a follower see the streamed writes. Takes the stream lock. */
-void tsr__stream_follow(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec);
+int tsr__stream_follow(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec);
+/* (returns 1 when rec was applied with rounds missing before it: the caller fetches them) */
 /* 1 when the overlay holds at least stream_fold_records writes (a fold is due). */
 int tsr__stream_fold_due(tsr__coord *c);
 /* reconcile: replica k answered Stats with stream_seq applied at the served version; when

@@ -216,6 +216,52 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
     return rc;
 }
 
+/* A follower's pass (the shards are the leader's to change): Stats from every replica; one
+ * that serves the version but has applied fewer streamed rounds of its group than this
+ * coordinator followed from etcd (a replica killed or cut while the leader wrote; the
+ * leader resends what it missed) is marked stream_behind, so this coordinator's queries
+ * go to a sibling until it has them (read-your-writes on every coordinator; tests/chaos
+ * found followers querying such a replica). A replica that does not answer is marked too:
+ * when it is back it is not queried before a pass saw its seq. */
+static int observe_once(tsr__coord *c)
+{
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    int64_t V = (int64_t)sn->version;
+    tsr__snap_unref(sn);
+    size_t R = c->nrep;
+    int off = 0;
+    tsr_rpc_fanout_call *calls = tsr_xcalloc(R ? R : 1, sizeof *calls);
+    for (size_t k = 0; k < R; k++) {
+        calls[k].ch = c->rep[k].ch;
+        calls[k].method = TSR_SHARD_SVC "Stats";
+        calls[k].timeout_ms = c->cfg.search_deadline_ms;
+        tsr_rpc_result_init(&calls[k].result);
+    }
+    tsr_rpc_fanout(calls, R);
+    for (size_t k = 0; k < R; k++) {
+        tsr__replica *r = &c->rep[k];
+        tsr_rpc_result *res = &calls[k].result;
+        Tessera__V1__ShardStatsResponse *st = NULL;
+        if (res->code == TSR_RPC_OK)
+            st = tessera__v1__shard_stats_response__unpack(NULL, res->len, res->data);
+        tsr_rpc_result_close(res);
+        if (!st) {
+            atomic_store(&r->stream_behind, 1);
+            off++;
+            continue;
+        }
+        tsr__stream_lock(c);
+        int64_t want = tsr__stream_group_seq(c, r->group);
+        tsr__stream_unlock(c);
+        int behind = st->current_version == V && st->stream_seq < want;
+        atomic_store(&r->stream_behind, behind);
+        off += behind;
+        tessera__v1__shard_stats_response__free_unpacked(st, NULL);
+    }
+    free(calls);
+    return off;
+}
+
 int tsr__coord_reconcile_once(tsr__coord *c)
 {
     tsr__snap *sn = tsr__coord_snap_get(c);
@@ -392,6 +438,8 @@ static void *rec_main(void *p)
                 pthread_mutex_unlock(&c->rec_mu);
             }
             pthread_mutex_unlock(&c->update_mu);
+        } else if (c->meta && !tsr__coord_leading(c)) {
+            off = observe_once(c);
         }
         pthread_mutex_lock(&c->rec_mu);
         if (!c->stopping) {

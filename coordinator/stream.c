@@ -1232,19 +1232,22 @@ static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err)
     return 0;
 }
 
-void tsr__stream_follow(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec)
+int tsr__stream_follow(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec)
 {
     tsr__stream *s = &c->st;
+    int gap = 0;
     tsr__stream_lock(c);
     tsr__snap *sn = tsr__coord_snap_get(c);
     if (rec->seq > 0 && (uint64_t)rec->version == sn->version && s->ov_version == sn->version &&
         rec->seq >= s->next_seq) {
+        gap = rec->seq > s->next_seq;
         pthread_rwlock_wrlock(&s->ov_rw);
         apply_record(c, sn, rec);
         pthread_rwlock_unlock(&s->ov_rw);
     }
     tsr__snap_unref(sn);
     tsr__stream_unlock(c);
+    return gap;
 }
 
 int tsr__stream_adopt(tsr__coord *c, tsr_error *err)

@@ -37,13 +37,19 @@ int tsr__shlog_mirror(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec, tsr
     size_t len = tessera__v1__coord_log_record__get_packed_size(rec);
     uint8_t *buf = tsr_xmalloc(len ? len : 1);
     tessera__v1__coord_log_record__pack(rec, buf);
-    tsr_etcd_cmp fence[2];
-    size_t nfence = tsr__leader_fence(c, fence);
-    int rc = tsr__meta_log_put(c->meta, (uint64_t)rec->version, rec->seq, buf, len, fence,
-                               nfence, err);
+    /* The fence of the commit transaction (leader.c, tsr__leader_fence), built here so that
+     * this file does not call back into leader.c: our term and lease must still own the
+     * leader key. A refused round is cut (stream.c); the lease thread steps down when it
+     * next reads the key (TTL/3). */
+    char key[300];
+    tsr__meta_key(c->meta, "/leader", key, sizeof key);
+    tsr_etcd_cmp fence[2] = {
+        {key, TSR_ETCD_CREATE_REV, atomic_load(&c->lead.term), NULL, 0},
+        {key, TSR_ETCD_LEASE, atomic_load(&c->lead.lease), NULL, 0},
+    };
+    int rc = tsr__meta_log_put(c->meta, (uint64_t)rec->version, rec->seq, buf, len, fence, 2,
+                               err);
     free(buf);
-    if (rc == TSR_ESTATE) /* another coordinator leads now: stop acting at once */
-        tsr__leader_lost(c, err->msg);
     return rc;
 }
 

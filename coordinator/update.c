@@ -38,20 +38,6 @@
 #include "net/metrics.h"
 #include "net/pb_datapoint.h"
 
-int tsr__coord_test_hook(const char *name)
-{
-    const char *at = getenv("TSR_COORD_CRASH_AT");
-    return at != NULL && strcmp(at, name) == 0;
-}
-
-void tsr__coord_crash_point(const char *step)
-{
-    if (tsr__coord_test_hook(step)) {
-        tsr_warn("TSR_COORD_CRASH_AT=%s: exiting with 137 (test hook)", step);
-        _exit(137);
-    }
-}
-
 /* ---------------------------------------------------------------- report -> pb */
 
 static void report_to_pb(const tsr_batch_report *r, uint8_t **out, size_t *outlen)

@@ -26,7 +26,9 @@ Rules (each broken instance is one violation, listed):
             number of ids present; both coordinators return the same contents;
 - removed:  no query returns a streamed id whose removal was acknowledged before the query
             started, unless an upsert of that id (acknowledged or unknown) started after
-            the removal did and before the query ended;
+            the removal did and before the query ended (on a coordinator other than the
+            one that acknowledged the removal, a return within FOLLOWER_LAG_S of it is the
+            known gap below: counted, not a violation);
 - version:  every query is answered from one committed version: the reply's version is
             the base batch's, an acknowledged update's, one a write acknowledgement named or
             the final one (any version up to the final one when an update's outcome is
@@ -47,6 +49,11 @@ import sys
 DEFINITE = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "NOT_FOUND",
             "UNIMPLEMENTED", "PERMISSION_DENIED", "UNAUTHENTICATED", "ALREADY_EXISTS")
 ABSENT = None
+# A follower (a coordinator other than the one that acknowledged the removal) learns that a
+# shard replica missed a write at its next Stats pass (reconcile.c, observe_once: every
+# 0.3-1 s): until then it may query that replica. Within this bound such a return is counted
+# as a note (the known gap of docs/reliability.md "Chaos"), beyond it a violation.
+FOLLOWER_LAG_S = 1.5
 
 
 def key(v):
@@ -179,7 +186,11 @@ def check(meta, ops, faults, finals):
             again = [o for o, v in per_id[i] if v is not ABSENT and o["outcome"] != "err"
                      and o["start"] < q["end"] and (o["start"] > r["start"]
                                                     or o["outcome"] == "unknown")]
-            if not again:
+            if not again and q["coord"] != r.get("coord") and \
+                    q["start"] - r["end"] < FOLLOWER_LAG_S:
+                notes["removed ids a follower returned within %.1f s of the removal "
+                      "(known gap, docs/reliability.md)" % FOLLOWER_LAG_S] += 1
+            elif not again:
                 bad.append(("removed", "query at %.3f-%.3f (coordinator %s, version %s) "
                             "returned %s, removed by %s" % (q["start"], q["end"], q["coord"],
                                                             q.get("version"), i, describe(r))))
