@@ -32,6 +32,12 @@ One run measures, in order:
    FindNeighbors (approximate_neighbor_count 0, same nprobe).
 Prints ONE table per part. Env: the above, BENCH_STREAM_OUT (cache, default
 build/bench-stream), TSR_BIN.
+
+BENCH_STREAM_AB=DIR (another build's bin directory, e.g. of the commit before a change):
+parts 1-2 run on two clusters at once, A (DIR's binaries) and B (TSR_BIN's), each window
+alternated A B twice, and print side by side with the ratio B / A (medians): on a shared
+machine whose load moves between runs, a before/after read from one run. Part 3 (the
+fold) then runs on B only.
 """
 import multiprocessing as mp
 import os
@@ -55,6 +61,7 @@ RATE = float(os.environ.get("BENCH_STREAM_RATE", 1000))
 FOLD = os.environ.get("BENCH_STREAM_FOLD", "1") != "0"
 FOLD_FRACTION = float(os.environ.get("BENCH_STREAM_FOLD_FRACTION", 0.10))
 FAISS_Q = int(os.environ.get("BENCH_STREAM_FAISS_Q", 200))
+AB = os.environ.get("BENCH_STREAM_AB", "")
 OUT = os.environ.get("BENCH_STREAM_OUT", os.path.join(ROOT, "build", "bench-stream"))
 D = 64
 
@@ -255,25 +262,31 @@ class Bench:
         return res, (self.start(grp, procs) if own else None)
 
 
+def write_row(b, procs, per_call, tag=""):
+    """One write window: (per_call, procs, records/s, calls/s, p50 ms, p99 ms, errors,
+    cluster CPU %, clients CPU %)."""
+    res, t0 = b.writes(procs, per_call, SECONDS)
+    time.sleep(max(0.0, t0 - time.time()))
+    c0 = cluster_cpu(b.cl)
+    out = res.get(SECONDS + 600)
+    c1 = cluster_cpu(b.cl)
+    n = sum(o[0] for o in out)
+    lat = [x for o in out for x in o[1]]
+    errs = [e for o in out for e in o[2]]
+    ccpu = sum(o[3] for o in out)
+    row = (per_call, procs, n / SECONDS, len(lat) / SECONDS, pct(lat, 0.5) * 1e3,
+           pct(lat, 0.99) * 1e3, len(errs), 100.0 * (c1 - c0) / SECONDS,
+           100.0 * ccpu / SECONDS)
+    log("  %swrites %2d/call x %d procs: %.0f records/s, p50 %.2f ms, p99 %.2f ms, "
+        "errors %d %s" % (tag, per_call, procs, row[2], row[4], row[5], len(errs), errs[:1]))
+    return row
+
+
 def write_table(b):
     rows = []
     for procs in (1, 8):
         for per_call in (1, 16, 64):
-            res, t0 = b.writes(procs, per_call, SECONDS)
-            time.sleep(max(0.0, t0 - time.time()))
-            c0 = cluster_cpu(b.cl)
-            out = res.get(SECONDS + 600)
-            c1 = cluster_cpu(b.cl)
-            n = sum(o[0] for o in out)
-            lat = [x for o in out for x in o[1]]
-            errs = [e for o in out for e in o[2]]
-            ccpu = sum(o[3] for o in out)
-            rows.append((per_call, procs, n / SECONDS, len(lat) / SECONDS,
-                         pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, len(errs),
-                         100.0 * (c1 - c0) / SECONDS, 100.0 * ccpu / SECONDS))
-            log("  writes %2d/call x %d procs: %.0f records/s, p50 %.2f ms, p99 %.2f ms, "
-                "errors %d %s" % (per_call, procs, rows[-1][2], rows[-1][4], rows[-1][5],
-                                  len(errs), errs[:1]))
+            rows.append(write_row(b, procs, per_call))
     print()
     print("| records per call | client processes | records/s acknowledged | calls/s | "
           "ack p50 ms | ack p99 ms | failed calls | cluster CPU % | clients CPU % |")
@@ -327,6 +340,47 @@ def query_table(b):
     busy = np.median([r["p50"] for r in wins if r["stream"]])
     print("query p50 under the stream / quiet: %.2fx (goal <= 1.2x)" % (busy / quiet))
     return wins
+
+
+def ab_tables(ba, bb, reps=2):
+    """BENCH_STREAM_AB: the same windows on cluster A (the binaries of BENCH_STREAM_AB) and
+    B (TSR_BIN), alternated A B A B so both see the same machine; medians, ratios B / A."""
+    print()
+    print("A = %s, B = %s; every row: windows alternated A B (x %d), medians" % (
+        ba.cl.bin, bb.cl.bin, reps))
+    print()
+    print("| records per call | client processes | A records/s | B records/s | B / A | "
+          "A ack p50 ms | B ack p50 ms | A cluster CPU us/record | B cluster CPU us/record |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for procs in (1, 8):
+        for per_call in (1, 16, 64):
+            ra, rb = [], []
+            for _ in range(reps):
+                ra.append(write_row(ba, procs, per_call, "A "))
+                rb.append(write_row(bb, procs, per_call, "B "))
+            med = lambda rows, i: float(np.median([r[i] for r in rows]))  # noqa: E731
+            cpu = lambda rows: float(np.median([r[7] * 1e4 / max(r[2], 1e-9)  # noqa: E731
+                                                for r in rows]))
+            print("| %d | %d | %.0f | %.0f | %.2f | %.2f | %.2f | %.0f | %.0f |" % (
+                per_call, procs, med(ra, 2), med(rb, 2), med(rb, 2) / max(med(ra, 2), 1e-9),
+                med(ra, 4), med(rb, 4), cpu(ra), cpu(rb)))
+    print("(load average %.1f now)" % os.getloadavg()[0])
+    print()
+    print("| FindNeighbors p50 ms | A quiet | A with a %.0f records/s stream | A ratio | "
+          "B quiet | B with the stream | B ratio |" % RATE)
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for rep in range(reps):
+        w = {}
+        for name, b in (("A", ba), ("B", bb)):
+            for rate in (0.0, RATE):
+                r = query_window(b, QSECONDS, rate)
+                w[(name, rate)] = r["p50"]
+                log("  %s queries %s: p50 %.2f ms, stream %.0f/s" % (
+                    name, "stream" if rate else "quiet", r["p50"], r["stream"]))
+        print("| round %d | %.2f | %.2f | %.2fx | %.2f | %.2f | %.2fx |" % (
+            rep + 1, w[("A", 0.0)], w[("A", RATE)], w[("A", RATE)] / w[("A", 0.0)],
+            w[("B", 0.0)], w[("B", RATE)], w[("B", RATE)] / w[("B", 0.0)]))
+    print("(load average %.1f now)" % os.getloadavg()[0])
 
 
 def shard_stats(cl):
@@ -437,15 +491,22 @@ def main():
     stub_dir = sh._stub_dir
     t_start = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     load0 = os.getloadavg()[0]
-    cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": be.M, "nprobe": NPROBE,
-                           "stage_chunk": 5000, "stream_fold_records": 0}, template=ix_p,
-                    coord_extra=["--batch-root-allow", os.path.abspath(OUT)])
+    def cluster(bin_dir=None):
+        return ch.Cluster(4, D, {"nlist": NLIST, "pq_m": be.M, "nprobe": NPROBE,
+                                 "stage_chunk": 5000, "stream_fold_records": 0},
+                          template=ix_p, bin_dir=bin_dir,
+                          coord_extra=["--batch-root-allow", os.path.abspath(OUT)])
+    cl = cluster()
+    cla = None
     pool = mgr = None
     try:
-        t0 = time.time()
-        op = cl.update(batch, timeout=3600)
-        assert op.state == tp.Operation.SUCCEEDED, op
-        log("loaded %d vectors in %.1fs" % (cl.stats().vectors_count, time.time() - t0))
+        if AB:
+            cla = cluster(AB)
+        for c in [x for x in (cla, cl) if x]:
+            t0 = time.time()
+            op = c.update(batch, timeout=3600)
+            assert op.state == tp.Operation.SUCCEEDED, op
+            log("loaded %d vectors in %.1fs" % (c.stats().vectors_count, time.time() - t0))
         ctx = mp.get_context("spawn")
         npool = max(8, QPROCS + 4)   # every task of a start group needs its own process
         pool = ctx.Pool(npool)
@@ -455,8 +516,15 @@ def main():
         print("bench_stream: %d x %d, IVF%d/PQ%d, 4 shards (1 replica each) + coordinator on "
               "loopback; python grpcio clients, one process per client (multiprocessing); "
               "%s UTC, load average %.1f at the start" % (N, D, NLIST, be.M, t_start, load0))
-        write_table(b)
-        query_table(b)
+        if cla:
+            ba = Bench(cla, pool, stub_dir, sample_p, xq_np)
+            ba.mgr = mgr
+            ab_tables(ba, b)
+            cla.stop()
+            cla = None
+        else:
+            write_table(b)
+            query_table(b)
         if FOLD:
             fold_part(b, ix_p, xq)
         print("load average at the end %.1f; %s UTC" % (os.getloadavg()[0],
@@ -467,6 +535,8 @@ def main():
             pool.join()
         if mgr:
             mgr.shutdown()
+        if cla:
+            cla.stop()
         cl.stop()
 
 

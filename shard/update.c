@@ -29,7 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "index/faiss_io.h"
@@ -608,6 +610,76 @@ static void crash_point(const char *step)
     }
 }
 
+/* The build of a Prepare: the edits (the staged ones plus the base's delta), the new
+ * version, its files written, committed and verified in the store. */
+static int prepare_build(tsr__shard *s, tsr__staging *st, int64_t version, tsr__edits *e,
+                         tsr__version **out, tsr_error *err)
+{
+    int rc;
+    tsr__version *v = NULL;
+    if ((rc = make_edits(st, e, err)) != 0 || (rc = fold_delta(s, st, e, err)) != 0)
+        return rc;
+    if ((rc = tsr__version_build(st->base, st->tmpl, e, version, &v, err)) != 0)
+        return rc;
+    *out = v; /* the caller unrefs it on failure */
+    v->stream_seq = st->stream_seq;
+    tsr_store_txn *txn = NULL;
+    if ((rc = tsr_store_begin(s->store, (uint64_t)version, &txn, err)) != 0)
+        return rc;
+    if ((rc = tsr__version_write(v, tsr_store_txn_dir(txn), err)) != 0) {
+        tsr_store_abort(txn);
+        return rc;
+    }
+    /* MANIFEST, fsyncs, rename to v<version>/, fsync of the data dir. */
+    if ((rc = tsr_store_commit(txn, err)) != 0)
+        return rc;
+    if ((rc = tsr_store_verify(s->store, (uint64_t)version, err)) != 0)
+        tsr_store_remove(s->store, (uint64_t)version, NULL);
+    return rc;
+}
+
+typedef struct build_job {
+    tsr__shard *s;
+    tsr__staging *st;
+    int64_t version;
+    tsr__edits *e;
+    tsr__version **out;
+    tsr_error *err;
+    int rc;
+} build_job;
+
+static void *build_main(void *arg)
+{
+    build_job *j = arg;
+    /* this thread only: Linux gives each thread its own nice value */
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), TSR__BUILD_NICE) != 0)
+        tsr_debug("Prepare: cannot lower the build thread's priority: %s", strerror(errno));
+    j->rc = prepare_build(j->s, j->st, j->version, j->e, j->out, j->err);
+    return NULL;
+}
+
+/* prepare_build on a thread of its own at nice TSR__BUILD_NICE, joined (the caller keeps
+ * update_mu): a fold or batch build takes seconds of CPU, and on a machine with few cores
+ * the queries served meanwhile (polling threads, default priority) should win the CPU —
+ * docs/performance.md "Streamed writes" (the fold's p99). In place when no thread can be
+ * started. */
+static int prepare_build_niced(tsr__shard *s, tsr__staging *st, int64_t version,
+                               tsr__edits *e, tsr__version **out, tsr_error *err)
+{
+    build_job j = {s, st, version, e, out, err, 0};
+    pthread_t th;
+    pthread_attr_t at;
+    if (pthread_attr_init(&at) != 0)
+        return prepare_build(s, st, version, e, out, err);
+    pthread_attr_setstacksize(&at, (size_t)8 << 20);
+    int started = pthread_create(&th, &at, build_main, &j) == 0;
+    pthread_attr_destroy(&at);
+    if (!started)
+        return prepare_build(s, st, version, e, out, err);
+    pthread_join(th, NULL);
+    return j.rc;
+}
+
 int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareResponse *resp,
                        tsr_error *err)
 {
@@ -641,25 +713,8 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
                      (long long)version, st ? " (another version is staged)" : "");
         goto out;
     }
-    if ((rc = make_edits(st, &e, err)) != 0 || (rc = fold_delta(s, st, &e, err)) != 0)
+    if ((rc = prepare_build_niced(s, st, version, &e, &v, err)) != 0)
         goto out;
-    if ((rc = tsr__version_build(st->base, st->tmpl, &e, version, &v, err)) != 0)
-        goto out;
-    v->stream_seq = st->stream_seq;
-    tsr_store_txn *txn = NULL;
-    if ((rc = tsr_store_begin(s->store, (uint64_t)version, &txn, err)) != 0)
-        goto out;
-    if ((rc = tsr__version_write(v, tsr_store_txn_dir(txn), err)) != 0) {
-        tsr_store_abort(txn);
-        goto out;
-    }
-    /* MANIFEST, fsyncs, rename to v<version>/, fsync of the data dir. */
-    if ((rc = tsr_store_commit(txn, err)) != 0)
-        goto out;
-    if ((rc = tsr_store_verify(s->store, (uint64_t)version, err)) != 0) {
-        tsr_store_remove(s->store, (uint64_t)version, NULL);
-        goto out;
-    }
     uint64_t total = 0;
     if (tsr_store_path(s->store, (uint64_t)version, NULL, vd, sizeof vd, NULL) == 0) {
         static const char *const files[] = {"slice.faiss", "meta", "vectors.f32", "MANIFEST"};
