@@ -35,7 +35,7 @@ build/bench-stream), TSR_BIN.
 
 BENCH_STREAM_AB=DIR (another build's bin directory, e.g. of the commit before a change):
 parts 1-2 run on two clusters at once, A (DIR's binaries) and B (TSR_BIN's), each window
-alternated A B twice, and print side by side with the ratio B / A (medians): on a shared
+A B then B A, and print side by side with the ratio B / A (medians): on a shared
 machine whose load moves between runs, a before/after read from one run. Part 3 (the
 fold) then runs on B only.
 """
@@ -346,8 +346,8 @@ def ab_tables(ba, bb, reps=2):
     """BENCH_STREAM_AB: the same windows on cluster A (the binaries of BENCH_STREAM_AB) and
     B (TSR_BIN), alternated A B A B so both see the same machine; medians, ratios B / A."""
     print()
-    print("A = %s, B = %s; every row: windows alternated A B (x %d), medians" % (
-        ba.cl.bin, bb.cl.bin, reps))
+    print("A = %s, B = %s; every row: windows A B then B A (x %d), medians" % (
+        os.path.relpath(ba.cl.bin, ROOT), os.path.relpath(bb.cl.bin, ROOT), reps))
     print()
     print("| records per call | client processes | A records/s | B records/s | B / A | "
           "A ack p50 ms | B ack p50 ms | A cluster CPU us/record | B cluster CPU us/record |")
@@ -355,9 +355,12 @@ def ab_tables(ba, bb, reps=2):
     for procs in (1, 8):
         for per_call in (1, 16, 64):
             ra, rb = [], []
-            for _ in range(reps):
-                ra.append(write_row(ba, procs, per_call, "A "))
-                rb.append(write_row(bb, procs, per_call, "B "))
+            for rep in range(reps):   # A B, then B A: neither always goes first
+                for name in ("AB" if rep % 2 == 0 else "BA"):
+                    if name == "A":
+                        ra.append(write_row(ba, procs, per_call, "A "))
+                    else:
+                        rb.append(write_row(bb, procs, per_call, "B "))
             med = lambda rows, i: float(np.median([r[i] for r in rows]))  # noqa: E731
             cpu = lambda rows: float(np.median([r[7] * 1e4 / max(r[2], 1e-9)  # noqa: E731
                                                 for r in rows]))
@@ -371,7 +374,7 @@ def ab_tables(ba, bb, reps=2):
     print("|---|---:|---:|---:|---:|---:|---:|")
     for rep in range(reps):
         w = {}
-        for name, b in (("A", ba), ("B", bb)):
+        for name, b in (("A", ba), ("B", bb)) if rep % 2 == 0 else (("B", bb), ("A", ba)):
             for rate in (0.0, RATE):
                 r = query_window(b, QSECONDS, rate)
                 w[(name, rate)] = r["p50"]
