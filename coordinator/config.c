@@ -328,7 +328,8 @@ int tsr__coord_config_add_group(tsr__coord_config *cfg, const char *const *addr,
     return add_group(cfg, "new group", cfg->nshards, (const char **)addr, n, err);
 }
 
-char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, size_t *len)
+char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, int also_retired,
+                                    size_t *len)
 {
     size_t cap = 64, n = 0;
     for (size_t s = 0; s < cfg->nshards; s++)
@@ -337,7 +338,8 @@ char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, size_t *len)
     char *t = tsr_xmalloc(cap);
     n += (size_t)snprintf(t, cap, "tessera-groups 1\n%zu\n", cfg->nshards);
     for (size_t s = 0; s < cfg->nshards; s++) {
-        n += (size_t)snprintf(t + n, cap - n, "%s", cfg->retired[s] ? "retired" : "live");
+        int gone = cfg->retired[s] || (int)s == also_retired;
+        n += (size_t)snprintf(t + n, cap - n, "%s", gone ? "retired" : "live");
         for (size_t j = 0; j < cfg->nreplicas[s]; j++)
             n += (size_t)snprintf(t + n, cap - n, " %s", cfg->replicas[s][j]);
         n += (size_t)snprintf(t + n, cap - n, "\n");

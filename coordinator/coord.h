@@ -92,7 +92,8 @@ typedef struct tsr__coord_config {
     int dimensions;
     enum tsr__distance distance;
     int nlist, pq_m, pq_nbits, nprobe;
-    size_t nshards;         /* shard groups */
+    _Atomic size_t nshards; /* shard groups (atomic: AddShardGroup grows it while queries,
+                               stats and metrics read it) */
     char **shards;          /* owned: "host:port" naming each group (its first replica) */
     size_t *nreplicas;      /* owned: replicas per group (>= 1) */
     char ***replicas;       /* owned: replicas[s][j] = "host:port" of replica j of group s */
@@ -125,12 +126,14 @@ void tsr__coord_config_close(tsr__coord_config *cfg);
 const char *tsr__distance_name(enum tsr__distance d);
 /* Resharding (docs/resharding.md). add_group: appends a group of n replicas (addresses
  * copied; checked like the config's; TSR_EINVAL naming the problem). groups_text: the
- * groups as the text of a version's "groups" file (new, *len bytes; caller frees).
+ * groups as the text of a version's "groups" file, group also_retired (-1: none) written
+ * as retired too (new, *len bytes; caller frees).
  * set_groups: replaces the groups by those of such a text (before any thread reads them;
  * TSR_EFORMAT naming the line). */
 int tsr__coord_config_add_group(tsr__coord_config *cfg, const char *const *addr, size_t n,
                                 tsr_error *err);
-char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, size_t *len);
+char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, int also_retired,
+                                    size_t *len);
 int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_t len,
                                  tsr_error *err);
 
@@ -312,7 +315,8 @@ typedef struct tsr__replica {
 } tsr__replica;
 
 typedef struct tsr__group {
-    size_t first, n;            /* replicas first .. first + n - 1 of tsr__coord.rep; n = 0:
+    size_t first;
+    _Atomic size_t n;             /* replicas first .. first + n - 1 of tsr__coord.rep; n = 0:
                                    a group RemoveShardGroup removed (its replica slots stay,
                                    never called: tsr__replica_removed) */
     atomic_uint next;           /* round-robin cursor for ties */

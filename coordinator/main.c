@@ -225,6 +225,20 @@ static int start_leader(tsr__coord *c, const etcd_args *ea, const char *listen, 
     return 0;
 }
 
+/* After a reshard the served version stores the shard groups (docs/resharding.md): they
+ * replace the config file's "shards". Returns 0 (also when the version has none) or a
+ * TSR code with err set. */
+static int stored_groups(tsr__coord *c, uint64_t v, tsr_error *err)
+{
+    if (!c->snap->groups)
+        return 0;
+    int rc = tsr__coord_config_set_groups(&c->cfg, c->snap->groups, c->snap->groups_len, err);
+    if (rc == 0)
+        tsr_info("shard groups from version %llu (a reshard), not the config file's "
+                 "\"shards\": %zu group(s)", (unsigned long long)v, (size_t)c->cfg.nshards);
+    return rc;
+}
+
 /* Opens the data directory, loads the version CURRENT names (or starts empty) and the
  * operation records. Returns 0, or -1 with the reason logged. */
 static int load_state(tsr__coord *c, const char *data)
@@ -248,9 +262,7 @@ static int load_state(tsr__coord *c, const char *data)
         tsr_error_log("%s: version %llu (CURRENT) does not load: %s", data,
                       (unsigned long long)cur, err.msg);
         return -1;
-    } else if (c->snap->groups && /* a reshard's groups override the config file's */
-               tsr__coord_config_set_groups(&c->cfg, c->snap->groups, c->snap->groups_len,
-                                            &err)) {
+    } else if (stored_groups(c, cur, &err)) {
         tsr_error_log("%s: version %llu: %s", data, (unsigned long long)cur, err.msg);
         return -1;
     } else if ((c->snap->ngroups = c->cfg.nshards),

@@ -1073,7 +1073,7 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     for (size_t s = 0; s < S; s++) {
         tessera__v1__shard_index_stats__init(&st[s]);
         st[s].address = c->cfg.shards[s]; /* names the group (its first replica) */
-        st[s].removed = c->cfg.retired && c->cfg.retired[s];
+        st[s].removed = c->cfg.retired && __atomic_load_n(&c->cfg.retired[s], __ATOMIC_ACQUIRE);
         out.shards[s] = &st[s];
         tsr_rpc_result *res = &calls[s].result;
         if (res->code == TSR_RPC_OK) {

@@ -114,7 +114,7 @@ int tsr__coord_group_append(tsr__coord *c, tsr_error *err)
 
 void tsr__coord_group_retire(tsr__coord *c, size_t s)
 {
-    c->cfg.retired[s] = 1;
+    __atomic_store_n(&c->cfg.retired[s], 1, __ATOMIC_RELEASE); /* GetIndexStats reads it */
     c->grp[s].n = 0; /* its replica slots stay (and their channels), never called again */
 }
 

@@ -289,12 +289,9 @@ int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
     ns->next_label = base->next_label;
     for (size_t g = 0; g < S; g++)
         ns->retired[g] = cfg->retired[g] || (int)g == rm;
-    /* the groups as they are once this version is committed (rm retired) */
-    if (rm >= 0)
-        c->cfg.retired[rm] = 1;
-    ns->groups = tsr__coord_config_groups_text(cfg, &ns->groups_len);
-    if (rm >= 0)
-        c->cfg.retired[rm] = 0; /* still called until the move has committed */
+    /* the groups as they are once this version is committed (rm retired; until then it
+     * is still called) */
+    ns->groups = tsr__coord_config_groups_text(cfg, rm, &ns->groups_len);
     int64_t lists_total = 0;
     for (size_t l = 0; l < nlist; l++)
         lists_total += ns->plan[l] != base->plan[l];

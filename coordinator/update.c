@@ -762,7 +762,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
         if ((rc = tsr__coord_config_add_group(&c->cfg, (const char *const *)addrs, n, err)) == 0) {
             u.fresh = (int)c->cfg.nshards - 1;
             if ((rc = tsr__coord_group_append(c, err))) {
-                c->cfg.retired[u.fresh] = 1; /* its slot stays, unused */
+                tsr__coord_group_retire(c, (size_t)u.fresh); /* its slot stays, unused */
                 u.fresh = -1;
             } else {
                 rc = tsr__reshard_fresh_check(c, (size_t)u.fresh, err);
@@ -836,18 +836,11 @@ static void *reshard_main(void *p)
     return NULL;
 }
 
-/* Starts a move on the update thread (one operation at a time). addrs (borrowed, n > 0):
- * add a group; else remove group rm. Returns 0 with the op id and the group in *group, or a
+/* The request against the groups (caller holds op_mu with no move running). Returns 0 or a
  * negative code with the status set on r. */
-static int reshard_start(tsr__coord *c, char *const *addrs, size_t n, int64_t rm,
-                         uint32_t *group, char *id, size_t cap, tsr_rpc_reply *r)
+static int reshard_check(tsr__coord *c, char *const *addrs, size_t n, int64_t rm,
+                         tsr_rpc_reply *r)
 {
-    int rc = tsr__leader_check(c, r);
-    if (rc)
-        return rc;
-    if (c->meta)
-        return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, "resharding with --etcd is "
-                                   "not supported yet (docs/resharding.md)");
     if (n == 0 && (rm < 0 || (size_t)rm >= c->cfg.nshards || c->cfg.retired[rm]))
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "group %lld: not a shard group "
                                    "of this index (0 .. %zu, not removed)", (long long)rm,
@@ -870,11 +863,32 @@ static int reshard_start(tsr__coord *c, char *const *addrs, size_t n, int64_t rm
             return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, "group %lld is the last "
                                        "shard group", (long long)rm);
     }
+    return 0;
+}
+
+/* Starts a move on the update thread (one operation at a time). addrs (borrowed, n > 0):
+ * add a group; else remove group rm. Returns 0 with the op id and the group in *group, or a
+ * negative code with the status set on r. */
+static int reshard_start(tsr__coord *c, char *const *addrs, size_t n, int64_t rm,
+                         uint32_t *group, char *id, size_t cap, tsr_rpc_reply *r)
+{
+    int rc = tsr__leader_check(c, r);
+    if (rc)
+        return rc;
+    if (c->meta)
+        return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, "resharding with --etcd is "
+                                   "not supported yet (docs/resharding.md)");
     pthread_mutex_lock(&c->op_mu);
     if (c->busy || c->closing) {
         pthread_mutex_unlock(&c->op_mu);
         return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, c->closing ? "shutting down"
                                    : "update in progress");
+    }
+    /* no move runs (busy is 0 under op_mu): the groups hold still while they are checked */
+    rc = reshard_check(c, addrs, n, rm, r);
+    if (rc) {
+        pthread_mutex_unlock(&c->op_mu);
+        return rc;
     }
     char what[300];
     if (n)

@@ -280,7 +280,7 @@ int tsr__upd_plan_build(const tsr__coord_config *cfg, const char *tmpl_path,
     p->ns->version = base->version + 1;
     p->ns->ngroups = cfg->nshards;
     if (cfg->resharded) /* the groups travel with every version after a reshard */
-        p->ns->groups = tsr__coord_config_groups_text(cfg, &p->ns->groups_len);
+        p->ns->groups = tsr__coord_config_groups_text(cfg, -1, &p->ns->groups_len);
     for (size_t g = 0; g < cfg->nshards; g++)
         p->ns->retired[g] = cfg->retired ? cfg->retired[g] : 0; /* (a config made by hand) */
     if ((rc = tsr__snap_set_template(p->ns, tmpl, err)))

@@ -103,6 +103,23 @@ def main():
     try:
         op = cl.update(b1, timeout=300)
         assert op.state == tp.Operation.SUCCEEDED and op.version == 1, op
+        # refusals: nothing starts, nothing changes
+        import grpc
+        for call, arg, want in (
+                (cl.stub.RemoveShardGroup, tp.RemoveShardGroupRequest(group=7),
+                 grpc.StatusCode.INVALID_ARGUMENT),
+                (cl.stub.AddShardGroup, tp.AddShardGroupRequest(),
+                 grpc.StatusCode.INVALID_ARGUMENT)):
+            try:
+                call(arg, timeout=30)
+                raise AssertionError("%s accepted" % arg)
+            except grpc.RpcError as e:
+                assert e.code() == want, e
+        r = cl.stub.AddShardGroup(tp.AddShardGroupRequest(replicas=[cl.shards[1].target]),
+                                  timeout=30)  # a shard of the index: refused by the move
+        op = cl.wait_op(r.operation_id, 60)
+        assert op.state == tp.Operation.FAILED and "also a replica" in op.error, op
+        assert cl.stats().version == 1 and len(cl.stats().shards) == START
         qv = x[rng.integers(0, N, 24)] + rng.normal(size=(24, D)).astype("float32") * 0.3
         # streamed writes carry the token src=w; the queries deny it, so their answers stay
         # those of the batch's datapoints while the writes go on

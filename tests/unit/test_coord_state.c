@@ -4,7 +4,9 @@
  * builders (balanced: every list on a valid group, loads within one list of each other;
  * locality: lists of one centroid cluster together on one group; both deterministic),
  * and a snapshot's save to and load from a store (template, plan, directory, counters),
- * with the served-snapshot accessors (tsr__coord_snap_get/set, reference counts).
+ * with the served-snapshot accessors (tsr__coord_snap_get/set, reference counts); the
+ * shard groups a reshard stores with a version (groups_text / set_groups round trip, an
+ * added group, a removed one, and malformed texts refused with the line named).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -174,6 +176,55 @@ static void test_snap_save_load(void **state)
     coord_test_rmtree(dir);
 }
 
+static void test_groups_text(void **state)
+{
+    (void)state;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr__coord_config a;
+    memset(&a, 0, sizeof a);
+    const char *g0[] = {"10.0.0.1:7001", "10.0.0.2:7001"}, *g1[] = {"h1:7001"},
+               *g2[] = {"h2:7001"};
+    assert_int_equal(tsr__coord_config_add_group(&a, g0, 2, &err), 0);
+    assert_int_equal(tsr__coord_config_add_group(&a, g1, 1, &err), 0);
+    assert_int_equal(tsr__coord_config_add_group(&a, g2, 1, &err), 0);
+    /* an address already in a live group is refused */
+    assert_int_equal(tsr__coord_config_add_group(&a, g1, 1, &err), TSR_EINVAL);
+    assert_non_null(strstr(err.msg, "also a replica"));
+    size_t len = 0;
+    char *t = tsr__coord_config_groups_text(&a, 1, &len); /* group 1 written as removed */
+    assert_string_equal(t, "tessera-groups 1\n3\nlive 10.0.0.1:7001 10.0.0.2:7001\n"
+                           "retired h1:7001\nlive h2:7001\n");
+    tsr__coord_config b;
+    memset(&b, 0, sizeof b);
+    const char *one[] = {"x:1"};
+    assert_int_equal(tsr__coord_config_add_group(&b, one, 1, &err), 0);
+    assert_int_equal(tsr__coord_config_set_groups(&b, t, len, &err), 0);
+    assert_int_equal(b.nshards, 3);
+    assert_int_equal(b.nreplicas[0], 2);
+    assert_string_equal(b.replicas[0][1], "10.0.0.2:7001");
+    assert_true(b.retired[1] && !b.retired[0] && !b.retired[2]);
+    assert_true(b.resharded);
+    /* a removed group's address may come back as a new group */
+    assert_int_equal(tsr__coord_config_add_group(&b, g1, 1, &err), 0);
+    assert_int_equal(b.nshards, 4);
+    free(t);
+    static const char *bad[] = {
+        "", "tessera-groups 2\n1\nlive a:1\n", "tessera-groups 1\n0\n",
+        "tessera-groups 1\n999\nlive a:1\n", "tessera-groups 1\n2\nlive a:1\n",
+        "tessera-groups 1\n1\nmaybe a:1\n", "tessera-groups 1\n1\nlive\n",
+        "tessera-groups 1\n2\nlive a:1\nlive a:1\n",
+        "tessera-groups 1\n1\nlive a:1 a:2 a:3 a:4 a:5 a:6 a:7 a:8 a:9 a:10 a:11 a:12 a:13 "
+        "a:14 a:15 a:16 a:17\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tsr_error_clear(&err);
+        assert_int_not_equal(tsr__coord_config_set_groups(&b, bad[i], strlen(bad[i]), &err), 0);
+        assert_true(err.msg[0] != 0);
+        assert_int_equal(b.nshards, 4); /* unchanged */
+    }
+    tsr__coord_config_close(&a);
+    tsr__coord_config_close(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -181,6 +232,7 @@ int main(void)
         cmocka_unit_test(test_plan_balanced),
         cmocka_unit_test(test_plan_locality),
         cmocka_unit_test(test_snap_save_load),
+        cmocka_unit_test(test_groups_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
