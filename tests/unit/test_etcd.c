@@ -373,7 +373,7 @@ static void test_compact(void **state)
  * events arrive (20 in a row: none is lost), a wait times out and loses nothing, a first
  * endpoint that is dead is skipped (a call that must wait for a connection: what aborts
  * core with a GRPC_CQ_NON_POLLING queue), closing returns. */
-static void test_watch_callback(void **state)
+static void test_watch_nowait(void **state)
 {
     (void)state;
     tsr_error err = TSR_ERROR_INIT;
@@ -478,7 +478,7 @@ int main(void)
         cmocka_unit_test(test_watch),
         cmocka_unit_test(test_watch_keys),
         cmocka_unit_test(test_compact),
-        cmocka_unit_test(test_watch_callback),
+        cmocka_unit_test(test_watch_nowait),
     };
     const struct CMUnitTest three[] = {
         cmocka_unit_test(test_failover),
