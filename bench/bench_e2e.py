@@ -37,8 +37,8 @@ coordinator with --etcd on a 3-member etcd started for it (tests/integration/
 etcd_harness.py; data under the cluster's temp dir). BENCH_E2E_ETCD=1 makes the default
 plans "balanced,balanced@etcd": the same cluster on the local and on the etcd backend,
 side by side (queries must not touch etcd: their p50 should be the same). "@etcd-poll" is
-"@etcd" with TSR_RPC_STREAM_POLL=1: the coordinator's etcd watch thread waits in gRPC's
-completion queue as a poller (what it did before its stream got a callback queue).
+"@etcd" with TSR_RPC_STREAM_POLL=1: the coordinator's etcd watch thread blocks in gRPC's
+completion queue as a poller (what it did before streams_nowait, common/net/rpc.h).
 """
 import json
 import os
@@ -203,7 +203,7 @@ def run_plan(name, ix_p, xq_p, batch, xq):
     plan, _, backend = name.partition("@")
     etcd, extra = None, ["--batch-root-allow", os.path.abspath(OUT)]
     env = None
-    if backend == "etcd-poll":  # the watch streams poll (before the callback queue)
+    if backend == "etcd-poll":  # the watch thread blocks in gRPC (before streams_nowait)
         env = dict(os.environ, TSR_RPC_STREAM_POLL="1")
     if backend in ("etcd", "etcd-poll"):
         import etcd_harness as eh

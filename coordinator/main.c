@@ -155,7 +155,7 @@ static int open_meta(tsr__coord *c, const etcd_args *a, tsr_error *err)
         return TSR_EINVAL;
     tsr_rpc_client_opts o;
     client_opts(&o, a->ca, a->cert, a->key, NULL, NULL);
-    o.streams_nonpolling = 1; /* the watch streams: the server's pollers drive them */
+    o.streams_nowait = 1; /* the watch thread stays out of the query path's polling */
     int rc = tsr__meta_open(a->endpoints, a->prefix, &o, a->ttl, &c->meta, err);
     if (rc) {
         char why[sizeof err->msg];

@@ -349,13 +349,13 @@ typedef struct tsr_rpc_client_opts {
     int no_watch;                /* 1 = not watched by the connectivity thread */
     int slow_reconnect;          /* 1 = the watcher leaves a failed channel to core's
                                     backoff (1..2 s) instead of retrying every 0.2 s */
-    int streams_nonpolling;      /* 1 = a stream's user waits on its queue without polling
-                                    I/O (GRPC_CQ_NON_POLLING): ONLY in a process whose server
-                                    pollers run as long as the stream does (they then drive
-                                    its connection, core's epoll1 polls every fd from any
-                                    poller). Keeps a long-waiting stream user (an etcd
-                                    watch) out of the pollers' hand-offs on the query path
-                                    (docs/performance.md "Metadata backend"). Env
+    int streams_nowait;          /* 1 = a stream's user never blocks in gRPC's queue: it
+                                    looks for completions every 10 ms and sleeps between
+                                    (rpc_stream.c "Ticking mode"), so a long-waiting stream
+                                    user (an etcd watch) stays out of core's poller hand-offs
+                                    on every call of the process; a stream event then waits
+                                    up to 10 ms. For processes whose server pollers do the
+                                    I/O (docs/performance.md "Metadata backend"). Env
                                     TSR_RPC_STREAM_POLL=1 overrides it (benchmarks). */
     /* TLS: set tls_ca_file to use TLS (server verified against this CA, PEM path). */
     const char *tls_ca_file;

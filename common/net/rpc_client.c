@@ -360,7 +360,7 @@ tsr_rpc_channel *tsr_rpc_channel_create(const char *target, const tsr_rpc_client
         ch->auth_md.value = grpc_slice_from_static_string(ch->auth);
     }
     ch->fast_reconnect = !opts->slow_reconnect;
-    ch->streams_nonpolling = opts->streams_nonpolling;
+    ch->streams_nowait = opts->streams_nowait;
     ch->last_reset = gpr_time_0(GPR_CLOCK_MONOTONIC);
     pool_channel_added();
     if (!opts->no_watch)

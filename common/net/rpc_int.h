@@ -36,7 +36,7 @@ struct tsr_rpc_channel {
     char *target;
     int watched;
     int fast_reconnect;
-    int streams_nonpolling; /* opts.streams_nonpolling (rpc_stream.c) */
+    int streams_nowait;  /* opts.streams_nowait (rpc_stream.c) */
     char *auth;            /* "Bearer <token>" (opts.bearer_token), NULL = none; wiped */
     grpc_metadata auth_md; /* its metadata entry, sent on every call */
     gpr_timespec last_reset; /* W.mu: last backoff reset by the watcher */

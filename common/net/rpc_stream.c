@@ -18,22 +18,24 @@
  * the queue with grpc_completion_queue_next until a given flag is set or the timeout
  * passes, setting whatever flags complete meanwhile. No locks: a stream has one user.
  *
- * Callback mode (the channel's streams_nonpolling, rpc.h): a user thread that waits in
- * grpc_completion_queue_next is one of core's pollers, and under epoll1 pollers hand the
- * polling over to each other on every event of the process: a watch waiting for minutes
- * was woken ~11 times per query of the server (docs/performance.md "Metadata backend").
- * Then the queue is a callback queue that no thread polls (the server's pollers drive the
- * connection: epoll1 polls every fd from any poller); a batch's tag is a functor that sets
- * its `done` flag under mu and signals cv, and pump() waits on cv. (A GRPC_CQ_NON_POLLING
- * queue would do the same but aborts core — polling_entity.cc "pollset != nullptr" — when
- * a call on it has to wait for a connection.)
+ * Ticking mode (the channel's streams_nowait, rpc.h): a thread blocked in
+ * grpc_completion_queue_next is one of core's pollers, and under epoll1 the pollers hand
+ * the polling over to each other on every event of the process: a watch waiting for
+ * minutes was woken ~11 times per query of the coordinator (docs/performance.md
+ * "Metadata backend"). In this mode pump() never blocks in core: it takes what has
+ * completed without waiting (a zero deadline) and sleeps TICK_MS between looks, so the
+ * server's pollers do the stream's I/O and the completions wait in the queue for the
+ * next look (at most TICK_MS later). Two other ways were tried and dropped: a
+ * GRPC_CQ_NON_POLLING queue aborts core 1.51 (polling_entity.cc "pollset != nullptr")
+ * when a call on it must wait for a connection; a callback queue (completions signalled
+ * to a condition variable) lost completions now and then in test_etcd (the watch never
+ * saw an event again), cause not found.
  */
 #include "net/rpc.h"
 
-#include <errno.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/grpc.h>
 #include <grpc/support/alloc.h>
@@ -43,14 +45,9 @@
 #include "core/mem.h"
 #include "net/rpc_int.h"
 
-enum { OP_OPEN, OP_STATUS, OP_SEND, OP_RECV, OP_N };
+#define TICK_MS 10
 
-/* Callback mode: the tag of batch `which` (OP_N: the queue's shutdown). */
-typedef struct op_fn {
-    grpc_completion_queue_functor f; /* first: core passes &f */
-    struct tsr_rpc_stream *st;
-    int which;
-} op_fn;
+enum { OP_OPEN, OP_STATUS, OP_SEND, OP_RECV, OP_N };
 
 struct tsr_rpc_stream {
     grpc_call *call;
@@ -63,60 +60,44 @@ struct tsr_rpc_stream {
     grpc_status_code status;
     grpc_slice details;
     const char *error_string;
-    /* callback mode only: done[] and shut are written by core's threads under mu */
-    int cb;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;          /* CLOCK_MONOTONIC */
-    op_fn fn[OP_N + 1];
-    int shut;                   /* the queue's shutdown has completed */
+    int tick;                   /* ticking mode: pump never blocks in core */
 };
 
-/* Core's completion of a batch (or of the shutdown) of a callback-mode stream. */
-static void on_done(grpc_completion_queue_functor *f, int ok)
+/* Takes every completion that is ready, without waiting. */
+static void take_ready(tsr_rpc_stream *st)
 {
-    (void)ok; /* as in polling mode: the outcome is in the received status */
-    op_fn *o = (op_fn *)f;
-    tsr_rpc_stream *st = o->st;
-    pthread_mutex_lock(&st->mu);
-    if (o->which == OP_N)
-        st->shut = 1;
-    else
-        st->done[o->which] = 1;
-    pthread_cond_broadcast(&st->cv);
-    pthread_mutex_unlock(&st->mu);
-}
-
-static int is_done(tsr_rpc_stream *st, int which)
-{
-    if (!st->cb)
-        return st->done[which];
-    pthread_mutex_lock(&st->mu);
-    int d = st->done[which];
-    pthread_mutex_unlock(&st->mu);
-    return d;
-}
-
-/* Callback mode: waits on cv until *flag or timeout_ms (< 0 = no limit). */
-static int cb_wait(tsr_rpc_stream *st, int *flag, int64_t timeout_ms)
-{
-    struct timespec ts = tsr_clock_mono_timespec(timeout_ms ? timeout_ms : 1);
-    pthread_mutex_lock(&st->mu);
-    while (!*flag) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&st->cv, &st->mu);
-        else if (pthread_cond_timedwait(&st->cv, &st->mu, &ts) == ETIMEDOUT)
-            break;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(st->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC),
+                                                   NULL);
+        if (ev.type != GRPC_OP_COMPLETE)
+            return;
+        TSR_TSAN_ACQUIRE(ev.tag);
+        *(int *)ev.tag = 1;
     }
-    int d = *flag;
-    pthread_mutex_unlock(&st->mu);
-    return d;
+}
+
+/* Ticking mode's pump: looks every TICK_MS until done[which] or timeout_ms (< 0: none). */
+static int pump_ticking(tsr_rpc_stream *st, int which, int64_t timeout_ms)
+{
+    int64_t end = timeout_ms < 0 ? INT64_MAX : tsr_clock_mono_ms() + timeout_ms;
+    for (;;) {
+        take_ready(st);
+        if (st->done[which])
+            return 1;
+        int64_t left = end - tsr_clock_mono_ms();
+        if (left <= 0)
+            return 0;
+        int64_t ms = left < TICK_MS ? left : TICK_MS;
+        struct timespec ts = {0, (long)ms * 1000000L};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* Waits until st->done[which] or timeout_ms (< 0 = no limit). Returns 1 when done. */
 static int pump(tsr_rpc_stream *st, int which, int64_t timeout_ms)
 {
-    if (st->cb)
-        return cb_wait(st, &st->done[which], timeout_ms);
+    if (st->tick)
+        return pump_ticking(st, which, timeout_ms);
     gpr_timespec dl = timeout_ms < 0 ? gpr_inf_future(GPR_CLOCK_MONOTONIC)
                                      : tsr__rpc_deadline(timeout_ms ? timeout_ms : 1);
     while (!st->done[which]) {
@@ -136,16 +117,9 @@ static int pump(tsr_rpc_stream *st, int which, int64_t timeout_ms)
 static int start(tsr_rpc_stream *st, int which, grpc_op *ops, size_t n)
 {
     st->started[which] = 1;
-    if (st->cb) {
-        pthread_mutex_lock(&st->mu);
-        st->done[which] = 0;
-        pthread_mutex_unlock(&st->mu);
-    } else {
-        st->done[which] = 0;
-        TSR_TSAN_RELEASE(&st->done[which]);
-    }
-    void *tag = st->cb ? (void *)&st->fn[which].f : (void *)&st->done[which];
-    if (grpc_call_start_batch(st->call, ops, n, tag, NULL) != GRPC_CALL_OK) {
+    st->done[which] = 0;
+    TSR_TSAN_RELEASE(&st->done[which]);
+    if (grpc_call_start_batch(st->call, ops, n, &st->done[which], NULL) != GRPC_CALL_OK) {
         st->started[which] = 0;
         return -1;
     }
@@ -172,20 +146,9 @@ tsr_rpc_stream *tsr_rpc_stream_open(tsr_rpc_channel *ch, const char *method, int
     grpc_metadata_array_init(&st->init_md);
     grpc_metadata_array_init(&st->trail_md);
     st->details = grpc_empty_slice();
-    const char *poll = getenv("TSR_RPC_STREAM_POLL"); /* "1": polling mode (benchmarks) */
-    st->cb = ch->streams_nonpolling && !(poll && strcmp(poll, "1") == 0);
-    if (st->cb) {
-        pthread_mutex_init(&st->mu, NULL);
-        tsr_clock_cond_init(&st->cv);
-        for (int k = 0; k <= OP_N; k++) {
-            st->fn[k].f.functor_run = on_done;
-            st->fn[k].st = st;
-            st->fn[k].which = k;
-        }
-        st->cq = grpc_completion_queue_create_for_callback(&st->fn[OP_N].f, NULL);
-    } else {
-        st->cq = grpc_completion_queue_create_for_next(NULL);
-    }
+    st->cq = grpc_completion_queue_create_for_next(NULL);
+    const char *poll = getenv("TSR_RPC_STREAM_POLL"); /* "1": blocking waits (benchmarks) */
+    st->tick = ch->streams_nowait && !(poll && strcmp(poll, "1") == 0);
     grpc_slice path = grpc_slice_from_copied_string(method);
     st->call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, st->cq, path,
                                         NULL, life_ms > 0 ? tsr__rpc_deadline(life_ms)
@@ -221,9 +184,9 @@ fail:
 int tsr_rpc_stream_send(tsr_rpc_stream *st, const void *msg, size_t len, int64_t timeout_ms,
                         tsr_error *err)
 {
-    if (is_done(st, OP_STATUS))
+    if (st->done[OP_STATUS])
         return ended(st, err);
-    if (st->started[OP_SEND] && !is_done(st, OP_SEND))
+    if (st->started[OP_SEND] && !st->done[OP_SEND])
         return tsr_err(err, TSR_ETIMEOUT, "an earlier send has not completed");
     if (st->send)
         grpc_byte_buffer_destroy(st->send);
@@ -239,7 +202,7 @@ int tsr_rpc_stream_send(tsr_rpc_stream *st, const void *msg, size_t len, int64_t
     if (!pump(st, OP_SEND, timeout_ms))
         return tsr_err(err, TSR_ETIMEOUT, "send not taken within %lld ms",
                        (long long)timeout_ms);
-    if (is_done(st, OP_STATUS))
+    if (st->done[OP_STATUS])
         return ended(st, err);
     return 0;
 }
@@ -249,8 +212,8 @@ int tsr_rpc_stream_recv(tsr_rpc_stream *st, int64_t timeout_ms, uint8_t **msg, s
 {
     *msg = NULL;
     *len = 0;
-    if (!st->started[OP_RECV] || is_done(st, OP_RECV)) {
-        if (is_done(st, OP_STATUS) && !st->started[OP_RECV])
+    if (!st->started[OP_RECV] || st->done[OP_RECV]) {
+        if (st->done[OP_STATUS] && !st->started[OP_RECV])
             return ended(st, err);
         grpc_op ops[2];
         memset(ops, 0, sizeof ops);
@@ -301,12 +264,9 @@ void tsr_rpc_stream_close(tsr_rpc_stream *st)
                 pump(st, k, -1);
     }
     grpc_completion_queue_shutdown(st->cq);
-    if (st->cb)
-        cb_wait(st, &st->shut, -1);
-    else
-        while (grpc_completion_queue_next(st->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                          NULL).type != GRPC_QUEUE_SHUTDOWN)
-            ;
+    while (grpc_completion_queue_next(st->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
     if (st->call)
         grpc_call_unref(st->call);
     grpc_completion_queue_destroy(st->cq);
@@ -319,9 +279,5 @@ void tsr_rpc_stream_close(tsr_rpc_stream *st)
     grpc_slice_unref(st->details);
     if (st->error_string)
         gpr_free((void *)st->error_string);
-    if (st->cb) {
-        pthread_mutex_destroy(&st->mu);
-        pthread_cond_destroy(&st->cv);
-    }
     free(st);
 }
