@@ -640,6 +640,13 @@ int tsr__slog_scan(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, c
  * none, the local log is untouched). */
 int tsr__shlog_mirror(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec,
                       tsr_error *err);
+/* A round of the stream writer: with --etcd always mirrored (fenced), whether or not this
+ * coordinator still believes it leads — a leader that stepped down by its own clock while
+ * rounds were queued used to skip the mirror (a follower's rule) and acknowledge them
+ * (tests/chaos, seed 1: seqs reused by the successor). The fence refuses it when another
+ * coordinator holds the leader key. */
+int tsr__shlog_mirror_round(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec,
+                            tsr_error *err);
 void tsr__shlog_drop(tsr__coord *c, uint64_t version);
 int tsr__shlog_restore(tsr__coord *c, uint64_t version, int *found, tsr_error *err);
 
