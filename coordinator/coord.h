@@ -698,6 +698,11 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns);
  * Takes the stream lock. Returns 0 or an error (streamed writes then stay refused until
  * a restart: the log is closed). */
 int tsr__stream_adopt(tsr__coord *c, tsr_error *err);
+/* Every replica that serves the version and is behind the log gets what it missed (one that
+ * does not answer is marked behind): at start, and by a coordinator that just won the
+ * election, before it leads (a replica that missed a round under the old leader served the
+ * old value until reconcile's next pass: a removed id back; tests/chaos seed 2). */
+void tsr__stream_catch_up_all(tsr__coord *c);
 /* A follower (leader.c): one round rec (borrowed) the leader mirrored in etcd, applied to
  * the overlay when it is of the served version and newer than what was applied (a repeat
  * is ignored), so that reads on a follower see the streamed writes. Takes the stream lock. */

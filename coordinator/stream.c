@@ -1023,6 +1023,11 @@ static void catch_up_all(tsr__coord *c)
 
 /* ---------------------------------------------------------------- the writer thread */
 
+void tsr__stream_catch_up_all(tsr__coord *c)
+{
+    catch_up_all(c);
+}
+
 static void *writer_main(void *arg)
 {
     tsr__coord *c = arg;
