@@ -711,6 +711,13 @@ int tsr__slog_scan(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, c
  * none, the local log is untouched). */
 int tsr__shlog_mirror(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec,
                       tsr_error *err);
+/* A round of the stream writer: with --etcd always mirrored (fenced), whether or not this
+ * coordinator still believes it leads — a leader that stepped down by its own clock while
+ * rounds were queued used to skip the mirror (a follower's rule) and acknowledge them
+ * (tests/chaos, seed 1: seqs reused by the successor). The fence refuses it when another
+ * coordinator holds the leader key. */
+int tsr__shlog_mirror_round(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec,
+                            tsr_error *err);
 void tsr__shlog_drop(tsr__coord *c, uint64_t version);
 int tsr__shlog_restore(tsr__coord *c, uint64_t version, int *found, tsr_error *err);
 
@@ -762,6 +769,11 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns);
  * Takes the stream lock. Returns 0 or an error (streamed writes then stay refused until
  * a restart: the log is closed). */
 int tsr__stream_adopt(tsr__coord *c, tsr_error *err);
+/* Every replica that serves the version and is behind the log gets what it missed (one that
+ * does not answer is marked behind): at start, and by a coordinator that just won the
+ * election, before it leads (a replica that missed a round under the old leader served the
+ * old value until reconcile's next pass: a removed id back; tests/chaos seed 2). */
+void tsr__stream_catch_up_all(tsr__coord *c);
 /* A follower (leader.c): one round rec (borrowed) the leader mirrored in etcd, applied to
  * the overlay when it is of the served version and newer than what was applied (a repeat
  * is ignored), so that reads on a follower see the streamed writes. Takes the stream lock. */

@@ -227,6 +227,7 @@ static void campaign(tsr__coord *c)
             tsr__oplog_settle(c, sn->version); /* updates its predecessor left running */
             tsr__snap_unref(sn);
             atomic_store(&c->lead.term, rev);
+            tsr__stream_catch_up_all(c); /* with our term: replicas the old leader left behind */
             set_addr(c, a);
             atomic_store(&c->lead.leading, 1);
             tsr_info("leader: elected (term %lld)", (long long)rev);

@@ -842,7 +842,7 @@ static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
     /* The planted bug of the chaos demonstration (coord.h, tsr__coord_test_hook). */
     int planted = tsr__coord_test_hook("plant-ack-unlogged");
     int mrc = planted ? 0 : tsr__slog_append(s->log_fd, path, &rec, &s->log_bytes, &err);
-    if (mrc == 0 && !planted && (mrc = tsr__shlog_mirror(c, &rec, &err)) != 0) {
+    if (mrc == 0 && !planted && (mrc = tsr__shlog_mirror_round(c, &rec, &err)) != 0) {
         /* etcd must hold every round a shard may apply (a new leader replays them) */
         if (ftruncate(s->log_fd, (off_t)bytes0) != 0)
             tsr_warn("%s: cannot cut the round etcd refused: %s", path, strerror(errno));
@@ -1024,6 +1024,11 @@ static void catch_up_all(tsr__coord *c)
 }
 
 /* ---------------------------------------------------------------- the writer thread */
+
+void tsr__stream_catch_up_all(tsr__coord *c)
+{
+    catch_up_all(c);
+}
 
 static void *writer_main(void *arg)
 {

@@ -34,6 +34,14 @@ int tsr__shlog_mirror(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec, tsr
 {
     if (!mirroring(c))
         return 0;
+    return tsr__shlog_mirror_round(c, rec, err);
+}
+
+int tsr__shlog_mirror_round(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec,
+                            tsr_error *err)
+{
+    if (!c->meta)
+        return 0;
     size_t len = tessera__v1__coord_log_record__get_packed_size(rec);
     uint8_t *buf = tsr_xmalloc(len ? len : 1);
     tessera__v1__coord_log_record__pack(rec, buf);
