@@ -158,7 +158,8 @@ test-ha: all
 # exit 77 = SKIP otherwise), a seeded fault schedule for SECONDS under queries, streamed
 # writes and batch updates, then the history checker; fails on any violation. CI runs the
 # 2-minute one (.ci/run). The history and the processes' logs stay under build/chaos/.
-# `make soak SECONDS=N`: steady load, RSS / fds / p50 / p99 per interval, a verdict.
+# `make soak SECONDS=N [SOAK_ARGS="--etcd-compact S --fold N"]`: steady load, RSS / fds /
+# p50 / p99 per interval, a verdict.
 SECONDS ?= 120
 SEED ?= 1
 chaos: all
@@ -166,7 +167,7 @@ chaos: all
 	  if [ $$rc -eq 77 ]; then echo "chaos: SKIP (needs root for network namespaces, and etcd)"; \
 	  else exit $$rc; fi
 soak: all
-	@/usr/bin/python3 tests/chaos/soak.py --seconds $(SECONDS); rc=$$?; \
+	@/usr/bin/python3 tests/chaos/soak.py --seconds $(SECONDS) $(SOAK_ARGS); rc=$$?; \
 	  if [ $$rc -eq 77 ]; then echo "soak: SKIP (needs etcd)"; else exit $$rc; fi
 
 # The include rules of docs/architecture.md ("Layers"): a file includes only its own layer

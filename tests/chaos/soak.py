@@ -142,14 +142,25 @@ def verdict(rows, names):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--etcd-compact", type=int, default=None,
+                    help="the coordinators' --etcd-compact S (default: theirs, 300)")
+    ap.add_argument("--fold", type=int, default=None,
+                    help="config stream_fold_records (default: the coordinator's, 100000)")
     args = ap.parse_args()
     eh.skip_without_etcd()
     rng = random.Random(1)
     root = sh.tmpdir("tsr-soak-")
     recs = [ch.dp_json("b%05d" % i, [rng.gauss(0, 1) for _ in range(D)]) for i in range(NBASE)]
     batch = ch.write_batch(os.path.join(root, "b0"), recs)
-    cl = eh.HACluster(groups=2, replicas=2, coords=2, dims=D, ttl=5,
-                      config={"nlist": 16, "pq_m": 4, "nprobe": 8})
+    config = {"nlist": 16, "pq_m": 4, "nprobe": 8}
+    if args.fold is not None:
+        config["stream_fold_records"] = args.fold
+    extra = () if args.etcd_compact is None else ("--etcd-compact", str(args.etcd_compact))
+    print("soak: --etcd-compact %s, stream_fold_records %s" % (
+        "default" if args.etcd_compact is None else args.etcd_compact,
+        "default" if args.fold is None else args.fold))
+    cl = eh.HACluster(groups=2, replicas=2, coords=2, dims=D, ttl=5, config=config,
+                      coord_extra=extra)
     try:
         tp = ch.stubs()[0]
         leader = cl.leader(timeout=30)
