@@ -13,14 +13,21 @@
 #include "core/log.h"
 #include "core/mem.h"
 
-static const char *const FILES[] = {"template.faiss", "plan", "directory"};
+/* The files of a version in etcd: the first NREQUIRED always, "groups" (the shard groups,
+ * written by a reshard and every version after it, docs/resharding.md) only when the
+ * version has it: its line in PREFIX/version is then part of the commit transaction, so
+ * the groups flip with the version and a deposed leader cannot commit them. */
+static const char *const FILES[] = {"template.faiss", "plan", "directory", "groups"};
 #define NFILES (sizeof FILES / sizeof FILES[0])
+#define NREQUIRED 3
 
-/* What PREFIX/version says: the version and each file's length and digest. */
+/* What PREFIX/version says: the version and each file's length and digest (has[i] 0: an
+ * optional file the version does not have). */
 typedef struct vrec {
     uint64_t version;
     size_t len[NFILES];
     uint64_t sum[NFILES];
+    uint8_t has[NFILES];
 } vrec;
 
 static uint64_t digest(const void *p, size_t n)
@@ -79,8 +86,9 @@ static size_t vrec_format(const vrec *r, char *buf, size_t cap)
 {
     size_t n = (size_t)snprintf(buf, cap, "tessera-version 1\nversion %" PRIu64 "\n", r->version);
     for (size_t i = 0; i < NFILES && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "file %s %zu %016" PRIx64 "\n", FILES[i],
-                              r->len[i], r->sum[i]);
+        if (r->has[i])
+            n += (size_t)snprintf(buf + n, cap - n, "file %s %zu %016" PRIx64 "\n", FILES[i],
+                                  r->len[i], r->sum[i]);
     return n < cap ? n : cap - 1;
 }
 
@@ -94,16 +102,20 @@ static int vrec_parse(const tsr__meta *m, const char *s, vrec *r, tsr_error *err
     s += used;
     for (size_t i = 0; i < NFILES; i++) {
         char name[32];
+        if (i >= NREQUIRED && !*s)
+            break; /* an optional file the version does not have */
         if (sscanf(s, "file %31s %zu %" SCNx64 "\n%n", name, &r->len[i], &r->sum[i], &used) != 3 ||
             strcmp(name, FILES[i]) != 0 || r->len[i] > TSR__META_MAX_FILE)
             goto bad;
+        r->has[i] = 1;
         s += used;
     }
     return 0;
 bad:
     return tsr_err(err, TSR_EFORMAT, "etcd key %s/version: expected \"tessera-version 1\", "
-                   "\"version N\" and one \"file NAME LEN DIGEST\" line per file (%s, %s, %s)",
-                   m->prefix, FILES[0], FILES[1], FILES[2]);
+                   "\"version N\" and one \"file NAME LEN DIGEST\" line per file (%s, %s, %s, "
+                   "then %s when the version has it)", m->prefix, FILES[0], FILES[1], FILES[2],
+                   FILES[3]);
 }
 
 /* Reads PREFIX/version into *r (version 0 when absent) and its mod revision. */
@@ -183,8 +195,9 @@ static int cached(tsr_store *st, const vrec *r)
     for (size_t i = 0; i < NFILES; i++) {
         void *b = NULL;
         size_t len = 0;
-        int ok = tsr_store_read_file(st, r->version, FILES[i], TSR__META_MAX_FILE, &b, &len,
-                                     &e) == 0 && len == r->len[i] && digest(b, len) == r->sum[i];
+        int rc = tsr_store_read_file(st, r->version, FILES[i], TSR__META_MAX_FILE, &b, &len, &e);
+        int ok = r->has[i] ? rc == 0 && len == r->len[i] && digest(b, len) == r->sum[i]
+                           : rc == TSR_ENOTFOUND;
         free(b);
         if (!ok)
             return 0;
@@ -201,6 +214,8 @@ static int download(tsr__meta *m, tsr_store *st, const vrec *r, tsr_error *err)
     int rc = tsr_store_begin(st, r->version, &t, err);
     for (size_t i = 0; i < NFILES && rc == 0; i++) {
         uint8_t *b = NULL;
+        if (!r->has[i])
+            continue;
         if ((rc = fetch_file(m, r, i, &b, err)) == 0)
             rc = tsr_store_txn_write_file(t, FILES[i], b, r->len[i], err);
         free(b);
@@ -233,7 +248,7 @@ int tsr__meta_sync(tsr__meta *m, tsr_store *st, uint64_t *version, tsr_error *er
         if ((rc = download(m, st, &r, err)))
             return rc;
         tsr_info("etcd %s: version %" PRIu64 " loaded into the cache (%zu bytes, %lld ms)",
-                 m->prefix, r.version, r.len[0] + r.len[1] + r.len[2],
+                 m->prefix, r.version, r.len[0] + r.len[1] + r.len[2] + r.len[3],
                  (long long)(tsr_clock_mono_ms() - t0));
     }
     if (r.version > 0 && (rc = tsr_store_set_current(st, r.version, err)))
@@ -257,8 +272,15 @@ static int upload(tsr__meta *m, tsr_store *st, uint64_t v, vrec *r, tsr_error *e
     for (size_t i = 0; i < NFILES && rc == 0; i++) {
         void *b = NULL;
         size_t len = 0;
-        if ((rc = tsr_store_read_file(st, v, FILES[i], TSR__META_MAX_FILE, &b, &len, err)))
+        rc = tsr_store_read_file(st, v, FILES[i], TSR__META_MAX_FILE, &b, &len, err);
+        if (rc == TSR_ENOTFOUND && i >= NREQUIRED) { /* an optional file it does not have */
+            tsr_error_clear(err);
+            rc = 0;
+            continue;
+        }
+        if (rc)
             break;
+        r->has[i] = 1;
         r->len[i] = len;
         r->sum[i] = digest(b, len);
         blob_prefix(m, v, FILES[i], pre, sizeof pre);

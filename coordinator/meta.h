@@ -8,7 +8,8 @@
  *     is a no-op that succeeds (the store alone decides, as before this module).
  *   - etcd (--etcd ENDPOINTS --etcd-prefix PREFIX): the key PREFIX/version is the
  *     authoritative committed version, its value names the version and the length and
- *     FNV-1a 64 digest of each of its files (template.faiss, plan, directory); the files
+ *     FNV-1a 64 digest of each of its files (template.faiss, plan, directory, and groups
+ *     when the version has one: the shard groups after a reshard, docs/resharding.md); the files
  *     themselves are kept in etcd in chunks of at most TSR__META_CHUNK bytes under
  *     PREFIX/blobs/<N>/<file>/<chunk#> (the committed version and the one before it), so
  *     a coordinator with an empty --data folder loads the version from etcd and the
