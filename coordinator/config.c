@@ -348,8 +348,8 @@ char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, int also_retir
     return t;
 }
 
-int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_t len,
-                                 tsr_error *err)
+int tsr__coord_config_parse_groups(const char *text, size_t len, tsr__coord_config *out,
+                                   tsr_error *err)
 {
     char *t = tsr_xmalloc(len + 1), *save = NULL;
     memcpy(t, text, len);
@@ -391,6 +391,21 @@ int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_
             goto out;
         nc.retired[g] = (uint8_t)retired;
     }
+    *out = nc;
+    memset(&nc, 0, sizeof nc);
+out:
+    tsr__coord_config_close(&nc);
+    free(t);
+    return rc;
+}
+
+int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_t len,
+                                 tsr_error *err)
+{
+    tsr__coord_config nc;
+    int rc = tsr__coord_config_parse_groups(text, len, &nc, err);
+    if (rc)
+        return rc;
     /* keep every other setting; swap the groups (called before any thread reads them) */
     tsr__coord_config old = *cfg;
     cfg->shards = nc.shards;
@@ -400,10 +415,8 @@ int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_
     cfg->nshards = nc.nshards;
     cfg->resharded = 1;
     nc = old;
-out:
     tsr__coord_config_close(&nc);
-    free(t);
-    return rc;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- test hooks */

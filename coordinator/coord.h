@@ -35,8 +35,8 @@
  *
  * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
  * fails on a loop): config, meta, state, stream_log call no other file of the folder;
- * oplog -> meta; leader -> meta, oplog, state, stream;
- * replica -> state; stream -> replica, state, stream_ha, stream_log, update_plan;
+ * oplog -> meta; leader -> meta, oplog, replica, state, stream;
+ * replica -> config, state; stream -> replica, state, stream_ha, stream_log, update_plan;
  * stream_ha -> meta, state, stream_log; reconcile -> replica, state, stream;
  * query -> config, leader, replica, state, stream; update_plan -> config, state;
  * update -> leader, meta, oplog, reconcile, replica, reshard, state, stream, update_plan;
@@ -129,13 +129,16 @@ const char *tsr__distance_name(enum tsr__distance d);
  * groups as the text of a version's "groups" file, group also_retired (-1: none) written
  * as retired too (new, *len bytes; caller frees).
  * set_groups: replaces the groups by those of such a text (before any thread reads them;
- * TSR_EFORMAT naming the line). */
+ * TSR_EFORMAT naming the line); parse_groups: such a text into out's group arrays only
+ * (close out with tsr__coord_config_close). */
 int tsr__coord_config_add_group(tsr__coord_config *cfg, const char *const *addr, size_t n,
                                 tsr_error *err);
 char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, int also_retired,
                                     size_t *len);
 int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_t len,
                                  tsr_error *err);
+int tsr__coord_config_parse_groups(const char *text, size_t len, tsr__coord_config *out,
+                                   tsr_error *err);
 
 /* ---- directory: string id -> (label, list, shard) ------------------------------------ */
 typedef struct tsr__dir_entry {
@@ -371,6 +374,10 @@ typedef struct tsr__lead {
     pthread_t thread, wthread;  /* the lease/election thread; the watcher (PREFIX/version,
                                    PREFIX/stream/, PREFIX/leader on one stream) */
     pthread_mutex_t follow_mu;  /* serializes moving the snapshot (both threads) */
+    /* under mu: groups a followed version removed, whose replicas are cut once the queries
+     * planned before it drained (retire_at_ms, tsr_clock_mono_ms; 0 = none pending) */
+    uint8_t retire[TSR_COORD_MAX_SHARDS];
+    int64_t retire_at_ms;
 } tsr__lead;
 
 /* ---- the coordinator --------------------------------------------------------------- */
@@ -623,6 +630,16 @@ void tsr__coord_channels_close(tsr__coord *c);
  * group s is removed (its replicas are no longer called; config retired[s] set). */
 int tsr__coord_group_append(tsr__coord *c, tsr_error *err);
 void tsr__coord_group_retire(tsr__coord *c, size_t s);
+/* A follower with --etcd (leader.c, before it publishes a version ns it learnt from etcd;
+ * under update_mu and the stream lock): makes the groups match ns's "groups" file (NULL:
+ * nothing to do). Groups the version adds are appended (their channels opened) so that
+ * queries planned on ns can call them; a group ns removes is marked retired in the config
+ * at once and set in retire[] (TSR_COORD_MAX_SHARDS entries): the caller cuts its replicas
+ * (tsr__coord_group_retire) only after the queries planned on the older version drained.
+ * Returns 0, or TSR_ESTATE naming the group when ns's groups are not an extension of ours
+ * (a group renumbered or its replicas changed): nothing published then. */
+int tsr__coord_groups_follow(tsr__coord *c, const tsr__snap *ns, uint8_t *retire,
+                             tsr_error *err);
 /* "127.0.0.1:7001" -> "ipv4:127.0.0.1:7001"; other forms as they are. */
 void tsr__coord_target_of(const char *addr, char *buf, size_t cap);
 /* Records the outcome of one call to replica k (health, failure count, metrics). */

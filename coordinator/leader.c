@@ -33,13 +33,20 @@
  * it serves that version, and reconcile (which runs on the leader only) aborts what shards
  * staged or prepared above it and commits it where it is prepared.
  *
+ * A version that changes the shard groups (a reshard: its "groups" file, which the commit
+ * transaction carries like the plan) is served only after the groups it adds have
+ * channels here (replica.c tsr__coord_groups_follow); a group it removes is cut after the
+ * queries planned before it drained (search_deadline_ms), or at once when we win.
+ *
  * Fencing: the term is the create revision of our leader key; every shard call carries it
  * (tsr__coord_term) and the commit transaction compares it (tsr__leader_fence).
  *
  * Threads: the lease thread is the only writer of leading/term/lease; follow_mu serializes
  * the two threads' moves of the snapshot; others read them atomically.
- * addr, stop and kick are under lead.mu. Calls: meta, state, stream (tsr__stream_lock is taken
- * to publish; no other lock of coord.h is held with it here).
+ * addr, stop, kick and the pending retirements are under lead.mu. Calls: meta, oplog,
+ * replica, state, stream (tsr__stream_lock is taken to publish; when the version changes
+ * the groups, update_mu is taken first, by trylock, in the order of coord.h; no other lock
+ * of coord.h is held with them here).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -149,13 +156,73 @@ static void follow_locked(tsr__coord *c)
         tsr_error_log("leader: cannot load version %" PRIu64 " from etcd: %s", v, err.msg);
         return;
     }
+    /* A version with a groups file (a reshard, docs/resharding.md): its groups are ours
+     * before it is served, so a query planned on it can call every group it names. The
+     * groups change only under update_mu: when a move of ours is still running (we were
+     * deposed during it), this waits for the next poll rather than block the thread. */
+    uint8_t retire[TSR_COORD_MAX_SHARDS] = {0};
+    int grouped = ns->groups != NULL;
+    if (grouped && pthread_mutex_trylock(&c->update_mu) != 0) {
+        tsr_debug("leader: version %" PRIu64 " changes the groups; an update of ours still "
+                  "runs: the next poll moves", v);
+        tsr__snap_unref(ns);
+        return;
+    }
     tsr__stream_lock(c);
+    if (grouped && tsr__coord_groups_follow(c, ns, retire, &err)) {
+        tsr__stream_unlock(c);
+        pthread_mutex_unlock(&c->update_mu);
+        tsr_error_log("leader: version %" PRIu64 " from etcd not served: %s", v, err.msg);
+        tsr__snap_unref(ns);
+        return;
+    }
     if (tsr__stream_version_begin(c, v, ns->next_label, &err))
         tsr_warn("leader: version %" PRIu64 ": the stream log: %s", v, err.msg);
     tsr__stream_publish(c, ns);
     tsr__stream_unlock(c);
-    tsr_info("now serving version %" PRIu64 " (committed in etcd)", v);
+    if (grouped)
+        pthread_mutex_unlock(&c->update_mu);
+    size_t nret = 0;
+    pthread_mutex_lock(&c->lead.mu);
+    for (size_t g = 0; g < TSR_COORD_MAX_SHARDS; g++)
+        if (retire[g]) {
+            c->lead.retire[g] = 1;
+            nret++;
+        }
+    if (nret) /* queries planned on the version before may still call them: drain first */
+        c->lead.retire_at_ms = tsr_clock_mono_ms() + c->cfg.search_deadline_ms;
+    pthread_mutex_unlock(&c->lead.mu);
+    tsr_info("now serving version %" PRIu64 " (committed in etcd)%s", v,
+             nret ? "; a removed shard group is no longer called once the queries planned "
+                    "before it drained" : "");
     follow_stream(c, v, -1); /* rounds the leader streamed on it before we moved */
+}
+
+/* Cuts the replicas of the groups a followed version removed (docs/resharding.md) once
+ * their drain time passed, or at once with now_too (this coordinator is about to lead:
+ * its fan-outs must not call them). Lease thread. */
+static void retire_due(tsr__coord *c, int now_too)
+{
+    pthread_mutex_lock(&c->lead.mu);
+    int due = c->lead.retire_at_ms &&
+              (now_too || tsr_clock_mono_ms() >= c->lead.retire_at_ms);
+    pthread_mutex_unlock(&c->lead.mu);
+    /* the groups change only under update_mu; an update of ours still running (deposed
+     * during it) keeps them pending until a later tick rather than block this thread */
+    if (!due || pthread_mutex_trylock(&c->update_mu) != 0)
+        return;
+    uint8_t cut[TSR_COORD_MAX_SHARDS];
+    pthread_mutex_lock(&c->lead.mu);
+    memcpy(cut, c->lead.retire, sizeof cut);
+    memset(c->lead.retire, 0, sizeof c->lead.retire);
+    c->lead.retire_at_ms = 0;
+    pthread_mutex_unlock(&c->lead.mu);
+    for (size_t g = 0; g < TSR_COORD_MAX_SHARDS && g < c->cfg.nshards; g++)
+        if (cut[g]) {
+            tsr__coord_group_retire(c, g);
+            tsr_info("shard group %zu removed (a followed version): no longer called", g);
+        }
+    pthread_mutex_unlock(&c->update_mu);
 }
 
 static void set_etcd_err(tsr__coord *c, const char *msg)
@@ -220,6 +287,7 @@ static void campaign(tsr__coord *c)
         int64_t rev = 0;
         if (tsr_etcd_txn(c->meta->fast, &cmp, 1, &op, 1, &ok, &rev, &err) == 0 && ok) {
             follow(c); /* start from the committed version, then act */
+            retire_due(c, 1); /* groups it removed: out of our fan-outs before we lead */
             if (tsr__stream_adopt(c, &err)) /* its predecessor's streamed writes */
                 tsr_error_log("leader: the streamed writes of the served version: %s "
                               "(streamed writes are refused until a restart)", err.msg);
@@ -340,6 +408,7 @@ static void *lead_main(void *p)
             read_members(c);
             if (!atomic_load(&c->lead.leading))
                 follow(c);
+            retire_due(c, 0);
             next = now + period_ms(c);
         } else if (kicked) {
             campaign(c); /* the leader key changed: an election now, not at the next poll */

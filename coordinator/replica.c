@@ -118,6 +118,60 @@ void tsr__coord_group_retire(tsr__coord *c, size_t s)
     c->grp[s].n = 0; /* its replica slots stay (and their channels), never called again */
 }
 
+int tsr__coord_groups_follow(tsr__coord *c, const tsr__snap *ns, uint8_t *retire,
+                             tsr_error *err)
+{
+    if (!ns->groups)
+        return 0;
+    tsr__coord_config ng;
+    int rc = tsr__coord_config_parse_groups(ns->groups, ns->groups_len, &ng, err);
+    if (rc)
+        return tsr_err_prefix(err, "version %llu", (unsigned long long)ns->version);
+    tsr__coord_config *cfg = &c->cfg;
+    size_t have = cfg->nshards;
+    if (ng.nshards < have) {
+        rc = tsr_err(err, TSR_ESTATE, "version %llu names %zu shard group(s), this coordinator "
+                     "has %zu (group numbers are never reused or dropped)",
+                     (unsigned long long)ns->version, (size_t)ng.nshards, have);
+        goto out;
+    }
+    for (size_t s = 0; s < have; s++) {
+        int same = ng.nreplicas[s] == cfg->nreplicas[s];
+        for (size_t j = 0; same && j < ng.nreplicas[s]; j++)
+            same = strcmp(ng.replicas[s][j], cfg->replicas[s][j]) == 0;
+        if (!same || (cfg->retired[s] && !ng.retired[s])) {
+            rc = tsr_err(err, TSR_ESTATE, "version %llu: shard group %zu (%s) is not the group "
+                         "%zu this coordinator has (%s%s)", (unsigned long long)ns->version,
+                         s, ng.shards[s], s, cfg->shards[s], cfg->retired[s] ? ", removed" : "");
+            goto out;
+        }
+    }
+    for (size_t s = 0; s < have; s++)
+        if (ng.retired[s] && !cfg->retired[s]) {
+            /* out of every plan from ns on; still called by queries planned before it */
+            __atomic_store_n(&cfg->retired[s], 1, __ATOMIC_RELEASE);
+            retire[s] = 1;
+        }
+    for (size_t s = have; s < ng.nshards; s++) {
+        if ((rc = tsr__coord_config_add_group(cfg, (const char *const *)ng.replicas[s],
+                                              ng.nreplicas[s], err)))
+            goto out;
+        if (ng.retired[s]) /* e.g. a failed add's number: never called */
+            cfg->retired[s] = 1;
+        if ((rc = tsr__coord_group_append(c, err))) {
+            tsr__coord_group_retire(c, s); /* its slot stays, unused */
+            goto out;
+        }
+        tsr_info("shard group %zu (%s%s) from version %llu%s", s, ng.shards[s],
+                 ng.nreplicas[s] > 1 ? ",..." : "", (unsigned long long)ns->version,
+                 ng.retired[s] ? " (removed)" : ": channels opened");
+    }
+    cfg->resharded = 1; /* the groups travel with every version from now on */
+out:
+    tsr__coord_config_close(&ng);
+    return rc;
+}
+
 void tsr__coord_channels_close(tsr__coord *c)
 {
     for (size_t k = 0; c->rep && k < c->nrep; k++)

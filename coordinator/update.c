@@ -873,11 +873,8 @@ static int reshard_start(tsr__coord *c, char *const *addrs, size_t n, int64_t rm
                          uint32_t *group, char *id, size_t cap, tsr_rpc_reply *r)
 {
     int rc = tsr__leader_check(c, r);
-    if (rc)
+    if (rc) /* a follower refuses naming the leader, as for UpdateIndex */
         return rc;
-    if (c->meta)
-        return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, "resharding with --etcd is "
-                                   "not supported yet (docs/resharding.md)");
     pthread_mutex_lock(&c->op_mu);
     if (c->busy || c->closing) {
         pthread_mutex_unlock(&c->op_mu);
