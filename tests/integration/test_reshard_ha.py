@@ -1,0 +1,275 @@
+"""Grow and shrink online with --etcd (docs/resharding.md "With --etcd"): etcd x1, two
+coordinators with --etcd (TTL 2 s), 2 shard groups.
+
+1. AddShardGroup (2 -> 3) and RemoveShardGroup of group 0 (3 -> 2), each through
+   `tessera shards add|remove --target FOLLOWER`: the follower refuses naming the leader
+   and the CLI retries there. Meanwhile a query thread alternates between both
+   coordinators (a failed query is retried once on the other one: 0 may fail; every
+   answer equals the answer before the moves: the queries probe every list with PQ
+   distances and deny the streamed writes' token, so the answer does not depend on the
+   plan) and a writer streams upserts (every acknowledged write readable at the end, on
+   both coordinators). After each move: both coordinators serve the new version and the
+   same groups (GetIndexStats shards, removed marks) and every label is on exactly one
+   live group (test_reshard.lists_checker: Shard.Read of every label on every shard).
+2. The leader _exit(137)s right after the etcd commit of an add (TSR_COORD_CRASH_AT=
+   flipped, as a kill -9 there): the other coordinator becomes the leader, serves the
+   version etcd holds with the new group (learnt from the version, not from its config),
+   and reconcile commits it on every shard, the new group included; both coordinators
+   answer from that plan, every label once.
+3. The follower restarted with an empty --data answers the same (groups, plan and
+   directory from etcd + the shards).
+Fails on a tree where resharding refuses --etcd (step 1's CLI exits 1). Exit 77 only when
+etcd is not installed.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import coord_harness as ch  # noqa: E402
+import etcd_harness as eh  # noqa: E402
+import shard_harness as sh  # noqa: E402
+import test_reshard as tr  # noqa: E402
+
+N = 4000
+D = 16
+NLIST = 32
+TTL = 4
+tr.N = N
+
+
+def tessera(*args, timeout=180):
+    r = subprocess.run([os.path.join(ch.BIN, "tessera")] + list(args), capture_output=True,
+                       text=True, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr
+
+
+def groups_of(c):
+    """(address, removed) of each group as coordinator c reports them."""
+    return [(s.address, s.removed) for s in c.stats().shards]
+
+
+def settled(cl, live, want, timeout=40):
+    """Waits until every live shard and every live coordinator is on version want and the
+    coordinators report the same groups. Returns those groups."""
+    sp = sh.stubs()[0]
+    t_end = time.time() + timeout
+    while True:
+        vs = [s.stub.Stats(sp.ShardStatsRequest(), timeout=10).current_version for s in live]
+        cs, gs = {}, {}
+        for c in cl.coords:
+            if c.alive():
+                try:
+                    cs[c.target] = c.stats().version
+                    gs[c.target] = tuple(groups_of(c))
+                except Exception as e:  # noqa: BLE001 - starting or dying
+                    cs[c.target] = str(e).splitlines()[0][:60]
+        if set(vs) == {want} and set(cs.values()) == {want} and len(set(gs.values())) == 1:
+            return list(list(gs.values())[0])
+        if time.time() > t_end:
+            raise AssertionError("not settled on version %d after %ds: shards %s, coordinators "
+                                 "%s, groups %s\n%s" % (want, timeout, vs, cs, gs, cl.logs()))
+        time.sleep(0.2)
+
+
+def main():
+    eh.skip_without_etcd()
+    tp = ch.stubs()[0]
+    rng = np.random.default_rng(23)
+    centers = rng.normal(size=(NLIST, D)).astype("float32") * 4
+    x = (centers[rng.integers(0, NLIST, N)] + rng.normal(size=(N, D))).astype("float32")
+    root = sh.tmpdir("tsr-reshard-ha-")
+    b1 = ch.write_batch(os.path.join(root, "b1"), [ch.dp_json("a%05d" % i, x[i])
+                                                   for i in range(N)])
+    cl = eh.HACluster(groups=2, replicas=1, coords=2, etcd_members=1, dims=D, ttl=TTL,
+                      config={"nlist": NLIST, "pq_m": 4, "nprobe": 8})
+    try:
+        rc, out, err = tessera("update", "--target", cl.targets, "--batch-root", b1)
+        assert rc == 0 and "SUCCEEDED, version 1" in out, (rc, out, err, cl.logs())
+        cl.wait_version(1)
+        leader = cl.leader(timeout=TTL + 15)
+        follower = cl.follower(leader)
+        qv = x[rng.integers(0, N, 16)] + rng.normal(size=(16, D)).astype("float32") * 0.3
+        rq = tp.FindNeighborsRequest(queries=[ch.query(tp, v, 10, cand=0, fraction=1.0,
+                                                       restricts=[("src", [], ["w"])])
+                                              for v in qv])
+        before = leader.stub.FindNeighbors(rq, timeout=30).nearest_neighbors
+        r = follower.stub.FindNeighbors(rq, timeout=30).nearest_neighbors
+        assert all(tr.same_answer(a, b) for a, b in zip(r, before)), "coordinators differ"
+
+        stop = threading.Event()
+        st = {"ok": 0, "retried": 0, "fail": [], "diff": 0}
+
+        def client():
+            i = 0
+            while not stop.is_set():
+                order = [cl.coords[i % 2], cl.coords[(i + 1) % 2]]
+                i += 1
+                got, errs = None, []
+                for c in order:  # one retry, on the other coordinator
+                    try:
+                        got = c.stub.FindNeighbors(rq, timeout=10)
+                        break
+                    except Exception as e:  # noqa: BLE001 - every failure counts
+                        errs.append("%s: %s" % (c.target, str(e)[:200]))
+                if got is None:
+                    st["fail"].append(errs)
+                    continue
+                st["retried"] += len(errs)
+                for a, b in zip(got.nearest_neighbors, before):
+                    if not tr.same_answer(a, b):
+                        st["diff"] += 1
+                st["ok"] += 1
+
+        wr = {"acked": [], "fail": [], "max_s": 0.0}
+
+        def writer():
+            i = 0
+            while not stop.is_set():
+                ids = ["w%06d" % (i + j) for j in range(10)]
+                dps = []
+                for j, did in enumerate(ids):
+                    p = tp.IndexDatapoint(datapoint_id=did)
+                    p.feature_vector.extend([float(v) for v in x[(i + j) * 7 % N] + 0.5])
+                    p.restricts.add(namespace="src", allow_list=["w"])
+                    dps.append(p)
+                t0 = time.time()
+                ok, errs = False, []
+                for c in (leader, follower):  # the follower refuses: "not the leader"
+                    try:
+                        c.stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=dps),
+                                                timeout=60)
+                        ok = True
+                        break
+                    except Exception as e:  # noqa: BLE001
+                        errs.append(str(e)[:200])
+                if ok:
+                    wr["acked"] += ids
+                else:
+                    wr["fail"].append(errs)
+                wr["max_s"] = max(wr["max_s"], time.time() - t0)
+                i += 10
+                time.sleep(0.03)
+
+        ths = [threading.Thread(target=client), threading.Thread(target=writer)]
+        for t in ths:
+            t.start()
+        live = [g[0] for g in cl.groups]
+        try:
+            # 1a. add a group through the follower
+            s2 = sh.Shard(os.path.join(cl.root, "shard-new-2"), bin_dir=cl.bin)
+            cl.shards.append(s2)
+            t0 = time.time()
+            rc, out, err = tessera("shards", "add", "--target", follower.target,
+                                   "--group", s2.target)
+            assert rc == 0 and "succeeded: version 2" in out, (rc, out, err, cl.logs())
+            live.append(s2)
+            groups = settled(cl, live, 2)
+            assert groups == [(s.target, False) for s in live], groups
+            per = tr.lists_checker(live, N + len(wr["acked"]) + 2000, N, at_least=True)
+            print("add through the follower: %.1fs, version 2, datapoints per group %s"
+                  % (time.time() - t0, per))
+            assert "channels opened" in follower.proc.text(), follower.proc.text()[-2000:]
+            # 1b. remove group 0 through the follower
+            t0 = time.time()
+            rc, out, err = tessera("shards", "remove", "--target", follower.target,
+                                   "--group", "0")
+            assert rc == 0 and "succeeded: version 3" in out, (rc, out, err, cl.logs())
+            gone = live.pop(0)
+            groups = settled(cl, live, 3)
+            assert groups == [(gone.target, True)] + [(s.target, False) for s in live], groups
+            per = tr.lists_checker(live, N + len(wr["acked"]) + 2000, N, at_least=True)
+            print("remove through the follower: %.1fs, version 3, datapoints per group %s"
+                  % (time.time() - t0, per))
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            for t in ths:
+                t.join()
+        print("queries during the moves: %d answered (%d retried on the other coordinator), "
+              "%d failed, %d differing" % (st["ok"], st["retried"], len(st["fail"]),
+                                            st["diff"]))
+        assert not st["fail"], st["fail"][:3]
+        assert st["diff"] == 0 and st["ok"] > 0, st
+        print("streamed writes during the moves: %d acknowledged, %d failed, longest wait "
+              "%.2fs" % (len(wr["acked"]), len(wr["fail"]), wr["max_s"]))
+        assert not wr["fail"], wr["fail"][:3]
+        acked = wr["acked"]
+        assert acked
+        tr.lists_checker(live, N + len(acked) + 2000, N + len(acked))
+        for c in cl.coords:  # the follower reads the leader's mirrored rounds: a moment
+            t_end = time.time() + 10
+            while True:
+                n = 0
+                for k in range(0, len(acked), 1000):
+                    r = c.stub.ReadIndexDatapoints(
+                        tp.ReadIndexDatapointsRequest(ids=acked[k:k + 1000]), timeout=30)
+                    n += len(r.datapoints)
+                if n == len(acked) or time.time() > t_end:
+                    break
+                time.sleep(0.2)
+            assert n == len(acked), "%s: %d of %d acknowledged writes" % (c.target, n,
+                                                                          len(acked))
+        total = N + len(acked)
+
+        # 2. the leader dies right after the etcd commit of an add
+        a, b = leader, follower
+        for c in (a, b):
+            c.stop()
+        a.start(env={"TSR_COORD_CRASH_AT": "flipped"})
+        assert cl.leader(timeout=TTL + 15) is a
+        b.start()
+        cl.wait_version(3)
+        s3 = sh.Shard(os.path.join(cl.root, "shard-new-3"), bin_dir=cl.bin)
+        cl.shards.append(s3)
+        t0 = time.time()
+        rc, out, err = tessera("shards", "add", "--target", b.target + "," + a.target,
+                               "--group", s3.target, "--timeout-s", "40")
+        try:
+            a.proc.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the leader did not reach the crash hook: %s %s %s\n%s"
+                                 % (rc, out, err, cl.logs()))
+        assert a.proc.proc.returncode == 137, (a.proc.proc.returncode, a.proc.text()[-3000:])
+        held = cl.etcd.committed_version(cl.prefix)
+        assert held == 4, "etcd holds version %s, want 4 (the add's commit)" % held
+        assert cl.leader(timeout=TTL + 15) is b
+        live.append(s3)
+        groups = settled(cl, live, 4)  # b alone: it serves v4 and reconcile committed it
+        assert groups == [(gone.target, True)] + [(s.target, False) for s in live], groups
+        print("leader killed after the etcd commit of an add: `tessera shards add` exit %d "
+              "(%s); the new leader settled version 4 with %d groups in %.1fs"
+              % (rc, (out or err).strip().splitlines()[-1][:100], len(groups),
+                 time.time() - t0))
+        a.start()  # back, without the hook: a follower learning v4's groups from etcd
+        groups2 = settled(cl, live, 4)
+        assert groups2 == groups, (groups2, groups)
+        tr.lists_checker(live, total + 2000, total)
+        for c in (a, b):
+            r = c.stub.FindNeighbors(rq, timeout=30).nearest_neighbors
+            assert all(tr.same_answer(p, q) for p, q in zip(r, before)), c.target
+
+        # 3. the follower restarted with an empty --data
+        fol = cl.follower(cl.leader(timeout=TTL + 15))
+        fol.stop()
+        shutil.rmtree(fol.data)
+        fol.start()
+        groups3 = settled(cl, live, 4)
+        assert groups3 == groups, (groups3, groups)
+        r = fol.stub.FindNeighbors(rq, timeout=30).nearest_neighbors
+        assert all(tr.same_answer(p, q) for p, q in zip(r, before)), fol.target
+        assert fol.stats().vectors_count == total, fol.stats()
+        print("follower restarted with an empty --data: version 4, %d groups, same answers"
+              % len(groups3))
+        print("test_reshard_ha: OK")
+    finally:
+        cl.stop()
+
+
+if __name__ == "__main__":
+    main()
