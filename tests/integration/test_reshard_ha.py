@@ -11,11 +11,14 @@ coordinators with --etcd (TTL 2 s), 2 shard groups.
    both coordinators). After each move: both coordinators serve the new version and the
    same groups (GetIndexStats shards, removed marks) and every label is on exactly one
    live group (test_reshard.lists_checker: Shard.Read of every label on every shard).
-2. The leader _exit(137)s right after the etcd commit of an add (TSR_COORD_CRASH_AT=
-   flipped, as a kill -9 there): the other coordinator becomes the leader, serves the
-   version etcd holds with the new group (learnt from the version, not from its config),
-   and reconcile commits it on every shard, the new group included; both coordinators
-   answer from that plan, every label once.
+2. The leader _exit(137)s during an add (TSR_COORD_CRASH_AT, as a kill -9 there): at
+   "prepared" (before the etcd commit: the other coordinator becomes the leader and
+   settles the old version, groups unchanged), then the add retried with the roles swapped
+   at "flipped" (right after the etcd commit: the new leader serves the version etcd holds
+   with the new group, learnt from the version and not from its config, and reconcile
+   commits it on every shard, the new group included; the new shard's staged leftover of
+   the first try was aborted by the retried add). After each: both coordinators answer
+   from that plan, every label once.
 3. The follower restarted with an empty --data answers the same (groups, plan and
    directory from etcd + the shards).
 Fails on a tree where resharding refuses --etcd (step 1's CLI exits 1). Exit 77 only when
@@ -217,42 +220,54 @@ def main():
                                                                           len(acked))
         total = N + len(acked)
 
-        # 2. the leader dies right after the etcd commit of an add
-        a, b = leader, follower
-        for c in (a, b):
-            c.stop()
-        a.start(env={"TSR_COORD_CRASH_AT": "flipped"})
-        assert cl.leader(timeout=TTL + 15) is a
-        b.start()
-        cl.wait_version(3)
+        # 2. the leader dies during an add: before the etcd commit (prepared: rolled back,
+        #    the new shard keeps a staged leftover), then, the add retried with the roles
+        #    swapped, right after it (flipped: the new leader settles the new version)
         s3 = sh.Shard(os.path.join(cl.root, "shard-new-3"), bin_dir=cl.bin)
         cl.shards.append(s3)
-        t0 = time.time()
-        rc, out, err = tessera("shards", "add", "--target", b.target + "," + a.target,
-                               "--group", s3.target, "--timeout-s", "40")
-        try:
-            a.proc.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("the leader did not reach the crash hook: %s %s %s\n%s"
-                                 % (rc, out, err, cl.logs()))
-        assert a.proc.proc.returncode == 137, (a.proc.proc.returncode, a.proc.text()[-3000:])
-        held = cl.etcd.committed_version(cl.prefix)
-        assert held == 4, "etcd holds version %s, want 4 (the add's commit)" % held
-        assert cl.leader(timeout=TTL + 15) is b
-        live.append(s3)
-        groups = settled(cl, live, 4)  # b alone: it serves v4 and reconcile committed it
-        assert groups == [(gone.target, True)] + [(s.target, False) for s in live], groups
-        print("leader killed after the etcd commit of an add: `tessera shards add` exit %d "
-              "(%s); the new leader settled version 4 with %d groups in %.1fs"
-              % (rc, (out or err).strip().splitlines()[-1][:100], len(groups),
-                 time.time() - t0))
-        a.start()  # back, without the hook: a follower learning v4's groups from etcd
-        groups2 = settled(cl, live, 4)
-        assert groups2 == groups, (groups2, groups)
-        tr.lists_checker(live, total + 2000, total)
-        for c in (a, b):
-            r = c.stub.FindNeighbors(rq, timeout=30).nearest_neighbors
-            assert all(tr.same_answer(p, q) for p, q in zip(r, before)), c.target
+        a, b = leader, follower
+        version = 3
+        for step, after_commit in (("prepared", False), ("flipped", True)):
+            for c in (a, b):
+                c.stop()
+            a.start(env={"TSR_COORD_CRASH_AT": step})
+            assert cl.leader(timeout=TTL + 15) is a
+            b.start()
+            cl.wait_version(version, timeout=30)
+            t0 = time.time()
+            rc, out, err = tessera("shards", "add", "--target", b.target + "," + a.target,
+                                   "--group", s3.target, "--timeout-s", "40")
+            try:
+                a.proc.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                raise AssertionError("%s: the leader did not reach the crash hook: %s %s %s\n%s"
+                                     % (step, rc, out, err, cl.logs()))
+            assert a.proc.proc.returncode == 137, (step, a.proc.proc.returncode,
+                                                   a.proc.text()[-3000:])
+            held = cl.etcd.committed_version(cl.prefix)
+            want = version + 1 if after_commit else version
+            assert held == want, "%s: etcd holds version %s, want %d" % (step, held, want)
+            assert cl.leader(timeout=TTL + 15) is b
+            if after_commit:
+                live.append(s3)
+            # b alone: it serves etcd's version and its reconcile settled every shard on it
+            groups = settled(cl, live, want)
+            assert groups == [(gone.target, True)] + [(s.target, False) for s in live], \
+                (step, groups)
+            print("leader killed at %s of an add: `tessera shards add` exit %d (%s); the new "
+                  "leader settled version %d with %d groups in %.1fs"
+                  % (step, rc, (out or err).strip().splitlines()[-1][:90], want, len(groups),
+                     time.time() - t0))
+            a.start()  # back, without the hook: a follower learning the groups from etcd
+            groups2 = settled(cl, live, want)
+            assert groups2 == groups, (step, groups2, groups)
+            tr.lists_checker(live, total + 2000, total)
+            for c in (a, b):
+                r = c.stub.FindNeighbors(rq, timeout=30).nearest_neighbors
+                assert all(tr.same_answer(p, q) for p, q in zip(r, before)), (step, c.target)
+            version = want
+            a, b = b, a  # the retry goes to the other coordinator as the crashing leader
+        assert version == 4
 
         # 3. the follower restarted with an empty --data
         fol = cl.follower(cl.leader(timeout=TTL + 15))
