@@ -306,6 +306,16 @@ void tsr__coord_config_close(tsr__coord_config *cfg)
             free(cfg->replicas[i][j]);
         free(cfg->replicas[i]);
     }
+    for (size_t i = 0; i < cfg->ndropped; i++) {
+        for (size_t j = 0; j < cfg->dropped_n[i]; j++)
+            free(cfg->dropped[i][j]);
+        free(cfg->dropped[i]);
+    }
+    free(cfg->dropped);
+    free(cfg->dropped_n);
+    cfg->dropped = NULL;
+    cfg->dropped_n = NULL;
+    cfg->ndropped = 0;
     free(cfg->shards); /* its strings are replicas[i][0] */
     free(cfg->replicas);
     free(cfg->nreplicas);
@@ -326,6 +336,22 @@ int tsr__coord_config_add_group(tsr__coord_config *cfg, const char *const *addr,
         return tsr_err(err, TSR_EINVAL, "replicas: %zu given, expected 1 .. %d \"host:port\"",
                        n, TSR_COORD_MAX_REPLICAS);
     return add_group(cfg, "new group", cfg->nshards, (const char **)addr, n, err);
+}
+
+void tsr__coord_config_drop_groups(tsr__coord_config *cfg, size_t keep)
+{
+    size_t n = cfg->nshards;
+    if (keep >= n)
+        return;
+    size_t m = cfg->ndropped + n - keep;
+    cfg->dropped = tsr_xrealloc(cfg->dropped, m * sizeof *cfg->dropped);
+    cfg->dropped_n = tsr_xrealloc(cfg->dropped_n, m * sizeof *cfg->dropped_n);
+    for (size_t s = keep; s < n; s++) { /* moved, not freed: the slot is rewritten by the
+                                           next add_group while a reader may hold it */
+        cfg->dropped[cfg->ndropped] = cfg->replicas[s];
+        cfg->dropped_n[cfg->ndropped++] = cfg->nreplicas[s];
+    }
+    cfg->nshards = keep;
 }
 
 char *tsr__coord_config_groups_text(const tsr__coord_config *cfg, int also_retired,
@@ -415,6 +441,9 @@ int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_
     cfg->nshards = nc.nshards;
     cfg->resharded = 1;
     nc = old;
+    nc.dropped = NULL; /* still cfg's */
+    nc.dropped_n = NULL;
+    nc.ndropped = 0;
     tsr__coord_config_close(&nc);
     return 0;
 }

@@ -100,6 +100,10 @@ typedef struct tsr__coord_config {
     uint8_t *retired;       /* owned: retired[s] = 1: removed by RemoveShardGroup (owns no
                                list, not called); the arrays above have room for
                                TSR_COORD_MAX_SHARDS groups so AddShardGroup never moves them */
+    char ***dropped;        /* owned: replica lists of groups drop_groups removed (kept
+                               until close: a stats reader may still hold them) */
+    size_t *dropped_n;      /* owned: the length of each */
+    size_t ndropped;
     int resharded;          /* the groups differ from the config file (a reshard): every
                                version stores them (file "groups") and a restart uses those */
     int replica_attempt_ms; /* per-attempt deadline while another replica is left; 0 = half
@@ -139,6 +143,9 @@ int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_
                                  tsr_error *err);
 int tsr__coord_config_parse_groups(const char *text, size_t len, tsr__coord_config *out,
                                    tsr_error *err);
+/* Drops the groups keep .. nshards-1 (retired ones: failed adds never committed, see
+ * tsr__coord_groups_follow): nshards becomes keep; their lists are freed at close. */
+void tsr__coord_config_drop_groups(tsr__coord_config *cfg, size_t keep);
 
 /* ---- directory: string id -> (label, list, shard) ------------------------------------ */
 typedef struct tsr__dir_entry {
@@ -636,8 +643,10 @@ void tsr__coord_group_retire(tsr__coord *c, size_t s);
  * queries planned on ns can call them; a group ns removes is marked retired in the config
  * at once and set in retire[] (TSR_COORD_MAX_SHARDS entries): the caller cuts its replicas
  * (tsr__coord_group_retire) only after the queries planned on the older version drained.
- * Returns 0, or TSR_ESTATE naming the group when ns's groups are not an extension of ours
- * (a group renumbered or its replicas changed): nothing published then. */
+ * Groups of ours above the served version's (failed adds when we led: retired, never
+ * committed) give way to ns's. Returns 0, or TSR_ESTATE naming the group when ns's groups
+ * are not an extension of ours (a group renumbered or its replicas changed): nothing
+ * published then. */
 int tsr__coord_groups_follow(tsr__coord *c, const tsr__snap *ns, uint8_t *retire,
                              tsr_error *err);
 /* "127.0.0.1:7001" -> "ipv4:127.0.0.1:7001"; other forms as they are. */

@@ -129,6 +129,26 @@ int tsr__coord_groups_follow(tsr__coord *c, const tsr__snap *ns, uint8_t *retire
         return tsr_err_prefix(err, "version %llu", (unsigned long long)ns->version);
     tsr__coord_config *cfg = &c->cfg;
     size_t have = cfg->nshards;
+    /* Groups above those of the served version were never committed: a failed add of ours
+     * when we led (its number kept, retired). The committed version decides what those
+     * numbers are: they are dropped here and re-appended from ns (their strings stay
+     * allocated until close: a stats reader may hold them). */
+    tsr__snap *cur = tsr__coord_snap_get(c);
+    size_t served = cur->version ? tsr__snap_groups(cur, cfg) : have;
+    tsr__snap_unref(cur);
+    if (served < have) {
+        size_t s = served;
+        while (s < have && cfg->retired[s])
+            s++;
+        if (s == have) { /* all of them failed adds: never called */
+            for (s = served; s < have; s++)
+                tsr_info("shard group %zu (%s): a failed add of ours, never committed; "
+                         "version %llu names group %zu", s, cfg->shards[s],
+                         (unsigned long long)ns->version, s);
+            tsr__coord_config_drop_groups(cfg, served);
+            have = served;
+        }
+    }
     if (ng.nshards < have) {
         rc = tsr_err(err, TSR_ESTATE, "version %llu names %zu shard group(s), this coordinator "
                      "has %zu (group numbers are never reused or dropped)",
@@ -156,8 +176,9 @@ int tsr__coord_groups_follow(tsr__coord *c, const tsr__snap *ns, uint8_t *retire
         if ((rc = tsr__coord_config_add_group(cfg, (const char *const *)ng.replicas[s],
                                               ng.nreplicas[s], err)))
             goto out;
-        if (ng.retired[s]) /* e.g. a failed add's number: never called */
-            cfg->retired[s] = 1;
+        /* retired: e.g. a failed add's number, never called (the slot may be one that
+         * drop_groups freed: set either way) */
+        __atomic_store_n(&cfg->retired[s], ng.retired[s], __ATOMIC_RELEASE);
         if ((rc = tsr__coord_group_append(c, err))) {
             tsr__coord_group_retire(c, s); /* its slot stays, unused */
             goto out;
