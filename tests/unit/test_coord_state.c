@@ -6,7 +6,7 @@
  * and a snapshot's save to and load from a store (template, plan, directory, counters),
  * with the served-snapshot accessors (tsr__coord_snap_get/set, reference counts); the
  * shard groups a reshard stores with a version (groups_text / set_groups round trip, an
- * added group, a removed one, and malformed texts refused with the line named).
+ * added group, a removed one, malformed texts refused with the line named, drop_groups).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -221,8 +221,20 @@ static void test_groups_text(void **state)
         assert_true(err.msg[0] != 0);
         assert_int_equal(b.nshards, 4); /* unchanged */
     }
+    /* a follower drops failed adds of its own (drop_groups) and takes the committed
+     * version's groups under those numbers; the dropped lists are freed at close */
+    tsr__coord_config_drop_groups(&b, 2);
+    assert_int_equal(b.nshards, 2);
+    assert_int_equal(b.ndropped, 2);
+    const char *g3[] = {"h3:7001"};
+    assert_int_equal(tsr__coord_config_add_group(&b, g3, 1, &err), 0);
+    assert_int_equal(b.nshards, 3);
+    assert_string_equal(b.shards[2], "h3:7001");
+    tsr__coord_config_drop_groups(&b, 5); /* nothing above: no-op */
+    assert_int_equal(b.nshards, 3);
     tsr__coord_config_close(&a);
     tsr__coord_config_close(&b);
+    assert_null(b.dropped);
 }
 
 int main(void)
