@@ -397,6 +397,10 @@ typedef struct tsr__coord {
                                    TSR_COORD_MAX_SHARDS: AddShardGroup appends) */
     tsr_rpc_client_opts shard_opts; /* how channels to shards are made (strings borrowed
                                    from main) */
+    int no_channels;            /* the fuzz harnesses only (never set by the server):
+                                   replicas get no channel, every shard call fails at once
+                                   as UNAVAILABLE, also for a group AddShardGroup appends
+                                   (no connection to, or DNS lookup of, a fuzzed address) */
     const char *template_path;  /* borrowed (argv); used when no version exists */
 
     pthread_mutex_t snap_mu;

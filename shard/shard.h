@@ -467,6 +467,15 @@ size_t tsr__shard_list(tsr__shard *s, tsr__held *out, size_t cap, int *staging_v
  * its delta (a torn or corrupt tail logged and cut) and opens it for appending. */
 int tsr__stream_open(tsr__shard *s, tsr_error *err);
 void tsr__stream_close(tsr__shard *s);
+/* The fuzz harness fuzz_shard_wal only (the start-up replay without the rest of a shard
+ * open): v (a loaded version with a template, borrowed; no Write, no reader, no other
+ * thread touches it: the shard is not serving) loses its delta and its delta's crowding
+ * tags, as a version just loaded has none, then the log at path is replayed into it by the
+ * code tsr__stream_open runs (tsr__wal_replay with the same record callback: a torn or
+ * corrupt tail or a refused record logged and cut off). *nrec, *size and the return as
+ * tsr__wal_replay's. */
+int tsr__stream_replay_fresh(tsr__version *v, const char *path, uint64_t *nrec,
+                             uint64_t *size, tsr_error *err);
 /* Write (service.c, on the worker pool): raw[0..len) is the request as received (logged
  * as is), rq its unpacked form. FAILED_PRECONDITION (TSR_ESTATE) for a version other than
  * the current one or while a prepared version waits, TSR_EINVAL naming the field. */

@@ -283,6 +283,24 @@ out:
     return rc;
 }
 
+/* The log at path into v's delta (tsr__wal_replay with replay_one; see shard.h). */
+static int replay_log(tsr__version *v, const char *path, uint64_t *nrec, uint64_t *size,
+                      tsr_error *err)
+{
+    replay_ctx c = {v, 0};
+    return tsr__wal_replay(path, replay_one, &c, nrec, size, err);
+}
+
+int tsr__stream_replay_fresh(tsr__version *v, const char *path, uint64_t *nrec,
+                             uint64_t *size, tsr_error *err)
+{
+    tsr__delta_unref(v->delta);
+    v->delta = NULL;
+    tsr_filter_dict_destroy(v->dtags);
+    v->dtags = NULL;
+    return replay_log(v, path, nrec, size, err);
+}
+
 /* Removes every log but the current version's (older: folded; newer: cannot exist). */
 static void remove_other_logs(const char *wdir, int64_t cur)
 {
@@ -349,10 +367,9 @@ int tsr__stream_open(tsr__shard *s, tsr_error *err)
     tsr__version *v = s->current;
     remove_other_logs(wdir, v->version);
     if (v->tmpl != NULL) {
-        replay_ctx c = {v, 0};
         uint64_t nrec = 0, size = 0;
         wal_path(s, v->version, path, sizeof path);
-        int rc = tsr__wal_replay(path, replay_one, &c, &nrec, &size, err);
+        int rc = replay_log(v, path, &nrec, &size, err);
         if (rc != 0)
             return rc;
         if (nrec)

@@ -7,14 +7,17 @@
  * committed snapshot of version 1 (a trained template, a balanced plan, FC_NIDS ids in its
  * directory) and the streamed-write state initialised from its log (tsr__stream_init).
  *
- * The replicas have NO channel: every call to a shard fails at once as UNAVAILABLE (no
- * socket, no gRPC traffic), so the harnesses reach everything a request goes through up to
+ * The replicas have NO channel (coord.h: no_channels): every call to a shard fails at once
+ * as UNAVAILABLE (no socket, no gRPC traffic, no DNS lookup, also for a group AddShardGroup
+ * appends), so the harnesses reach everything a request goes through up to
  * the fan-out to shards, and the fan-out's failure path, but never the merge of shard
  * replies. The streamed-write writer thread is not started: Upsert/RemoveDatapoints are
  * validated, translated and planned, then answered UNAVAILABLE ("starting"). An update is
  * marked busy: UpdateIndex requests are validated and confined (--batch-root-allow /tmp),
  * then answered FAILED_PRECONDITION; GetOperation finds one kept
- * operation, "op-1-1".
+ * operation, "op-1-1". AddShardGroup / RemoveShardGroup run with busy cleared: validated,
+ * then the move starts on the update thread and fails at its first shard call (after the
+ * new plan, for a remove); fc_reshard_undo waits for it and restores the state.
  */
 #ifndef FUZZ_COORD_COMMON_H
 #define FUZZ_COORD_COMMON_H
@@ -32,6 +35,7 @@
 #include "fuzz_tmp.h"
 
 #define FC_NIDS 32
+#define FC_NGROUPS 2 /* the config file's shard groups (one replica each) */
 
 static char fc_dir[512];
 static char *fc_allow[1];
@@ -66,23 +70,14 @@ static void fc_open(tsr__coord *c)
         fprintf(stderr, "fuzz coord: store: %s\n", err.msg);
         abort();
     }
-    /* replicas without channels (coord.h: tsr__coord_channels_open, minus the channels) */
-    c->nrep = c->cfg.nshards;
-    c->rep = tsr_xcalloc(c->nrep, sizeof *c->rep);
-    c->grp = tsr_xcalloc(c->cfg.nshards, sizeof *c->grp);
-    for (size_t s = 0; s < c->cfg.nshards; s++) {
-        c->grp[s].first = s;
-        c->grp[s].n = 1;
-        atomic_init(&c->grp[s].next, 0);
-        tsr__replica *r = &c->rep[s];
-        r->group = s;
-        r->index = 0;
-        r->addr = c->cfg.replicas[s][0];
-        atomic_init(&r->up, -1);
-        atomic_init(&r->version, -1);
-        atomic_init(&r->vectors, -1);
-        atomic_init(&r->sparse, -1);
-        atomic_init(&r->lists, -1);
+    /* replicas without channels (coord.h: no_channels; the arrays at full capacity as the
+     * server has them, so AddShardGroup can append) */
+    c->no_channels = 1;
+    tsr_rpc_client_opts copts;
+    memset(&copts, 0, sizeof copts);
+    if (tsr__coord_channels_open(c, &copts, &err) != 0) {
+        fprintf(stderr, "fuzz coord: replicas: %s\n", err.msg);
+        abort();
     }
     tsr__snap *s = coord_test_snapshot(1, (size_t)c->cfg.nlist, c->cfg.nshards, &err);
     if (!s) {
@@ -115,6 +110,52 @@ static void fc_open(tsr__coord *c)
     c->ops = tsr_xcalloc(1, sizeof *c->ops);
     c->ops[0] = op;
     c->nops = 1;
+}
+
+/* After an AddShardGroup / RemoveShardGroup call (the only requests that start work on the
+ * update thread here: busy is cleared for them): waits for the move (it fails at its first
+ * shard call: the new group's Stats, or the Shard.Read of the moved lists), then puts back
+ * what a move changes so that no input depends on the ones before it and the groups never
+ * fill up (256 at most): the config's groups (the appended ones freed, none retired,
+ * resharded 0), the replica slots, the operations (only "op-1-1" kept; the others' records
+ * forgotten) and busy. Aborts when a move committed a version (it cannot without shards). */
+__attribute__((unused)) static void fc_reshard_undo(tsr__coord *c, size_t ngroups)
+{
+    if (c->upd_thread_live) {
+        pthread_join(c->upd_thread, NULL);
+        c->upd_thread_live = 0;
+    }
+    for (size_t s = ngroups; s < c->cfg.nshards; s++) {
+        for (size_t j = 0; j < c->cfg.nreplicas[s]; j++)
+            free(c->cfg.replicas[s][j]);
+        free(c->cfg.replicas[s]);
+        c->cfg.replicas[s] = NULL;
+        c->cfg.shards[s] = NULL;
+        c->cfg.nreplicas[s] = 0;
+    }
+    c->cfg.nshards = ngroups;
+    memset(c->cfg.retired, 0, TSR_COORD_MAX_SHARDS);
+    c->cfg.resharded = 0;
+    memset(&c->rep[ngroups], 0, (c->nrep - ngroups) * sizeof *c->rep);
+    c->nrep = ngroups; /* one replica per group */
+    for (size_t s = 0; s < ngroups; s++)
+        c->grp[s].n = 1;
+    memset(&c->grp[ngroups], 0, (TSR_COORD_MAX_SHARDS - ngroups) * sizeof *c->grp);
+    pthread_mutex_lock(&c->op_mu);
+    while (c->nops > 1) {
+        tsr__op *op = c->ops[--c->nops];
+        tsr__oplog_forget(c, op);
+        tsr__op_free(op);
+    }
+    if (c->nops != 1 || strcmp(c->ops[0]->id, "op-1-1") != 0 || c->busy)
+        abort(); /* the move ended (busy 0) and the kept operation is still there */
+    c->busy = 1;
+    pthread_mutex_unlock(&c->op_mu);
+    tsr__snap *s = tsr__coord_snap_get(c);
+    uint64_t v = s->version;
+    tsr__snap_unref(s);
+    if (v != 1)
+        abort();
 }
 
 static void fc_init(void)

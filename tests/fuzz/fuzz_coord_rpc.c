@@ -6,8 +6,18 @@
  * in-process coordinator of fuzz_coord_common.h, without gRPC or a socket
  * (tsr__rpc_run_detached runs a handler as the server would).
  *
- * Input: byte 0 picks the method (byte % NM, the table below, in coordinator/main.c's
- * order); the rest is the request message.
+ * Input: byte 0 picks the method, the rest is the request message. Byte 0 below 252
+ * (14 x 18): M[byte % 18], the first 18 rows of the table below (coordinator/main.c's order,
+ * as before AddShardGroup and RemoveShardGroup were added: the committed corpus keeps its
+ * meaning); 252-253: AddShardGroup, 254-255: RemoveShardGroup (rows 18 and 19).
+ *
+ * AddShardGroup / RemoveShardGroup: busy is cleared for them, so they pass the request's
+ * checks (addresses, group number, last group, at most 256 groups) and start a move on the
+ * update thread: an add appends the group to the config and opens its replicas (without
+ * channels) then fails at the new group's Stats; a remove computes the new plan (the
+ * balance rule of reshard.c) and fails reading the moved lists from their old owner. The
+ * harness waits for the move and restores the state (fc_reshard_undo), so every input
+ * starts from the same coordinator.
  *
  * Not covered (see fuzz_coord_common.h): the shards' replies (the fan-out fails at once
  * with UNAVAILABLE, so the merge of results, re-ranking, and the Vertex reply translation
@@ -60,8 +70,22 @@ static const struct {
      &google__cloud__aiplatform__v1__upsert_datapoints_request__descriptor},
     {V1I "RemoveDatapoints", tsr__vertex_v1_rpc_remove, NULL},
     {V1I "CreateIndex", tsr__vertex_v1_rpc_unimplemented, NULL},
+    /* added after the first 18: reached by byte 0 >= 252 only (see the top) */
+    {SVC "AddShardGroup", tsr__coord_rpc_add_group, NULL},
+    {SVC "RemoveShardGroup", tsr__coord_rpc_remove_group, NULL},
 };
 #define NM (sizeof M / sizeof M[0])
+#define NM_OLD 18                   /* the table's size before the reshard methods */
+#define SEL_NEW (256 / NM_OLD * NM_OLD) /* 252: byte 0 from here picks the added rows */
+_Static_assert(NM == NM_OLD + 2, "the selector below maps 252..255 onto two added rows");
+
+/* byte 0 -> the row of M (see the top) */
+static size_t method_of(uint8_t b)
+{
+    if (b < SEL_NEW)
+        return b % NM_OLD;
+    return NM_OLD + (size_t)(b - SEL_NEW) / 2;
+}
 
 static tsr__coord C;
 
@@ -79,12 +103,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0)
         return 0;
-    size_t mi = data[0] % NM;
+    size_t mi = method_of(data[0]);
+    int reshard = M[mi].fn == tsr__coord_rpc_add_group || M[mi].fn == tsr__coord_rpc_remove_group;
+    if (reshard) { /* a move may start (the top); no other call runs meanwhile */
+        pthread_mutex_lock(&C.op_mu);
+        C.busy = 0;
+        pthread_mutex_unlock(&C.op_mu);
+    }
     /* the unimplemented handler's ctx is the method's name without the leading '/' */
     void *ctx = M[mi].fn == tsr__vertex_v1_rpc_unimplemented ? (void *)(unimpl + 1) : &C;
     tsr__rpc_detached d;
     int code = tsr__rpc_run_detached(M[mi].path, M[mi].fn, ctx, M[mi].req_type, data + 1,
                                      size - 1, &d);
+    if (reshard)
+        fc_reshard_undo(&C, FC_NGROUPS);
     if (code < 0 || code > 16)
         abort();
     if (getenv("TSR_FUZZ_VERBOSE")) /* what an input does (TSR_FUZZ_VERBOSE=1 harness FILE) */

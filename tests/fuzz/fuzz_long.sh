@@ -6,7 +6,9 @@
 # then the inputs that add coverage are merged into the committed corpus (-merge=1: only
 # new features are kept, so it stays minimized and `make test` replays it in seconds).
 # Crash, leak, timeout and OOM inputs are left in build/fuzz/long/<harness>/ (artifacts) and
-# counted. Prints one table: harness, executions, exec/s, coverage (cov: of libFuzzer's last
+# counted. FUZZ_RUNS=N (environment): each harness stops after N executions (-runs=N) or
+# SECONDS, whichever comes first (a campaign to 10^7 executions: FUZZ_RUNS=10000000). Prints
+# one table: harness, executions, exec/s, coverage (cov: of libFuzzer's last
 # status line), features (ft:), corpus size, crashes. Exits 1 when any harness crashed.
 set -u
 cd "$(dirname "$0")/../.."
@@ -18,6 +20,11 @@ if [ ${#names[@]} -eq 0 ]; then
 fi
 rows=()
 bad=0
+runs=()
+if [ -n "${FUZZ_RUNS:-}" ]; then
+  case "$FUZZ_RUNS" in *[!0-9]*) echo "FUZZ_RUNS=$FUZZ_RUNS: expected a number of executions" >&2; exit 2;; esac
+  runs=(-runs="$FUZZ_RUNS")
+fi
 for n in "${names[@]}"; do
   f=build/fuzz/$n
   [ -x "$f" ] || { echo "no harness $f (make fuzz-build)" >&2; exit 2; }
@@ -25,8 +32,8 @@ for n in "${names[@]}"; do
   corpus=tests/fuzz/corpus/$n
   mkdir -p "$work/queue" "$corpus"
   log=$work/run.log
-  echo "== $n for ${secs}s" >&2
-  "$f" -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$work/" \
+  echo "== $n for ${secs}s${FUZZ_RUNS:+ or $FUZZ_RUNS executions} ($(date -u +%H:%M:%S) UTC)" >&2
+  "$f" -max_total_time="$secs" "${runs[@]}" -print_final_stats=1 -artifact_prefix="$work/" \
        "$work/queue" "$corpus" >"$log" 2>&1
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)

@@ -2,7 +2,8 @@
 """gen_seeds_coord.py — writes the seed inputs of fuzz_coord_rpc and fuzz_coord_stream_log
 into tests/fuzz/corpus/<harness>/ with the real protos (compiled by grpc_tools.protoc into a
 temporary folder): a few valid requests per coordinator method (byte 0 = the method's index
-in fuzz_coord_rpc.c's table), and valid coordinator logs (u32 len | u32 crc32 | record).
+in fuzz_coord_rpc.c's table; 252 and 254 for the rows added later, AddShardGroup and
+RemoveShardGroup), and valid coordinator logs (u32 len | u32 crc32 | record).
 Run from anywhere: /usr/bin/python3 tests/fuzz/gen_seeds_coord.py"""
 import os
 import struct
@@ -21,6 +22,8 @@ PROTOS = ["tessera/v1/tessera.proto", "tessera/v1/shard.proto", "tessera/v1/coor
 # fuzz_coord_rpc.c's table
 FN, READ, STATS, UPDATE, GETOP, UPSERT, REMOVE, MATCH, BMATCH, BGET, V1FN, V1READ, \
     GETINDEX, V1UPDATE, LROGETOP, V1UPSERT, V1REMOVE, CREATE = range(18)
+# the rows added later are picked by byte 0 >= 252 (fuzz_coord_rpc.c: method_of)
+ADDGROUP, RMGROUP = 252, 254
 EP = "projects/p/locations/l/indexEndpoints/e"
 IX = "projects/p/locations/l/indexes/i"
 
@@ -110,6 +113,14 @@ def main():
     seed("v1_upsert", V1UPSERT, vu)
     seed("v1_remove", V1REMOVE, i1.RemoveDatapointsRequest(index=IX, datapoint_ids=["id1"]))
     seed("create_index", CREATE, i1.GetIndexRequest(name=IX))
+    seed("add_group", ADDGROUP, t.AddShardGroupRequest(replicas=["127.0.0.1:3", "127.0.0.1:4"]))
+    seed("add_group_dup", ADDGROUP, t.AddShardGroupRequest(replicas=["127.0.0.1:1"]))
+    seed("add_group_twice", ADDGROUP, t.AddShardGroupRequest(replicas=["h:1", "h:1"]))
+    seed("add_group_badchar", ADDGROUP, t.AddShardGroupRequest(replicas=["a b:1"]))
+    seed("add_group_empty", ADDGROUP, t.AddShardGroupRequest())
+    seed("remove_group", RMGROUP, t.RemoveShardGroupRequest(group=1))
+    seed("remove_group_0", RMGROUP, t.RemoveShardGroupRequest(group=0))
+    seed("remove_group_unknown", RMGROUP, t.RemoveShardGroupRequest(group=7))
 
     # fuzz_coord_stream_log: a header and two rounds (as stream.c writes them)
     out = os.path.join(ROOT, "tests/fuzz/corpus/fuzz_coord_stream_log")
