@@ -23,7 +23,10 @@ thread). Shards touched per query: GetIndexStats (mean_shards_touched over the b
 queries) per plan.
 
 Prints ONE table. The machine is shared; repeat (BENCH_E2E_REPEAT, default 3 C-client runs
-per plan, the table shows their median) and compare within a run.
+per plan, the table shows their median) and compare within a run. Every plan's cluster is up
+at once and the runs alternate (run 1 of each plan, then run 2, ...), so a load that comes
+and goes falls on all plans alike; with two plans or more the run also prints, per round,
+the ratio of each plan's coordinator p50 to the first plan's, and their median.
 
 Env: BENCH_E2E_N, BENCH_E2E_NQ, BENCH_E2E_NLIST, BENCH_E2E_M, BENCH_E2E_NPROBE (16),
 BENCH_E2E_K (10), BENCH_E2E_PLANS ("balanced,locality"), BENCH_E2E_REPEAT (3),
@@ -40,6 +43,7 @@ side by side (queries must not touch etcd: their p50 should be the same). "@etcd
 "@etcd" with TSR_RPC_STREAM_POLL=1: the coordinator's etcd watch thread blocks in gRPC's
 completion queue as a poller (what it did before streams_nowait, common/net/rpc.h).
 """
+import contextlib
 import json
 import os
 import statistics
@@ -198,7 +202,10 @@ def py_client(cl, tp, xq, n):
     return pstats(lat)
 
 
-def run_plan(name, ix_p, xq_p, batch, xq):
+def start_plan(name, ix_p, xq_p, batch, stack):
+    """Starts plan `name`'s cluster (and its etcd), loads it, and returns its context; the
+    ExitStack stops them. Every plan of a run is up at once, so that the client runs can
+    alternate between them (main): a shared machine's load then falls on every plan alike."""
     tp = ch.stubs()[0]
     plan, _, backend = name.partition("@")
     etcd, extra = None, ["--batch-root-allow", os.path.abspath(OUT)]
@@ -210,62 +217,63 @@ def run_plan(name, ix_p, xq_p, batch, xq):
         if eh.etcd_bin() is None:
             sys.exit("bench_e2e: %s needs etcd (apt-get install etcd-server)" % name)
         etcd = eh.Etcd(3)
+        stack.callback(etcd.stop)
         extra += ["--etcd", etcd.endpoints, "--etcd-prefix", "/tessera/bench-e2e"]
     elif backend:
         sys.exit("bench_e2e: plan %s: unknown backend %s (etcd, etcd-poll)" % (name, backend))
-    try:
-        cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": M, "nprobe": NPROBE, "plan": plan,
-                               "stage_chunk": 5000}, template=ix_p, coord_extra=extra,
-                        env=env)
-    except BaseException:
-        if etcd:
-            etcd.stop()
-        raise
-    try:
-        if etcd:  # the coordinator elects itself leader on etcd first
-            t_end = time.time() + 60
-            while cl.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10).leader == "":
-                assert time.time() < t_end, "no leader elected after 60 s"
-                time.sleep(0.1)
-        t0 = time.time()
-        op = cl.update(batch, timeout=900)
-        assert op.state == tp.Operation.SUCCEEDED, op
-        load_s = time.time() - t0
-        st = cl.stats()
-        log("plan %s: loaded %d vectors in %.1fs, per shard %s, imbalance %.3f" %
-            (plan, st.vectors_count, load_s, [s.vectors_count for s in st.shards],
-             st.plan_imbalance))
-        planf = os.path.join(cl.root, "coordinator", "v%06d" % st.version, "plan")
-        argv = [CLIENT, "--coord", cl.target, "--shards", ",".join(s.target for s in cl.shards),
-                "--index", ix_p, "--plan", planf, "--queries", xq_p, "--nprobe", str(NPROBE),
-                "--k", str(K), "--version", str(st.version), "--threads", "4"]
-        q0, m0 = st.queries_served, st.mean_shards_touched
-        runs = []
-        for r in range(REPEAT):
-            p = subprocess.run(argv, capture_output=True, text=True)
-            if p.returncode != 0:
-                raise AssertionError("bench_e2e failed:\n" + p.stderr + p.stdout)
-            runs.append(json.loads(p.stdout))
-            j = runs[-1]
-            log("  run %d: inproc p50 %.0f, direct p50 %.0f, coord p50 %.0f us; added %.0f us "
-                "(paired %.0f); same top-k %d/%d; load %s" %
-                (r + 1, j["inproc"]["p50_us"], j["direct"]["p50_us"], j["coord"]["p50_us"],
-                 j["coord"]["p50_us"] - j["direct"]["p50_us"], j["paired_diff_p50_us"],
-                 j["same_topk_inproc_coord"], j["queries"], os.getloadavg()[0]))
-        st = cl.stats()
-        q1, m1 = st.queries_served, st.mean_shards_touched
-        touched = (m1 * q1 - m0 * q0) / max(1, q1 - q0)
-        py = py_client(cl, tp, xq, min(1000, len(xq)))
-        if os.environ.get("BENCH_E2E_PERF") == "1":
-            perf_profile(cl, argv)
-        if os.environ.get("BENCH_E2E_THREADS") == "1":
-            thread_profile(name, cl, argv)
-        return {"plan": name, "runs": runs, "touched": touched, "py": py, "load_s": load_s,
-                "imbalance": st.plan_imbalance}
-    finally:
-        cl.stop()
-        if etcd:
-            etcd.stop()
+    cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": M, "nprobe": NPROBE, "plan": plan,
+                           "stage_chunk": 5000}, template=ix_p, coord_extra=extra, env=env)
+    stack.callback(cl.stop)
+    if etcd:  # the coordinator elects itself leader on etcd first
+        t_end = time.time() + 60
+        while cl.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10).leader == "":
+            assert time.time() < t_end, "no leader elected after 60 s"
+            time.sleep(0.1)
+    t0 = time.time()
+    op = cl.update(batch, timeout=900)
+    assert op.state == tp.Operation.SUCCEEDED, op
+    load_s = time.time() - t0
+    st = cl.stats()
+    log("plan %s: loaded %d vectors in %.1fs, per shard %s, imbalance %.3f" %
+        (name, st.vectors_count, load_s, [s.vectors_count for s in st.shards],
+         st.plan_imbalance))
+    planf = os.path.join(cl.root, "coordinator", "v%06d" % st.version, "plan")
+    argv = [CLIENT, "--coord", cl.target, "--shards", ",".join(s.target for s in cl.shards),
+            "--index", ix_p, "--plan", planf, "--queries", xq_p, "--nprobe", str(NPROBE),
+            "--k", str(K), "--version", str(st.version), "--threads", "4"]
+    return {"plan": name, "cl": cl, "argv": argv, "runs": [], "load_s": load_s,
+            "q0": st.queries_served, "m0": st.mean_shards_touched}
+
+
+def measure_run(ctx):
+    """One C-client run on plan ctx (appended to ctx["runs"])."""
+    p = subprocess.run(ctx["argv"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise AssertionError("bench_e2e failed:\n" + p.stderr + p.stdout)
+    ctx["runs"].append(json.loads(p.stdout))
+    j = ctx["runs"][-1]
+    log("  %s run %d: inproc p50 %.0f, direct p50 %.0f, coord p50 %.0f us; added %.0f us "
+        "(paired %.0f); same top-k %d/%d; load %s" %
+        (ctx["plan"], len(ctx["runs"]), j["inproc"]["p50_us"], j["direct"]["p50_us"],
+         j["coord"]["p50_us"], j["coord"]["p50_us"] - j["direct"]["p50_us"],
+         j["paired_diff_p50_us"], j["same_topk_inproc_coord"], j["queries"],
+         os.getloadavg()[0]))
+
+
+def finish_plan(ctx, xq):
+    """After the runs: shards touched, the python client, the optional profiles."""
+    tp = ch.stubs()[0]
+    cl = ctx["cl"]
+    st = cl.stats()
+    q1, m1 = st.queries_served, st.mean_shards_touched
+    touched = (m1 * q1 - ctx["m0"] * ctx["q0"]) / max(1, q1 - ctx["q0"])
+    py = py_client(cl, tp, xq, min(1000, len(xq)))
+    if os.environ.get("BENCH_E2E_PERF") == "1":
+        perf_profile(cl, ctx["argv"])
+    if os.environ.get("BENCH_E2E_THREADS") == "1":
+        thread_profile(ctx["plan"], cl, ctx["argv"])
+    return {"plan": ctx["plan"], "runs": ctx["runs"], "touched": touched, "py": py,
+            "load_s": ctx["load_s"], "imbalance": st.plan_imbalance}
 
 
 def perf_profile(cl, argv):
@@ -343,7 +351,12 @@ def main():
     xq = read_fvecs(xq_p)
     tsr_st, tsr_I = tsr_index_search(ix_p, xq_p)
     fz = faiss_bench(ix_p, xq, tsr_I)
-    res = [run_plan(p, ix_p, xq_p, batch, xq) for p in PLANS]
+    with contextlib.ExitStack() as stack:
+        ctxs = [start_plan(p, ix_p, xq_p, batch, stack) for p in PLANS]
+        for _ in range(REPEAT):  # alternate: run r of every plan, then run r + 1
+            for ctx in ctxs:
+                measure_run(ctx)
+        res = [finish_plan(ctx, xq) for ctx in ctxs]
 
     cols = []
     for r in res:
@@ -420,6 +433,15 @@ def main():
     print("Faiss: same top-%d as `tessera index search` for %d/%d queries; python's own cost "
           "per Faiss call ~%.1f µs (not subtracted)" %
           (K, fz["same_topk_as_tessera"], NQ, fz["py_call_us"]))
+    if len(res) > 1:  # paired by round: the runs of one round ran back to back
+        base = res[0]
+        for r in res[1:]:
+            rat = [b["coord"]["p50_us"] / a["coord"]["p50_us"]
+                   for a, b in zip(base["runs"], r["runs"])]
+            print("%s vs %s, coordinator p50 per round (alternated runs): ratio median %.3f, "
+                  "min %.3f, max %.3f over %d rounds (%s)" %
+                  (r["plan"], base["plan"], statistics.median(rat), min(rat), max(rat),
+                   len(rat), ", ".join("%.3f" % x for x in rat)))
     goal = max(med(r["runs"], "coord", "p50_us") - med(r["runs"], "direct", "p50_us")
                for r in res)
     print("goal: the coordinator adds <= 300 µs at p50: %s (%.0f µs)" %
