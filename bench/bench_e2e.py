@@ -28,7 +28,8 @@ at once and the runs alternate (run 1 of each plan, then run 2, ...), so a load 
 and goes falls on all plans alike; with two plans or more the run also prints, per round,
 the ratio of each plan's coordinator p50 to the first plan's, and their median.
 
-Env: BENCH_E2E_N, BENCH_E2E_NQ, BENCH_E2E_NLIST, BENCH_E2E_M, BENCH_E2E_NPROBE (16),
+Env: BENCH_E2E_CANDIDATES (0: the coordinator's exact re-rank off, as on the direct path),
+BENCH_E2E_N, BENCH_E2E_NQ, BENCH_E2E_NLIST, BENCH_E2E_M, BENCH_E2E_NPROBE (16),
 BENCH_E2E_K (10), BENCH_E2E_PLANS ("balanced,locality"), BENCH_E2E_REPEAT (3),
 BENCH_E2E_OUT (cache dir, default build/bench-e2e), BENCH_E2E_CLIENT (the C client binary),
 BENCH_E2E_PERF=1 (perf record the coordinator during one extra run; needs perf),
@@ -75,6 +76,11 @@ CLIENT = os.environ.get("BENCH_E2E_CLIENT",
                         os.path.join(ROOT, "build", "release", "bench", "bench_e2e"))
 BIN = ch.BIN
 GEN = os.environ.get("BENCH_E2E_GEN", "hier")
+# The coordinator's exact re-rank (candidates per shard; the product's default is on): 0
+# here, so the coordinator does the same work as the direct path and the in-process search
+# (PQ distances) and "coordinator added" is what distribution costs; BENCH_E2E_CANDIDATES=N
+# measures the re-rank's cost on top (bench-cluster measures it too).
+CANDIDATES = int(os.environ.get("BENCH_E2E_CANDIDATES", 0))
 D = 64
 KEY = "%s_n%d_d%d_nq%d" % (GEN, N, D, NQ)
 IKEY = "%s_ivf%d_pq%d" % (KEY, NLIST, M)
@@ -222,7 +228,8 @@ def start_plan(name, ix_p, xq_p, batch, stack):
     elif backend:
         sys.exit("bench_e2e: plan %s: unknown backend %s (etcd, etcd-poll)" % (name, backend))
     cl = ch.Cluster(4, D, {"nlist": NLIST, "pq_m": M, "nprobe": NPROBE, "plan": plan,
-                           "stage_chunk": 5000}, template=ix_p, coord_extra=extra, env=env)
+                           "stage_chunk": 5000, "approximate_neighbor_count": CANDIDATES},
+                    template=ix_p, coord_extra=extra, env=env)
     stack.callback(cl.stop)
     if etcd:  # the coordinator elects itself leader on etcd first
         t_end = time.time() + 60
