@@ -159,7 +159,10 @@ def main():
     t_start, load0 = time.strftime("%Y-%m-%d %H:%M", time.gmtime()), os.getloadavg()[0]
     tp = ch.stubs()[0]
     cl = ch.Cluster(4, bs.D, {"nlist": bs.NLIST, "pq_m": bs.M, "nprobe": 16,
-                              "plan": "balanced", "stage_chunk": 5000}, template=ix_p,
+                              "plan": "balanced", "stage_chunk": 5000,
+                              # a 1M load's Prepare (250k vectors per shard) on a loaded
+                              # 2-core machine can outlast the 120 s default
+                              "stage_deadline_ms": 1800000}, template=ix_p,
                     coord_extra=["--batch-root-allow", os.path.abspath(bs.OUT)])
     rows = []
     try:
