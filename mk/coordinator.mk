@@ -49,7 +49,8 @@ bench-reshard: all
 
 # make test-reshard-large: issue 19's shape at a larger size, not part of `make test`:
 # 4 groups grow to 6 and shrink to 3 while 4 threads query and upserts stream
-# (tests/integration/test_reshard.py; ~200k x 64 takes several minutes here).
+# (tests/integration/test_reshard.py; ~200k x 64 takes several minutes here; at 1M:
+# TSR_RESHARD_N=1000000 TSR_RESHARD_FRACTION=0.05 make test-reshard-large).
 .PHONY: test-reshard-large
 test-reshard-large: all
 	@TSR_RESHARD_N=$${TSR_RESHARD_N:-200000} TSR_RESHARD_DIMS=64 TSR_RESHARD_NLIST=256 \
