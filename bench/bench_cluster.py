@@ -22,7 +22,8 @@ p99 per call (µs), recall 10@10 against exact search. Everything runs on this m
 cores, the clients included, so "in flight" beyond 2 measures queueing, not more cores.
 
 Env: BENCH_N, BENCH_NLIST, BENCH_NQ (2000), BENCH_OUT, BENCH_CLUSTER_NPROBES ("16,64"),
-BENCH_CLUSTER_INFLIGHT ("1,4,16"), BENCH_CLUSTER_BATCHES ("1,32"), BENCH_CLUSTER_CLIENT, TSR_BIN.
+BENCH_CLUSTER_INFLIGHT ("1,4,16"), BENCH_CLUSTER_BATCHES ("1,32"), BENCH_CLUSTER_CLIENT, TSR_BIN,
+BENCH_CLUSTER_RUNS (1): the measurement repeated on the one loaded cluster, a table per run.
 """
 import json
 import multiprocessing as mp
@@ -45,6 +46,7 @@ import coord_harness as ch  # noqa: E402
 NPROBES = [int(x) for x in os.environ.get("BENCH_CLUSTER_NPROBES", "16,64").split(",")]
 INFLIGHT = [int(x) for x in os.environ.get("BENCH_CLUSTER_INFLIGHT", "1,4,16").split(",")]
 BATCHES = [int(x) for x in os.environ.get("BENCH_CLUSTER_BATCHES", "1,32").split(",")]
+RUNS = int(os.environ.get("BENCH_CLUSTER_RUNS", 1))
 CLIENT = os.environ.get("BENCH_CLUSTER_CLIENT",
                         os.path.join(ROOT, "build", "release", "bench", "bench_cluster"))
 K = bs.K
@@ -164,7 +166,7 @@ def main():
                               # 2-core machine can outlast the 120 s default
                               "stage_deadline_ms": 1800000}, template=ix_p,
                     coord_extra=["--batch-root-allow", os.path.abspath(bs.OUT)])
-    rows = []
+    runs = []
     try:
         t0 = time.time()
         op = cl.update(batch, timeout=3600)
@@ -172,29 +174,44 @@ def main():
         st = cl.stats()
         log("loaded %d vectors in %.0fs, per shard %s" %
             (st.vectors_count, time.time() - t0, [s.vectors_count for s in st.shards]))
-        for nprobe in NPROBES:
-            for b in BATCHES:
-                for t in INFLIGHT:
-                    r = {"nprobe": nprobe, "batch": b, "inflight": t}
-                    r["cluster"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, 0)
-                    r["inproc"] = c_client("inproc", ix_p, xq_p, nprobe, t, b)
-                    r["faiss"] = faiss_run(fz, xq, nprobe, t, b)
-                    if t == 4:
-                        r["rerank"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, -1)
-                    for key in ("cluster", "inproc", "faiss", "rerank"):
-                        if key in r:
-                            r[key]["recall"] = recall(r[key].pop("I"), gt)
-                    log("nprobe %d batch %d in flight %d: cluster %.0f, inproc %.0f, faiss %.0f "
-                        "QPS" % (nprobe, b, t, r["cluster"]["qps"], r["inproc"]["qps"],
-                                 r["faiss"]["qps"]))
-                    rows.append(r)
+        for run in range(RUNS):
+            rows, t_run, l_run = [], time.strftime("%H:%M", time.gmtime()), os.getloadavg()[0]
+            for nprobe in NPROBES:
+                for b in BATCHES:
+                    for t in INFLIGHT:
+                        rows.append(measure(cl, ix_p, xq_p, xq, gt, fz, nprobe, b, t))
+            runs.append((rows, t_run, l_run, os.getloadavg()[0]))
+            report(runs[-1], run + 1, t_start, load0)
     finally:
         cl.stop()
+
+
+def measure(cl, ix_p, xq_p, xq, gt, fz, nprobe, b, t):
+    """One row: the cluster, the in-process engine and Faiss at nprobe, b queries per call,
+    t calls in flight (and the cluster with the exact re-rank at 4 in flight)."""
+    r = {"nprobe": nprobe, "batch": b, "inflight": t}
+    r["cluster"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, 0)
+    r["inproc"] = c_client("inproc", ix_p, xq_p, nprobe, t, b)
+    r["faiss"] = faiss_run(fz, xq, nprobe, t, b)
+    if t == 4:
+        r["rerank"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, -1)
+    for key in ("cluster", "inproc", "faiss", "rerank"):
+        if key in r:
+            r[key]["recall"] = recall(r[key].pop("I"), gt)
+    log("nprobe %d batch %d in flight %d: cluster %.0f, inproc %.0f, faiss %.0f QPS" %
+        (nprobe, b, t, r["cluster"]["qps"], r["inproc"]["qps"], r["faiss"]["qps"]))
+    return r
+
+
+def report(run, n, t_start, load0):
+    """Prints run n's tables (stdout)."""
+    rows, t_run, l_run, l_end = run
     print()
-    print("Cluster throughput: %d x %d (bench_search %s data), IVF%d / PQ%d x 8, L2; %d queries, "
-          "k=%d; coordinator + 4 shards + clients on this machine's 2 cores; %s UTC, load %.1f "
-          "at the start, %.1f at the end" % (bs.N, bs.D, bs.GEN, bs.NLIST, bs.M, bs.NQ, K,
-                                             t_start, load0, os.getloadavg()[0]))
+    print("Run %d of %d. Cluster throughput: %d x %d (bench_search %s data), IVF%d / PQ%d x 8, L2; "
+          "%d queries, k=%d; coordinator + 4 shards + clients on this machine's 2 cores; "
+          "started %s UTC (load %.1f), this run %s UTC, load %.1f at its start, %.1f at its end"
+          % (n, RUNS, bs.N, bs.D, bs.GEN, bs.NLIST, bs.M, bs.NQ, K, t_start, load0, t_run,
+             l_run, l_end))
     print("| nprobe | queries/call | in flight | cluster QPS | p50 µs | p99 µs | recall | "
           "in-process QPS | p50 µs | cluster / in-process | Faiss 1.7.3 QPS | cluster / Faiss |"
           " p99 / p50 (cluster) |")
@@ -220,7 +237,7 @@ def main():
     same = all(abs(r["cluster"]["recall"] - r["inproc"]["recall"]) < 0.005 for r in rows)
     print()
     print("failed calls: %d; cluster recall equals in-process recall (±0.005) in every row: %s"
-          % (fails, "yes" if same else "NO"))
+          % (fails, "yes" if same else "NO"), flush=True)
 
 
 if __name__ == "__main__":
