@@ -82,6 +82,19 @@ def balanced(per):
         "vectors per group %s not within 10%% of the mean %.0f" % (per, mean)
 
 
+def stream_batch(tp, x, i, n):
+    """The streamed writer's batch i: ids w<i>..w<i+n-1>, each a shifted base vector, all
+    tagged src=w (the queries deny it, so their answers do not depend on the writes)."""
+    ids = ["w%06d" % (i + j) for j in range(n)]
+    dps = []
+    for j, did in enumerate(ids):
+        p = tp.IndexDatapoint(datapoint_id=did)
+        p.feature_vector.extend([float(v) for v in x[(i + j) * 7 % len(x)] + 0.5])
+        p.restricts.add(namespace="src", allow_list=["w"])
+        dps.append(p)
+    return ids, dps
+
+
 def same_answer(a, b):
     ia = [n.datapoint.datapoint_id for n in a.neighbors]
     ib = [n.datapoint.datapoint_id for n in b.neighbors]
@@ -152,13 +165,7 @@ def main():
         def writer():
             i = 0
             while not stop.is_set():
-                ids = ["w%06d" % (i + j) for j in range(20)]
-                dps = []
-                for j, did in enumerate(ids):
-                    p = tp.IndexDatapoint(datapoint_id=did)
-                    p.feature_vector.extend([float(v) for v in x[(i + j) * 7 % N] + 0.5])
-                    p.restricts.add(namespace="src", allow_list=["w"])
-                    dps.append(p)
+                ids, dps = stream_batch(tp, x, i, 20)
                 t0 = time.time()
                 try:
                     cl.stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=dps),

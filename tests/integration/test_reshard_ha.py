@@ -168,13 +168,7 @@ def main():
         def writer():
             i = 0
             while not stop.is_set():
-                ids = ["w%06d" % (i + j) for j in range(10)]
-                dps = []
-                for j, did in enumerate(ids):
-                    p = tp.IndexDatapoint(datapoint_id=did)
-                    p.feature_vector.extend([float(v) for v in x[(i + j) * 7 % N] + 0.5])
-                    p.restricts.add(namespace="src", allow_list=["w"])
-                    dps.append(p)
+                ids, dps = tr.stream_batch(tp, x, i, 10)
                 t0 = time.time()
                 ok, errs = False, []
                 for c in (leader, follower):  # the follower refuses: "not the leader"
