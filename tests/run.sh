@@ -13,6 +13,9 @@ want() { [[ $suites == *" $1 "* || $suites == *" all "* ]]; }
 fails=0; passes=0; skips=0; failed=()
 PY=/usr/bin/python3
 export PYTHONDONTWRITEBYTECODE=1
+# Unbuffered: a failing test's traceback (stderr) stays after what it printed (stdout), so the
+# tail the runner shows holds the assertion.
+export PYTHONUNBUFFERED=1
 
 run() { # name cmd...
   local name=$1; shift
