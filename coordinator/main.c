@@ -11,12 +11,14 @@
  * thread, reconciliation on another (coord.h has the lock order).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "core/clock.h"
 #include "core/cmdline.h"
@@ -539,8 +541,23 @@ static int start_background(tsr__coord *c)
     return 0;
 }
 
-/* Stops what runs (a running update is joined, then reconcile, the metrics listener and
- * the server) and frees the coordinator; every argument may be unset (NULL / 0). */
+/* How long a stop waits for a running update before cancelling its shard calls. */
+#define UPDATE_STOP_GRACE_S 5
+
+/* pthread_join with a bound: 0 when t ended (joined) within secs, else nonzero (t runs
+ * on, not joined). */
+static int join_within(pthread_t t, int secs)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += secs;
+    return pthread_timedjoin_np(t, NULL, &until);
+}
+
+/* Stops what runs (a running update is joined — its shard calls cancelled when it has not
+ * ended within UPDATE_STOP_GRACE_S —, then the stream writer, reconcile (client calls
+ * cancelled from there on), the metrics listener and the server) and frees the
+ * coordinator; every argument may be unset (NULL / 0). */
 static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
                         tsr_rpc_server *srv)
 {
@@ -552,9 +569,18 @@ static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
     pthread_mutex_lock(&c->op_mu);
     int live = c->upd_thread_live;
     pthread_mutex_unlock(&c->op_mu);
-    if (live)
+    if (live && join_within(c->upd_thread, UPDATE_STOP_GRACE_S) != 0) {
+        /* a Stage or Prepare of a large version may take minutes: its calls are cancelled,
+         * the update fails before its commit point (or, after it, leaves Commits to
+         * reconcile), and the next start settles the shards as after a kill -9
+         * (docs/coordinator.md "Reconciliation and crashes") */
+        tsr_warn("stopping: the running update did not end within %d s; cancelling its "
+                 "shard calls", UPDATE_STOP_GRACE_S);
+        tsr_rpc_client_shutdown();
         pthread_join(c->upd_thread, NULL);
+    }
     tsr__stream_stop(c); /* queued writes fail UNAVAILABLE; the writer is joined */
+    tsr_rpc_client_shutdown(); /* reconcile may be in a long call (a re-seed's copy) */
     if (rec_started)
         tsr__coord_reconcile_stop(c);
     tsr_metrics_http_destroy(mh);

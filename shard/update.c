@@ -32,6 +32,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "index/faiss_io.h"
@@ -610,6 +611,21 @@ static void crash_point(const char *step)
     }
 }
 
+/* Test hook of tests/integration/test_coord_stop.py: with TSR_SHARD_SLOW_PREPARE_MS=N
+ * (1..600000) a Prepare first sleeps N ms, as the build of a large version would take,
+ * while the process keeps answering (keepalives, other calls). */
+static void slow_prepare(void)
+{
+    const char *e = getenv("TSR_SHARD_SLOW_PREPARE_MS");
+    long ms = e ? strtol(e, NULL, 10) : 0;
+    if (ms > 0 && ms <= 600000) {
+        tsr_warn("TSR_SHARD_SLOW_PREPARE_MS=%ld: Prepare sleeps first (test hook)", ms);
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+    }
+}
+
 /* The build of a Prepare: the edits (the staged ones plus the base's delta), the new
  * version, its files written, committed and verified in the store. */
 static int prepare_build(tsr__shard *s, tsr__staging *st, int64_t version, tsr__edits *e,
@@ -684,6 +700,7 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
                        tsr_error *err)
 {
     crash_point("prepare");
+    slow_prepare();
     int rc = 0;
     tsr__version *v = NULL;
     tsr__edits e = {0};

@@ -440,6 +440,14 @@ struct tsr_rpc_fanout_call {
  * completed or hit its deadline. Returns the number of calls whose code is not OK. */
 size_t tsr_rpc_fanout(tsr_rpc_fanout_call *calls, size_t n);
 
+/* For a clean stop of a process: from now on every tsr_rpc_fanout / tsr_rpc_call of the
+ * process, in flight or started later, ends within about 200 ms with CANCELLED "the
+ * process is shutting down" (a sooner deadline still applies). Threads blocked on long
+ * calls (a shard's Prepare may take minutes) come back and can be joined. Irreversible;
+ * call it once the calls still needed (e.g. revoking an etcd lease) are done. Streams
+ * (tsr_rpc_stream_*) are not affected: their owners close them. */
+void tsr_rpc_client_shutdown(void);
+
 /* ================================ streaming calls ================================= */
 /* A bidirectional (or server-streaming) call, e.g. etcd's Watch and LeaseKeepAlive
  * (common/net/etcd). One thread uses a stream at a time; different streams are

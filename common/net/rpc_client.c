@@ -540,6 +540,17 @@ void tsr__ccall_finish(struct tsr__ccall *cc, tsr_rpc_fanout_call *fc)
     memset(cc, 0, sizeof *cc);
 }
 
+/* Set once by tsr_rpc_client_shutdown; read by every fan-out's wait loop. */
+static atomic_int client_shutdown;
+
+void tsr_rpc_client_shutdown(void)
+{
+    atomic_store(&client_shutdown, 1);
+}
+
+/* How often a fan-out waiting on its calls looks at client_shutdown. */
+#define SHUTDOWN_POLL_MS 200
+
 size_t tsr_rpc_fanout(tsr_rpc_fanout_call *calls, size_t n)
 {
     if (n == 0)
@@ -552,11 +563,23 @@ size_t tsr_rpc_fanout(tsr_rpc_fanout_call *calls, size_t n)
     for (size_t i = 0; i < n; i++)
         if (tsr__ccall_start(&cc[i], &calls[i], cq, NULL, i) == 0)
             outstanding++;
+    int cancelled = 0;
     while (outstanding > 0) {
-        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                          gpr_time_from_millis(SHUTDOWN_POLL_MS, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_next(cq, until, NULL);
         if (ev.type == GRPC_OP_COMPLETE) {
             TSR_TSAN_ACQUIRE(ev.tag);
             outstanding--;
+        }
+        if (!cancelled && atomic_load(&client_shutdown)) {
+            /* each started call still completes on cq (status CANCELLED), so the loop
+             * ends with every call accounted for, as on a deadline */
+            for (size_t i = 0; i < n; i++)
+                if (cc[i].started && cc[i].call)
+                    grpc_call_cancel_with_status(cc[i].call, GRPC_STATUS_CANCELLED,
+                                                 "the process is shutting down", NULL);
+            cancelled = 1;
         }
     }
     size_t failed = 0;
