@@ -224,18 +224,31 @@ class Coord(ch.Api):
             pass
 
     def stop(self):
+        """SIGTERM (after a SIGCONT); a coordinator this stop ends must exit 0 within 30 s
+        with no sanitizer report (one that died before, e.g. a crash hook, is not judged)."""
         if self.proc is None:
             return
         p = self.proc.proc
+        rc = None
         if p.poll() is None:
             p.send_signal(signal.SIGCONT)
             p.terminate()
             try:
-                p.wait(30)
+                rc = p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
+                self.kill()
+                raise AssertionError("coordinator-%d did not stop within 30 s of SIGTERM:\n%s"
+                                     % (self.i, self.proc.text()[-4000:]))
         self.kill()
+        if rc is not None:
+            self.proc.thread.join(5)
+            text = self.proc.text()
+            for bad in ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer",
+                        "WARNING: ThreadSanitizer"):
+                assert bad not in text, "coordinator-%d: sanitizer report:\n%s" % (self.i, text)
+            assert rc == 0, "coordinator-%d exit code %s:\n%s" % (self.i, rc, text[-4000:])
 
 
 class HACluster:
