@@ -76,6 +76,22 @@ def lists_checker(shards, nlabels, expect=None, at_least=False):
     return per
 
 
+def holds_none(shards, nlabels, label):
+    """None of the labels 0 .. nlabels on any live one of shards (out of the index: a new
+    group whose add was rolled back serves no version; a staged leftover is not read)."""
+    sp = sh.stubs()[0]
+    for s in shards:
+        if s.proc.poll() is not None:
+            continue
+        try:
+            r = s.stub.Read(sp.ShardReadRequest(version=0, labels=list(range(nlabels + 1))),
+                            timeout=30)
+            held = sum(1 for d in r.datapoints if d.found)
+        except Exception:  # noqa: BLE001 - no version at all: holds nothing
+            held = 0
+        assert held == 0, "%s: a shard out of the index holds %d datapoints" % (label, held)
+
+
 def balanced(per):
     mean = sum(per) / len(per)
     assert all(abs(p - mean) <= 0.10 * mean for p in per), \
