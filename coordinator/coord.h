@@ -376,6 +376,8 @@ typedef struct tsr__lead {
     int kick;                   /* under mu: the watcher saw PREFIX/leader change: campaign now */
     atomic_int lwatch;          /* 1 while the watch on PREFIX/leader is up (the election's
                                    poll is then only a slow safety net) */
+    int adopted;                /* watcher thread only: etcd's rounds replaced the local
+                                   log once since the start (watch_caught_up) */
     int compact_s;              /* --etcd-compact: the leader compacts etcd's history every
                                    compact_s seconds (0 = never) */
     pthread_t thread, wthread;  /* the lease/election thread; the watcher (PREFIX/version,

@@ -842,6 +842,8 @@ static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
     /* The planted bug of the chaos demonstration (coord.h, tsr__coord_test_hook). */
     int planted = tsr__coord_test_hook("plant-ack-unlogged");
     int mrc = planted ? 0 : tsr__slog_append(s->log_fd, path, &rec, &s->log_bytes, &err);
+    if (mrc == 0)
+        tsr__coord_crash_point("round-logged"); /* logged here, not yet in etcd */
     if (mrc == 0 && !planted && (mrc = tsr__shlog_mirror_round(c, &rec, &err)) != 0) {
         /* etcd must hold every round a shard may apply (a new leader replays them) */
         if (ftruncate(s->log_fd, (off_t)bytes0) != 0)
@@ -1034,7 +1036,15 @@ static void *writer_main(void *arg)
 {
     tsr__coord *c = arg;
     tsr__stream *s = &c->st;
-    catch_up_all(c);
+    /* Alone, the local log is the truth: replicas are caught up from it at once. With
+     * --etcd it is NOT: its last round may never have reached etcd (killed between the
+     * local append and the mirror), and a new leader reuses that seq for another round,
+     * which every replica would then drop as a resend — an acknowledged write lost
+     * (found by make chaos, docs/ha.md). There only the elected leader catches replicas
+     * up, from etcd's rounds and with its term (leader.c campaign, after
+     * tsr__stream_adopt). */
+    if (!c->meta)
+        catch_up_all(c);
     tsr__sreq **batch = tsr_xcalloc(ROUND_MAX + 1, sizeof *batch);
     for (;;) {
         pthread_mutex_lock(&s->q_mu);
