@@ -327,9 +327,11 @@ static int stage_template(tsr__staging *st, const Tessera__V1__StageRequest *rq,
             return err ? (err->code = TSR_EINVAL) : TSR_EINVAL;
         }
         if (ix->is_refine || !ix->is_trained) {
+            /* the message first: ix is gone after the destroy (a use after free that
+             * fuzz_shard_rpc found, tests/fuzz/corpus/fuzz_shard_rpc/crash-2c24b43d...) */
+            const char *why = ix->is_refine ? "IwQR is not supported" : "index is not trained";
             tsr_ivfpq_destroy(ix);
-            return tsr_err(err, TSR_EINVAL, "StageRequest.template_faiss: %s",
-                           ix->is_refine ? "IwQR is not supported" : "index is not trained");
+            return tsr_err(err, TSR_EINVAL, "StageRequest.template_faiss: %s", why);
         }
         st->tmpl = tsr__tmpl_from_index(ix, err);
         if (st->tmpl == NULL)
