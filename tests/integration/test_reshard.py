@@ -15,6 +15,13 @@ during a move is refused ("update in progress"); GetIndexStats marks the removed
 removed group's shard is stopped and queries still answer. At the end: 0 failed writes and
 every acknowledged write readable; after a coordinator restart the groups come from the
 stored version (the new shard is still queried).
+The writer also replaces earlier streamed ids with another vector (often another list, so
+another label and group) and removes some, so the moves' catch-up (docs/resharding.md
+"Writes during a move": writes flow while the moved lists are read, staged and prepared,
+the rounds since are carried to the new version) is checked exactly: each replaced id
+reads back with its last vector, a removed one is gone, every label on one group. Each
+move prints the longest write call that overlapped it beside the move's duration (before
+the catch-up a write waited for the whole move).
 `make test-reshard-large` runs the issue's shape at a larger size (TSR_RESHARD_N,
 TSR_RESHARD_DIMS, TSR_RESHARD_NLIST, TSR_RESHARD_GROUPS=start,grown,shrunk,
 TSR_RESHARD_CLIENTS).
@@ -176,22 +183,63 @@ def main():
                         st["diff"] += 1
                 st["ok"] += 1
 
-        wr = {"acked": [], "fail": [], "max_s": 0.0}
+        # acked: ids ever acknowledged; vec: id -> the base vector index of its last
+        # acknowledged upsert (+0.5), gone: ids whose last acknowledged write removed them;
+        # calls: (start, end) of every write call
+        wr = {"acked": [], "fail": [], "max_s": 0.0, "vec": {}, "gone": set(), "calls": []}
+
+        def timed(fn):
+            t0 = time.time()
+            try:
+                fn()
+                return True
+            except Exception as e:  # noqa: BLE001 - every failure counts
+                wr["fail"].append(str(e)[:300])
+                return False
+            finally:
+                t1 = time.time()
+                wr["calls"].append((t0, t1))
+                wr["max_s"] = max(wr["max_s"], t1 - t0)
 
         def writer():
-            i = 0
+            i, it = 0, 0
+            wrng = np.random.default_rng(7)
             while not stop.is_set():
                 ids, dps = stream_batch(tp, x, i, 20)
-                t0 = time.time()
-                try:
-                    cl.stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=dps),
-                                             timeout=60)
+                if timed(lambda: cl.stub.UpsertDatapoints(
+                        tp.UpsertDatapointsRequest(datapoints=dps), timeout=60)):
                     wr["acked"] += ids
-                except Exception as e:  # noqa: BLE001 - every failure counts
-                    wr["fail"].append(str(e)[:300])
-                wr["max_s"] = max(wr["max_s"], time.time() - t0)
+                    for j, did in enumerate(ids):
+                        wr["vec"][did] = (i + j) * 7 % len(x)
                 i += 20
+                it += 1
+                live_ids = sorted(wr["vec"])
+                if it % 2 == 0 and len(live_ids) > 40:
+                    # replace 6 earlier ids with another base vector (another list, often
+                    # another group: a new label), remove 2 others
+                    pick = [live_ids[k] for k in wrng.choice(len(live_ids), 8, replace=False)]
+                    rep_ids, rm_ids = pick[:6], pick[6:]
+                    ks = [int(wrng.integers(0, len(x))) for _ in rep_ids]
+                    rdps = []
+                    for did, k in zip(rep_ids, ks):
+                        p = tp.IndexDatapoint(datapoint_id=did)
+                        p.feature_vector.extend([float(v) for v in x[k] + 0.5])
+                        p.restricts.add(namespace="src", allow_list=["w"])
+                        rdps.append(p)
+                    if timed(lambda: cl.stub.UpsertDatapoints(
+                            tp.UpsertDatapointsRequest(datapoints=rdps), timeout=60)):
+                        for did, k in zip(rep_ids, ks):
+                            wr["vec"][did] = k
+                    if timed(lambda: cl.stub.RemoveDatapoints(
+                            tp.RemoveDatapointsRequest(datapoint_ids=rm_ids), timeout=60)):
+                        for did in rm_ids:
+                            del wr["vec"][did]
+                            wr["gone"].add(did)
                 time.sleep(0.02)
+
+        def waits_during(t0, t1):
+            """The longest write call that overlapped [t0, t1] (0 when none did)."""
+            return max([b - a for a, b in list(wr["calls"]) if b >= t0 and a <= t1] or [0.0])
 
         ths = [threading.Thread(target=client) for _ in range(CLIENTS)]
         for t in ths:
@@ -231,11 +279,13 @@ def main():
                 pg = op.progress
                 assert pg.lists_total > 0 and pg.lists_moved == pg.lists_total, pg
                 assert pg.datapoints_moved > 0 and pg.bytes_moved > 0, pg
-                print("add group %d: %d lists, %d datapoints, %d bytes moved in %.2fs" %
-                      (g, pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt))
+                print("add group %d: %d lists, %d datapoints, %d bytes moved in %.2fs; longest "
+                      "write wait during it %.2fs" % (g, pg.lists_total, pg.datapoints_moved,
+                                                      pg.bytes_moved, dt,
+                                                      waits_during(t0, t0 + dt)))
                 live.append(s3)
                 groups.append(g)
-                per = lists_checker([live[k] for k in groups], N + len(wr["acked"]) + 2000, N,
+                per = lists_checker([live[k] for k in groups], N + 2 * len(wr["acked"]) + 2000, N,
                                     at_least=True)
                 print("  datapoints per group:", per)
                 balanced(per)
@@ -272,10 +322,12 @@ def main():
                 version += 1
                 assert op.state == tp.Operation.SUCCEEDED and op.version == version, op
                 pg = op.progress
-                print("remove group %d: %d lists, %d datapoints, %d bytes moved in %.2fs" %
-                      (g, pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt))
+                print("remove group %d: %d lists, %d datapoints, %d bytes moved in %.2fs; "
+                      "longest write wait during it %.2fs" %
+                      (g, pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt,
+                       waits_during(t0, t0 + dt)))
                 groups.remove(g)
-                per = lists_checker([live[k] for k in groups], N + len(wr["acked"]) + 2000, N,
+                per = lists_checker([live[k] for k in groups], N + 2 * len(wr["acked"]) + 2000, N,
                                     at_least=True)
                 print("  datapoints per group:", per)
                 balanced(per)
@@ -304,16 +356,27 @@ def main():
         assert st["diff"] == 0, st["diff"]
         assert st["ok"] > 0
         print("streamed writes during the moves: %d acknowledged, %d failed, longest wait "
-              "%.2fs" % (len(wr["acked"]), len(wr["fail"]), wr["max_s"]))
+              "%.2fs (%d calls; %d ids replaced at least once, %d removed)" %
+              (len(wr["acked"]), len(wr["fail"]), wr["max_s"], len(wr["calls"]),
+               sum(1 for d, k in wr["vec"].items() if k != int(d[1:]) * 7 % len(x)),
+               len(wr["gone"])))
         assert not wr["fail"], wr["fail"][:3]
-        acked = wr["acked"]
-        assert len(acked) > 0
-        per = lists_checker([live[k] for k in groups], N + len(acked) + 2000, N + len(acked))
+        acked = sorted(wr["vec"])  # live at the end
+        assert len(acked) > 0 and wr["gone"]
+        per = lists_checker([live[k] for k in groups], N + len(wr["acked"]) * 2 + 2000,
+                            N + len(acked))
         balanced(per)
         for k in range(0, len(acked), 1000):
             r = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=acked[k:k + 1000]),
                                             timeout=30)
             assert len(r.datapoints) == len(acked[k:k + 1000]), "acknowledged writes missing"
+            for d in r.datapoints:  # the last acknowledged vector of each
+                want = x[wr["vec"][d.datapoint_id]] + 0.5
+                assert np.allclose(list(d.feature_vector), want, atol=1e-4), d.datapoint_id
+        gone = sorted(wr["gone"])
+        r = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=gone), timeout=30)
+        assert not r.datapoints, "removed ids still readable: %s" % \
+            [d.datapoint_id for d in r.datapoints][:5]
         # restart: the groups come from the stored version, not the config file
         cl.stop_coord()
         cl.start()
