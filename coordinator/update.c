@@ -798,6 +798,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     int swapped = 0;
     tsr__stream_lock(c); /* the plan and every chunk 0 at one seq S */
     int locked = 1;
+    int64_t t0 = tsr_clock_mono_ms(), t1 = 0, t2 = 0;
     u.base = tsr__coord_snap_get(c);
     u.newv = (int64_t)u.base->version + 1;
     int rc = 0;
@@ -833,14 +834,17 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     if (rc == 0) {
         tsr__stream_unlock(c); /* writes flow on the served version meanwhile */
         locked = 0;
+        t1 = tsr_clock_mono_ms();
         rc = tsr__reshard_read(c, op, u.base->version, mv, &u.p, b, 1, err);
     }
     if (rc == 0)
         rc = upd_stage(&u, STAGE_REST, err);
     if (rc == 0)
         rc = upd_prepare(&u, err);
-    if (!locked) /* the catch-up, the flip and the Commit fan-out: writes wait again */
+    if (!locked) { /* the catch-up, the flip and the Commit fan-out: writes wait again */
         tsr__stream_lock(c);
+        t2 = tsr_clock_mono_ms();
+    }
     if (rc == 0 && (rc = upd_catch_up(&u, seq0, gseq, err)) == 0)
         swapped = 1;
     if (rc == 0)
@@ -858,6 +862,11 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
         tsr__coord_group_retire(c, (size_t)u.fresh);
     upd_cleanup(&u, rc);
     tsr__stream_unlock(c);
+    if (t2) /* docs/resharding.md "Writes during a move": what streamed writes waited for */
+        tsr_info("reshard %s: streamed writes held %lld ms for the plan and chunk 0, then "
+                 "flowing %lld ms (read, staging, Prepare), held %lld ms from the catch-up "
+                 "through the Commit fan-out", op->id, (long long)(t1 - t0),
+                 (long long)(t2 - t1), (long long)(tsr_clock_mono_ms() - t2));
     tsr__reshard_moves_free(mv);
     free(gseq);
     if (rc == 0 && rm >= 0) {

@@ -20,8 +20,11 @@ another label and group) and removes some, so the moves' catch-up (docs/reshardi
 "Writes during a move": writes flow while the moved lists are read, staged and prepared,
 the rounds since are carried to the new version) is checked exactly: each replaced id
 reads back with its last vector, a removed one is gone, every label on one group. Each
-move prints the longest write call that overlapped it beside the move's duration (before
-the catch-up a write waited for the whole move).
+added shard's Prepare is slowed by SLOW_PREPARE_S (TSR_SHARD_SLOW_PREPARE_MS, the build of
+a large version; it stays in the index, so every later move has one slow Prepare too);
+each move prints the longest write call that overlapped it beside the move's duration and
+that wait must stay below SLOW_PREPARE_S: writes flow during Prepare (before the catch-up
+a write waited for the whole move, so at least that long).
 `make test-reshard-large` runs the issue's shape at a larger size (TSR_RESHARD_N,
 TSR_RESHARD_DIMS, TSR_RESHARD_NLIST, TSR_RESHARD_GROUPS=start,grown,shrunk,
 TSR_RESHARD_CLIENTS).
@@ -53,6 +56,9 @@ CLIENTS = int(os.environ.get("TSR_RESHARD_CLIENTS", "1"))
 # (every list) at the test's size, less at 1M where a full scan of 24 queries per call
 # outlasts the search deadline on a loaded 2-core machine
 FRACTION = float(os.environ.get("TSR_RESHARD_FRACTION", "1.0"))
+# every added shard's Prepare sleeps this long first (a large build); no write may wait
+# as long (writes flow during Prepare)
+SLOW_PREPARE_S = float(os.environ.get("TSR_RESHARD_SLOW_PREPARE_S", "3"))
 
 
 def lists_checker(shards, nlabels, expect=None, at_least=False):
@@ -237,6 +243,13 @@ def main():
                             wr["gone"].add(did)
                 time.sleep(0.02)
 
+        def held_line(opid):
+            """The coordinator's account of what streamed writes waited for in a move."""
+            for line in cl.coord.text().splitlines():
+                if opid in line and "streamed writes held" in line:
+                    return "  " + line.split("reshard %s: " % opid)[-1]
+            return "  (no 'streamed writes held' line for %s)" % opid
+
         def waits_during(t0, t1):
             """The longest write call that overlapped [t0, t1] (0 when none did)."""
             return max([b - a for a, b in list(wr["calls"]) if b >= t0 and a <= t1] or [0.0])
@@ -254,7 +267,8 @@ def main():
             first = True
             while len(groups) < GROW:
                 # grow: a fresh shard becomes the next group (the first one through the CLI)
-                s3 = sh.Shard(os.path.join(cl.root, "shard-new-%d" % len(extra)))
+                s3 = sh.Shard(os.path.join(cl.root, "shard-new-%d" % len(extra)),
+                              env={"TSR_SHARD_SLOW_PREPARE_MS": "%d" % (SLOW_PREPARE_S * 1000)})
                 extra.append(s3)
                 g = START + len(extra) - 1
                 t0 = time.time()
@@ -279,10 +293,14 @@ def main():
                 pg = op.progress
                 assert pg.lists_total > 0 and pg.lists_moved == pg.lists_total, pg
                 assert pg.datapoints_moved > 0 and pg.bytes_moved > 0, pg
+                wait = waits_during(t0, t0 + dt)
                 print("add group %d: %d lists, %d datapoints, %d bytes moved in %.2fs; longest "
                       "write wait during it %.2fs" % (g, pg.lists_total, pg.datapoints_moved,
-                                                      pg.bytes_moved, dt,
-                                                      waits_during(t0, t0 + dt)))
+                                                      pg.bytes_moved, dt, wait))
+                print(held_line(opid))
+                assert dt >= SLOW_PREPARE_S and wait < SLOW_PREPARE_S, \
+                    "a write waited %.2fs during a %.2fs move (Prepare %.1fs)" % (
+                        wait, dt, SLOW_PREPARE_S)
                 live.append(s3)
                 groups.append(g)
                 per = lists_checker([live[k] for k in groups], N + 2 * len(wr["acked"]) + 2000, N,
@@ -322,10 +340,15 @@ def main():
                 version += 1
                 assert op.state == tp.Operation.SUCCEEDED and op.version == version, op
                 pg = op.progress
+                wait = waits_during(t0, t0 + dt)
                 print("remove group %d: %d lists, %d datapoints, %d bytes moved in %.2fs; "
                       "longest write wait during it %.2fs" %
-                      (g, pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt,
-                       waits_during(t0, t0 + dt)))
+                      (g, pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt, wait))
+                print(held_line(r.operation_id))
+                if extra:  # a slow shard prepares in this move too
+                    assert dt >= SLOW_PREPARE_S and wait < SLOW_PREPARE_S, \
+                        "a write waited %.2fs during a %.2fs move (Prepare %.1fs)" % (
+                            wait, dt, SLOW_PREPARE_S)
                 groups.remove(g)
                 per = lists_checker([live[k] for k in groups], N + 2 * len(wr["acked"]) + 2000, N,
                                     at_least=True)
