@@ -557,8 +557,9 @@ void tsr__reshard_redir(tsr__snap *ns, const tsr__snap *view, size_t S);
 /* reshard_carry.c, the move's catch-up (stream lock held, after Prepare): the rounds
  * logged on the served version after seq `from` (the move's S) up to the last one (T)
  * re-routed by ns's plan (a record of a moved list to its new owner, not the old one) and
- * sent in seq order as Writes naming the prepared catch-up version newv to every replica
- * not skipped (skip: per replica, may be NULL). sent[g] (ns's groups) gets the last seq
+ * sent in seq order (consecutive rounds merged per group, the seq of the last one) as
+ * Writes naming the prepared catch-up version newv to every replica not skipped (skip:
+ * per replica, may be NULL). sent[g] (ns's groups) gets the last seq
  * carried to group g (left as is when none). Returns 0, or the first failure (err names
  * the seq and the replica): the move fails. */
 int tsr__reshard_carry(tsr__coord *c, uint64_t newv, const tsr__snap *ns, int64_t from,
