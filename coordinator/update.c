@@ -845,8 +845,10 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
         tsr__stream_lock(c);
         t2 = tsr_clock_mono_ms();
     }
-    if (rc == 0 && (rc = upd_catch_up(&u, seq0, gseq, err)) == 0)
+    if (rc == 0 && (rc = upd_catch_up(&u, seq0, gseq, err)) == 0) {
         swapped = 1;
+        tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
+    }
     if (rc == 0)
         rc = upd_flip(&u, err);
     if (rc && swapped) /* the served version's seqs back */
