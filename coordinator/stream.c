@@ -733,8 +733,10 @@ static void send_writes(round *R)
 {
     tsr__coord *c = R->c;
     size_t S = R->S;
-    uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
-    size_t *lens = tsr_xcalloc(S, sizeof *lens);
+    /* every group of the config (the fan-out and the replica loop index by group; during
+     * an add the config has one more than the round's snapshot): none for those past S */
+    uint8_t **bufs = tsr_xcalloc(c->cfg.nshards + 1, sizeof *bufs);
+    size_t *lens = tsr_xcalloc(c->cfg.nshards + 1, sizeof *lens);
     char *skip = tsr_xcalloc(c->nrep + 1, 1);
     ProtobufCMessage **resps = tsr_xcalloc(c->nrep + 1, sizeof *resps);
     for (size_t g = 0; g < S; g++)
