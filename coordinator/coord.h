@@ -9,6 +9,8 @@
  *   update.c     UpdateIndex: background two-phase update (its shard phases), GetOperation;
  *                AddShardGroup / RemoveShardGroup run the same phases (docs/resharding.md)
  *   reshard.c    a move's plan: the balance rule, the moved records read from old owners
+ *   reshard_carry.c  a move's catch-up: the rounds streamed during it, re-routed by the
+ *                new plan, written to the prepared new version before the flip
  *   oplog.c      operations: their records on disk (survive a restart), free, to protobuf
  *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge);
  *                errors are tsr_error, mapped to a gRPC status in the handlers only
@@ -39,8 +41,9 @@
  * replica -> config, state; stream -> replica, state, stream_ha, stream_log, update_plan;
  * stream_ha -> meta, state, stream_log; reconcile -> replica, state, stream;
  * query -> config, leader, replica, state, stream; update_plan -> config, state;
- * update -> leader, meta, oplog, reconcile, replica, reshard, state, stream, update_plan;
- * reshard -> config, replica, state, update_plan;
+ * update -> leader, meta, oplog, reconcile, replica, reshard, reshard_carry, state, stream,
+ * update_plan; reshard -> config, replica, state, stream, update_plan;
+ * reshard_carry -> replica, state, stream_log, update_plan;
  * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, oplog, update,
  * state, stream, vertex, vertex_v1;
  * main -> all of them, and nothing calls main.c. Everything but main.c is
@@ -54,7 +57,9 @@
  * update_mu (the same lock an update holds while it runs) so it never aborts a version an
  * update is staging. Streamed writes (stream.c): one writer thread runs rounds under the
  * stream lock st.mu, which an update also holds from its plan through its Commit fan-out
- * and a catch-up holds while it resends; the overlay is read under st.ov_rw (read) with
+ * (a reshard move: its plan and Stage chunk 0, then its catch-up through its Commit
+ * fan-out; docs/resharding.md "Writes during a move") and a catch-up holds while it
+ * resends; the overlay is read under st.ov_rw (read) with
  * the snapshot taken inside it. Lock order: update_mu, then st.mu, then op_mu, then
  * st.ov_rw, then snap_mu; st.q_mu (the write queue) is never held with another lock.
  * Replica health
@@ -337,7 +342,9 @@ struct tsr__sreq;
 typedef struct tsr__stream {
     pthread_mutex_t mu;         /* the stream lock: held by a round (writer thread), by an
                                    update from its plan through its Commit fan-out, by a
-                                   catch-up (reconcile) */
+                                   reshard move for its plan and Stage chunk 0, then from
+                                   its catch-up through its Commit fan-out (not while it
+                                   reads, stages and prepares), by a catch-up (reconcile) */
     /* under mu */
     int64_t next_label;         /* the label counter (the snapshot's plus the stream's) */
     int64_t next_seq;           /* the seq of the next round (> every seq ever logged) */
@@ -531,11 +538,34 @@ int tsr__coord_rpc_remove_group(void *ctx, const uint8_t *req, size_t len, tsr_r
 
 /* reshard.c: the plan of a move on base (borrowed: the committed version plus the streamed
  * writes) over the config's groups (an added one already appended) without rm (-1: none):
- * p->ns (next version: new plan, directory, groups), each group's work, and the moved
- * records read from their old groups into b (records only; indices in p's upserts).
- * Progress on op. Returns 0, or an error code with err set (p closed). */
+ * p->ns (next version: new plan, directory, groups) and *moves, the datapoints whose group
+ * changes (free with tsr__reshard_moves_free). Caller holds the stream lock. Progress on
+ * op. Returns 0, or an error code with err set (p closed, *moves NULL). */
+typedef struct tsr__reshard_moves tsr__reshard_moves;
 int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
-                      tsr__upd_plan *p, tsr_batch *b, tsr_error *err);
+                      tsr__upd_plan *p, tsr__reshard_moves **moves, tsr_error *err);
+void tsr__reshard_moves_free(tsr__reshard_moves *m);
+/* The moved records read from their old groups at version into b (records only; indices
+ * in p's upserts; the old groups' deletes). catchup: streamed writes run meanwhile (no
+ * stream lock held), and a label a write removed since the plan is skipped rather than
+ * an error (the catch-up carries that write). Returns 0 or an error naming the group. */
+int tsr__reshard_read(tsr__coord *c, tsr__op *op, uint64_t version,
+                      const tsr__reshard_moves *m, tsr__upd_plan *p, tsr_batch *b, int catchup,
+                      tsr_error *err);
+/* ns's directory rebuilt from view (the committed version with the streamed writes up to
+ * the catch-up's seq T, tsr__stream_base) routed by ns's plan over S groups; counts and
+ * next_label follow. Caller holds the stream lock. */
+void tsr__reshard_redir(tsr__snap *ns, const tsr__snap *view, size_t S);
+/* reshard_carry.c, the move's catch-up (stream lock held, after Prepare): the rounds
+ * logged on the served version after seq `from` (the move's S) up to the last one (T)
+ * re-routed by ns's plan (a record of a moved list to its new owner, not the old one) and
+ * sent in seq order (consecutive rounds merged per group, the seq of the last one) as
+ * Writes naming the prepared catch-up version newv to every replica not skipped (skip:
+ * per replica, may be NULL). sent[g] (ns's groups) gets the last seq
+ * carried to group g (left as is when none). Returns 0, or the first failure (err names
+ * the seq and the replica): the move fails. */
+int tsr__reshard_carry(tsr__coord *c, uint64_t newv, const tsr__snap *ns, int64_t from,
+                       const char *skip, int64_t *sent, tsr_error *err);
 /* reshard.c: before a new group g is staged: every replica answers Stats, serves no
  * version (else TSR_ESTATE: a new group starts empty), and its staged or prepared
  * leftovers (a move that crashed before its commit point) are aborted. */
@@ -624,7 +654,8 @@ int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
 int tsr__vertex_v1_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 
-/* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed). */
+/* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed, and
+ * caught-up: a reshard move's catch-up done, before its flip). */
 void tsr__coord_crash_point(const char *step);
 /* Test-only: 1 when TSR_COORD_CRASH_AT names this hook. Besides the crash points, one
  * planted bug for the chaos checker (tests/chaos, docs/reliability.md "Chaos"):
@@ -787,6 +818,12 @@ tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn);
 void tsr__stream_base_free(tsr__snap *view);
 /* The last seq logged for group g (StageRequest.base_stream_seq). */
 int64_t tsr__stream_group_seq(tsr__coord *c, size_t g);
+/* A reshard move (docs/resharding.md "Writes during a move"; stream lock held): the last
+ * seq logged (the move's S, taken when it sends every group's Stage chunk 0). */
+int64_t tsr__stream_last_seq(tsr__coord *c);
+/* Swaps the groups' last seqs with seqs[0..n): the move installs the new version's before
+ * its commit point (the new log's header), and swaps back when the flip fails. */
+void tsr__stream_swap_group_seqs(tsr__coord *c, int64_t *seqs, size_t n);
 /* Before the commit point: the log of version (header: the stream's next seq and group
  * seqs, next_label); abort removes it when the update fails. */
 int tsr__stream_version_begin(tsr__coord *c, uint64_t version, int64_t next_label,

@@ -16,8 +16,13 @@
  * stop when no list improves the pair. Sparse-only ids follow tsr__group_of (hash of the
  * id over the groups not removed).
  *
- * DESIGN (threads): runs on the update thread under update_mu and the stream lock (no
- * streamed write, fold or update runs meanwhile); takes op_mu only to publish progress.
+ * DESIGN (threads): runs on the update thread under update_mu. The plan runs under the
+ * stream lock (no streamed write meanwhile: the directory it reads is the one at seq S);
+ * the read (tsr__reshard_read) runs without it (docs/resharding.md "Writes during a
+ * move": writes flow on the old plan, the catch-up carries them) and takes st.ov_rw
+ * (tsr__stream_resolve) to tell a label removed since from a missing one; the directory
+ * rebuild (tsr__reshard_redir) runs under the stream lock again. Takes op_mu only to
+ * publish progress.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,13 +167,43 @@ typedef struct moved {
     size_t from, to;
     int64_t label;
     int32_t list;
+    char *id;          /* owned */
 } moved;
 
+struct tsr__reshard_moves {
+    moved *mv;
+    size_t nmv, S;
+    int64_t lists_total;
+};
+
+void tsr__reshard_moves_free(tsr__reshard_moves *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->nmv; i++)
+        free(m->mv[i].id);
+    free(m->mv);
+    free(m);
+}
+
+/* 1 when the id of a moved label no longer names that label (a streamed write after the
+ * plan removed it or moved it to another label): the catch-up carries that write, so the
+ * label is not read. Only when writes flow during the read (catchup). */
+static int label_changed(tsr__coord *c, const moved *m)
+{
+    tsr__loc loc;
+    char *ids[1] = {m->id};
+    tsr__snap *sn = tsr__stream_resolve(c, ids, 1, &loc);
+    tsr__snap_unref(sn);
+    return !loc.found || loc.label != m->label;
+}
+
 /* Reads the moved datapoints from their old groups (version base) into b's records and
- * each new group's upserts. Returns 0 or an error naming the group. */
+ * each new group's upserts. Returns 0 or an error naming the group. catchup: writes flow
+ * meanwhile, so a label a later write removed is skipped (label_changed), not an error. */
 static int read_moved(tsr__coord *c, tsr__op *op, uint64_t version, const moved *mv,
                       size_t nmv, size_t S, int64_t lists_total, tsr__upd_plan *p, tsr_batch *b,
-                      tsr_error *err)
+                      int catchup, tsr_error *err)
 {
     int rc = 0;
     int64_t bytes = 0;
@@ -223,6 +258,8 @@ static int read_moved(tsr__coord *c, tsr__op *op, uint64_t version, const moved 
             for (size_t j = 0; !rc && j < want[i]; j++) {
                 const Tessera__V1__ShardDatapoint *sd = rr->datapoints[j];
                 const moved *m = &mv[idx[g][j]];
+                if ((!sd->found || !sd->datapoint) && catchup && label_changed(c, m))
+                    continue; /* removed or replaced after the plan: the catch-up's */
                 if (!sd->found || !sd->datapoint || sd->label != m->label) {
                     rc = tsr_err(err, TSR_ESTATE, "shard %zu (%s): label %lld of list %d is "
                                  "not in its version %llu (the directory places it there)", g,
@@ -266,7 +303,7 @@ static int read_moved(tsr__coord *c, tsr__op *op, uint64_t version, const moved 
 }
 
 int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
-                      tsr__upd_plan *p, tsr_batch *b, tsr_error *err)
+                      tsr__upd_plan *p, tsr__reshard_moves **moves, tsr_error *err)
 {
     const tsr__coord_config *cfg = &c->cfg;
     size_t S = cfg->nshards, nlist = base->tmpl->nlist;
@@ -278,6 +315,7 @@ int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
     int rc = tsr_faiss_read_mem(base->tmpl_bytes, base->tmpl_len, &tmpl, err);
     if (rc)
         goto out;
+    *moves = NULL;
     tsr__snap *ns = p->ns = tsr__snap_create();
     ns->version = base->version + 1;
     if ((rc = tsr__snap_set_template(ns, tmpl, err)))
@@ -301,7 +339,8 @@ int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
         const tsr__dir_entry *e = &base->dir.e[i];
         int32_t to = tsr__group_of(ns, e->list, e->id, S);
         if (to != e->shard && e->shard >= 0 && (size_t)e->shard < S)
-            mv[nmv++] = (moved){(size_t)e->shard, (size_t)to, e->label, e->list};
+            mv[nmv++] = (moved){(size_t)e->shard, (size_t)to, e->label, e->list,
+                                tsr_xstrdup(e->id)};
         tsr__dir_add(&ns->dir, e->id, e->label, e->list, to, e->dense, e->sparse);
         ns->ndense += e->dense;
         ns->nsparse += e->sparse;
@@ -309,13 +348,39 @@ int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
     tsr_info("reshard %s: version %llu: %lld list(s), %zu datapoint(s) change group", op->id,
              (unsigned long long)ns->version, (long long)lists_total, nmv);
     progress(c, op, lists_total, 0, 0, 0);
-    rc = read_moved(c, op, base->version, mv, nmv, S, lists_total, p, b, err);
+    tsr__reshard_moves *m = tsr_xcalloc(1, sizeof *m);
+    *m = (tsr__reshard_moves){mv, nmv, S, lists_total};
+    *moves = m;
+    mv = NULL;
 out:
     tsr_ivfpq_destroy(tmpl);
     free(mv);
     if (rc)
         tsr__upd_plan_close(p);
     return rc;
+}
+
+int tsr__reshard_read(tsr__coord *c, tsr__op *op, uint64_t version,
+                      const tsr__reshard_moves *m, tsr__upd_plan *p, tsr_batch *b, int catchup,
+                      tsr_error *err)
+{
+    return read_moved(c, op, version, m->mv, m->nmv, m->S, m->lists_total, p, b, catchup, err);
+}
+
+void tsr__reshard_redir(tsr__snap *ns, const tsr__snap *view, size_t S)
+{
+    tsr__dir_close(&ns->dir);
+    tsr__dir_init(&ns->dir);
+    ns->ndense = ns->nsparse = 0;
+    for (size_t i = 0; i < view->dir.n; i++) {
+        const tsr__dir_entry *e = &view->dir.e[i];
+        int32_t to = tsr__group_of(ns, e->list, e->id, S);
+        tsr__dir_add(&ns->dir, e->id, e->label, e->list, to, e->dense, e->sparse);
+        ns->ndense += e->dense;
+        ns->nsparse += e->sparse;
+    }
+    if (view->next_label > ns->next_label)
+        ns->next_label = view->next_label;
 }
 
 int tsr__reshard_fresh_check(tsr__coord *c, size_t g, tsr_error *err)

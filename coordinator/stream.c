@@ -22,11 +22,13 @@
  *              missed before its first round.
  *
  * DESIGN (threads, locks): st.mu (the stream lock) is held by the writer for a round, by
- * an update from its plan through its Commit fan-out (update.c), and by a catch-up
- * (reconcile.c). The overlay is written only under st.mu and st.ov_rw (write); queries
- * read it under st.ov_rw (read), briefly, and take their snapshot inside it so the two
- * agree. The queue has its own q_mu. Lock order: update_mu, st.mu, st.ov_rw, snap_mu;
- * q_mu is never held with another lock.
+ * an update from its plan through its Commit fan-out (update.c), by a reshard move while
+ * it plans and sends every group's Stage chunk 0 and again from its catch-up (the rounds
+ * it ran meanwhile, carried to the new version: reshard_carry.c) through its Commit
+ * fan-out, and by a catch-up (reconcile.c). The overlay is written only under st.mu and
+ * st.ov_rw (write); queries read it under st.ov_rw (read), briefly, and take their
+ * snapshot inside it so the two agree. The queue has its own q_mu. Lock order:
+ * update_mu, st.mu, st.ov_rw, snap_mu; q_mu is never held with another lock.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -731,8 +733,10 @@ static void send_writes(round *R)
 {
     tsr__coord *c = R->c;
     size_t S = R->S;
-    uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
-    size_t *lens = tsr_xcalloc(S, sizeof *lens);
+    /* every group of the config (the fan-out and the replica loop index by group; during
+     * an add the config has one more than the round's snapshot): none for those past S */
+    uint8_t **bufs = tsr_xcalloc(c->cfg.nshards + 1, sizeof *bufs);
+    size_t *lens = tsr_xcalloc(c->cfg.nshards + 1, sizeof *lens);
     char *skip = tsr_xcalloc(c->nrep + 1, 1);
     ProtobufCMessage **resps = tsr_xcalloc(c->nrep + 1, sizeof *resps);
     for (size_t g = 0; g < S; g++)
@@ -811,8 +815,11 @@ static void ack(round *R, int64_t seq)
 static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
 {
     tsr__stream *s = &c->st;
-    round R = {.c = c, .rq = rq, .nrq = n, .S = c->cfg.nshards};
+    round R = {.c = c, .rq = rq, .nrq = n};
     R.sn = tsr__coord_snap_get(c);
+    /* the served version's groups: during a move that adds one, the config has it already
+     * but nothing of this version may go to it (the catch-up carries it there) */
+    R.S = tsr__snap_groups(R.sn, &c->cfg);
     R.ok = tsr_xcalloc(n, 1);
     R.touch = tsr_xcalloc(n * R.S + 1, 1);
     R.failed = tsr_xcalloc(R.S + 1, 1);
@@ -1295,6 +1302,23 @@ int tsr__stream_adopt(tsr__coord *c, tsr_error *err)
     tsr__snap_unref(sn);
     tsr__stream_unlock(c);
     return rc;
+}
+
+/* ---------------------------------------------------------------- a move's catch-up */
+
+/* (the rounds carried to the new version: reshard_carry.c) */
+int64_t tsr__stream_last_seq(tsr__coord *c)
+{
+    return c->st.next_seq - 1;
+}
+
+void tsr__stream_swap_group_seqs(tsr__coord *c, int64_t *seqs, size_t n)
+{
+    for (size_t g = 0; g < n && g < TSR_COORD_MAX_SHARDS; g++) {
+        int64_t t = c->st.grp_seq[g];
+        c->st.grp_seq[g] = seqs[g];
+        seqs[g] = t;
+    }
 }
 
 /* ---------------------------------------------------------------- updates */

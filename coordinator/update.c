@@ -360,7 +360,15 @@ typedef struct upd {
     char *out;                  /* per replica: left out of newv (update_min_replicas) */
     int staged_any;             /* shards may hold part of newv: a failure aborts it */
     int fresh;                  /* a reshard's new group (staged on an empty base), or -1 */
+    int catchup;                /* a reshard move: chunk 0 alone under the stream lock with
+                                   capture_delta, the records from chunk 1 without it
+                                   (docs/resharding.md "Writes during a move") */
 } upd;
+
+/* What upd_stage sends: every chunk (an update), or a move's chunk 0 alone (no record:
+ * the lists, the template of a fresh group, base_stream_seq, capture_delta) then its
+ * records from chunk 1. */
+enum { STAGE_ALL, STAGE_HEAD, STAGE_REST };
 
 /* A warning naming the batch's delete ids that the base version does not hold. */
 static void warn_unknown_deletes(upd *u)
@@ -398,24 +406,28 @@ static int upd_plan(upd *u, tsr_error *err)
     return 0;
 }
 
-/* Stage chunk r for group s (chunk 0 carries own_lists and, on an empty base, the
- * template): a new packed StageRequest, or NULL when group s has nothing left at r > 0. */
-static uint8_t *stage_request(const upd *u, size_t s, size_t r, const int32_t *own,
+/* Stage round r of part for group s (chunk 0 carries own_lists and, on an empty base, the
+ * template): a new packed StageRequest, or NULL when group s has nothing left (a round
+ * past chunk 0). STAGE_HEAD: chunk 0 without records; STAGE_REST: round r is chunk r + 1. */
+static uint8_t *stage_request(const upd *u, size_t s, size_t r, int part, const int32_t *own,
                               size_t nown, size_t *len)
 {
     const tsr__shard_work *w = &u->p.w[s];
     const tsr__snap *ns = u->p.ns;
     size_t chunk = (size_t)u->c->cfg.stage_chunk;
-    size_t u0 = r * chunk, d0 = r * chunk;
-    if (r > 0 && u0 >= w->nups && d0 >= w->ndels)
+    size_t u0 = r * chunk, d0 = r * chunk, cn = part == STAGE_REST ? r + 1 : r;
+    if (part == STAGE_HEAD)
+        u0 = w->nups, d0 = w->ndels; /* no record */
+    if (cn > 0 && u0 >= w->nups && d0 >= w->ndels)
         return NULL;
     Tessera__V1__StageRequest m = TESSERA__V1__STAGE_REQUEST__INIT;
     m.version = u->newv;
     m.leader_term = tsr__coord_term(u->c);
     int empty = u->p.overwrite || (int)s == u->fresh;
     m.base_version = empty ? 0 : (int64_t)u->base->version;
-    m.chunk = (int32_t)r;
-    if (r == 0) {
+    m.chunk = (int32_t)cn;
+    if (cn == 0) {
+        m.capture_delta = u->catchup;
         /* the shard folds its delta of the base: it must have applied exactly this */
         m.base_stream_seq = (int)s == u->fresh ? 0 : tsr__stream_group_seq(u->c, s);
         if (empty) {
@@ -476,14 +488,17 @@ static size_t stage_rounds(const upd *u)
     return rounds;
 }
 
-/* STAGING: the chunks of newv to every replica not left out, one fan-out per round. */
-static int upd_stage(upd *u, tsr_error *err)
+/* STAGING: the chunks of newv (part: all, or a move's chunk 0 / the rest) to every replica
+ * not left out, one fan-out per round. */
+static int upd_stage(upd *u, int part, tsr_error *err)
 {
     tsr__coord *c = u->c;
     size_t S = u->p.nshards, nlist = u->p.ns->tmpl->nlist;
-    op_begin_staging(c, u->op, u->newv);
-    op_save(c, u->op, 0); /* after a crash from here on, CURRENT >= newv means it committed */
-    tsr_metrics_update_phase("stage");
+    if (part != STAGE_REST) {
+        op_begin_staging(c, u->op, u->newv);
+        op_save(c, u->op, 0); /* after a crash from here on, CURRENT >= newv means it committed */
+        tsr_metrics_update_phase("stage");
+    }
     int32_t **own = tsr_xcalloc(S, sizeof *own);
     size_t *nown = tsr_xcalloc(S, sizeof *nown);
     for (size_t s = 0; s < S; s++)
@@ -493,13 +508,15 @@ static int upd_stage(upd *u, tsr_error *err)
     uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
     size_t *lens = tsr_xcalloc(S, sizeof *lens);
     ProtobufCMessage **sr = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *sr);
-    u->staged_any = 1;
-    op_mark_staged(c, u->op);
+    if (part != STAGE_REST) {
+        u->staged_any = 1;
+        op_mark_staged(c, u->op);
+    }
     int rc = 0;
-    size_t rounds = stage_rounds(u);
+    size_t rounds = part == STAGE_HEAD ? 1 : stage_rounds(u);
     for (size_t r = 0; r < rounds && rc == 0; r++) {
         for (size_t s = 0; s < S; s++)
-            bufs[s] = stage_request(u, s, r, own[s], nown[s], &lens[s]);
+            bufs[s] = stage_request(u, s, r, part, own[s], nown[s], &lens[s]);
         size_t bad = fan(c, TSR_SHARD_SVC "Stage", bufs, lens, u->out, c->cfg.stage_deadline_ms,
                          &tessera__v1__stage_response__descriptor, sr, err);
         rc = absorb_failures(c, u->op, "Stage", u->newv, bufs, sr, u->out, bad, err);
@@ -520,7 +537,7 @@ static int upd_stage(upd *u, tsr_error *err)
     free(bufs);
     free(lens);
     free(sr);
-    if (rc)
+    if (rc || part == STAGE_HEAD)
         return rc;
     op_set_shards(c, u->op, &u->op->shards_staged, (int)S,
                   TESSERA__V1__OPERATION__STATE__PREPARING);
@@ -665,7 +682,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     u.out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
     int rc = upd_plan(&u, err);
     if (rc == 0)
-        rc = upd_stage(&u, err);
+        rc = upd_stage(&u, STAGE_ALL, err);
     if (rc == 0)
         rc = upd_prepare(&u, err);
     if (rc == 0)
@@ -745,14 +762,43 @@ static void drain_wait(int64_t ms)
         ;
 }
 
+/* The catch-up of a move (stream lock held, after Prepare): the rounds logged since its
+ * chunk 0 (seq0) carried to newv by the new plan, the next version's directory rebuilt
+ * from the served one with every streamed write (routed by the new plan), and the
+ * groups' last seqs of newv installed (gseq: the staged ones on entry; the served
+ * version's on return, for the swap back when the flip fails). */
+static int upd_catch_up(upd *u, int64_t seq0, int64_t *gseq, tsr_error *err)
+{
+    tsr__coord *c = u->c;
+    tsr_metrics_update_phase("catch-up");
+    int rc = tsr__reshard_carry(c, (uint64_t)u->newv, u->p.ns, seq0, u->out, gseq, err);
+    if (rc)
+        return rc;
+    tsr__snap *view = tsr__stream_base(c, u->base);
+    if (view) /* the writes after seq0 are not in the plan's directory */
+        tsr__reshard_redir(u->p.ns, view, u->p.nshards);
+    tsr__stream_base_free(view);
+    tsr__stream_swap_group_seqs(c, gseq, u->p.nshards);
+    return 0;
+}
+
 /* One move (docs/resharding.md): add (addrs, n > 0: a new group appended) or remove group
- * rm; the plan of reshard.c, then the update's phases. Returns the final state. */
+ * rm; the plan of reshard.c, then the update's phases. Streamed writes wait only while it
+ * plans and sends every group's Stage chunk 0 (at seq S), and from its catch-up (the
+ * rounds after S carried to the new version) through its Commit fan-out; the read of the
+ * moved records, the rest of the staging and Prepare run with writes flowing on the
+ * served version ("Writes during a move"). Returns the final state. */
 static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int rm,
                        int64_t *version, tsr_error *err)
 {
-    upd u = {.c = c, .op = op, .fresh = -1};
+    upd u = {.c = c, .op = op, .fresh = -1, .catchup = 1};
     tsr_batch *b = tsr_xcalloc(1, sizeof *b);
-    tsr__stream_lock(c); /* streamed writes wait for the whole move (docs/resharding.md) */
+    tsr__reshard_moves *mv = NULL;
+    int64_t seq0 = 0, *gseq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *gseq);
+    int swapped = 0;
+    tsr__stream_lock(c); /* the plan and every chunk 0 at one seq S */
+    int locked = 1;
+    int64_t t0 = tsr_clock_mono_ms(), t1 = 0, t2 = 0;
     u.base = tsr__coord_snap_get(c);
     u.newv = (int64_t)u.base->version + 1;
     int rc = 0;
@@ -776,15 +822,37 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     pthread_mutex_unlock(&c->op_mu);
     tsr__snap *view = rc ? NULL : tsr__stream_base(c, u.base);
     if (!rc)
-        rc = tsr__reshard_plan(c, op, view ? view : u.base, rm, &u.p, b, err);
+        rc = tsr__reshard_plan(c, op, view ? view : u.base, rm, &u.p, &mv, err);
     tsr__stream_base_free(view);
     u.b = b;
+    if (rc == 0) {
+        seq0 = tsr__stream_last_seq(c);
+        for (size_t g = 0; g < u.p.nshards; g++) /* each group's staged seq (chunk 0) */
+            gseq[g] = (int)g == u.fresh ? 0 : tsr__stream_group_seq(c, g);
+        rc = upd_stage(&u, STAGE_HEAD, err);
+    }
+    if (rc == 0) {
+        tsr__stream_unlock(c); /* writes flow on the served version meanwhile */
+        locked = 0;
+        t1 = tsr_clock_mono_ms();
+        rc = tsr__reshard_read(c, op, u.base->version, mv, &u.p, b, 1, err);
+    }
     if (rc == 0)
-        rc = upd_stage(&u, err);
+        rc = upd_stage(&u, STAGE_REST, err);
     if (rc == 0)
         rc = upd_prepare(&u, err);
+    if (!locked) { /* the catch-up, the flip and the Commit fan-out: writes wait again */
+        tsr__stream_lock(c);
+        t2 = tsr_clock_mono_ms();
+    }
+    if (rc == 0 && (rc = upd_catch_up(&u, seq0, gseq, err)) == 0) {
+        swapped = 1;
+        tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
+    }
     if (rc == 0)
         rc = upd_flip(&u, err);
+    if (rc && swapped) /* the served version's seqs back */
+        tsr__stream_swap_group_seqs(c, gseq, u.p.nshards);
     if (rc == 0) {
         upd_commit(&u);
         *version = u.newv;
@@ -796,6 +864,13 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
         tsr__coord_group_retire(c, (size_t)u.fresh);
     upd_cleanup(&u, rc);
     tsr__stream_unlock(c);
+    if (t2) /* docs/resharding.md "Writes during a move": what streamed writes waited for */
+        tsr_info("reshard %s: streamed writes held %lld ms for the plan and chunk 0, then "
+                 "flowing %lld ms (read, staging, Prepare), held %lld ms from the catch-up "
+                 "through the Commit fan-out", op->id, (long long)(t1 - t0),
+                 (long long)(t2 - t1), (long long)(tsr_clock_mono_ms() - t2));
+    tsr__reshard_moves_free(mv);
+    free(gseq);
     if (rc == 0 && rm >= 0) {
         /* queries planned on the old version may still call it: drain, then retire */
         drain_wait(c->cfg.search_deadline_ms);

@@ -172,6 +172,11 @@ typedef struct tsr__version {
     uint64_t rec_anon, rec_mapped; /* bytes of recs[0..nrecs) (set once, by finish) */
     int64_t stream_seq;       /* the stream seq folded into this version (file "stream"
                                  of its directory; 0 without one) */
+    int catchup;              /* a prepared catch-up version (StageRequest.capture_delta):
+                                 takes Writes naming it into its own log (wal/v<N>.log,
+                                 created at its Prepare: the file marks it after a restart)
+                                 and does not stop Writes to the current version. Set
+                                 before the version is published, then read-only. */
     /* Streaming (the only mutable parts of a published version): */
     tsr__delta *delta;        /* ref or NULL (= empty); read and swapped under table_mu */
     tsr_filter_dict *dtags;   /* owned; crowding tags of delta records unknown to dict;
@@ -463,9 +468,16 @@ size_t tsr__shard_list(tsr__shard *s, tsr__held *out, size_t cap, int *staging_v
 
 /* ---- stream.c: streamed writes ---- */
 /* After the versions are loaded (tsr__shard_open): removes the logs of other versions
- * (older = folded, newer = impossible; logged), replays the current version's log into
- * its delta (a torn or corrupt tail logged and cut) and opens it for appending. */
+ * (older = folded, newer = impossible unless a held prepared version's: logged), replays
+ * the current version's log into its delta (a torn or corrupt tail logged and cut) and
+ * opens it for appending; a prepared version with a log is a catch-up version: its log is
+ * replayed into its delta the same way (not opened). */
 int tsr__stream_open(tsr__shard *s, tsr_error *err);
+/* Creates the empty log of a catch-up version about to be published as prepared (file
+ * and directory fsynced), or removes the log of a prepared version dropped (Abort, or a
+ * Commit of a newer one). Caller holds update_mu; the remove takes write_mu. */
+int tsr__stream_catchup_create(tsr__shard *s, int64_t version, tsr_error *err);
+void tsr__stream_catchup_remove(tsr__shard *s, int64_t version);
 void tsr__stream_close(tsr__shard *s);
 /* The fuzz harness fuzz_shard_wal only (the start-up replay without the rest of a shard
  * open): v (a loaded version with a template, borrowed; no Write, no reader, no other
@@ -478,7 +490,11 @@ int tsr__stream_replay_fresh(tsr__version *v, const char *path, uint64_t *nrec,
                              uint64_t *size, tsr_error *err);
 /* Write (service.c, on the worker pool): raw[0..len) is the request as received (logged
  * as is), rq its unpacked form. FAILED_PRECONDITION (TSR_ESTATE) for a version other than
- * the current one or while a prepared version waits, TSR_EINVAL naming the field. */
+ * the current one or while a prepared version waits, TSR_EINVAL naming the field.
+ * A prepared catch-up version (tsr__version.catchup) is the exception both ways: a Write
+ * naming it is appended to its own log (fdatasync'ed, under write_mu, no group commit:
+ * only the coordinator's catch-up sends them, one at a time) and applied to its delta;
+ * it does not stop Writes to the current version. */
 int tsr__shard_write(tsr__shard *s, const uint8_t *raw, size_t len,
                      const Tessera__V1__ShardWriteRequest *rq,
                      Tessera__V1__ShardWriteResponse *resp, tsr_error *err);

@@ -14,6 +14,14 @@
  * A failed fdatasync or apply leaves the log ahead of the delta: the shard then refuses
  * every further Write ("broken") until a restart replays the log.
  *
+ * Catch-up versions (update.c, StageRequest.capture_delta): a prepared version with a log
+ * of its own, wal/v<N+1>.log, created empty at its Prepare. Writes naming it are appended
+ * and fdatasync'ed one at a time under write_mu (its only writer is the coordinator's
+ * catch-up), then applied to its delta; Writes to the current version are not refused
+ * while it waits. Its Commit makes its log the current one (open_log appends to it); its
+ * Abort removes the log; at start-up a held prepared version with a log is replayed and
+ * marked a catch-up version again.
+ *
  * DESIGN (threads): Writes run on the rpc worker pool. write_mu guards the log and the
  * fields of tsr__shard marked so; a delta is published by one pointer swap under
  * table_mu (readers take their reference there). Lock order: update_mu, write_mu,
@@ -58,16 +66,32 @@ static void publish(tsr__shard *s, tsr__version *v, tsr__delta *nd)
     tsr__delta_unref(old);
 }
 
-/* A prepared version newer than the current one (a fold waiting for Commit or Abort). */
+/* A prepared version newer than the current one (a fold waiting for Commit or Abort);
+ * a catch-up version does not count: the writes it misses are the coordinator's to carry
+ * into it. */
 static int64_t prepared_pending(tsr__shard *s)
 {
     int64_t p = 0;
     pthread_mutex_lock(&s->table_mu);
     for (size_t i = 0; i < s->nheld; i++)
-        if (s->held[i].state == TSR__PREPARED && s->held[i].v->version > s->current->version)
+        if (s->held[i].state == TSR__PREPARED && s->held[i].v->version > s->current->version &&
+            !s->held[i].v->catchup)
             p = s->held[i].v->version;
     pthread_mutex_unlock(&s->table_mu);
     return p;
+}
+
+/* A ref to the prepared catch-up version `version` (newer than the current one), or NULL. */
+static tsr__version *catchup_version(tsr__shard *s, int64_t version)
+{
+    tsr__version *v = NULL;
+    pthread_mutex_lock(&s->table_mu);
+    for (size_t i = 0; i < s->nheld; i++)
+        if (s->held[i].v->version == version && s->held[i].state == TSR__PREPARED &&
+            s->held[i].v->catchup && version > s->current->version)
+            v = tsr__version_ref(s->held[i].v);
+    pthread_mutex_unlock(&s->table_mu);
+    return v;
 }
 
 /* Validates rq against version v (whole) and converts it: recs (n_upserts + 1 slots) and
@@ -169,6 +193,42 @@ out:
     return rc;
 }
 
+/* A Write naming the prepared catch-up version pv (caller holds write_mu, no pause
+ * pending, rq converted against pv): appended to pv's own log and fdatasync'ed right
+ * away (one caller, the coordinator's catch-up, one Write at a time: no group commit),
+ * then applied to pv's delta. A resend (seq at or below pv's applied seq) is
+ * acknowledged without being applied again. */
+static int write_catchup(tsr__shard *s, tsr__version *pv, const uint8_t *raw, size_t len,
+                         const Tessera__V1__ShardWriteRequest *rq, tsr__rec **recs,
+                         size_t nrecs, const int64_t *dels, tsr_error *err)
+{
+    if (rq->seq <= tsr__applied_seq(pv, pv->delta))
+        return 0;
+    char path[4200];
+    wal_path(s, pv->version, path, sizeof path);
+    tsr__wal w;
+    int rc = tsr__wal_open(&w, path, err);
+    if (rc == 0)
+        rc = tsr__wal_append(&w, raw, len, err);
+    if (rc == 0)
+        rc = tsr__wal_sync_fd(w.fd, path, err);
+    tsr__wal_close(&w);
+    if (rc != 0) {
+        /* the log may hold part of it or all of it: its outcome is known after a restart */
+        set_broken(s, err ? err->msg : "a failed append to a catch-up log");
+        return rc;
+    }
+    tsr__delta *nd = NULL;
+    if ((rc = tsr__delta_apply(pv, pv->delta, recs, nrecs, dels, rq->n_deletes, rq->seq, &nd,
+                               err)) != 0) {
+        set_broken(s, err ? err->msg : "apply failed");
+        return rc;
+    }
+    publish(s, pv, nd);
+    pthread_cond_broadcast(&s->write_cv);
+    return 0;
+}
+
 int tsr__shard_write(tsr__shard *s, const uint8_t *raw, size_t len,
                      const Tessera__V1__ShardWriteRequest *rq,
                      Tessera__V1__ShardWriteResponse *resp, tsr_error *err)
@@ -186,6 +246,28 @@ int tsr__shard_write(tsr__shard *s, const uint8_t *raw, size_t len,
     while (s->pausing)
         pthread_cond_wait(&s->write_cv, &s->write_mu);
     v = current(s);
+    if (rq->version != v->version) {
+        tsr__version *pv = catchup_version(s, rq->version);
+        if (pv != NULL) {
+            tsr__version_unref(v);
+            v = pv;
+            if ((rc = check_write(v, rq, recs, &nrecs, dels, err)) != 0)
+                goto out;
+            if (s->broken) {
+                rc = tsr_err(err, TSR_EIO, "ShardWriteRequest: the write-ahead log failed (%s): "
+                             "restart the shard", s->broken_msg);
+                goto out;
+            }
+            if ((rc = write_catchup(s, v, raw, len, rq, recs, nrecs, dels, err)) != 0)
+                goto out;
+            atomic_fetch_add(&s->writes, 1);
+            atomic_fetch_add(&s->write_records, (int64_t)(rq->n_upserts + rq->n_deletes));
+            tsr_metrics_counter_add("tessera_shard_stream_writes_total", NULL, 1);
+            tsr_metrics_counter_add("tessera_shard_stream_records_total", NULL,
+                                    (double)(rq->n_upserts + rq->n_deletes));
+            goto reply;
+        }
+    }
     if ((rc = check_write(v, rq, recs, &nrecs, dels, err)) != 0)
         goto out;
     int64_t p = prepared_pending(s);
@@ -219,6 +301,7 @@ int tsr__shard_write(tsr__shard *s, const uint8_t *raw, size_t len,
         tsr_metrics_counter_add("tessera_shard_stream_records_total", NULL,
                                 (double)(rq->n_upserts + rq->n_deletes));
     }
+reply:
     resp->applied_seq = tsr__applied_seq(v, v->delta);
     resp->delta_records = v->delta ? (int64_t)(v->delta->nrecs + v->delta->ndeletes) : 0;
 out:
@@ -301,8 +384,19 @@ int tsr__stream_replay_fresh(tsr__version *v, const char *path, uint64_t *nrec,
     return replay_log(v, path, nrec, size, err);
 }
 
-/* Removes every log but the current version's (older: folded; newer: cannot exist). */
-static void remove_other_logs(const char *wdir, int64_t cur)
+/* A held prepared version newer than cur (start-up: no other thread yet). */
+static tsr__version *held_prepared(tsr__shard *s, int64_t version)
+{
+    for (size_t i = 0; i < s->nheld; i++)
+        if (s->held[i].state == TSR__PREPARED && s->held[i].v->version == version &&
+            version > s->current->version)
+            return s->held[i].v;
+    return NULL;
+}
+
+/* Removes every log but the current version's and those of held prepared versions (the
+ * catch-up versions'; older: folded; any other newer one cannot exist). */
+static void remove_other_logs(tsr__shard *s, const char *wdir, int64_t cur)
 {
     DIR *dir = opendir(wdir);
     if (dir == NULL)
@@ -314,7 +408,7 @@ static void remove_other_logs(const char *wdir, int64_t cur)
         char tail[8];
         if (sscanf(de->d_name, "v%lld.%7s", &ver, tail) != 2 || strcmp(tail, "log") != 0)
             continue;
-        if (ver == cur)
+        if (ver == cur || held_prepared(s, ver) != NULL)
             continue;
         char path[4200 + 260];
         snprintf(path, sizeof path, "%s/%s", wdir, de->d_name);
@@ -365,7 +459,26 @@ int tsr__stream_open(tsr__shard *s, tsr_error *err)
     if (mkdir(wdir, 0755) != 0 && errno != EEXIST)
         return tsr_err(err, TSR_EIO, "%s: mkdir: %s", wdir, strerror(errno));
     tsr__version *v = s->current;
-    remove_other_logs(wdir, v->version);
+    remove_other_logs(s, wdir, v->version);
+    /* The catch-up versions first: prepared ones with a log (the Writes that carried the
+     * rounds they missed; Commit makes that log the current one). */
+    for (size_t i = 0; i < s->nheld; i++) {
+        tsr__version *pv = s->held[i].v;
+        struct stat sb;
+        if (s->held[i].state != TSR__PREPARED || pv->version <= v->version || pv->tmpl == NULL)
+            continue;
+        wal_path(s, pv->version, path, sizeof path);
+        if (stat(path, &sb) != 0)
+            continue;
+        uint64_t nrec = 0, size = 0;
+        int rc = replay_log(pv, path, &nrec, &size, err);
+        if (rc != 0)
+            return rc;
+        pv->catchup = 1;
+        tsr_info("%s: prepared catch-up version %lld: %llu writes replayed, applied seq %lld",
+                 path, (long long)pv->version, (unsigned long long)nrec,
+                 (long long)tsr__applied_seq(pv, pv->delta));
+    }
     if (v->tmpl != NULL) {
         uint64_t nrec = 0, size = 0;
         wal_path(s, v->version, path, sizeof path);
@@ -379,6 +492,35 @@ int tsr__stream_open(tsr__shard *s, tsr_error *err)
                      v->delta ? v->delta->nrecs + v->delta->ndeletes : 0);
     }
     return open_log(s, err);
+}
+
+int tsr__stream_catchup_create(tsr__shard *s, int64_t version, tsr_error *err)
+{
+    char path[4200], wdir[4200];
+    wal_path(s, version, path, sizeof path);
+    snprintf(wdir, sizeof wdir, "%s/wal", s->dir);
+    unlink(path); /* a leftover of an earlier Prepare of this number cannot be ours */
+    tsr__wal w;
+    int rc = tsr__wal_open(&w, path, err);
+    if (rc == 0)
+        rc = tsr__wal_sync_fd(w.fd, path, err);
+    tsr__wal_close(&w);
+    if (rc == 0)
+        rc = tsr_file_fsync_dir(wdir, err);
+    if (rc != 0)
+        unlink(path);
+    return rc;
+}
+
+void tsr__stream_catchup_remove(tsr__shard *s, int64_t version)
+{
+    char path[4200];
+    wal_path(s, version, path, sizeof path);
+    pthread_mutex_lock(&s->write_mu); /* no Write appends to it meanwhile */
+    if (unlink(path) != 0 && errno != ENOENT)
+        tsr_warn("%s: cannot remove the log of the dropped version %lld: %s", path,
+                 (long long)version, strerror(errno));
+    pthread_mutex_unlock(&s->write_mu);
 }
 
 void tsr__stream_close(tsr__shard *s)

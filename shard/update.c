@@ -18,6 +18,13 @@
  * temporary directories are removed (by common/store/store); older versions except the newest one below current
  * (kept as a fallback) are removed.
  *
+ * Catch-up versions (StageRequest.capture_delta, a reshard move: docs/resharding.md
+ * "Writes during a move"): chunk 0 keeps the base's delta snapshot whose applied seq it
+ * checked, Prepare folds that snapshot (not the base's delta of then), and the version is
+ * published prepared with an empty log of its own (stream.c): Writes to the current
+ * version are not refused meanwhile, and Writes naming the prepared version carry the
+ * rounds it missed. Without the field a staging behaves as before.
+ *
  * DESIGN (threads): update_mu serializes every update call (Stage/Prepare run on the
  * rpc worker pool; Commit/Abort/Release are short). table_mu guards `current` and
  * `held` and is held only to look up + ref, or to swap entries: no I/O, no building,
@@ -63,6 +70,9 @@ struct tsr__staging {
     uint64_t seq;
     int64_t total_ups, total_dels;
     int64_t stream_seq; /* the base's applied seq at chunk 0 (= base_stream_seq) */
+    int capture;        /* chunk 0's capture_delta: a catch-up version */
+    tsr__delta *captured; /* ref or NULL (= empty): capture only, the base's delta snapshot
+                             at stream_seq, the one Prepare folds */
 };
 
 static void staging_free(tsr__staging *st)
@@ -76,6 +86,7 @@ static void staging_free(tsr__staging *st)
     free(st->drop);
     free(st->own);
     tsr__version_unref(st->base);
+    tsr__delta_unref(st->captured);
     tsr__tmpl_unref(st->tmpl);
     free(st);
 }
@@ -346,13 +357,18 @@ static int stage_template(tsr__staging *st, const Tessera__V1__StageRequest *rq,
 /* The stream seq of a new staging: a base version's applied seq must be the
  * coordinator's base_stream_seq (its delta is folded into the new version); an empty
  * base (complete overwrite) keeps the larger of base_stream_seq and the current
- * version's applied seq, so that resends stay deduplicated. */
+ * version's applied seq, so that resends stay deduplicated. With capture_delta the delta
+ * snapshot whose seq was checked is kept (st->captured): the one Prepare folds. */
 static int stage_stream_seq(tsr__shard *s, tsr__staging *st, const Tessera__V1__StageRequest *rq,
                             tsr_error *err)
 {
     tsr__delta *d = NULL;
     tsr__version *v = tsr__shard_get_view(s, rq->base_version, &d);
     int64_t applied = v ? tsr__applied_seq(v, d) : 0;
+    if (st->capture && rq->base_version != 0 && applied == rq->base_stream_seq) {
+        st->captured = d; /* immutable (shard/delta.c): later Writes make new snapshots */
+        d = NULL;
+    }
     tsr__delta_unref(d);
     tsr__version_unref(v);
     if (rq->base_stream_seq < 0)
@@ -395,6 +411,7 @@ static int stage_begin(tsr__shard *s, const Tessera__V1__StageRequest *rq, int64
         return tsr_err(err, TSR_ENOMEM, "out of memory");
     st->version = rq->version;
     st->base_version = rq->base_version;
+    st->capture = rq->capture_delta != 0;
     if (rq->base_version == 0) {
         st->base = tsr__version_empty(err);
     } else {
@@ -580,11 +597,15 @@ static int make_edits(tsr__staging *st, tsr__edits *e, tsr_error *err)
 }
 
 /* The base's delta into the edit set (a non-empty base): its applied seq must still be
- * the one Stage checked (a write applied since would be lost by the fold). */
+ * the one Stage checked (a write applied since would be lost by the fold). A catch-up
+ * staging folds the snapshot captured at Stage instead: the writes after it stay the
+ * coordinator's to carry into the new version (Writes naming it, before its Commit). */
 static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_error *err)
 {
     if (st->base_version == 0)
         return 0;
+    if (st->capture)
+        return tsr__delta_empty(st->captured) ? 0 : tsr__delta_fold(st->captured, e, err);
     pthread_mutex_lock(&s->table_mu);
     tsr__delta *d = tsr__delta_ref(st->base->delta);
     pthread_mutex_unlock(&s->table_mu);
@@ -747,12 +768,22 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
     v->disk_bytes = total;
     if (total > 0) /* vd is the version's directory */
         tsr__version_map_vectors(v, vd);
+    if (st->capture) {
+        /* A catch-up version: its (empty) log marks it, also after a restart. */
+        if ((rc = tsr__stream_catchup_create(s, version, err)) != 0) {
+            tsr_store_remove(s->store, (uint64_t)version, NULL);
+            goto out;
+        }
+        v->catchup = 1;
+    }
     /* Publish as PREPARED with no Write in flight (write_mu): from here Writes are
-     * refused, and one applied during the build would be missing from it. */
+     * refused (but for a catch-up version), and one applied during the build would be
+     * missing from it. A catch-up version folded what Stage captured: the writes since
+     * are the coordinator's to carry into it. */
     tsr__stream_pause(s);
     pthread_mutex_lock(&s->table_mu);
     int64_t applied = tsr__applied_seq(st->base, st->base->delta);
-    int moved = st->base_version != 0 && applied != st->stream_seq;
+    int moved = st->base_version != 0 && !st->capture && applied != st->stream_seq;
     if (!moved)
         s->held[s->nheld++] = (tsr__held){v, TSR__PREPARED};
     pthread_mutex_unlock(&s->table_mu);
@@ -768,8 +799,9 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
     resp->ready = 1;
     resp->vectors_count = (int64_t)v->nvectors;
     resp->sparse_vectors_count = (int64_t)v->nsparse;
-    tsr_info("prepared version %lld: %zu vectors, %zu sparse (%llu bytes on disk)",
-             (long long)version, v->nvectors, v->nsparse, (unsigned long long)total);
+    tsr_info("prepared version %lld: %zu vectors, %zu sparse (%llu bytes on disk)%s",
+             (long long)version, v->nvectors, v->nsparse, (unsigned long long)total,
+             v->catchup ? ", a catch-up version (Writes naming it are taken)" : "");
     v = NULL;
     staging_free(s->staging);
     s->staging = NULL;
@@ -863,7 +895,7 @@ int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err)
     }
     tsr__version_unref(empty);
     tsr_info("committed version %lld (was %lld), applied stream seq %lld", (long long)version,
-             (long long)cur, (long long)s->current->stream_seq);
+             (long long)cur, (long long)tsr__applied_seq(s->current, s->current->delta));
     /* Prepared versions older than the new current can never be committed. */
     for (;;) {
         tsr__version *drop = NULL;
@@ -876,6 +908,8 @@ int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err)
         pthread_mutex_unlock(&s->table_mu);
         if (drop == NULL)
             break;
+        if (drop->catchup)
+            tsr__stream_catchup_remove(s, drop->version);
         tsr__version_unref(drop);
     }
     enforce_cap(s);
@@ -914,6 +948,8 @@ int tsr__shard_abort(tsr__shard *s, int64_t version, tsr_error *err)
     pthread_mutex_unlock(&s->table_mu);
     if (drop) {
         tsr_error e = TSR_ERROR_INIT;
+        if (drop->catchup)
+            tsr__stream_catchup_remove(s, version);
         if (tsr_store_remove(s->store, (uint64_t)version, &e) != 0)
             tsr_warn("Abort(%lld): cannot remove its directory: %s", (long long)version, e.msg);
         tsr_info("aborted prepared version %lld", (long long)version);

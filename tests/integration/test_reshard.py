@@ -15,6 +15,16 @@ during a move is refused ("update in progress"); GetIndexStats marks the removed
 removed group's shard is stopped and queries still answer. At the end: 0 failed writes and
 every acknowledged write readable; after a coordinator restart the groups come from the
 stored version (the new shard is still queried).
+The writer also replaces earlier streamed ids with another vector (often another list, so
+another label and group) and removes some, so the moves' catch-up (docs/resharding.md
+"Writes during a move": writes flow while the moved lists are read, staged and prepared,
+the rounds since are carried to the new version) is checked exactly: each replaced id
+reads back with its last vector, a removed one is gone, every label on one group. Each
+added shard's Prepare is slowed by SLOW_PREPARE_S (TSR_SHARD_SLOW_PREPARE_MS, the build of
+a large version; it stays in the index, so every later move has one slow Prepare too);
+each move prints the longest write call that overlapped it beside the move's duration and
+that wait must stay below SLOW_PREPARE_S: writes flow during Prepare (before the catch-up
+a write waited for the whole move, so at least that long).
 `make test-reshard-large` runs the issue's shape at a larger size (TSR_RESHARD_N,
 TSR_RESHARD_DIMS, TSR_RESHARD_NLIST, TSR_RESHARD_GROUPS=start,grown,shrunk,
 TSR_RESHARD_CLIENTS).
@@ -46,6 +56,9 @@ CLIENTS = int(os.environ.get("TSR_RESHARD_CLIENTS", "1"))
 # (every list) at the test's size, less at 1M where a full scan of 24 queries per call
 # outlasts the search deadline on a loaded 2-core machine
 FRACTION = float(os.environ.get("TSR_RESHARD_FRACTION", "1.0"))
+# every added shard's Prepare sleeps this long first (a large build); no write may wait
+# as long (writes flow during Prepare)
+SLOW_PREPARE_S = float(os.environ.get("TSR_RESHARD_SLOW_PREPARE_S", "3"))
 
 
 def lists_checker(shards, nlabels, expect=None, at_least=False):
@@ -176,22 +189,70 @@ def main():
                         st["diff"] += 1
                 st["ok"] += 1
 
-        wr = {"acked": [], "fail": [], "max_s": 0.0}
+        # acked: ids ever acknowledged; vec: id -> the base vector index of its last
+        # acknowledged upsert (+0.5), gone: ids whose last acknowledged write removed them;
+        # calls: (start, end) of every write call
+        wr = {"acked": [], "fail": [], "max_s": 0.0, "vec": {}, "gone": set(), "calls": []}
+
+        def timed(fn):
+            t0 = time.time()
+            try:
+                fn()
+                return True
+            except Exception as e:  # noqa: BLE001 - every failure counts
+                wr["fail"].append(str(e)[:300])
+                return False
+            finally:
+                t1 = time.time()
+                wr["calls"].append((t0, t1))
+                wr["max_s"] = max(wr["max_s"], t1 - t0)
 
         def writer():
-            i = 0
+            i, it = 0, 0
+            wrng = np.random.default_rng(7)
             while not stop.is_set():
                 ids, dps = stream_batch(tp, x, i, 20)
-                t0 = time.time()
-                try:
-                    cl.stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=dps),
-                                             timeout=60)
+                if timed(lambda: cl.stub.UpsertDatapoints(
+                        tp.UpsertDatapointsRequest(datapoints=dps), timeout=60)):
                     wr["acked"] += ids
-                except Exception as e:  # noqa: BLE001 - every failure counts
-                    wr["fail"].append(str(e)[:300])
-                wr["max_s"] = max(wr["max_s"], time.time() - t0)
+                    for j, did in enumerate(ids):
+                        wr["vec"][did] = (i + j) * 7 % len(x)
                 i += 20
+                it += 1
+                live_ids = sorted(wr["vec"])
+                if it % 2 == 0 and len(live_ids) > 40:
+                    # replace 6 earlier ids with another base vector (another list, often
+                    # another group: a new label), remove 2 others
+                    pick = [live_ids[k] for k in wrng.choice(len(live_ids), 8, replace=False)]
+                    rep_ids, rm_ids = pick[:6], pick[6:]
+                    ks = [int(wrng.integers(0, len(x))) for _ in rep_ids]
+                    rdps = []
+                    for did, k in zip(rep_ids, ks):
+                        p = tp.IndexDatapoint(datapoint_id=did)
+                        p.feature_vector.extend([float(v) for v in x[k] + 0.5])
+                        p.restricts.add(namespace="src", allow_list=["w"])
+                        rdps.append(p)
+                    if timed(lambda: cl.stub.UpsertDatapoints(
+                            tp.UpsertDatapointsRequest(datapoints=rdps), timeout=60)):
+                        for did, k in zip(rep_ids, ks):
+                            wr["vec"][did] = k
+                    if timed(lambda: cl.stub.RemoveDatapoints(
+                            tp.RemoveDatapointsRequest(datapoint_ids=rm_ids), timeout=60)):
+                        for did in rm_ids:
+                            del wr["vec"][did]
+                            wr["gone"].add(did)
                 time.sleep(0.02)
+
+        def held_line(opid):
+            """The coordinator's account of what streamed writes waited for in a move."""
+            for line in cl.coord.text().splitlines():
+                if opid in line and "streamed writes held" in line:
+                    return "  " + line.split("reshard %s: " % opid)[-1]
+            return "  (no 'streamed writes held' line for %s)" % opid
+
+        def waits_during(t0, t1):
+            """The longest write call that overlapped [t0, t1] (0 when none did)."""
+            return max([b - a for a, b in list(wr["calls"]) if b >= t0 and a <= t1] or [0.0])
 
         ths = [threading.Thread(target=client) for _ in range(CLIENTS)]
         for t in ths:
@@ -206,7 +267,8 @@ def main():
             first = True
             while len(groups) < GROW:
                 # grow: a fresh shard becomes the next group (the first one through the CLI)
-                s3 = sh.Shard(os.path.join(cl.root, "shard-new-%d" % len(extra)))
+                s3 = sh.Shard(os.path.join(cl.root, "shard-new-%d" % len(extra)),
+                              env={"TSR_SHARD_SLOW_PREPARE_MS": "%d" % (SLOW_PREPARE_S * 1000)})
                 extra.append(s3)
                 g = START + len(extra) - 1
                 t0 = time.time()
@@ -231,11 +293,17 @@ def main():
                 pg = op.progress
                 assert pg.lists_total > 0 and pg.lists_moved == pg.lists_total, pg
                 assert pg.datapoints_moved > 0 and pg.bytes_moved > 0, pg
-                print("add group %d: %d lists, %d datapoints, %d bytes moved in %.2fs" %
-                      (g, pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt))
+                wait = waits_during(t0, t0 + dt)
+                print("add group %d: %d lists, %d datapoints, %d bytes moved in %.2fs; longest "
+                      "write wait during it %.2fs" % (g, pg.lists_total, pg.datapoints_moved,
+                                                      pg.bytes_moved, dt, wait))
+                print(held_line(opid))
+                assert dt >= SLOW_PREPARE_S and wait < SLOW_PREPARE_S, \
+                    "a write waited %.2fs during a %.2fs move (Prepare %.1fs)" % (
+                        wait, dt, SLOW_PREPARE_S)
                 live.append(s3)
                 groups.append(g)
-                per = lists_checker([live[k] for k in groups], N + len(wr["acked"]) + 2000, N,
+                per = lists_checker([live[k] for k in groups], N + 2 * len(wr["acked"]) + 2000, N,
                                     at_least=True)
                 print("  datapoints per group:", per)
                 balanced(per)
@@ -272,10 +340,17 @@ def main():
                 version += 1
                 assert op.state == tp.Operation.SUCCEEDED and op.version == version, op
                 pg = op.progress
-                print("remove group %d: %d lists, %d datapoints, %d bytes moved in %.2fs" %
-                      (g, pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt))
+                wait = waits_during(t0, t0 + dt)
+                print("remove group %d: %d lists, %d datapoints, %d bytes moved in %.2fs; "
+                      "longest write wait during it %.2fs" %
+                      (g, pg.lists_total, pg.datapoints_moved, pg.bytes_moved, dt, wait))
+                print(held_line(r.operation_id))
+                if extra:  # a slow shard prepares in this move too
+                    assert dt >= SLOW_PREPARE_S and wait < SLOW_PREPARE_S, \
+                        "a write waited %.2fs during a %.2fs move (Prepare %.1fs)" % (
+                            wait, dt, SLOW_PREPARE_S)
                 groups.remove(g)
-                per = lists_checker([live[k] for k in groups], N + len(wr["acked"]) + 2000, N,
+                per = lists_checker([live[k] for k in groups], N + 2 * len(wr["acked"]) + 2000, N,
                                     at_least=True)
                 print("  datapoints per group:", per)
                 balanced(per)
@@ -304,16 +379,27 @@ def main():
         assert st["diff"] == 0, st["diff"]
         assert st["ok"] > 0
         print("streamed writes during the moves: %d acknowledged, %d failed, longest wait "
-              "%.2fs" % (len(wr["acked"]), len(wr["fail"]), wr["max_s"]))
+              "%.2fs (%d calls; %d ids replaced at least once, %d removed)" %
+              (len(wr["acked"]), len(wr["fail"]), wr["max_s"], len(wr["calls"]),
+               sum(1 for d, k in wr["vec"].items() if k != int(d[1:]) * 7 % len(x)),
+               len(wr["gone"])))
         assert not wr["fail"], wr["fail"][:3]
-        acked = wr["acked"]
-        assert len(acked) > 0
-        per = lists_checker([live[k] for k in groups], N + len(acked) + 2000, N + len(acked))
+        acked = sorted(wr["vec"])  # live at the end
+        assert len(acked) > 0 and wr["gone"]
+        per = lists_checker([live[k] for k in groups], N + len(wr["acked"]) * 2 + 2000,
+                            N + len(acked))
         balanced(per)
         for k in range(0, len(acked), 1000):
             r = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=acked[k:k + 1000]),
                                             timeout=30)
             assert len(r.datapoints) == len(acked[k:k + 1000]), "acknowledged writes missing"
+            for d in r.datapoints:  # the last acknowledged vector of each
+                want = x[wr["vec"][d.datapoint_id]] + 0.5
+                assert np.allclose(list(d.feature_vector), want, atol=1e-4), d.datapoint_id
+        gone = sorted(wr["gone"])
+        r = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=gone), timeout=30)
+        assert not r.datapoints, "removed ids still readable: %s" % \
+            [d.datapoint_id for d in r.datapoints][:5]
         # restart: the groups come from the stored version, not the config file
         cl.stop_coord()
         cl.start()

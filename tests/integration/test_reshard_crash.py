@@ -7,10 +7,14 @@ groups) or rolled back (same version, same groups), the shards converge to that 
 (reconcile), and the checker over the lists of every group (Shard.Read of every label on
 every shard, test_reshard.lists_checker) finds every datapoint exactly once. A rolled-back
 move is then retried and succeeds (the new shard's leftover staged version is aborted).
+Last, an add under streamed writes with the coordinator killed after its catch-up, before
+its flip (TSR_COORD_CRASH_AT=caught-up): rolled back with every acknowledged write
+readable, then retried under writes (docs/resharding.md "Writes during a move").
 One cluster runs the whole sequence (a few thousand vectors) to stay well under a minute.
 """
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -67,6 +71,56 @@ def move(cl, rq, crash=None):
     assert rc == 137, "coordinator exit %s, expected the crash hook's 137" % rc
     cl.start()
     return None
+
+
+def writer_start(cl, x, wr=None):
+    """A thread streaming upserts of new ids (20 per call) until writer_stop; wr["acked"]
+    the ids acknowledged, wr["n"] the ids sent (acknowledged or not: a call that fails
+    while the coordinator is down may or may not have been applied)."""
+    tp = ch.stubs()[0]
+    wr = wr or {"acked": [], "n": 0}
+    wr["stop"] = threading.Event()
+
+    def run():
+        while not wr["stop"].is_set():
+            ids = ["w%06d" % (wr["n"] + j) for j in range(20)]
+            dps = [tp.IndexDatapoint(datapoint_id=i, feature_vector=[float(v) for v in
+                                                                     x[k % N] + 0.5])
+                   for k, i in enumerate(ids, wr["n"])]
+            wr["n"] += 20
+            try:
+                cl.stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=dps),
+                                         timeout=30)
+                wr["acked"] += ids
+            except Exception:  # noqa: BLE001 - the coordinator may be down: unknown
+                time.sleep(0.1)
+            time.sleep(0.02)
+
+    wr["thread"] = threading.Thread(target=run)
+    wr["thread"].start()
+    return wr
+
+
+def writer_stop(wr):
+    wr["stop"].set()
+    wr["thread"].join()
+
+
+def check_writes(cl, live, wr, label, version):
+    """As check, with streamed writes: every acknowledged id readable, every label on at
+    most one live group and the batch's plus the acknowledged ones on exactly one."""
+    tp = ch.stubs()[0]
+    assert converge(cl, live) == version, label
+    acked = wr["acked"]
+    assert len(acked) > 0, "no write acknowledged"
+    for k in range(0, len(acked), 1000):
+        r = cl.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=acked[k:k + 1000]),
+                                        timeout=30)
+        assert len(r.datapoints) == len(acked[k:k + 1000]), "%s: acknowledged writes " \
+            "missing" % label
+    per = tr.lists_checker(live, N + wr["n"] + 100, N + len(acked), at_least=True)
+    print("%s: version %d, %d writes acknowledged, datapoints per live group %s" %
+          (label, version, len(acked), per))
 
 
 def main():
@@ -142,6 +196,29 @@ def main():
         st = cl.stats()
         assert [s.address for s in st.shards if not s.removed] == \
             [x.target for x in (s1, b, c, d, e)], st
+        # 8. writes flowing during an add (docs/resharding.md "Writes during a move"), the
+        #    coordinator killed after its catch-up, before its flip: rolled back with every
+        #    acknowledged write readable; retried under writes: complete, the same
+        f = sh.Shard(os.path.join(cl.root, "f"), env={"TSR_SHARD_SLOW_PREPARE_MS": "1500"})
+        extra.append(f)
+        wr = writer_start(cl, x)
+        time.sleep(0.5)
+        move(cl, tp.AddShardGroupRequest(replicas=[f.target]), crash="caught-up")
+        time.sleep(0.5)
+        writer_stop(wr)
+        check_writes(cl, [s1, b, c, d, e], wr, "add under writes, coordinator killed at "
+                     "caught-up", 8)
+        tr.holds_none([f], N + 3 * wr["n"], "the rolled-back add's shard")
+        wr = writer_start(cl, x, wr)
+        time.sleep(0.5)
+        op = move(cl, tp.AddShardGroupRequest(replicas=[f.target]))
+        assert op.state == tp.Operation.SUCCEEDED, op
+        time.sleep(0.5)
+        writer_stop(wr)
+        check_writes(cl, [s1, b, c, d, e, f], wr, "add under writes retried", 9)
+        carried = [ln for ln in cl.coord.text().splitlines() if "caught up on seqs" in ln]
+        assert carried, "the retried add carried no round (no 'caught up on seqs' line)"
+        print("  " + carried[-1].split("stream: ")[-1])
         print("test_reshard_crash: OK")
     finally:
         try:
