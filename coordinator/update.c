@@ -798,7 +798,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     int swapped = 0;
     tsr__stream_lock(c); /* the plan and every chunk 0 at one seq S */
     int locked = 1;
-    int64_t t0 = tsr_clock_mono_ms(), t1 = 0, t2 = 0;
+    int64_t t0 = tsr_clock_mono_ms(), t1 = 0, t2 = 0, t3 = 0, t4 = 0;
     u.base = tsr__coord_snap_get(c);
     u.newv = (int64_t)u.base->version + 1;
     int rc = 0;
@@ -849,8 +849,10 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
         swapped = 1;
         tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
     }
+    t3 = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_flip(&u, err);
+    t4 = tsr_clock_mono_ms();
     if (rc && swapped) /* the served version's seqs back */
         tsr__stream_swap_group_seqs(c, gseq, u.p.nshards);
     if (rc == 0) {
@@ -867,8 +869,10 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     if (t2) /* docs/resharding.md "Writes during a move": what streamed writes waited for */
         tsr_info("reshard %s: streamed writes held %lld ms for the plan and chunk 0, then "
                  "flowing %lld ms (read, staging, Prepare), held %lld ms from the catch-up "
-                 "through the Commit fan-out", op->id, (long long)(t1 - t0),
-                 (long long)(t2 - t1), (long long)(tsr_clock_mono_ms() - t2));
+                 "through the Commit fan-out (catch-up and directory %lld ms, flip %lld ms, "
+                 "Commit fan-out %lld ms)", op->id, (long long)(t1 - t0), (long long)(t2 - t1),
+                 (long long)(tsr_clock_mono_ms() - t2), (long long)(t3 - t2),
+                 (long long)(t4 - t3), (long long)(tsr_clock_mono_ms() - t4));
     tsr__reshard_moves_free(mv);
     free(gseq);
     if (rc == 0 && rm >= 0) {
