@@ -306,6 +306,8 @@ class Run:
             rq = self.tp.FindNeighborsRequest(queries=[ch.query(self.tp, v, 4, fraction=1.0)])
             first = rng.randint(0, 1)
             rec = {"type": "op", "op": "query", "q": q, "aim": aim[0] if aim else None}
+            if aim:
+                rec["aimv"] = v  # the checker's "served" rule compares it with the writes
             for c in (first, 1 - first):
                 rec.update(coord=c, start=self.now())
                 try:

@@ -29,6 +29,14 @@ Rules (each broken instance is one violation, listed):
             the removal did and before the query ended (on a coordinator other than the
             one that acknowledged the removal, a return within FOLLOWER_LAG_S of it is the
             known gap below: counted, not a violation);
+- served:   a query aimed at a streamed id with the vector of its last acknowledged upsert
+            (full probe, k = 4: the record itself is at distance 0) returns the id, unless
+            another write of that id (acknowledged or unknown, other than that upsert) started
+            before the query ended; a follower's miss within FOLLOWER_LAG_S of the upsert's
+            acknowledgement is the known gap below (counted). The query's vector is the
+            history's "aimv" (recorded since Dec 3); in older histories it is rebuilt from the
+            driver's window of the 50 latest upserted values, and a query is judged only when
+            that window held one value of the id at its start and no other 0.2 s before;
 - version:  every query is answered from one committed version: the reply's version is
             the base batch's, an acknowledged update's, one a write acknowledgement named or
             the final one (any version up to the final one when an update's outcome is
@@ -195,6 +203,8 @@ def check(meta, ops, faults, finals):
                             "returned %s, removed by %s" % (q["start"], q["end"], q["coord"],
                                                             q.get("version"), i, describe(r))))
 
+    served(ops, per_id, bad, notes)
+
     # ---- version, order
     batches = [o for o in writes if o["op"] == "batch"]
     ok_batches = [o for o in batches if o["outcome"] == "ok"]
@@ -242,6 +252,68 @@ def check(meta, ops, faults, finals):
                         "version %d" % (describe(w), w["version"], newer[0].get("k"),
                                         newer[0]["version"])))
     return bad, notes
+
+
+class Window:
+    """The driver's window (tests/chaos/chaos.py `recent`: the 50 latest upserted (id,
+    value) pairs, appended when a call ends) replayed forward in time: at(t) gives it as it
+    stood at t (t never decreasing between calls) as id -> set of values."""
+
+    def __init__(self, ups):
+        self.ups, self.j, self.window = ups, 0, []
+
+    def at(self, t):
+        while self.j < len(self.ups) and self.ups[self.j]["end"] < t:
+            o = self.ups[self.j]
+            self.window = (self.window + [(k, v[0]) for k, v in o["dps"].items()])[-50:]
+            self.j += 1
+        out = collections.defaultdict(set)
+        for k, v in self.window:
+            out[k].add(json.dumps(v))
+        return out
+
+
+def served(ops, per_id, bad, notes):
+    """The "served" rule (module docstring): an acknowledged upsert is answered."""
+    ups = sorted((o for o in ops if o["op"] == "upsert"), key=lambda o: o["end"])
+    now_w, before_w = Window(ups), Window(ups)
+    acked = collections.defaultdict(list)  # (id, value key) -> acknowledged upserts
+    for o in ups:
+        if o["outcome"] == "ok":
+            for k, v in o["dps"].items():
+                acked[(k, json.dumps(v[0]))].append(o)
+    for q in sorted((o for o in ops if o["op"] == "query"), key=lambda o: o["start"]):
+        i = q.get("aim")
+        if q["op"] != "query" or q["outcome"] != "ok" or not i or not i.startswith("w"):
+            continue
+        if "aimv" in q:
+            value = json.dumps(q["aimv"])
+        else:
+            now, before = now_w.at(q["start"]), before_w.at(q["start"] - 0.2)
+            if len(now[i]) != 1 or not before[i] <= now[i]:
+                notes["aimed queries not judged (older history, the vector is ambiguous)"] += 1
+                continue
+            value = next(iter(now[i]))
+        if i in q.get("ids", []):
+            continue
+        mine = [o for o in acked.get((i, value), []) if o["end"] < q["start"]]
+        if not mine:
+            continue
+        w = mine[-1]  # the latest acknowledged (ups is in end order)
+        hist = per_id.get(i, [])
+        others = [o for o, _ in hist if o is not w and o["outcome"] != "err"
+                  and o["start"] < q["end"] and (o["start"] > w["start"]
+                                                 or o["outcome"] == "unknown")]
+        if others:
+            continue
+        if q["coord"] != w.get("coord") and q["start"] - w["end"] < FOLLOWER_LAG_S:
+            notes["acknowledged upserts a follower missed within %.1f s of the "
+                   "acknowledgement (known gap, docs/reliability.md)" % FOLLOWER_LAG_S] += 1
+            continue
+        bad.append(("served", "query at %.3f-%.3f (coordinator %s, version %s) aimed at %s "
+                    "with the value of %s did not return it (returned %s)"
+                    % (q["start"], q["end"], q["coord"], q.get("version"), i, describe(w),
+                       ", ".join(q.get("ids", [])) or "nothing")))
 
 
 def last_ok_op(hist):

@@ -68,8 +68,23 @@ def main():
     o = copy.deepcopy(ops)
     o[2]["seq"] = 0                                                      # seq went back
     assert violations(o, fin)[0] == ["order"]
-    print("test_chaos_check: a clean history passes; final, whole, dup, removed, version and "
-          "order each fail on a history that breaks them")
+    # served: a query aimed at w0-000 with its acknowledged value must return it
+    aimed = dict(aim="w0-000", aimv=V1[0], version=1)
+    o = copy.deepcopy(ops) + [op("query", 3.2, 3.3, "ok", ids=["w0-000"], **aimed)]
+    assert violations(o, fin)[0] == [], violations(o, fin)
+    o = copy.deepcopy(ops) + [op("query", 3.2, 3.3, "ok", ids=["base-0"], **aimed)]
+    assert violations(o, fin)[0] == ["served"]
+    # ... unless another write of the id started before the query ended (here: unknown)
+    o = copy.deepcopy(ops) + [op("upsert", 3.15, 3.4, "unknown", writer=0, n=9,
+                                 dps={"w0-000": V2}),
+                              op("query", 3.2, 3.3, "ok", ids=["base-0"], **aimed)]
+    assert "served" not in violations(o, final({"w0-000": V2, "b1-00": V2}))[0]
+    # ... and a follower's miss within FOLLOWER_LAG_S is the counted gap, not a violation
+    o = copy.deepcopy(ops) + [op("query", 2.5, 2.6, "ok", ids=["base-0"], **aimed)]
+    o[-1]["coord"] = 1
+    assert violations(o, fin)[0] == []
+    print("test_chaos_check: a clean history passes; final, whole, dup, removed, served, "
+          "version and order each fail on a history that breaks them")
 
 
 if __name__ == "__main__":
