@@ -54,7 +54,10 @@ static void usage(FILE *f)
             "                  larger requests get RESOURCE_EXHAUSTED\n"
             "  --help          this text;  --version  the release\n"
             "Env: TSR_SHARD_CRASH_AT=prepare|commit makes the shard _exit(137) when that call\n"
-            "arrives; TSR_SHARD_SLOW_PREPARE_MS=N makes a Prepare sleep N ms first (tests only).\n");
+            "arrives; =catchup when a Write naming a prepared catch-up version arrives (a\n"
+            "move's catch-up), =catchup-logged once that Write is in the version's log (fsynced,\n"
+            "not yet applied nor acknowledged); TSR_SHARD_SLOW_PREPARE_MS=N makes a Prepare\n"
+            "sleep N ms first (tests only).\n");
 }
 
 int main(int argc, char **argv)

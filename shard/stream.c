@@ -193,6 +193,20 @@ out:
     return rc;
 }
 
+/* Test hook of tests/integration/test_reshard_crash.py (update.c has the same for
+ * prepare|commit; a copy, not a call: update.c calls into this file): with
+ * TSR_SHARD_CRASH_AT=catchup the shard _exit(137)s when a Write naming a prepared catch-up
+ * version arrives, with =catchup-logged once that Write is appended to the version's log
+ * and fdatasync'ed, before it is applied and acknowledged; as a kill -9 there would. */
+static void crash_point(const char *step)
+{
+    const char *at = getenv("TSR_SHARD_CRASH_AT");
+    if (at && strcmp(at, step) == 0) {
+        tsr_warn("TSR_SHARD_CRASH_AT=%s: exiting with 137 (test hook)", step);
+        _exit(137);
+    }
+}
+
 /* A Write naming the prepared catch-up version pv (caller holds write_mu, no pause
  * pending, rq converted against pv): appended to pv's own log and fdatasync'ed right
  * away (one caller, the coordinator's catch-up, one Write at a time: no group commit),
@@ -213,6 +227,8 @@ static int write_catchup(tsr__shard *s, tsr__version *pv, const uint8_t *raw, si
     if (rc == 0)
         rc = tsr__wal_sync_fd(w.fd, path, err);
     tsr__wal_close(&w);
+    if (rc == 0)
+        crash_point("catchup-logged"); /* test hook: durable, not acknowledged */
     if (rc != 0) {
         /* the log may hold part of it or all of it: its outcome is known after a restart */
         set_broken(s, err ? err->msg : "a failed append to a catch-up log");
@@ -249,6 +265,7 @@ int tsr__shard_write(tsr__shard *s, const uint8_t *raw, size_t len,
     if (rq->version != v->version) {
         tsr__version *pv = catchup_version(s, rq->version);
         if (pv != NULL) {
+            crash_point("catchup"); /* test hook: on arrival, nothing logged */
             tsr__version_unref(v);
             v = pv;
             if ((rc = check_write(v, rq, recs, &nrecs, dels, err)) != 0)

@@ -624,7 +624,7 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
 
 /* Test hook of the crash tests (tests/integration/test_reshard_crash.py): with
  * TSR_SHARD_CRASH_AT=prepare|commit the shard _exit(137)s when that call arrives, as a
- * kill -9 at that step would. */
+ * kill -9 at that step would (catchup|catchup-logged: stream.c's copy of this hook). */
 static void crash_point(const char *step)
 {
     const char *at = getenv("TSR_SHARD_CRASH_AT");

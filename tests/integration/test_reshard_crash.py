@@ -10,6 +10,13 @@ move is then retried and succeeds (the new shard's leftover staged version is ab
 Last, an add under streamed writes with the coordinator killed after its catch-up, before
 its flip (TSR_COORD_CRASH_AT=caught-up): rolled back with every acknowledged write
 readable, then retried under writes (docs/resharding.md "Writes during a move").
+Then an add under streamed writes whose RECEIVING shard dies at its catch-up Write
+(TSR_SHARD_CRASH_AT=catchup: on the Write's arrival; restarted, =catchup-logged: once the
+Write is in its catch-up log, fsynced, not acknowledged): the move fails and rolls back
+each time (the version stays, every acknowledged write readable, every label on exactly
+one live group); the restarted shard holds its prepared catch-up version (the log
+replayed), which the retried add aborts; restarted without the hook, the add retried under
+writes succeeds, the same checks.
 One cluster runs the whole sequence (a few thousand vectors) to stay well under a minute.
 """
 import os
@@ -71,6 +78,18 @@ def move(cl, rq, crash=None):
     assert rc == 137, "coordinator exit %s, expected the crash hook's 137" % rc
     cl.start()
     return None
+
+
+def restart_shard(old, env=None, timeout=15):
+    """sh.restart with env (a test hook for the restarted process, or None)."""
+    t0 = time.time()
+    while True:
+        try:
+            return sh.Shard(old.data, extra=["--listen", old.target], env=env)
+        except RuntimeError:
+            if time.time() - t0 > timeout:
+                raise
+            time.sleep(0.2)  # the port may take a moment to be free again
 
 
 def writer_start(cl, x, wr=None):
@@ -218,6 +237,59 @@ def main():
         check_writes(cl, [s1, b, c, d, e, f], wr, "add under writes retried", 9)
         carried = [ln for ln in cl.coord.text().splitlines() if "caught up on seqs" in ln]
         assert carried, "the retried add carried no round (no 'caught up on seqs' line)"
+        print("  " + carried[-1].split("stream: ")[-1])
+        # 9. writes flowing during an add whose receiving shard dies at its catch-up Write:
+        #    first on the Write's arrival (catchup), then, restarted, once the Write is in its
+        #    catch-up log (catchup-logged): each time the move fails and rolls back (version
+        #    9 stays, every acknowledged write readable, every label on one live group) and
+        #    the restarted shard holds its prepared catch-up version 10 (its log replayed:
+        #    0 Writes, then 1), which the next add aborts first; restarted without the hook,
+        #    the add under writes succeeds.
+        sp = sh.stubs()[0]
+        live = [s1, b, c, d, e, f]
+        slow = {"TSR_SHARD_SLOW_PREPARE_MS": "1500"}
+        g = sh.Shard(os.path.join(cl.root, "g"), env=dict(slow, TSR_SHARD_CRASH_AT="catchup"))
+        extra.append(g)
+        n_carried = len(carried)
+        for hook, replayed in (("catchup", None), ("catchup-logged", 0), (None, 1)):
+            t0 = time.time()
+            if replayed is not None:  # the shard restarted after the last try's crash
+                g = restart_shard(g, dict(slow, TSR_SHARD_CRASH_AT=hook) if hook else slow)
+                extra.append(g)
+                held = {(v.version, v.state) for v in
+                        g.stub.Stats(sp.ShardStatsRequest(), timeout=10).versions}
+                assert (10, sp.ShardVersion.PREPARED) in held, held
+                want = "prepared catch-up version 10: %d writes replayed" % replayed
+                assert want in g.text(), (want, g.text()[-2000:])
+                tr.holds_none([g], N + 3 * wr["n"], "the restarted shard of a failed add")
+            wr = writer_start(cl, x, wr)
+            time.sleep(0.5)
+            op = move(cl, tp.AddShardGroupRequest(replicas=[g.target]))
+            time.sleep(0.5)
+            writer_stop(wr)
+            if hook:
+                assert op.state == tp.Operation.FAILED, op
+                assert g.proc.wait(30) == 137, g.text()[-2000:]
+                assert "TSR_SHARD_CRASH_AT=%s: exiting" % hook in g.text()
+                g.kill()
+                check_writes(cl, live, wr, "add under writes, receiving shard killed at %s "
+                             "(%.1fs)" % (hook, time.time() - t0), 9)
+                st = cl.stats()
+                assert [s.address for s in st.shards if not s.removed] == \
+                    [x.target for x in live], st
+            else:
+                assert op.state == tp.Operation.SUCCEEDED, op
+                check_writes(cl, live + [g], wr, "add under writes retried after the shard "
+                             "restarts (%.1fs)" % (time.time() - t0), 10)
+        # the retried adds aborted the leftover first (the coordinator says so), the shard
+        # did, and the successful one carried rounds to the new shard's catch-up version
+        coord_log = cl.coord.text()
+        aborted = coord_log.count("new group replica %s: leftover version 10 aborted"
+                                  % g.target)
+        assert aborted == 2, "leftover version 10 aborted %d times, want 2" % aborted
+        assert "aborted prepared version 10" in g.text(), g.text()[-2000:]
+        carried = [ln for ln in coord_log.splitlines() if "caught up on seqs" in ln]
+        assert len(carried) > n_carried, "the last add carried no round"
         print("  " + carried[-1].split("stream: ")[-1])
         print("test_reshard_crash: OK")
     finally:

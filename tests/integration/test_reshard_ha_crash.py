@@ -18,7 +18,16 @@ safety"): etcd x1, two coordinators with --etcd (TTL 4 s), 2 shard groups of 1 r
    succeeds;
 6. add, the receiving shard killed at its Commit: the move stands, the leader's reconcile
    commits it on the restarted shard;
-7. remove of group 2, the leader killed at "committed": complete.
+7. remove of group 2, the leader killed at "committed": complete;
+8. add under streamed writes (a writer thread on both coordinators, the follower refuses
+   naming the leader) run by the leader, the FOLLOWER killed (kill -9) while the added
+   shard's Prepare runs (slowed 3 s): the move completes; the follower restarted serves
+   the new version with the same groups and every acknowledged write;
+9. add under streamed writes (the added shard's Prepare slowed 1.5 s so that rounds
+   accumulate), the leader killed at "caught-up" (its catch-up sent to N+1, before the etcd
+   commit): rolled back, every acknowledged write readable on both coordinators; retried
+   on the new leader under writes, it succeeds (the catch-up of docs/resharding.md "Writes
+   during a move").
 The crashing leader alternates between the two coordinators. After each step: etcd holds
 the version the step must leave (N+1 past the commit transaction, N before it); both
 coordinators (the killed one restarted without the hook) serve that version with the same
@@ -26,12 +35,16 @@ groups, the expected ones (GetIndexStats shards and removed marks); every live s
 it; every label is on exactly one live group (test_reshard.lists_checker: Shard.Read of
 every label on every shard) and a rolled-back add's shard holds none; the index counts the
 N vectors; queries answer on both coordinators with the answers of before the moves (every
-list probed with PQ distances: the answer does not depend on the plan).
+list probed with PQ distances: the answer does not depend on the plan). With streamed writes
+(8, 9) the same, counting the acknowledged writes (each labelled once, readable on both
+coordinators, the index between N + acknowledged and N + sent), the queries denying the
+writes' restrict.
 Exit 77 only when etcd is not installed.
 """
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -93,6 +106,52 @@ class Run:
               "group %s, queries answered on both (%.1fs)"
               % (label, self.version, len(self.groups), len(self.live), per, dt))
 
+    def check_writes(self, label, t0, wr, out_of_index=()):
+        """check() under streamed writes (wr: writer_start's, stopped): every acknowledged
+        write readable on both coordinators, every label at most once and the batch's plus
+        the acknowledged ones exactly once, the query answers (denying the writes) as
+        before."""
+        cl = self.cl
+        tp = ch.stubs()[0]
+        if not all(c.alive() for c in cl.coords):
+            rh.settled(cl, self.live, self.version)
+            for c in cl.coords:
+                if not c.alive():
+                    rh.start(c)
+        got = rh.settled(cl, self.live, self.version)
+        assert got == self.groups, (label, got)
+        acked = wr["acked"]
+        assert acked, "no write acknowledged"
+        top = N + 2 * wr["sent"] + 2000  # labels: one per upsert tried, and some slack
+        per = tr.lists_checker(self.live, top, N + len(acked), at_least=True)
+        tr.holds_none(out_of_index, top, label)
+        for c in cl.coords:  # a follower reads the leader's mirrored rounds: a moment
+            t_end = time.time() + 10
+            while True:
+                n = 0
+                for k in range(0, len(acked), 1000):
+                    r = c.stub.ReadIndexDatapoints(
+                        tp.ReadIndexDatapointsRequest(ids=acked[k:k + 1000]), timeout=30)
+                    n += len(r.datapoints)
+                count = c.stats().vectors_count
+                ok = n == len(acked) and N + len(acked) <= count <= N + wr["sent"]
+                if ok or time.time() > t_end:
+                    break
+                time.sleep(0.2)
+            assert ok, "%s on %s: %d of %d acknowledged writes readable, %d vectors (want " \
+                "%d..%d)" % (label, c.target, n, len(acked), count, N + len(acked),
+                             N + wr["sent"])
+            r = c.stub.FindNeighbors(self.rq_w, timeout=30).nearest_neighbors
+            assert all(tr.same_answer(p, q) for p, q in zip(r, self.before_w)), \
+                (label, c.target)
+        dt = time.time() - t0
+        self.timings.append((label, dt))
+        print("%s: version %d on both coordinators, %d groups (%d live), %d writes "
+              "acknowledged of %d sent (%d calls failed, longest wait %.2fs), datapoints per "
+              "live group %s, queries answered on both (%.1fs)"
+              % (label, self.version, len(self.groups), len(self.live), len(acked),
+                 wr["sent"], wr["failed"], wr["max_s"], per, dt))
+
     def arm(self, crasher, step):
         """crasher becomes the leader with TSR_COORD_CRASH_AT=step; the other one runs
         without the hook, as a follower."""
@@ -104,11 +163,14 @@ class Run:
         rh.start(other)
         self.cl.wait_version(self.version, timeout=30)
 
-    def leader_crash(self, crasher, step, kind, group, completes):
+    def leader_crash(self, crasher, step, kind, group, completes, armed=None):
         """`tessera shards KIND --group GROUP` run by crasher as the leader, which _exit(137)s
-        at step. Returns the CLI's (rc, out, err)."""
+        at step (armed(), when given, is called once it leads). Returns the CLI's (rc, out,
+        err)."""
         cl = self.cl
         self.arm(crasher, step)
+        if armed:
+            armed()
         other = self.other(crasher)
         t0 = time.time()
         rc, out, err = rh.tessera("shards", kind, "--target", other.target + "," +
@@ -139,6 +201,48 @@ class Run:
         return "exit %d (%s)" % (rc, lines[-1][:90] if lines else "")
 
 
+def writer_start(cl, x, wr):
+    """A thread streaming upserts of new ids (test_reshard.stream_batch: 10 per call,
+    restricted src=w) to the coordinators in turn until the leader takes them (a follower
+    refuses naming the leader); wr["acked"] the ids acknowledged, wr["sent"] the ids sent
+    (a call that failed may or may not have been applied), wr["failed"] the failed calls,
+    wr["max_s"] the longest call. Stopped by writer_stop."""
+    tp = ch.stubs()[0]
+    wr["stop"] = threading.Event()
+
+    def run():
+        while not wr["stop"].is_set():
+            ids, dps = tr.stream_batch(tp, x, wr["sent"], 10)
+            wr["sent"] += 10
+            t0 = time.time()
+            ok = False
+            for c in cl.coords:
+                if not c.alive():
+                    continue
+                try:
+                    c.stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=dps),
+                                            timeout=30)
+                    ok = True
+                    break
+                except Exception:  # noqa: BLE001 - a follower, or a leader dying: unknown
+                    pass
+            wr["max_s"] = max(wr["max_s"], time.time() - t0)
+            if ok:
+                wr["acked"] += ids
+            else:
+                wr["failed"] += 1
+                time.sleep(0.2)
+            time.sleep(0.03)
+
+    wr["thread"] = threading.Thread(target=run)
+    wr["thread"].start()
+
+
+def writer_stop(wr):
+    wr["stop"].set()
+    wr["thread"].join()
+
+
 def main():
     eh.skip_without_etcd()
     tp = ch.stubs()[0]
@@ -161,6 +265,11 @@ def main():
                                               for v in qv])
         before = leader.stub.FindNeighbors(rq, timeout=30).nearest_neighbors
         run = Run(cl, rq, before)
+        # the queries of steps 8 and 9, denying the streamed writes' restrict
+        run.rq_w = tp.FindNeighborsRequest(queries=[
+            ch.query(tp, v, 10, cand=0, fraction=1.0, restricts=[("src", [], ["w"])])
+            for v in qv])
+        run.before_w = leader.stub.FindNeighbors(run.rq_w, timeout=30).nearest_neighbors
         a, b = cl.coords
 
         def new_shard(name, env=None):
@@ -256,6 +365,71 @@ def main():
                   % run.cli_line(*cli), t0)
         assert run.version == 8, run.version
         assert [g[0] for g in run.groups if not g[1]] == [s.target for s in (s3, s4, s5)]
+
+        # 8. add under streamed writes run by the leader, the follower killed -9 while the
+        #    added shard's Prepare sleeps: the move completes; the follower, restarted,
+        #    serves the new version with the same groups and every acknowledged write
+        wr = {"acked": [], "sent": 0, "failed": 0, "max_s": 0.0}
+        lead = cl.leader(timeout=TTL + 15)
+        foll = run.other(lead)
+        s6 = new_shard("shard-new-6", env={"TSR_SHARD_SLOW_PREPARE_MS": "3000"})
+        writer_start(cl, x, wr)
+        time.sleep(0.5)
+        t0 = time.time()
+        res = {}
+        cli_th = threading.Thread(target=lambda: res.update(out=rh.tessera(
+            "shards", "add", "--target", foll.target + "," + lead.target, "--group",
+            s6.target, "--timeout-s", "60")))
+        cli_th.start()
+        t_end = time.time() + 30
+        while "Prepare sleeps first" not in s6.text():
+            assert time.time() < t_end and cli_th.is_alive(), \
+                ("the add did not reach the new shard's Prepare", res, cl.logs())
+            time.sleep(0.05)
+        foll.kill()  # SIGKILL, in the middle of the leader's move
+        cli_th.join(90)
+        time.sleep(0.5)
+        writer_stop(wr)
+        rc, out, err = res["out"]
+        assert rc == 0 and "succeeded: version %d" % (run.version + 1) in out, \
+            (rc, out, err, cl.logs())
+        assert cl.leader(timeout=TTL + 15) is lead
+        run.version += 1
+        run.groups.append((s6.target, False))
+        run.live.append(s6)
+        run.check_writes("add under writes, follower killed -9 during the move: complete, "
+                         "the follower restarted on it", t0, wr)
+
+        # 9. add under streamed writes, the leader killed at caught-up (after its catch-up,
+        #    before the etcd commit): rolled back with every acknowledged write; retried on
+        #    the new leader under writes, it succeeds
+        s7 = new_shard("shard-new-7", env={"TSR_SHARD_SLOW_PREPARE_MS": "1500"})
+
+        def writes_flowing():
+            writer_start(cl, x, wr)
+            time.sleep(0.5)
+
+        crasher = foll
+        t0, *cli = run.leader_crash(crasher, "caught-up", "add", s7.target, completes=False,
+                                    armed=writes_flowing)
+        time.sleep(0.5)
+        writer_stop(wr)
+        assert "caught up on seqs" in crasher.proc.text(), "the killed leader carried no round"
+        run.check_writes("add under writes, leader killed at caught-up: rolled back, CLI %s"
+                         % run.cli_line(*cli), t0, wr, out_of_index=[s7])
+        writer_start(cl, x, wr)
+        time.sleep(0.5)
+        t0 = plain("add", s7.target, "add under writes retried")
+        time.sleep(0.5)
+        writer_stop(wr)
+        lead = cl.leader(timeout=TTL + 15)
+        assert lead is run.other(crasher), "the leader changed during the retried add"
+        assert "leftover version 10 aborted" in lead.proc.text(), lead.proc.text()[-3000:]
+        assert "caught up on seqs" in lead.proc.text(), "the retried add carried no round"
+        run.groups.append((s7.target, False))
+        run.live.append(s7)
+        run.check_writes("add under writes retried on the new leader: succeeded", t0, wr)
+        assert run.version == 10, run.version
         print("test_reshard_ha_crash: OK (%.1fs)" % (time.time() - t_all))
     finally:
         cl.stop()
