@@ -301,6 +301,7 @@ def served(ops, per_id, bad, notes):
             continue
         w = mine[-1]  # the latest acknowledged (ups is in end order)
         hist = per_id.get(i, [])
+        notes["aimed queries the served rule judged"] += 1
         others = [o for o, _ in hist if o is not w and o["outcome"] != "err"
                   and o["start"] < q["end"] and (o["start"] > w["start"]
                                                  or o["outcome"] == "unknown")]
