@@ -50,6 +50,7 @@ an update acknowledged before they started (a follower moves to a new version wh
 watch sees it, docs/ha.md), and unknown writes that took effect after a later acknowledged
 write of the same id.
 """
+import bisect
 import collections
 import json
 import sys
@@ -179,21 +180,31 @@ def check(meta, ops, faults, finals):
             bad.append(("whole", "%s: an unknown write shows on %d of its ids and not on %d"
                         % (describe(o), applied, missing)))
 
-    # ---- removed
+    # ---- removed (per id: the acknowledged removes by end, the writes that put a value by
+    # start, the first start of an unknown one; bisect per query, as the history is long)
+    rem_by_end, put_starts, unk_first = {}, {}, {}
+    for i, hist in per_id.items():
+        rems = sorted((o for o, v in hist if v is ABSENT and o["outcome"] == "ok"
+                       and o["op"] == "remove"), key=lambda o: o["end"])
+        rem_by_end[i] = ([o["end"] for o in rems], rems)
+        puts = [o for o, v in hist if v is not ABSENT and o["outcome"] != "err"]
+        put_starts[i] = sorted(o["start"] for o in puts)
+        unk_first[i] = min([o["start"] for o in puts if o["outcome"] == "unknown"] or
+                           [float("inf")])
     for q in ops:
         if q["op"] != "query" or q["outcome"] != "ok":
             continue
         for i in q.get("ids", []):
-            if not i.startswith("w"):
+            if not i.startswith("w") or i not in rem_by_end:
                 continue
-            rems = [o for o, v in per_id.get(i, []) if v is ABSENT and o["outcome"] == "ok"
-                    and o["op"] == "remove" and o["end"] < q["start"]]
-            if not rems:
+            ends, rems = rem_by_end[i]
+            k = bisect.bisect_left(ends, q["start"])  # the removes that ended before it
+            if k == 0:
                 continue
-            r = max(rems, key=lambda o: o["end"])
-            again = [o for o, v in per_id[i] if v is not ABSENT and o["outcome"] != "err"
-                     and o["start"] < q["end"] and (o["start"] > r["start"]
-                                                    or o["outcome"] == "unknown")]
+            r = rems[k - 1]  # the latest of them
+            starts = put_starts[i]
+            j = bisect.bisect_right(starts, r["start"])
+            again = unk_first[i] < q["end"] or (j < len(starts) and starts[j] < q["end"])
             if not again and q["coord"] != r.get("coord") and \
                     q["start"] - r["end"] < FOLLOWER_LAG_S:
                 notes["removed ids a follower returned within %.1f s of the removal "
@@ -265,11 +276,12 @@ class Window:
     def at(self, t):
         while self.j < len(self.ups) and self.ups[self.j]["end"] < t:
             o = self.ups[self.j]
-            self.window = (self.window + [(k, v[0]) for k, v in o["dps"].items()])[-50:]
+            self.window = (self.window + [(k, json.dumps(v[0]))
+                                          for k, v in o["dps"].items()])[-50:]
             self.j += 1
         out = collections.defaultdict(set)
         for k, v in self.window:
-            out[k].add(json.dumps(v))
+            out[k].add(v)
         return out
 
 
