@@ -54,7 +54,7 @@ static void usage(FILE *f)
             "                  larger requests get RESOURCE_EXHAUSTED\n"
             "  --help          this text;  --version  the release\n"
             "Env: TSR_SHARD_CRASH_AT=prepare|commit makes the shard _exit(137) when that call\n"
-            "arrives; =catchup when a Write naming a prepared catch-up version arrives (a\n"
+            "arrives; =stage when a Stage chunk after chunk 0 arrives; =catchup when a Write naming a prepared catch-up version arrives (a\n"
             "move's catch-up), =catchup-logged once that Write is in the version's log (fsynced,\n"
             "not yet applied nor acknowledged); TSR_SHARD_SLOW_PREPARE_MS=N makes a Prepare\n"
             "sleep N ms first (tests only).\n");

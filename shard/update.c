@@ -508,6 +508,8 @@ static int stage_apply(tsr__staging *st, const Tessera__V1__StageRequest *rq,
     return 0;
 }
 
+static void crash_point(const char *step); /* test hook, below */
+
 int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
                      Tessera__V1__StageResponse *resp, tsr_error *err)
 {
@@ -515,6 +517,8 @@ int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
     tsr__rec **recs = NULL;
     size_t nrecs = 0;
     int64_t cur = 0;
+    if (rq->chunk > 0)
+        crash_point("stage"); /* test hook: in the middle of a staging */
     pthread_mutex_lock(&s->update_mu);
     tsr__staging *st = s->staging;
     if ((rc = stage_check_version(s, rq, &cur, err)) != 0)
@@ -624,7 +628,9 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
 
 /* Test hook of the crash tests (tests/integration/test_reshard_crash.py): with
  * TSR_SHARD_CRASH_AT=prepare|commit the shard _exit(137)s when that call arrives, as a
- * kill -9 at that step would (catchup|catchup-logged: stream.c's copy of this hook). */
+ * kill -9 at that step would; =stage when a Stage chunk after chunk 0 arrives (in the
+ * middle of a staging: chunk 0 staged, the rest not); catchup|catchup-logged: stream.c's
+ * copy of this hook. */
 static void crash_point(const char *step)
 {
     const char *at = getenv("TSR_SHARD_CRASH_AT");

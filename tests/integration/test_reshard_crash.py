@@ -1,7 +1,8 @@
 """Crash safety of a move (issue 19, "what must be true" 2): kill -9 of the leader
 coordinator at each step of AddShardGroup and of RemoveShardGroup (TSR_COORD_CRASH_AT=staged,
 prepared, flipped, committed: the process _exit(137)s there, as a kill -9 would) and of
-the receiving shard (TSR_SHARD_CRASH_AT=prepare, commit). After each, the restarted
+the receiving shard (TSR_SHARD_CRASH_AT=stage: a Stage chunk after chunk 0, in the middle
+of its staging; prepare; commit). After each, the restarted
 coordinator's committed version decides: the move is complete (version + 1, the new
 groups) or rolled back (same version, same groups), the shards converge to that version
 (reconcile), and the checker over the lists of every group (Shard.Read of every label on
@@ -174,15 +175,21 @@ def main():
         extra.append(b)
         move(cl, tp.AddShardGroupRequest(replicas=[b.target]), crash="committed")
         assert check(cl, [s0, s1, b], [], "add, coordinator killed at committed") == 4
-        # 5. the receiving shard dies at Prepare: the move fails, nothing changes; restarted,
-        #    the add is retried
-        c = sh.Shard(os.path.join(cl.root, "c"), env={"TSR_SHARD_CRASH_AT": "prepare"})
+        # 5. the receiving shard dies in the middle of its staging (a Stage chunk after chunk
+        #    0: its partial staging left on disk), then, restarted, at Prepare: the move
+        #    fails each time, nothing changes; restarted without a hook, the add is retried
+        c = sh.Shard(os.path.join(cl.root, "c"), env={"TSR_SHARD_CRASH_AT": "stage"})
         extra.append(c)
-        op = move(cl, tp.AddShardGroupRequest(replicas=[c.target]))
-        assert op.state == tp.Operation.FAILED, op
-        assert c.proc.wait(30) == 137
-        c.kill()
-        assert check(cl, [s0, s1, b], [], "add, receiving shard killed at prepare") == 4
+        for hook in ("stage", "prepare"):
+            if hook != "stage":
+                c = restart_shard(c, {"TSR_SHARD_CRASH_AT": hook})
+                extra.append(c)
+            op = move(cl, tp.AddShardGroupRequest(replicas=[c.target]))
+            assert op.state == tp.Operation.FAILED, op
+            assert c.proc.wait(30) == 137
+            assert "TSR_SHARD_CRASH_AT=%s: exiting" % hook in c.text(), hook
+            c.kill()
+            assert check(cl, [s0, s1, b], [], "add, receiving shard killed at %s" % hook) == 4
         c = sh.restart(c)
         extra.append(c)
         op = move(cl, tp.AddShardGroupRequest(replicas=[c.target]))
