@@ -203,16 +203,18 @@ FUZZ_SECONDS ?= 60
 
 build/fuzz/obj/%_avx2.o: %_avx2.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+	clang $(FUZZ_CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
 build/fuzz/obj/%_avx512.o: %_avx512.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+	clang $(FUZZ_CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
 build/fuzz/obj/gen/%.o: build/gen/%.c $(PROTO_H)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -c $< -o $@
+	clang $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+# -MMD -MP: an object follows the headers it includes (build/**/*.d are included below), so an
+# incremental fuzz build never links objects compiled against an older struct layout
 build/fuzz/obj/%.o: %.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -c $< -o $@
+	clang $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 # The request harnesses of the servers (fuzz_shard_*, fuzz_coord_*) link the server's
 # modules (its main.c left out) and see its internal headers.
 FUZZ_SHARD_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out shard/main.c,$(SHARD_SRC)))
