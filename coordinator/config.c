@@ -460,8 +460,5 @@ int tsr__coord_test_hook(const char *name)
 
 void tsr__coord_crash_point(const char *step)
 {
-    if (tsr__coord_test_hook(step)) {
-        tsr_warn("TSR_COORD_CRASH_AT=%s: exiting with 137 (test hook)", step);
-        _exit(137);
-    }
+    tsr_crash_point("TSR_COORD_CRASH_AT", step);
 }

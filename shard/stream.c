@@ -193,18 +193,13 @@ out:
     return rc;
 }
 
-/* Test hook of tests/integration/test_reshard_crash.py (update.c has the same for
- * prepare|commit; a copy, not a call: update.c calls into this file): with
- * TSR_SHARD_CRASH_AT=catchup the shard _exit(137)s when a Write naming a prepared catch-up
- * version arrives, with =catchup-logged once that Write is appended to the version's log
- * and fdatasync'ed, before it is applied and acknowledged; as a kill -9 there would. */
+/* Test hook of tests/integration/test_reshard_crash.py: with TSR_SHARD_CRASH_AT=catchup
+ * the shard _exit(137)s when a Write naming a prepared catch-up version arrives, with
+ * =catchup-logged once that Write is appended to the version's log and fdatasync'ed,
+ * before it is applied and acknowledged; as a kill -9 there would. */
 static void crash_point(const char *step)
 {
-    const char *at = getenv("TSR_SHARD_CRASH_AT");
-    if (at && strcmp(at, step) == 0) {
-        tsr_warn("TSR_SHARD_CRASH_AT=%s: exiting with 137 (test hook)", step);
-        _exit(137);
-    }
+    tsr_crash_point("TSR_SHARD_CRASH_AT", step);
 }
 
 /* A Write naming the prepared catch-up version pv (caller holds write_mu, no pause

@@ -508,7 +508,15 @@ static int stage_apply(tsr__staging *st, const Tessera__V1__StageRequest *rq,
     return 0;
 }
 
-static void crash_point(const char *step); /* test hook, below */
+/* Test hook of the crash tests (tests/integration/test_reshard_crash.py): with
+ * TSR_SHARD_CRASH_AT=prepare|commit the shard _exit(137)s when that call arrives, as a
+ * kill -9 at that step would; =stage when a Stage chunk after chunk 0 arrives (in the
+ * middle of a staging: chunk 0 staged, the rest not); catchup|catchup-logged: stream.c's
+ * hook, the same common one. */
+static void crash_point(const char *step)
+{
+    tsr_crash_point("TSR_SHARD_CRASH_AT", step);
+}
 
 int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
                      Tessera__V1__StageResponse *resp, tsr_error *err)
@@ -624,20 +632,6 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
         rc = tsr__delta_fold(d, e, err);
     tsr__delta_unref(d);
     return rc;
-}
-
-/* Test hook of the crash tests (tests/integration/test_reshard_crash.py): with
- * TSR_SHARD_CRASH_AT=prepare|commit the shard _exit(137)s when that call arrives, as a
- * kill -9 at that step would; =stage when a Stage chunk after chunk 0 arrives (in the
- * middle of a staging: chunk 0 staged, the rest not); catchup|catchup-logged: stream.c's
- * copy of this hook. */
-static void crash_point(const char *step)
-{
-    const char *at = getenv("TSR_SHARD_CRASH_AT");
-    if (at && strcmp(at, step) == 0) {
-        tsr_warn("TSR_SHARD_CRASH_AT=%s: exiting with 137 (test hook)", step);
-        _exit(137);
-    }
 }
 
 /* Test hook of tests/integration/test_coord_stop.py: with TSR_SHARD_SLOW_PREPARE_MS=N
