@@ -91,6 +91,17 @@ def groups_of(c):
     return [(s.address, s.removed) for s in c.stats().shards]
 
 
+def readable(c, ids):
+    """How many of ids coordinator c's ReadIndexDatapoints returns (1,000 per call)."""
+    tp = ch.stubs()[0]
+    n = 0
+    for k in range(0, len(ids), 1000):
+        r = c.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=ids[k:k + 1000]),
+                                       timeout=30)
+        n += len(r.datapoints)
+    return n
+
+
 def settled(cl, live, want, timeout=40, live_only=False):
     """Waits until every live shard and every live coordinator is on version want and the
     coordinators report the same groups (with live_only, the same groups not removed: a
@@ -238,11 +249,7 @@ def main():
         for c in cl.coords:  # the follower reads the leader's mirrored rounds: a moment
             t_end = time.time() + 10
             while True:
-                n = 0
-                for k in range(0, len(acked), 1000):
-                    r = c.stub.ReadIndexDatapoints(
-                        tp.ReadIndexDatapointsRequest(ids=acked[k:k + 1000]), timeout=30)
-                    n += len(r.datapoints)
+                n = readable(c, acked)
                 if n == len(acked) or time.time() > t_end:
                     break
                 time.sleep(0.2)

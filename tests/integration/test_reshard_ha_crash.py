@@ -112,7 +112,6 @@ class Run:
         the acknowledged ones exactly once, the query answers (denying the writes) as
         before."""
         cl = self.cl
-        tp = ch.stubs()[0]
         if not all(c.alive() for c in cl.coords):
             rh.settled(cl, self.live, self.version)
             for c in cl.coords:
@@ -128,11 +127,7 @@ class Run:
         for c in cl.coords:  # a follower reads the leader's mirrored rounds: a moment
             t_end = time.time() + 10
             while True:
-                n = 0
-                for k in range(0, len(acked), 1000):
-                    r = c.stub.ReadIndexDatapoints(
-                        tp.ReadIndexDatapointsRequest(ids=acked[k:k + 1000]), timeout=30)
-                    n += len(r.datapoints)
+                n = rh.readable(c, acked)
                 count = c.stats().vectors_count
                 ok = n == len(acked) and N + len(acked) <= count <= N + wr["sent"]
                 if ok or time.time() > t_end:
