@@ -61,7 +61,8 @@
  * fan-out; docs/resharding.md "Writes during a move") and a catch-up holds while it
  * resends; the overlay is read under st.ov_rw (read) with
  * the snapshot taken inside it. Lock order: update_mu, then st.mu, then op_mu, then
- * st.ov_rw, then snap_mu; st.q_mu (the write queue) is never held with another lock.
+ * st.ov_rw, then snap_mu; st.q_mu (the write queue) is never held with another lock;
+ * lead.mu is a leaf (taken last, e.g. under st.mu by stream_ha.c).
  * Replica health
  * (tsr__replica) is plain atomics, written by whoever saw a call's outcome (query
  * threads, the update thread, reconcile) and read without a lock: a stale value only
@@ -383,6 +384,10 @@ typedef struct tsr__lead {
     int kick;                   /* under mu: the watcher saw PREFIX/leader change: campaign now */
     atomic_int lwatch;          /* 1 while the watch on PREFIX/leader is up (the election's
                                    poll is then only a slow safety net) */
+    atomic_int readopt;         /* 1: etcd's streamed rounds must be read again before the
+                                   next round (a round etcd refused or left in doubt, set by
+                                   stream_ha.c; or the adoption at election failed): the
+                                   lease thread adopts them while leading, until it works */
     int adopted;                /* watcher thread only: etcd's rounds replaced the local
                                    log once since the start (watch_caught_up) */
     int compact_s;              /* --etcd-compact: the leader compacts etcd's history every
@@ -661,7 +666,10 @@ void tsr__coord_crash_point(const char *step);
  * planted bug for the chaos checker (tests/chaos, docs/reliability.md "Chaos"):
  * "plant-ack-unlogged" makes the stream writer acknowledge each round without appending it
  * to the coordinator log or mirroring it in etcd (it still sends it to the shards). Never
- * set outside that demonstration. */
+ * set outside that demonstration. Two more, each once per process, for the etcd mirror of a
+ * streamed round (stream_ha.c): "mirror-answer-lost" puts a mirrored round again (a try
+ * whose answer was lost: it must settle as logged), "mirror-doubt" takes a mirrored
+ * round's answer as lost (outcome unknown: the leader must re-read etcd's rounds). */
 int tsr__coord_test_hook(const char *name);
 
 /* ---- replica.c ---- */
@@ -835,9 +843,14 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns);
 /* A new leader (leader.c), before it acts: when etcd holds the stream records of the
  * served version (its predecessor streamed writes on it), the local log is rewritten from
  * them and the overlay, label counter, next seq and group seqs are rebuilt by replaying it.
- * Takes the stream lock. Returns 0 or an error (streamed writes then stay refused until
- * a restart: the log is closed). */
+ * Takes the stream lock. Returns 0 or an error (streamed writes then stay refused, the
+ * log closed, until an adoption works: the lease thread retries, lead.readopt). */
 int tsr__stream_adopt(tsr__coord *c, tsr_error *err);
+/* The same for a leader that stays one (lead.readopt: a round etcd refused or left in
+ * doubt), followed under the same hold of the stream lock by the catch-up of every replica
+ * (tsr__stream_catch_up_all): no new round may reach a shard before the rounds it missed
+ * (a shard cannot tell a gap from a round of another group). */
+int tsr__stream_readopt(tsr__coord *c, tsr_error *err);
 /* Every replica that serves the version and is behind the log gets what it missed (one that
  * does not answer is marked behind): at start, and by a coordinator that just won the
  * election, before it leads (a replica that missed a round under the old leader served the

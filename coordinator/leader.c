@@ -272,6 +272,22 @@ static void keep_lease(tsr__coord *c, int64_t *ok_at)
     *ok_at = t0;
 }
 
+/* The leader reads etcd's streamed rounds again (lead.readopt: a round etcd refused or
+ * left in doubt, stream_ha.c; or an adoption that failed): the local log, overlay and
+ * next seq become etcd's, and every replica is caught up from them (a round that did land
+ * in etcd although its writer gave up on it reaches the shards now). Rounds wait on the
+ * stream lock meanwhile; until it works they are refused (the log is closed). */
+static void readopt(tsr__coord *c)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    if (tsr__stream_readopt(c, &err)) {
+        tsr_warn("leader: re-reading etcd's streamed rounds: %s (retried)", err.msg);
+        return;
+    }
+    atomic_store(&c->lead.readopt, 0);
+    tsr_info("leader: etcd's streamed rounds read again; streamed writes go on");
+}
+
 /* Campaigns (no leadership) or checks the leader key is still ours (leadership). */
 static void campaign(tsr__coord *c)
 {
@@ -288,9 +304,13 @@ static void campaign(tsr__coord *c)
         if (tsr_etcd_txn(c->meta->fast, &cmp, 1, &op, 1, &ok, &rev, &err) == 0 && ok) {
             follow(c); /* start from the committed version, then act */
             retire_due(c, 1); /* groups it removed: out of our fan-outs before we lead */
-            if (tsr__stream_adopt(c, &err)) /* its predecessor's streamed writes */
+            if (tsr__stream_adopt(c, &err)) { /* its predecessor's streamed writes */
                 tsr_error_log("leader: the streamed writes of the served version: %s "
-                              "(streamed writes are refused until a restart)", err.msg);
+                              "(streamed writes are refused until a retry works)", err.msg);
+                atomic_store(&c->lead.readopt, 1);
+            } else {
+                atomic_store(&c->lead.readopt, 0);
+            }
             tsr__snap *sn = tsr__coord_snap_get(c);
             tsr__oplog_settle(c, sn->version); /* updates its predecessor left running */
             tsr__snap_unref(sn);
@@ -303,6 +323,8 @@ static void campaign(tsr__coord *c)
             return;
         }
     }
+    if (atomic_load(&c->lead.leading) && atomic_load(&c->lead.readopt))
+        readopt(c);
     tsr_etcd_kv kv;
     int rc = tsr_etcd_get(c->meta->fast, key, &kv, NULL, &err);
     if (rc == 0) {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "meta.h"
 #include "core/clock.h"
@@ -428,45 +429,97 @@ static void log_prefix(const tsr__meta *m, uint64_t v, int64_t seq, char *buf, s
         snprintf(buf, cap, "%s/stream/%020" PRIu64 "/%020" PRId64 "/", m->prefix, v, seq);
 }
 
-/* One fenced put: applied only while every fence compare holds (the caller's leadership)
- * and, for the mark, while the record's mark does not exist yet. */
-static int log_put_one(tsr__meta *m, const char *key, const void *val, size_t n, int mark,
-                       const tsr_etcd_cmp *fence, size_t nfence, tsr_error *err)
+/* One try of a record's put under prefix pre: its chunks, then its mark "n", all fenced,
+ * the mark only while it does not exist yet. A one-chunk record (the common round) is
+ * ONE transaction: chunk and mark land together or not at all. *ok = whether etcd applied
+ * every transaction; returns 0 when etcd answered them all, else the transport's error
+ * (the last transaction sent may then have landed or not: in doubt). */
+static int log_put_try(tsr__meta *m, const char *pre, const uint8_t *buf, size_t len,
+                       const tsr_etcd_cmp *fence, size_t nfence, int *ok, tsr_error *err)
 {
+    size_t nch = len ? (len + TSR__META_CHUNK - 1) / TSR__META_CHUNK : 1;
+    char key[440], mkey[440], mark[64];
+    int ml = snprintf(mark, sizeof mark, "%zu %zu", nch, len);
+    snprintf(mkey, sizeof mkey, "%sn", pre);
     tsr_etcd_cmp cmp[4];
-    if (nfence > 3)
-        return tsr_err(err, TSR_EINVAL, "etcd: %zu fence compares, at most 3", nfence);
     memcpy(cmp, fence, nfence * sizeof *cmp);
-    size_t ncmp = nfence;
-    if (mark)
-        cmp[ncmp++] = (tsr_etcd_cmp){key, TSR_ETCD_CREATE_REV, 0, NULL, 0};
-    tsr_etcd_op op = {0, key, val, n, 0};
-    int ok = 0;
-    int rc = tsr_etcd_txn(m->etcd, cmp, ncmp, &op, 1, &ok, NULL, err);
-    if (rc == 0 && !ok)
-        rc = tsr_err(err, TSR_ESTATE, "%s: compare failed (this coordinator is not the "
-                     "leader any more%s)", key, mark ? ", or the round's seq is taken" : "");
-    return rc;
+    *ok = 0;
+    for (size_t k = 0; k < nch; k++) {
+        size_t off = k * TSR__META_CHUNK;
+        size_t n = len - off < TSR__META_CHUNK ? len - off : TSR__META_CHUNK;
+        snprintf(key, sizeof key, "%sc%08zu", pre, k);
+        tsr_etcd_op op[2] = {{0, key, buf + off, n, 0}, {0, mkey, mark, (size_t)ml, 0}};
+        int last = k + 1 == nch;
+        size_t ncmp = nfence;
+        if (last)
+            cmp[ncmp++] = (tsr_etcd_cmp){mkey, TSR_ETCD_CREATE_REV, 0, NULL, 0};
+        int rc = tsr_etcd_txn(m->etcd, cmp, ncmp, op, last && nch == 1 ? 2 : 1, ok, NULL, err);
+        if (rc || !*ok)
+            return rc;
+        if (last && nch > 1) { /* the mark of a record of several chunks: its own txn */
+            if ((rc = tsr_etcd_txn(m->etcd, cmp, ncmp, &op[1], 1, ok, NULL, err)) != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+typedef struct log_same_ud {
+    const uint8_t *buf;
+    size_t len;
+    int found, same;
+} log_same_ud;
+
+static int log_same_one(void *ud, const uint8_t *buf, size_t len, tsr_error *err)
+{
+    log_same_ud *u = ud;
+    (void)err;
+    u->found = 1;
+    u->same = len == u->len && (len == 0 || memcmp(buf, u->buf, len) == 0);
+    return 0;
 }
 
 int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
-                      const tsr_etcd_cmp *fence, size_t nfence, tsr_error *err)
+                      const tsr_etcd_cmp *fence, size_t nfence, int64_t wait_ms,
+                      tsr_error *err)
 {
-    char pre[400], key[440];
+    if (nfence > 3)
+        return tsr_err(err, TSR_EINVAL, "etcd: %zu fence compares, at most 3", nfence);
+    char pre[400];
     log_prefix(m, v, seq, pre, sizeof pre);
-    int rc = 0;
-    size_t k = 0;
-    for (size_t off = 0; rc == 0 && (off < len || k == 0); off += TSR__META_CHUNK, k++) {
-        size_t n = len - off < TSR__META_CHUNK ? len - off : TSR__META_CHUNK;
-        snprintf(key, sizeof key, "%sc%08zu", pre, k);
-        rc = log_put_one(m, key, buf + off, n, 0, fence, nfence, err);
+    int64_t until = tsr_clock_mono_ms() + (wait_ms > 0 ? wait_ms : 0);
+    for (int tries = 1;; tries++) {
+        int ok = 0;
+        int rc = log_put_try(m, pre, buf, len, fence, nfence, &ok, err);
+        if (rc == 0 && ok)
+            return 0;
+        if (rc == 0) { /* refused: is an earlier try's record there (its answer was lost)? */
+            log_same_ud u = {buf, len, 0, 0};
+            tsr_error e2 = TSR_ERROR_INIT;
+            rc = tsr__meta_log_fetch(m, v, seq, log_same_one, &u, &e2);
+            if (rc == 0 && u.found && u.same) {
+                tsr_info("etcd %sn: an earlier try of this round had landed (its answer was "
+                         "lost): settled as logged after %d tries", pre, tries);
+                return 0;
+            }
+            if (rc == 0)
+                return tsr_err(err, TSR_ESTATE, "%sn: compare failed (%s)", pre,
+                               u.found ? "the seq holds another round" : "this coordinator "
+                               "is not the leader any more");
+            if (err)
+                *err = e2;
+        }
+        /* no answer: the try may have landed. Only the same bytes go under these keys
+         * until etcd says which (never another round at this seq: meta.h). */
+        if (tsr_clock_mono_ms() >= until) {
+            char last[TSR_ERROR_MSG_MAX];
+            snprintf(last, sizeof last, "%s", err ? err->msg : "");
+            return tsr_err(err, TSR_EUNAVAILABLE, "%sn: outcome unknown after %d tries in "
+                           "%lld ms (last: %s)", pre, tries, (long long)wait_ms, last);
+        }
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
     }
-    if (rc)
-        return rc;
-    char mark[64];
-    int ml = snprintf(mark, sizeof mark, "%zu %zu", k, len);
-    snprintf(key, sizeof key, "%sn", pre);
-    return log_put_one(m, key, mark, (size_t)ml, 1, fence, nfence, err); /* complete now */
 }
 
 int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, int64_t seq, tsr__meta_log_fn fn, void *ud,

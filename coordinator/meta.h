@@ -94,11 +94,21 @@ int tsr__meta_aux_remove(tsr__meta *m, const char *sub, const char *name, tsr_er
  * and is skipped). fetch calls fn(ud, record, len, err) for each complete one in seq order
  * (a nonzero return stops it and is returned); drop removes version v's records.
  * put is fenced: every key is written in a transaction with the fence compares (at most 3;
- * the leader's, tsr__leader_fence), the mark only while it does not exist yet: a deposed
- * leader cannot add a round after its successor read the log, nor two leaders complete
- * one seq twice (TSR_ESTATE "compare failed"; found by tests/chaos). */
+ * the leader's, tsr__leader_fence), the mark only while it does not exist yet (a one-chunk
+ * record is one transaction: chunk and mark together): a deposed leader cannot add a round
+ * after its successor read the log, nor two leaders complete one seq twice. A try whose
+ * answer is lost may have landed, so put settles it before returning: it repeats the SAME
+ * bytes under the same keys (harmless if a try landed) until etcd answers, for at most
+ * wait_ms, and reads a refused mark back. Returns 0 = etcd holds exactly buf at seq (maybe
+ * from an earlier try); TSR_ESTATE = it does not and no try of this call can land any more
+ * (the fence failed: not the leader; or the seq holds another round); any other code =
+ * in doubt after wait_ms (etcd did not answer): the caller must not put another record at
+ * this seq before a re-read of the log settles it (stream_ha.c resigns). A leader that
+ * reused the seq of an in-doubt round wrote its chunks over the round etcd had kept and
+ * retried a refused mark forever (found by a 60-minute chaos run, docs/reliability.md). */
 int tsr__meta_log_put(tsr__meta *m, uint64_t v, int64_t seq, const uint8_t *buf, size_t len,
-                      const tsr_etcd_cmp *fence, size_t nfence, tsr_error *err);
+                      const tsr_etcd_cmp *fence, size_t nfence, int64_t wait_ms,
+                      tsr_error *err);
 typedef int (*tsr__meta_log_fn)(void *ud, const uint8_t *buf, size_t len, tsr_error *err);
 int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, int64_t seq, tsr__meta_log_fn fn, void *ud,
                         tsr_error *err); /* seq -1: every record of v, else that one */

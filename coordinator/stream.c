@@ -851,11 +851,18 @@ static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
     int mrc = planted ? 0 : tsr__slog_append(s->log_fd, path, &rec, &s->log_bytes, &err);
     if (mrc == 0)
         tsr__coord_crash_point("round-logged"); /* logged here, not yet in etcd */
+    int doubt = 0;
     if (mrc == 0 && !planted && (mrc = tsr__shlog_mirror_round(c, &rec, &err)) != 0) {
-        /* etcd must hold every round a shard may apply (a new leader replays them) */
+        /* etcd must hold every round a shard may apply (a new leader replays them). Refused
+         * (TSR_ESTATE): it does not. Otherwise in doubt: it may. Either way no round runs
+         * until etcd's rounds are read again (stream_ha.c readopt): the local log is cut
+         * and closed, and its seq is not reused before etcd says what it holds. */
+        doubt = mrc != TSR_ESTATE;
         if (ftruncate(s->log_fd, (off_t)bytes0) != 0)
             tsr_warn("%s: cannot cut the round etcd refused: %s", path, strerror(errno));
         s->log_bytes = bytes0;
+        close(s->log_fd);
+        s->log_fd = -1;
         tsr_err_prefix(&err, "etcd: ");
     }
     if (mrc) {
@@ -864,7 +871,8 @@ static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
         for (size_t i = 0; i < n; i++)
             if (R.ok[i])
                 finish(rq[i], TSR_RPC_UNAVAILABLE, "the coordinator log cannot be written "
-                       "(%s); nothing was written", err.msg);
+                       "(%s); %s", err.msg, doubt ? "outcome unknown: etcd may hold the "
+                       "write, which is then applied; retrying is safe" : "nothing was written");
         goto out;
     }
     send_writes(&R);
@@ -1014,10 +1022,9 @@ out:
 /* At start, before the first round: every replica that serves the version and is behind
  * the log gets what it missed; one that does not answer is marked behind (reconcile
  * catches it up when it is back). */
-static void catch_up_all(tsr__coord *c)
+static void catch_up_all_locked(tsr__coord *c)
 {
     tsr__stream *s = &c->st;
-    pthread_mutex_lock(&s->mu);
     for (size_t k = 0; s->log_version && k < c->nrep; k++) {
         if (tsr__replica_removed(c, k))
             continue;
@@ -1029,7 +1036,13 @@ static void catch_up_all(tsr__coord *c)
         }
         catch_up_locked(c, k, a);
     }
-    pthread_mutex_unlock(&s->mu);
+}
+
+static void catch_up_all(tsr__coord *c)
+{
+    pthread_mutex_lock(&c->st.mu);
+    catch_up_all_locked(c);
+    pthread_mutex_unlock(&c->st.mu);
 }
 
 /* ---------------------------------------------------------------- the writer thread */
@@ -1272,10 +1285,29 @@ int tsr__stream_follow(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec)
     return gap;
 }
 
+static int adopt_locked(tsr__coord *c, tsr_error *err);
+
 int tsr__stream_adopt(tsr__coord *c, tsr_error *err)
 {
-    tsr__stream *s = &c->st;
     tsr__stream_lock(c);
+    int rc = adopt_locked(c, err);
+    tsr__stream_unlock(c);
+    return rc;
+}
+
+int tsr__stream_readopt(tsr__coord *c, tsr_error *err)
+{
+    tsr__stream_lock(c);
+    int rc = adopt_locked(c, err);
+    if (rc == 0)
+        catch_up_all_locked(c); /* before any new round: a shard cannot see a seq gap */
+    tsr__stream_unlock(c);
+    return rc;
+}
+
+static int adopt_locked(tsr__coord *c, tsr_error *err)
+{
+    tsr__stream *s = &c->st;
     tsr__snap *sn = tsr__coord_snap_get(c);
     int found = 0;
     int rc = tsr__shlog_restore(c, sn->version, &found, err);
@@ -1300,7 +1332,6 @@ int tsr__stream_adopt(tsr__coord *c, tsr_error *err)
         pthread_rwlock_unlock(&s->ov_rw);
     }
     tsr__snap_unref(sn);
-    tsr__stream_unlock(c);
     return rc;
 }
 

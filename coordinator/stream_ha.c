@@ -8,7 +8,9 @@
  * Rules: only the leader mirrors (a follower's log is its own scratch); a round is mirrored
  * after its local append and before any Write reaches a shard, and a round whose mirror
  * failed is cut from the local log and refused (nothing written), so etcd holds every round
- * a shard may have applied. The header (seq 0) is mirrored when a version's log is created
+ * a shard may have applied. A round etcd refused or left in doubt (meta.h: put settles a
+ * lost answer for up to the lease's TTL) stops the rounds until etcd's rounds are read
+ * again (readopt below): its seq may be taken, and only etcd can say. The header (seq 0) is mirrored when a version's log is created
  * (before the commit point); the records of a version are dropped when the leader moves
  * past it or aborts it.
  *
@@ -16,6 +18,7 @@
  * leader thread. Calls meta and stream_log only.
  */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -37,6 +40,20 @@ int tsr__shlog_mirror(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec, tsr
     return tsr__shlog_mirror_round(c, rec, err);
 }
 
+/* A round etcd refused, or whose outcome etcd did not tell: this leader's next seq may be
+ * taken, so no round runs (the writer closed the local log) until the lease thread has
+ * adopted etcd's rounds again (leader.c campaign, tsr__stream_adopt) — or, when it is not
+ * the leader any more, until its successor did. Sets the request and wakes the lease
+ * thread (lead.mu is a leaf lock: taken here under st.mu). */
+static void readopt(tsr__coord *c)
+{
+    atomic_store(&c->lead.readopt, 1);
+    pthread_mutex_lock(&c->lead.mu);
+    c->lead.kick = 1;
+    pthread_cond_broadcast(&c->lead.cv);
+    pthread_mutex_unlock(&c->lead.mu);
+}
+
 int tsr__shlog_mirror_round(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec,
                             tsr_error *err)
 {
@@ -55,9 +72,23 @@ int tsr__shlog_mirror_round(tsr__coord *c, const Tessera__V1__CoordLogRecord *re
         {key, TSR_ETCD_CREATE_REV, atomic_load(&c->lead.term), NULL, 0},
         {key, TSR_ETCD_LEASE, atomic_load(&c->lead.lease), NULL, 0},
     };
+    int64_t wait_ms = (int64_t)(c->lead.ttl_s > 0 ? c->lead.ttl_s : 5) * 1000;
     int rc = tsr__meta_log_put(c->meta, (uint64_t)rec->version, rec->seq, buf, len, fence, 2,
-                               err);
+                               wait_ms, err);
+    /* Test hooks, once per process (tests/integration/test_ha_mirror_doubt.py): the same
+     * put again, as a try whose answer was lost; or a landed round taken as in doubt. */
+    static atomic_int fired;
+    if (rc == 0 && rec->seq > 0 && tsr__coord_test_hook("mirror-answer-lost") &&
+        !atomic_exchange(&fired, 1))
+        rc = tsr__meta_log_put(c->meta, (uint64_t)rec->version, rec->seq, buf, len, fence, 2,
+                               wait_ms, err);
+    if (rc == 0 && rec->seq > 0 && tsr__coord_test_hook("mirror-doubt") &&
+        !atomic_exchange(&fired, 1))
+        rc = tsr_err(err, TSR_EUNAVAILABLE, "test hook mirror-doubt: etcd's answer to seq "
+                     "%lld taken as lost", (long long)rec->seq);
     free(buf);
+    if (rc && rec->seq > 0)
+        readopt(c);
     return rc;
 }
 
