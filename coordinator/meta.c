@@ -441,8 +441,12 @@ static int log_put_try(tsr__meta *m, const char *pre, const uint8_t *buf, size_t
     char key[440], mkey[440], mark[64];
     int ml = snprintf(mark, sizeof mark, "%zu %zu", nch, len);
     snprintf(mkey, sizeof mkey, "%sn", pre);
+    /* every transaction also requires the mark to be absent: a chunk put whose answer was
+     * lost and that etcd applies late cannot land on a completed record */
     tsr_etcd_cmp cmp[4];
     memcpy(cmp, fence, nfence * sizeof *cmp);
+    size_t ncmp = nfence;
+    cmp[ncmp++] = (tsr_etcd_cmp){mkey, TSR_ETCD_CREATE_REV, 0, NULL, 0};
     *ok = 0;
     for (size_t k = 0; k < nch; k++) {
         size_t off = k * TSR__META_CHUNK;
@@ -450,9 +454,6 @@ static int log_put_try(tsr__meta *m, const char *pre, const uint8_t *buf, size_t
         snprintf(key, sizeof key, "%sc%08zu", pre, k);
         tsr_etcd_op op[2] = {{0, key, buf + off, n, 0}, {0, mkey, mark, (size_t)ml, 0}};
         int last = k + 1 == nch;
-        size_t ncmp = nfence;
-        if (last)
-            cmp[ncmp++] = (tsr_etcd_cmp){mkey, TSR_ETCD_CREATE_REV, 0, NULL, 0};
         int rc = tsr_etcd_txn(m->etcd, cmp, ncmp, op, last && nch == 1 ? 2 : 1, ok, NULL, err);
         if (rc || !*ok)
             return rc;
