@@ -863,7 +863,7 @@ static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
         s->log_bytes = bytes0;
         close(s->log_fd);
         s->log_fd = -1;
-        tsr_err_prefix(&err, "etcd: ");
+        tsr_err_prefix(&err, "etcd");
     }
     if (mrc) {
         s->next_label = label0;
