@@ -25,11 +25,8 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-import coord_harness as ch  # noqa: E402
-import etcd_harness as eh  # noqa: E402
-import shard_harness as sh  # noqa: E402
 from test_coord_stream import dp, read, top1, upsert  # noqa: E402
-from test_ha_round_logged import on_leader  # noqa: E402
+from test_ha_round_logged import on_leader, one_group  # noqa: E402
 
 D = 16
 N = 400
@@ -79,20 +76,8 @@ def visible(cl, tp, did, vec, timeout=10):
 
 
 def main():
-    eh.skip_without_etcd()
-    tp = ch.stubs()[0]
-    rng = np.random.default_rng(37)
-    x = rng.normal(size=(N, D)).astype("float32")
-    root = sh.tmpdir("tsr-ha-mirror-doubt-")
-    b0 = ch.write_batch(os.path.join(root, "b0"), [ch.dp_json("m%04d" % i, x[i])
-                                                   for i in range(N)])
-    cl = eh.HACluster(groups=1, replicas=1, coords=2, etcd_members=1, dims=D, ttl=TTL,
-                      config={"nlist": 8, "pq_m": 4, "nprobe": 8})
+    tp, x, cl = one_group(37, "mirror-doubt", n=N)
     try:
-        op = cl.leader().update(b0)
-        assert op.state == tp.Operation.SUCCEEDED and op.version == 1, (op, cl.logs())
-        cl.wait_version(1)
-
         # 1. a retry after a lost answer settles as logged
         hooked = lead_with(cl, {"TSR_COORD_CRASH_AT": "mirror-answer-lost"})
         v1 = (x[1] + 6).astype("float32")

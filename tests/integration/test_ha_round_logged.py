@@ -52,21 +52,31 @@ def on_leader(cl, c, fn, timeout=20):
             time.sleep(0.1)
 
 
-def main():
+def one_group(seed, name, n=N):
+    """etcd x1, coordinators x2 (TTL), 1 shard group x 1 replica, loaded with n random
+    vectors (ids <name[0]>0000..) as version 1. Returns (tessera_pb2, x, the cluster)."""
     eh.skip_without_etcd()
     tp = ch.stubs()[0]
-    rng = np.random.default_rng(31)
-    x = rng.normal(size=(N, D)).astype("float32")
-    root = sh.tmpdir("tsr-ha-round-logged-")
-    b0 = ch.write_batch(os.path.join(root, "b0"), [ch.dp_json("h%04d" % i, x[i])
-                                                   for i in range(N)])
+    x = np.random.default_rng(seed).normal(size=(n, D)).astype("float32")
+    root = sh.tmpdir("tsr-%s-" % name)
+    b0 = ch.write_batch(os.path.join(root, "b0"), [ch.dp_json("%s%04d" % (name[0], i), x[i])
+                                                   for i in range(n)])
     cl = eh.HACluster(groups=1, replicas=1, coords=2, etcd_members=1, dims=D, ttl=TTL,
                       config={"nlist": 8, "pq_m": 4, "nprobe": 8})
     try:
-        lead = cl.leader()
-        op = lead.update(b0)
+        op = cl.leader().update(b0)
         assert op.state == tp.Operation.SUCCEEDED and op.version == 1, (op, cl.logs())
         cl.wait_version(1)
+    except BaseException:
+        cl.stop()
+        raise
+    return tp, x, cl
+
+
+def main():
+    tp, x, cl = one_group(31, "ha-round-logged")
+    try:
+        lead = cl.leader()
         _, r = on_leader(cl, lead, lambda c: upsert(c, tp, [dp(tp, "before", x[0] + 5)]))
         assert r.stream_seq > 0, r
 
