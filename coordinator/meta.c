@@ -323,8 +323,10 @@ int tsr__meta_sync(tsr__meta *m, tsr_store *st, tsr__meta_dir_fn dirfn, void *ud
     return 0;
 }
 
-/* Uploads the files of version v of st into etcd; fills r. */
-static int upload(tsr__meta *m, tsr_store *st, uint64_t v, vrec *r, tsr_error *err)
+/* Uploads the files of version v of st into etcd (the directory only with dir_blob, else
+ * its summary); fills r. */
+static int upload(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob, vrec *r,
+                  tsr_error *err)
 {
     memset(r, 0, sizeof *r);
     r->version = v;
@@ -343,7 +345,7 @@ static int upload(tsr__meta *m, tsr_store *st, uint64_t v, vrec *r, tsr_error *e
         if (rc)
             break;
         r->has[i] = 1;
-        if (i == DIR) { /* its summary only: the shards hold the directory (dirshard.h) */
+        if (i == DIR && !dir_blob) { /* its summary only: the shards hold it (dirshard.h) */
             r->dsum = 1;
             rc = tsr__dir_file_summary(b, len, &r->dcount, &r->dnext, &r->ddigest, err);
             free(b);
@@ -364,13 +366,13 @@ static int upload(tsr__meta *m, tsr_store *st, uint64_t v, vrec *r, tsr_error *e
     return rc;
 }
 
-int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, const tsr_etcd_cmp *extra,
-                     size_t ncmp, tsr_error *err)
+int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob,
+                     const tsr_etcd_cmp *extra, size_t ncmp, tsr_error *err)
 {
     if (!m)
         return 0;
     vrec r;
-    int rc = upload(m, st, v, &r, err);
+    int rc = upload(m, st, v, dir_blob, &r, err);
     if (rc)
         return rc;
     char key[300], val[512];

@@ -90,14 +90,16 @@ int tsr__meta_sync(tsr__meta *m, tsr_store *st, tsr__meta_dir_fn dirfn, void *ud
                    uint64_t *version, tsr_error *err);
 
 /* The commit point of version v, already saved in st (tsr__snap_save): its small files are
- * uploaded and its directory summarized (never uploaded), then PREFIX/version is set by one transaction conditional on its mod revision
+ * uploaded and its directory summarized (uploaded too only with dir_blob: a version whose
+ * directory its shards' slices do not hold exactly, a reshard move's whose catch-up
+ * carried writes into their delta), then PREFIX/version is set by one transaction conditional on its mod revision
  * (and the ncmp compares in extra, e.g. the leader key). Returns 0 = committed; TSR_ESTATE
  * when a compare failed (another coordinator committed, or leadership was lost: nothing
  * changed); TSR_EUNAVAILABLE when etcd did not answer (nothing changed, or the re-read
  * after a lost answer showed it did not). m NULL: 0 (the local backend's commit point is
  * st's CURRENT, which the caller flips). */
-int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, const tsr_etcd_cmp *extra,
-                     size_t ncmp, tsr_error *err);
+int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob,
+                     const tsr_etcd_cmp *extra, size_t ncmp, tsr_error *err);
 
 /* Reads PREFIX/version: *version and *rev (its mod revision; 0 / 0 when absent). */
 int tsr__meta_read_version(tsr__meta *m, uint64_t *version, int64_t *rev, tsr_error *err);
