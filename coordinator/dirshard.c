@@ -145,32 +145,44 @@ static int list_replica(glist *g, const char *addr, tsr_error *err)
         tsr_rpc_result_close(&res);
         if (total < 0)
             total = rp->total;
-        /* a page must go forward: labels ascending from start, the next page after them */
+        /* columns of one length, ids adding up; labels ascending from start, the next
+         * page after them */
+        size_t ne = rp->n_labels, idsum = 0;
+        for (size_t i = 0; i < rp->n_id_lengths && i < ne; i++)
+            idsum += rp->id_lengths[i];
+        if (rp->n_lists != ne || rp->flags.len != ne || rp->n_id_lengths != ne ||
+            idsum != rp->ids.len || rp->total != total)
+            rc = tsr_err(err, TSR_EFORMAT, "%s: List of version %" PRIu64 ": a page of %zu "
+                         "labels, %zu lists, %zu flags, %zu id lengths (%zu bytes, ids %zu), "
+                         "total %lld (first page: %lld)", addr, g->version, ne, rp->n_lists,
+                         rp->flags.len, rp->n_id_lengths, idsum, rp->ids.len,
+                         (long long)rp->total, (long long)total);
         int64_t prev = start - 1;
-        for (size_t i = 0; i < rp->n_entries && rc == 0; i++) {
-            const Tessera__V1__ShardListEntry *e = rp->entries[i];
-            if (e->label <= prev || rp->total != total) {
+        const char *id = (const char *)rp->ids.data;
+        for (size_t i = 0; i < ne && rc == 0; i++) {
+            int64_t label = rp->labels[i];
+            if (label <= prev) {
                 rc = tsr_err(err, TSR_EFORMAT, "%s: List of version %" PRIu64 ": label %lld "
-                             "after %lld (expected ascending) or total %lld changed from %lld",
-                             addr, g->version, (long long)e->label, (long long)prev,
-                             (long long)rp->total, (long long)total);
+                             "after %lld (expected ascending)", addr, g->version,
+                             (long long)label, (long long)prev);
                 break;
             }
-            prev = e->label;
-            uint32_t len = (uint32_t)strlen(e->id);
-            int32_t grp = (int32_t)g->group, list = e->list;
-            uint8_t f[2] = {e->dense != 0, e->sparse != 0};
+            prev = label;
+            uint32_t len = rp->id_lengths[i];
+            int32_t grp = (int32_t)g->group, list = rp->lists[i];
+            uint8_t f[2] = {rp->flags.data[i] & 1, (rp->flags.data[i] >> 1) & 1};
             put(g, &len, 4);
-            put(g, e->id, len);
-            put(g, &e->label, 8);
+            put(g, id, len);
+            put(g, &label, 8);
             put(g, &list, 4);
             put(g, &grp, 4);
             put(g, f, 2);
             g->count++;
-            g->digest += tsr__dir_entry_digest(e->id, len, e->label, list, grp, f[0], f[1]);
+            g->digest += tsr__dir_entry_digest(id, len, label, list, grp, f[0], f[1]);
+            id += len;
         }
         more = rp->more;
-        if (rc == 0 && more && (rp->next_label <= prev || rp->n_entries == 0))
+        if (rc == 0 && more && (rp->next_label <= prev || ne == 0))
             rc = tsr_err(err, TSR_EFORMAT, "%s: List of version %" PRIu64 ": next_label %lld "
                          "does not go past %lld", addr, g->version, (long long)rp->next_label,
                          (long long)prev);

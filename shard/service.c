@@ -503,18 +503,18 @@ out:
 }
 
 /* List: one page of the version's own records (never its delta), labels ascending from
- * start_label. The limit is checked before anything is allocated; the page also stops
- * near LIST_PAGE_BYTES of ids so a reply stays far below the message limit. */
+ * start_label, columnar (shard.proto). The limit is checked before anything is allocated;
+ * the page also stops at LIST_PAGE_BYTES of ids so a reply stays well below the message
+ * limit. */
 #define LIST_MAX 100000
 #define LIST_DEFAULT 10000
-#define LIST_PAGE_BYTES ((size_t)2 << 20)
+#define LIST_PAGE_BYTES ((size_t)1 << 20)
 
 static int h_list(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
 {
     tsr__shard *s = ctx;
     int rc = 0;
     Tessera__V1__ShardListResponse resp = TESSERA__V1__SHARD_LIST_RESPONSE__INIT;
-    Tessera__V1__ShardListEntry *ents = NULL;
     tsr__version *v = NULL;
     Tessera__V1__ShardListRequest *rq = tessera__v1__shard_list_request__unpack(NULL, len, req);
     if (rq == NULL)
@@ -544,33 +544,44 @@ static int h_list(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
     size_t want = rq->limit ? (size_t)rq->limit : LIST_DEFAULT;
     if (want > v->nrecs - lo)
         want = v->nrecs - lo;
-    ents = tsr_try_calloc(want + 1, sizeof *ents);
-    resp.entries = tsr_try_calloc(want + 1, sizeof *resp.entries);
-    if (ents == NULL || resp.entries == NULL) {
+    size_t n = 0, bytes = 0; /* the page: n records, their ids' bytes */
+    while (n < want && bytes < LIST_PAGE_BYTES) {
+        const char *id = v->recs[lo + n]->dp.id;
+        bytes += id ? strlen(id) : 0;
+        n++;
+    }
+    resp.labels = tsr_try_calloc(n + 1, sizeof *resp.labels);
+    resp.lists = tsr_try_calloc(n + 1, sizeof *resp.lists);
+    resp.id_lengths = tsr_try_calloc(n + 1, sizeof *resp.id_lengths);
+    resp.flags.data = tsr_try_calloc(n + 1, 1);
+    resp.ids.data = tsr_try_calloc(bytes + 1, 1);
+    if (!resp.labels || !resp.lists || !resp.id_lengths || !resp.flags.data || !resp.ids.data) {
         rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
-    size_t bytes = 0, i = lo;
-    for (; i < v->nrecs && resp.n_entries < want && bytes < LIST_PAGE_BYTES; i++) {
-        const tsr__rec *r = v->recs[i];
-        Tessera__V1__ShardListEntry *e = &ents[resp.n_entries];
-        tessera__v1__shard_list_entry__init(e);
-        e->label = r->label;
-        e->id = r->dp.id ? r->dp.id : (char *)""; /* borrowed: v is held until packed */
-        e->list = r->list;
-        e->dense = r->dp.dense != NULL;
-        e->sparse = r->dp.nsparse > 0;
-        resp.entries[resp.n_entries++] = e;
-        bytes += strlen(e->id) + 24;
+    for (size_t i = 0; i < n; i++) {
+        const tsr__rec *r = v->recs[lo + i];
+        size_t l = r->dp.id ? strlen(r->dp.id) : 0;
+        resp.labels[i] = r->label;
+        resp.lists[i] = r->list;
+        resp.flags.data[i] = (uint8_t)((r->dp.dense != NULL) | (r->dp.nsparse > 0) << 1);
+        resp.id_lengths[i] = (uint32_t)l;
+        if (l)
+            memcpy(resp.ids.data + resp.ids.len, r->dp.id, l);
+        resp.ids.len += l;
     }
+    resp.n_labels = resp.n_lists = resp.n_id_lengths = resp.flags.len = n;
     resp.version = rq->version;
     resp.total = (int64_t)v->nrecs;
-    resp.more = i < v->nrecs;
-    resp.next_label = resp.more ? v->recs[i]->label : 0;
+    resp.more = lo + n < v->nrecs;
+    resp.next_label = resp.more ? v->recs[lo + n]->label : 0;
     rc = tsr_rpc_reply_pack(reply, &resp.base);
 out:
-    free(resp.entries);
-    free(ents);
+    free(resp.labels);
+    free(resp.lists);
+    free(resp.id_lengths);
+    free(resp.flags.data);
+    free(resp.ids.data);
     tsr__version_unref(v);
     tessera__v1__shard_list_request__free_unpacked(rq, NULL);
     return rc;
