@@ -183,9 +183,10 @@ static int list_replica(glist *g, const char *addr, tsr_error *err)
         }
         more = rp->more;
         if (rc == 0 && more && (rp->next_label <= prev || ne == 0))
-            rc = tsr_err(err, TSR_EFORMAT, "%s: List of version %" PRIu64 ": next_label %lld "
-                         "does not go past %lld", addr, g->version, (long long)rp->next_label,
-                         (long long)prev);
+            rc = tsr_err(err, TSR_EFORMAT, "%s: List of version %" PRIu64 ": a page of %zu "
+                         "entries from label %lld says more from %lld: it does not go "
+                         "forward", addr, g->version, ne, (long long)start,
+                         (long long)rp->next_label);
         start = rp->next_label;
         protobuf_c_message_free_unpacked(&rp->base, NULL);
     }
