@@ -25,8 +25,9 @@ static const char *const FILES[] = {"template.faiss", "plan", "directory", "grou
 #define NFILES (sizeof FILES / sizeof FILES[0])
 #define NREQUIRED 3
 
-#define DIR 2 /* FILES[DIR]: the directory, in etcd as its summary (dsum) or, in a record
-                written before that, as a blob */
+/* FILES[FILE_DIR]: the directory, in etcd as its summary (dsum) or as a blob (a reshard
+ * move's version, or a record written before the summary existed) */
+#define FILE_DIR 2
 
 /* What PREFIX/version says: the version and each file's length and digest (has[i] 0: an
  * optional file the version does not have); for the directory with dsum, its summary
@@ -97,7 +98,7 @@ static size_t vrec_format(const vrec *r, char *buf, size_t cap)
 {
     size_t n = (size_t)snprintf(buf, cap, "tessera-version 1\nversion %" PRIu64 "\n", r->version);
     for (size_t i = 0; i < NFILES && n < cap; i++)
-        if (i == DIR && r->dsum)
+        if (i == FILE_DIR && r->dsum)
             n += (size_t)snprintf(buf + n, cap - n, "dirsum %" PRIu64 " %" PRId64 " %016" PRIx64
                                   "\n", r->dcount, r->dnext, r->ddigest);
         else if (r->has[i])
@@ -118,7 +119,7 @@ static int vrec_parse(const tsr__meta *m, const char *s, vrec *r, tsr_error *err
         char name[32];
         if (i >= NREQUIRED && !*s)
             break; /* an optional file the version does not have */
-        if (i == DIR && strncmp(s, "dirsum ", 7) == 0) {
+        if (i == FILE_DIR && strncmp(s, "dirsum ", 7) == 0) {
             if (sscanf(s, "dirsum %" SCNu64 " %" SCNd64 " %" SCNx64 "\n%n", &r->dcount,
                        &r->dnext, &r->ddigest, &used) != 3 || used <= 0)
                 goto bad;
@@ -138,7 +139,7 @@ bad:
                    "\"version N\" and one \"file NAME LEN DIGEST\" line per file (%s, %s, %s, "
                    "then %s when the version has it; the %s as \"dirsum ENTRIES NEXT_LABEL "
                    "DIGEST\" instead)", m->prefix, FILES[0], FILES[1], FILES[2], FILES[3],
-                   FILES[DIR]);
+                   FILES[FILE_DIR]);
 }
 
 /* Reads PREFIX/version into *r (version 0 when absent) and its mod revision. */
@@ -220,7 +221,7 @@ static int cached(tsr_store *st, const vrec *r)
         size_t len = 0;
         int rc = tsr_store_read_file(st, r->version, FILES[i], TSR__META_MAX_FILE, &b, &len, &e);
         int ok;
-        if (i == DIR && r->dsum) {
+        if (i == FILE_DIR && r->dsum) {
             uint64_t cnt = 0, sum = 0;
             int64_t next = 0;
             ok = rc == 0 && tsr__dir_file_summary(b, len, &cnt, &next, &sum, &e) == 0 &&
@@ -255,7 +256,7 @@ static int rebuild_dir(const vrec *r, const uint8_t *gb, tsr__meta_dir_fn dirfn,
 static int download(tsr__meta *m, tsr_store *st, const vrec *r, tsr__meta_dir_fn dirfn,
                     void *ud, tsr_error *err)
 {
-    static const size_t order[NFILES] = {0, 1, 3, DIR};
+    static const size_t order[NFILES] = {0, 1, 3, FILE_DIR};
     uint8_t *b[NFILES] = {0};
     size_t bl[NFILES] = {0};
     int rc = 0;
@@ -263,7 +264,7 @@ static int download(tsr__meta *m, tsr_store *st, const vrec *r, tsr__meta_dir_fn
         size_t i = order[k];
         if (!r->has[i])
             continue;
-        if (i == DIR && r->dsum)
+        if (i == FILE_DIR && r->dsum)
             rc = rebuild_dir(r, b[3], dirfn, ud, &b[i], &bl[i], err);
         else if ((rc = fetch_file(m, r, i, &b[i], err)) == 0)
             bl[i] = r->len[i];
@@ -345,7 +346,7 @@ static int upload(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob, vrec *r
         if (rc)
             break;
         r->has[i] = 1;
-        if (i == DIR && !dir_blob) { /* its summary only: the shards hold it (dirshard.h) */
+        if (i == FILE_DIR && !dir_blob) { /* its summary only: the shards hold it */
             r->dsum = 1;
             rc = tsr__dir_file_summary(b, len, &r->dcount, &r->dnext, &r->ddigest, err);
             free(b);
