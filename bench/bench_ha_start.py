@@ -3,12 +3,20 @@
 
 For each size N (BENCH_HA_N, comma list, default 20000,100000): 2 shards, one etcd member,
 N records of BENCH_HA_DIMS (16) dims loaded by one update; then the coordinator is restarted
-three ways and the time from spawn to serving (its "(port N)" line) is measured:
-  empty   --etcd with an EMPTY --data: template, plan and directory downloaded from etcd
-  cached  --etcd with the --data of the last run (the files match the digests in etcd)
-  local   no --etcd, same --data (today's local backend, for comparison)
-and the directory's size and the download time the coordinator logs are printed.
+four ways and the time from spawn to serving (its "(port N)" line) is measured:
+  shards  --etcd with an EMPTY --data: template and plan from etcd, the id directory listed
+          from the shards (Shard.List) and checked against its summary in PREFIX/version
+  blob    the same, the version record rewritten as one written before the directory left
+          etcd (the directory uploaded by this script as PREFIX/blobs/1/directory/ chunks,
+          a "file directory LEN DIGEST" line): the coordinator downloads it as before
+  cached  --etcd with the --data of the last run (the files match the record)
+  local   no --etcd, same --data (the local backend, for comparison)
+and the directory's size and the times the coordinator logs (the rebuild from the shards,
+the whole load into the cache) are printed, side by side.
 """
+import base64
+import json
+import urllib.request
 import os
 import re
 import shutil
@@ -25,13 +33,44 @@ import test_ha_core as ha  # noqa: E402
 
 
 def timed_start(cl, extra):
+    """(seconds from spawn to serving, ms of the load into the cache or None, ms of the
+    directory's rebuild from the shards or None)."""
     t0 = time.time()
     cl.start(extra_args=extra)
     took = time.time() - t0
     text = cl.coord.text()
     cl.stop_coord()
-    m = re.search(r"loaded into the cache \((\d+) bytes, (\d+) ms\)", text)
-    return took, (int(m.group(1)), int(m.group(2))) if m else None
+    m = re.search(r"loaded into the cache \([^)]*, (\d+) ms\)", text)
+    r = re.search(r"rebuilt from \d+ shard group\(s\): \d+ ids, \d+ bytes, (\d+) ms", text)
+    return took, int(m.group(1)) if m else None, int(r.group(1)) if r else None
+
+
+def fnv1a64(b):
+    h = 0xcbf29ce484222325
+    for c in b:
+        h = ((h ^ c) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def etcd_put(etcd, key, value):
+    """One put through etcd's JSON gateway (binary values)."""
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
+                       "value": base64.b64encode(value).decode()}).encode()
+    urllib.request.urlopen(urllib.request.Request(
+        "http://%s/v3/kv/put" % etcd.endpoints, data=body), timeout=30).read()
+
+
+def old_record(etcd, prefix, directory):
+    """PREFIX/version as a coordinator before this change wrote it: the directory as a blob
+    in 1 MiB chunks and its "file directory LEN DIGEST" line instead of "dirsum"."""
+    rec = ha.etcdctl(etcd, "get", "--print-value-only", prefix + "/version")
+    line = [ln for ln in rec.split("\n") if ln.startswith("dirsum ")][0]
+    chunk = 1 << 20
+    for k in range(0, max(len(directory), 1), chunk):
+        etcd_put(etcd, "%s/blobs/1/directory/%08d" % (prefix, k // chunk),
+                 directory[k:k + chunk])
+    old = "file directory %d %016x" % (len(directory), fnv1a64(directory))
+    ha.etcdctl(etcd, "put", prefix + "/version", rec.strip("\n").replace(line, old) + "\n")
 
 
 def one(n, dims, etcd):
@@ -50,13 +89,18 @@ def one(n, dims, etcd):
         assert op.state == tp.Operation.SUCCEEDED, op
         cl.stop_coord()
         data = os.path.join(cl.root, "coordinator")
-        dsize = os.path.getsize(os.path.join(data, "v000001", "directory"))
+        with open(os.path.join(data, "v000001", "directory"), "rb") as f:
+            directory = f.read()
         shutil.rmtree(data)
         os.makedirs(data)
-        empty, dl = timed_start(cl, extra)
-        cached, _ = timed_start(cl, extra)
-        local, _ = timed_start(cl, [])
-        return dsize, dl, empty, cached, local
+        shards = timed_start(cl, extra)
+        cached = timed_start(cl, extra)
+        local = timed_start(cl, [])
+        old_record(etcd, prefix, directory)
+        shutil.rmtree(data)
+        os.makedirs(data)
+        blob = timed_start(cl, extra)
+        return len(directory), shards, blob, cached[0], local[0]
     finally:
         cl.stop()
 
@@ -71,11 +115,13 @@ def main():
             rows.append((n,) + one(n, dims, etcd))
     finally:
         etcd.stop()
-    print("%10s %12s %14s %14s %12s %12s" % ("ids", "directory B", "etcd download",
-                                                "start empty", "start cached", "start local"))
-    for n, dsize, dl, empty, cached, local in rows:
-        print("%10d %12d %11s ms %12.2f s %10.2f s %10.2f s" % (
-            n, dsize, dl[1] if dl else "-", empty, cached, local))
+    print("%10s %12s %12s %12s %12s %12s %12s %12s %12s" % (
+        "ids", "directory B", "list shards", "load shards", "start shards", "load blob",
+        "start blob", "start cached", "start local"))
+    dash = lambda v: "-" if v is None else v  # noqa: E731
+    for n, dsize, sh_, bl, cached, local in rows:
+        print("%10d %12d %9s ms %9s ms %10.2f s %9s ms %10.2f s %10.2f s %10.2f s" % (
+            n, dsize, dash(sh_[2]), dash(sh_[1]), sh_[0], dash(bl[1]), bl[0], cached, local))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "dirshard.h"
 #include "meta.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -152,7 +153,8 @@ static void follow_locked(tsr__coord *c)
     if (v <= served)
         return;
     tsr__snap *ns = NULL;
-    if (tsr__meta_sync(c->meta, c->store, &v, &err) || tsr__snap_load(c->store, v, &ns, &err)) {
+    if (tsr__meta_sync(c->meta, c->store, tsr__dir_rebuild, c, &v, &err) ||
+        tsr__snap_load(c->store, v, &ns, &err)) {
         tsr_error_log("leader: cannot load version %" PRIu64 " from etcd: %s", v, err.msg);
         return;
     }

@@ -23,6 +23,7 @@
 #include "core/clock.h"
 #include "core/cmdline.h"
 #include "coord.h"
+#include "dirshard.h"
 #include "meta.h"
 #include "net/metrics_http.h"
 #include "core/log.h"
@@ -242,6 +243,26 @@ static int stored_groups(tsr__coord *c, uint64_t v, tsr_error *err)
     return rc;
 }
 
+/* The committed version into the cache (tsr__meta_sync). With --etcd its directory may
+ * have to be listed from the shards (dirshard.h): a shard still starting, or a listing
+ * refused, is retried for up to SYNC_WAIT_MS before the start fails (a stop signal is
+ * seen after it). */
+#define SYNC_WAIT_MS 30000
+static int sync_version(tsr__coord *c, uint64_t *cur, tsr_error *err)
+{
+    int64_t until = tsr_clock_mono_ms() + SYNC_WAIT_MS;
+    for (;;) {
+        int rc = tsr__meta_sync(c->meta, c->store, tsr__dir_rebuild, c, cur, err);
+        if (rc == 0 || !c->meta || rc == TSR_ENOTFOUND || tsr_clock_mono_ms() >= until)
+            return rc;
+        tsr_warn("etcd: the committed version is not loaded yet (%s); trying again in 1 s",
+                 err->msg);
+        tsr_error_clear(err);
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Opens the data directory, loads the version CURRENT names (or starts empty) and the
  * operation records. Returns 0, or -1 with the reason logged. */
 static int load_state(tsr__coord *c, const char *data)
@@ -252,7 +273,7 @@ static int load_state(tsr__coord *c, const char *data)
         return -1;
     }
     uint64_t cur = 0;
-    int rc = tsr__meta_sync(c->meta, c->store, &cur, &err);
+    int rc = sync_version(c, &cur, &err);
     if (rc == 0 && cur == 0)
         rc = TSR_ENOTFOUND;
     if (rc == TSR_ENOTFOUND) {
@@ -689,6 +710,7 @@ int main(int argc, char **argv)
         code = 2;
         goto out;
     }
+    c->shard_opts = shard_opts; /* a directory listed from the shards at start (dirshard.h) */
     if (load_all(c, &ea, data, &code))
         goto out;
     if (tsr__coord_channels_open(c, &shard_opts, &err)) {

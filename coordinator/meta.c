@@ -1,6 +1,8 @@
 /*
  * meta — the coordinator's metadata backend (local folder or etcd); see meta.h for the
- * layout in etcd and the commit point. Calls no other file of the folder.
+ * layout in etcd and the commit point. Calls no other file of the folder but dirshard.c
+ * (a directory file's summary); the directory's rebuild from the shards is the caller's
+ * tsr__meta_dir_fn.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -9,6 +11,7 @@
 #include <time.h>
 
 #include "meta.h"
+#include "dirshard.h"
 #include "core/clock.h"
 #include "core/hash.h"
 #include "core/log.h"
@@ -22,13 +25,21 @@ static const char *const FILES[] = {"template.faiss", "plan", "directory", "grou
 #define NFILES (sizeof FILES / sizeof FILES[0])
 #define NREQUIRED 3
 
+/* FILES[FILE_DIR]: the directory, in etcd as its summary (dsum) or as a blob (a reshard
+ * move's version, or a record written before the summary existed) */
+#define FILE_DIR 2
+
 /* What PREFIX/version says: the version and each file's length and digest (has[i] 0: an
- * optional file the version does not have). */
+ * optional file the version does not have); for the directory with dsum, its summary
+ * instead (len and sum unused). */
 typedef struct vrec {
     uint64_t version;
     size_t len[NFILES];
     uint64_t sum[NFILES];
     uint8_t has[NFILES];
+    uint8_t dsum;
+    uint64_t dcount, ddigest;
+    int64_t dnext;
 } vrec;
 
 static uint64_t digest(const void *p, size_t n)
@@ -87,7 +98,10 @@ static size_t vrec_format(const vrec *r, char *buf, size_t cap)
 {
     size_t n = (size_t)snprintf(buf, cap, "tessera-version 1\nversion %" PRIu64 "\n", r->version);
     for (size_t i = 0; i < NFILES && n < cap; i++)
-        if (r->has[i])
+        if (i == FILE_DIR && r->dsum)
+            n += (size_t)snprintf(buf + n, cap - n, "dirsum %" PRIu64 " %" PRId64 " %016" PRIx64
+                                  "\n", r->dcount, r->dnext, r->ddigest);
+        else if (r->has[i])
             n += (size_t)snprintf(buf + n, cap - n, "file %s %zu %016" PRIx64 "\n", FILES[i],
                                   r->len[i], r->sum[i]);
     return n < cap ? n : cap - 1;
@@ -105,6 +119,14 @@ static int vrec_parse(const tsr__meta *m, const char *s, vrec *r, tsr_error *err
         char name[32];
         if (i >= NREQUIRED && !*s)
             break; /* an optional file the version does not have */
+        if (i == FILE_DIR && strncmp(s, "dirsum ", 7) == 0) {
+            if (sscanf(s, "dirsum %" SCNu64 " %" SCNd64 " %" SCNx64 "\n%n", &r->dcount,
+                       &r->dnext, &r->ddigest, &used) != 3 || used <= 0)
+                goto bad;
+            r->has[i] = r->dsum = 1;
+            s += used;
+            continue;
+        }
         if (sscanf(s, "file %31s %zu %" SCNx64 "\n%n", name, &r->len[i], &r->sum[i], &used) != 3 ||
             strcmp(name, FILES[i]) != 0 || r->len[i] > TSR__META_MAX_FILE)
             goto bad;
@@ -115,8 +137,9 @@ static int vrec_parse(const tsr__meta *m, const char *s, vrec *r, tsr_error *err
 bad:
     return tsr_err(err, TSR_EFORMAT, "etcd key %s/version: expected \"tessera-version 1\", "
                    "\"version N\" and one \"file NAME LEN DIGEST\" line per file (%s, %s, %s, "
-                   "then %s when the version has it)", m->prefix, FILES[0], FILES[1], FILES[2],
-                   FILES[3]);
+                   "then %s when the version has it; the %s as \"dirsum ENTRIES NEXT_LABEL "
+                   "DIGEST\" instead)", m->prefix, FILES[0], FILES[1], FILES[2], FILES[3],
+                   FILES[FILE_DIR]);
 }
 
 /* Reads PREFIX/version into *r (version 0 when absent) and its mod revision. */
@@ -197,8 +220,16 @@ static int cached(tsr_store *st, const vrec *r)
         void *b = NULL;
         size_t len = 0;
         int rc = tsr_store_read_file(st, r->version, FILES[i], TSR__META_MAX_FILE, &b, &len, &e);
-        int ok = r->has[i] ? rc == 0 && len == r->len[i] && digest(b, len) == r->sum[i]
+        int ok;
+        if (i == FILE_DIR && r->dsum) {
+            uint64_t cnt = 0, sum = 0;
+            int64_t next = 0;
+            ok = rc == 0 && tsr__dir_file_summary(b, len, &cnt, &next, &sum, &e) == 0 &&
+                 cnt == r->dcount && next == r->dnext && sum == r->ddigest;
+        } else {
+            ok = r->has[i] ? rc == 0 && len == r->len[i] && digest(b, len) == r->sum[i]
                            : rc == TSR_ENOTFOUND;
+        }
         free(b);
         if (!ok)
             return 0;
@@ -206,29 +237,59 @@ static int cached(tsr_store *st, const vrec *r)
     return 1;
 }
 
-/* Writes version r from etcd into st (a stale cached copy is replaced). */
-static int download(tsr__meta *m, tsr_store *st, const vrec *r, tsr_error *err)
+/* The directory of r from dirfn (its summary's version: listed from the shards), with
+ * the version's groups file (already fetched into gb, or NULL) to say where it lives. */
+static int rebuild_dir(const vrec *r, const uint8_t *gb, tsr__meta_dir_fn dirfn, void *ud,
+                       uint8_t **buf, size_t *len, tsr_error *err)
 {
-    tsr_error e = TSR_ERROR_INIT;
-    tsr_store_remove(st, r->version, &e); /* a cached copy that does not match */
-    tsr_store_txn *t = NULL;
-    int rc = tsr_store_begin(st, r->version, &t, err);
-    for (size_t i = 0; i < NFILES && rc == 0; i++) {
-        uint8_t *b = NULL;
+    if (!dirfn)
+        return tsr_err(err, TSR_EINTERNAL, "version %" PRIu64 ": its directory must be "
+                       "rebuilt from the shards, and no way to do it was given", r->version);
+    tsr__meta_dirsum di = {r->version, r->dcount, r->dnext, r->ddigest, (const char *)gb,
+                           gb ? r->len[3] : 0};
+    return dirfn(ud, &di, buf, len, err);
+}
+
+/* Writes version r from etcd (the directory: from dirfn when r keeps only its summary)
+ * into st (a stale cached copy is replaced). The groups are fetched before the directory:
+ * they say which shards hold it. */
+static int download(tsr__meta *m, tsr_store *st, const vrec *r, tsr__meta_dir_fn dirfn,
+                    void *ud, tsr_error *err)
+{
+    static const size_t order[NFILES] = {0, 1, 3, FILE_DIR};
+    uint8_t *b[NFILES] = {0};
+    size_t bl[NFILES] = {0};
+    int rc = 0;
+    for (size_t k = 0; k < NFILES && rc == 0; k++) {
+        size_t i = order[k];
         if (!r->has[i])
             continue;
-        if ((rc = fetch_file(m, r, i, &b, err)) == 0)
-            rc = tsr_store_txn_write_file(t, FILES[i], b, r->len[i], err);
-        free(b);
+        if (i == FILE_DIR && r->dsum)
+            rc = rebuild_dir(r, b[3], dirfn, ud, &b[i], &bl[i], err);
+        else if ((rc = fetch_file(m, r, i, &b[i], err)) == 0)
+            bl[i] = r->len[i];
     }
+    tsr_error e = TSR_ERROR_INIT;
+    tsr_store_txn *t = NULL;
+    if (rc == 0) {
+        tsr_store_remove(st, r->version, &e); /* a cached copy that does not match */
+        rc = tsr_store_begin(st, r->version, &t, err);
+    }
+    for (size_t i = 0; i < NFILES && rc == 0; i++)
+        if (r->has[i])
+            rc = tsr_store_txn_write_file(t, FILES[i], b[i], bl[i], err);
+    for (size_t i = 0; i < NFILES; i++)
+        free(b[i]);
     if (rc) {
-        tsr_store_abort(t);
+        if (t)
+            tsr_store_abort(t);
         return rc;
     }
     return tsr_store_commit(t, err);
 }
 
-int tsr__meta_sync(tsr__meta *m, tsr_store *st, uint64_t *version, tsr_error *err)
+int tsr__meta_sync(tsr__meta *m, tsr_store *st, tsr__meta_dir_fn dirfn, void *ud,
+                   uint64_t *version, tsr_error *err)
 {
     *version = 0;
     if (!m) {
@@ -246,10 +307,11 @@ int tsr__meta_sync(tsr__meta *m, tsr_store *st, uint64_t *version, tsr_error *er
         return rc;
     if (r.version > 0 && !cached(st, &r)) {
         int64_t t0 = tsr_clock_mono_ms();
-        if ((rc = download(m, st, &r, err)))
+        if ((rc = download(m, st, &r, dirfn, ud, err)))
             return rc;
-        tsr_info("etcd %s: version %" PRIu64 " loaded into the cache (%zu bytes, %lld ms)",
-                 m->prefix, r.version, r.len[0] + r.len[1] + r.len[2] + r.len[3],
+        tsr_info("etcd %s: version %" PRIu64 " loaded into the cache (%zu bytes from etcd%s, "
+                 "%lld ms)", m->prefix, r.version, r.len[0] + r.len[1] + r.len[2] + r.len[3],
+                 r.dsum ? "; the directory from the shards" : "",
                  (long long)(tsr_clock_mono_ms() - t0));
     }
     if (r.version > 0 && (rc = tsr_store_set_current(st, r.version, err)))
@@ -262,8 +324,10 @@ int tsr__meta_sync(tsr__meta *m, tsr_store *st, uint64_t *version, tsr_error *er
     return 0;
 }
 
-/* Uploads the files of version v of st into etcd; fills r. */
-static int upload(tsr__meta *m, tsr_store *st, uint64_t v, vrec *r, tsr_error *err)
+/* Uploads the files of version v of st into etcd (the directory only with dir_blob, else
+ * its summary); fills r. */
+static int upload(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob, vrec *r,
+                  tsr_error *err)
 {
     memset(r, 0, sizeof *r);
     r->version = v;
@@ -282,6 +346,14 @@ static int upload(tsr__meta *m, tsr_store *st, uint64_t v, vrec *r, tsr_error *e
         if (rc)
             break;
         r->has[i] = 1;
+        if (i == FILE_DIR && !dir_blob) { /* its summary only: the shards hold it */
+            r->dsum = 1;
+            rc = tsr__dir_file_summary(b, len, &r->dcount, &r->dnext, &r->ddigest, err);
+            free(b);
+            if (rc)
+                tsr_err_prefix(err, "version %" PRIu64 "", v);
+            continue;
+        }
         r->len[i] = len;
         r->sum[i] = digest(b, len);
         blob_prefix(m, v, FILES[i], pre, sizeof pre);
@@ -295,13 +367,13 @@ static int upload(tsr__meta *m, tsr_store *st, uint64_t v, vrec *r, tsr_error *e
     return rc;
 }
 
-int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, const tsr_etcd_cmp *extra,
-                     size_t ncmp, tsr_error *err)
+int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob,
+                     const tsr_etcd_cmp *extra, size_t ncmp, tsr_error *err)
 {
     if (!m)
         return 0;
     vrec r;
-    int rc = upload(m, st, v, &r, err);
+    int rc = upload(m, st, v, dir_blob, &r, err);
     if (rc)
         return rc;
     char key[300], val[512];

@@ -8,13 +8,19 @@
  *     is a no-op that succeeds (the store alone decides, as before this module).
  *   - etcd (--etcd ENDPOINTS --etcd-prefix PREFIX): the key PREFIX/version is the
  *     authoritative committed version, its value names the version and the length and
- *     FNV-1a 64 digest of each of its files (template.faiss, plan, directory, and groups
- *     when the version has one: the shard groups after a reshard, docs/resharding.md); the files
- *     themselves are kept in etcd in chunks of at most TSR__META_CHUNK bytes under
- *     PREFIX/blobs/<N>/<file>/<chunk#> (the committed version and the one before it), so
- *     a coordinator with an empty --data folder loads the version from etcd and the
- *     shards alone. DATA/ is then a cache: CURRENT and v<N>/ are written after the etcd
- *     commit, and a cached version is used only when its files match the digests.
+ *     FNV-1a 64 digest of each of its small files (template.faiss, plan, and groups
+ *     when the version has one: the shard groups after a reshard, docs/resharding.md), and
+ *     for the id directory only its summary: a line "dirsum ENTRIES NEXT_LABEL DIGEST"
+ *     (dirshard.h; the directory is ~34 bytes per id, too large for etcd at 10^8 ids).
+ *     The small files are kept in etcd in chunks of at most TSR__META_CHUNK bytes under
+ *     PREFIX/blobs/<N>/<file>/<chunk#> (the committed version and the one before it); the
+ *     directory is rebuilt from the shards (Shard.List, dirshard.c) and checked against
+ *     its summary. So a coordinator with an empty --data folder loads the version from
+ *     etcd and the shards alone. DATA/ is then a cache: CURRENT and v<N>/ are written
+ *     after the etcd commit, and a cached version is used only when its files match the
+ *     digests (the directory: its summary). A record written before this change, with a
+ *     "file directory LEN DIGEST" line, is still read: its directory blob is downloaded
+ *     as before.
  *
  * The commit point of an update is one etcd transaction: PREFIX/version is replaced only
  * when its mod revision is still the one this coordinator read or wrote last (and, once
@@ -59,21 +65,41 @@ void tsr__meta_close(tsr__meta *m); /* accepts NULL */
 /* Key of PREFIX + suffix into buf (suffix starts with '/'). */
 void tsr__meta_key(const tsr__meta *m, const char *suffix, char *buf, size_t cap);
 
-/* At start: the version etcd holds into *version (0 = none yet) and, when it is not in
- * st's cache with matching digests, downloaded into st; st's CURRENT then names it.
- * m NULL: *version = st's CURRENT (0 when none). Returns 0 or an error
- * (TSR_EUNAVAILABLE naming etcd). */
-int tsr__meta_sync(tsr__meta *m, tsr_store *st, uint64_t *version, tsr_error *err);
+/* The directory of a version whose record keeps only its summary (see above), handed to
+ * a tsr__meta_dir_fn with the version's groups file (NULL: the version has none, the
+ * config's groups hold it). */
+typedef struct tsr__meta_dirsum {
+    uint64_t version;
+    uint64_t count;             /* entries */
+    int64_t next_label;         /* the label counter */
+    uint64_t digest;            /* sum of the entries' tsr__dir_entry_digest */
+    const char *groups;         /* borrowed during the call; NULL = the config's */
+    size_t groups_len;
+} tsr__meta_dirsum;
+/* Makes the directory file (state.c's format) of di->version, new in *buf (*len), checked
+ * against di; returns 0 or an error (nothing is cached; the caller retries later). */
+typedef int (*tsr__meta_dir_fn)(void *ud, const tsr__meta_dirsum *di, uint8_t **buf,
+                                size_t *len, tsr_error *err);
 
-/* The commit point of version v, already saved in st (tsr__snap_save): its files are
- * uploaded, then PREFIX/version is set by one transaction conditional on its mod revision
+/* At start, and when a follower moves: the version etcd holds into *version (0 = none
+ * yet) and, when it is not in st's cache with matching digests, downloaded into st (the
+ * directory: from dirfn(ud, ...), or its blob for a record that still names one); st's
+ * CURRENT then names it. m NULL: *version = st's CURRENT (0 when none). Returns 0 or an
+ * error (TSR_EUNAVAILABLE naming etcd; dirfn's). */
+int tsr__meta_sync(tsr__meta *m, tsr_store *st, tsr__meta_dir_fn dirfn, void *ud,
+                   uint64_t *version, tsr_error *err);
+
+/* The commit point of version v, already saved in st (tsr__snap_save): its small files are
+ * uploaded and its directory summarized (uploaded too only with dir_blob: a version whose
+ * directory its shards' slices do not hold exactly, a reshard move's whose catch-up
+ * carried writes into their delta), then PREFIX/version is set by one transaction conditional on its mod revision
  * (and the ncmp compares in extra, e.g. the leader key). Returns 0 = committed; TSR_ESTATE
  * when a compare failed (another coordinator committed, or leadership was lost: nothing
  * changed); TSR_EUNAVAILABLE when etcd did not answer (nothing changed, or the re-read
  * after a lost answer showed it did not). m NULL: 0 (the local backend's commit point is
  * st's CURRENT, which the caller flips). */
-int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, const tsr_etcd_cmp *extra,
-                     size_t ncmp, tsr_error *err);
+int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob,
+                     const tsr_etcd_cmp *extra, size_t ncmp, tsr_error *err);
 
 /* Reads PREFIX/version: *version and *rev (its mod revision; 0 / 0 when absent). */
 int tsr__meta_read_version(tsr__meta *m, uint64_t *version, int64_t *rev, tsr_error *err);

@@ -590,7 +590,11 @@ static int upd_flip(upd *u, tsr_error *err)
         (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label, err)))
         return rc;
     if (c->meta) { /* the commit point is the etcd transaction; CURRENT is a cache */
-        if ((rc = tsr__meta_commit(c->meta, c->store, (uint64_t)u->newv, lead, nlead, err))) {
+        /* a reshard move's version: the writes its catch-up carried sit in the shards'
+         * delta of it, not in its slice, so Shard.List cannot rebuild its directory: that
+         * one still goes to etcd as a blob (dirshard.h, docs/coordinator.md) */
+        if ((rc = tsr__meta_commit(c->meta, c->store, (uint64_t)u->newv, u->catchup, lead,
+                                   nlead, err))) {
             if (rc == TSR_ESTATE)
                 tsr__leader_lost(c, err->msg);
             return rc;

@@ -5,9 +5,9 @@
  * shard does not hold → FAILED_PRECONDITION), run it on an immutable version snapshot
  * (scan.c) or on the update state (update.c), and encode the reply.
  *
- * DESIGN (threads): Search, Read and Stats run on the rpc polling threads (short;
- * Search and Read take only a version and delta reference, Stats only table_mu); Stage,
- * Prepare, Commit, Abort, Release and Write run on the rpc worker pool (TSR_RPC_LONG):
+ * DESIGN (threads): Search, Read, List and Stats run on the rpc polling threads (short;
+ * Search, Read and List take only a version (and delta) reference, Stats only table_mu);
+ * Stage, Prepare, Commit, Abort, Release and Write run on the rpc worker pool (TSR_RPC_LONG):
  * they parse chunks, build and fsync a version, or append to and fdatasync the log.
  */
 #include <math.h>
@@ -502,6 +502,91 @@ out:
     return rc;
 }
 
+/* List: one page of the version's own records (never its delta), labels ascending from
+ * start_label, columnar (shard.proto). The limit is checked before anything is allocated;
+ * the page also stops at LIST_PAGE_BYTES of ids so a reply stays well below the message
+ * limit. */
+#define LIST_MAX 100000
+#define LIST_DEFAULT 10000
+#define LIST_PAGE_BYTES ((size_t)1 << 20)
+
+static int h_list(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    tsr__shard *s = ctx;
+    int rc = 0;
+    Tessera__V1__ShardListResponse resp = TESSERA__V1__SHARD_LIST_RESPONSE__INIT;
+    tsr__version *v = NULL;
+    Tessera__V1__ShardListRequest *rq = tessera__v1__shard_list_request__unpack(NULL, len, req);
+    if (rq == NULL)
+        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                   "ShardListRequest: malformed protobuf");
+    if (rq->version <= 0 || rq->limit < 0 || rq->limit > LIST_MAX) {
+        rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
+                                 "ShardListRequest: version %lld (expected > 0), limit %d "
+                                 "(expected 0..%d)", (long long)rq->version, (int)rq->limit,
+                                 LIST_MAX);
+        goto out;
+    }
+    if ((v = tsr__shard_get(s, rq->version)) == NULL) {
+        rc = tsr_rpc_reply_error(reply, TSR_RPC_FAILED_PRECONDITION,
+                                 "ShardListRequest.version %lld: not held by this shard",
+                                 (long long)rq->version);
+        goto out;
+    }
+    size_t lo = 0, hi = v->nrecs; /* the first record with label >= start_label */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (v->recs[mid]->label < rq->start_label)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    size_t want = rq->limit ? (size_t)rq->limit : LIST_DEFAULT;
+    if (want > v->nrecs - lo)
+        want = v->nrecs - lo;
+    size_t n = 0, bytes = 0; /* the page: n records, their ids' bytes */
+    while (n < want && bytes < LIST_PAGE_BYTES) {
+        const char *id = v->recs[lo + n]->dp.id;
+        bytes += id ? strlen(id) : 0;
+        n++;
+    }
+    resp.labels = tsr_try_calloc(n + 1, sizeof *resp.labels);
+    resp.lists = tsr_try_calloc(n + 1, sizeof *resp.lists);
+    resp.id_lengths = tsr_try_calloc(n + 1, sizeof *resp.id_lengths);
+    resp.flags.data = tsr_try_calloc(n + 1, 1);
+    resp.ids.data = tsr_try_calloc(bytes + 1, 1);
+    if (!resp.labels || !resp.lists || !resp.id_lengths || !resp.flags.data || !resp.ids.data) {
+        rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const tsr__rec *r = v->recs[lo + i];
+        size_t l = r->dp.id ? strlen(r->dp.id) : 0;
+        resp.labels[i] = r->label;
+        resp.lists[i] = r->list;
+        resp.flags.data[i] = (uint8_t)((r->dp.dense != NULL) | (r->dp.nsparse > 0) << 1);
+        resp.id_lengths[i] = (uint32_t)l;
+        if (l)
+            memcpy(resp.ids.data + resp.ids.len, r->dp.id, l);
+        resp.ids.len += l;
+    }
+    resp.n_labels = resp.n_lists = resp.n_id_lengths = resp.flags.len = n;
+    resp.version = rq->version;
+    resp.total = (int64_t)v->nrecs;
+    resp.more = lo + n < v->nrecs;
+    resp.next_label = resp.more ? v->recs[lo + n]->label : 0;
+    rc = tsr_rpc_reply_pack(reply, &resp.base);
+out:
+    free(resp.labels);
+    free(resp.lists);
+    free(resp.id_lengths);
+    free(resp.flags.data);
+    free(resp.ids.data);
+    tsr__version_unref(v);
+    tessera__v1__shard_list_request__free_unpacked(rq, NULL);
+    return rc;
+}
+
 static int h_stage(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
 {
     tsr_error err = TSR_ERROR_INIT;
@@ -752,6 +837,7 @@ static const struct {
     {"Release", h_release, TSR_RPC_LONG},
     {"Stats", h_stats, 0},
     {"Write", h_write, TSR_RPC_LONG},
+    {"List", h_list, 0},
 };
 
 /* The request type whose nesting the server checks before the handler runs: staged and

@@ -3,8 +3,8 @@
  * validation and handling, on a small shard in this process, without gRPC or a socket
  * (tsr__rpc_run_detached runs a handler as the server would, its nesting check included).
  *
- * Input: byte 0 picks the method (byte % 9: Search, Read, Stage, Prepare, Commit, Abort,
- * Release, Stats, Write); the rest is the request message. The shard is fuzz_shard_common.h's
+ * Input: byte 0 picks the method (byte % 10: Search, Read, Stage, Prepare, Commit, Abort,
+ * Release, Stats, Write, List); the rest is the request message. The shard is fuzz_shard_common.h's
  * (version 1, 48 records). Inputs may change its state (stage, prepare, commit, abort,
  * release versions; streamed writes, logged and fsynced): after RESET_EVERY inputs of a
  * mutating method the shard is closed, its folder removed and a new one made, so the state
@@ -37,9 +37,10 @@ static const struct {
     {"Release", &tessera__v1__release_response__descriptor},
     {"Stats", &tessera__v1__shard_stats_response__descriptor},
     {"Write", &tessera__v1__shard_write_response__descriptor},
+    {"List", &tessera__v1__shard_list_response__descriptor},
 };
 #define NM (sizeof M / sizeof M[0])
-enum { SEARCH, READ, STAGE, PREPARE, COMMIT, ABORT, RELEASE, STATS, WRITE };
+enum { SEARCH, READ, STAGE, PREPARE, COMMIT, ABORT, RELEASE, STATS, WRITE, LIST };
 
 static tsr__shard S;
 static char *dir;
@@ -166,6 +167,17 @@ static void write_seeds(const char *sd)
     del.label = 100;
     del.list = 0;
     seed(sd, WRITE, "write_seq2_delete", &w.base);
+    Tessera__V1__ShardListRequest ls = TESSERA__V1__SHARD_LIST_REQUEST__INIT;
+    ls.version = 1;
+    seed(sd, LIST, "list_v1", &ls.base);
+    ls.start_label = 20;
+    ls.limit = 7;
+    seed(sd, LIST, "list_v1_page", &ls.base);
+    ls.limit = 2000000000; /* a hostile limit: refused before anything is allocated */
+    seed(sd, LIST, "list_v1_hostile_limit", &ls.base);
+    ls.version = 2;
+    ls.limit = 0;
+    seed(sd, LIST, "list_v2_not_held", &ls.base);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -189,7 +201,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     size_t mi = data[0] % NM;
     call(mi, data + 1, size - 1);
-    if (mi >= STAGE && mi != STATS) { /* a mutating method: the shard still answers */
+    if (mi >= STAGE && mi != STATS && mi != LIST) { /* a mutating method: still answers */
         if (call(STATS, NULL, 0) != TSR_RPC_OK)
             abort();
         if (++dirty >= RESET_EVERY) {

@@ -4,8 +4,10 @@ coordinators and shards on loopback.
 
 1. Empty --data (acceptance 6): a coordinator with --etcd loads an index and is killed -9;
    a new coordinator with an EMPTY --data folder and the same --etcd answers the same
-   FindNeighbors and ReadIndexDatapoints (the version's files come from etcd), and, once
-   the dead one's lease expired, it is the leader and the next UpdateIndex succeeds.
+   FindNeighbors and ReadIndexDatapoints (the version's small files come from etcd, its id
+   directory from the shards: etcd holds no directory blob, only its summary, and a
+   listing that does not match the summary is refused and retried), and, once the dead
+   one's lease expired, it is the leader and the next UpdateIndex succeeds.
 2. Two coordinators on one etcd: exactly one leader; the follower answers queries,
    refuses UpdateIndex and UpsertDatapoints with UNAVAILABLE naming the leader, and moves
    to the version the leader commits; GetIndexStats lists both and the leader; kill -9 of
@@ -17,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -92,6 +95,23 @@ def stop(p, sig=signal.SIGTERM):
     if sig != signal.SIGKILL:
         assert "ERROR: AddressSanitizer" not in text and "runtime error:" not in text, text
         assert rc == 0, "coordinator exit code %s:\n%s" % (rc, text)
+
+
+def etcdctl(etcd, *args):
+    r = subprocess.run(["etcdctl", "--endpoints", etcd.endpoints, "--dial-timeout", "2s"] +
+                       list(args), capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def check_no_directory_blob(etcd, prefix):
+    """etcd holds the version's small files and, for the directory, only its summary."""
+    keys = etcdctl(etcd, "get", "--prefix", "--keys-only", prefix + "/").split()
+    blobs = [k for k in keys if "/blobs/" in k]
+    assert blobs and not [k for k in blobs if "/directory/" in k], keys
+    rec = etcdctl(etcd, "get", "--print-value-only", prefix + "/version")
+    assert "\ndirsum " in rec and "file directory" not in rec, rec
+    return rec
 
 
 def answers(tp, stub, x, ids):
@@ -175,16 +195,28 @@ def test_empty_data(etcd, x, b0, b1):
         assert op.state == tp.Operation.SUCCEEDED, op
         ids = ["x%05d" % i for i in range(0, 2000, 131)] + ["nope"]
         before = answers(tp, cl.stub, x, ids)
+        rec = check_no_directory_blob(etcd, prefix)
         cl.stop_coord(signal.SIGKILL)
         data = os.path.join(cl.root, "coordinator")
         shutil.rmtree(data)
         os.makedirs(data)
+        # a directory summary the shards' listing does not match (its digest's last hex
+        # digit changed): refused, retried; the true record is put back 2.5 s later
+        line = [ln for ln in rec.split("\n") if ln.startswith("dirsum ")][0]
+        bad = line[:-1] + ("0" if line[-1] != "0" else "1")
+        etcdctl(etcd, "put", prefix + "/version", rec.replace(line, bad))
+        fix = threading.Timer(2.5, lambda: etcdctl(etcd, "put", prefix + "/version", rec))
+        fix.start()
         cl.start(extra_args=["--etcd", etcd.endpoints, "--etcd-prefix", prefix,
                              "--etcd-ttl", str(TTL)])
+        fix.join()
         assert cl.stats().version == 1, cl.coord.text()
         after = answers(tp, cl.stub, x, ids)
         assert after == before, "answers differ after a restart with an empty --data"
-        assert "loaded into the cache" in cl.coord.text(), cl.coord.text()
+        text = cl.coord.text()
+        assert "loaded into the cache" in text, text
+        assert "the version record says" in text and ": refused" in text, text
+        assert "directory of version 1 rebuilt from 2 shard group(s)" in text, text
         # the killed coordinator's lease still holds the leader key for up to TTL
         wait_leader(tp, cl.stub, cl.target, TTL + 5)
         op = update(tp, cl.stub, b1)
@@ -193,8 +225,10 @@ def test_empty_data(etcd, x, b0, b1):
         while shard_versions(cl) != [2, 2]:
             assert time.time() - t0 < 20, shard_versions(cl)
             time.sleep(0.1)
-        print("empty --data: same %d answers from etcd and the shards; update -> v2" %
-              len(before))
+        check_no_directory_blob(etcd, prefix)
+        print("empty --data: same %d answers from etcd and the shards (no directory blob in "
+              "etcd; a listing that does not match its summary refused, then retried); "
+              "update -> v2" % len(before))
     finally:
         cl.stop()
 
