@@ -77,14 +77,23 @@ _W = {}
 
 
 def _stub(target, stub_dir):
-    if "stub" not in _W:
+    """The stub of `target`, one channel per target and process (a pool process serves
+    both clusters of BENCH_STREAM_AB: a stub cached for the first target only sent every
+    window of both to that one cluster, up to 2026-12-04)."""
+    if "tp" not in _W:
         sys.path.insert(0, stub_dir)
         import grpc
-        from tessera.v1 import tessera_pb2, tessera_pb2_grpc
-        ch = grpc.insecure_channel(target)
-        _W.update(stub=tessera_pb2_grpc.VectorSearchStub(ch), tp=tessera_pb2, grpc=grpc,
-                  chan=ch)
-    return _W["stub"], _W["tp"], _W["grpc"]
+        from tessera.v1 import tessera_pb2
+        _W.update(tp=tessera_pb2, grpc=grpc)
+    key = ("stub", target)
+    if key not in _W:
+        from tessera.v1 import tessera_pb2_grpc
+        ch = _W["grpc"].insecure_channel(target)
+        _W[key] = tessera_pb2_grpc.VectorSearchStub(ch)
+        _W[("chan", target)] = ch
+        # bytes in, bytes out: no (de)serialization in the window
+        _W[("upsert_raw", target)] = ch.unary_unary("/tessera.v1.VectorSearch/UpsertDatapoints")
+    return _W[key], _W["tp"], _W["grpc"]
 
 
 def _vectors(sample_p):
@@ -131,9 +140,7 @@ def w_write(args):
     acknowledged, [call latency s], errors, CPU seconds of this process in the window)."""
     target, stub_dir, sample_p, wid, per_call, sync, seconds, rate, quota, seed, prebuild = args
     _, tp, grpc = _stub(target, stub_dir)
-    if "upsert_raw" not in _W:   # bytes in, bytes out: no (de)serialization in the window
-        _W["upsert_raw"] = _W["chan"].unary_unary("/tessera.v1.VectorSearch/UpsertDatapoints")
-    call = _W["upsert_raw"]
+    call = _W[("upsert_raw", target)]
     xs = _vectors(sample_p)
     rng = np.random.default_rng(seed)
     reqs = [_request_bytes(tp, xs, rng, wid, seed, k, per_call) for k in range(prebuild)]
@@ -350,8 +357,9 @@ def ab_tables(ba, bb, reps=2):
         os.path.relpath(ba.cl.bin, ROOT), os.path.relpath(bb.cl.bin, ROOT), reps))
     print()
     print("| records per call | client processes | A records/s | B records/s | B / A | "
-          "A ack p50 ms | B ack p50 ms | A cluster CPU us/record | B cluster CPU us/record |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "A ack p50 ms | B ack p50 ms | A ack p99 ms | B ack p99 ms | "
+          "A cluster CPU us/record | B cluster CPU us/record |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for procs in (1, 8):
         for per_call in (1, 16, 64):
             ra, rb = [], []
@@ -364,9 +372,9 @@ def ab_tables(ba, bb, reps=2):
             med = lambda rows, i: float(np.median([r[i] for r in rows]))  # noqa: E731
             cpu = lambda rows: float(np.median([r[7] * 1e4 / max(r[2], 1e-9)  # noqa: E731
                                                 for r in rows]))
-            print("| %d | %d | %.0f | %.0f | %.2f | %.2f | %.2f | %.0f | %.0f |" % (
+            print("| %d | %d | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.0f |" % (
                 per_call, procs, med(ra, 2), med(rb, 2), med(rb, 2) / max(med(ra, 2), 1e-9),
-                med(ra, 4), med(rb, 4), cpu(ra), cpu(rb)))
+                med(ra, 4), med(rb, 4), med(ra, 5), med(rb, 5), cpu(ra), cpu(rb)))
     print("(load average %.1f now)" % os.getloadavg()[0])
     print()
     print("| FindNeighbors p50 ms | A quiet | A with a %.0f records/s stream | A ratio | "
@@ -513,7 +521,8 @@ def main():
         ctx = mp.get_context("spawn")
         npool = max(8, QPROCS + 4)   # every task of a start group needs its own process
         pool = ctx.Pool(npool)
-        pool.map(w_warm, [(cl.target, stub_dir, sample_p)] * (2 * npool))
+        pool.map(w_warm, [(c.target, stub_dir, sample_p) for c in (cla, cl) if c] *
+                 (2 * npool))
         b = Bench(cl, pool, stub_dir, sample_p, xq_np)
         b.mgr = mgr = ctx.Manager()
         print("bench_stream: %d x %d, IVF%d/PQ%d, 4 shards (1 replica each) + coordinator on "
