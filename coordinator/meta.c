@@ -28,6 +28,7 @@ static const char *const FILES[] = {"template.faiss", "plan", "directory", "grou
 /* FILES[FILE_DIR]: the directory, in etcd as its summary (dsum) or as a blob (a reshard
  * move's version, or a record written before the summary existed) */
 #define FILE_DIR 2
+#define FILE_GROUPS 3 /* FILES[FILE_GROUPS]: where the directory lives (read before it) */
 
 /* What PREFIX/version says: the version and each file's length and digest (has[i] 0: an
  * optional file the version does not have); for the directory with dsum, its summary
@@ -246,7 +247,7 @@ static int rebuild_dir(const vrec *r, const uint8_t *gb, tsr__meta_dir_fn dirfn,
         return tsr_err(err, TSR_EINTERNAL, "version %" PRIu64 ": its directory must be "
                        "rebuilt from the shards, and no way to do it was given", r->version);
     tsr__meta_dirsum di = {r->version, r->dcount, r->dnext, r->ddigest, (const char *)gb,
-                           gb ? r->len[3] : 0};
+                           gb ? r->len[FILE_GROUPS] : 0};
     return dirfn(ud, &di, buf, len, err);
 }
 
@@ -256,7 +257,7 @@ static int rebuild_dir(const vrec *r, const uint8_t *gb, tsr__meta_dir_fn dirfn,
 static int download(tsr__meta *m, tsr_store *st, const vrec *r, tsr__meta_dir_fn dirfn,
                     void *ud, tsr_error *err)
 {
-    static const size_t order[NFILES] = {0, 1, 3, FILE_DIR};
+    static const size_t order[NFILES] = {0, 1, FILE_GROUPS, FILE_DIR};
     uint8_t *b[NFILES] = {0};
     size_t bl[NFILES] = {0};
     int rc = 0;
@@ -265,7 +266,7 @@ static int download(tsr__meta *m, tsr_store *st, const vrec *r, tsr__meta_dir_fn
         if (!r->has[i])
             continue;
         if (i == FILE_DIR && r->dsum)
-            rc = rebuild_dir(r, b[3], dirfn, ud, &b[i], &bl[i], err);
+            rc = rebuild_dir(r, b[FILE_GROUPS], dirfn, ud, &b[i], &bl[i], err);
         else if ((rc = fetch_file(m, r, i, &b[i], err)) == 0)
             bl[i] = r->len[i];
     }

@@ -10,7 +10,8 @@
  * failed is cut from the local log and refused (nothing written), so etcd holds every round
  * a shard may have applied. A round etcd refused or left in doubt (meta.h: put settles a
  * lost answer for up to the lease's TTL) stops the rounds until etcd's rounds are read
- * again (readopt below): its seq may be taken, and only etcd can say. The header (seq 0) is mirrored when a version's log is created
+ * again (ask_readopt below): its seq may be taken, and only etcd can say. The header
+ * (seq 0) is mirrored when a version's log is created
  * (before the commit point); the records of a version are dropped when the leader moves
  * past it or aborts it.
  *
@@ -42,10 +43,11 @@ int tsr__shlog_mirror(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec, tsr
 
 /* A round etcd refused, or whose outcome etcd did not tell: this leader's next seq may be
  * taken, so no round runs (the writer closed the local log) until the lease thread has
- * adopted etcd's rounds again (leader.c campaign, tsr__stream_adopt) — or, when it is not
+ * adopted etcd's rounds again (leader.c campaign, tsr__stream_readopt) — or, when it is not
  * the leader any more, until its successor did. Sets the request and wakes the lease
- * thread (lead.mu is a leaf lock: taken here under st.mu). */
-static void readopt(tsr__coord *c)
+ * thread (lead.mu is a leaf lock: taken here under st.mu; leader.c's kick() does the
+ * same wake-up, not called from here: leader.c calls this file). */
+static void ask_readopt(tsr__coord *c)
 {
     atomic_store(&c->lead.readopt, 1);
     pthread_mutex_lock(&c->lead.mu);
@@ -88,7 +90,7 @@ int tsr__shlog_mirror_round(tsr__coord *c, const Tessera__V1__CoordLogRecord *re
                      "%lld taken as lost", (long long)rec->seq);
     free(buf);
     if (rc && rec->seq > 0)
-        readopt(c);
+        ask_readopt(c);
     return rc;
 }
 
