@@ -30,6 +30,9 @@ One run measures, in order:
    Shard.Search returns (same rule as tests/integration/test_shard_faiss.py); the merged
    Faiss answer, labels read back as ids with Shard.Read, equals the cluster's
    FindNeighbors (approximate_neighbor_count 0, same nprobe).
+BENCH_STREAM_PARTS=fold runs part 3 only, for profiling the fold; part 3 also prints a
+timeline of the fold (queries per 0.5 s step, their p50 and max, and the update's log lines
+of the coordinator and shards at their time).
 Prints ONE table per part. Env: the above, BENCH_STREAM_OUT (cache, default
 build/bench-stream), TSR_BIN.
 
@@ -59,6 +62,7 @@ QSECONDS = float(os.environ.get("BENCH_STREAM_QSECONDS", 8))
 QPROCS = int(os.environ.get("BENCH_STREAM_QPROCS", 2))
 RATE = float(os.environ.get("BENCH_STREAM_RATE", 1000))
 FOLD = os.environ.get("BENCH_STREAM_FOLD", "1") != "0"
+PARTS = os.environ.get("BENCH_STREAM_PARTS", "all")   # "fold": part 3 only (profiling)
 FOLD_FRACTION = float(os.environ.get("BENCH_STREAM_FOLD_FRACTION", 0.10))
 FAISS_Q = int(os.environ.get("BENCH_STREAM_FAISS_Q", 200))
 AB = os.environ.get("BENCH_STREAM_AB", "")
@@ -400,6 +404,42 @@ def shard_stats(cl):
     return [s.stub.Stats(sp.ShardStatsRequest(), timeout=30) for s in cl.shards]
 
 
+def fold_timeline(cl, recs, f0, f1, step=0.5):
+    """The fold window in steps of `step` s (queries started, p50 / max latency ms), with the
+    update's log lines of the coordinator and the shards (their UTC timestamps) placed at
+    their time: which phase of the fold the queries wait on."""
+    import calendar
+    import re
+    events = []
+    procs = [("coord", cl.coord)] + [("shard%d" % i, s) for i, s in enumerate(cl.shards)]
+    pat = re.compile(r"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z \S+ \w+: (.*)$")
+    for name, pr in procs:
+        text = pr.text() if hasattr(pr, "text") else pr.proc.text()
+        for line in text.splitlines():
+            m = pat.match(line)
+            if not m:
+                continue
+            y, mo, d, h, mi, sec, ms = (int(x) for x in m.groups()[:7])
+            t = calendar.timegm((y, mo, d, h, mi, sec)) + ms / 1000.0
+            if f0 - 1.0 <= t <= f1 + 1.0 and re.search(
+                    r"update|Prepare|prepared|committed|Commit|version|fold|dropping", m.group(8)):
+                events.append((t, name, m.group(8)[:150]))
+    events.sort()
+    print()
+    print("Fold timeline (t = seconds after the UpdateIndex call; queries started in each "
+          "%.1f s step):" % step)
+    print("| t | queries | p50 ms | max ms | log lines in the step |")
+    print("|---:|---:|---:|---:|---|")
+    t = f0 - 1.0
+    while t < f1 + 1.0:
+        lat = sorted(x[1] * 1e3 for x in recs if t <= x[0] < t + step)
+        ev = ["%s +%.2f: %s" % (n, et - f0, m) for et, n, m in events if t <= et < t + step]
+        print("| %+.1f | %d | %s | %s | %s |" % (
+            t - f0, len(lat), "%.1f" % lat[len(lat) // 2] if lat else "-",
+            "%.1f" % lat[-1] if lat else "-", "<br>".join(ev)))
+        t += step
+
+
 def fold_part(b, ix_p, xq):
     import coord_harness as ch
     tp, _, sp, _ = ch.stubs()
@@ -448,6 +488,7 @@ def fold_part(b, ix_p, xq):
     during = [x for x in recs if f0 <= x[0] <= f1]
     lat = [x[1] for x in during if x[2]]
     failed = sum(1 for x in recs if not x[2])
+    fold_timeline(cl, recs, f0, f1)
     after = query_window(b, QSECONDS, 0)
     st2 = shard_stats(cl)
     import faiss
@@ -534,7 +575,7 @@ def main():
             ab_tables(ba, b)
             cla.stop()
             cla = None
-        else:
+        elif PARTS != "fold":
             write_table(b)
             query_table(b)
         if FOLD:

@@ -33,6 +33,7 @@
 #include "coord.h"
 #include "meta.h"
 #include "core/clock.h"
+#include "core/parallel.h"
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
@@ -684,16 +685,26 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version
     u.base = tsr__coord_snap_get(c);
     u.newv = (int64_t)u.base->version + 1;
     u.out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
+    int64_t t[6] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
     int rc = upd_plan(&u, err);
+    t[1] = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_stage(&u, STAGE_ALL, err);
+    t[2] = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_prepare(&u, err);
+    t[3] = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_flip(&u, err);
+    t[4] = tsr_clock_mono_ms();
     if (rc == 0) {
         upd_commit(&u);
         *version = u.newv;
+        t[5] = tsr_clock_mono_ms();
+        tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld, commit "
+                 "point %lld, commit fan-out %lld (streamed writes waited all along)", op->id,
+                 (long long)u.newv, (long long)(t[1] - t[0]), (long long)(t[2] - t[1]),
+                 (long long)(t[3] - t[2]), (long long)(t[4] - t[3]), (long long)(t[5] - t[4]));
     }
     upd_cleanup(&u, rc);
     tsr__stream_unlock(c);
@@ -710,6 +721,9 @@ typedef struct upd_arg {
 
 static void *update_main(void *p)
 {
+    /* reading the batch, the plan and the waits run below the query threads: an update
+     * (a fold too) takes the CPU the queries leave (core/parallel.h) */
+    tsr_thread_background();
     upd_arg *a = p;
     tsr__coord *c = a->c;
     tsr__op *op = a->op;

@@ -58,7 +58,6 @@ typedef struct tsr__tmpl {
     float *pq_t;     /* owned, immutable: the PQ sub-centroids per sub-space transposed,
                         [m][q][j] (d * ksub floats), for tsr__encode; NULL = not used */
 } tsr__tmpl;
-#define TSR__BUILD_NICE 10 /* nice of a Prepare's build thread (update.c), queries at 0 */
 #define TSR__PTAB_CAP ((size_t)64 << 20)
 #define TSR__ENC_MAX_DSUB 256   /* tsr__encode's fast path: dsub and ksub at most these */
 #define TSR__ENC_MAX_KSUB 4096

@@ -36,14 +36,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "index/faiss_io.h"
+#include "core/clock.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "core/mem.h"
 #include "net/metrics.h"
 #include "shard.h"
@@ -656,10 +656,14 @@ static int prepare_build(tsr__shard *s, tsr__staging *st, int64_t version, tsr__
 {
     int rc;
     tsr__version *v = NULL;
+    int64_t t[6];
+    t[0] = tsr_clock_mono_ms();
     if ((rc = make_edits(st, e, err)) != 0 || (rc = fold_delta(s, st, e, err)) != 0)
         return rc;
+    t[1] = tsr_clock_mono_ms();
     if ((rc = tsr__version_build(st->base, st->tmpl, e, version, &v, err)) != 0)
         return rc;
+    t[2] = tsr_clock_mono_ms();
     *out = v; /* the caller unrefs it on failure */
     v->stream_seq = st->stream_seq;
     tsr_store_txn *txn = NULL;
@@ -669,12 +673,26 @@ static int prepare_build(tsr__shard *s, tsr__staging *st, int64_t version, tsr__
         tsr_store_abort(txn);
         return rc;
     }
+    t[3] = tsr_clock_mono_ms();
     /* MANIFEST, fsyncs, rename to v<version>/, fsync of the data dir. */
     if ((rc = tsr_store_commit(txn, err)) != 0)
         return rc;
-    if ((rc = tsr_store_verify(s->store, (uint64_t)version, err)) != 0)
+    t[4] = tsr_clock_mono_ms();
+    if ((rc = tsr_store_verify(s->store, (uint64_t)version, err)) != 0) {
         tsr_store_remove(s->store, (uint64_t)version, NULL);
-    return rc;
+        return rc;
+    }
+    t[5] = tsr_clock_mono_ms();
+    struct timespec cpu = {0, 0}; /* this thread's CPU (the build runs on a thread of its own) */
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+    /* the phases of a build, for the operator (and the fold's profile, docs/performance.md) */
+    tsr_info("Prepare(%lld): built in %lld ms (thread CPU %lld ms): edits %lld, lists %lld, "
+             "files %lld, fsync and rename %lld, verify %lld", (long long)version,
+             (long long)(t[5] - t[0]),
+             (long long)cpu.tv_sec * 1000 + cpu.tv_nsec / 1000000,
+             (long long)(t[1] - t[0]), (long long)(t[2] - t[1]), (long long)(t[3] - t[2]),
+             (long long)(t[4] - t[3]), (long long)(t[5] - t[4]));
+    return 0;
 }
 
 typedef struct build_job {
@@ -690,14 +708,12 @@ typedef struct build_job {
 static void *build_main(void *arg)
 {
     build_job *j = arg;
-    /* this thread only: Linux gives each thread its own nice value */
-    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), TSR__BUILD_NICE) != 0)
-        tsr_debug("Prepare: cannot lower the build thread's priority: %s", strerror(errno));
+    tsr_thread_background(); /* this thread only (core/parallel.h) */
     j->rc = prepare_build(j->s, j->st, j->version, j->e, j->out, j->err);
     return NULL;
 }
 
-/* prepare_build on a thread of its own at nice TSR__BUILD_NICE, joined (the caller keeps
+/* prepare_build on a thread of its own at the background priority (nice 10), joined (the caller keeps
  * update_mu): a fold or batch build takes seconds of CPU, and on a machine with few cores
  * the queries served meanwhile (polling threads, default priority) should win the CPU —
  * docs/performance.md "Streamed writes" (the fold's p99). In place when no thread can be
@@ -766,8 +782,10 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
         }
     }
     v->disk_bytes = total;
+    int64_t map_ms = tsr_clock_mono_ms();
     if (total > 0) /* vd is the version's directory */
         tsr__version_map_vectors(v, vd);
+    map_ms = tsr_clock_mono_ms() - map_ms;
     if (st->capture) {
         /* A catch-up version: its (empty) log marks it, also after a restart. */
         if ((rc = tsr__stream_catchup_create(s, version, err)) != 0) {
@@ -799,8 +817,10 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
     resp->ready = 1;
     resp->vectors_count = (int64_t)v->nvectors;
     resp->sparse_vectors_count = (int64_t)v->nsparse;
-    tsr_info("prepared version %lld: %zu vectors, %zu sparse (%llu bytes on disk)%s",
+    tsr_info("prepared version %lld: %zu vectors, %zu sparse (%llu bytes on disk; vectors "
+             "mapped in %lld ms)%s",
              (long long)version, v->nvectors, v->nsparse, (unsigned long long)total,
+             (long long)map_ms,
              v->catchup ? ", a catch-up version (Writes naming it are taken)" : "");
     v = NULL;
     staging_free(s->staging);

@@ -3,7 +3,16 @@
  */
 #include "core/parallel.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core/log.h"
 
 typedef struct {
     void (*fn)(void *, size_t, size_t, int);
@@ -45,4 +54,36 @@ void tsr_parallel_for(int threads, size_t n, void (*fn)(void *, size_t, size_t, 
         else
             chunk_main(&c[t]); /* could not start a thread: do its share here */
     }
+}
+
+int tsr_thread_background(void)
+{
+    const char *e = getenv("TSR_BACKGROUND_NICE");
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    if (e && strcmp(e, "idle") == 0) {
+        struct sched_param sp = {0};
+        if (sched_setscheduler(tid, SCHED_IDLE, &sp) != 0) {
+            tsr_debug("TSR_BACKGROUND_NICE=idle: %s", strerror(errno));
+            return -1;
+        }
+        return 20;
+    }
+    long nice = TSR_BACKGROUND_NICE;
+    if (e && e[0]) {
+        char *end;
+        nice = strtol(e, &end, 10);
+        if (*end || nice < 0 || nice > 19) {
+            tsr_debug("TSR_BACKGROUND_NICE=%s: expected 0..19 or idle", e);
+            return -1;
+        }
+    }
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, (id_t)tid);
+    if (errno == 0 && cur >= nice)
+        return cur; /* already at least as low (a process started under nice): never raised */
+    if (nice > 0 && setpriority(PRIO_PROCESS, (id_t)tid, (int)nice) != 0) {
+        tsr_debug("cannot lower a background thread's priority: %s", strerror(errno));
+        return -1;
+    }
+    return (int)nice;
 }

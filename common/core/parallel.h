@@ -7,6 +7,10 @@
  * coarse (thousands of rows per chunk), so a thread start costs nothing measurable, and a
  * caller writes each output from exactly one chunk, so chunks need no synchronisation.
  * Chunk t is [n*t/T, n*(t+1)/T): the split depends only on n and T, never on timing.
+ *
+ * Also the priority of background work (tsr_thread_background): the threads that build a
+ * version (a shard's Prepare, a coordinator's update) run below the threads that serve
+ * queries, so a batch update or a fold takes the CPU the queries leave.
  */
 #ifndef TSR_PARALLEL_H
 #define TSR_PARALLEL_H
@@ -22,5 +26,18 @@
  * (same result, less parallel). fn must not fail halfway: it reports errors through ctx. */
 void tsr_parallel_for(int threads, size_t n,
                       void (*fn)(void *ctx, size_t begin, size_t end, int tid), void *ctx);
+
+/* The nice value of background work when TSR_BACKGROUND_NICE is not set. */
+#define TSR_BACKGROUND_NICE 10
+
+/* Lowers the CALLING THREAD's priority (Linux: each thread has its own) to the background
+ * level: nice TSR_BACKGROUND_NICE, or the value of the environment variable
+ * TSR_BACKGROUND_NICE — 0..19 (0 = not lowered), or "idle" for SCHED_IDLE (runs only on a
+ * CPU nothing else wants). A thread already at that nice or lower keeps its own (it is never
+ * raised, even as root). A value it cannot read or apply is logged at debug level and the
+ * thread keeps its priority. Returns the thread's nice after the call (20 = idle; -1 =
+ * unchanged on an error). Irreversible for an unprivileged thread: call it on a thread of
+ * its own. */
+int tsr_thread_background(void);
 
 #endif
