@@ -650,3 +650,49 @@ void tsr__meta_log_drop(tsr__meta *m, uint64_t v)
         tsr_warn("etcd %s*: cannot remove the stream records of version %" PRIu64 ": %s", pre,
                  v, e.msg);
 }
+
+int tsr__meta_stream_head(tsr__meta *m, uint64_t *v, int64_t *seq, tsr_error *err)
+{
+    uint64_t prev = 0;
+    for (int tries = 0; tries < 4; tries++) {
+        int64_t rev = 0;
+        int rc = tsr__meta_read_version(m, v, &rev, err);
+        if (rc == TSR_ENOTFOUND) { /* no version committed yet: nothing to wait for */
+            tsr_error_clear(err);
+            *v = 0;
+            *seq = 0;
+            return 0;
+        }
+        if (rc)
+            return rc;
+        *seq = 0;
+        if (*v == 0 || (tries > 0 && *v == prev))
+            return 0; /* v has no round in etcd (no header either): none to wait for */
+        prev = *v;
+        char pre[400];
+        log_prefix(m, *v, -1, pre, sizeof pre);
+        tsr_etcd_kv *kvs = NULL;
+        size_t n = 0;
+        if ((rc = tsr_etcd_get_last_keys(m->etcd, pre, 2, &kvs, &n, NULL, err)) != 0)
+            return rc;
+        int found = 0;
+        if (n > 0) {
+            size_t pl = strlen(pre);
+            long long s = -1;
+            char tail[16] = "";
+            if (strlen(kvs[0].key) > pl && sscanf(kvs[0].key + pl, "%lld/%15s", &s, tail) == 2 &&
+                s >= 0) {
+                found = 1;
+                *seq = tail[0] == 'n' ? (int64_t)s : (s > 0 ? (int64_t)s - 1 : 0);
+            }
+        }
+        tsr_etcd_kvs_free(kvs, n);
+        free(kvs);
+        if (found)
+            return 0;
+        /* empty: dropped after a newer version's commit (read the version again), or a
+         * version that never had a round (the same version read again: seq 0) */
+    }
+    return tsr_err(err, TSR_EUNAVAILABLE, "etcd: the streamed rounds of version %" PRIu64
+                   " are gone (a newer version moved in 4 reads in a row)", *v);
+}
