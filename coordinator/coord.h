@@ -690,7 +690,8 @@ int tsr__coord_ri_on(int what);
 /* A follower with --etcd, before it plans a query: one linearizable etcd read of the
  * newest round (shared with the queries that arrived before it started), then a wait of at
  * most min(1 s, remaining_ms) for the watch to deliver that round. 0 (also at once on the
- * leader, without etcd, or with the hook off), or TSR_EUNAVAILABLE with err set. Blocks. */
+ * leader, without etcd, with the hook off, or when etcd cannot be read: logged), or
+ * TSR_EUNAVAILABLE with err set (the watch did not deliver in time). Blocks. */
 int tsr__coord_read_index(tsr__coord *c, int64_t remaining_ms, tsr_error *err);
 /* replica.c: whether a Search result is a replica's "behind" refusal; *applied = its N. */
 int tsr__coord_behind_of(const tsr_rpc_result *r, int64_t *applied);

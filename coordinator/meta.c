@@ -144,14 +144,14 @@ bad:
 }
 
 /* Reads PREFIX/version into *r (version 0 when absent) and its mod revision. */
-static int read_vrec(tsr__meta *m, vrec *r, int64_t *rev, tsr_error *err)
+static int read_vrec(tsr__meta *m, tsr_etcd *e, vrec *r, int64_t *rev, tsr_error *err)
 {
     char key[300];
     tsr__meta_key(m, "/version", key, sizeof key);
     tsr_etcd_kv kv;
     memset(r, 0, sizeof *r);
     *rev = 0;
-    int rc = tsr_etcd_get(m->etcd, key, &kv, NULL, err);
+    int rc = tsr_etcd_get(e, key, &kv, NULL, err);
     if (rc == TSR_ENOTFOUND) {
         tsr_error_clear(err);
         return 0;
@@ -167,7 +167,7 @@ static int read_vrec(tsr__meta *m, vrec *r, int64_t *rev, tsr_error *err)
 int tsr__meta_read_version(tsr__meta *m, uint64_t *version, int64_t *rev, tsr_error *err)
 {
     vrec r;
-    int rc = read_vrec(m, &r, rev, err);
+    int rc = read_vrec(m, m->etcd, &r, rev, err);
     *version = rc ? 0 : r.version;
     return rc;
 }
@@ -303,7 +303,7 @@ int tsr__meta_sync(tsr__meta *m, tsr_store *st, tsr__meta_dir_fn dirfn, void *ud
     }
     vrec r;
     int64_t rev = 0;
-    int rc = read_vrec(m, &r, &rev, err);
+    int rc = read_vrec(m, m->etcd, &r, &rev, err);
     if (rc)
         return rc;
     if (r.version > 0 && !cached(st, &r)) {
@@ -656,15 +656,11 @@ int tsr__meta_stream_head(tsr__meta *m, uint64_t *v, int64_t *seq, tsr_error *er
     uint64_t prev = 0;
     for (int tries = 0; tries < 4; tries++) {
         int64_t rev = 0;
-        int rc = tsr__meta_read_version(m, v, &rev, err);
-        if (rc == TSR_ENOTFOUND) { /* no version committed yet: nothing to wait for */
-            tsr_error_clear(err);
-            *v = 0;
-            *seq = 0;
-            return 0;
-        }
+        vrec r;
+        int rc = read_vrec(m, m->fast, &r, &rev, err); /* absent: version 0 */
         if (rc)
             return rc;
+        *v = r.version;
         *seq = 0;
         if (*v == 0 || (tries > 0 && *v == prev))
             return 0; /* v has no round in etcd (no header either): none to wait for */
@@ -673,7 +669,7 @@ int tsr__meta_stream_head(tsr__meta *m, uint64_t *v, int64_t *seq, tsr_error *er
         log_prefix(m, *v, -1, pre, sizeof pre);
         tsr_etcd_kv *kvs = NULL;
         size_t n = 0;
-        if ((rc = tsr_etcd_get_last_keys(m->etcd, pre, 2, &kvs, &n, NULL, err)) != 0)
+        if ((rc = tsr_etcd_get_last_keys(m->fast, pre, 2, &kvs, &n, NULL, err)) != 0)
             return rc;
         int found = 0;
         if (n > 0) {

@@ -144,8 +144,9 @@ void tsr__meta_log_drop(tsr__meta *m, uint64_t v);
  * newest round etcd holds complete for v (its mark "n" is there; a top round with chunks
  * but no mark was never acknowledged and its predecessor is complete, the writer mirrors
  * in order), 0 = the header only. A version whose rounds are gone (dropped after the
- * next version's commit) is read again, up to 3 times. 0 or the error (etcd unreachable:
- * TSR_EUNAVAILABLE as every etcd call). */
+ * next version's commit) is read again, up to 4 times. Through the fast client (its short
+ * deadline: a query does not wait 5 s for an etcd without quorum). 0 or the error (etcd
+ * unreachable: TSR_EUNAVAILABLE as every etcd call). */
 int tsr__meta_stream_head(tsr__meta *m, uint64_t *v, int64_t *seq, tsr_error *err);
 
 #endif
