@@ -9,7 +9,8 @@
  * version, so the whole answer comes from that version (response.version).
  *
  * DESIGN (threads): FindNeighbors runs on the rpc polling thread that received it and
- * never blocks: fnq_plan (validation, coarse step, per-shard requests) runs in the
+ * never waits for a shard (on a follower with --etcd it waits for the read index before
+ * planning: readidx.c, one shared etcd read and at most 1 s for the watch): fnq_plan (validation, coarse step, per-shard requests) runs in the
  * handler, the shard calls go out with tsr__coord_group_fanout_async (tsr_rpc_reply_fanout
  * on the server's own completion queue: retries on other replicas start from the poller
  * that sees an attempt fail), and fnq_finish (merge, reply) runs on the polling thread
