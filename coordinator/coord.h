@@ -458,6 +458,15 @@ typedef struct tsr__coord {
     /* --etcd (meta.h, leader.c): NULL = the local folder backend, always the leader */
     struct tsr__meta *meta;     /* owned */
     tsr__lead lead;
+    /* readidx.c: a follower's read index (one etcd read shared by the queries that
+     * arrived before it started; all under ri_mu, a leaf lock) */
+    pthread_mutex_t ri_mu;
+    pthread_cond_t ri_cv;
+    int64_t ri_started, ri_done; /* reads started / finished (numbered from 1) */
+    int ri_inflight, ri_rc;      /* a read in flight; the last read's outcome (TSR code) */
+    uint64_t ri_version;         /* the last read: PREFIX/version and its newest round */
+    int64_t ri_seq;
+    char ri_msg[256];            /* the last read's error */
 } tsr__coord;
 
 tsr__snap *tsr__coord_snap_get(tsr__coord *c);          /* new ref; caller unrefs */
@@ -672,6 +681,21 @@ void tsr__coord_crash_point(const char *step);
  * round's answer as lost (outcome unknown: the leader must re-read etcd's rounds). */
 int tsr__coord_test_hook(const char *name);
 
+/* ---- readidx.c: read-your-writes on every coordinator (docs/coordinator.md) ---- */
+/* Whether a half is on: TSR_RI_WATCH (a follower's etcd read and watch wait) or
+ * TSR_RI_DEMAND (min_stream_seq in every ShardQuery). Both are, except under the test hooks
+ * (TSR_COORD_CRASH_AT) no-read-index (neither) and no-demand (the watch half only). */
+enum { TSR_RI_WATCH = 1, TSR_RI_DEMAND = 2 };
+int tsr__coord_ri_on(int what);
+/* A follower with --etcd, before it plans a query: one linearizable etcd read of the
+ * newest round (shared with the queries that arrived before it started), then a wait of at
+ * most min(1 s, remaining_ms) for the watch to deliver that round. 0 (also at once on the
+ * leader, without etcd, with the hook off, or when etcd cannot be read: logged), or
+ * TSR_EUNAVAILABLE with err set (the watch did not deliver in time). Blocks. */
+int tsr__coord_read_index(tsr__coord *c, int64_t remaining_ms, tsr_error *err);
+/* replica.c: whether a Search result is a replica's "behind" refusal; *applied = its N. */
+int tsr__coord_behind_of(const tsr_rpc_result *r, int64_t *applied);
+
 /* ---- replica.c ---- */
 /* Opens one channel per replica (opts borrowed, may be NULL = plaintext defaults). Returns
  * 0 or an error naming the replica. tsr__coord_channels_close accepts a partial open. */
@@ -713,6 +737,12 @@ typedef struct tsr__gcall {
     tsr_rpc_result result;
     size_t replica;
     int attempts;
+    /* Search or Read with a min_stream_seq (NULL otherwise): the unpacked request (a
+     * ShardSearchRequest or ShardReadRequest). When every replica of the group refused it
+     * as behind ("applied seq N"), the fan-out lowers the demand to the highest N and asks
+     * that replica again (readidx.c explains why that is safe); the repacked request is
+     * the fan-out's. */
+    ProtobufCMessage *demand;
 } tsr__gcall;
 /* Sends all n calls in parallel; returns the number whose final code is not OK. */
 size_t tsr__coord_group_fanout(tsr__coord *c, const char *method, tsr__gcall *calls, size_t n,
@@ -812,7 +842,8 @@ typedef struct tsr__loc {
     int32_t list, shard;
     int found;
 } tsr__loc;
-tsr__snap *tsr__stream_resolve(tsr__coord *c, char *const *ids, size_t n, tsr__loc *out);
+tsr__snap *tsr__stream_resolve(tsr__coord *c, char *const *ids, size_t n, tsr__loc *out,
+                               int64_t *seqs);
 /* The dense and sparse counts of sn with the streamed writes applied on it. */
 void tsr__stream_counts(tsr__coord *c, const tsr__snap *sn, int64_t *ndense, int64_t *nsparse);
 
@@ -826,6 +857,10 @@ tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn);
 void tsr__stream_base_free(tsr__snap *view);
 /* The last seq logged for group g (StageRequest.base_stream_seq). */
 int64_t tsr__stream_group_seq(tsr__coord *c, size_t g);
+/* A query's snapshot (a reference) and, read with it under ov_rw, the last seq of each of
+ * its groups (seqs[0..cap), 0 when the overlay is not of that version) and *last, the
+ * last seq this coordinator has logged or followed for it (-1: not of that version). */
+tsr__snap *tsr__stream_snap_seqs(tsr__coord *c, int64_t *seqs, size_t cap, int64_t *last);
 /* A reshard move (docs/resharding.md "Writes during a move"; stream lock held): the last
  * seq logged (the move's S, taken when it sends every group's Stage chunk 0). */
 int64_t tsr__stream_last_seq(tsr__coord *c);

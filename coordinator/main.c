@@ -542,6 +542,8 @@ static tsr__coord *coord_new(const char *tmpl, const char *deployed)
     pthread_mutex_init(&c->rec_mu, NULL);
     pthread_mutex_init(&c->lead.mu, NULL);
     pthread_mutex_init(&c->lead.follow_mu, NULL);
+    pthread_mutex_init(&c->ri_mu, NULL);
+    pthread_cond_init(&c->ri_cv, NULL);
     tsr_clock_cond_init(&c->lead.cv);
     tsr_clock_cond_init(&c->rec_cv); /* reconcile sleeps on CLOCK_MONOTONIC */
     c->template_path = tmpl;

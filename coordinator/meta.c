@@ -144,14 +144,14 @@ bad:
 }
 
 /* Reads PREFIX/version into *r (version 0 when absent) and its mod revision. */
-static int read_vrec(tsr__meta *m, vrec *r, int64_t *rev, tsr_error *err)
+static int read_vrec(tsr__meta *m, tsr_etcd *e, vrec *r, int64_t *rev, tsr_error *err)
 {
     char key[300];
     tsr__meta_key(m, "/version", key, sizeof key);
     tsr_etcd_kv kv;
     memset(r, 0, sizeof *r);
     *rev = 0;
-    int rc = tsr_etcd_get(m->etcd, key, &kv, NULL, err);
+    int rc = tsr_etcd_get(e, key, &kv, NULL, err);
     if (rc == TSR_ENOTFOUND) {
         tsr_error_clear(err);
         return 0;
@@ -167,7 +167,7 @@ static int read_vrec(tsr__meta *m, vrec *r, int64_t *rev, tsr_error *err)
 int tsr__meta_read_version(tsr__meta *m, uint64_t *version, int64_t *rev, tsr_error *err)
 {
     vrec r;
-    int rc = read_vrec(m, &r, rev, err);
+    int rc = read_vrec(m, m->etcd, &r, rev, err);
     *version = rc ? 0 : r.version;
     return rc;
 }
@@ -303,7 +303,7 @@ int tsr__meta_sync(tsr__meta *m, tsr_store *st, tsr__meta_dir_fn dirfn, void *ud
     }
     vrec r;
     int64_t rev = 0;
-    int rc = read_vrec(m, &r, &rev, err);
+    int rc = read_vrec(m, m->etcd, &r, &rev, err);
     if (rc)
         return rc;
     if (r.version > 0 && !cached(st, &r)) {
@@ -649,4 +649,46 @@ void tsr__meta_log_drop(tsr__meta *m, uint64_t v)
     if (tsr_etcd_delete(m->etcd, pre, 1, NULL, NULL, &e))
         tsr_warn("etcd %s*: cannot remove the stream records of version %" PRIu64 ": %s", pre,
                  v, e.msg);
+}
+
+int tsr__meta_stream_head(tsr__meta *m, uint64_t *v, int64_t *seq, tsr_error *err)
+{
+    uint64_t prev = 0;
+    for (int tries = 0; tries < 4; tries++) {
+        int64_t rev = 0;
+        vrec r;
+        int rc = read_vrec(m, m->fast, &r, &rev, err); /* absent: version 0 */
+        if (rc)
+            return rc;
+        *v = r.version;
+        *seq = 0;
+        if (*v == 0 || (tries > 0 && *v == prev))
+            return 0; /* v has no round in etcd (no header either): none to wait for */
+        prev = *v;
+        char pre[400];
+        log_prefix(m, *v, -1, pre, sizeof pre);
+        tsr_etcd_kv *kvs = NULL;
+        size_t n = 0;
+        if ((rc = tsr_etcd_get_last_keys(m->fast, pre, 2, &kvs, &n, NULL, err)) != 0)
+            return rc;
+        int found = 0;
+        if (n > 0) {
+            size_t pl = strlen(pre);
+            long long s = -1;
+            char tail[16] = "";
+            if (strlen(kvs[0].key) > pl && sscanf(kvs[0].key + pl, "%lld/%15s", &s, tail) == 2 &&
+                s >= 0) {
+                found = 1;
+                *seq = tail[0] == 'n' ? (int64_t)s : (s > 0 ? (int64_t)s - 1 : 0);
+            }
+        }
+        tsr_etcd_kvs_free(kvs, n);
+        free(kvs);
+        if (found)
+            return 0;
+        /* empty: dropped after a newer version's commit (read the version again), or a
+         * version that never had a round (the same version read again: seq 0) */
+    }
+    return tsr_err(err, TSR_EUNAVAILABLE, "etcd: the streamed rounds of version %" PRIu64
+                   " are gone (a newer version moved in 4 reads in a row)", *v);
 }

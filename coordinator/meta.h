@@ -139,5 +139,14 @@ typedef int (*tsr__meta_log_fn)(void *ud, const uint8_t *buf, size_t len, tsr_er
 int tsr__meta_log_fetch(tsr__meta *m, uint64_t v, int64_t seq, tsr__meta_log_fn fn, void *ud,
                         tsr_error *err); /* seq -1: every record of v, else that one */
 void tsr__meta_log_drop(tsr__meta *m, uint64_t v);
+/* The read index of a follower (query.c): two linearizable reads, PREFIX/version (*v), then
+ * the newest key under PREFIX/stream/<v>/ (keys only, descending, limit 2): *seq = the
+ * newest round etcd holds complete for v (its mark "n" is there; a top round with chunks
+ * but no mark was never acknowledged and its predecessor is complete, the writer mirrors
+ * in order), 0 = the header only. A version whose rounds are gone (dropped after the
+ * next version's commit) is read again, up to 4 times. Through the fast client (its short
+ * deadline: a query does not wait 5 s for an etcd without quorum). 0 or the error (etcd
+ * unreachable: TSR_EUNAVAILABLE as every etcd call). */
+int tsr__meta_stream_head(tsr__meta *m, uint64_t *v, int64_t *seq, tsr_error *err);
 
 #endif

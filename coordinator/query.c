@@ -9,7 +9,8 @@
  * version, so the whole answer comes from that version (response.version).
  *
  * DESIGN (threads): FindNeighbors runs on the rpc polling thread that received it and
- * never blocks: fnq_plan (validation, coarse step, per-shard requests) runs in the
+ * never waits for a shard (on a follower with --etcd it waits for the read index before
+ * planning: readidx.c, one shared etcd read and at most 1 s for the watch): fnq_plan (validation, coarse step, per-shard requests) runs in the
  * handler, the shard calls go out with tsr__coord_group_fanout_async (tsr_rpc_reply_fanout
  * on the server's own completion queue: retries on other replicas start from the poller
  * that sees an attempt fail), and fnq_finish (merge, reply) runs on the polling thread
@@ -410,10 +411,33 @@ static size_t pack_calls(Tessera__V1__ShardSearchRequest *sreq, size_t S, tsr__g
         calls[ncalls].group = s;
         calls[ncalls].req = bufs[s];
         calls[ncalls].len = len;
+        calls[ncalls].demand = &sreq[s].base;
         tsr_rpc_result_init(&calls[ncalls].result);
         ncalls++;
     }
     return ncalls;
+}
+
+/* Read-your-writes (readidx.c): a follower first catches up with etcd; then the snapshot
+ * and, read with it, the seq each of its groups' shard queries demand (gseq, room for
+ * TSR_COORD_MAX_SHARDS + 1; all 0 under the test hooks no-read-index and no-demand). */
+static int plan_snap(tsr__coord *c, int64_t remaining_ms, int64_t *gseq, tsr__snap **snp,
+                     tsr_error *err)
+{
+    int rc = tsr__coord_read_index(c, remaining_ms, err);
+    if (rc)
+        return rc;
+    int64_t last = -1;
+    tsr__snap *sn = tsr__stream_snap_seqs(c, gseq, TSR_COORD_MAX_SHARDS + 1, &last);
+    if (!tsr__coord_ri_on(TSR_RI_DEMAND))
+        memset(gseq, 0, (TSR_COORD_MAX_SHARDS + 1) * sizeof *gseq);
+    if (sn->version == 0) {
+        tsr__snap_unref(sn);
+        return tsr_err(err, TSR_ESTATE, "the index is empty: no version "
+                   "yet (apply a batch with UpdateIndex first)");
+    }
+    *snp = sn;
+    return 0;
 }
 
 /* Validates rq, takes a snapshot, runs the coarse step and packs one ShardSearchRequest
@@ -436,12 +460,11 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         if (rc)
             return rc;
     }
-    tsr__snap *sn = tsr__coord_snap_get(c);
-    if (sn->version == 0) {
-        tsr__snap_unref(sn);
-        return tsr_err(err, TSR_ESTATE, "the index is empty: no version "
-                   "yet (apply a batch with UpdateIndex first)");
-    }
+    int64_t gseq[TSR_COORD_MAX_SHARDS + 1];
+    tsr__snap *sn = NULL;
+    int rc = plan_snap(c, remaining_ms, gseq, &sn, err);
+    if (rc)
+        return rc;
     S = tsr__snap_groups(sn, cfg);
     fn_out *o = tsr_xcalloc(1, sizeof *o);
     tessera__v1__find_neighbors_response__init(&o->resp);
@@ -450,7 +473,6 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
     o->shard_resp = ar(a, S, sizeof *o->shard_resp);
     o->pba = (ProtobufCAllocator){pb_ar_alloc, pb_ar_free, a};
     size_t nlist = sn->tmpl->nlist;
-    int rc = 0;
 
     /* plans and the coarse step for the dense queries */
     qplan *qp = ar(a, nq, sizeof *qp);
@@ -506,6 +528,7 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
             Tessera__V1__ShardQuery *sq = ar(a, 1, sizeof *sq);
             tessera__v1__shard_query__init(sq);
             sq->version = (int64_t)sn->version;
+            sq->min_stream_seq = s <= TSR_COORD_MAX_SHARDS ? gseq[s] : 0;
             if (nl) {
                 sq->vector = (float *)p->x;
                 sq->n_vector = d;
@@ -922,14 +945,18 @@ int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remai
     if (n_ids > 10000)
         return tsr_err(err, TSR_EINVAL, "%zu ids, at most 10000 per call",
                    n_ids);
+    int rc = tsr__coord_read_index(c, remaining_ms, err); /* readidx.c */
+    if (rc)
+        return rc;
     tsr__loc *loc = tsr_xcalloc(n_ids + 1, sizeof *loc);
     /* the snapshot and the streamed writes on it, read together */
-    tsr__snap *sn = tsr__stream_resolve(c, ids, n_ids, loc);
+    int64_t gseq[TSR_COORD_MAX_SHARDS + 1];
+    tsr__snap *sn = tsr__stream_resolve(c, ids, n_ids, loc, gseq);
+    int demand = tsr__coord_ri_on(TSR_RI_DEMAND);
     S = tsr__snap_groups(sn, &c->cfg);
     rd_out *o = tsr_xcalloc(1, sizeof *o);
     tessera__v1__read_index_datapoints_response__init(&o->resp);
     arena *a = &o->a;
-    int rc = 0;
     o->nshards = S;
     o->shard_resp = ar(a, S, sizeof *o->shard_resp);
     Tessera__V1__ShardReadRequest *sr = ar(a, S, sizeof *sr);
@@ -938,6 +965,7 @@ int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remai
     for (size_t s = 0; s < S; s++) {
         tessera__v1__shard_read_request__init(&sr[s]);
         sr[s].version = (int64_t)sn->version;
+        sr[s].min_stream_seq = demand && s <= TSR_COORD_MAX_SHARDS ? gseq[s] : 0;
         sr[s].labels = ar(a, n_ids, sizeof(int64_t));
     }
     for (size_t i = 0; i < n_ids; i++) {
@@ -966,6 +994,7 @@ int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remai
         calls[n].group = s;
         calls[n].req = bufs[s];
         calls[n].len = l;
+        calls[n].demand = &sr[s].base;
         tsr_rpc_result_init(&calls[n].result);
         n++;
     }

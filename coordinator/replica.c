@@ -340,6 +340,14 @@ typedef struct gfan {
     size_t *on;             /* per call: replica of the attempt in flight */
     tsr_rpc_fanout_call *fc; /* this round's attempts */
     size_t m;
+    /* per call, read-your-writes (readidx.c): replicas that refused as behind (bits, as
+     * tried), the highest applied seq among them and its replica (SIZE_MAX: none), whether
+     * the demand was lowered once already, and the repacked request (owned) */
+    uint32_t *behind;
+    int64_t *best_seq;
+    size_t *best_rep;
+    int *lowered;
+    uint8_t **repacked;
     double t0;
     tsr__gfan_fin fin;      /* asynchronous form */
     void *ud;
@@ -358,7 +366,13 @@ static gfan *gf_new(tsr__coord *c, const char *method, tsr__gcall *calls, size_t
     g->pending = tsr_xcalloc(n ? n : 1, sizeof *g->pending);
     g->on = tsr_xcalloc(n ? n : 1, sizeof *g->on);
     g->fc = tsr_xcalloc(n ? n : 1, sizeof *g->fc);
+    g->behind = tsr_xcalloc(n ? n : 1, sizeof *g->behind);
+    g->best_seq = tsr_xcalloc(n ? n : 1, sizeof *g->best_seq);
+    g->best_rep = tsr_xcalloc(n ? n : 1, sizeof *g->best_rep);
+    g->lowered = tsr_xcalloc(n ? n : 1, sizeof *g->lowered);
+    g->repacked = tsr_xcalloc(n ? n : 1, sizeof *g->repacked);
     for (size_t i = 0; i < n; i++) {
+        g->best_rep[i] = SIZE_MAX;
         g->pending[i] = 1;
         calls[i].attempts = 0;
         calls[i].replica = c->grp[calls[i].group].first;
@@ -368,6 +382,13 @@ static gfan *gf_new(tsr__coord *c, const char *method, tsr__gcall *calls, size_t
 
 static void gf_free(gfan *g)
 {
+    for (size_t i = 0; i < g->n; i++)
+        free(g->repacked[i]);
+    free(g->behind);
+    free(g->best_seq);
+    free(g->best_rep);
+    free(g->lowered);
+    free(g->repacked);
     free(g->tried);
     free(g->pending);
     free(g->on);
@@ -422,6 +443,75 @@ static size_t gf_round(gfan *g)
     return m;
 }
 
+int tsr__coord_behind_of(const tsr_rpc_result *r, int64_t *applied)
+{
+    if (r->code != TSR_RPC_FAILED_PRECONDITION || !r->message ||
+        !strstr(r->message, " not applied after "))
+        return 0;
+    const char *p = strstr(r->message, "applied seq "), *q = p;
+    while (q && (q = strstr(q + 1, "applied seq ")) != NULL)
+        p = q; /* the last one */
+    long long n = 0;
+    if (!p || sscanf(p, "applied seq %lld", &n) != 1)
+        return 0;
+    *applied = n;
+    return 1;
+}
+
+/* Replica k refused call i as behind (applied seq `applied`): it is marked stream_behind
+ * (queries avoid it until a Stats pass sees it caught up: reconcile.c), and the best
+ * refusal so far is kept for lower_demand. */
+static void behind_noted(gfan *g, size_t i, size_t k, int64_t applied)
+{
+    tsr__coord *c = g->c;
+    g->behind[i] |= 1u << c->rep[k].index;
+    if (g->best_rep[i] == SIZE_MAX || applied > g->best_seq[i]) {
+        g->best_seq[i] = applied;
+        g->best_rep[i] = k;
+    }
+    if (!atomic_exchange(&c->rep[k].stream_behind, 1)) {
+        char nm[600];
+        name_of(c, k, nm, sizeof nm);
+        tsr_log_every(TSR_LOG_WARN, nm, 10000, "%s: behind the streamed writes (applied seq "
+                      "%lld): marked behind, queries go to the other replicas until it is "
+                      "caught up", nm, (long long)applied);
+    }
+}
+
+/* Every replica of call i's group refused as behind: asks the one with the highest applied
+ * seq again with the demand lowered to that seq (readidx.c: it holds every acknowledged
+ * write). Once per call. Returns whether a retry was set up. */
+static int lower_demand(gfan *g, size_t i)
+{
+    tsr__coord *c = g->c;
+    tsr__gcall *call = &g->calls[i];
+    const tsr__group *gr = &c->grp[call->group];
+    uint32_t all = gr->n >= 32 ? 0xffffffffu : (1u << gr->n) - 1;
+    if (g->lowered[i] || g->best_rep[i] == SIZE_MAX || (g->behind[i] & all) != all)
+        return 0;
+    g->lowered[i] = 1;
+    if (call->demand->descriptor == &tessera__v1__shard_search_request__descriptor) {
+        Tessera__V1__ShardSearchRequest *sr = (Tessera__V1__ShardSearchRequest *)call->demand;
+        for (size_t j = 0; j < sr->n_queries; j++)
+            if (sr->queries[j]->min_stream_seq > g->best_seq[i])
+                sr->queries[j]->min_stream_seq = g->best_seq[i];
+    } else if (call->demand->descriptor == &tessera__v1__shard_read_request__descriptor) {
+        Tessera__V1__ShardReadRequest *rr = (Tessera__V1__ShardReadRequest *)call->demand;
+        if (rr->min_stream_seq > g->best_seq[i])
+            rr->min_stream_seq = g->best_seq[i];
+    } else {
+        return 0;
+    }
+    size_t len = 0;
+    free(g->repacked[i]);
+    g->repacked[i] = tsr_rpc_pack(call->demand, &len);
+    call->req = g->repacked[i];
+    call->len = len;
+    /* only the best one is left untried */
+    g->tried[i] = all & ~(1u << c->rep[g->best_rep[i]].index);
+    return 1;
+}
+
 /* After a round: records the outcomes, moves the results into the calls and decides the
  * retries. Returns nonzero when another round is needed. */
 static int gf_collect(gfan *g)
@@ -442,6 +532,12 @@ static int gf_collect(gfan *g)
         call->attempts++;
         int retry = call->result.code != TSR_RPC_OK && replica_fault(call->result.code) &&
                     untried_left(c, call->group, g->tried[i]) && now < g->deadline;
+        int64_t applied = 0;
+        if (call->demand && tsr__coord_behind_of(&call->result, &applied)) {
+            behind_noted(g, i, k, applied);
+            if (!retry && now < g->deadline && lower_demand(g, i))
+                retry = 1;
+        }
         if (retry) {
             char nm[600], lbl[64];
             name_of(c, k, nm, sizeof nm);

@@ -193,7 +193,7 @@ static int label_changed(tsr__coord *c, const moved *m)
 {
     tsr__loc loc;
     char *ids[1] = {m->id};
-    tsr__snap *sn = tsr__stream_resolve(c, ids, 1, &loc);
+    tsr__snap *sn = tsr__stream_resolve(c, ids, 1, &loc, NULL);
     tsr__snap_unref(sn);
     return !loc.found || loc.label != m->label;
 }

@@ -78,10 +78,13 @@ static const tsr__dir_entry *lookup(const tsr__coord *c, const tsr__snap *sn, co
     return tsr__dir_find(&sn->dir, id);
 }
 
-tsr__snap *tsr__stream_resolve(tsr__coord *c, char *const *ids, size_t n, tsr__loc *out)
+tsr__snap *tsr__stream_resolve(tsr__coord *c, char *const *ids, size_t n, tsr__loc *out,
+                               int64_t *seqs)
 {
     pthread_rwlock_rdlock(&c->st.ov_rw);
     tsr__snap *sn = tsr__coord_snap_get(c);
+    for (size_t g = 0; seqs && g <= TSR_COORD_MAX_SHARDS; g++)
+        seqs[g] = c->st.ov_version == sn->version && g < c->cfg.nshards ? c->st.grp_seq[g] : 0;
     for (size_t i = 0; i < n; i++) {
         const tsr__dir_entry *e = lookup(c, sn, ids[i]);
         out[i].found = e != NULL;
@@ -1402,6 +1405,18 @@ void tsr__stream_base_free(tsr__snap *v)
 int64_t tsr__stream_group_seq(tsr__coord *c, size_t g)
 {
     return g < c->cfg.nshards ? c->st.grp_seq[g] : 0;
+}
+
+tsr__snap *tsr__stream_snap_seqs(tsr__coord *c, int64_t *seqs, size_t cap, int64_t *last)
+{
+    pthread_rwlock_rdlock(&c->st.ov_rw);
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    int same = c->st.ov_version == sn->version;
+    for (size_t g = 0; g < cap; g++)
+        seqs[g] = same && g < c->cfg.nshards ? c->st.grp_seq[g] : 0;
+    *last = same ? c->st.next_seq - 1 : -1;
+    pthread_rwlock_unlock(&c->st.ov_rw);
+    return sn;
 }
 
 int tsr__stream_version_begin(tsr__coord *c, uint64_t version, int64_t next_label,

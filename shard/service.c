@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
@@ -365,6 +367,42 @@ out:
     return rc;
 }
 
+/* Read-your-writes (ShardQuery.min_stream_seq): waits until q's version has applied the
+ * demanded stream seq, polling every millisecond for at most APPLIED_WAIT_MS (the leader
+ * mirrors a round to etcd before it sends the Write, so a follower coordinator can demand
+ * a seq a moment before it arrives). Returns 0 (applied, or a version not held: the query
+ * loop answers that), or the handler's return value with FAILED_PRECONDITION in reply,
+ * the message ending with "applied seq N" (coordinator/replica.c reads N). A wait holds
+ * this polling thread (Writes run on the worker pool: they are not held up by it). */
+#define APPLIED_WAIT_MS 100
+static int wait_applied(tsr__shard *s, int64_t want_version, int64_t min_seq,
+                        const char *what, tsr_rpc_reply *reply)
+{
+    int64_t t0 = tsr_clock_mono_ms(), applied = 0, version = 0;
+    for (;;) {
+        tsr__delta *d = NULL;
+        tsr__version *v = tsr__shard_get_view(s, want_version, &d);
+        if (!v)
+            return 0;
+        applied = tsr__applied_seq(v, d);
+        version = v->version;
+        tsr__delta_unref(d);
+        tsr__version_unref(v);
+        if (applied >= min_seq)
+            return 0;
+        if (tsr_clock_mono_ms() - t0 >= APPLIED_WAIT_MS)
+            break;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return tsr_rpc_reply_error(reply, TSR_RPC_FAILED_PRECONDITION,
+                               "%s: stream seq %lld of version %lld not applied "
+                               "after %d ms (this replica missed a streamed write, or it is "
+                               "still in flight): applied seq %lld", what,
+                               (long long)min_seq, (long long)version,
+                               APPLIED_WAIT_MS, (long long)applied);
+}
+
 static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
 {
     tsr__shard *s = ctx;
@@ -387,6 +425,14 @@ static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
         goto out;
     }
     atomic_fetch_add(&s->searches, (int64_t)rq->n_queries);
+    for (size_t i = 0; i < rq->n_queries; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "queries[%zu]", i);
+        if (rq->queries[i]->min_stream_seq > 0 &&
+            (rc = wait_applied(s, rq->queries[i]->version, rq->queries[i]->min_stream_seq,
+                               what, reply)) != 0)
+            goto out;
+    }
     for (size_t i = 0; i < rq->n_queries; i++) {
         const Tessera__V1__ShardQuery *q = rq->queries[i];
         const tsr__delta *dl = NULL;
@@ -454,7 +500,11 @@ static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "ShardReadRequest: malformed protobuf");
     tsr__delta *dl = NULL;
-    tsr__version *v = tsr__shard_get_view(s, rq->version, &dl);
+    tsr__version *v = NULL;
+    if (rq->min_stream_seq > 0 &&
+        (rc = wait_applied(s, rq->version, rq->min_stream_seq, "ShardReadRequest", reply)) != 0)
+        goto out;
+    v = tsr__shard_get_view(s, rq->version, &dl);
     if (v == NULL) {
         rc = tsr_rpc_reply_error(reply, TSR_RPC_FAILED_PRECONDITION,
                                  "ShardReadRequest.version %lld: not held by this shard",

@@ -164,8 +164,8 @@ void tsr_etcd_kvs_free(tsr_etcd_kv *kvs, size_t n)
     }
 }
 
-static int range(tsr_etcd *e, const char *key, int prefix, size_t limit, tsr_etcd_kv **kvs,
-                 size_t *n, int64_t *rev, tsr_error *err)
+static int range(tsr_etcd *e, const char *key, int prefix, size_t limit, int last,
+                 tsr_etcd_kv **kvs, size_t *n, int64_t *rev, tsr_error *err)
 {
     size_t klen = strlen(key);
     uint8_t *end = tsr_xmalloc(klen + 1);
@@ -177,6 +177,10 @@ static int range(tsr_etcd *e, const char *key, int prefix, size_t limit, tsr_etc
         rq.range_end.data = end;
     }
     rq.limit = (int64_t)limit;
+    if (last) { /* etcd's SortOrder DESCEND (2) on SortTarget KEY (0), keys only */
+        rq.sort_order = 2;
+        rq.keys_only = 1;
+    }
     Etcdserverpb__RangeResponse *r = NULL;
     int rc = call_any(e, "/etcdserverpb.KV/Range", &rq.base,
                       &etcdserverpb__range_response__descriptor, (ProtobufCMessage **)&r, err);
@@ -204,7 +208,7 @@ int tsr_etcd_get(tsr_etcd *e, const char *key, tsr_etcd_kv *kv, int64_t *rev, ts
     memset(kv, 0, sizeof *kv);
     tsr_etcd_kv *kvs = NULL;
     size_t n = 0;
-    int rc = range(e, key, 0, 1, &kvs, &n, rev, err);
+    int rc = range(e, key, 0, 1, 0, &kvs, &n, rev, err);
     if (rc)
         return rc;
     return tsr__etcd_one(kvs, n, key, kv, err);
@@ -229,7 +233,13 @@ int tsr__etcd_one(tsr_etcd_kv *kvs, size_t n, const char *key, tsr_etcd_kv *kv, 
 int tsr_etcd_get_prefix(tsr_etcd *e, const char *prefix, size_t limit, tsr_etcd_kv **kvs,
                         size_t *n, int64_t *rev, tsr_error *err)
 {
-    return range(e, prefix, 1, limit, kvs, n, rev, err);
+    return range(e, prefix, 1, limit, 0, kvs, n, rev, err);
+}
+
+int tsr_etcd_get_last_keys(tsr_etcd *e, const char *prefix, size_t limit, tsr_etcd_kv **kvs,
+                           size_t *n, int64_t *rev, tsr_error *err)
+{
+    return range(e, prefix, 1, limit, 1, kvs, n, rev, err);
 }
 
 int tsr_etcd_put(tsr_etcd *e, const char *key, const void *value, size_t len, int64_t lease,

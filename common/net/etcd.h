@@ -64,6 +64,12 @@ int tsr_etcd_get(tsr_etcd *e, const char *key, tsr_etcd_kv *kv, int64_t *rev, ts
 int tsr_etcd_get_prefix(tsr_etcd *e, const char *prefix, size_t limit, tsr_etcd_kv **kvs,
                         size_t *n, int64_t *rev, tsr_error *err);
 
+/* The LAST keys starting with prefix, in descending key order, at most limit, keys only
+ * (values empty): a linearizable read of the newest key under a prefix (coordinator/meta.c
+ * tsr__meta_stream_head). Same ownership as tsr_etcd_get_prefix. */
+int tsr_etcd_get_last_keys(tsr_etcd *e, const char *prefix, size_t limit, tsr_etcd_kv **kvs,
+                           size_t *n, int64_t *rev, tsr_error *err);
+
 /* Puts key = value (len bytes), attached to lease (0 = none). *rev = the new revision. */
 int tsr_etcd_put(tsr_etcd *e, const char *key, const void *value, size_t len, int64_t lease,
                  int64_t *rev, tsr_error *err);

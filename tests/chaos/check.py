@@ -26,14 +26,12 @@ Rules (each broken instance is one violation, listed):
             number of ids present; both coordinators return the same contents;
 - removed:  no query returns a streamed id whose removal was acknowledged before the query
             started, unless an upsert of that id (acknowledged or unknown) started after
-            the removal did and before the query ended (on a coordinator other than the
-            one that acknowledged the removal, a return within FOLLOWER_LAG_S of it is the
-            known gap below: counted, not a violation);
+            the removal did and before the query ended (on any coordinator: FOLLOWER_LAG_S
+            is 0 since the read index, below);
 - served:   a query aimed at a streamed id with the vector of its last acknowledged upsert
             (full probe, k = 4: the record itself is at distance 0) returns the id, unless
             another write of that id (acknowledged or unknown, other than that upsert) started
-            before the query ended; a follower's miss within FOLLOWER_LAG_S of the upsert's
-            acknowledgement is the known gap below (counted). The query's vector is the
+            before the query ended (on any coordinator: FOLLOWER_LAG_S is 0). The query's vector is the
             history's "aimv" (recorded since Dec 3); in older histories it is rebuilt from the
             driver's window of the 50 latest upserted values, and a query is judged only when
             that window held one value of the id at its start and no other 0.2 s before;
@@ -58,11 +56,13 @@ import sys
 DEFINITE = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "NOT_FOUND",
             "UNIMPLEMENTED", "PERMISSION_DENIED", "UNAUTHENTICATED", "ALREADY_EXISTS")
 ABSENT = None
-# A follower (a coordinator other than the one that acknowledged the removal) learns that a
-# shard replica missed a write at its next Stats pass (reconcile.c, observe_once: every
-# 0.3-1 s): until then it may query that replica. Within this bound such a return is counted
-# as a note (the known gap of docs/reliability.md "Chaos"), beyond it a violation.
-FOLLOWER_LAG_S = 1.5
+# Read-your-writes on a follower (a coordinator other than the one that acknowledged the
+# write): none allowed since the read index (coordinator/readidx.c: a follower reads etcd's
+# newest round before a query and waits for its watch; every shard query demands the group's
+# seq). Before it, a follower learnt that a replica missed a write only at its next Stats
+# pass and returns within 1.5 s of the write were tolerated (docs/reliability.md "Chaos").
+# 0: a follower's stale answer is a violation like any other.
+FOLLOWER_LAG_S = 0
 
 
 def key(v):
