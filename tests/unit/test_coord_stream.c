@@ -163,7 +163,7 @@ static void test_replay(void **state)
 
     char *ids[] = {"a", "b", "c", "zz"};
     tsr__loc loc[4];
-    tsr__snap *sn = tsr__stream_resolve(&c, ids, 4, loc);
+    tsr__snap *sn = tsr__stream_resolve(&c, ids, 4, loc, NULL);
     assert_true(loc[0].found && loc[0].label == 2 && loc[0].shard == 1 && loc[0].list == 1);
     assert_false(loc[1].found);
     assert_true(loc[2].found && loc[2].label == 3 && loc[2].shard == 0);
@@ -220,7 +220,7 @@ static void test_torn_tail(void **state)
             assert_int_equal(file_size(path), start6);
             char *id = "b";
             tsr__loc l;
-            tsr__snap *sn = tsr__stream_resolve(&c, &id, 1, &l);
+            tsr__snap *sn = tsr__stream_resolve(&c, &id, 1, &l, NULL);
             assert_true(l.found); /* the remove of b was in the torn record */
             tsr__snap_unref(sn);
         } else {
