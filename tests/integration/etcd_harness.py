@@ -44,14 +44,41 @@ class Etcd:
         self.root = root or sh.tmpdir("tsr-etcd-")
         os.makedirs(self.root, exist_ok=True)
         self.n = n
-        self.client = [sh.free_port() for _ in range(n)]
-        self.peer = [sh.free_port() for _ in range(n)]
         self.procs = [None] * n
         self.logs = [os.path.join(self.root, "etcd-%d.log" % i) for i in range(n)]
-        self.cluster = ",".join("m%d=http://127.0.0.1:%d" % (i, self.peer[i]) for i in range(n))
-        for i in range(n):
-            self.start(i)
-        self.wait_healthy()
+        # free_port() closes the port before etcd binds it, so another process may take it
+        # in between (the machine runs other tests and chaos runs): a member that exits
+        # with "address already in use" gets the whole cluster restarted on new ports.
+        for attempt in range(3):
+            self.client = [sh.free_port() for _ in range(n)]
+            self.peer = [sh.free_port() for _ in range(n)]
+            self.cluster = ",".join("m%d=http://127.0.0.1:%d" % (i, self.peer[i])
+                                    for i in range(n))
+            for i in range(n):
+                self.start(i)
+            try:
+                self.wait_healthy(starting=True)
+                return
+            except RuntimeError:
+                if attempt == 2 or not self._bind_failed():
+                    raise
+            for i in range(n):
+                if self.procs[i].poll() is None:
+                    self.procs[i].kill()
+                self.procs[i].wait()
+                shutil.rmtree(os.path.join(self.root, "m%d" % i), ignore_errors=True)
+
+    def _bind_failed(self):
+        """True when a member exited because its port was taken."""
+        for i, p in enumerate(self.procs):
+            if p is not None and p.poll() is not None:
+                try:
+                    with open(self.logs[i]) as f:
+                        if "address already in use" in f.read():
+                            return True
+                except OSError:
+                    pass
+        return False
 
     @property
     def endpoints(self):
@@ -78,12 +105,14 @@ class Etcd:
         except Exception:
             return False
 
-    def wait_healthy(self, timeout=30, members=None):
+    def wait_healthy(self, timeout=30, members=None, starting=False):
         t_end = time.time() + timeout
         members = range(self.n) if members is None else members
         while time.time() < t_end:
             if all(self.healthy(i) for i in members):
                 return
+            if starting and self._bind_failed():
+                break
             time.sleep(0.1)
         raise RuntimeError("etcd not healthy after %ds:\n%s" % (timeout, self.log_tail()))
 
