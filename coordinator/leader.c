@@ -153,9 +153,11 @@ static void follow_locked(tsr__coord *c)
     if (v <= served)
         return;
     tsr__snap *ns = NULL;
+    uint64_t want = v; /* tsr__meta_sync rewrites v (0 when it failed early) */
     if (tsr__meta_sync(c->meta, c->store, tsr__dir_rebuild, c, &v, &err) ||
         tsr__snap_load(c->store, v, &ns, &err)) {
-        tsr_error_log("leader: cannot load version %" PRIu64 " from etcd: %s", v, err.msg);
+        tsr_error_log("leader: cannot load version %" PRIu64 " from etcd: %s",
+                      v ? v : want, err.msg);
         return;
     }
     /* A version with a groups file (a reshard, docs/resharding.md): its groups are ours
