@@ -668,7 +668,7 @@ int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
 int tsr__vertex_v1_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 
-/* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|flipped|committed, and
+/* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|saved|flipped|committed, and
  * caught-up: a reshard move's catch-up done, before its flip). */
 void tsr__coord_crash_point(const char *step);
 /* Test-only: 1 when TSR_COORD_CRASH_AT names this hook. Besides the crash points, one

@@ -104,7 +104,7 @@ static void usage(FILE *f)
             "  --etcd-ca FILE      dial etcd over TLS, verifying it against this CA\n"
             "  --etcd-cert FILE --etcd-key FILE  client certificate for etcd (mutual TLS)\n"
             "  --help              this text;  --version  the release\n"
-            "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_COORD_CRASH_AT=staged|prepared|flipped|\n"
+            "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_COORD_CRASH_AT=staged|prepared|saved|flipped|\n"
             "committed makes an update _exit(137) at that step, =round-logged a streamed\n"
             "round once in the local log, before etcd (crash tests only);\n"
             "TSR_LEADER_WATCH=0 polls the election instead of watching the leader key (the\n"

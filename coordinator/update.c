@@ -579,6 +579,23 @@ static int upd_prepare(upd *u, tsr_error *err)
     return 0;
 }
 
+/* Removes the store's v(newv) that no commit point made a version: CURRENT (and with
+ * --etcd the version key) still names N, so it was never served. It is left by an etcd
+ * commit that was refused (this leader deposed mid-update) or by a crash between the save
+ * and the flip, and it would make every later save of newv fail "version already
+ * committed" (the Dec 5 60-minute chaos run: 19 minutes of refused updates). When etcd's
+ * answer was lost and the commit did land, the removed copy is the cache a follower
+ * rebuilds (meta.c tsr__meta_sync). */
+static void drop_uncommitted(tsr__coord *c, upd *u, const char *why)
+{
+    tsr_error e = TSR_ERROR_INIT;
+    if (tsr_store_remove(c->store, (uint64_t)u->newv, &e) == 0)
+        tsr_warn("update %s: removed the stored version %lld of %s", u->op->id,
+                 (long long)u->newv, why);
+    else if (e.code != TSR_ENOTFOUND)
+        tsr_warn("update %s: %s", u->op->id, e.msg);
+}
+
 /* The commit point: the coordinator's v(newv) on disk, CURRENT flipped, the snapshot
  * published. Past a success newv is never aborted. */
 static int upd_flip(upd *u, tsr_error *err)
@@ -587,9 +604,11 @@ static int upd_flip(upd *u, tsr_error *err)
     int rc;
     tsr_etcd_cmp lead[2];
     size_t nlead = tsr__leader_fence(c, lead);
+    drop_uncommitted(c, u, "an earlier try that did not commit");
     if ((rc = tsr__snap_save(u->p.ns, c->store, err)) ||
         (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label, err)))
         return rc;
+    tsr__coord_crash_point("saved"); /* v(newv) stored, not the commit point yet */
     if (c->meta) { /* the commit point is the etcd transaction; CURRENT is a cache */
         /* a reshard move's version: the writes its catch-up carried sit in the shards'
          * delta of it, not in its slice, so Shard.List cannot rebuild its directory: that
@@ -598,6 +617,7 @@ static int upd_flip(upd *u, tsr_error *err)
                                    nlead, err))) {
             if (rc == TSR_ESTATE)
                 tsr__leader_lost(c, err->msg);
+            drop_uncommitted(c, u, "its commit failed");
             return rc;
         }
         tsr_error e2 = TSR_ERROR_INIT;

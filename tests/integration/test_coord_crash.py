@@ -1,6 +1,6 @@
 """kill -9 of the coordinator at each step of an update (issue 5, "what must be true" 4).
 
-TSR_COORD_CRASH_AT=staged|prepared|flipped|committed makes the coordinator _exit(137)
+TSR_COORD_CRASH_AT=staged|prepared|saved|flipped|committed makes the coordinator _exit(137)
 right after that step. After each crash the coordinator is restarted (same data dir,
 same port) without the hook; within a few seconds every shard must serve exactly the
 coordinator's version — the old one for staged/prepared (nothing of the new version may
@@ -66,7 +66,9 @@ def main():
         assert op0.state == tp.Operation.SUCCEEDED, op0
         version = 1
         op_ids = {op0.operation_id}
-        for n, step in enumerate(["staged", "prepared", "flipped", "committed"]):
+        # saved: v(N+1) stored but not the commit point; the next update must still be
+        # able to write N+1 (it failed "version already committed" before Dec 5)
+        for n, step in enumerate(["staged", "prepared", "saved", "flipped", "committed"]):
             nid = "new-%s" % step
             v = rng.normal(size=D).astype("float32") * 10
             b = ch.write_batch(os.path.join(root, "b-" + step), [ch.dp_json(nid, v)],
