@@ -893,9 +893,13 @@ int tsr__stream_readopt(tsr__coord *c, tsr_error *err);
 void tsr__stream_catch_up_all(tsr__coord *c);
 /* A follower (leader.c): one round rec (borrowed) the leader mirrored in etcd, applied to
  * the overlay when it is of the served version and newer than what was applied (a repeat
- * is ignored), so that reads on a follower see the streamed writes. Takes the stream lock. */
-int tsr__stream_follow(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec);
-/* (returns 1 when rec was applied with rounds missing before it: the caller fetches them) */
+ * is ignored), so that reads on a follower see the streamed writes. Takes the stream lock.
+ * Returns 1 when rounds are missing before rec: with strict (a watch event's round) rec is
+ * then NOT applied and the caller fetches every round of the version and applies them in
+ * order with strict 0 (there a seq etcd lacks is a round never completed, so never
+ * acknowledged: it is passed over). */
+int tsr__stream_follow(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *rec,
+                       int strict);
 /* 1 when the overlay holds at least stream_fold_records writes (a fold is due). */
 int tsr__stream_fold_due(tsr__coord *c);
 /* reconcile: replica k answered Stats with stream_seq applied at the served version; when

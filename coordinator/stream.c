@@ -1270,7 +1270,7 @@ static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err)
     return 0;
 }
 
-int tsr__stream_follow(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec)
+int tsr__stream_follow(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec, int strict)
 {
     tsr__stream *s = &c->st;
     int gap = 0;
@@ -1279,9 +1279,14 @@ int tsr__stream_follow(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec)
     if (rec->seq > 0 && (uint64_t)rec->version == sn->version && s->ov_version == sn->version &&
         rec->seq >= s->next_seq) {
         gap = rec->seq > s->next_seq;
-        pthread_rwlock_wrlock(&s->ov_rw);
-        apply_record(c, sn, rec);
-        pthread_rwlock_unlock(&s->ov_rw);
+        /* strict: not past a hole — applying it would move next_seq over the missing
+         * rounds, and the refetch that follows would then skip them as already applied
+         * (a follower lost them for good: the Dec 5 60-minute chaos run) */
+        if (!(gap && strict)) {
+            pthread_rwlock_wrlock(&s->ov_rw);
+            apply_record(c, sn, rec);
+            pthread_rwlock_unlock(&s->ov_rw);
+        }
     }
     tsr__snap_unref(sn);
     tsr__stream_unlock(c);
