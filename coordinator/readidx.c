@@ -24,8 +24,9 @@
  *     coordinator logged or followed for the shard's group (stream.c
  *     tsr__stream_snap_seqs); a replica below it waits up to 100 ms (a Write in flight),
  *     then refuses with FAILED_PRECONDITION "... applied seq N" (shard/service.c). The
- *     fan-out (replica.c) then marks it stream_behind (the next Stats pass clears it once
- *     caught up) and asks a sibling within the same deadline. When EVERY replica of the
+ *     fan-out (replica.c) then asks a sibling within the same deadline (it does not mark
+ *     it stream_behind: a Write in flight is not a missed one, and that flag stops the
+ *     replica's Writes; reconcile's Stats pass marks one really behind). When EVERY replica of the
  *     group refused, it asks the one with the highest N again with the demand lowered to
  *     N. Why that is safe: the leader acknowledges a write only after, in each group the
  *     write touched, at least one replica applied it (its Write returned OK after the
