@@ -702,14 +702,41 @@ typedef struct build_job {
     tsr__edits *e;
     tsr__version **out;
     tsr_error *err;
+    int64_t *map_ms;
     int rc;
 } build_job;
+
+/* After a build: the version's bytes on disk and its raw vectors moved from the heap to a
+ * mapping of its vectors.f32 (tsr__version_map_vectors reads every vector back: it runs
+ * on the build's thread, below the queries). *map_ms gets the mapping's time. */
+static void map_built(tsr__shard *s, int64_t version, tsr__version *v, int64_t *map_ms)
+{
+    char vd[4096], tmp[4200];
+    uint64_t total = 0;
+    *map_ms = 0;
+    if (tsr_store_path(s->store, (uint64_t)version, NULL, vd, sizeof vd, NULL) != 0)
+        return;
+    static const char *const files[] = {"slice.faiss", "meta", "vectors.f32", "MANIFEST"};
+    for (size_t i = 0; i < 4; i++) {
+        struct stat sb;
+        snprintf(tmp, sizeof tmp, "%s/%s", vd, files[i]);
+        if (stat(tmp, &sb) == 0)
+            total += (uint64_t)sb.st_size;
+    }
+    v->disk_bytes = total;
+    int64_t t0 = tsr_clock_mono_ms();
+    if (total > 0)
+        tsr__version_map_vectors(v, vd);
+    *map_ms = tsr_clock_mono_ms() - t0;
+}
 
 static void *build_main(void *arg)
 {
     build_job *j = arg;
     tsr_thread_background(); /* this thread only (core/parallel.h) */
     j->rc = prepare_build(j->s, j->st, j->version, j->e, j->out, j->err);
+    if (j->rc == 0)
+        map_built(j->s, j->version, *j->out, j->map_ms);
     return NULL;
 }
 
@@ -719,18 +746,24 @@ static void *build_main(void *arg)
  * docs/performance.md "Streamed writes" (the fold's p99). In place when no thread can be
  * started. */
 static int prepare_build_niced(tsr__shard *s, tsr__staging *st, int64_t version,
-                               tsr__edits *e, tsr__version **out, tsr_error *err)
+                               tsr__edits *e, tsr__version **out, int64_t *map_ms,
+                               tsr_error *err)
 {
-    build_job j = {s, st, version, e, out, err, 0};
+    build_job j = {s, st, version, e, out, err, map_ms, 0};
     pthread_t th;
     pthread_attr_t at;
-    if (pthread_attr_init(&at) != 0)
-        return prepare_build(s, st, version, e, out, err);
-    pthread_attr_setstacksize(&at, (size_t)8 << 20);
-    int started = pthread_create(&th, &at, build_main, &j) == 0;
-    pthread_attr_destroy(&at);
-    if (!started)
-        return prepare_build(s, st, version, e, out, err);
+    int started = 0;
+    if (pthread_attr_init(&at) == 0) {
+        pthread_attr_setstacksize(&at, (size_t)8 << 20);
+        started = pthread_create(&th, &at, build_main, &j) == 0;
+        pthread_attr_destroy(&at);
+    }
+    if (!started) { /* in place */
+        int rc = prepare_build(s, st, version, e, out, err);
+        if (rc == 0)
+            map_built(s, version, *out, map_ms);
+        return rc;
+    }
     pthread_join(th, NULL);
     return j.rc;
 }
@@ -743,7 +776,6 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
     int rc = 0;
     tsr__version *v = NULL;
     tsr__edits e = {0};
-    char vd[4096], tmp[4200];
     pthread_mutex_lock(&s->update_mu);
     pthread_mutex_lock(&s->table_mu);
     tsr__held *h = find_held(s, version);
@@ -769,23 +801,9 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
                      (long long)version, st ? " (another version is staged)" : "");
         goto out;
     }
-    if ((rc = prepare_build_niced(s, st, version, &e, &v, err)) != 0)
+    int64_t map_ms = 0;
+    if ((rc = prepare_build_niced(s, st, version, &e, &v, &map_ms, err)) != 0)
         goto out;
-    uint64_t total = 0;
-    if (tsr_store_path(s->store, (uint64_t)version, NULL, vd, sizeof vd, NULL) == 0) {
-        static const char *const files[] = {"slice.faiss", "meta", "vectors.f32", "MANIFEST"};
-        for (size_t i = 0; i < 4; i++) {
-            struct stat sb;
-            snprintf(tmp, sizeof tmp, "%s/%s", vd, files[i]);
-            if (stat(tmp, &sb) == 0)
-                total += (uint64_t)sb.st_size;
-        }
-    }
-    v->disk_bytes = total;
-    int64_t map_ms = tsr_clock_mono_ms();
-    if (total > 0) /* vd is the version's directory */
-        tsr__version_map_vectors(v, vd);
-    map_ms = tsr_clock_mono_ms() - map_ms;
     if (st->capture) {
         /* A catch-up version: its (empty) log marks it, also after a restart. */
         if ((rc = tsr__stream_catchup_create(s, version, err)) != 0) {
@@ -819,7 +837,7 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
     resp->sparse_vectors_count = (int64_t)v->nsparse;
     tsr_info("prepared version %lld: %zu vectors, %zu sparse (%llu bytes on disk; vectors "
              "mapped in %lld ms)%s",
-             (long long)version, v->nvectors, v->nsparse, (unsigned long long)total,
+             (long long)version, v->nvectors, v->nsparse, (unsigned long long)v->disk_bytes,
              (long long)map_ms,
              v->catchup ? ", a catch-up version (Writes naming it are taken)" : "");
     v = NULL;
