@@ -10,7 +10,11 @@
  *   - election: a coordinator with a lease and no leadership creates PREFIX/leader =
  *     advertise address, attached to its lease, in a transaction conditional on the key's
  *     absence (create revision 0). Success: the key's create revision is our TERM. Else the
- *     key names the leader, which write refusals quote. A follower campaigns as soon as
+ *     key names the leader, which write refusals quote. The term's start-up that follows
+ *     (the committed version, the predecessor's streamed rounds adopted from etcd, the
+ *     replicas caught up) can take longer than the TTL (tens of thousands of rounds): a
+ *     keeper thread renews the lease meanwhile, so the winner does not lose its key to its
+ *     own start-up (a chaos run saw "elected" then "stepping down (the lease expired)"). A follower campaigns as soon as
  *     the watcher sees the key deleted (the leader's lease expired or was revoked) or
  *     replaced: the watcher "kicks" the lease thread. The periodic campaign is then a slow
  *     safety net (every 3 wake-ups); while the watch is down it runs every wake-up.
@@ -48,10 +52,13 @@
  * the groups, update_mu is taken first, by trylock, in the order of coord.h; no other lock
  * of coord.h is held with them here).
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "coord.h"
 #include "dirshard.h"
@@ -295,6 +302,88 @@ static void readopt(tsr__coord *c)
     tsr_info("leader: etcd's streamed rounds read again; streamed writes go on");
 }
 
+/* ---------------------------------------------------------------- the start-up keeper */
+
+/* Renews `lease` every period on a thread of its own while the lease thread runs a won
+ * term's start-up (campaign). etcd clients are safe to share (net/etcd.h). */
+typedef struct keeper {
+    tsr__coord *c;
+    int64_t lease;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, renewed, failed;
+    pthread_t th;
+    int started;
+} keeper;
+
+static void *keeper_main(void *p)
+{
+    keeper *k = p;
+    pthread_mutex_lock(&k->mu);
+    while (!k->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t ns = (int64_t)ts.tv_nsec + period_ms(k->c) * 1000000;
+        ts.tv_sec += (time_t)(ns / 1000000000);
+        ts.tv_nsec = (long)(ns % 1000000000);
+        if (pthread_cond_timedwait(&k->cv, &k->mu, &ts) != ETIMEDOUT || k->stop)
+            continue;
+        pthread_mutex_unlock(&k->mu);
+        tsr_error err = TSR_ERROR_INIT;
+        int64_t ttl = 0;
+        int rc = tsr_etcd_lease_keepalive(k->c->meta->fast, k->lease, &ttl, &err);
+        pthread_mutex_lock(&k->mu);
+        if (rc == 0)
+            k->renewed++;
+        else
+            k->failed++; /* the lease thread's next renewal decides (keep_lease) */
+    }
+    pthread_mutex_unlock(&k->mu);
+    return NULL;
+}
+
+static void keeper_start(keeper *k, tsr__coord *c, int64_t lease)
+{
+    memset(k, 0, sizeof *k);
+    k->c = c;
+    k->lease = lease;
+    pthread_mutex_init(&k->mu, NULL);
+    pthread_cond_init(&k->cv, NULL);
+    k->started = pthread_create(&k->th, NULL, keeper_main, k) == 0;
+    if (!k->started)
+        tsr_warn("leader: no thread to renew the lease during the term's start-up");
+}
+
+static void keeper_stop(keeper *k, int64_t ms)
+{
+    if (k->started) {
+        pthread_mutex_lock(&k->mu);
+        k->stop = 1;
+        pthread_cond_signal(&k->cv);
+        pthread_mutex_unlock(&k->mu);
+        pthread_join(k->th, NULL);
+    }
+    if (k->renewed || k->failed)
+        tsr_info("leader: the term's start-up took %lld ms (lease renewed %d times meanwhile%s)",
+                 (long long)ms, k->renewed, k->failed ? ", some renewals failed" : "");
+    pthread_cond_destroy(&k->cv);
+    pthread_mutex_destroy(&k->mu);
+}
+
+/* Test hook (tests/integration/test_ha_slow_start.py): TSR_COORD_SLOW_START_MS=N
+ * (1..600000) makes a won term's start-up sleep N ms, as adopting a long stream would. */
+static void slow_start(void)
+{
+    const char *e = getenv("TSR_COORD_SLOW_START_MS");
+    long ms = e ? strtol(e, NULL, 10) : 0;
+    if (ms > 0 && ms <= 600000) {
+        tsr_warn("TSR_COORD_SLOW_START_MS=%ld: the term's start-up sleeps first (test hook)", ms);
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+    }
+}
+
 /* Campaigns (no leadership) or checks the leader key is still ours (leadership). */
 static void campaign(tsr__coord *c)
 {
@@ -309,6 +398,10 @@ static void campaign(tsr__coord *c)
         int ok = 0;
         int64_t rev = 0;
         if (tsr_etcd_txn(c->meta->fast, &cmp, 1, &op, 1, &ok, &rev, &err) == 0 && ok) {
+            keeper k; /* the start-up below may outlast the TTL */
+            int64_t t0 = tsr_clock_mono_ms();
+            keeper_start(&k, c, lease);
+            slow_start();
             follow(c); /* start from the committed version, then act */
             retire_due(c, 1); /* groups it removed: out of our fan-outs before we lead */
             if (tsr__stream_adopt(c, &err)) { /* its predecessor's streamed writes */
@@ -323,6 +416,7 @@ static void campaign(tsr__coord *c)
             tsr__snap_unref(sn);
             atomic_store(&c->lead.term, rev);
             tsr__stream_catch_up_all(c); /* with our term: replicas the old leader left behind */
+            keeper_stop(&k, tsr_clock_mono_ms() - t0);
             set_addr(c, a);
             atomic_store(&c->lead.leading, 1);
             tsr_info("leader: elected (term %lld)", (long long)rev);
