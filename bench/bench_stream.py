@@ -29,7 +29,10 @@ One run measures, in order:
    search_preassigned with the same lists and coarse distances returns the labels
    Shard.Search returns (same rule as tests/integration/test_shard_faiss.py); the merged
    Faiss answer, labels read back as ids with Shard.Read, equals the cluster's
-   FindNeighbors (approximate_neighbor_count 0, same nprobe).
+   FindNeighbors (approximate_neighbor_count 0, same nprobe). One more client process
+   upserts one record per call, paced to BENCH_STREAM_FOLD_WRITE_RATE (20)/s, from before
+   the fold to after it: how long a streamed write arriving during the fold waits for
+   its acknowledgement (docs/streaming.md "Known gaps").
 BENCH_STREAM_PARTS=fold runs part 3 only, for profiling the fold; part 3 also prints a
 timeline of the fold (queries per 0.5 s step, their p50 and max, and the update's log lines
 of the coordinator and shards at their time).
@@ -65,6 +68,7 @@ FOLD = os.environ.get("BENCH_STREAM_FOLD", "1") != "0"
 PARTS = os.environ.get("BENCH_STREAM_PARTS", "all")   # "fold": part 3 only (profiling)
 FOLD_FRACTION = float(os.environ.get("BENCH_STREAM_FOLD_FRACTION", 0.10))
 FAISS_Q = int(os.environ.get("BENCH_STREAM_FAISS_Q", 200))
+FOLD_WRITE_RATE = int(os.environ.get("BENCH_STREAM_FOLD_WRITE_RATE", 20))  # writes/s in the fold
 AB = os.environ.get("BENCH_STREAM_AB", "")
 OUT = os.environ.get("BENCH_STREAM_OUT", os.path.join(ROOT, "build", "bench-stream"))
 D = 64
@@ -140,20 +144,22 @@ def w_write(args):
     """Upserts of new ids, per_call records per call, from the start time for `seconds` (or until
     `quota` records are acknowledged); rate > 0 paces it to that many records/s. The
     requests are serialized before the start (up to `prebuild` calls; more are built on the fly),
-    so that the window's client cost is the gRPC call itself. Returns (records
-    acknowledged, [call latency s], errors, CPU seconds of this process in the window)."""
-    target, stub_dir, sample_p, wid, per_call, sync, seconds, rate, quota, seed, prebuild = args
+    so that the window's client cost is the gRPC call itself; it also stops when stop_p
+    exists. Returns (records acknowledged, [call latency s], errors, CPU seconds of this
+    process in the window, [call start time])."""
+    (target, stub_dir, sample_p, wid, per_call, sync, seconds, rate, quota, seed, prebuild,
+     stop_p) = args
     _, tp, grpc = _stub(target, stub_dir)
     call = _W[("upsert_raw", target)]
     xs = _vectors(sample_p)
     rng = np.random.default_rng(seed)
     reqs = [_request_bytes(tp, xs, rng, wid, seed, k, per_call) for k in range(prebuild)]
-    n, lat, errors, k = 0, [], [], 0
+    n, lat, errors, k, starts = 0, [], [], 0, []
     t0 = _sync(*sync)
     cpu0 = time.process_time()
     while True:
         now = time.time()
-        if now >= t0 + seconds or (quota and n >= quota):
+        if now >= t0 + seconds or (quota and n >= quota) or (stop_p and os.path.exists(stop_p)):
             break
         if rate > 0:
             due = t0 + k * per_call / rate
@@ -161,9 +167,11 @@ def w_write(args):
                 time.sleep(due - now)
         rq = reqs[k] if k < len(reqs) else _request_bytes(tp, xs, rng, wid, seed, k, per_call)
         a = time.perf_counter()
+        ts = time.time()
         try:
             call(rq, timeout=60)
             lat.append(time.perf_counter() - a)
+            starts.append(ts)
             n += per_call
         except grpc.RpcError as e:
             errors.append("%s: %s" % (e.code().name, e.details()))
@@ -171,7 +179,7 @@ def w_write(args):
                 break
             time.sleep(0.05)
         k += 1
-    return n, lat, errors, time.process_time() - cpu0
+    return n, lat, errors, time.process_time() - cpu0, starts
 
 
 def w_query(args):
@@ -241,7 +249,7 @@ class Bench:
         grp[1].value = t0 = time.time() + 0.1
         return t0
 
-    def writes(self, procs, per_call, seconds, rate=0.0, quota=0, grp=None):
+    def writes(self, procs, per_call, seconds, rate=0.0, quota=0, grp=None, stop_p=""):
         """procs writer processes; returns (AsyncResult, t0) — t0 None when grp is given
         (the caller starts the group). Each process serializes its requests first: as many
         calls as `rate` needs, or its quota, or a guess of what it can send."""
@@ -257,7 +265,7 @@ class Bench:
         for p in range(procs):
             self.seed += 1
             args.append((self.cl.target, self.stub_dir, self.sample_p, p, per_call, grp,
-                         seconds, rate, quota, self.seed, prebuild))
+                         seconds, rate, quota, self.seed, prebuild, stop_p))
         res = self.pool.map_async(w_write, args, chunksize=1)
         return res, (self.start(grp, procs) if own else None)
 
@@ -473,6 +481,10 @@ def fold_part(b, ix_p, xq):
     ch.write_batch(root, [], ["bench-stream-no-such-id-2"])
     stop_p = os.path.join(cl.root, "stop-queries")
     res, q0 = b.queries(QPROCS, 3600, stop_p)
+    # one writer, single upserts paced to FOLD_WRITE_RATE/s: how long a streamed write
+    # waits when it arrives during the fold (docs/streaming.md "Known gaps")
+    wres = b.writes(1, 1, 3600, rate=FOLD_WRITE_RATE, stop_p=stop_p)[0] if FOLD_WRITE_RATE \
+        else None
     time.sleep(max(0.0, q0 - time.time()) + 2.0)
     f0 = time.time()
     r = cl.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=root), timeout=60)
@@ -481,6 +493,7 @@ def fold_part(b, ix_p, xq):
     time.sleep(2.0)
     open(stop_p, "w").close()
     out = res.get(600)
+    wout = wres.get(600) if wres else []
     os.unlink(stop_p)
     assert op.state == tp.Operation.SUCCEEDED, op
     recs = [x for o in out for x in o[0]]
@@ -491,6 +504,12 @@ def fold_part(b, ix_p, xq):
     fold_timeline(cl, recs, f0, f1)
     after = query_window(b, QSECONDS, 0)
     st2 = shard_stats(cl)
+    if wout:  # the writer's records are in the delta now: fold them too (no load), so
+        # that the slices Faiss opens hold every vector the cluster answers from
+        root2 = os.path.join(cl.root, "fold-writes")
+        ch.write_batch(root2, [], ["bench-stream-no-such-id-3"])
+        op2 = cl.update(root2, timeout=3600)
+        assert op2.state == tp.Operation.SUCCEEDED, op2
     import faiss
     import stream_model as sm
     faiss.omp_set_num_threads(1)
@@ -498,7 +517,8 @@ def fold_part(b, ix_p, xq):
     fz = sm.faiss_slices_check(cl, tmpl, xq[:FAISS_Q], NPROBE, NLIST, K)
     print()
     print("Fold of a %.1f%% delta (%d streamed records) into %d vectors: the update took "
-          "%.1fs (call to SUCCEEDED seen; operation %d ms); delta after it %d" % (
+          "%.1fs (call to SUCCEEDED seen; operation %d ms); delta after it %d (the paced "
+          "writer's records)" % (
               100.0 * delta / N, delta, N, f1 - f0, op.end_time_ms - op.start_time_ms,
               sum(s.delta_upserts + s.delta_deletes for s in st2)))
     print("| FindNeighbors, %d client processes | queries | failed | QPS | p50 ms | p99 ms |"
@@ -514,6 +534,16 @@ def fold_part(b, ix_p, xq):
     print("failed queries over the whole fold window (%d queries): %d %s; p99 during the fold "
           "/ quiet p99 (delta present): %.2fx (goal <= 2x)" % (
               len(recs), failed, errs[:2], pct(lat, .99) * 1e3 / quiet["p99"]))
+    wl = [(t, x) for o in wout for t, x in zip(o[4], o[1])]
+    wd = [x for t, x in wl if f0 <= t <= f1]
+    print("streamed writes (1 record per call, paced to %d/s) during the fold: %d acknowledged, "
+          "%d failed; ack p50 %.1f ms, max %.1f ms (outside the fold: p50 %.1f ms, %d writes)"
+          % (FOLD_WRITE_RATE, len(wd), sum(len(o[2]) for o in wout), pct(wd, .5) * 1e3,
+             max(wd or [0]) * 1e3, pct([x for t, x in wl if not f0 <= t <= f1], .5) * 1e3,
+             len(wl) - len(wd)))
+    if wout:
+        print("(the writer's %d records were folded by a second update with no load before "
+              "the Faiss check)" % len(wl))
     print("folded slices in stock Faiss %s: %d slices, ntotal %d = index count %d; %d "
           "queries: shard answers equal Faiss's for %d/%d (shard, query) pairs, worst "
           "distance rel. diff %.2g; cluster top-%d ids equal the merged Faiss answer for "
