@@ -5,7 +5,10 @@
  *
  * L2 results are squared distances, ascending; IP results are inner products, descending.
  * Missing results (k > ny) are label -1 with distance +inf (L2) / -inf (IP). Ties are
- * broken by the smaller label.
+ * broken by the smaller label. A call with one query computes its products with sgemv,
+ * a larger call with sgemm: the same query's distances may differ in the last bits
+ * between the two (as in Faiss, which computes fewer than 20 queries directly and more
+ * with BLAS); within one call every query is computed the same way.
  */
 #ifndef TSR_KNN_H
 #define TSR_KNN_H
