@@ -370,20 +370,6 @@ static void keeper_stop(keeper *k, int64_t ms)
     pthread_mutex_destroy(&k->mu);
 }
 
-/* Test hook (tests/integration/test_ha_slow_start.py): TSR_COORD_SLOW_START_MS=N
- * (1..600000) makes a won term's start-up sleep N ms, as adopting a long stream would. */
-static void slow_start(void)
-{
-    const char *e = getenv("TSR_COORD_SLOW_START_MS");
-    long ms = e ? strtol(e, NULL, 10) : 0;
-    if (ms > 0 && ms <= 600000) {
-        tsr_warn("TSR_COORD_SLOW_START_MS=%ld: the term's start-up sleeps first (test hook)", ms);
-        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-            ;
-    }
-}
-
 /* Campaigns (no leadership) or checks the leader key is still ours (leadership). */
 static void campaign(tsr__coord *c)
 {
@@ -401,7 +387,8 @@ static void campaign(tsr__coord *c)
             keeper k; /* the start-up below may outlast the TTL */
             int64_t t0 = tsr_clock_mono_ms();
             keeper_start(&k, c, lease);
-            slow_start();
+            /* test hook: a start-up as long as adopting a long stream (test_ha_slow_start) */
+            tsr_test_sleep("TSR_COORD_SLOW_START_MS", "the term's start-up");
             follow(c); /* start from the committed version, then act */
             retire_due(c, 1); /* groups it removed: out of our fan-outs before we lead */
             if (tsr__stream_adopt(c, &err)) { /* its predecessor's streamed writes */

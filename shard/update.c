@@ -32,7 +32,6 @@
  * Prepare's publication take write_mu (stream.c) with no Write in flight. Lock order:
  * update_mu, write_mu, table_mu.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -639,14 +638,7 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
  * while the process keeps answering (keepalives, other calls). */
 static void slow_prepare(void)
 {
-    const char *e = getenv("TSR_SHARD_SLOW_PREPARE_MS");
-    long ms = e ? strtol(e, NULL, 10) : 0;
-    if (ms > 0 && ms <= 600000) {
-        tsr_warn("TSR_SHARD_SLOW_PREPARE_MS=%ld: Prepare sleeps first (test hook)", ms);
-        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-            ;
-    }
+    tsr_test_sleep("TSR_SHARD_SLOW_PREPARE_MS", "Prepare");
 }
 
 /* The build of a Prepare: the edits (the staged ones plus the base's delta), the new

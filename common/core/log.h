@@ -31,6 +31,11 @@ int tsr_log_every(enum tsr_log_level level, const char *key, long long every_ms,
  * would (no atexit handlers, no flush of anything but the log line). Otherwise returns. */
 void tsr_crash_point(const char *var, const char *step);
 
+/* Test hook of the slow-phase tests: when the environment variable `var` holds N in
+ * 1..600000, logs "VAR=N: WHAT sleeps first (test hook)" and sleeps N ms (the process
+ * keeps serving on its other threads). Otherwise returns at once. */
+void tsr_test_sleep(const char *var, const char *what);
+
 #define tsr_debug(...) tsr_log(TSR_LOG_DEBUG, __VA_ARGS__)
 #define tsr_info(...) tsr_log(TSR_LOG_INFO, __VA_ARGS__)
 #define tsr_warn(...) tsr_log(TSR_LOG_WARN, __VA_ARGS__)
