@@ -14,9 +14,9 @@
  *     (the committed version, the predecessor's streamed rounds adopted from etcd, the
  *     replicas caught up) can take longer than the TTL (tens of thousands of rounds): a
  *     keeper thread renews the lease meanwhile, so the winner does not lose its key to its
- *     own start-up (a chaos run saw "elected" then "stepping down (the lease expired)"). A follower campaigns as soon as
- *     the watcher sees the key deleted (the leader's lease expired or was revoked) or
- *     replaced: the watcher "kicks" the lease thread. The periodic campaign is then a slow
+ *     own start-up (a chaos run saw "elected" then "stepping down (the lease expired)").
+ *     A follower campaigns as soon as the watcher sees the key deleted (the leader's lease
+ *     expired or was revoked) or replaced: the watcher "kicks" the lease thread. The periodic campaign is then a slow
  *     safety net (every 3 wake-ups); while the watch is down it runs every wake-up.
  *   - stepping down: the leader re-reads the key each wake-up and steps down when it is not
  *     its own any more; it also steps down by its own clock when no renewal succeeded for

@@ -2,8 +2,9 @@
  * knn — blocked sgemm brute force (see knn.h).
  *
  * For a block of queries and a block of database vectors, sgemm computes all inner
- * products at once (sgemv for a call with one query); L2 distances follow from ||x||^2 + ||y||^2 - 2<x,y>. Each query keeps a
- * k-heap (k = 1 is a plain running minimum, the k-means case).
+ * products at once (sgemv for a call with one query); L2 distances follow from
+ * ||x||^2 + ||y||^2 - 2<x,y>. Each query keeps a k-heap (k = 1 is a plain running
+ * minimum, the k-means case).
  */
 #include "index/knn.h"
 #include "index/knn_int.h"
