@@ -161,24 +161,32 @@ static void gc_dirs(tsr__shard *s)
     free(vs);
 }
 
+/* The bytes of a version directory's files (stats: disk_bytes). */
+static uint64_t dir_bytes(const char *vd)
+{
+    static const char *const files[] = {"slice.faiss", "meta", "vectors.f32", "MANIFEST"};
+    char fp[4200];
+    uint64_t total = 0;
+    for (size_t i = 0; i < 4; i++) {
+        struct stat st;
+        snprintf(fp, sizeof fp, "%s/%s", vd, files[i]);
+        if (stat(fp, &st) == 0)
+            total += (uint64_t)st.st_size;
+    }
+    return total;
+}
+
 /* Verifies version against its MANIFEST, then loads it. */
 static int load_checked(tsr__shard *s, int64_t version, tsr__version **out, tsr_error *err)
 {
-    char vd[4096], fp[4200];
+    char vd[4096];
     int rc = tsr_store_verify(s->store, (uint64_t)version, err);
     if (rc == 0)
         rc = tsr_store_path(s->store, (uint64_t)version, NULL, vd, sizeof vd, err);
     if (rc == 0)
         rc = tsr__version_load(vd, version, out, err);
-    if (rc == 0) {
-        static const char *const files[] = {"slice.faiss", "meta", "vectors.f32", "MANIFEST"};
-        for (size_t i = 0; i < 4; i++) {
-            struct stat st;
-            snprintf(fp, sizeof fp, "%s/%s", vd, files[i]);
-            if (stat(fp, &st) == 0)
-                (*out)->disk_bytes += (uint64_t)st.st_size;
-        }
-    }
+    if (rc == 0)
+        (*out)->disk_bytes = dir_bytes(vd);
     return rc;
 }
 
@@ -703,21 +711,13 @@ typedef struct build_job {
  * on the build's thread, below the queries). *map_ms gets the mapping's time. */
 static void map_built(tsr__shard *s, int64_t version, tsr__version *v, int64_t *map_ms)
 {
-    char vd[4096], tmp[4200];
-    uint64_t total = 0;
+    char vd[4096];
     *map_ms = 0;
     if (tsr_store_path(s->store, (uint64_t)version, NULL, vd, sizeof vd, NULL) != 0)
         return;
-    static const char *const files[] = {"slice.faiss", "meta", "vectors.f32", "MANIFEST"};
-    for (size_t i = 0; i < 4; i++) {
-        struct stat sb;
-        snprintf(tmp, sizeof tmp, "%s/%s", vd, files[i]);
-        if (stat(tmp, &sb) == 0)
-            total += (uint64_t)sb.st_size;
-    }
-    v->disk_bytes = total;
+    v->disk_bytes = dir_bytes(vd);
     int64_t t0 = tsr_clock_mono_ms();
-    if (total > 0)
+    if (v->disk_bytes > 0)
         tsr__version_map_vectors(v, vd);
     *map_ms = tsr_clock_mono_ms() - t0;
 }
