@@ -20,9 +20,8 @@ One run measures, in order:
    call, paced) twice:
    QPS, p50, p99 per window, and the ratio under the stream / quiet;
 3. fold (BENCH_STREAM_FOLD=0 skips it): the delta is filled to BENCH_STREAM_FOLD_FRACTION
-   (0.10) of N (8 processes, 64 per call); quiet queries with the delta; then the fold — an
-   UpdateIndex whose batch holds only a delete of an unknown id, i.e. an update with no
-   record — while the query processes run nonstop: failed queries, p50 / p99 during the
+   (0.10) of N (8 processes, 64 per call); quiet queries with the delta; then the fold —
+   UpdateIndex with fold_stream, an update with no record — while the query processes run nonstop: failed queries, p50 / p99 during the
    fold vs quiet with the delta and after it; then every shard's folded
    vNNNNNN/slice.faiss opens in stock Faiss (faiss.read_index), holds every vector (the sum
    of ntotal = the index's count), and for BENCH_STREAM_FAISS_Q (200) queries Faiss's
@@ -32,7 +31,7 @@ One run measures, in order:
    FindNeighbors (approximate_neighbor_count 0, same nprobe). One more client process
    upserts one record per call, paced to BENCH_STREAM_FOLD_WRITE_RATE (20)/s, from before
    the fold to after it: how long a streamed write arriving during the fold waits for
-   its acknowledgement (docs/streaming.md "Known gaps").
+   its acknowledgement (docs/streaming.md "Writes during a fold").
 BENCH_STREAM_PARTS=fold runs part 3 only, for profiling the fold; part 3 also prints a
 timeline of the fold (queries per 0.5 s step, their p50 and max, and the update's log lines
 of the coordinator and shards at their time).
@@ -456,10 +455,8 @@ def fold_part(b, ix_p, xq):
     delta = sum(s.delta_upserts for s in st)
     want = int(N * FOLD_FRACTION)
     if delta > want * 1.05:   # parts 1-2 streamed more than the fraction: fold them first
-        root = os.path.join(cl.root, "fold-first")
-        ch.write_batch(root, [], ["bench-stream-no-such-id"])
         t0 = time.time()
-        op = cl.update(root, timeout=3600)
+        op = cl.fold(timeout=3600)
         assert op.state == tp.Operation.SUCCEEDED, op
         log("  folded the %d records of parts 1-2 first (%.1fs)" % (delta, time.time() - t0))
         delta = sum(s.delta_upserts for s in shard_stats(cl))
@@ -476,18 +473,17 @@ def fold_part(b, ix_p, xq):
     log("  delta filled to %d records (%.1f%% of %d) in %.1fs; WAL bytes %d" % (
         delta, 100.0 * delta / N, N, fill_s, sum(s.wal_bytes for s in st)))
     quiet = query_window(b, QSECONDS, 0)
-    # the fold: an update with no record (a delete of an id nobody has)
-    root = os.path.join(cl.root, "fold")
-    ch.write_batch(root, [], ["bench-stream-no-such-id-2"])
+    # the fold: UpdateIndex with fold_stream (an update with no record; writes flow during
+    # its Prepare, docs/streaming.md "Writes during a fold")
     stop_p = os.path.join(cl.root, "stop-queries")
     res, q0 = b.queries(QPROCS, 3600, stop_p)
     # one writer, single upserts paced to FOLD_WRITE_RATE/s: how long a streamed write
-    # waits when it arrives during the fold (docs/streaming.md "Known gaps")
+    # waits when it arrives during the fold (docs/streaming.md "Writes during a fold")
     wres = b.writes(1, 1, 3600, rate=FOLD_WRITE_RATE, stop_p=stop_p)[0] if FOLD_WRITE_RATE \
         else None
     time.sleep(max(0.0, q0 - time.time()) + 2.0)
     f0 = time.time()
-    r = cl.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=root), timeout=60)
+    r = cl.stub.UpdateIndex(tp.UpdateIndexRequest(fold_stream=True), timeout=60)
     op = cl.wait_op(r.operation_id, 3600)
     f1 = time.time()
     time.sleep(2.0)
@@ -506,9 +502,7 @@ def fold_part(b, ix_p, xq):
     st2 = shard_stats(cl)
     if wout:  # the writer's records are in the delta now: fold them too (no load), so
         # that the slices Faiss opens hold every vector the cluster answers from
-        root2 = os.path.join(cl.root, "fold-writes")
-        ch.write_batch(root2, [], ["bench-stream-no-such-id-3"])
-        op2 = cl.update(root2, timeout=3600)
+        op2 = cl.fold(timeout=3600)
         assert op2.state == tp.Operation.SUCCEEDED, op2
     import faiss
     import stream_model as sm

@@ -595,6 +595,7 @@ static void update_usage(FILE *f)
             "usage: tessera update --target ADDR --batch-root DIR [--complete-overwrite]\n"
             "                      [--max-invalid-records N] [--json] [--report FILE]\n"
             "                      [--timeout-s T]\n"
+            "       tessera update --target ADDR --fold [--json] [--timeout-s T]\n"
             "  Applies a Vertex-format batch (a folder on the coordinator's file system) as a new\n"
             "  index version and waits for it. Prints the outcome, the batch's counts (records =\n"
             "  valid + invalid) and its first errors as FILE:LINE: TYPE: message (stdout), and\n"
@@ -603,6 +604,10 @@ static void update_usage(FILE *f)
             "  relative one is made absolute here (for a coordinator on this file system).\n"
             "  A coordinator that restarts meanwhile is waited for (operations survive restarts;\n"
             "  one interrupted before its commit point ends FAILED \"interrupted\").\n"
+            "  --fold                   no batch: fold the streamed writes (UpsertDatapoints,\n"
+            "                           RemoveDatapoints) into a new version now, as the\n"
+            "                           background fold does past stream_fold_records; writes\n"
+            "                           go on meanwhile (docs/streaming.md)\n"
             "  --max-invalid-records N  invalid records to skip, 0..2147483647 (default 0)\n"
             "  --timeout-s T            how long to wait for the operation, 0..31536000 (default\n"
             "                           3600)\n"
@@ -728,11 +733,12 @@ int tsr_cmd_update(int argc, char **argv)
 {
     const char *target = NULL, *root = NULL, *report = NULL;
     tsr_cli_tls tls = {0};
-    int overwrite = 0, max_invalid = 0, as_json = 0, report_failed = 0;
+    int overwrite = 0, max_invalid = 0, as_json = 0, report_failed = 0, fold = 0;
     int64_t timeout_s = 3600;
     const tsr_cmdline_opt opts[] = {
         {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
-        {"--batch-root", TSR_CMDLINE_STR, &root, 0, 0, 1},
+        {"--batch-root", TSR_CMDLINE_STR, &root, 0, 0, 0},
+        {"--fold", TSR_CMDLINE_FLAG, &fold, 0, 0, 0},
         {"--complete-overwrite", TSR_CMDLINE_FLAG, &overwrite, 0, 0, 0},
         {"--max-invalid-records", TSR_CMDLINE_INT, &max_invalid, 0, INT32_MAX, 0},
         {"--json", TSR_CMDLINE_FLAG, &as_json, 0, 0, 0},
@@ -744,11 +750,21 @@ int tsr_cmd_update(int argc, char **argv)
                            NULL);
     if (code >= 0)
         return code;
+    if (!root == !fold || (fold && (overwrite || max_invalid || report))) {
+        fprintf(stderr, PROG ": %s\n", fold ? (root ? "--fold takes no --batch-root"
+                                                   : "--fold takes no --complete-overwrite, "
+                                                     "--max-invalid-records or --report")
+                                            : "--batch-root DIR or --fold is required");
+        update_usage(stderr);
+        return 2;
+    }
     /* The batch root is a path of the coordinator's file system (a container, another host):
      * an absolute one is sent as given and resolved there. A relative one only makes sense
      * when both share this file system: it is made absolute here. */
-    char absroot[4096];
-    if (root[0] == '/') {
+    char absroot[4096] = "";
+    if (fold) {
+        /* no batch */
+    } else if (root[0] == '/') {
         snprintf(absroot, sizeof absroot, "%s", root);
     } else if (realpath(root, absroot) == NULL) {
         fprintf(stderr, PROG ": %s: %s\n", root, strerror(errno));
@@ -761,6 +777,7 @@ int tsr_cmd_update(int argc, char **argv)
     rc = 1;
     Tessera__V1__UpdateIndexRequest req = TESSERA__V1__UPDATE_INDEX_REQUEST__INIT;
     req.batch_root = absroot;
+    req.fold_stream = fold;
     req.is_complete_overwrite = overwrite;
     req.max_invalid_records = max_invalid;
     tsr_rpc_result res;

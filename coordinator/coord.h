@@ -902,6 +902,8 @@ int tsr__stream_follow(tsr__coord *c, const struct Tessera__V1__CoordLogRecord *
                        int strict);
 /* 1 when the overlay holds at least stream_fold_records writes (a fold is due). */
 int tsr__stream_fold_due(tsr__coord *c);
+/* The streamed writes the overlay holds (on the served version). */
+int64_t tsr__stream_overlay_records(tsr__coord *c);
 /* reconcile: replica k answered Stats with stream_seq applied at the served version; when
  * it is behind the log (or marked behind) the missing rounds of its group are resent in
  * seq order under the stream lock, and the mark cleared. Returns 0 or a TSR code. */

@@ -1470,6 +1470,14 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns)
     tsr_metrics_gauge_set("tessera_stream_overlay_records", NULL, 0);
 }
 
+int64_t tsr__stream_overlay_records(tsr__coord *c)
+{
+    pthread_rwlock_rdlock(&c->st.ov_rw);
+    int64_t n = c->st.ov_records;
+    pthread_rwlock_unlock(&c->st.ov_rw);
+    return n;
+}
+
 int tsr__stream_fold_due(tsr__coord *c)
 {
     pthread_rwlock_rdlock(&c->st.ov_rw);

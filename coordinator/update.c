@@ -693,41 +693,101 @@ static void upd_cleanup(upd *u, int rc)
     tsr__snap_unref(u->base);
 }
 
-/* Runs the update, phase by phase; returns the final state and fills err / *version. */
-static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int64_t *version,
-                      tsr_error *err)
+/* The catch-up of a fold or a move (stream lock held, after Prepare): the rounds logged
+ * since its chunk 0 (seq0) carried to newv by its plan, the next version's directory
+ * rebuilt from the served one with every streamed write (routed by that plan), and the
+ * groups' last seqs of newv installed (gseq: the staged ones on entry; the served
+ * version's on return, for the swap back when the flip fails). */
+static int upd_catch_up(upd *u, int64_t seq0, int64_t *gseq, tsr_error *err)
 {
-    upd u = {.c = c, .op = op, .b = b, .fresh = -1};
-    /* streamed writes wait (queued) from the plan through the Commit fan-out: the plan's
-     * base and each group's base_stream_seq stay true, and no Write reaches a shard between
-     * the flip and its Commit */
+    tsr__coord *c = u->c;
+    tsr_metrics_update_phase("catch-up");
+    int rc = tsr__reshard_carry(c, (uint64_t)u->newv, u->p.ns, seq0, u->out, gseq, err);
+    if (rc)
+        return rc;
+    tsr__snap *view = tsr__stream_base(c, u->base);
+    if (view) /* the writes after seq0 are not in the plan's directory */
+        tsr__reshard_redir(u->p.ns, view, u->p.nshards);
+    tsr__stream_base_free(view);
+    tsr__stream_swap_group_seqs(c, gseq, u->p.nshards);
+    return 0;
+}
+
+/* Runs the update, phase by phase; returns the final state and fills err / *version.
+ *
+ * Streamed writes wait (queued) from the plan through the Commit fan-out: the plan's base
+ * and each group's base_stream_seq stay true, and no Write reaches a shard between the flip
+ * and its Commit. A fold with catchup set (no records; docs/streaming.md "Writes during a
+ * fold") holds them only for its plan and Stage, and from its catch-up through its Commit
+ * fan-out: each group's Stage has capture_delta, so its Prepare folds the delta of seq S
+ * while writes go on to the served version, and the rounds after S are carried to newv
+ * before the flip, as a reshard move's are. A batch keeps the lock all along: the model
+ * applies it at its commit point, after every write acknowledged before it. */
+static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
+                      int64_t *version, tsr_error *err)
+{
+    upd u = {.c = c, .op = op, .b = b, .fresh = -1, .catchup = catchup && b->nrecords == 0 &&
+                                                               b->ndeletes == 0};
+    int64_t seq0 = 0, *gseq = NULL;
+    int locked = 1, swapped = 0;
     tsr__stream_lock(c);
     u.base = tsr__coord_snap_get(c);
     u.newv = (int64_t)u.base->version + 1;
     u.out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
-    int64_t t[6] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
+    int64_t t[7] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
     int rc = upd_plan(&u, err);
+    if (rc == 0 && u.catchup) {
+        seq0 = tsr__stream_last_seq(c);
+        gseq = tsr_xcalloc(u.p.nshards + 1, sizeof *gseq);
+        for (size_t g = 0; g < u.p.nshards; g++) /* each group's staged seq (chunk 0) */
+            gseq[g] = tsr__stream_group_seq(c, g);
+    }
     t[1] = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_stage(&u, STAGE_ALL, err);
+    if (rc == 0 && u.catchup) {
+        tsr__stream_unlock(c); /* writes flow on the served version meanwhile */
+        locked = 0;
+    }
     t[2] = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_prepare(&u, err);
+    if (!locked) { /* the catch-up, the flip and the Commit fan-out: writes wait again */
+        tsr__stream_lock(c);
+        locked = 1;
+    }
     t[3] = tsr_clock_mono_ms();
+    if (rc == 0 && u.catchup && (rc = upd_catch_up(&u, seq0, gseq, err)) == 0) {
+        swapped = 1;
+        tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
+    }
+    t[4] = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_flip(&u, err);
-    t[4] = tsr_clock_mono_ms();
+    if (rc && swapped) /* the served version's seqs back */
+        tsr__stream_swap_group_seqs(c, gseq, u.p.nshards);
+    t[5] = tsr_clock_mono_ms();
     if (rc == 0) {
         upd_commit(&u);
         *version = u.newv;
-        t[5] = tsr_clock_mono_ms();
-        tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld, commit "
-                 "point %lld, commit fan-out %lld (streamed writes waited all along)", op->id,
-                 (long long)u.newv, (long long)(t[1] - t[0]), (long long)(t[2] - t[1]),
-                 (long long)(t[3] - t[2]), (long long)(t[4] - t[3]), (long long)(t[5] - t[4]));
+        t[6] = tsr_clock_mono_ms();
+        if (u.catchup)
+            tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld "
+                     "(streamed writes flowing), catch-up %lld, commit point %lld, commit "
+                     "fan-out %lld (streamed writes waited for all but the prepare)", op->id,
+                     (long long)u.newv, (long long)(t[1] - t[0]), (long long)(t[2] - t[1]),
+                     (long long)(t[3] - t[2]), (long long)(t[4] - t[3]),
+                     (long long)(t[5] - t[4]), (long long)(t[6] - t[5]));
+        else
+            tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld, commit "
+                     "point %lld, commit fan-out %lld (streamed writes waited all along)",
+                     op->id, (long long)u.newv, (long long)(t[1] - t[0]),
+                     (long long)(t[2] - t[1]), (long long)(t[3] - t[2]),
+                     (long long)(t[5] - t[3]), (long long)(t[6] - t[5]));
     }
     upd_cleanup(&u, rc);
     tsr__stream_unlock(c);
+    free(gseq);
     return rc ? TESSERA__V1__OPERATION__STATE__FAILED : TESSERA__V1__OPERATION__STATE__SUCCEEDED;
 }
 
@@ -781,7 +841,7 @@ static void *update_main(void *p)
     } else {
         int64_t version = 0;
         pthread_mutex_lock(&c->update_mu);
-        int st = run_update(c, op, b, &version, &err);
+        int st = run_update(c, op, b, fold && !c->meta, &version, &err);
         pthread_mutex_unlock(&c->update_mu);
         op_finish(c, op, st, st == TESSERA__V1__OPERATION__STATE__SUCCEEDED ? NULL : err.msg,
                   version, err.code);
@@ -798,26 +858,6 @@ static void drain_wait(int64_t ms)
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0)
         ;
-}
-
-/* The catch-up of a move (stream lock held, after Prepare): the rounds logged since its
- * chunk 0 (seq0) carried to newv by the new plan, the next version's directory rebuilt
- * from the served one with every streamed write (routed by the new plan), and the
- * groups' last seqs of newv installed (gseq: the staged ones on entry; the served
- * version's on return, for the swap back when the flip fails). */
-static int upd_catch_up(upd *u, int64_t seq0, int64_t *gseq, tsr_error *err)
-{
-    tsr__coord *c = u->c;
-    tsr_metrics_update_phase("catch-up");
-    int rc = tsr__reshard_carry(c, (uint64_t)u->newv, u->p.ns, seq0, u->out, gseq, err);
-    if (rc)
-        return rc;
-    tsr__snap *view = tsr__stream_base(c, u->base);
-    if (view) /* the writes after seq0 are not in the plan's directory */
-        tsr__reshard_redir(u->p.ns, view, u->p.nshards);
-    tsr__stream_base_free(view);
-    tsr__stream_swap_group_seqs(c, gseq, u->p.nshards);
-    return 0;
 }
 
 /* One move (docs/resharding.md): add (addrs, n > 0: a new group appended) or remove group
@@ -1286,6 +1326,42 @@ void tsr__coord_fold_stop(tsr__coord *c)
     c->fold_live = 0;
 }
 
+/* UpdateIndex with fold_stream: the background fold's update, on demand (the same op,
+ * counted in tessera_stream_folds_total). Returns 0 or a negative code with the status
+ * set on r. */
+static int fold_request(tsr__coord *c, const Tessera__V1__UpdateIndexRequest *rq, char *id,
+                        size_t cap, tsr_rpc_reply *r)
+{
+    int rc = tsr__leader_check(c, r);
+    if (rc)
+        return rc;
+    if ((rq->batch_root && rq->batch_root[0]) || rq->is_complete_overwrite ||
+        rq->max_invalid_records)
+        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "fold_stream takes no batch: "
+                                   "batch_root, is_complete_overwrite and max_invalid_records "
+                                   "must be unset");
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    uint64_t v = sn->version;
+    tsr__snap_unref(sn);
+    int64_t n = tsr__stream_overlay_records(c);
+    if (v == 0 || n == 0)
+        return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, "nothing to fold: %s",
+                                   v == 0 ? "no index yet"
+                                          : "no streamed write since the served version");
+    pthread_mutex_lock(&c->op_mu);
+    if (c->busy || c->closing) {
+        pthread_mutex_unlock(&c->op_mu);
+        return tsr_rpc_reply_error(r, TSR_RPC_FAILED_PRECONDITION, c->closing ? "shutting down"
+                                   : "update in progress");
+    }
+    op_start(c, "(stream fold)", NULL, NULL, 0, 0, id, cap);
+    pthread_mutex_unlock(&c->op_mu);
+    tsr_info("update %s: stream fold on request: the overlay holds %lld streamed writes", id,
+             (long long)n);
+    tsr_metrics_counter_add("tessera_stream_folds_total", NULL, 1);
+    return 0;
+}
+
 int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
 {
     tsr__coord *c = ctx;
@@ -1294,8 +1370,10 @@ int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
         return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "UpdateIndexRequest: malformed "
                                    "protobuf");
     char id[sizeof ((tsr__op *)0)->id];
-    int rc = tsr__coord_update_start(c, rq->batch_root, rq->is_complete_overwrite,
-                                     rq->max_invalid_records, id, sizeof id, r);
+    int rc = rq->fold_stream ? fold_request(c, rq, id, sizeof id, r)
+                             : tsr__coord_update_start(c, rq->batch_root,
+                                                       rq->is_complete_overwrite,
+                                                       rq->max_invalid_records, id, sizeof id, r);
     if (!rc) {
         Tessera__V1__UpdateIndexResponse resp = TESSERA__V1__UPDATE_INDEX_RESPONSE__INIT;
         resp.operation_id = id;

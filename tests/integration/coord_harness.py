@@ -56,6 +56,13 @@ class Api:
                                   timeout=30, metadata=md)
         return self.wait_op(r.operation_id, timeout, md)
 
+    def fold(self, timeout=180, md=None):
+        """UpdateIndex with fold_stream: the streamed writes folded into a new version."""
+        tp = stubs()[0]
+        r = self.stub.UpdateIndex(tp.UpdateIndexRequest(fold_stream=True), timeout=30,
+                                  metadata=md)
+        return self.wait_op(r.operation_id, timeout, md)
+
     def wait_op(self, op_id, timeout=180, md=None):
         tp = stubs()[0]
         t0 = time.time()

@@ -1,24 +1,33 @@
-"""Folding the streamed delta under query load (issue 15, "what must be true" 5, scaled for
-`make test`; the 1M figures come from `make bench-stream`).
+"""Folding the streamed delta under query load and streamed writes (issue 15, "what must be
+true" 5, scaled for `make test`; the 1M figures come from `make bench-stream`).
 
 Cluster: tessera-coordinator + 2 shard groups (group 0 of 2 replicas), a base version of
 20000 vectors (d 32, nlist 64, PQ 8). A 10 % delta is streamed in (2000 new ids, 200
 replaced vectors, 200 removes). Then 3 query threads (full probe and default nprobe) run
-nonstop while the fold runs — an UpdateIndex whose batch only deletes an id nobody has, i.e.
-an update with no record. Checks:
+nonstop while the fold runs — UpdateIndex with fold_stream (`tessera update --fold`), the
+background fold's update on demand — and a writer streams one new id per call through it.
+Every shard's Prepare sleeps 1.5 s first (TSR_SHARD_SLOW_PREPARE_MS) so the fold's
+Prepare is long enough to write through. Checks:
 - 0 failed queries; every answer is from the old or the new version, and no removed id
   appears in any answer;
-- after the fold: every shard's delta is empty (Stats delta_upserts / delta_deletes 0), the
-  contents are unchanged (ReadIndexDatapoints of every streamed and a sample of base ids,
-  bit for bit; the count);
-- every shard's folded vNNNNNN/slice.faiss opens in stock Faiss and holds every vector of
-  the shard (sum of ntotal = the index's count); for 300 queries Faiss's search_preassigned
-  with the same lists and coarse distances returns the labels Shard.Search returns for
-  >= 99 % of the (shard, query) pairs, distances within 1e-4 relative (the rule of
-  test_shard_faiss.py), and the merged Faiss answer read back as ids equals the cluster's
-  FindNeighbors (PQ distances, same nprobe) for >= 97 % of the queries;
+- writes are not held by the fold's Prepare (docs/streaming.md "Folding"): at least one
+  write was sent after GetOperation said PREPARING and acknowledged while it still said
+  so (before, the stream lock was held from the plan through the Commit fan-out: such a
+  write was acknowledged only after the commit point); every write acknowledged;
+- after the fold: each shard's delta holds exactly the writer's records (carried to the
+  new version by the catch-up), the contents are unchanged plus the writer's records
+  (ReadIndexDatapoints of every streamed and a sample of base ids, bit for bit; the
+  count);
+- a second fold with no load empties every delta; every shard's folded vNNNNNN/slice.faiss
+  opens in stock Faiss and holds every vector of the shard (sum of ntotal = the index's
+  count); for 300 queries Faiss's search_preassigned with the same lists and coarse
+  distances returns the labels Shard.Search returns for >= 99 % of the (shard, query)
+  pairs, distances within 1e-4 relative (the rule of test_shard_faiss.py), and the merged
+  Faiss answer read back as ids equals the cluster's FindNeighbors (PQ distances, same
+  nprobe) for >= 97 % of the queries;
 - the two replicas of group 0 hold the same version and count.
-Query p50 / p99 during the fold vs before it are printed, not asserted.
+Query p50 / p99 during the fold vs before it, and the writes' ack times, are printed, not
+asserted.
 """
 import os
 import sys
@@ -53,7 +62,8 @@ def main():
     base = [sm.random_rec(rng, "b%06d" % i, D, centers) for i in range(N)]
     root = sh.tmpdir("tsr-stream-fold-")
     b0 = ch.write_batch(os.path.join(root, "b0"), [sm.to_json(r) for r in base], per_file=10000)
-    fold = ch.write_batch(os.path.join(root, "fold"), [], ["no-such-id"])
+    # every shard's Prepare sleeps first: the fold's Prepare is long enough to write through
+    os.environ["TSR_SHARD_SLOW_PREPARE_MS"] = "1500"
     cl = sm.StreamCluster([2, 1], D, {"nlist": NLIST, "pq_m": 8, "nprobe": NPROBE})
     stop = threading.Event()
     threads = []
@@ -116,14 +126,41 @@ def main():
             threads[-1].start()
         time.sleep(3.0)
         f0 = time.time()
-        opf = cl.update(fold, timeout=300)
+        r = cl.stub.UpdateIndex(tp.UpdateIndexRequest(fold_stream=True), timeout=30)
+        wrecs, wlog = [], []   # the writer's records; (sent, acked, state before, after)
+
+        def op_state():
+            return cl.stub.GetOperation(tp.GetOperationRequest(operation_id=r.operation_id),
+                                        timeout=10).state
+
+        def writer():
+            done = (tp.Operation.SUCCEEDED, tp.Operation.FAILED, tp.Operation.REJECTED)
+            after_done = 0
+            while not stop.is_set() and after_done < 5:
+                before = op_state()
+                rec = sm.random_rec(rng_w, "w%05d" % len(wrecs), D, centers)
+                op = sm.call(cl.stub, sm.Op("upsert", [rec]), tp)
+                if op.outcome != sm.OK:
+                    bad.append("streamed write during the fold: %s" % op.code)
+                    return
+                wrecs.append(rec)
+                wlog.append((op.start, op.end, before, op_state()))
+                after_done += before in done
+                time.sleep(0.05)
+
+        rng_w = np.random.default_rng(SEED + 1)
+        wt = threading.Thread(target=writer)
+        wt.start()
+        opf = cl.wait_op(r.operation_id, timeout=300)
         f1 = time.time()
+        wt.join(60)
         time.sleep(1.0)
         stop.set()
         for th in threads:
             th.join(60)
         assert opf.state == tp.Operation.SUCCEEDED and opf.version == op0.version + 1, opf
         assert not bad, bad[:5]
+        model.upsert(wrecs)
         versions = set(x[3] for x in lat)
         assert versions <= {op0.version, opf.version} and opf.version in versions, versions
         quiet = np.array([x[1] for x in lat if x[0] < f0])
@@ -134,6 +171,16 @@ def main():
                   np.percentile(quiet, 99) * 1e3, len(during),
                   np.median(during) * 1e3 if len(during) else float("nan"),
                   np.percentile(during, 99) * 1e3 if len(during) else float("nan")))
+        prep = tp.Operation.PREPARING
+        through = [w for w in wlog if w[2] == prep and w[3] == prep]
+        in_fold = [w for w in wlog if w[0] <= f1]
+        print("streamed writes during the fold: %d acknowledged (%d sent and acknowledged "
+              "while the fold was PREPARING), ack max %.1f ms; %d in all" % (
+                  len(in_fold), len(through),
+                  max((w[1] - w[0]) * 1e3 for w in in_fold) if in_fold else float("nan"),
+                  len(wlog)))
+        assert through, "no write went through while the fold was PREPARING: %s" % [
+            (round(w[1] - w[0], 3), w[2], w[3]) for w in wlog[:20]]
         # the fold's build and update threads ran at the background priority (nice 10,
         # core/parallel.h) and ended with it: every thread left in the coordinator and the
         # shards has the process's own nice — a thread the build started (or one gRPC made
@@ -148,13 +195,28 @@ def main():
                 except OSError:
                     continue   # the thread ended meanwhile
                 assert int(fields[16]) == base_nice, (p.args[0], t, fields[16])
-        # contents unchanged, delta empty, replicas agree
+        # the writer's records (all sent after the fold's chunk 0) are the new version's
+        # delta, carried by the catch-up or streamed after the flip; nothing else is
+        cl.wait_replicas_agree()
+        st = cl.shard_stats()
+        for row in st:
+            for x in row:
+                assert x.current_version == opf.version and x.delta_deletes == 0, x
+        assert sum(row[0].delta_upserts for row in st) == len(wrecs), (st, len(wrecs))
+        ids = [r.id for r in new + rep + wrecs] + rem + ["b%06d" % i for i in range(0, N, 37)]
+        got = sm.read_state(cl.stub, tp, ids)
+        diff = sm.diff_states({i: model.m[i] for i in ids if i in model.m}, got)
+        assert not diff, "contents changed by the fold:\n  " + "\n  ".join(diff)
+        assert cl.stats().vectors_count == len(model.m), (cl.stats(), len(model.m))
+        # a second fold (no load) folds the writer's records too
+        opf = cl.fold(timeout=300)
+        assert opf.state == tp.Operation.SUCCEEDED, opf
+        # contents unchanged, delta empty, replicas agree (after the second fold)
         cl.wait_replicas_agree()
         for row in cl.shard_stats():
             for x in row:
                 assert x.current_version == opf.version and \
                     x.delta_upserts == 0 and x.delta_deletes == 0, x
-        ids = [r.id for r in new + rep] + rem + ["b%06d" % i for i in range(0, N, 37)]
         got = sm.read_state(cl.stub, tp, ids)
         diff = sm.diff_states({i: model.m[i] for i in ids if i in model.m}, got)
         assert not diff, "contents changed by the fold:\n  " + "\n  ".join(diff)
