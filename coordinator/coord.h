@@ -180,6 +180,9 @@ void tsr__dir_add(tsr__dir *d, const char *id, int64_t label, int32_t list, int3
 /* Adds the entry or, when id is present, overwrites its fields (the overlay's upsert). */
 void tsr__dir_set(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
                   int dense, int sparse, int dead);
+/* Removes id's entry (the last entry takes its place: entries are unordered); 1 when it
+ * was there, else 0. O(1) expected: no tombstone, the probe run is shifted back. */
+int tsr__dir_remove(tsr__dir *d, const char *id);
 uint64_t tsr__hash_str(const char *s);
 
 /* ---- snapshot ---------------------------------------------------------------------- */
@@ -855,6 +858,11 @@ void tsr__stream_lock(tsr__coord *c);
 void tsr__stream_unlock(tsr__coord *c);
 tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn);
 void tsr__stream_base_free(tsr__snap *view);
+/* A fold's catch-up (update.c; stream lock held): ns, planned on sn with sn's plan and
+ * directory and no record, gets the overlay applied in place (upserts set, removes
+ * removed), sn's counts plus the overlay's and the stream's label counter: the directory
+ * tsr__stream_base would give, in O(overlay) instead of O(directory). */
+void tsr__stream_overlay_onto(tsr__coord *c, const tsr__snap *sn, tsr__snap *ns);
 /* The last seq logged for group g (StageRequest.base_stream_seq). */
 int64_t tsr__stream_group_seq(tsr__coord *c, size_t g);
 /* A query's snapshot (a reference) and, read with it under ov_rw, the last seq of each of

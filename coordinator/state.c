@@ -14,6 +14,7 @@
  * and locality (k-means of the centroids into S groups, each group onto its own shard
  * while it stays within 10 % of the mean load, the rest balanced).
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,18 +58,24 @@ static void dir_rehash(tsr__dir *d, size_t nslots)
     }
 }
 
-const tsr__dir_entry *tsr__dir_find(const tsr__dir *d, const char *id)
+/* The slot of id (its entry is d->e[d->slot[h] - 1]), or -1. */
+static ptrdiff_t dir_slot(const tsr__dir *d, const char *id)
 {
     if (!d->slot)
-        return NULL;
+        return -1;
     size_t h = tsr__hash_str(id) & d->mask;
     while (d->slot[h]) {
-        const tsr__dir_entry *e = &d->e[d->slot[h] - 1];
-        if (strcmp(e->id, id) == 0)
-            return e;
+        if (strcmp(d->e[d->slot[h] - 1].id, id) == 0)
+            return (ptrdiff_t)h;
         h = (h + 1) & d->mask;
     }
-    return NULL;
+    return -1;
+}
+
+const tsr__dir_entry *tsr__dir_find(const tsr__dir *d, const char *id)
+{
+    ptrdiff_t h = dir_slot(d, id);
+    return h < 0 ? NULL : &d->e[d->slot[h] - 1];
 }
 
 void tsr__dir_add(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
@@ -113,6 +120,36 @@ void tsr__dir_set(tsr__dir *d, const char *id, int64_t label, int32_t list, int3
     e->dense = (uint8_t)(dense != 0);
     e->sparse = (uint8_t)(sparse != 0);
     e->dead = (uint8_t)(dead != 0);
+}
+
+int tsr__dir_remove(tsr__dir *d, const char *id)
+{
+    ptrdiff_t at = dir_slot(d, id);
+    if (at < 0)
+        return 0;
+    size_t hole = (size_t)at, i = d->slot[hole] - 1;
+    /* backward-shift deletion (linear probing keeps no tombstone): every slot after the
+     * hole in its run whose home is not cyclically in (hole, j] moves into the hole */
+    for (size_t j = (hole + 1) & d->mask; d->slot[j]; j = (j + 1) & d->mask) {
+        size_t home = tsr__hash_str(d->e[d->slot[j] - 1].id) & d->mask;
+        int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!stays) {
+            d->slot[hole] = d->slot[j];
+            hole = j;
+        }
+    }
+    d->slot[hole] = 0;
+    free(d->e[i].id);
+    size_t last = d->n - 1;
+    if (i != last) { /* the last entry fills the gap: its slot points at i now */
+        d->e[i] = d->e[last];
+        size_t h = tsr__hash_str(d->e[i].id) & d->mask;
+        while (d->slot[h] != last + 1)
+            h = (h + 1) & d->mask;
+        d->slot[h] = (uint32_t)(i + 1);
+    }
+    d->n--;
+    return 1;
 }
 
 /* ---------------------------------------------------------------- snapshot */

@@ -1396,6 +1396,24 @@ tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn)
     return v;
 }
 
+void tsr__stream_overlay_onto(tsr__coord *c, const tsr__snap *sn, tsr__snap *ns)
+{
+    tsr__stream *s = &c->st;
+    if (s->ov_version != sn->version)
+        return;
+    for (size_t i = 0; i < s->ov.n; i++) {
+        const tsr__dir_entry *e = &s->ov.e[i];
+        if (e->dead)
+            tsr__dir_remove(&ns->dir, e->id);
+        else
+            tsr__dir_set(&ns->dir, e->id, e->label, e->list, e->shard, e->dense, e->sparse, 0);
+    }
+    ns->ndense = sn->ndense + s->d_dense;
+    ns->nsparse = sn->nsparse + s->d_sparse;
+    if (s->next_label > ns->next_label)
+        ns->next_label = s->next_label;
+}
+
 void tsr__stream_base_free(tsr__snap *v)
 {
     if (!v)

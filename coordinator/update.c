@@ -363,7 +363,9 @@ typedef struct upd {
     int fresh;                  /* a reshard's new group (staged on an empty base), or -1 */
     int catchup;                /* a reshard move: chunk 0 alone under the stream lock with
                                    capture_delta, the records from chunk 1 without it
-                                   (docs/resharding.md "Writes during a move") */
+                                   (docs/resharding.md "Writes during a move"); a fold:
+                                   its one chunk with capture_delta */
+    int reshard;                /* a reshard move (its catch-up rebuilds the directory) */
 } upd;
 
 /* What upd_stage sends: every chunk (an update), or a move's chunk 0 alone (no record:
@@ -389,11 +391,12 @@ static void warn_unknown_deletes(upd *u)
     op_warn(u->c, u->op, w);
 }
 
-/* The planning phase (update_plan.c). */
-static int upd_plan(upd *u, tsr_error *err)
+/* The planning phase (update_plan.c). overlay: the base is the committed version plus the
+ * streamed writes on it (stream lock held); else the committed version alone (a fold with
+ * a catch-up, whose directory gets the overlay at its catch-up). */
+static int upd_plan(upd *u, int overlay, tsr_error *err)
 {
-    /* the base is the committed version plus the streamed writes on it (stream lock held) */
-    tsr__snap *view = tsr__stream_base(u->c, u->base);
+    tsr__snap *view = overlay ? tsr__stream_base(u->c, u->base) : NULL;
     int rc = tsr__upd_plan_build(&u->c->cfg, u->c->template_path, view ? view : u->base, u->b,
                                  u->op->overwrite, &u->p, err);
     tsr__stream_base_free(view);
@@ -695,9 +698,10 @@ static void upd_cleanup(upd *u, int rc)
 
 /* The catch-up of a fold or a move (stream lock held, after Prepare): the rounds logged
  * since its chunk 0 (seq0) carried to newv by its plan, the next version's directory
- * rebuilt from the served one with every streamed write (routed by that plan), and the
- * groups' last seqs of newv installed (gseq: the staged ones on entry; the served
- * version's on return, for the swap back when the flip fails). */
+ * made the served one with every streamed write (a fold: its plan's copy of the served
+ * directory gets the overlay, O(overlay); a move: rebuilt, every id routed by the new
+ * plan), and the groups' last seqs of newv installed (gseq: the staged ones on entry; the
+ * served version's on return, for the swap back when the flip fails). */
 static int upd_catch_up(upd *u, int64_t seq0, int64_t *gseq, tsr_error *err)
 {
     tsr__coord *c = u->c;
@@ -705,10 +709,14 @@ static int upd_catch_up(upd *u, int64_t seq0, int64_t *gseq, tsr_error *err)
     int rc = tsr__reshard_carry(c, (uint64_t)u->newv, u->p.ns, seq0, u->out, gseq, err);
     if (rc)
         return rc;
-    tsr__snap *view = tsr__stream_base(c, u->base);
-    if (view) /* the writes after seq0 are not in the plan's directory */
-        tsr__reshard_redir(u->p.ns, view, u->p.nshards);
-    tsr__stream_base_free(view);
+    if (!u->reshard) { /* a fold: same plan, no record */
+        tsr__stream_overlay_onto(c, u->base, u->p.ns);
+    } else {
+        tsr__snap *view = tsr__stream_base(c, u->base);
+        if (view) /* the writes after seq0 are not in the plan's directory */
+            tsr__reshard_redir(u->p.ns, view, u->p.nshards);
+        tsr__stream_base_free(view);
+    }
     tsr__stream_swap_group_seqs(c, gseq, u->p.nshards);
     return 0;
 }
@@ -729,13 +737,23 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     upd u = {.c = c, .op = op, .b = b, .fresh = -1, .catchup = catchup && b->nrecords == 0 &&
                                                                b->ndeletes == 0};
     int64_t seq0 = 0, *gseq = NULL;
-    int locked = 1, swapped = 0;
-    tsr__stream_lock(c);
+    int locked = 0, swapped = 0;
+    int64_t t[7] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
+    if (!u.catchup) {
+        tsr__stream_lock(c);
+        locked = 1;
+    }
+    /* the served snapshot changes only by a commit point, and update_mu is ours: a fold
+     * plans on it before the lock (the overlay goes onto its directory at the catch-up,
+     * tsr__stream_overlay_onto), so writes wait only for its Stage */
     u.base = tsr__coord_snap_get(c);
     u.newv = (int64_t)u.base->version + 1;
     u.out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
-    int64_t t[7] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
-    int rc = upd_plan(&u, err);
+    int rc = upd_plan(&u, !u.catchup, err);
+    if (!locked) {
+        tsr__stream_lock(c);
+        locked = 1;
+    }
     if (rc == 0 && u.catchup) {
         seq0 = tsr__stream_last_seq(c);
         gseq = tsr_xcalloc(u.p.nshards + 1, sizeof *gseq);
@@ -772,9 +790,9 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
         *version = u.newv;
         t[6] = tsr_clock_mono_ms();
         if (u.catchup)
-            tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld "
-                     "(streamed writes flowing), catch-up %lld, commit point %lld, commit "
-                     "fan-out %lld (streamed writes waited for all but the prepare)", op->id,
+            tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld, "
+                     "catch-up %lld, commit point %lld, commit fan-out %lld (streamed writes "
+                     "flowed during the plan and the prepare)", op->id,
                      (long long)u.newv, (long long)(t[1] - t[0]), (long long)(t[2] - t[1]),
                      (long long)(t[3] - t[2]), (long long)(t[4] - t[3]),
                      (long long)(t[5] - t[4]), (long long)(t[6] - t[5]));
@@ -869,7 +887,7 @@ static void drain_wait(int64_t ms)
 static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int rm,
                        int64_t *version, tsr_error *err)
 {
-    upd u = {.c = c, .op = op, .fresh = -1, .catchup = 1};
+    upd u = {.c = c, .op = op, .fresh = -1, .catchup = 1, .reshard = 1};
     tsr_batch *b = tsr_xcalloc(1, sizeof *b);
     tsr__reshard_moves *mv = NULL;
     int64_t seq0 = 0, *gseq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *gseq);

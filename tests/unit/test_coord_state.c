@@ -1,6 +1,8 @@
 /*
  * test_coord_state — the coordinator's snapshot parts without a server (libtsr_coord.a):
- * the id directory (add, find, growth past its first table, missing ids), the plan
+ * the id directory (add, find, growth past its first table, missing ids; remove against a
+ * model through random add / set / remove rounds, every id found or not as the model
+ * says, with small tables whose probe runs wrap around their end), the plan
  * builders (balanced: every list on a valid group, loads within one list of each other;
  * locality: lists of one centroid cluster together on one group; both deterministic),
  * and a snapshot's save to and load from a store (template, plan, directory, counters),
@@ -51,6 +53,68 @@ static void test_dir(void **state)
     tsr__dir_init(&d);
     assert_null(tsr__dir_find(&d, "id-1")); /* empty directory */
     tsr__dir_close(&d);
+}
+
+/* tsr__dir_remove: random rounds of add / set / remove of ids from a pool checked against
+ * a model: every present id found with its label, every removed one absent, n the
+ * model's count. Pool 0 holds ids whose home slot (2048 slots: the table stays that size
+ * under 1024 entries) is one of the last 8 or the first 7, so probe runs are long and wrap
+ * around the table's end; pools 1 and 2 are plain ids (600, 3000: the table grows). */
+static void test_dir_remove(void **state)
+{
+    (void)state;
+    enum { POOL = 3000, ROUNDS = 40000 };
+    int64_t *model = calloc(POOL, sizeof *model); /* label + 1, 0 = absent */
+    char (*ids)[24] = calloc(POOL, sizeof *ids);
+    assert_non_null(model);
+    assert_non_null(ids);
+    uint64_t x = 88172645463325252ull;
+    for (int seed = 0; seed < 3; seed++) {
+        size_t pool = 0, hi = 0, lo = 0;
+        for (size_t k = 0; pool < (seed == 0 ? 200 : seed == 1 ? 600 : POOL); k++) {
+            snprintf(ids[pool], sizeof ids[pool], "k%zu", k);
+            size_t home = tsr__hash_str(ids[pool]) & 2047;
+            if (seed == 0 && home >= 2040 && hi < 120)
+                hi++, pool++;
+            else if (seed == 0 && home <= 6 && lo < 80)
+                lo++, pool++;
+            else if (seed != 0)
+                pool++;
+        }
+        tsr__dir d;
+        tsr__dir_init(&d);
+        memset(model, 0, POOL * sizeof *model);
+        size_t present = 0;
+        for (int r = 0; r < ROUNDS; r++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            size_t i = (size_t)(x % pool);
+            if ((x >> 32) % 3 == 0) { /* remove */
+                assert_int_equal(tsr__dir_remove(&d, ids[i]), model[i] != 0);
+                present -= model[i] != 0;
+                model[i] = 0;
+            } else { /* add or overwrite (the overlay's set) */
+                present += model[i] == 0;
+                tsr__dir_set(&d, ids[i], r, (int32_t)(i % 5), 0, 1, 0, 0);
+                model[i] = r + 1;
+            }
+            assert_int_equal(d.n, present);
+            if (r % 97 == 0 || r + 1 == ROUNDS)
+                for (size_t k = 0; k < pool; k++) {
+                    const tsr__dir_entry *e = tsr__dir_find(&d, ids[k]);
+                    if (model[k]) {
+                        assert_non_null(e);
+                        assert_int_equal(e->label, model[k] - 1);
+                    } else {
+                        assert_null(e);
+                    }
+                }
+        }
+        if (seed == 0)
+            assert_int_equal(d.mask, 2047); /* the wrap-around case ran on 2048 slots */
+        tsr__dir_close(&d);
+    }
+    free(ids);
+    free(model);
 }
 
 static void test_plan_balanced(void **state)
@@ -241,6 +305,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dir),
+        cmocka_unit_test(test_dir_remove),
         cmocka_unit_test(test_plan_balanced),
         cmocka_unit_test(test_plan_locality),
         cmocka_unit_test(test_snap_save_load),
