@@ -177,8 +177,9 @@ const tsr__dir_entry *tsr__dir_find(const tsr__dir *d, const char *id);
 /* Adds an entry (id copied); the id must not be present. */
 void tsr__dir_add(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
                   int dense, int sparse);
-/* Adds the entry or, when id is present, overwrites its fields (the overlay's upsert). */
-void tsr__dir_set(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
+/* Adds the entry or, when id is present, overwrites its fields (the overlay's upsert);
+ * returns it (valid until the next add). */
+tsr__dir_entry *tsr__dir_set(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
                   int dense, int sparse, int dead);
 /* Removes id's entry (the last entry takes its place: entries are unordered); 1 when it
  * was there, else 0. O(1) expected: no tombstone, the probe run is shifted back. */
@@ -362,6 +363,10 @@ typedef struct tsr__stream {
     uint64_t ov_version;        /* the version it applies on */
     int64_t ov_records;         /* streamed writes since that version (fold threshold) */
     int64_t d_dense, d_sparse;  /* change of the snapshot's counts */
+    size_t *touched;            /* owned; the index in ov of the entry each write set, in
+                                   order (a fold's catch-up re-applies the ones after its
+                                   mark: tsr__stream_overlay_finish) */
+    size_t ntouched, ctouched;
     /* the queue of requests: under q_mu */
     pthread_mutex_t q_mu;
     pthread_cond_t q_cv, done_cv;
@@ -580,8 +585,10 @@ void tsr__reshard_redir(tsr__snap *ns, const tsr__snap *view, size_t S);
  * Writes naming the prepared catch-up version newv to every replica not skipped (skip:
  * per replica, may be NULL). sent[g] (ns's groups) gets the last seq
  * carried to group g (left as is when none). Returns 0, or the first failure (err names
- * the seq and the replica): the move fails. */
+ * the seq and the replica): the move fails. from_off: the log's size when seq `from` was
+ * the last (tsr__stream_log_offset): the scan starts there, not at the top of the log. */
 int tsr__reshard_carry(tsr__coord *c, uint64_t newv, const tsr__snap *ns, int64_t from,
+                       int64_t from_off,
                        const char *skip, int64_t *sent, tsr_error *err);
 /* reshard.c: before a new group g is staged: every replica answers Stats, serves no
  * version (else TSR_ESTATE: a new group starts empty), and its staged or prepared
@@ -801,13 +808,14 @@ int tsr__slog_open(const tsr_store *st, uint64_t version, int *fd, int64_t *size
  * *size (what names the file in messages). */
 int tsr__slog_append(int fd, const char *what, const struct Tessera__V1__CoordLogRecord *rec,
                      int64_t *size, tsr_error *err);
-/* Calls fn(ud, record, offset) for each good record of path in order (fn returns nonzero to
- * stop). *good: bytes of the good prefix; why: empty, or what is wrong after it (a torn or
- * corrupt tail). Returns 0, TSR_ENOTFOUND (no file) or TSR_EIO. */
+/* Calls fn(ud, record, offset) for each good record of path in order from byte start (0,
+ * or the end of a record: tsr__stream_log_offset; past the end = from 0) (fn returns
+ * nonzero to stop). *good: bytes of the good prefix; why: empty, or what is wrong after it
+ * (a torn or corrupt tail). Returns 0, TSR_ENOTFOUND (no file) or TSR_EIO. */
 typedef int (*tsr__slog_fn)(void *ud, const struct Tessera__V1__CoordLogRecord *rec,
                             int64_t offset);
-int tsr__slog_scan(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, char *why,
-                   size_t whycap, tsr_error *err);
+int tsr__slog_scan(const char *path, int64_t start, tsr__slog_fn fn, void *ud, int64_t *good,
+                   char *why, size_t whycap, tsr_error *err);
 
 /* ---- stream_ha.c: the coordinator log mirrored in etcd (--etcd; the leader only) ---- */
 /* mirror: rec into etcd (0 without --etcd or when not leading); drop: version's records;
@@ -858,11 +866,17 @@ void tsr__stream_lock(tsr__coord *c);
 void tsr__stream_unlock(tsr__coord *c);
 tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn);
 void tsr__stream_base_free(tsr__snap *view);
-/* A fold's catch-up (update.c; stream lock held): ns, planned on sn with sn's plan and
- * directory and no record, gets the overlay applied in place (upserts set, removes
- * removed), sn's counts plus the overlay's and the stream's label counter: the directory
- * tsr__stream_base would give, in O(overlay) instead of O(directory). */
-void tsr__stream_overlay_onto(tsr__coord *c, const tsr__snap *sn, tsr__snap *ns);
+/* A fold's directory (update.c): ns, planned on sn with sn's plan and directory and no
+ * record, gets the overlay applied in place (upserts set, removes removed), in two steps:
+ * _copy before the stream lock (the caller holds update_mu: sn is served) takes ov_rw as
+ * a reader per 4096 entries, so writes go on, and returns a mark; _finish under the
+ * stream lock at the catch-up re-applies only the entries written after the mark, and
+ * sets sn's counts plus the overlay's and the stream's label counter. The result is the
+ * directory tsr__stream_base would give, with O(writes since the mark) under the lock
+ * instead of O(directory). */
+size_t tsr__stream_overlay_copy(tsr__coord *c, const tsr__snap *sn, tsr__snap *ns);
+void tsr__stream_overlay_finish(tsr__coord *c, const tsr__snap *sn, tsr__snap *ns,
+                                size_t mark);
 /* The last seq logged for group g (StageRequest.base_stream_seq). */
 int64_t tsr__stream_group_seq(tsr__coord *c, size_t g);
 /* A query's snapshot (a reference) and, read with it under ov_rw, the last seq of each of
@@ -872,6 +886,8 @@ tsr__snap *tsr__stream_snap_seqs(tsr__coord *c, int64_t *seqs, size_t cap, int64
 /* A reshard move (docs/resharding.md "Writes during a move"; stream lock held): the last
  * seq logged (the move's S, taken when it sends every group's Stage chunk 0). */
 int64_t tsr__stream_last_seq(tsr__coord *c);
+/* The same moment's size of the coordinator log (where the rounds after S begin). */
+int64_t tsr__stream_log_offset(tsr__coord *c);
 /* Swaps the groups' last seqs with seqs[0..n): the move installs the new version's before
  * its commit point (the new log's header), and swaps back when the flip fails. */
 void tsr__stream_swap_group_seqs(tsr__coord *c, int64_t *seqs, size_t n);

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
 #include "tessera/v1/coord_log.pb-c.h"
@@ -210,6 +211,7 @@ static int carry_one(void *ud, const Tessera__V1__CoordLogRecord *rec, int64_t o
 }
 
 int tsr__reshard_carry(tsr__coord *c, uint64_t newv, const tsr__snap *ns, int64_t from,
+                       int64_t from_off,
                        const char *skip, int64_t *sent, tsr_error *err)
 {
     tsr__stream *s = &c->st;
@@ -224,15 +226,17 @@ int tsr__reshard_carry(tsr__coord *c, uint64_t newv, const tsr__snap *ns, int64_
     int64_t good = 0;
     cr.gb = tsr_xcalloc(cr.S + 1, sizeof *cr.gb);
     tsr__slog_path(c->store, s->log_version, path, sizeof path);
-    int rc = tsr__slog_scan(path, carry_one, &cr, &good, why, sizeof why, err);
+    int64_t t0 = tsr_clock_mono_ms();
+    int rc = tsr__slog_scan(path, from_off, carry_one, &cr, &good, why, sizeof why, err);
     if (rc == 0 && cr.rc == 0 && cr.pending)
         flush(&cr);
     if (rc == 0)
         rc = cr.rc;
     if (rc == 0)
         tsr_info("stream: version %llu caught up on seqs %lld..%lld (%zu rounds in %zu "
-                 "batches, %zu shard writes)", (unsigned long long)newv, (long long)from + 1,
-                 (long long)cr.upto, cr.rounds, cr.batches, cr.writes);
+                 "batches, %zu shard writes) in %lld ms", (unsigned long long)newv,
+                 (long long)from + 1, (long long)cr.upto, cr.rounds, cr.batches, cr.writes,
+                 (long long)(tsr_clock_mono_ms() - t0));
     for (size_t g = 0; g < cr.S; g++) { /* a batch left by a failure */
         for (size_t i = 0; i < cr.gb[g].n; i++)
             if (cr.gb[g].ops[i].up)

@@ -106,8 +106,8 @@ void tsr__dir_add(tsr__dir *d, const char *id, int64_t label, int32_t list, int3
     d->slot[h] = (uint32_t)d->n;
 }
 
-void tsr__dir_set(tsr__dir *d, const char *id, int64_t label, int32_t list, int32_t shard,
-                  int dense, int sparse, int dead)
+tsr__dir_entry *tsr__dir_set(tsr__dir *d, const char *id, int64_t label, int32_t list,
+                             int32_t shard, int dense, int sparse, int dead)
 {
     tsr__dir_entry *e = (tsr__dir_entry *)tsr__dir_find(d, id);
     if (!e) {
@@ -120,6 +120,7 @@ void tsr__dir_set(tsr__dir *d, const char *id, int64_t label, int32_t list, int3
     e->dense = (uint8_t)(dense != 0);
     e->sparse = (uint8_t)(sparse != 0);
     e->dead = (uint8_t)(dead != 0);
+    return e;
 }
 
 int tsr__dir_remove(tsr__dir *d, const char *id)

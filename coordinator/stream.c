@@ -118,8 +118,14 @@ static void ov_apply(tsr__coord *c, const tsr__snap *sn, const char *id, int64_t
         c->st.d_dense += dense != 0;
         c->st.d_sparse += sparse != 0;
     }
-    tsr__dir_set(&c->st.ov, id, label, list, shard, dense, sparse, dead);
-    c->st.ov_records++;
+    tsr__stream *s = &c->st;
+    tsr__dir_entry *e = tsr__dir_set(&s->ov, id, label, list, shard, dense, sparse, dead);
+    s->ov_records++;
+    if (s->ntouched == s->ctouched) {
+        s->ctouched = s->ctouched ? s->ctouched * 2 : 1024;
+        s->touched = tsr_xrealloc(s->touched, s->ctouched * sizeof *s->touched);
+    }
+    s->touched[s->ntouched++] = (size_t)(e - s->ov.e);
 }
 
 /* ---------------------------------------------------------------- validation */
@@ -958,7 +964,7 @@ static int catch_up_locked(tsr__coord *c, size_t k, int64_t applied)
         int64_t good = 0;
         tsr_error err = TSR_ERROR_INIT;
         tsr__slog_path(c->store, c->st.log_version, path, sizeof path);
-        int rc = tsr__slog_scan(path, resend_one, &rs, &good, why, sizeof why, &err);
+        int rc = tsr__slog_scan(path, 0, resend_one, &rs, &good, why, sizeof why, &err);
         if (rc) {
             rs.code = TSR_RPC_INTERNAL;
             snprintf(rs.msg, sizeof rs.msg, "%s", err.msg);
@@ -1137,6 +1143,9 @@ void tsr__stream_close(tsr__coord *c)
         close(s->log_fd);
     s->log_fd = -1;
     tsr__dir_close(&s->ov);
+    free(s->touched);
+    s->touched = NULL;
+    s->ntouched = s->ctouched = 0;
     free(s->grp_seq);
     s->grp_seq = NULL;
 }
@@ -1244,7 +1253,7 @@ static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err)
     int64_t good = 0;
     replay rp = {c, sn, 0};
     tsr__slog_path(c->store, sn->version, path, sizeof path);
-    int rc = tsr__slog_scan(path, replay_one, &rp, &good, why, sizeof why, err);
+    int rc = tsr__slog_scan(path, 0, replay_one, &rp, &good, why, sizeof why, err);
     if (rc == TSR_ENOTFOUND) {
         tsr_error_clear(err);
         if ((rc = write_header(c, sn->version, s->next_label, err)))
@@ -1333,6 +1342,7 @@ static int adopt_locked(tsr__coord *c, tsr_error *err)
         tsr__dir_init(&s->ov);
         s->ov_version = sn->version;
         s->ov_records = s->d_dense = s->d_sparse = 0;
+        s->ntouched = 0;
         s->next_label = sn->next_label;
         s->next_seq = 1;
         memset(s->grp_seq, 0, c->cfg.nshards * sizeof *s->grp_seq);
@@ -1351,6 +1361,11 @@ int64_t tsr__stream_last_seq(tsr__coord *c)
     return c->st.next_seq - 1;
 }
 
+int64_t tsr__stream_log_offset(tsr__coord *c)
+{
+    return c->st.log_fd >= 0 ? c->st.log_bytes : 0;
+}
+
 void tsr__stream_swap_group_seqs(tsr__coord *c, int64_t *seqs, size_t n)
 {
     for (size_t g = 0; g < n && g < TSR_COORD_MAX_SHARDS; g++) {
@@ -1364,66 +1379,6 @@ void tsr__stream_swap_group_seqs(tsr__coord *c, int64_t *seqs, size_t n)
 
 void tsr__stream_lock(tsr__coord *c) { pthread_mutex_lock(&c->st.mu); }
 void tsr__stream_unlock(tsr__coord *c) { pthread_mutex_unlock(&c->st.mu); }
-
-tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn)
-{
-    tsr__stream *s = &c->st;
-    if (s->ov_version != sn->version || s->ov.n == 0)
-        return NULL;
-    tsr__snap *v = tsr__snap_create();
-    v->version = sn->version;
-    v->tmpl = sn->tmpl;
-    v->tmpl_bytes = sn->tmpl_bytes;
-    v->tmpl_len = sn->tmpl_len;
-    v->cent_norms = sn->cent_norms;
-    v->plan = sn->plan;
-    v->plan_kind = sn->plan_kind;
-    memcpy(v->retired, sn->retired, sizeof v->retired);
-    v->ngroups = sn->ngroups;
-    v->next_label = s->next_label;
-    for (size_t i = 0; i < sn->dir.n; i++) {
-        const tsr__dir_entry *e = &sn->dir.e[i];
-        if (!tsr__dir_find(&s->ov, e->id))
-            tsr__dir_add(&v->dir, e->id, e->label, e->list, e->shard, e->dense, e->sparse);
-    }
-    for (size_t i = 0; i < s->ov.n; i++) {
-        const tsr__dir_entry *e = &s->ov.e[i];
-        if (!e->dead)
-            tsr__dir_add(&v->dir, e->id, e->label, e->list, e->shard, e->dense, e->sparse);
-    }
-    v->ndense = sn->ndense + s->d_dense;
-    v->nsparse = sn->nsparse + s->d_sparse;
-    return v;
-}
-
-void tsr__stream_overlay_onto(tsr__coord *c, const tsr__snap *sn, tsr__snap *ns)
-{
-    tsr__stream *s = &c->st;
-    if (s->ov_version != sn->version)
-        return;
-    for (size_t i = 0; i < s->ov.n; i++) {
-        const tsr__dir_entry *e = &s->ov.e[i];
-        if (e->dead)
-            tsr__dir_remove(&ns->dir, e->id);
-        else
-            tsr__dir_set(&ns->dir, e->id, e->label, e->list, e->shard, e->dense, e->sparse, 0);
-    }
-    ns->ndense = sn->ndense + s->d_dense;
-    ns->nsparse = sn->nsparse + s->d_sparse;
-    if (s->next_label > ns->next_label)
-        ns->next_label = s->next_label;
-}
-
-void tsr__stream_base_free(tsr__snap *v)
-{
-    if (!v)
-        return;
-    v->tmpl = NULL;
-    v->tmpl_bytes = NULL;
-    v->cent_norms = NULL;
-    v->plan = NULL;
-    tsr__snap_unref(v);
-}
 
 int64_t tsr__stream_group_seq(tsr__coord *c, size_t g)
 {
@@ -1469,6 +1424,7 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns)
     tsr__dir_init(&s->ov);
     s->ov_version = v;
     s->ov_records = s->d_dense = s->d_sparse = 0;
+    s->ntouched = 0;
     pthread_rwlock_unlock(&s->ov_rw);
     if (s->log_fd >= 0)
         close(s->log_fd);

@@ -112,8 +112,8 @@ int tsr__slog_append(int fd, const char *what, const Tessera__V1__CoordLogRecord
     return 0;
 }
 
-int tsr__slog_scan(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, char *why,
-                   size_t whycap, tsr_error *err)
+int tsr__slog_scan(const char *path, int64_t start, tsr__slog_fn fn, void *ud, int64_t *good,
+                   char *why, size_t whycap, tsr_error *err)
 {
     char *data = NULL;
     size_t len = 0;
@@ -124,7 +124,8 @@ int tsr__slog_scan(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, c
     if (rc)
         return rc;
     const uint8_t *p = (const uint8_t *)data;
-    size_t off = 0;
+    size_t off = start > 0 && (uint64_t)start <= len ? (size_t)start : 0;
+    *good = (int64_t)off;
     while (off < len) {
         if (len - off < 8) {
             snprintf(why, whycap, "a record header of %zu bytes at offset %zu (8 expected)",

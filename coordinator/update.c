@@ -366,6 +366,8 @@ typedef struct upd {
                                    (docs/resharding.md "Writes during a move"); a fold:
                                    its one chunk with capture_delta */
     int reshard;                /* a reshard move (its catch-up rebuilds the directory) */
+    size_t ov_mark;             /* a fold: its directory holds the overlay up to this mark
+                                   (tsr__stream_overlay_copy) */
 } upd;
 
 /* What upd_stage sends: every chunk (an update), or a move's chunk 0 alone (no record:
@@ -702,15 +704,16 @@ static void upd_cleanup(upd *u, int rc)
  * directory gets the overlay, O(overlay); a move: rebuilt, every id routed by the new
  * plan), and the groups' last seqs of newv installed (gseq: the staged ones on entry; the
  * served version's on return, for the swap back when the flip fails). */
-static int upd_catch_up(upd *u, int64_t seq0, int64_t *gseq, tsr_error *err)
+static int upd_catch_up(upd *u, int64_t seq0, int64_t off0, int64_t *gseq, tsr_error *err)
 {
     tsr__coord *c = u->c;
     tsr_metrics_update_phase("catch-up");
-    int rc = tsr__reshard_carry(c, (uint64_t)u->newv, u->p.ns, seq0, u->out, gseq, err);
+    int rc = tsr__reshard_carry(c, (uint64_t)u->newv, u->p.ns, seq0, off0, u->out, gseq,
+                                err);
     if (rc)
         return rc;
-    if (!u->reshard) { /* a fold: same plan, no record */
-        tsr__stream_overlay_onto(c, u->base, u->p.ns);
+    if (!u->reshard) { /* a fold: same plan, no record; the overlay mostly put on already */
+        tsr__stream_overlay_finish(c, u->base, u->p.ns, u->ov_mark);
     } else {
         tsr__snap *view = tsr__stream_base(c, u->base);
         if (view) /* the writes after seq0 are not in the plan's directory */
@@ -736,7 +739,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
 {
     upd u = {.c = c, .op = op, .b = b, .fresh = -1, .catchup = catchup && b->nrecords == 0 &&
                                                                b->ndeletes == 0};
-    int64_t seq0 = 0, *gseq = NULL;
+    int64_t seq0 = 0, off0 = 0, *gseq = NULL;
     int locked = 0, swapped = 0;
     int64_t t[7] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
     if (!u.catchup) {
@@ -756,6 +759,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     }
     if (rc == 0 && u.catchup) {
         seq0 = tsr__stream_last_seq(c);
+        off0 = tsr__stream_log_offset(c);
         gseq = tsr_xcalloc(u.p.nshards + 1, sizeof *gseq);
         for (size_t g = 0; g < u.p.nshards; g++) /* each group's staged seq (chunk 0) */
             gseq[g] = tsr__stream_group_seq(c, g);
@@ -770,12 +774,14 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     t[2] = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_prepare(&u, err);
+    if (rc == 0 && u.catchup) /* the directory: the overlay so far, with writes flowing */
+        u.ov_mark = tsr__stream_overlay_copy(c, u.base, u.p.ns);
     if (!locked) { /* the catch-up, the flip and the Commit fan-out: writes wait again */
         tsr__stream_lock(c);
         locked = 1;
     }
     t[3] = tsr_clock_mono_ms();
-    if (rc == 0 && u.catchup && (rc = upd_catch_up(&u, seq0, gseq, err)) == 0) {
+    if (rc == 0 && u.catchup && (rc = upd_catch_up(&u, seq0, off0, gseq, err)) == 0) {
         swapped = 1;
         tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
     }
@@ -890,7 +896,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     upd u = {.c = c, .op = op, .fresh = -1, .catchup = 1, .reshard = 1};
     tsr_batch *b = tsr_xcalloc(1, sizeof *b);
     tsr__reshard_moves *mv = NULL;
-    int64_t seq0 = 0, *gseq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *gseq);
+    int64_t seq0 = 0, off0 = 0, *gseq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *gseq);
     int swapped = 0;
     tsr__stream_lock(c); /* the plan and every chunk 0 at one seq S */
     int locked = 1;
@@ -923,6 +929,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     u.b = b;
     if (rc == 0) {
         seq0 = tsr__stream_last_seq(c);
+        off0 = tsr__stream_log_offset(c);
         for (size_t g = 0; g < u.p.nshards; g++) /* each group's staged seq (chunk 0) */
             gseq[g] = (int)g == u.fresh ? 0 : tsr__stream_group_seq(c, g);
         rc = upd_stage(&u, STAGE_HEAD, err);
@@ -941,7 +948,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
         tsr__stream_lock(c);
         t2 = tsr_clock_mono_ms();
     }
-    if (rc == 0 && (rc = upd_catch_up(&u, seq0, gseq, err)) == 0) {
+    if (rc == 0 && (rc = upd_catch_up(&u, seq0, off0, gseq, err)) == 0) {
         swapped = 1;
         tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
     }

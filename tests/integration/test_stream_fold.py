@@ -64,7 +64,11 @@ def main():
     b0 = ch.write_batch(os.path.join(root, "b0"), [sm.to_json(r) for r in base], per_file=10000)
     # every shard's Prepare sleeps first: the fold's Prepare is long enough to write through
     os.environ["TSR_SHARD_SLOW_PREPARE_MS"] = "1500"
-    cl = sm.StreamCluster([2, 1], D, {"nlist": NLIST, "pq_m": 8, "nprobe": NPROBE})
+    # and the coordinator's fold sleeps after it copied the overlay into the new version's
+    # directory, before its catch-up: the writes of that second are the ones its catch-up
+    # re-applies (tsr__stream_overlay_finish)
+    cl = sm.StreamCluster([2, 1], D, {"nlist": NLIST, "pq_m": 8, "nprobe": NPROBE},
+                          env={"TSR_COORD_SLOW_FOLD_DIR_MS": "1000"})
     stop = threading.Event()
     threads = []
     try:
@@ -127,7 +131,9 @@ def main():
         time.sleep(3.0)
         f0 = time.time()
         r = cl.stub.UpdateIndex(tp.UpdateIndexRequest(fold_stream=True), timeout=30)
-        wrecs, wlog = [], []   # the writer's records; (sent, acked, state before, after)
+        # the writer's operations in order: a new id, a new vector for a streamed id, the
+        # removal of a base id; (sent, acked, state before, after) each
+        wrecs, wrep, wrem, wlog = [], [], [], []
 
         def op_state():
             return cl.stub.GetOperation(tp.GetOperationRequest(operation_id=r.operation_id),
@@ -138,12 +144,20 @@ def main():
             after_done = 0
             while not stop.is_set() and after_done < 5:
                 before = op_state()
-                rec = sm.random_rec(rng_w, "w%05d" % len(wrecs), D, centers)
-                op = sm.call(cl.stub, sm.Op("upsert", [rec]), tp)
+                kind = len(wlog) % 3
+                if kind == 0:
+                    rec = sm.random_rec(rng_w, "w%05d" % len(wrecs), D, centers)
+                    op = sm.call(cl.stub, sm.Op("upsert", [rec]), tp)
+                elif kind == 1:
+                    rec = sm.random_rec(rng_w, new[len(wrep)].id, D, centers)
+                    op = sm.call(cl.stub, sm.Op("upsert", [rec]), tp)
+                else:
+                    rid = "b%06d" % (5 + 7 * len(wrem))   # not among rep / rem (0, 3 mod 7)
+                    op = sm.call(cl.stub, sm.Op("remove", ids=[rid]), tp)
                 if op.outcome != sm.OK:
                     bad.append("streamed write during the fold: %s" % op.code)
                     return
-                wrecs.append(rec)
+                [wrecs, wrep, wrem][kind].append(rid if kind == 2 else rec)
                 wlog.append((op.start, op.end, before, op_state()))
                 after_done += before in done
                 time.sleep(0.05)
@@ -160,7 +174,11 @@ def main():
             th.join(60)
         assert opf.state == tp.Operation.SUCCEEDED and opf.version == op0.version + 1, opf
         assert not bad, bad[:5]
-        model.upsert(wrecs)
+        for i, w in enumerate(wlog):   # in acknowledgement order
+            if i % 3 == 2:
+                model.remove([wrem[i // 3]])
+            else:
+                model.upsert([[wrecs, wrep][i % 3][i // 3]])
         versions = set(x[3] for x in lat)
         assert versions <= {op0.version, opf.version} and opf.version in versions, versions
         quiet = np.array([x[1] for x in lat if x[0] < f0])
@@ -195,20 +213,25 @@ def main():
                 except OSError:
                     continue   # the thread ended meanwhile
                 assert int(fields[16]) == base_nice, (p.args[0], t, fields[16])
-        # the writer's records sent once the fold said STAGING (its stream lock held, S taken)
-        # are the new version's delta, carried by the catch-up or streamed after the flip;
-        # the ones acknowledged before S (the fold plans before it takes the lock) are in its
-        # slices; nothing else is in the delta
+        # the writer's operations sent once the fold said STAGING (its stream lock held, S
+        # taken) are the new version's delta, carried by the catch-up or streamed after the
+        # flip; the ones acknowledged before S (the fold plans before it takes the lock) are
+        # in its slices; nothing else is in the delta (a new vector that moves its id to
+        # another group leaves a delete of its old label there)
         cl.wait_replicas_agree()
         st = cl.shard_stats()
         for row in st:
             for x in row:
-                assert x.current_version == opf.version and x.delta_deletes == 0, x
-        after_s = sum(1 for w in wlog if w[2] not in (tp.Operation.PENDING,
-                                                      tp.Operation.READING))
-        held = sum(row[0].delta_upserts for row in st)
-        assert after_s <= held <= len(wrecs), (st, after_s, len(wrecs))
-        ids = [r.id for r in new + rep + wrecs] + rem + ["b%06d" % i for i in range(0, N, 37)]
+                assert x.current_version == opf.version, x
+        late = [i for i, w in enumerate(wlog) if w[2] not in (tp.Operation.PENDING,
+                                                             tp.Operation.READING)]
+        ups = sum(row[0].delta_upserts for row in st)
+        dels = sum(row[0].delta_deletes for row in st)
+        late_ups = sum(1 for i in late if i % 3 != 2)
+        assert late_ups <= ups <= len(wrecs) + len(wrep), (st, late_ups, len(wlog))
+        assert len(late) - late_ups <= dels <= len(wrem) + len(wrep), (st, late, len(wlog))
+        ids = [r.id for r in new + rep + wrecs] + rem + wrem + \
+            ["b%06d" % i for i in range(0, N, 37)]
         got = sm.read_state(cl.stub, tp, ids)
         diff = sm.diff_states({i: model.m[i] for i in ids if i in model.m}, got)
         assert not diff, "contents changed by the fold:\n  " + "\n  ".join(diff)
