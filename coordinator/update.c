@@ -729,8 +729,7 @@ static int upd_catch_up(upd *u, int64_t seq0, int64_t off0, int64_t *gseq, tsr_e
  * Streamed writes wait (queued) from the plan through the Commit fan-out: the plan's base
  * and each group's base_stream_seq stay true, and no Write reaches a shard between the flip
  * and its Commit. A fold with catchup set (no records; docs/streaming.md "Writes during a
- * fold") holds them only for its plan and Stage, and from its catch-up through its Commit
- * fan-out: each group's Stage has capture_delta, so its Prepare folds the delta of seq S
+ * fold") holds them only for its Stage, and from its catch-up through its Commit fan-out: each group's Stage has capture_delta, so its Prepare folds the delta of seq S
  * while writes go on to the served version, and the rounds after S are carried to newv
  * before the flip, as a reshard move's are. A batch keeps the lock all along: the model
  * applies it at its commit point, after every write acknowledged before it. */
@@ -747,8 +746,9 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
         locked = 1;
     }
     /* the served snapshot changes only by a commit point, and update_mu is ours: a fold
-     * plans on it before the lock (the overlay goes onto its directory at the catch-up,
-     * tsr__stream_overlay_onto), so writes wait only for its Stage */
+     * plans on it before the lock (the overlay goes onto its directory after its Prepare
+     * and at its catch-up, tsr__stream_overlay_copy / _finish), so writes wait only for
+     * its Stage */
     u.base = tsr__coord_snap_get(c);
     u.newv = (int64_t)u.base->version + 1;
     u.out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
