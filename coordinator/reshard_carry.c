@@ -14,7 +14,10 @@
  *
  * Routing: an upsert goes to the owner of its list in N+1 (of its id's hash when
  * sparse-only), with a delete of its label on every other group of N+1; a delete goes to
- * every group of N+1. Labels are unique over the groups (the coordinator's one counter),
+ * every group of N+1. When N+1 has N's plan and groups (a fold) each logged Write goes to
+ * its own group as it was (verbatim): the round already routed it, the delete of a moved
+ * id's old label included, and the deletes for every other group would only multiply the
+ * operations carried under the stream lock by the number of groups. Labels are unique over the groups (the coordinator's one counter),
  * so a group without the label ignores its delete, and a label ends where its last upsert
  * put it even when the moved copy staged for it (read at any moment after S, placed by
  * the directory of S) sits elsewhere. The removed group of a remove gets nothing.
@@ -50,6 +53,7 @@ typedef struct carry {
     const tsr__snap *ns;
     uint64_t newv;
     size_t S;                   /* ns's groups */
+    int verbatim;               /* ns has the served plan and groups: as logged */
     int64_t from, upto;
     const char *skip;
     int64_t *sent;              /* per group of ns: the last seq carried to it */
@@ -179,14 +183,15 @@ static int carry_one(void *ud, const Tessera__V1__CoordLogRecord *rec, int64_t o
     size_t S = cr->S;
     for (size_t k = 0; k < rec->n_writes; k++) {
         const Tessera__V1__ShardWriteRequest *lw = rec->writes[k]->write;
-        if (!lw)
+        int32_t lg = rec->writes[k]->group;
+        if (!lw || (cr->verbatim && (lg < 0 || (size_t)lg >= S)))
             continue;
         for (size_t u = 0; u < lw->n_upserts; u++) {
             const Tessera__V1__StagedUpsert *up = lw->upserts[u];
             const char *id = up->datapoint ? up->datapoint->datapoint_id : NULL;
             if (!id)
                 continue;
-            size_t g = (size_t)tsr__group_of(cr->ns, up->list, id, S);
+            size_t g = cr->verbatim ? (size_t)lg : (size_t)tsr__group_of(cr->ns, up->list, id, S);
             Tessera__V1__StagedUpsert *cp = up_copy(up);
             if (!cp) {
                 cr->rc = tsr_err(cr->err, TSR_ENOMEM, "the catch-up of version %llu: out of "
@@ -194,13 +199,13 @@ static int carry_one(void *ud, const Tessera__V1__CoordLogRecord *rec, int64_t o
                 return 1;
             }
             add_op(cr, g, up->label, up->list, cp);
-            for (size_t h = 0; h < S; h++)
+            for (size_t h = 0; h < S && !cr->verbatim; h++)
                 if (h != g && !cr->ns->retired[h])
                     add_op(cr, h, up->label, up->list, NULL);
         }
         for (size_t d = 0; d < lw->n_deletes; d++)
             for (size_t g = 0; g < S; g++)
-                if (!cr->ns->retired[g])
+                if (cr->verbatim ? g == (size_t)lg : !cr->ns->retired[g])
                     add_op(cr, g, lw->deletes[d]->label, lw->deletes[d]->list, NULL);
     }
     cr->last = rec->seq;
@@ -219,6 +224,12 @@ int tsr__reshard_carry(tsr__coord *c, uint64_t newv, const tsr__snap *ns, int64_
                 .from = from, .upto = s->next_seq - 1, .skip = skip, .sent = sent, .err = err};
     if (cr.upto <= from)
         return 0;
+    tsr__snap *cur = tsr__coord_snap_get(c); /* N: a fold keeps its plan and groups */
+    cr.verbatim = cur->plan && ns->plan && cur->tmpl && ns->tmpl &&
+                  cur->tmpl->nlist == ns->tmpl->nlist && tsr__snap_groups(cur, &c->cfg) == cr.S &&
+                  memcmp(cur->plan, ns->plan, ns->tmpl->nlist * sizeof *ns->plan) == 0 &&
+                  memcmp(cur->retired, ns->retired, sizeof ns->retired) == 0;
+    tsr__snap_unref(cur);
     if (s->log_fd < 0 || s->log_version == 0)
         return tsr_err(err, TSR_ESTATE, "the catch-up of version %llu: the coordinator log is "
                        "not open", (unsigned long long)newv);
@@ -234,9 +245,9 @@ int tsr__reshard_carry(tsr__coord *c, uint64_t newv, const tsr__snap *ns, int64_
         rc = cr.rc;
     if (rc == 0)
         tsr_info("stream: version %llu caught up on seqs %lld..%lld (%zu rounds in %zu "
-                 "batches, %zu shard writes) in %lld ms", (unsigned long long)newv,
+                 "batches, %zu shard writes%s) in %lld ms", (unsigned long long)newv,
                  (long long)from + 1, (long long)cr.upto, cr.rounds, cr.batches, cr.writes,
-                 (long long)(tsr_clock_mono_ms() - t0));
+                 cr.verbatim ? ", as logged" : "", (long long)(tsr_clock_mono_ms() - t0));
     for (size_t g = 0; g < cr.S; g++) { /* a batch left by a failure */
         for (size_t i = 0; i < cr.gb[g].n; i++)
             if (cr.gb[g].ops[i].up)
