@@ -23,7 +23,11 @@ cores, the clients included, so "in flight" beyond 2 measures queueing, not more
 
 Env: BENCH_N, BENCH_NLIST, BENCH_NQ (2000), BENCH_OUT, BENCH_CLUSTER_NPROBES ("16,64"),
 BENCH_CLUSTER_INFLIGHT ("1,4,16"), BENCH_CLUSTER_BATCHES ("1,32"), BENCH_CLUSTER_CLIENT, TSR_BIN,
-BENCH_CLUSTER_RUNS (1): the measurement repeated on the one loaded cluster, a table per run.
+BENCH_CLUSTER_RUNS (1): the measurement repeated on the one loaded cluster, a table per run;
+BENCH_CLUSTER_COALESCE ("2,0"): the coordinator's coalesce_inflight for the cluster column
+(the first) and for an A/B column beside it (the others; the coordinator restarts between
+them on the same shards, docs/coordinator.md "Coalesced shard calls"). "" = the config's
+default only.
 """
 import json
 import multiprocessing as mp
@@ -47,6 +51,7 @@ NPROBES = [int(x) for x in os.environ.get("BENCH_CLUSTER_NPROBES", "16,64").spli
 INFLIGHT = [int(x) for x in os.environ.get("BENCH_CLUSTER_INFLIGHT", "1,4,16").split(",")]
 BATCHES = [int(x) for x in os.environ.get("BENCH_CLUSTER_BATCHES", "1,32").split(",")]
 RUNS = int(os.environ.get("BENCH_CLUSTER_RUNS", 1))
+COALESCE = [int(x) for x in os.environ.get("BENCH_CLUSTER_COALESCE", "2,0").split(",") if x]
 CLIENT = os.environ.get("BENCH_CLUSTER_CLIENT",
                         os.path.join(ROOT, "build", "release", "bench", "bench_cluster"))
 K = bs.K
@@ -179,28 +184,64 @@ def main():
             for nprobe in NPROBES:
                 for b in BATCHES:
                     for t in INFLIGHT:
-                        rows.append(measure(cl, ix_p, xq_p, xq, gt, fz, nprobe, b, t))
+                        rows.append({"nprobe": nprobe, "batch": b, "inflight": t})
+            # the coordinator's settings one after another (a restart each), the engines once
+            for j, co in enumerate(COALESCE or [None]):
+                if co is not None:
+                    restart_coord(cl, tp, co)
+                for r in rows:
+                    measure_cluster(cl, ix_p, xq_p, r, j)
+            for r in rows:
+                measure(ix_p, xq_p, xq, gt, fz, r)
             runs.append((rows, t_run, l_run, os.getloadavg()[0]))
             report(runs[-1], run + 1, t_start, load0)
     finally:
         cl.stop()
 
 
-def measure(cl, ix_p, xq_p, xq, gt, fz, nprobe, b, t):
-    """One row: the cluster, the in-process engine and Faiss at nprobe, b queries per call,
-    t calls in flight (and the cluster with the exact re-rank at 4 in flight)."""
-    r = {"nprobe": nprobe, "batch": b, "inflight": t}
-    r["cluster"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, 0)
+def restart_coord(cl, tp, co):
+    """The coordinator again on the same shards and data with coalesce_inflight co; back
+    when it answers a query."""
+    cl.stop_coord()
+    with open(cl.config) as f:
+        cfg = json.load(f)
+    cfg["coalesce_inflight"] = co
+    with open(cl.config, "w") as f:
+        json.dump(cfg, f)
+    cl.start(extra_args=["--batch-root-allow", os.path.abspath(bs.OUT)])
+    rq = tp.FindNeighborsRequest(queries=[ch.query(tp, [0.0] * bs.D, 10)])
+    for _ in range(600):
+        try:
+            cl.stub.FindNeighbors(rq, timeout=10)
+            break
+        except Exception:
+            time.sleep(0.1)
+    log("coordinator restarted with coalesce_inflight %d" % co)
+
+
+def measure_cluster(cl, ix_p, xq_p, r, j):
+    """Row r's cluster figures under the coordinator's j-th setting (PQ distances; at 4 in
+    flight also with the exact re-rank, under the first setting)."""
+    nprobe, b, t = r["nprobe"], r["batch"], r["inflight"]
+    key = "cluster" if j == 0 else "cluster%d" % j
+    r[key] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, 0)
+    if t == 4 and j == 0:
+        r["rerank"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, -1)
+    log("nprobe %d batch %d in flight %d: %s %.0f QPS" % (nprobe, b, t, key, r[key]["qps"]))
+
+
+def measure(ix_p, xq_p, xq, gt, fz, r):
+    """Row r's engines: the in-process engine and Faiss at its nprobe, batch and in flight;
+    then the recall of every column."""
+    nprobe, b, t = r["nprobe"], r["batch"], r["inflight"]
     r["inproc"] = c_client("inproc", ix_p, xq_p, nprobe, t, b)
     r["faiss"] = faiss_run(fz, xq, nprobe, t, b)
-    if t == 4:
-        r["rerank"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, -1)
-    for key in ("cluster", "inproc", "faiss", "rerank"):
-        if key in r:
+    for key in [k for k in r if k in ("cluster", "inproc", "faiss", "rerank") or
+                k.startswith("cluster")]:
+        if "I" in r[key]:
             r[key]["recall"] = recall(r[key].pop("I"), gt)
     log("nprobe %d batch %d in flight %d: cluster %.0f, inproc %.0f, faiss %.0f QPS" %
         (nprobe, b, t, r["cluster"]["qps"], r["inproc"]["qps"], r["faiss"]["qps"]))
-    return r
 
 
 def report(run, n, t_start, load0):
@@ -212,16 +253,26 @@ def report(run, n, t_start, load0):
           "started %s UTC (load %.1f), this run %s UTC, load %.1f at its start, %.1f at its end"
           % (n, RUNS, bs.N, bs.D, bs.GEN, bs.NLIST, bs.M, bs.NQ, K, t_start, load0, t_run,
              l_run, l_end))
+    if COALESCE:
+        print("cluster = coalesce_inflight %d; %s" % (COALESCE[0], "; ".join(
+            "cluster%d = coalesce_inflight %d (%s)" % (j, co, "off" if co == 0 else "on")
+            for j, co in enumerate(COALESCE) if j)))
+    extra = ["cluster%d" % j for j in range(1, len(COALESCE))]
     print("| nprobe | queries/call | in flight | cluster QPS | p50 µs | p99 µs | recall | "
           "in-process QPS | p50 µs | cluster / in-process | Faiss 1.7.3 QPS | cluster / Faiss |"
-          " p99 / p50 (cluster) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          " p99 / p50 (cluster) |" + "".join(" %s QPS | p50 µs | p99 µs | %s / in-process |"
+                                            % (x, x) for x in extra))
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" +
+          "---:|---:|---:|---:|" * len(extra))
     for r in rows:
         c, i, f = r["cluster"], r["inproc"], r["faiss"]
         print("| %d | %d | %d | %.0f | %.0f | %.0f | %.3f | %.0f | %.0f | %.2f | %.0f | %.2f | "
               "%.1f |" % (r["nprobe"], r["batch"], r["inflight"], c["qps"], c["p50_us"],
                           c["p99_us"], c["recall"], i["qps"], i["p50_us"], c["qps"] / i["qps"],
-                          f["qps"], c["qps"] / f["qps"], c["p99_us"] / c["p50_us"]))
+                          f["qps"], c["qps"] / f["qps"], c["p99_us"] / c["p50_us"]) +
+              "".join(" %.0f | %.0f | %.0f | %.2f |" % (r[x]["qps"], r[x]["p50_us"],
+                                                         r[x]["p99_us"], r[x]["qps"] / i["qps"])
+                      for x in extra))
     print()
     print("Exact distances (re-rank of 100 candidates per shard, the default) at 4 in flight:")
     print("| nprobe | queries/call | PQ QPS | recall | exact QPS | recall | exact / PQ |")
@@ -232,9 +283,10 @@ def report(run, n, t_start, load0):
             print("| %d | %d | %.0f | %.3f | %.0f | %.3f | %.2f |" %
                   (r["nprobe"], r["batch"], c["qps"], c["recall"], e["qps"], e["recall"],
                    e["qps"] / c["qps"]))
-    fails = sum(r[k].get("fails", 0) for r in rows for k in ("cluster", "inproc", "rerank")
-                if k in r)
-    same = all(abs(r["cluster"]["recall"] - r["inproc"]["recall"]) < 0.005 for r in rows)
+    fails = sum(r[k].get("fails", 0) for r in rows for k in ["inproc", "rerank"] +
+                ["cluster"] + extra if k in r)
+    same = all(abs(r[k]["recall"] - r["inproc"]["recall"]) < 0.005 for r in rows
+               for k in ["cluster"] + extra)
     print()
     print("failed calls: %d; cluster recall equals in-process recall (±0.005) in every row: %s"
           % (fails, "yes" if same else "NO"), flush=True)

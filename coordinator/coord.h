@@ -128,6 +128,8 @@ typedef struct tsr__coord_config {
                                query: max(k, rrf_depth), independent of k below it */
     int stream_fold_records; /* overlay size that starts a background fold (0 = never) */
     int stream_write_deadline_ms; /* one Shard.Write of a streamed round */
+    int coalesce_inflight;  /* Search calls per replica of a group in flight before further
+                               FindNeighbors queue and share one call (coalesce.c); 0 = off */
 } tsr__coord_config;
 
 /* Parses the config file. Returns 0 or TSR_EINVAL/TSR_EIO with err naming the key. */
@@ -409,6 +411,24 @@ typedef struct tsr__lead {
     int64_t retire_at_ms;
 } tsr__lead;
 
+/* ---- coalesce.c: concurrent FindNeighbors share shard calls ------------------------- */
+/* One FindNeighbors request's call to one group, as the coalescer sees it. */
+typedef struct tsr__centry tsr__centry;
+struct tsr__centry {
+    struct tsr__gcall *call; /* group, req, len, demand in; result, replica, attempts out */
+    size_t nq;         /* ShardQuery messages in call->req */
+    int64_t deadline;  /* tsr_clock_mono_ms */
+    void (*done)(void *ud, struct tsr__gcall *call); /* once, on a polling thread (or in
+                                                        submit when nothing could be sent) */
+    void *ud;
+    tsr__centry *next; /* the group's queue (coalesce.c) */
+};
+typedef struct tsr__coalescer {
+    pthread_mutex_t mu;     /* a leaf: guards the two below */
+    int inflight;           /* Search calls of the coalescer out to the group */
+    tsr__centry *head, *tail; /* requests waiting for a call */
+} tsr__coalescer;
+
 /* ---- the coordinator --------------------------------------------------------------- */
 typedef struct tsr__coord {
     tsr__coord_config cfg;
@@ -417,6 +437,9 @@ typedef struct tsr__coord {
     size_t nrep;
     tsr__group *grp;            /* owned; cfg.nshards groups (room for
                                    TSR_COORD_MAX_SHARDS: AddShardGroup appends) */
+    tsr__coalescer *co;         /* owned; one per group slot (TSR_COORD_MAX_SHARDS) */
+    _Atomic(tsr_rpc_server *) srv; /* the coordinator's server, set by main before it starts
+                                   (borrowed; NULL: no coalescing, e.g. fuzz harnesses) */
     tsr_rpc_client_opts shard_opts; /* how channels to shards are made (strings borrowed
                                    from main) */
     int no_channels;            /* the fuzz harnesses only (never set by the server):
@@ -768,6 +791,24 @@ typedef int (*tsr__gfan_fin)(void *ud, tsr_rpc_reply *r, tsr__gcall *calls, size
 int tsr__coord_group_fanout_async(tsr__coord *c, tsr_rpc_reply *r, const char *method,
                                   tsr__gcall *calls, size_t n, int64_t timeout_ms,
                                   tsr__gfan_fin fin, void *ud);
+/* The same owned by no call (tsr_rpc_server_fanout on srv's queues): fin(ud, calls, n)
+ * runs once on a polling thread — or before this returns when nothing could be sent.
+ * Returns 0, or a negative TSR code (nothing started, fin will not run). */
+typedef void (*tsr__gfan_sfin)(void *ud, tsr__gcall *calls, size_t n);
+int tsr__coord_group_fanout_server(tsr__coord *c, tsr_rpc_server *srv, const char *method,
+                                   tsr__gcall *calls, size_t n, int64_t timeout_ms,
+                                   tsr__gfan_sfin fin, void *ud);
+
+/* coalesce.c (DESIGN there): the coalescer's slots (with the groups) and their end. */
+void tsr__coalesce_init(tsr__coord *c);
+void tsr__coalesce_close(tsr__coord *c);
+/* Nonzero when FindNeighbors goes through the coalescer: a server is set and
+ * coalesce_inflight > 0. */
+int tsr__coalesce_on(const tsr__coord *c);
+/* Sends e's call now, or queues it to share the group's next call; e->done runs once with
+ * e->call's result filled, as tsr__coord_group_fanout would have. e is borrowed until
+ * then. */
+void tsr__coalesce_submit(tsr__coord *c, tsr__centry *e);
 
 /* The same request bufs[s] (NULL = skip group s) to EVERY replica of each group, in one
  * parallel fan-out (updates: a version is the group's only when its replicas have it),

@@ -517,9 +517,13 @@ static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
         return NULL;
     }
     tsr_rpc_server_set_tokens(srv, t);
+    tsr__coalesce_init(c);
+    atomic_store(&c->srv, srv); /* the coalescer's queues (coalesce.c) */
     if (add_methods(srv, c) || tsr_rpc_server_start(srv, &err)) {
         tsr_error_log("cannot start the server: %s", err.msg);
+        atomic_store(&c->srv, NULL);
         tsr_rpc_server_destroy(srv);
+        tsr__coalesce_close(c);
         return NULL;
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.VectorSearch", TSR_RPC_HEALTH_SERVING);
@@ -609,6 +613,8 @@ static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
         tsr__coord_reconcile_stop(c);
     tsr_metrics_http_destroy(mh);
     tsr_rpc_server_destroy(srv);
+    atomic_store(&c->srv, NULL);
+    tsr__coalesce_close(c);
     tsr__coord_channels_close(c);
     tsr__stream_close(c);
     tsr__snap_unref(c->snap);

@@ -29,6 +29,7 @@
 
 #include "coord.h"
 #include "index/knn.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
@@ -863,6 +864,10 @@ typedef struct fn_async {
     Tessera__V1__FindNeighborsRequest *rq; /* owned */
     fnq q;
     tsr_error err;
+    /* coalesced (coalesce.c): the held reply, one entry per shard call, calls not done */
+    tsr_rpc_reply *r;
+    tsr__centry *ents;
+    atomic_size_t left;
 } fn_async;
 
 static int fn_reply(tsr_rpc_reply *r, int rc, Tessera__V1__FindNeighborsResponse *out,
@@ -889,6 +894,44 @@ static int fn_async_fin(void *ud, tsr_rpc_reply *r, tsr__gcall *calls, size_t n)
     return rc;
 }
 
+/* A coalesced shard call of f is done; the last one merges and releases the reply. */
+static void fn_co_done(void *ud, tsr__gcall *call)
+{
+    fn_async *f = ud;
+    (void)call;
+    if (atomic_fetch_sub(&f->left, 1) != 1)
+        return;
+    tsr_rpc_reply *r = f->r;
+    free(f->ents);
+    int rc = fn_async_fin(f, r, NULL, 0); /* frees f */
+    tsr_rpc_reply_release(r, rc);
+}
+
+/* Hands f's shard calls to the coalescer (the reply is held until the last is done).
+ * Returns 0, or nonzero when the reply cannot be held (then nothing was sent). */
+static int fn_coalesce(tsr__coord *c, tsr_rpc_reply *r, fn_async *f)
+{
+    fnq *q = &f->q;
+    if (q->ncalls == 0 || tsr_rpc_reply_hold(r) != 0)
+        return -1;
+    int64_t dl = tsr_clock_mono_ms() + (q->tmo > 0 ? q->tmo : 1);
+    f->r = r;
+    f->ents = tsr_xcalloc(q->ncalls, sizeof *f->ents);
+    atomic_init(&f->left, q->ncalls);
+    size_t n = q->ncalls;
+    tsr__centry *ents = f->ents;
+    for (size_t k = 0; k < n; k++) {
+        ents[k].call = &q->calls[k];
+        ents[k].nq = q->sreq[q->calls[k].group].n_queries;
+        ents[k].deadline = dl;
+        ents[k].done = fn_co_done;
+        ents[k].ud = f;
+    }
+    for (size_t k = 0; k < n; k++) /* f may be gone once the last is submitted */
+        tsr__coalesce_submit(c, &ents[k]);
+    return 0;
+}
+
 int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
 {
     tsr__coord *c = ctx;
@@ -900,6 +943,8 @@ int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr
     fn_async *f = tsr_xcalloc(1, sizeof *f);
     f->rq = rq;
     int rc = fnq_plan(c, rq, tsr_rpc_reply_remaining_ms(r), &f->q, &f->err);
+    if (rc == 0 && tsr__coalesce_on(c) && fn_coalesce(c, r, f) == 0)
+        return 0; /* held: released by the last fn_co_done */
     if (rc == 0) {
         rc = tsr__coord_group_fanout_async(c, r, TSR_SHARD_SVC "Search", f->q.calls,
                                            f->q.ncalls, f->q.tmo, fn_async_fin, f);

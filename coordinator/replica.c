@@ -350,6 +350,8 @@ typedef struct gfan {
     uint8_t **repacked;
     double t0;
     tsr__gfan_fin fin;      /* asynchronous form */
+    tsr_rpc_server *srv;    /* server form (no reply): its queue and fin */
+    tsr__gfan_sfin sfin;
     void *ud;
 } gfan;
 
@@ -577,22 +579,49 @@ size_t tsr__coord_group_fanout(tsr__coord *c, const char *method, tsr__gcall *ca
     return bad;
 }
 
+/* The attempts of a round that could not be started: no longer in flight (their results,
+ * when results_too, are dropped). */
+static void gf_unstart(gfan *g, int results_too)
+{
+    for (size_t q = 0; q < g->m; q++) {
+        size_t i = (size_t)(uintptr_t)g->fc[q].user;
+        atomic_fetch_sub(&g->c->rep[g->on[i]].inflight, 1);
+        if (results_too)
+            tsr_rpc_result_close(&g->fc[q].result);
+    }
+}
+
+static int gf_done(void *ud, tsr_rpc_reply *r, tsr_rpc_fanout_call *fc, size_t m);
+static void gf_sdone(void *ud, tsr_rpc_fanout_call *fc, size_t m);
+
+/* Starts g's current round: on r's queue (the asynchronous form) or as a server fan-out
+ * (the server form, r NULL). Returns what the rpc call returned. */
+static int gf_start(gfan *g, tsr_rpc_reply *r)
+{
+    return r ? tsr_rpc_reply_fanout(r, g->fc, g->m, gf_done, g)
+             : tsr_rpc_server_fanout(g->srv, g->fc, g->m, gf_sdone, g);
+}
+
+/* After a round of either non-blocking form: 1 when retries were started (the round's
+ * done callback continues), 0 when every call has its final result. */
+static int gf_again(gfan *g, tsr_rpc_reply *r)
+{
+    if (!gf_collect(g) || gf_round(g) == 0)
+        return 0;
+    if (gf_start(g, r) == 0)
+        return 1;
+    gf_unstart(g, 1); /* could not start the retries: the last failures stand */
+    return 0;
+}
+
 /* tsr_rpc_fanout_done_fn of the asynchronous form: the round has completed. */
 static int gf_done(void *ud, tsr_rpc_reply *r, tsr_rpc_fanout_call *fc, size_t m)
 {
     gfan *g = ud;
     (void)fc;
     (void)m;
-    if (gf_collect(g) && gf_round(g) > 0) {
-        if (tsr_rpc_reply_fanout(r, g->fc, g->m, gf_done, g) == 0)
-            return 0;
-        /* could not start the retries (out of memory): the last failures stand */
-        for (size_t q = 0; q < g->m; q++) {
-            size_t i = (size_t)(uintptr_t)g->fc[q].user;
-            atomic_fetch_sub(&g->c->rep[g->on[i]].inflight, 1);
-            tsr_rpc_result_close(&g->fc[q].result);
-        }
-    }
+    if (gf_again(g, r))
+        return 0;
     tsr__gfan_fin fin = g->fin;
     void *fud = g->ud;
     tsr__gcall *calls = g->calls;
@@ -601,23 +630,53 @@ static int gf_done(void *ud, tsr_rpc_reply *r, tsr_rpc_fanout_call *fc, size_t m
     return fin(fud, r, calls, n);
 }
 
+/* tsr_rpc_calls_done_fn of the server form: a round has completed. */
+static void gf_sdone(void *ud, tsr_rpc_fanout_call *fc, size_t m)
+{
+    gfan *g = ud;
+    (void)fc;
+    (void)m;
+    if (gf_again(g, NULL))
+        return;
+    tsr__gfan_sfin fin = g->sfin;
+    void *fud = g->ud;
+    tsr__gcall *calls = g->calls;
+    size_t n = g->n;
+    gf_free(g);
+    fin(fud, calls, n);
+}
+
+/* Both non-blocking forms: the first round, started on r's queue or (r NULL) on srv's. */
+static int gf_launch(tsr__coord *c, tsr_rpc_reply *r, tsr_rpc_server *srv, const char *method,
+                     tsr__gcall *calls, size_t n, int64_t timeout_ms, tsr__gfan_fin fin,
+                     tsr__gfan_sfin sfin, void *ud)
+{
+    gfan *g = gf_new(c, method, calls, n, timeout_ms);
+    g->fin = fin;
+    g->srv = srv;
+    g->sfin = sfin;
+    g->ud = ud;
+    gf_round(g);
+    int rc = gf_start(g, r);
+    if (rc != 0) {
+        gf_unstart(g, 0);
+        gf_free(g);
+    }
+    return rc;
+}
+
 int tsr__coord_group_fanout_async(tsr__coord *c, tsr_rpc_reply *r, const char *method,
                                   tsr__gcall *calls, size_t n, int64_t timeout_ms,
                                   tsr__gfan_fin fin, void *ud)
 {
-    gfan *g = gf_new(c, method, calls, n, timeout_ms);
-    g->fin = fin;
-    g->ud = ud;
-    gf_round(g);
-    int rc = tsr_rpc_reply_fanout(r, g->fc, g->m, gf_done, g);
-    if (rc != 0) {
-        for (size_t q = 0; q < g->m; q++) {
-            size_t i = (size_t)(uintptr_t)g->fc[q].user;
-            atomic_fetch_sub(&c->rep[g->on[i]].inflight, 1);
-        }
-        gf_free(g);
-    }
-    return rc;
+    return gf_launch(c, r, NULL, method, calls, n, timeout_ms, fin, NULL, ud);
+}
+
+int tsr__coord_group_fanout_server(tsr__coord *c, tsr_rpc_server *srv, const char *method,
+                                   tsr__gcall *calls, size_t n, int64_t timeout_ms,
+                                   tsr__gfan_sfin fin, void *ud)
+{
+    return gf_launch(c, NULL, srv, method, calls, n, timeout_ms, NULL, fin, ud);
 }
 
 size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, size_t *lens,
@@ -801,6 +860,11 @@ void tsr__coord_metrics_register(tsr__coord *c)
         {"tessera_shard_replicas", TSR_METRIC_GAUGE, "Configured replicas of the shard group."},
         {"tessera_shard_failovers_total", TSR_METRIC_COUNTER,
          "Query-path calls retried on another replica of the group after a replica failed."},
+        {"tessera_coalesced_calls_total", TSR_METRIC_COUNTER,
+         "Shard Search calls that carried the queries of several FindNeighbors requests."},
+        {"tessera_coalesced_requests_total", TSR_METRIC_COUNTER,
+         "FindNeighbors requests answered through a coalesced Search call (÷ calls = mean "
+         "requests per coalesced call)."},
         {"tessera_plan_vectors", TSR_METRIC_GAUGE,
          "Ids the coordinator's directory places on the shard group (served version)."},
         {"tessera_plan_lists", TSR_METRIC_GAUGE,
@@ -855,6 +919,8 @@ void tsr__coord_metrics_register(tsr__coord *c)
         char l[32];
         snprintf(l, sizeof l, "shard=%zu", s);
         tsr_metrics_counter_add("tessera_shard_failovers_total", l, 0);
+        tsr_metrics_counter_add("tessera_coalesced_calls_total", l, 0);
+        tsr_metrics_counter_add("tessera_coalesced_requests_total", l, 0);
     }
     tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=ok", 0);
     tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=failed", 0);

@@ -228,3 +228,22 @@ int tsr_rpc_too_deep(const ProtobufCMessageDescriptor *desc, const uint8_t *data
     }
     return 0;
 }
+
+/* ---------------------------------------------------------------- repeated fields */
+
+long tsr_rpc_split_repeated(const uint8_t *data, size_t len, unsigned field, size_t *at,
+                            size_t cap)
+{
+    const uint8_t *p = data, *end = data ? data + len : data;
+    size_t k = 0;
+    while (p < end) {
+        uint64_t key, n;
+        const uint8_t *start = p;
+        if (rd_varint(&p, end, &key) || key != (((uint64_t)field << 3) | 2u) || k == cap ||
+            rd_varint(&p, end, &n) || n > (uint64_t)(end - p))
+            return -1;
+        at[k++] = (size_t)(start - data);
+        p += n;
+    }
+    return (long)k;
+}

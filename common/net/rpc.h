@@ -259,6 +259,32 @@ typedef int (*tsr_rpc_fanout_done_fn)(void *ud, tsr_rpc_reply *reply, tsr_rpc_fa
 int tsr_rpc_reply_fanout(tsr_rpc_reply *r, tsr_rpc_fanout_call *calls, size_t n,
                          tsr_rpc_fanout_done_fn done, void *ud);
 
+/* A held reply (inside a handler or a done callback): the reply is not sent when the
+ * handler returns but when someone calls tsr_rpc_reply_release — from any thread, at any
+ * time, also before the handler has returned. After holding, the handler must not touch r
+ * again and its return value is ignored; the releaser fills r (tsr_rpc_reply_pack,
+ * _error, ...) and then releases it with the code the handler would have returned. For a
+ * handler whose answer depends on work that other calls share (the coordinator's
+ * coalesced shard calls). Returns 0, TSR_EINVAL (already held or a fan-out pending), or
+ * TSR_EUNAVAILABLE (a detached call, tsr__rpc_run_detached: answer in the handler). */
+int tsr_rpc_reply_hold(tsr_rpc_reply *r);
+void tsr_rpc_reply_release(tsr_rpc_reply *r, int rc);
+
+/* The server that received this call (NULL for a detached call). */
+tsr_rpc_server *tsr_rpc_reply_server(const tsr_rpc_reply *r);
+
+/* A server fan-out: n client calls started on one of the server's completion queues (round
+ * robin) and owned by no call: when all have completed, done(ud, calls, n) runs on a
+ * polling thread of that queue — or on the calling thread before this returns, when none
+ * could be started (no channel: UNAVAILABLE results). done must not block; it may start
+ * further fan-outs. calls, their requests and ud are borrowed until done. Shutdown waits
+ * for every server fan-out's done (each call has its deadline). Returns 0 (done will be
+ * called exactly once), TSR_EUNAVAILABLE (server not started or shutting down),
+ * TSR_EINVAL, TSR_ELIMIT, TSR_ENOMEM (nothing started, done will not be called). */
+typedef void (*tsr_rpc_calls_done_fn)(void *ud, tsr_rpc_fanout_call *calls, size_t n);
+int tsr_rpc_server_fanout(tsr_rpc_server *s, tsr_rpc_fanout_call *calls, size_t n,
+                          tsr_rpc_calls_done_fn done, void *ud);
+
 /* Milliseconds left before the client's deadline (INT64_MAX when it set none; may be
  * negative). Pass it on when calling further servers. */
 int64_t tsr_rpc_reply_remaining_ms(const tsr_rpc_reply *r);
@@ -330,6 +356,15 @@ int tsr_rpc_server_set_request_type(tsr_rpc_server *s, const char *path,
  * desc does not know are skipped (protobuf-c keeps them as bytes, unparsed). */
 int tsr_rpc_too_deep(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
                      int max_depth);
+
+/* Walks a message data[0..len) that holds nothing but entries of one repeated
+ * length-delimited field (`repeated Msg x = field;`, e.g. ShardSearchResponse.results):
+ * the offset of each entry's key into at[] (at most cap). Returns the number of entries,
+ * or -1 when another field, a malformed length or more than cap entries is found. Since
+ * protobuf concatenates repeated fields, bytes at[i]..at[j] are themselves such a message
+ * holding entries i..j-1 (the coordinator's coalesced shard calls cut replies so). */
+long tsr_rpc_split_repeated(const uint8_t *data, size_t len, unsigned field, size_t *at,
+                            size_t cap);
 
 /* 1 when a listen address is local only: 127.0.0.0/8, ::1, ::ffff:127.x, localhost,
  * unix:. "0.0.0.0", "[::]" and every other address give 0. */

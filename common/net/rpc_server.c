@@ -15,6 +15,12 @@
  *              struct tsr__ccall, told apart from call contexts by their first member);
  *              the thread whose event completes the fan-out runs the done callback, which
  *              replies (SENDING) or starts another fan-out.
+ *   HELD       (tsr_rpc_reply_hold) the handler or done callback returned without an
+ *              answer; whoever comes last of its return and tsr_rpc_reply_release (any
+ *              thread; an atomic count of 2) settles and sends (SENDING).
+ *   Server fan-outs (tsr_rpc_server_fanout) are client calls on a server queue owned by
+ *   no call (struct afan with owner NULL): the thread that completes the last runs their
+ *   done; each counts as one in `alive`, so shutdown waits for it.
  * Only one batch is outstanding per call at any time, so the event of a call is handled
  * by exactly one thread and the call context needs no lock. A fan-out's client calls
  * complete on any poller of the queue, concurrently: each fills only its own result, and
@@ -125,11 +131,13 @@ struct tsr_rpc_reply {
  * calls still in flight plus one held by the code that started it until that code has
  * returned (the handler or a done callback): whoever brings it to zero runs done. */
 struct afan {
-    struct call *owner;
+    struct call *owner;         /* NULL: a server fan-out (tsr_rpc_server_fanout) */
     tsr_rpc_fanout_call *calls; /* the caller's, borrowed */
     size_t n;
     atomic_size_t left;
     tsr_rpc_fanout_done_fn done;
+    tsr_rpc_calls_done_fn sdone; /* a server fan-out's */
+    struct tsr_rpc_server *srv;  /* a server fan-out's (counted in srv->alive) */
     void *ud;
     struct tsr__ccall cc[];
 };
@@ -152,6 +160,10 @@ struct call {
     int client_cancelled; /* RECV_CLOSE_ON_SERVER output */
     struct tsr_rpc_reply reply;
     struct afan *fan;  /* the fan-out in flight, or NULL */
+    /* tsr_rpc_reply_hold: 0 = not held; else 2 at the hold, one taken when the handler
+     * returns and one by tsr_rpc_reply_release; whoever takes the last sends the reply */
+    atomic_int hold;
+    int held_rc;       /* the rc given to tsr_rpc_reply_release */
     double t0;         /* when the call arrived (tsr_metrics_now), for the latency metric */
     struct call *next; /* work queue link */
 };
@@ -185,6 +197,7 @@ struct tsr_rpc_server {
     char shutdown_tag; /* its address is the shutdown_and_notify tag */
 
     int inline_long; /* LONG calls may run on the receiving poller (see DESIGN) */
+    atomic_uint next_slot; /* tsr_rpc_server_fanout's round robin over the queues */
 
     /* authorization: the token set (NULL = none), swapped by set_tokens under auth_mu
      * (write), read by the pollers under auth_mu (read); a leaf lock */
@@ -212,6 +225,16 @@ static void reply_clear_resp(struct tsr_rpc_reply *r)
     }
 }
 
+/* One call context or server fan-out fewer (shutdown waits for none). */
+static void alive_drop(struct tsr_rpc_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->alive--;
+    if (s->alive == 0)
+        pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void destroy_call(struct call *c)
 {
     struct tsr_rpc_server *s = c->srv;
@@ -230,11 +253,7 @@ static void destroy_call(struct call *c)
     reply_clear_resp(&c->reply);
     free(c->reply.msg);
     free(c);
-    pthread_mutex_lock(&s->mu);
-    s->alive--;
-    if (s->alive == 0)
-        pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    alive_drop(s);
 }
 
 /* Arms one grpc_server_request_call on slot's queue (never after shutdown began). */
@@ -312,6 +331,22 @@ static void settle(struct call *c, int rc)
     }
 }
 
+/* The handler or done callback that ran last returned rc: sends the reply, unless it is
+ * held (tsr_rpc_reply_hold) — then that return is one of the hold's two takes and whoever
+ * takes the last (this or tsr_rpc_reply_release) sends it. */
+static void reply_done(struct call *c, int rc)
+{
+    if (atomic_load(&c->hold)) {
+        if (atomic_fetch_sub(&c->hold, 1) == 1) {
+            settle(c, c->held_rc);
+            send_final(c);
+        }
+        return;
+    }
+    settle(c, rc);
+    send_final(c);
+}
+
 /* Runs done callbacks while the fan-out they wait for has completed; then sends the
  * reply. Called by the thread that brought c->fan->left to zero. */
 static void fan_complete(struct call *c)
@@ -326,8 +361,7 @@ static void fan_complete(struct call *c)
                 continue;
             return;
         }
-        settle(c, rc);
-        send_final(c);
+        reply_done(c, rc);
         return;
     }
 }
@@ -353,17 +387,29 @@ static void run_handler(struct call *c)
             fan_complete(c);
         return;
     }
-    settle(c, rc);
-    send_final(c);
+    reply_done(c, rc);
 }
 
-/* The event of a client call started by tsr_rpc_reply_fanout. */
+/* A server fan-out has completed: its done runs, then it is gone. */
+static void sfan_complete(struct afan *f)
+{
+    struct tsr_rpc_server *s = f->srv;
+    f->sdone(f->ud, f->calls, f->n);
+    free(f);
+    alive_drop(s);
+}
+
+/* The event of a client call started by tsr_rpc_reply_fanout or tsr_rpc_server_fanout. */
 static void on_client_event(struct tsr__ccall *cc)
 {
     struct afan *f = cc->owner;
     tsr__ccall_finish(cc, &f->calls[cc->index]);
-    if (atomic_fetch_sub(&f->left, 1) == 1)
-        fan_complete(f->owner);
+    if (atomic_fetch_sub(&f->left, 1) == 1) {
+        if (f->owner)
+            fan_complete(f->owner);
+        else
+            sfan_complete(f);
+    }
 }
 
 /* ------------------------------------------------------------------- worker pool -- */
@@ -1112,6 +1158,72 @@ int tsr_rpc_reply_fanout(tsr_rpc_reply *r, tsr_rpc_fanout_call *calls, size_t n,
     /* never zero here: the hold is released when the handler or callback returns */
     if (unstarted)
         atomic_fetch_sub(&f->left, unstarted);
+    return 0;
+}
+
+int tsr_rpc_reply_hold(tsr_rpc_reply *r)
+{
+    struct call *c = r->call;
+    if (c->fan || atomic_load(&c->hold))
+        return TSR_EINVAL;
+    if (!c->slot) /* a detached call: it replies when its handler returns */
+        return TSR_EUNAVAILABLE;
+    c->held_rc = 0;
+    atomic_store(&c->hold, 2);
+    return 0;
+}
+
+void tsr_rpc_reply_release(tsr_rpc_reply *r, int rc)
+{
+    struct call *c = r->call;
+    c->held_rc = rc;
+    if (atomic_fetch_sub(&c->hold, 1) == 1) {
+        settle(c, rc);
+        send_final(c);
+    }
+}
+
+tsr_rpc_server *tsr_rpc_reply_server(const tsr_rpc_reply *r)
+{
+    return r->call->slot ? r->call->srv : NULL;
+}
+
+int tsr_rpc_server_fanout(tsr_rpc_server *s, tsr_rpc_fanout_call *calls, size_t n,
+                          tsr_rpc_calls_done_fn done, void *ud)
+{
+    if (!s || !done || (n && !calls))
+        return TSR_EINVAL;
+    if (n > ((size_t)1 << 20))
+        return TSR_ELIMIT;
+    struct afan *f = tsr_try_malloc(1, sizeof *f + n * sizeof f->cc[0]);
+    if (!f)
+        return TSR_ENOMEM;
+    pthread_mutex_lock(&s->mu);
+    if (!s->started || s->stopping || !s->nslots) {
+        pthread_mutex_unlock(&s->mu);
+        free(f);
+        return TSR_EUNAVAILABLE;
+    }
+    s->alive++; /* shutdown waits for this fan-out's done (its calls have deadlines) */
+    pthread_mutex_unlock(&s->mu);
+    struct slot *sl = &s->slots[atomic_fetch_add(&s->next_slot, 1) % (unsigned)s->nslots];
+    f->owner = NULL;
+    f->calls = calls;
+    f->n = n;
+    f->done = NULL;
+    f->sdone = done;
+    f->srv = s;
+    f->ud = ud;
+    atomic_init(&f->left, n + 1); /* + the hold of this function until it returns */
+    TSR_TSAN_RELEASE(f);
+    size_t unstarted = 0;
+    for (size_t i = 0; i < n; i++)
+        if (tsr__ccall_start(&f->cc[i], &calls[i], sl->cq, f, i) != 0) {
+            tsr__ccall_finish(&f->cc[i], &calls[i]);
+            unstarted++;
+        }
+    if (atomic_fetch_sub(&f->left, unstarted + 1) == unstarted + 1)
+        sfan_complete(f); /* nothing was started, or all completed already */
     return 0;
 }
 

@@ -10,6 +10,10 @@
  * callback that starts a second round, results of calls that cannot be sent / hit a dead
  * port / hit their deadline, an error returned by done, a zero-call fan-out, misuse,
  * shutdown with a fan-out in flight, and concurrent clients on two queues of two pollers.
+ * Held replies with server fan-outs (tsr_rpc_reply_hold / _release, tsr_rpc_server_fanout:
+ * the coordinator's coalesced shard calls): released from the fan-out's done on one
+ * poller and racing the handler's return on two, released before the handler returned
+ * (nothing could be sent: done runs inline), misuse, and shutdown with one in flight.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,6 +38,9 @@
 #define FAILDONE "/tessera.test.Async/FailDone"
 #define ZERO "/tessera.test.Async/Zero"
 #define MISUSE "/tessera.test.Async/Misuse"
+#define HELD "/tessera.test.Async/Held"
+#define HELDNULL "/tessera.test.Async/HeldNull"
+#define HELDMISUSE "/tessera.test.Async/HeldMisuse"
 
 #define MAXN 16
 
@@ -288,6 +295,72 @@ static int h_misuse(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
 
 /* ------------------------------------------------------------------- fixtures -- */
 
+/* ---- held replies and server fan-outs ---- */
+
+typedef struct held_state {
+    fan_state *f;
+    tsr_rpc_reply *reply;
+} held_state;
+
+static void held_done(void *ud, tsr_rpc_fanout_call *calls, size_t n)
+{
+    held_state *h = ud;
+    assert_ptr_equal(calls, h->f->calls);
+    assert_int_equal(n, h->f->n);
+    tsr_rpc_reply *r = h->reply;
+    int rc = reply_joined(r, calls, n, "held:");
+    fan_free(h->f);
+    free(h);
+    tsr_rpc_reply_release(r, rc);
+}
+
+/* HELD "N": holds the reply, N calls to ECHO as a server fan-out; its done releases. */
+static int held_start(srv_ctx *sc, tsr_rpc_reply *reply, size_t n, int null_channels)
+{
+    assert_int_equal(tsr_rpc_reply_hold(reply), 0);
+    held_state *h = calloc(1, sizeof *h);
+    h->f = fan_new(sc, n, ECHO, "h", 5000);
+    h->reply = reply;
+    for (size_t i = 0; null_channels && i < n; i++)
+        h->f->calls[i].ch = NULL;
+    int rc = tsr_rpc_server_fanout(tsr_rpc_reply_server(reply), h->f->calls, n, held_done, h);
+    assert_int_equal(rc, 0);
+    return 0;
+}
+
+static int h_held(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    return held_start(ctx, reply, req_count(req, len), 0);
+}
+
+/* HELDNULL: nothing can be sent, so done (and the release) runs before the fan-out and the
+ * handler return; the reply goes out when the handler returns. */
+static int h_heldnull(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    (void)req;
+    (void)len;
+    return held_start(ctx, reply, 2, 1);
+}
+
+/* HELDMISUSE: a second hold, a fan-out on a held reply, a server fan-out without done. */
+static int h_heldmisuse(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    (void)ctx;
+    (void)req;
+    (void)len;
+    tsr_rpc_fanout_call c;
+    memset(&c, 0, sizeof c);
+    tsr_rpc_result_init(&c.result);
+    assert_int_equal(tsr_rpc_reply_hold(reply), 0);
+    int a = tsr_rpc_reply_hold(reply);
+    int b = tsr_rpc_server_fanout(tsr_rpc_reply_server(reply), &c, 1, NULL, NULL);
+    char out[64];
+    int n = snprintf(out, sizeof out, "%d,%d", a, b);
+    int rc = tsr_rpc_reply_copy(reply, out, (size_t)n);
+    tsr_rpc_reply_release(reply, rc);
+    return 0;
+}
+
 typedef struct fixture {
     tsr_rpc_server *srv;
     srv_ctx sc;
@@ -313,6 +386,10 @@ static fixture *fixture_start(int cqs, int pollers)
     assert_int_equal(tsr_rpc_server_add_method(fx->srv, FAILDONE, h_faildone, &fx->sc, 0), 0);
     assert_int_equal(tsr_rpc_server_add_method(fx->srv, ZERO, h_zero, &fx->sc, 0), 0);
     assert_int_equal(tsr_rpc_server_add_method(fx->srv, MISUSE, h_misuse, &fx->sc, 0), 0);
+    assert_int_equal(tsr_rpc_server_add_method(fx->srv, HELD, h_held, &fx->sc, 0), 0);
+    assert_int_equal(tsr_rpc_server_add_method(fx->srv, HELDNULL, h_heldnull, &fx->sc, 0), 0);
+    assert_int_equal(tsr_rpc_server_add_method(fx->srv, HELDMISUSE, h_heldmisuse, &fx->sc, 0),
+                     0);
     /* The handlers' channels exist before the polling threads start (the hand-over through
      * gRPC core would be invisible to ThreadSanitizer), as in the coordinator. */
     char target[64];
@@ -534,6 +611,158 @@ static void test_shutdown_with_fanout_in_flight(void **state)
     free(fx);
 }
 
+static void test_held_one_poller(void **state)
+{
+    (void)state;
+    fixture *fx = fixture_start(1, 1);
+    tsr_rpc_result res;
+    tsr_rpc_result_init(&res);
+    double t0 = now_ms();
+    for (int i = 0; i < 200; i++) {
+        call_text(fx, HELD, "3", 10000, &res);
+        assert_reply(&res, "held:OK:h0|OK:h1|OK:h2");
+    }
+    /* the server fan-out runs on the only poller without blocking it */
+    if (now_ms() - t0 > 5000)
+        fail_msg("200 held calls took %.0f ms", now_ms() - t0);
+    call_text(fx, HELDNULL, "", 10000, &res);
+    assert_reply(&res, "held:UNAVAILABLE:|UNAVAILABLE:");
+    call_text(fx, HELDMISUSE, "", 10000, &res);
+    char want[64];
+    snprintf(want, sizeof want, "%d,%d", TSR_EINVAL, TSR_EINVAL);
+    assert_reply(&res, want);
+    tsr_rpc_result_close(&res);
+    fixture_stop(fx);
+}
+
+static void *held_client(void *p)
+{
+    thr_arg *a = p;
+    tsr_rpc_result res;
+    tsr_rpc_result_init(&res);
+    for (int i = 0; i < a->calls; i++) {
+        const char *want = "held:OK:h0|OK:h1|OK:h2|OK:h3";
+        call_text(a->fx, i % 5 ? HELD : HELDNULL, i % 5 ? "4" : "", 10000, &res);
+        if (!(i % 5))
+            want = "held:UNAVAILABLE:|UNAVAILABLE:";
+        if (res.code != TSR_RPC_OK || res.len != strlen(want) ||
+            memcmp(res.data, want, res.len) != 0)
+            a->bad++;
+    }
+    tsr_rpc_result_close(&res);
+    return NULL;
+}
+
+/* Two queues of two pollers: a server fan-out's done (the release) may run on another
+ * poller before the handler that held the reply has returned. */
+static void test_held_concurrent(void **state)
+{
+    (void)state;
+    fixture *fx = fixture_start(2, 2);
+    pthread_t th[4];
+    thr_arg a[4];
+    for (int t = 0; t < 4; t++) {
+        a[t] = (thr_arg){fx, 150, 0};
+        assert_int_equal(pthread_create(&th[t], NULL, held_client, &a[t]), 0);
+    }
+    int bad = 0;
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        bad += a[t].bad;
+    }
+    assert_int_equal(bad, 0);
+    fixture_stop(fx);
+}
+
+static int h_heldslow(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+{
+    (void)req;
+    (void)len;
+    assert_int_equal(tsr_rpc_reply_hold(reply), 0);
+    held_state *h = calloc(1, sizeof *h);
+    h->f = fan_new(ctx, 1, SLOW, "", 5000);
+    snprintf(h->f->req[0], sizeof h->f->req[0], "300");
+    h->f->calls[0].req_len = 3;
+    h->reply = reply;
+    assert_int_equal(tsr_rpc_server_fanout(tsr_rpc_reply_server(reply), h->f->calls, 1,
+                                           held_done, h), 0);
+    return 0;
+}
+
+static void *heldslow_client(void *p)
+{
+    slow_call *s = p;
+    tsr_rpc_call(s->fx->client, "/tessera.test.Async/HeldSlow", "", 0, 10000, &s->res);
+    return NULL;
+}
+
+/* Server destroyed while a held reply waits for a server fan-out's 300 ms sub-call:
+ * shutdown waits for the fan-out, the client gets the reply; after shutdown a server
+ * fan-out is refused. */
+static void test_shutdown_with_held_in_flight(void **state)
+{
+    (void)state;
+    fixture *fx = calloc(1, sizeof *fx);
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_rpc_server_opts o;
+    tsr_rpc_server_opts_init(&o);
+    fx->srv = tsr_rpc_server_create(&o, &err);
+    assert_non_null(fx->srv);
+    assert_int_equal(tsr_rpc_server_add_method(fx->srv, SLOW, h_slow, NULL, TSR_RPC_LONG), 0);
+    assert_int_equal(tsr_rpc_server_add_method(fx->srv, "/tessera.test.Async/HeldSlow",
+                                               h_heldslow, &fx->sc, 0), 0);
+    char target[64];
+    snprintf(target, sizeof target, "ipv4:127.0.0.1:%d", tsr_rpc_server_port(fx->srv));
+    fx->sc.self = tsr_rpc_channel_create(target, NULL, &err);
+    fx->client = tsr_rpc_channel_create(target, NULL, &err);
+    tsr_rpc_fanout_call c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(tsr_rpc_server_fanout(fx->srv, &c, 0, held_done, NULL), TSR_EUNAVAILABLE);
+    assert_int_equal(tsr_rpc_server_start(fx->srv, &err), 0);
+    slow_call s = {fx, {0}};
+    tsr_rpc_result_init(&s.res);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, heldslow_client, &s), 0);
+    usleep(100 * 1000);
+    tsr_rpc_server_shutdown(fx->srv);
+    pthread_join(th, NULL);
+    assert_reply(&s.res, "held:OK:300");
+    assert_int_equal(tsr_rpc_server_fanout(fx->srv, &c, 0, held_done, NULL), TSR_EUNAVAILABLE);
+    tsr_rpc_result_close(&s.res);
+    tsr_rpc_server_destroy(fx->srv);
+    tsr_rpc_channel_destroy(fx->client);
+    tsr_rpc_channel_destroy(fx->sc.self);
+    free(fx);
+}
+
+static void test_split_repeated(void **state)
+{
+    (void)state;
+    size_t at[4];
+    const uint8_t ok[] = {0x0a, 2, 'a', 'b', 0x0a, 0, 0x0a, 3, 'x', 'y', 'z'};
+    assert_int_equal(tsr_rpc_split_repeated(ok, sizeof ok, 1, at, 4), 3);
+    assert_int_equal(at[0], 0);
+    assert_int_equal(at[1], 4);
+    assert_int_equal(at[2], 6);
+    assert_int_equal(tsr_rpc_split_repeated(ok, sizeof ok, 1, at, 2), -1); /* over cap */
+    assert_int_equal(tsr_rpc_split_repeated(ok, sizeof ok, 2, at, 4), -1); /* other field */
+    assert_int_equal(tsr_rpc_split_repeated(ok, 0, 1, at, 4), 0);
+    assert_int_equal(tsr_rpc_split_repeated(NULL, 0, 1, at, 4), 0);
+    const uint8_t longer[] = {0x0a, 5, 'a', 'b'};
+    assert_int_equal(tsr_rpc_split_repeated(longer, sizeof longer, 1, at, 4), -1);
+    const uint8_t varint[] = {0x0a, 1, 'a', 0x08, 1}; /* field 1 as a varint */
+    assert_int_equal(tsr_rpc_split_repeated(varint, sizeof varint, 1, at, 4), -1);
+    const uint8_t cut[] = {0x0a, 0x80}; /* length varint cut */
+    assert_int_equal(tsr_rpc_split_repeated(cut, sizeof cut, 1, at, 4), -1);
+    /* a two-byte length */
+    uint8_t big[3 + 200];
+    big[0] = 0x0a;
+    big[1] = 0x80 | (200 & 0x7f);
+    big[2] = 200 >> 7;
+    memset(big + 3, 'q', 200);
+    assert_int_equal(tsr_rpc_split_repeated(big, sizeof big, 1, at, 4), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -543,6 +772,10 @@ int main(void)
         cmocka_unit_test(test_done_error_zero_misuse),
         cmocka_unit_test(test_concurrent_two_queues),
         cmocka_unit_test(test_shutdown_with_fanout_in_flight),
+        cmocka_unit_test(test_held_one_poller),
+        cmocka_unit_test(test_held_concurrent),
+        cmocka_unit_test(test_shutdown_with_held_in_flight),
+        cmocka_unit_test(test_split_repeated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
