@@ -26,8 +26,8 @@ BENCH_CLUSTER_INFLIGHT ("1,4,16"), BENCH_CLUSTER_BATCHES ("1,32"), BENCH_CLUSTER
 BENCH_CLUSTER_RUNS (1): the measurement repeated on the one loaded cluster, a table per run;
 BENCH_CLUSTER_COALESCE ("2,0"): the coordinator's coalesce_inflight for the cluster column
 (the first) and for an A/B column beside it (the others; the coordinator restarts between
-them on the same shards, docs/coordinator.md "Coalesced shard calls"). "" = the config's
-default only.
+them on the same shards, each row measured under every setting back to back in alternating
+order, docs/coordinator.md "Coalesced shard calls"). "" = the config's default only.
 """
 import json
 import multiprocessing as mp
@@ -185,11 +185,16 @@ def main():
                 for b in BATCHES:
                     for t in INFLIGHT:
                         rows.append({"nprobe": nprobe, "batch": b, "inflight": t})
-            # the coordinator's settings one after another (a restart each), the engines once
-            for j, co in enumerate(COALESCE or [None]):
-                if co is not None:
-                    restart_coord(cl, tp, co)
-                for r in rows:
+            # each row under every coordinator setting back to back (the order alternates
+            # row by row, so a restart serves two measurements and a drift of the machine
+            # hits both sides alike), then the engines
+            cur = None
+            for idx, r in enumerate(rows):
+                order = list(range(max(len(COALESCE), 1)))
+                for j in (order if idx % 2 == 0 else order[::-1]):
+                    if COALESCE and COALESCE[j] != cur:
+                        cur = COALESCE[j]
+                        restart_coord(cl, tp, cur)
                     measure_cluster(cl, ix_p, xq_p, r, j)
             for r in rows:
                 measure(ix_p, xq_p, xq, gt, fz, r)
