@@ -429,7 +429,7 @@ def fold_timeline(cl, recs, f0, f1, step=0.5):
             y, mo, d, h, mi, sec, ms = (int(x) for x in m.groups()[:7])
             t = calendar.timegm((y, mo, d, h, mi, sec)) + ms / 1000.0
             if f0 - 1.0 <= t <= f1 + 1.0 and re.search(
-                    r"update|Prepare|prepared|committed|Commit|version|fold|dropping", m.group(8)):
+                    r"update|Prepare|prepared|committed|Commit|version|fold|dropping|behind|failed over|coalesced", m.group(8)):
                 events.append((t, name, m.group(8)[:150]))
     events.sort()
     print()

@@ -356,6 +356,10 @@ typedef struct tsr__stream {
     int64_t next_label;         /* the label counter (the snapshot's plus the stream's) */
     int64_t next_seq;           /* the seq of the next round (> every seq ever logged) */
     int64_t *grp_seq;           /* owned; nshards: the last seq logged for each group */
+    int64_t *grp_seq_served;    /* owned; while seqs_next: the served version's grp_seq */
+    int seqs_next;              /* under ov_rw: grp_seq holds the next version's seqs (a
+                                   move's or fold's catch-up, from its swap to the flip);
+                                   queries on the served one demand grp_seq_served */
     uint64_t log_version;       /* version of the open log file (0: none) */
     int log_fd;                 /* -1: none */
     int64_t log_bytes;          /* its size */
@@ -930,7 +934,11 @@ int64_t tsr__stream_last_seq(tsr__coord *c);
 /* The same moment's size of the coordinator log (where the rounds after S begin). */
 int64_t tsr__stream_log_offset(tsr__coord *c);
 /* Swaps the groups' last seqs with seqs[0..n): the move installs the new version's before
- * its commit point (the new log's header), and swaps back when the flip fails. */
+ * its commit point (the new log's header), and swaps back when the flip fails. Between
+ * the two (or the flip), queries planned on the served version still demand its own seqs
+ * (grp_seq_served): the new version's are ahead of what the served one's shards applied
+ * where a group took no round after S, and such a demand waited 100 ms on every group,
+ * was refused and asked again (a 207 ms query at every fold's commit point, Dec 6). */
 void tsr__stream_swap_group_seqs(tsr__coord *c, int64_t *seqs, size_t n);
 /* Before the commit point: the log of version (header: the stream's next seq and group
  * seqs, next_label); abort removes it when the update fails. */

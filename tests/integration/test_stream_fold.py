@@ -7,7 +7,8 @@ replaced vectors, 200 removes). Then 3 query threads (full probe and default npr
 nonstop while the fold runs — UpdateIndex with fold_stream (`tessera update --fold`), the
 background fold's update on demand — and a writer streams one new id per call through it.
 Every shard's Prepare sleeps 1.5 s first (TSR_SHARD_SLOW_PREPARE_MS) so the fold's
-Prepare is long enough to write through. Checks:
+Prepare is long enough to write through, and the coordinator sleeps 1 s between the fold's
+catch-up and its flip (TSR_COORD_SLOW_FLIP_MS). Checks:
 - 0 failed queries; every answer is from the old or the new version, and no removed id
   appears in any answer;
 - writes are not held by the fold's Prepare (docs/streaming.md "Folding"): at least one
@@ -25,7 +26,9 @@ Prepare is long enough to write through. Checks:
   pairs, distances within 1e-4 relative (the rule of test_shard_faiss.py), and the merged
   Faiss answer read back as ids equals the cluster's FindNeighbors (PQ distances, same
   nprobe) for >= 97 % of the queries;
-- the two replicas of group 0 hold the same version and count.
+- the two replicas of group 0 hold the same version and count;
+- no query was refused as behind the stream (the coordinator's log): between the catch-up
+  and the flip, queries on the served version demand its own groups' seqs.
 Query p50 / p99 during the fold vs before it, and the writes' ack times, are printed, not
 asserted.
 """
@@ -67,8 +70,11 @@ def main():
     # and the coordinator's fold sleeps after it copied the overlay into the new version's
     # directory, before its catch-up: the writes of that second are the ones its catch-up
     # re-applies (tsr__stream_overlay_finish)
+    # and it sleeps 1 s between its catch-up and its flip: queries planned on the served
+    # version meanwhile must demand that version's stream seqs, not the new one's
     cl = sm.StreamCluster([2, 1], D, {"nlist": NLIST, "pq_m": 8, "nprobe": NPROBE},
-                          env={"TSR_COORD_SLOW_FOLD_DIR_MS": "1000"})
+                          env={"TSR_COORD_SLOW_FOLD_DIR_MS": "1000",
+                               "TSR_COORD_SLOW_FLIP_MS": "1000"})
     stop = threading.Event()
     threads = []
     try:
@@ -199,6 +205,13 @@ def main():
                   len(wlog)))
         assert through, "no write went through while the fold was PREPARING: %s" % [
             (round(w[1] - w[0], 3), w[2], w[3]) for w in wlog[:20]]
+        # between the catch-up and the flip the groups' seqs are the new version's; a query
+        # on the served one that demanded them waited 100 ms per group, was refused as
+        # behind and asked again (every fold's commit point cost a ~207 ms query, Dec 6)
+        clog = cl.coord.text()
+        assert "the fold's flip after its catch-up sleeps first" in clog, "hook not seen"
+        assert "behind the streamed writes a query demands" not in clog, [
+            l for l in clog.splitlines() if "behind the streamed writes" in l][:3]
         # the fold's build and update threads ran at the background priority (nice 10,
         # core/parallel.h) and ended with it: every thread left in the coordinator and the
         # shards has the process's own nice — a thread the build started (or one gRPC made
