@@ -526,15 +526,16 @@ static void *client_thread(void *p)
     return NULL;
 }
 
-static void test_concurrent_two_queues(void **state)
+/* 4 client threads of 150 calls each running fn against two queues of two pollers; every
+ * reply as expected. */
+static void run_clients_two_queues(void *(*fn)(void *))
 {
-    (void)state;
     fixture *fx = fixture_start(2, 2);
     pthread_t th[4];
     thr_arg a[4];
     for (int t = 0; t < 4; t++) {
         a[t] = (thr_arg){fx, 150, 0};
-        assert_int_equal(pthread_create(&th[t], NULL, client_thread, &a[t]), 0);
+        assert_int_equal(pthread_create(&th[t], NULL, fn, &a[t]), 0);
     }
     int bad = 0;
     for (int t = 0; t < 4; t++) {
@@ -543,6 +544,12 @@ static void test_concurrent_two_queues(void **state)
     }
     assert_int_equal(bad, 0);
     fixture_stop(fx);
+}
+
+static void test_concurrent_two_queues(void **state)
+{
+    (void)state;
+    run_clients_two_queues(client_thread);
 }
 
 typedef struct slow_call {
@@ -658,20 +665,7 @@ static void *held_client(void *p)
 static void test_held_concurrent(void **state)
 {
     (void)state;
-    fixture *fx = fixture_start(2, 2);
-    pthread_t th[4];
-    thr_arg a[4];
-    for (int t = 0; t < 4; t++) {
-        a[t] = (thr_arg){fx, 150, 0};
-        assert_int_equal(pthread_create(&th[t], NULL, held_client, &a[t]), 0);
-    }
-    int bad = 0;
-    for (int t = 0; t < 4; t++) {
-        pthread_join(th[t], NULL);
-        bad += a[t].bad;
-    }
-    assert_int_equal(bad, 0);
-    fixture_stop(fx);
+    run_clients_two_queues(held_client);
 }
 
 static int h_heldslow(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
