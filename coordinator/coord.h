@@ -356,10 +356,6 @@ typedef struct tsr__stream {
     int64_t next_label;         /* the label counter (the snapshot's plus the stream's) */
     int64_t next_seq;           /* the seq of the next round (> every seq ever logged) */
     int64_t *grp_seq;           /* owned; nshards: the last seq logged for each group */
-    int64_t *grp_seq_served;    /* owned; while seqs_next: the served version's grp_seq */
-    int seqs_next;              /* under ov_rw: grp_seq holds the next version's seqs (a
-                                   move's or fold's catch-up, from its swap to the flip);
-                                   queries on the served one demand grp_seq_served */
     uint64_t log_version;       /* version of the open log file (0: none) */
     int log_fd;                 /* -1: none */
     int64_t log_bytes;          /* its size */
@@ -933,21 +929,20 @@ tsr__snap *tsr__stream_snap_seqs(tsr__coord *c, int64_t *seqs, size_t cap, int64
 int64_t tsr__stream_last_seq(tsr__coord *c);
 /* The same moment's size of the coordinator log (where the rounds after S begin). */
 int64_t tsr__stream_log_offset(tsr__coord *c);
-/* Swaps the groups' last seqs with seqs[0..n): the move installs the new version's before
- * its commit point (the new log's header), and swaps back when the flip fails. Between
- * the two (or the flip), queries planned on the served version still demand its own seqs
- * (grp_seq_served): the new version's are ahead of what the served one's shards applied
- * where a group took no round after S, and such a demand waited 100 ms on every group,
- * was refused and asked again (a 207 ms query at every fold's commit point, Dec 6). */
-void tsr__stream_swap_group_seqs(tsr__coord *c, int64_t *seqs, size_t n);
 /* Before the commit point: the log of version (header: the stream's next seq and group
- * seqs, next_label); abort removes it when the update fails. */
+ * seqs, next_label); abort removes it when the update fails. seqs[0..n), when given, are
+ * the new version's group seqs (a move's or fold's catch-up: the seq it carried to each
+ * group) in place of the stream's. */
 int tsr__stream_version_begin(tsr__coord *c, uint64_t version, int64_t next_label,
-                              tsr_error *err);
+                              const int64_t *seqs, size_t n, tsr_error *err);
 void tsr__stream_version_abort(tsr__coord *c, uint64_t version);
 /* The commit point's publication: ns becomes the served snapshot (takes its reference),
- * the overlay empties, the new version's log is opened and the old one removed. */
-void tsr__stream_publish(tsr__coord *c, tsr__snap *ns);
+ * the overlay empties, the new version's log is opened and the old one removed; seqs[0..n)
+ * (a catch-up's, as for version_begin) become the group seqs in the same step, so a query
+ * planned on the served version never demands the new one's (they are ahead where a group
+ * took no round at the last carried seq: such a demand waited 100 ms on every replica,
+ * was refused and asked again — a 207 ms query at every fold's commit point, Dec 6). */
+void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size_t n);
 /* A new leader (leader.c), before it acts: when etcd holds the stream records of the
  * served version (its predecessor streamed writes on it), the local log is rewritten from
  * them and the overlay, label counter, next seq and group seqs are rebuilt by replaying it.

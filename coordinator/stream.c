@@ -66,12 +66,6 @@ typedef struct tsr__sreq {
 
 /* ---------------------------------------------------------------- directory */
 
-/* The seq a query planned on the served version demands of group g (ov_rw held). */
-static int64_t query_seq(const tsr__coord *c, size_t g)
-{
-    return c->st.seqs_next ? c->st.grp_seq_served[g] : c->st.grp_seq[g];
-}
-
 /* The entry of id now: the overlay's (a tombstone = none), else the snapshot's. Caller
  * holds st.mu or st.ov_rw. */
 static const tsr__dir_entry *lookup(const tsr__coord *c, const tsr__snap *sn, const char *id)
@@ -90,7 +84,7 @@ tsr__snap *tsr__stream_resolve(tsr__coord *c, char *const *ids, size_t n, tsr__l
     pthread_rwlock_rdlock(&c->st.ov_rw);
     tsr__snap *sn = tsr__coord_snap_get(c);
     for (size_t g = 0; seqs && g <= TSR_COORD_MAX_SHARDS; g++)
-        seqs[g] = c->st.ov_version == sn->version && g < c->cfg.nshards ? query_seq(c, g) : 0;
+        seqs[g] = c->st.ov_version == sn->version && g < c->cfg.nshards ? c->st.grp_seq[g] : 0;
     for (size_t i = 0; i < n; i++) {
         const tsr__dir_entry *e = lookup(c, sn, ids[i]);
         out[i].found = e != NULL;
@@ -1154,8 +1148,6 @@ void tsr__stream_close(tsr__coord *c)
     s->ntouched = s->ctouched = 0;
     free(s->grp_seq);
     s->grp_seq = NULL;
-    free(s->grp_seq_served);
-    s->grp_seq_served = NULL;
 }
 
 /* ---------------------------------------------------------------- start-up */
@@ -1187,14 +1179,20 @@ static int replay_one(void *ud, const Tessera__V1__CoordLogRecord *rec, int64_t 
     return 0;
 }
 
-/* A header for the log of version: the stream's counters now. */
-static int write_header(tsr__coord *c, uint64_t version, int64_t next_label, tsr_error *err)
+/* A header for the log of version: the stream's counters now, the first n group seqs
+ * replaced by seqs[] when given (a catch-up's: the new version's). */
+static int write_header(tsr__coord *c, uint64_t version, int64_t next_label,
+                        const int64_t *seqs, size_t n, tsr_error *err)
 {
+    int64_t gs[TSR_COORD_MAX_SHARDS + 1];
+    memcpy(gs, c->st.grp_seq, sizeof gs);
+    for (size_t g = 0; seqs && g < n && g < TSR_COORD_MAX_SHARDS; g++)
+        gs[g] = seqs[g];
     Tessera__V1__CoordLogRecord h = TESSERA__V1__COORD_LOG_RECORD__INIT;
     h.version = (int64_t)version;
     h.next_label = next_label;
     h.next_seq = c->st.next_seq;
-    h.group_seq = c->st.grp_seq;
+    h.group_seq = gs;
     h.n_group_seq = c->cfg.nshards;
     int rc = tsr__slog_create(c->store, version, &h, err);
     return rc ? rc : tsr__shlog_mirror(c, &h, err);
@@ -1236,7 +1234,6 @@ int tsr__stream_init(tsr__coord *c, tsr_error *err)
     tsr__dir_init(&s->ov);
     s->log_fd = -1;
     s->grp_seq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *s->grp_seq); /* room for AddShardGroup */
-    s->grp_seq_served = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *s->grp_seq_served);
     /* the families exist from the start (a scrape shows 0, not nothing) */
     tsr_metrics_counter_add("tessera_stream_writes_total", "op=upsert", 0);
     tsr_metrics_counter_add("tessera_stream_writes_total", "op=remove", 0);
@@ -1265,7 +1262,7 @@ static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err)
     int rc = tsr__slog_scan(path, 0, replay_one, &rp, &good, why, sizeof why, err);
     if (rc == TSR_ENOTFOUND) {
         tsr_error_clear(err);
-        if ((rc = write_header(c, sn->version, s->next_label, err)))
+        if ((rc = write_header(c, sn->version, s->next_label, NULL, 0, err)))
             return rc;
     } else if (rc) {
         return rc;
@@ -1375,21 +1372,6 @@ int64_t tsr__stream_log_offset(tsr__coord *c)
     return c->st.log_fd >= 0 ? c->st.log_bytes : 0;
 }
 
-void tsr__stream_swap_group_seqs(tsr__coord *c, int64_t *seqs, size_t n)
-{
-    tsr__stream *s = &c->st;
-    pthread_rwlock_wrlock(&s->ov_rw);
-    if (!s->seqs_next) /* the served version's, for its queries until the flip */
-        memcpy(s->grp_seq_served, s->grp_seq, (TSR_COORD_MAX_SHARDS + 1) * sizeof *s->grp_seq);
-    s->seqs_next = !s->seqs_next; /* the second swap (a failed flip) restores them */
-    for (size_t g = 0; g < n && g < TSR_COORD_MAX_SHARDS; g++) {
-        int64_t t = s->grp_seq[g];
-        s->grp_seq[g] = seqs[g];
-        seqs[g] = t;
-    }
-    pthread_rwlock_unlock(&s->ov_rw);
-}
-
 
 /* ---------------------------------------------------------------- updates */
 
@@ -1407,16 +1389,16 @@ tsr__snap *tsr__stream_snap_seqs(tsr__coord *c, int64_t *seqs, size_t cap, int64
     tsr__snap *sn = tsr__coord_snap_get(c);
     int same = c->st.ov_version == sn->version;
     for (size_t g = 0; g < cap; g++)
-        seqs[g] = same && g < c->cfg.nshards ? query_seq(c, g) : 0;
+        seqs[g] = same && g < c->cfg.nshards ? c->st.grp_seq[g] : 0;
     *last = same ? c->st.next_seq - 1 : -1;
     pthread_rwlock_unlock(&c->st.ov_rw);
     return sn;
 }
 
 int tsr__stream_version_begin(tsr__coord *c, uint64_t version, int64_t next_label,
-                              tsr_error *err)
+                              const int64_t *seqs, size_t n, tsr_error *err)
 {
-    return write_header(c, version, next_label, err);
+    return write_header(c, version, next_label, seqs, n, err);
 }
 
 void tsr__stream_version_abort(tsr__coord *c, uint64_t version)
@@ -1428,18 +1410,19 @@ void tsr__stream_version_abort(tsr__coord *c, uint64_t version)
     tsr__shlog_drop(c, version);
 }
 
-void tsr__stream_publish(tsr__coord *c, tsr__snap *ns)
+void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size_t n)
 {
     tsr__stream *s = &c->st;
     uint64_t old = s->log_version, v = ns->version;
     int64_t folded = s->ov_records;
     pthread_rwlock_wrlock(&s->ov_rw);
     s->next_label = ns->next_label;
+    for (size_t g = 0; seqs && g < n && g < TSR_COORD_MAX_SHARDS; g++)
+        s->grp_seq[g] = seqs[g]; /* with the snapshot: queries on N never demand N+1's */
     tsr__coord_snap_set(c, ns);
     tsr__dir_close(&s->ov);
     tsr__dir_init(&s->ov);
     s->ov_version = v;
-    s->seqs_next = 0; /* grp_seq is v's now */
     s->ov_records = s->d_dense = s->d_sparse = 0;
     s->ntouched = 0;
     pthread_rwlock_unlock(&s->ov_rw);

@@ -368,6 +368,8 @@ typedef struct upd {
     int reshard;                /* a reshard move (its catch-up rebuilds the directory) */
     size_t ov_mark;             /* a fold: its directory holds the overlay up to this mark
                                    (tsr__stream_overlay_copy) */
+    const int64_t *next_seqs;   /* after a catch-up: newv's group seqs (p.nshards), which
+                                   its log header and its publication install */
 } upd;
 
 /* What upd_stage sends: every chunk (an update), or a move's chunk 0 alone (no record:
@@ -611,7 +613,8 @@ static int upd_flip(upd *u, tsr_error *err)
     size_t nlead = tsr__leader_fence(c, lead);
     drop_uncommitted(c, u, "an earlier try that did not commit");
     if ((rc = tsr__snap_save(u->p.ns, c->store, err)) ||
-        (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label, err)))
+        (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label,
+                                        u->next_seqs, u->p.nshards, err)))
         return rc;
     tsr__coord_crash_point("saved"); /* v(newv) stored, not the commit point yet */
     if (c->meta) { /* the commit point is the etcd transaction; CURRENT is a cache */
@@ -637,7 +640,8 @@ static int upd_flip(upd *u, tsr_error *err)
     for (size_t k = 0; k < c->nrep; k++)
         if (u->out[k]) /* not queried on newv until reconcile re-seeded it */
             atomic_store(&c->rep[k].lagging, 1);
-    tsr__stream_publish(c, u->p.ns); /* the snapshot, and the overlay emptied, at once */
+    /* the snapshot, the overlay emptied and newv's group seqs, at once */
+    tsr__stream_publish(c, u->p.ns, u->next_seqs, u->p.nshards);
     u->p.ns = NULL;
     op_set(c, u->op, TESSERA__V1__OPERATION__STATE__COMMITTING);
     op_save(c, u->op, 0);
@@ -702,8 +706,8 @@ static void upd_cleanup(upd *u, int rc)
  * since its chunk 0 (seq0) carried to newv by its plan, the next version's directory
  * made the served one with every streamed write (a fold: its plan's copy of the served
  * directory gets the overlay, O(overlay); a move: rebuilt, every id routed by the new
- * plan), and the groups' last seqs of newv installed (gseq: the staged ones on entry; the
- * served version's on return, for the swap back when the flip fails). */
+ * plan), and the groups' last seqs of newv noted for the flip (gseq: the staged ones on
+ * entry, newv's on return; the served version keeps its own until the flip). */
 static int upd_catch_up(upd *u, int64_t seq0, int64_t off0, int64_t *gseq, tsr_error *err)
 {
     tsr__coord *c = u->c;
@@ -720,7 +724,7 @@ static int upd_catch_up(upd *u, int64_t seq0, int64_t off0, int64_t *gseq, tsr_e
             tsr__reshard_redir(u->p.ns, view, u->p.nshards);
         tsr__stream_base_free(view);
     }
-    tsr__stream_swap_group_seqs(c, gseq, u->p.nshards);
+    u->next_seqs = gseq;
     return 0;
 }
 
@@ -739,7 +743,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     upd u = {.c = c, .op = op, .b = b, .fresh = -1, .catchup = catchup && b->nrecords == 0 &&
                                                                b->ndeletes == 0};
     int64_t seq0 = 0, off0 = 0, *gseq = NULL;
-    int locked = 0, swapped = 0;
+    int locked = 0;
     int64_t t[7] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
     if (!u.catchup) {
         tsr__stream_lock(c);
@@ -782,15 +786,12 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     }
     t[3] = tsr_clock_mono_ms();
     if (rc == 0 && u.catchup && (rc = upd_catch_up(&u, seq0, off0, gseq, err)) == 0) {
-        swapped = 1;
         tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
         tsr_test_sleep("TSR_COORD_SLOW_FLIP_MS", "the fold's flip after its catch-up");
     }
     t[4] = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_flip(&u, err);
-    if (rc && swapped) /* the served version's seqs back */
-        tsr__stream_swap_group_seqs(c, gseq, u.p.nshards);
     t[5] = tsr_clock_mono_ms();
     if (rc == 0) {
         upd_commit(&u);
@@ -898,7 +899,6 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     tsr_batch *b = tsr_xcalloc(1, sizeof *b);
     tsr__reshard_moves *mv = NULL;
     int64_t seq0 = 0, off0 = 0, *gseq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *gseq);
-    int swapped = 0;
     tsr__stream_lock(c); /* the plan and every chunk 0 at one seq S */
     int locked = 1;
     int64_t t0 = tsr_clock_mono_ms(), t1 = 0, t2 = 0, t3 = 0, t4 = 0;
@@ -949,16 +949,12 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
         tsr__stream_lock(c);
         t2 = tsr_clock_mono_ms();
     }
-    if (rc == 0 && (rc = upd_catch_up(&u, seq0, off0, gseq, err)) == 0) {
-        swapped = 1;
+    if (rc == 0 && (rc = upd_catch_up(&u, seq0, off0, gseq, err)) == 0)
         tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
-    }
     t3 = tsr_clock_mono_ms();
     if (rc == 0)
         rc = upd_flip(&u, err);
     t4 = tsr_clock_mono_ms();
-    if (rc && swapped) /* the served version's seqs back */
-        tsr__stream_swap_group_seqs(c, gseq, u.p.nshards);
     if (rc == 0) {
         upd_commit(&u);
         *version = u.newv;
