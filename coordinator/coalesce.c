@@ -167,6 +167,14 @@ static int split_reply(cobatch *b, const uint8_t *p, size_t len)
     return 0;
 }
 
+/* r becomes a failure with code and message (what it held is dropped). */
+static void set_failed(tsr_rpc_result *r, int code, const char *message)
+{
+    tsr_rpc_result_close(r);
+    r->code = code;
+    r->message = tsr_xstrdup(message ? message : "");
+}
+
 static void alone_fin(void *ud, tsr__gcall *calls, size_t n)
 {
     tsr__centry *e = ud;
@@ -183,10 +191,7 @@ static void alone(tsr__coord *c, tsr__centry *e, const tsr_rpc_result *why)
     if (left > 0 && tsr__coord_group_fanout_server(c, srv, TSR_SHARD_SVC "Search", e->call, 1,
                                                    left, alone_fin, e) == 0)
         return;
-    tsr_rpc_result *r = &e->call->result;
-    tsr_rpc_result_close(r);
-    r->code = why->code;
-    r->message = tsr_xstrdup(why->message ? why->message : "");
+    set_failed(&e->call->result, why->code, why->message);
     e->done(e->ud, e->call);
 }
 
@@ -208,11 +213,8 @@ static void deliver(cobatch *b)
             e->done(e->ud, e->call);
         }
     } else {
-        if (b->own.result.code == TSR_RPC_OK) {
-            tsr_rpc_result_close(&b->own.result);
-            b->own.result.code = TSR_RPC_INTERNAL;
-            b->own.result.message = tsr_xstrdup("malformed coalesced Search response");
-        }
+        if (b->own.result.code == TSR_RPC_OK)
+            set_failed(&b->own.result, TSR_RPC_INTERNAL, "malformed coalesced Search response");
         tsr_log_every(TSR_LOG_INFO, "coalesce-retry", 10000, "shard %zu: a coalesced Search "
                       "of %zu requests failed (%s: %s): each sent again alone", b->group, b->n,
                       tsr_rpc_code_name(b->own.result.code), b->own.result.message);
@@ -279,12 +281,10 @@ static void run(tsr__coord *c, size_t s, tsr__centry *list)
                          : TSR_ETIMEOUT;
         if (rc == 0 && atomic_exchange(&b->state, B_STARTED) != B_DONE)
             return; /* batch_fin continues on a polling thread */
-        if (rc != 0) { /* nothing sent: the batch fails as a whole */
-            tsr_rpc_result_close(&gc->result);
-            gc->result.code = rc == TSR_ETIMEOUT ? TSR_RPC_DEADLINE_EXCEEDED : TSR_RPC_UNAVAILABLE;
-            gc->result.message = tsr_xstrdup(rc == TSR_ETIMEOUT ? "Deadline Exceeded"
-                                                               : "cannot start the shard call");
-        }
+        if (rc == TSR_ETIMEOUT) /* nothing sent: the batch fails as a whole */
+            set_failed(&gc->result, TSR_RPC_DEADLINE_EXCEEDED, "Deadline Exceeded");
+        else if (rc != 0)
+            set_failed(&gc->result, TSR_RPC_UNAVAILABLE, "cannot start the shard call");
         list = take_next(c, s);
         deliver(b);
     }

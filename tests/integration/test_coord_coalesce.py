@@ -7,8 +7,9 @@ FindNeighbors requests wait for the group's call in flight and share the next on
 2. The same requests from 24 threads, three rounds: every answer equals its reference
    (ids, distances, order), and /metrics shows coalesced calls carrying more than one
    request each on average (the test fails if nothing was coalesced).
-3. Requests with a deadline too short to be met mixed into the load: they may fail with
-   DEADLINE_EXCEEDED, and every other request still gets its reference answer (a batch
+3. Requests with a deadline too short to be met mixed into the load: they may fail by their
+   deadline (DEADLINE_EXCEEDED, or the coordinator's UNAVAILABLE naming the shard call's
+   DEADLINE_EXCEEDED), and every other request still gets its reference answer (a batch
    that fails as a whole — its earliest deadline — is sent again request by request).
 4. coalesce_inflight 0 (restart): the same answers, and the coalesced counters stay 0.
 """
@@ -84,7 +85,11 @@ def concurrent_round(cl, reqs, ref, short=()):
     with cf.ThreadPoolExecutor(THREADS) as pool:
         for i, tmo, code, got in pool.map(one, jobs):
             if code is not None:
-                if tmo < 1 and code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                # a 2 ms request fails by its own deadline: the client's, or the shard call's
+                # that the coordinator cut to it (UNAVAILABLE "shard i ... failed:
+                # DEADLINE_EXCEEDED", docs/coordinator.md "Replicas")
+                if tmo < 1 and (code == grpc.StatusCode.DEADLINE_EXCEEDED or (
+                        code == grpc.StatusCode.UNAVAILABLE and "DEADLINE_EXCEEDED" in got)):
                     short_failed += 1
                 else:
                     failed += 1
@@ -129,8 +134,8 @@ def main():
 
         short = [rng.randrange(len(reqs)) for _ in range(60)]
         wrong, failed, short_failed = concurrent_round(cl, reqs, ref, short)
-        print("with %d requests of a 2 ms deadline mixed in: %d of them failed "
-              "DEADLINE_EXCEEDED, the others all answered as the reference" %
+        print("with %d requests of a 2 ms deadline mixed in: %d of them failed by their "
+              "deadline, the others all answered as the reference" %
               (len(short), short_failed))
         assert wrong == 0 and failed == 0, "%d wrong, %d failed" % (wrong, failed)
         assert "each sent again alone" in cl.coord.text(), \
