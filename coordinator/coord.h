@@ -941,8 +941,12 @@ void tsr__stream_version_abort(tsr__coord *c, uint64_t version);
  * (a catch-up's, as for version_begin) become the group seqs in the same step, so a query
  * planned on the served version never demands the new one's (they are ahead where a group
  * took no round at the last carried seq: such a demand waited 100 ms on every replica,
- * was refused and asked again — a 207 ms query at every fold's commit point, Dec 6). */
-void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size_t n);
+ * was refused and asked again — a 207 ms query at every fold's commit point, Dec 6).
+ * With --etcd (the leader) the old version's mirrored records are dropped, except when
+ * carried: ns's record names rounds of them (meta.h tsr__meta_carry), kept until the next
+ * publication; the records two versions back are dropped in any case. */
+void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size_t n,
+                         int carried);
 /* A new leader (leader.c), before it acts: when etcd holds the stream records of the
  * served version (its predecessor streamed writes on it), the local log is rewritten from
  * them and the overlay, label counter, next seq and group seqs are rebuilt by replaying it.

@@ -16,6 +16,7 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "tessera/v1/coord_log.pb-c.h"
 
 #define PAGE 50000          /* entries per Shard.List call (the shard's limit: 100000) */
 #define CALL_MS 30000       /* one page's deadline */
@@ -214,6 +215,115 @@ static void *list_group(void *arg)
     return NULL;
 }
 
+/* The carried rounds of di (a fold's, meta.h tsr__meta_carry) applied onto the groups'
+ * listing as the leader's catch-up put them onto its directory (stream_dir.c): in seq
+ * order, a round's upserts (the id's entry replaced, in the group that logged it) then its
+ * removed ids; the result checked against di and written in state.c's format. */
+static int with_carry(const tsr__meta_dirsum *di, const glist *gs, size_t ng, uint8_t **buf,
+                      size_t *len, tsr_error *err)
+{
+    tsr__dir d;
+    tsr__dir_init(&d);
+    char *id = NULL;
+    size_t idcap = 0, applied = 0;
+    int rc = 0;
+    for (size_t g = 0; g < ng; g++) { /* list_replica wrote these: well formed */
+        for (size_t off = 0; off < gs[g].n;) {
+            uint32_t l;
+            memcpy(&l, gs[g].b + off, 4);
+            const uint8_t *p = gs[g].b + off + 4 + l;
+            if (l + 1 > idcap) {
+                idcap = 2 * (l + 1);
+                id = tsr_xrealloc(id, idcap);
+            }
+            memcpy(id, gs[g].b + off + 4, l);
+            id[l] = 0;
+            int64_t label;
+            int32_t list, grp;
+            memcpy(&label, p, 8);
+            memcpy(&list, p + 8, 4);
+            memcpy(&grp, p + 12, 4);
+            tsr__dir_set(&d, id, label, list, grp, p[16], p[17], 0);
+            off += 4 + (size_t)l + 18;
+        }
+    }
+    for (size_t i = 0; i < di->nrounds && rc == 0; i++) {
+        Tessera__V1__CoordLogRecord *rec =
+            tessera__v1__coord_log_record__unpack(NULL, di->round_lens[i], di->rounds[i]);
+        if (!rec || (uint64_t)rec->version != di->carry.from) {
+            rc = tsr_err(err, TSR_EFORMAT, "version %" PRIu64 ": record %zu of version %" PRIu64
+                         "'s mirrored log is not one of its CoordLogRecords", di->version, i,
+                         di->carry.from);
+        } else if (rec->seq > di->carry.after && rec->seq <= di->carry.upto) {
+            for (size_t k = 0; k < rec->n_writes; k++) {
+                const Tessera__V1__CoordLogWrite *lw = rec->writes[k];
+                for (size_t u = 0; lw->write && lw->group >= 0 && u < lw->write->n_upserts; u++) {
+                    const Tessera__V1__StagedUpsert *up = lw->write->upserts[u];
+                    const Tessera__V1__IndexDatapoint *dp = up->datapoint;
+                    if (dp && dp->datapoint_id)
+                        tsr__dir_set(&d, dp->datapoint_id, up->label, up->list, lw->group,
+                                     dp->n_feature_vector > 0,
+                                     dp->sparse_embedding && dp->sparse_embedding->n_values > 0,
+                                     0);
+                }
+            }
+            for (size_t k = 0; k < rec->n_removed_ids; k++)
+                tsr__dir_remove(&d, rec->removed_ids[k]);
+            applied++;
+        }
+        if (rec)
+            tessera__v1__coord_log_record__free_unpacked(rec, NULL);
+    }
+    uint64_t count = d.n, sum = 0;
+    size_t bytes = 24;
+    for (size_t i = 0; i < d.n; i++)
+        bytes += 4 + strlen(d.e[i].id) + 18;
+    if (rc == 0) {
+        for (size_t i = 0; i < d.n; i++) {
+            const tsr__dir_entry *e = &d.e[i];
+            sum += tsr__dir_entry_digest(e->id, strlen(e->id), e->label, e->list, e->shard,
+                                         e->dense, e->sparse);
+        }
+        if (count != di->count || sum != di->digest)
+            rc = tsr_err(err, TSR_EFORMAT, "the shards list, with the %zu rounds (%lld, %lld] "
+                         "of version %" PRIu64 " carried, %" PRIu64 " entries with digest "
+                         "%016" PRIx64 ", the version record says %" PRIu64 " with digest "
+                         "%016" PRIx64 ": refused", applied, (long long)di->carry.after,
+                         (long long)di->carry.upto, di->carry.from, count, sum, di->count,
+                         di->digest);
+    }
+    if (rc == 0) {
+        uint8_t *b = tsr_xmalloc(bytes), *p = b;
+        uint32_t fmt = 1;
+        memcpy(p, "TSRD", 4);
+        memcpy(p + 4, &fmt, 4);
+        memcpy(p + 8, &di->next_label, 8);
+        memcpy(p + 16, &count, 8);
+        p += 24;
+        for (size_t i = 0; i < d.n; i++) {
+            const tsr__dir_entry *e = &d.e[i];
+            uint32_t l = (uint32_t)strlen(e->id);
+            uint8_t f[2] = {e->dense != 0, e->sparse != 0};
+            memcpy(p, &l, 4);
+            memcpy(p + 4, e->id, l);
+            p += 4 + l;
+            memcpy(p, &e->label, 8);
+            memcpy(p + 8, &e->list, 4);
+            memcpy(p + 12, &e->shard, 4);
+            memcpy(p + 16, f, 2);
+            p += 18;
+        }
+        *buf = b;
+        *len = bytes;
+        tsr_info("directory of version %" PRIu64 ": %zu rounds (%lld, %lld] of version %" PRIu64
+                 " carried onto the shards' listing", di->version, applied,
+                 (long long)di->carry.after, (long long)di->carry.upto, di->carry.from);
+    }
+    free(id);
+    tsr__dir_close(&d);
+    return rc;
+}
+
 /* One round: every live group listed in parallel, then checked against di. */
 static int rebuild_round(const tsr__coord *c, const tsr__coord_config *gc,
                          const tsr__meta_dirsum *di, unsigned round, uint8_t **buf,
@@ -250,6 +360,10 @@ static int rebuild_round(const tsr__coord *c, const tsr__coord_config *gc,
         sum += gs[g].digest;
         bytes += gs[g].n;
     }
+    if (rc == 0 && di->carry.from) {
+        rc = with_carry(di, gs, ng, buf, len, err);
+        goto out;
+    }
     if (rc == 0 && (count != di->count || sum != di->digest))
         rc = tsr_err(err, TSR_EFORMAT, "the shards list %" PRIu64 " entries with digest "
                      "%016" PRIx64 ", the version record says %" PRIu64 " with digest "
@@ -270,6 +384,7 @@ static int rebuild_round(const tsr__coord *c, const tsr__coord_config *gc,
         *buf = b;
         *len = bytes;
     }
+out:
     for (size_t g = 0; g < ng; g++)
         free(gs[g].b);
     free(gs);

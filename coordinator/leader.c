@@ -192,7 +192,7 @@ static void follow_locked(tsr__coord *c)
     }
     if (tsr__stream_version_begin(c, v, ns->next_label, NULL, 0, &err))
         tsr_warn("leader: version %" PRIu64 ": the stream log: %s", v, err.msg);
-    tsr__stream_publish(c, ns, NULL, 0);
+    tsr__stream_publish(c, ns, NULL, 0, 0);
     tsr__stream_unlock(c);
     if (grouped)
         pthread_mutex_unlock(&c->update_mu);

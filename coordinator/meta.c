@@ -41,6 +41,7 @@ typedef struct vrec {
     uint8_t dsum;
     uint64_t dcount, ddigest;
     int64_t dnext;
+    tsr__meta_carry carry; /* from 0: none */
 } vrec;
 
 static uint64_t digest(const void *p, size_t n)
@@ -105,6 +106,9 @@ static size_t vrec_format(const vrec *r, char *buf, size_t cap)
         else if (r->has[i])
             n += (size_t)snprintf(buf + n, cap - n, "file %s %zu %016" PRIx64 "\n", FILES[i],
                                   r->len[i], r->sum[i]);
+    if (r->carry.from && n < cap)
+        n += (size_t)snprintf(buf + n, cap - n, "carry %" PRIu64 " %" PRId64 " %" PRId64 "\n",
+                              r->carry.from, r->carry.after, r->carry.upto);
     return n < cap ? n : cap - 1;
 }
 
@@ -118,7 +122,7 @@ static int vrec_parse(const tsr__meta *m, const char *s, vrec *r, tsr_error *err
     s += used;
     for (size_t i = 0; i < NFILES; i++) {
         char name[32];
-        if (i >= NREQUIRED && !*s)
+        if (i >= NREQUIRED && (!*s || strncmp(s, "carry ", 6) == 0))
             break; /* an optional file the version does not have */
         if (i == FILE_DIR && strncmp(s, "dirsum ", 7) == 0) {
             if (sscanf(s, "dirsum %" SCNu64 " %" SCNd64 " %" SCNx64 "\n%n", &r->dcount,
@@ -134,12 +138,22 @@ static int vrec_parse(const tsr__meta *m, const char *s, vrec *r, tsr_error *err
         r->has[i] = 1;
         s += used;
     }
+    if (strncmp(s, "carry ", 6) == 0) {
+        if (!r->dsum ||
+            sscanf(s, "carry %" SCNu64 " %" SCNd64 " %" SCNd64 "\n%n", &r->carry.from,
+                   &r->carry.after, &r->carry.upto, &used) != 3 || used <= 0 ||
+            r->carry.from == 0 || r->carry.from >= r->version ||
+            r->carry.after >= r->carry.upto)
+            goto bad;
+        s += used;
+    }
     return 0;
 bad:
     return tsr_err(err, TSR_EFORMAT, "etcd key %s/version: expected \"tessera-version 1\", "
                    "\"version N\" and one \"file NAME LEN DIGEST\" line per file (%s, %s, %s, "
                    "then %s when the version has it; the %s as \"dirsum ENTRIES NEXT_LABEL "
-                   "DIGEST\" instead)", m->prefix, FILES[0], FILES[1], FILES[2], FILES[3],
+                   "DIGEST\" instead, then optionally \"carry FROM_VERSION AFTER_SEQ UPTO_SEQ\" "
+                   "with AFTER < UPTO)", m->prefix, FILES[0], FILES[1], FILES[2], FILES[3],
                    FILES[FILE_DIR]);
 }
 
@@ -240,15 +254,53 @@ static int cached(tsr_store *st, const vrec *r)
 
 /* The directory of r from dirfn (its summary's version: listed from the shards), with
  * the version's groups file (already fetched into gb, or NULL) to say where it lives. */
-static int rebuild_dir(const vrec *r, const uint8_t *gb, tsr__meta_dir_fn dirfn, void *ud,
-                       uint8_t **buf, size_t *len, tsr_error *err)
+/* The mirrored records of a version, copied (rebuild_dir's carry). */
+typedef struct rounds {
+    uint8_t **b;
+    size_t *l, n, cap;
+} rounds;
+
+static int keep_round(void *ud, const uint8_t *buf, size_t len, tsr_error *err)
+{
+    rounds *rs = ud;
+    (void)err;
+    if (rs->n == rs->cap) {
+        rs->cap = rs->cap ? 2 * rs->cap : 64;
+        rs->b = tsr_xrealloc(rs->b, rs->cap * sizeof *rs->b);
+        rs->l = tsr_xrealloc(rs->l, rs->cap * sizeof *rs->l);
+    }
+    rs->b[rs->n] = tsr_xmalloc(len ? len : 1);
+    memcpy(rs->b[rs->n], buf, len);
+    rs->l[rs->n++] = len;
+    return 0;
+}
+
+static int rebuild_dir(tsr__meta *m, const vrec *r, const uint8_t *gb, tsr__meta_dir_fn dirfn,
+                       void *ud, uint8_t **buf, size_t *len, tsr_error *err)
 {
     if (!dirfn)
         return tsr_err(err, TSR_EINTERNAL, "version %" PRIu64 ": its directory must be "
                        "rebuilt from the shards, and no way to do it was given", r->version);
     tsr__meta_dirsum di = {r->version, r->dcount, r->dnext, r->ddigest, (const char *)gb,
-                           gb ? r->len[FILE_GROUPS] : 0};
-    return dirfn(ud, &di, buf, len, err);
+                           gb ? r->len[FILE_GROUPS] : 0, r->carry, NULL, NULL, 0};
+    if (!r->carry.from)
+        return dirfn(ud, &di, buf, len, err);
+    rounds rs = {0};
+    int rc = tsr__meta_log_fetch(m, r->carry.from, -1, keep_round, &rs, err);
+    if (rc == 0) {
+        di.rounds = (const uint8_t *const *)rs.b;
+        di.round_lens = rs.l;
+        di.nrounds = rs.n;
+        rc = dirfn(ud, &di, buf, len, err);
+    } else {
+        tsr_err_prefix(err, "version %" PRIu64 ": the rounds it carried from version %" PRIu64,
+                       r->version, r->carry.from);
+    }
+    for (size_t i = 0; i < rs.n; i++)
+        free(rs.b[i]);
+    free(rs.b);
+    free(rs.l);
+    return rc;
 }
 
 /* Writes version r from etcd (the directory: from dirfn when r keeps only its summary)
@@ -266,7 +318,7 @@ static int download(tsr__meta *m, tsr_store *st, const vrec *r, tsr__meta_dir_fn
         if (!r->has[i])
             continue;
         if (i == FILE_DIR && r->dsum)
-            rc = rebuild_dir(r, b[FILE_GROUPS], dirfn, ud, &b[i], &bl[i], err);
+            rc = rebuild_dir(m, r, b[FILE_GROUPS], dirfn, ud, &b[i], &bl[i], err);
         else if ((rc = fetch_file(m, r, i, &b[i], err)) == 0)
             bl[i] = r->len[i];
     }
@@ -369,7 +421,8 @@ static int upload(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob, vrec *r
 }
 
 int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob,
-                     const tsr_etcd_cmp *extra, size_t ncmp, tsr_error *err)
+                     const tsr__meta_carry *carry, const tsr_etcd_cmp *extra, size_t ncmp,
+                     tsr_error *err)
 {
     if (!m)
         return 0;
@@ -377,6 +430,8 @@ int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob,
     int rc = upload(m, st, v, dir_blob, &r, err);
     if (rc)
         return rc;
+    if (carry && carry->from && r.dsum)
+        r.carry = *carry;
     char key[300], val[512];
     tsr__meta_key(m, "/version", key, sizeof key);
     size_t vl = vrec_format(&r, val, sizeof val);

@@ -68,6 +68,15 @@ void tsr__meta_key(const tsr__meta *m, const char *suffix, char *buf, size_t cap
 /* The directory of a version whose record keeps only its summary (see above), handed to
  * a tsr__meta_dir_fn with the version's groups file (NULL: the version has none, the
  * config's groups hold it). */
+/* A fold's carried rounds (docs/ha.md "Folds with --etcd"): the version's slices hold the
+ * streamed writes up to seq `after`; the rounds (after, upto] of version `from`'s mirrored
+ * log (PREFIX/stream/<from>/, kept while this version is the current one) were carried to
+ * it by its catch-up and are in its directory but only in its shards' delta. from 0 = none. */
+typedef struct tsr__meta_carry {
+    uint64_t from;
+    int64_t after, upto;
+} tsr__meta_carry;
+
 typedef struct tsr__meta_dirsum {
     uint64_t version;
     uint64_t count;             /* entries */
@@ -75,6 +84,10 @@ typedef struct tsr__meta_dirsum {
     uint64_t digest;            /* sum of the entries' tsr__dir_entry_digest */
     const char *groups;         /* borrowed during the call; NULL = the config's */
     size_t groups_len;
+    tsr__meta_carry carry;      /* rounds to apply onto the shards' listing (from 0: none) */
+    const uint8_t *const *rounds; /* with carry: every complete record of carry.from's */
+    const size_t *round_lens;     /* mirrored log, packed CoordLogRecords in seq order */
+    size_t nrounds;               /* (borrowed during the call; the header included) */
 } tsr__meta_dirsum;
 /* Makes the directory file (state.c's format) of di->version, new in *buf (*len), checked
  * against di; returns 0 or an error (nothing is cached; the caller retries later). */
@@ -92,14 +105,16 @@ int tsr__meta_sync(tsr__meta *m, tsr_store *st, tsr__meta_dir_fn dirfn, void *ud
 /* The commit point of version v, already saved in st (tsr__snap_save): its small files are
  * uploaded and its directory summarized (uploaded too only with dir_blob: a version whose
  * directory its shards' slices do not hold exactly, a reshard move's whose catch-up
- * carried writes into their delta), then PREFIX/version is set by one transaction conditional on its mod revision
+ * carried writes into their delta, re-routed; a fold's catch-up instead names its carried
+ * rounds, carry non-NULL with from > 0: a line "carry FROM AFTER UPTO" in the record),
+ * then PREFIX/version is set by one transaction conditional on its mod revision
  * (and the ncmp compares in extra, e.g. the leader key). Returns 0 = committed; TSR_ESTATE
  * when a compare failed (another coordinator committed, or leadership was lost: nothing
  * changed); TSR_EUNAVAILABLE when etcd did not answer (nothing changed, or the re-read
  * after a lost answer showed it did not). m NULL: 0 (the local backend's commit point is
  * st's CURRENT, which the caller flips). */
 int tsr__meta_commit(tsr__meta *m, tsr_store *st, uint64_t v, int dir_blob,
-                     const tsr_etcd_cmp *extra, size_t ncmp, tsr_error *err);
+                     const tsr__meta_carry *carry, const tsr_etcd_cmp *extra, size_t ncmp, tsr_error *err);
 
 /* Reads PREFIX/version: *version and *rev (its mod revision; 0 / 0 when absent). */
 int tsr__meta_read_version(tsr__meta *m, uint64_t *version, int64_t *rev, tsr_error *err);

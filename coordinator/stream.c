@@ -1410,7 +1410,8 @@ void tsr__stream_version_abort(tsr__coord *c, uint64_t version)
     tsr__shlog_drop(c, version);
 }
 
-void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size_t n)
+void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size_t n,
+                         int carried)
 {
     tsr__stream *s = &c->st;
     uint64_t old = s->log_version, v = ns->version;
@@ -1435,8 +1436,16 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size
         s->log_version = v;
     else /* streamed writes answer UNAVAILABLE until a restart creates it */
         tsr_error_log("stream: %s", err.msg);
-    if (old && old != v)
-        tsr__stream_version_abort(c, old); /* folded into v: the old log is not needed */
+    if (old && old != v) { /* folded into v: the old log is not needed ... */
+        char path[4200];
+        tsr__slog_path(c->store, old, path, sizeof path);
+        if (unlink(path) != 0 && errno != ENOENT)
+            tsr_warn("%s: cannot remove: %s", path, strerror(errno));
+        if (!carried) /* ... nor its mirror, unless v's record names rounds of it */
+            tsr__shlog_drop(c, old);
+    }
+    if (v > 2 && old != v - 2) /* a carried mirror two versions back (kept for v - 1) */
+        tsr__shlog_drop(c, v - 2);
     if (folded)
         tsr_info("stream: version %llu folds %lld streamed writes", (unsigned long long)v,
                  (long long)folded);

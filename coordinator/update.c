@@ -370,6 +370,9 @@ typedef struct upd {
                                    (tsr__stream_overlay_copy) */
     const int64_t *next_seqs;   /* after a catch-up: newv's group seqs (p.nshards), which
                                    its log header and its publication install */
+    int64_t carry_after;        /* a fold: the seq S its slices hold the writes up to */
+    int carried;                /* a fold with --etcd whose record names its carried rounds
+                                   (the base version's mirrored log stays while it serves) */
 } upd;
 
 /* What upd_stage sends: every chunk (an update), or a move's chunk 0 alone (no record:
@@ -618,10 +621,25 @@ static int upd_flip(upd *u, tsr_error *err)
         return rc;
     tsr__coord_crash_point("saved"); /* v(newv) stored, not the commit point yet */
     if (c->meta) { /* the commit point is the etcd transaction; CURRENT is a cache */
-        /* a reshard move's version: the writes its catch-up carried sit in the shards'
-         * delta of it, not in its slice, so Shard.List cannot rebuild its directory: that
-         * one still goes to etcd as a blob (dirshard.h, docs/coordinator.md) */
-        if ((rc = tsr__meta_commit(c->meta, c->store, (uint64_t)u->newv, u->catchup, lead,
+        /* the writes a catch-up carried sit in the shards' delta of newv, not in its
+         * slices, so Shard.List alone cannot rebuild its directory. A fold's rounds went
+         * to the same groups as logged: its record names them (seqs (S, T] of the base
+         * version's mirrored log, kept in etcd while newv serves) and a rebuild applies
+         * them onto the listing (dirshard.c). A reshard move re-routed them: its directory
+         * still goes to etcd as a blob (docs/ha.md "Folds with --etcd"), as does a fold's
+         * while the stream waits for etcd's rounds to be read again (the local log may
+         * then lack a round etcd kept). */
+        tsr__meta_carry carry = {0};
+        int blob = u->catchup && u->reshard;
+        if (u->catchup && !u->reshard && tsr__stream_last_seq(c) > u->carry_after) {
+            if (atomic_load(&c->lead.readopt))
+                blob = 1;
+            else
+                carry = (tsr__meta_carry){u->base->version, u->carry_after,
+                                          tsr__stream_last_seq(c)};
+        }
+        u->carried = carry.from != 0;
+        if ((rc = tsr__meta_commit(c->meta, c->store, (uint64_t)u->newv, blob, &carry, lead,
                                    nlead, err))) {
             if (rc == TSR_ESTATE)
                 tsr__leader_lost(c, err->msg);
@@ -641,7 +659,7 @@ static int upd_flip(upd *u, tsr_error *err)
         if (u->out[k]) /* not queried on newv until reconcile re-seeded it */
             atomic_store(&c->rep[k].lagging, 1);
     /* the snapshot, the overlay emptied and newv's group seqs, at once */
-    tsr__stream_publish(c, u->p.ns, u->next_seqs, u->p.nshards);
+    tsr__stream_publish(c, u->p.ns, u->next_seqs, u->p.nshards, u->carried);
     u->p.ns = NULL;
     op_set(c, u->op, TESSERA__V1__OPERATION__STATE__COMMITTING);
     op_save(c, u->op, 0);
@@ -762,7 +780,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
         locked = 1;
     }
     if (rc == 0 && u.catchup) {
-        seq0 = tsr__stream_last_seq(c);
+        seq0 = u.carry_after = tsr__stream_last_seq(c);
         off0 = tsr__stream_log_offset(c);
         gseq = tsr_xcalloc(u.p.nshards + 1, sizeof *gseq);
         for (size_t g = 0; g < u.p.nshards; g++) /* each group's staged seq (chunk 0) */
@@ -867,7 +885,7 @@ static void *update_main(void *p)
     } else {
         int64_t version = 0;
         pthread_mutex_lock(&c->update_mu);
-        int st = run_update(c, op, b, fold && !c->meta, &version, &err);
+        int st = run_update(c, op, b, fold, &version, &err);
         pthread_mutex_unlock(&c->update_mu);
         op_finish(c, op, st, st == TESSERA__V1__OPERATION__STATE__SUCCEEDED ? NULL : err.msg,
                   version, err.code);
@@ -929,7 +947,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     tsr__stream_base_free(view);
     u.b = b;
     if (rc == 0) {
-        seq0 = tsr__stream_last_seq(c);
+        seq0 = u.carry_after = tsr__stream_last_seq(c);
         off0 = tsr__stream_log_offset(c);
         for (size_t g = 0; g < u.p.nshards; g++) /* each group's staged seq (chunk 0) */
             gseq[g] = (int)g == u.fresh ? 0 : tsr__stream_group_seq(c, g);
