@@ -18,7 +18,9 @@ time, each healed before the next: kill (kill -9, restart after the fault's dura
 While it runs: 2 query threads (FindNeighbors, full probe, via a random coordinator, retried
 once on the other), 2 writers (UpsertDatapoints / RemoveDatapoints of their own ids, sent to
 the coordinator they believe leads), 1 batch thread (UpdateIndex every few seconds: new
-ids, new values of base ids, deletes). Every call is one JSON line of the history (start,
+ids, new values of base ids, deletes; or, 4 times in 10, a fold of the streamed writes,
+UpdateIndex with fold_stream, which lets the writers' rounds through its Prepare and
+carries them: docs/ha.md "Folds with --etcd"). Every call is one JSON line of the history (start,
 end, outcome ok / err / unknown, what it wrote or what it got). Then everything is healed,
 the final contents are read on both coordinators, and check.py judges the history; exit 1
 on any violation (2: the cluster could not be set up or healed). Exit 77 without root or
@@ -328,6 +330,10 @@ class Run:
         k = 0
         while not self.stop_ev.wait(rng.uniform(3.0, 8.0)):
             k += 1
+            if rng.random() < 0.4:  # a fold: no records; the streamed writes go through it
+                self.update(None, {"type": "op", "op": "batch", "k": k, "fold": True,
+                                   "dps": {}, "ids": []})
+                continue
             vals = {"b%d-%02d" % (k, i): [self.vec(rng), rng.choice("rgb")] for i in range(20)}
             base = rng.sample(range(NBASE), 15)
             for i in base[:10]:
@@ -345,8 +351,9 @@ class Run:
         op_id = None
         for c in (self.leader_guess, 1 - self.leader_guess):
             try:
-                op_id = self.stubs[c].UpdateIndex(self.tp.UpdateIndexRequest(
-                    batch_root=root), timeout=10).operation_id
+                rq = (self.tp.UpdateIndexRequest(batch_root=root) if root else
+                      self.tp.UpdateIndexRequest(fold_stream=True))
+                op_id = self.stubs[c].UpdateIndex(rq, timeout=10).operation_id
                 rec["coord"] = c
                 break
             except self.grpc.RpcError as e:
