@@ -76,7 +76,7 @@ const char *tsr_ivfpq_search_simd_name(enum tsr_simd s)
 }
 
 static tsr__scan8_fn scan8_for(enum tsr_simd s);
-static int quantize_for(tsr__filter8_fn fn, const float *T, size_t M, uint8_t *Tq,
+static int quantize_for(tsr__filter8_fn fn, int wide, const float *T, size_t M, uint8_t *Tq,
                         float *qmin, float *delta, float *tabs);
 
 /* Gathers are not always faster than scalar loads (on the virtualized AMD EPYC of the
@@ -873,7 +873,8 @@ static int search_one(worker *w, size_t qi)
             meta_prefetch(ix, jb->cache, qlists[p]);
         float tabs = 0;
         if (jb->filter != NULL && jb->nprobe >= FILTER_MIN_NPROBE &&
-            quantize_for(jb->filter, w->T, pq->M, w->Tq, &fl.qmin, &fl.delta, &tabs)) {
+            quantize_for(jb->filter, jb->wide_table, w->T, pq->M, w->Tq, &fl.qmin, &fl.delta,
+                         &tabs)) {
             fl.fn = jb->filter;
             fl.Tq = w->Tq;
             fl.bsz = fblock_bytes(jb->cache, pq->M);
@@ -1042,10 +1043,11 @@ tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked)
 
 /* tsr__quantize_table, then the kernel's own layout of the table (the AVX2 kernel reads
  * slice differences, see ivfpq_search_avx2.c). Returns what tsr__quantize_table returns. */
-static int quantize_for(tsr__filter8_fn fn, const float *T, size_t M, uint8_t *Tq,
+static int quantize_for(tsr__filter8_fn fn, int wide, const float *T, size_t M, uint8_t *Tq,
                         float *qmin, float *delta, float *tabs)
 {
-    if (!tsr__quantize_table(T, M, Tq, qmin, delta, tabs))
+    if (!(wide ? tsr__quantize_table_avx512(T, M, Tq, qmin, delta, tabs)
+               : tsr__quantize_table(T, M, Tq, qmin, delta, tabs)))
         return 0;
     if (fn == tsr__filter8_avx2)
         tsr__filter8_prep_avx2(Tq, M);
@@ -1334,8 +1336,8 @@ static int scanner_filt(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl, float b
         return 0;
     if (s->tq_state == 0)
         s->tq_state =
-            quantize_for(s->filter, s->T, pq->M, s->Tq, &s->qmin, &s->delta, &s->tabs) ? 1
-                                                                                        : -1;
+            quantize_for(s->filter, s->wide_table, s->T, pq->M, s->Tq, &s->qmin, &s->delta,
+                         &s->tabs) ? 1 : -1;
     /* The rounding margin as in search_one, with the list's own max |term|. */
     float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
     if (s->tq_state != 1 || !(margin < INFINITY))

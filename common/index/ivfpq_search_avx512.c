@@ -7,11 +7,14 @@
  * indexes its sub-quantizer's row of the table with a float gather.
  *
  * Also the quantized prefilter with VPERMT2B (AVX-512 VBMI; compiled for it with a target
- * attribute and called only when tsr__filter8_avx512_supported says the CPU has it).
+ * attribute and called only when tsr__filter8_avx512_supported says the CPU has it), and
+ * the per-query table and its quantization for that prefilter, 16 floats at a time.
  */
 #include "index/ivfpq_search_int.h"
 
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 
 void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
                        const float *term, float base, float *out)
@@ -146,4 +149,73 @@ void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, s
                 _mm512_storeu_ps(tab + j0 + g * 16, acc[g]);
         }
     }
+}
+
+/* tsr__quantize_table 16 lanes at a time: the same per-row min and max (min and max are
+ * exact, so their order does not matter for finite tables), the same float operations for
+ * delta, qmin, tabs and each byte, so the same bytes. A NaN entry: the scalar kernel's
+ * running min / max skip it unless it is the row's first entry (then no filter); here
+ * unless it is among its first 64 (no filter then either). Both are valid bounds: the
+ * search results are the same (test_ivfpq_search compares every kernel). */
+int tsr__quantize_table_avx512(const float *T, size_t M, uint8_t *Tq, float *qmin,
+                               float *delta, float *tabs)
+{
+    float mins[256], maxr = 0, qm = 0, ta = 0;
+    for (size_t m = 0; m < M; m++) {
+        const float *t = T + m * 256;
+        __m512 n0 = _mm512_loadu_ps(t), n1 = _mm512_loadu_ps(t + 16);
+        __m512 n2 = _mm512_loadu_ps(t + 32), n3 = _mm512_loadu_ps(t + 48);
+        __m512 x0 = n0, x1 = n1, x2 = n2, x3 = n3;
+        for (size_t j = 64; j < 256; j += 64) {
+            __m512 v0 = _mm512_loadu_ps(t + j), v1 = _mm512_loadu_ps(t + j + 16);
+            __m512 v2 = _mm512_loadu_ps(t + j + 32), v3 = _mm512_loadu_ps(t + j + 48);
+            n0 = _mm512_min_ps(v0, n0); /* a NaN v keeps n (VMINPS returns the 2nd) */
+            n1 = _mm512_min_ps(v1, n1);
+            n2 = _mm512_min_ps(v2, n2);
+            n3 = _mm512_min_ps(v3, n3);
+            x0 = _mm512_max_ps(v0, x0);
+            x1 = _mm512_max_ps(v1, x1);
+            x2 = _mm512_max_ps(v2, x2);
+            x3 = _mm512_max_ps(v3, x3);
+        }
+        /* a NaN still in a lane is a NaN among the first 64: make the row non-finite */
+        __m512 nn = _mm512_min_ps(_mm512_min_ps(n0, n1), _mm512_min_ps(n2, n3));
+        __m512 xx = _mm512_max_ps(_mm512_max_ps(x0, x1), _mm512_max_ps(x2, x3));
+        __mmask16 nan = _mm512_cmp_ps_mask(n0, n0, _CMP_UNORD_Q) |
+                        _mm512_cmp_ps_mask(n1, n1, _CMP_UNORD_Q) |
+                        _mm512_cmp_ps_mask(n2, n2, _CMP_UNORD_Q) |
+                        _mm512_cmp_ps_mask(n3, n3, _CMP_UNORD_Q);
+        if (nan)
+            return 0;
+        float mn = _mm512_reduce_min_ps(nn), mx = _mm512_reduce_max_ps(xx);
+        if (!(mn > -INFINITY && mx < INFINITY))
+            return 0;
+        mins[m] = mn;
+        maxr = mx - mn > maxr ? mx - mn : maxr;
+        ta += fabsf(mn) > fabsf(mx) ? fabsf(mn) : fabsf(mx);
+        qm += mn;
+    }
+    float dl = maxr / 255.0f, inv = dl > 0 ? 1.0f / dl : 0.0f;
+    if (!(dl >= FLT_MIN && inv < INFINITY)) { /* all rows (nearly) constant: bound = qmin */
+        dl = 1.0f;
+        inv = 0.0f;
+    }
+    const __m512 c255 = _mm512_set1_ps(255.0f), vinv = _mm512_set1_ps(inv);
+    for (size_t m = 0; m < M; m++) {
+        const float *t = T + m * 256;
+        const __m512 vmn = _mm512_set1_ps(mins[m]);
+        uint8_t *q = Tq + m * 256;
+        for (size_t j = 0; j < 256; j += 16) {
+            /* (t - mn) * inv clamped to 255 (a NaN -> 255: VMINPS returns the 2nd), then
+             * truncated: the scalar kernel's operations */
+            __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(t + j), vmn), vinv);
+            v = _mm512_min_ps(v, c255);
+            _mm_storeu_si128((__m128i *)(void *)(q + j),
+                             _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)));
+        }
+    }
+    *qmin = qm;
+    *delta = dl;
+    *tabs = ta;
+    return qm > -INFINITY && qm < INFINITY && ta < INFINITY;
 }

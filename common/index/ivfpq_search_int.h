@@ -7,7 +7,8 @@
  *   ivfpq_search_scalar.c   the scalar reference kernels (always built, no SIMD flags)
  *   ivfpq_search_avx2.c     tsr__scan8_avx2 (AVX2 flags; its tail is the scalar kernel),
  *                           tsr__filter8_avx2 and its table layout (VPSHUFB)
- *   ivfpq_search_avx512.c   tsr__scan8_avx512, tsr__filter8_avx512, tsr__table_avx512
+ *   ivfpq_search_avx512.c   tsr__scan8_avx512, tsr__filter8_avx512, tsr__table_avx512,
+ *                           tsr__quantize_table_avx512
  *                           (AVX-512 flags; its tail is the scalar kernel)
  *   ivfpq_search.c          the search, the cache and the run-time choice of a kernel
  * Every kernel of one kind returns bit-identical results: the SIMD forms follow the
@@ -109,6 +110,11 @@ static inline float tsr__filter8_exact(const float *T, size_t M, const uint8_t *
  * 0 when T has an infinity (no filter then), else 1. */
 int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, float *delta,
                         float *tabs);
+/* The same with AVX-512F (the same bytes, qmin, delta and tabs for a finite table; a
+ * table with a NaN among a row's first 64 entries returns 0): a shard quantizes once per
+ * query per shard, ~14 % of the machine in a cluster profile of batches (Dec 6). */
+int tsr__quantize_table_avx512(const float *T, size_t M, uint8_t *Tq, float *qmin,
+                               float *delta, float *tabs);
 
 /* ---- the per-query table ---------------------------------------------------------------
  * The table for IP and L2 by_residual (see build_table in ivfpq_search.c), bit-identical

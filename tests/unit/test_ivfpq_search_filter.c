@@ -112,6 +112,56 @@ static void test_quantize_special(void **st)
     assert_int_equal(tsr__quantize_table(T, M, Tq, &qmin, &delta, &tabs), 0);
 }
 
+/* The AVX-512 quantizer gives the scalar one's bytes, qmin, delta and tabs: random rows
+ * of several spreads and M, constant rows, an infinity (both refuse), a NaN past a row's
+ * first 64 entries (both skip it: byte 255), a NaN at entry 0 (both refuse). */
+static void test_quantize_avx512(void **st)
+{
+    (void)st;
+    if (!tsr_ivfpq_search_simd_supported(TSR_SIMD_AVX512)) {
+        print_message("no AVX-512 on this CPU: the AVX-512 quantizer is not run\n");
+        return;
+    }
+    unsigned s = 11;
+    const size_t Ms[] = {1, 3, 16, 64, 255, 256};
+    for (size_t mi = 0; mi < 6; mi++) {
+        size_t M = Ms[mi];
+        float *T = malloc(M * 256 * sizeof(float));
+        uint8_t *q0 = malloc(M * 256), *q1 = malloc(M * 256);
+        for (int round = 0; round < 5; round++) {
+            for (size_t m = 0; m < M; m++) {
+                float sc = round == 4 ? 0.0f : 1.0f + (float)((m + round) % 5) * 7.0f;
+                float off = frand(&s) * 100.0f;
+                for (size_t j = 0; j < 256; j++)
+                    T[m * 256 + j] = off + sc * frand(&s);
+            }
+            if (round == 2)
+                T[(M - 1) * 256 + 200] = NAN;
+            float a0, b0, c0, a1, b1, c1;
+            int r0 = tsr__quantize_table(T, M, q0, &a0, &b0, &c0);
+            int r1 = tsr__quantize_table_avx512(T, M, q1, &a1, &b1, &c1);
+            assert_int_equal(r0, 1);
+            assert_int_equal(r1, 1);
+            assert_true(a0 == a1 && b0 == b1 && c0 == c1);
+            assert_memory_equal(q0, q1, M * 256);
+            if (round == 2)
+                assert_int_equal(q1[(M - 1) * 256 + 200], 255);
+        }
+        T[0] = NAN;
+        assert_int_equal(tsr__quantize_table(T, M, q0, &(float){0}, &(float){0}, &(float){0}), 0);
+        assert_int_equal(
+            tsr__quantize_table_avx512(T, M, q1, &(float){0}, &(float){0}, &(float){0}), 0);
+        T[0] = 1.0f;
+        T[M * 256 - 1] = -INFINITY;
+        assert_int_equal(tsr__quantize_table(T, M, q0, &(float){0}, &(float){0}, &(float){0}), 0);
+        assert_int_equal(
+            tsr__quantize_table_avx512(T, M, q1, &(float){0}, &(float){0}, &(float){0}), 0);
+        free(T);
+        free(q0);
+        free(q1);
+    }
+}
+
 /* The AVX2 kernel on Tq (it reads the table in its own layout: a prepared copy). */
 static uint64_t filter_avx2(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
                             const float *term, float base, float qmin, float delta, float lim,
@@ -372,6 +422,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantize_bound),
         cmocka_unit_test(test_quantize_special),
+        cmocka_unit_test(test_quantize_avx512),
         cmocka_unit_test(test_filter_kernels),
         cmocka_unit_test(test_filter_nan),
         cmocka_unit_test(test_filter_avx2_all_m),
