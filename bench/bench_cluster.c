@@ -10,10 +10,13 @@
  *   inproc  tsr_ivfpq_search on the index file in this process, --batch queries per call,
  *           one thread per call (--inflight threads in all): what the same cores give with
  *           no distribution.
+ *   ping    grpc.health.v1.Health/Check to --target, one empty call per "query": the rate
+ *           at which these cores carry bare calls into the coordinator, the floor under
+ *           any request (the driver's bound column).
  * A warm-up pass (--warmup queries, same loop) comes first. The labels (nq * k int64,
  * -1 padded) go to --out for the driver's recall. Prints one JSON object.
  *
- * usage: bench_cluster --mode coord|inproc --index F.faiss --queries Q.fvecs
+ * usage: bench_cluster --mode coord|inproc|ping --index F.faiss --queries Q.fvecs
  *                      [--target ADDR] [--nprobe P] [--k K] [--inflight T] [--batch B]
  *                      [--candidates C (-1 = the coordinator's default)] [--nq N]
  *                      [--warmup W] [--out LABELS]
@@ -37,7 +40,7 @@
 #define MAX_BATCH 256
 
 typedef struct bench {
-    int coord;                 /* mode */
+    int coord;                 /* mode: 1 coord, 2 ping, 0 inproc */
     tsr_ivfpq *ix;             /* inproc: the index; coord: only d and nlist are used */
     tsr_rpc_channel *ch;
     const float *xq;
@@ -119,6 +122,17 @@ static int call_coord(bench *b, size_t i0, size_t n, tsr_rpc_result *res)
     return 0;
 }
 
+/* One Health/Check (ping mode); no labels. */
+static int call_ping(bench *b, tsr_rpc_result *res)
+{
+    static const uint8_t none[1];
+    int rc = tsr_rpc_call(b->ch, "/grpc.health.v1.Health/Check", none, 0, 30000, res);
+    if (rc != TSR_RPC_OK)
+        fprintf(stderr, "bench_cluster: Health/Check: %s: %s\n", tsr_rpc_code_name(rc),
+                res->message);
+    return rc == TSR_RPC_OK ? 0 : -1;
+}
+
 static int call_inproc(bench *b, size_t i0, size_t n)
 {
     float D[MAX_BATCH * 100];
@@ -149,7 +163,9 @@ static void *work(void *arg)
         if (at + n > b->nq)
             n = b->nq - at;
         double t0 = now_us();
-        int rc = b->coord ? call_coord(b, at, n, &res) : call_inproc(b, at, n);
+        int rc = b->coord == 2 ? call_ping(b, &res)
+                 : b->coord  ? call_coord(b, at, n, &res)
+                             : call_inproc(b, at, n);
         double dt = now_us() - t0;
         tsr_rpc_result_close(&res);
         w->fails += rc != 0;
@@ -210,7 +226,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help")) {
-            printf("usage: bench_cluster --mode coord|inproc --index F --queries Q "
+            printf("usage: bench_cluster --mode coord|inproc|ping --index F --queries Q "
                    "[--target A] [--nprobe P] [--k K<=100] [--inflight T<=64] "
                    "[--batch B<=256] [--candidates C] [--nq N] [--warmup W] [--out F]\n");
             return 0;
@@ -232,14 +248,14 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--warmup")) warmup = strtoull(v, NULL, 10);
         else die(a, "unknown option (see --help)");
     }
-    if (!mode || (strcmp(mode, "coord") && strcmp(mode, "inproc")) || !index || !queries ||
-        (!strcmp(mode, "coord") && !target) || k < 1 || k > 100 || threads < 1 ||
+    if (!mode || (strcmp(mode, "coord") && strcmp(mode, "inproc") && strcmp(mode, "ping")) ||
+        !index || !queries || (strcmp(mode, "inproc") && !target) || k < 1 || k > 100 || threads < 1 ||
         threads > MAX_THREADS || batch < 1 || batch > MAX_BATCH || nprobe < 1)
         die("usage", "see --help");
     tsr_blas_set_threads(1);
     tsr_error err = TSR_ERROR_INIT;
     bench b = {0};
-    b.coord = !strcmp(mode, "coord");
+    b.coord = !strcmp(mode, "coord") ? 1 : !strcmp(mode, "ping") ? 2 : 0;
     if (tsr_faiss_read_file(index, &b.ix, &err) || tsr_ivfpq_search_prepare(b.ix, &err))
         die(index, err.msg);
     float *xq = NULL;

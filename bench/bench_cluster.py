@@ -16,6 +16,11 @@ each):
   inproc    tsr_ivfpq_search on the same file in one process, the same threads and batches;
   faiss     Debian's Faiss 1.7.3 on the same file: the same number of processes (forked after
             loading: python threads would share the GIL), one OpenMP thread each, same batches;
+  ping      bare grpc.health.v1.Health/Check calls to the coordinator, one per query, the same
+            threads: the calls/s these cores carry with no work at all. "bound" = the most
+            any distributed design with one client call per request could reach on these
+            cores: 1 / (1 / in-process QPS + 1 / (queries per call x ping calls/s)) (the
+            engine's work plus one bare call per request, nothing for the shards' calls);
 and at 4 in flight the cluster with the exact re-rank default (approximate_neighbor_count
 unset = 100): the cost of exact distances and the recall they buy. QPS = queries/s, p50 /
 p99 per call (µs), recall 10@10 against exact search. Everything runs on this machine's 2
@@ -118,7 +123,8 @@ def c_client(mode, ix_p, xq_p, nprobe, inflight, batch, target=None, candidates=
     if p.returncode != 0:
         raise AssertionError("bench_cluster %s failed:\n%s%s" % (mode, p.stderr, p.stdout))
     r = json.loads(p.stdout)
-    r["I"] = np.fromfile(out, dtype="int64").reshape(-1, K)
+    if mode != "ping":
+        r["I"] = np.fromfile(out, dtype="int64").reshape(-1, K)
     return r
 
 
@@ -232,6 +238,8 @@ def measure_cluster(cl, ix_p, xq_p, r, j):
     r[key] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, 0)
     if t == 4 and j == 0:
         r["rerank"] = c_client("coord", ix_p, xq_p, nprobe, t, b, cl.target, -1)
+    if j == 0:
+        r["ping"] = c_client("ping", ix_p, xq_p, nprobe, t, 1, cl.target)
     log("nprobe %d batch %d in flight %d: %s %.0f QPS" % (nprobe, b, t, key, r[key]["qps"]))
 
 
@@ -264,17 +272,21 @@ def report(run, n, t_start, load0):
             for j, co in enumerate(COALESCE) if j)))
     extra = ["cluster%d" % j for j in range(1, len(COALESCE))]
     print("| nprobe | queries/call | in flight | cluster QPS | p50 µs | p99 µs | recall | "
-          "in-process QPS | p50 µs | cluster / in-process | Faiss 1.7.3 QPS | cluster / Faiss |"
+          "in-process QPS | p50 µs | cluster / in-process | ping calls/s | bound / in-process |"
+          " Faiss 1.7.3 QPS | cluster / Faiss |"
           " p99 / p50 (cluster) |" + "".join(" %s QPS | p50 µs | p99 µs | %s / in-process |"
                                             % (x, x) for x in extra))
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" +
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" +
           "---:|---:|---:|---:|" * len(extra))
     for r in rows:
-        c, i, f = r["cluster"], r["inproc"], r["faiss"]
+        c, i, f, pg = r["cluster"], r["inproc"], r["faiss"], r["ping"]
+        bound = 1 / (1 / i["qps"] + 1 / (r["batch"] * pg["qps"]))
         print("| %d | %d | %d | %.0f | %.0f | %.0f | %.3f | %.0f | %.0f | %.2f | %.0f | %.2f | "
-              "%.1f |" % (r["nprobe"], r["batch"], r["inflight"], c["qps"], c["p50_us"],
-                          c["p99_us"], c["recall"], i["qps"], i["p50_us"], c["qps"] / i["qps"],
-                          f["qps"], c["qps"] / f["qps"], c["p99_us"] / c["p50_us"]) +
+              "%.0f | %.2f | %.1f |" % (r["nprobe"], r["batch"], r["inflight"], c["qps"],
+                                        c["p50_us"], c["p99_us"], c["recall"], i["qps"],
+                                        i["p50_us"], c["qps"] / i["qps"], pg["qps"],
+                                        bound / i["qps"], f["qps"], c["qps"] / f["qps"],
+                                        c["p99_us"] / c["p50_us"]) +
               "".join(" %.0f | %.0f | %.0f | %.2f |" % (r[x]["qps"], r[x]["p50_us"],
                                                          r[x]["p99_us"], r[x]["qps"] / i["qps"])
                       for x in extra))
