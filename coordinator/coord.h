@@ -405,6 +405,9 @@ typedef struct tsr__lead {
     pthread_t thread, wthread;  /* the lease/election thread; the watcher (PREFIX/version,
                                    PREFIX/stream/, PREFIX/leader on one stream) */
     pthread_mutex_t follow_mu;  /* serializes moving the snapshot (both threads) */
+    uint64_t follow_failed_v;   /* under follow_mu: the version whose load last failed, */
+    int64_t follow_retry_ms;    /* not tried again before this (tsr_clock_mono_ms) */
+    int64_t follow_backoff_ms;  /* 100 ms doubling to 2 s while it keeps failing */
     /* under mu: groups a followed version removed, whose replicas are cut once the queries
      * planned before it drained (retire_at_ms, tsr_clock_mono_ms; 0 = none pending) */
     uint8_t retire[TSR_COORD_MAX_SHARDS];

@@ -164,12 +164,23 @@ static void follow_locked(tsr__coord *c)
         return;
     tsr__snap *ns = NULL;
     uint64_t want = v; /* tsr__meta_sync rewrites v (0 when it failed early) */
+    /* A load that failed is not tried again at every watch event (every streamed round
+     * is one): each try lists the whole directory from the shards. The chaos run's full
+     * disk made a follower list it every ~20 ms (Dec 6); now 100 ms doubling to 2 s. */
+    int64_t now = tsr_clock_mono_ms();
+    if (want == c->lead.follow_failed_v && now < c->lead.follow_retry_ms)
+        return;
     if (tsr__meta_sync(c->meta, c->store, tsr__dir_rebuild, c, &v, &err) ||
         tsr__snap_load(c->store, v, &ns, &err)) {
-        tsr_error_log("leader: cannot load version %" PRIu64 " from etcd: %s",
-                      v ? v : want, err.msg);
+        int64_t b = want == c->lead.follow_failed_v ? c->lead.follow_backoff_ms * 2 : 100;
+        c->lead.follow_backoff_ms = b < 2000 ? b : 2000;
+        c->lead.follow_failed_v = want;
+        c->lead.follow_retry_ms = now + c->lead.follow_backoff_ms;
+        tsr_error_log("leader: cannot load version %" PRIu64 " from etcd (next try in %lld "
+                      "ms): %s", v ? v : want, (long long)c->lead.follow_backoff_ms, err.msg);
         return;
     }
+    c->lead.follow_failed_v = 0;
     /* A version with a groups file (a reshard, docs/resharding.md): its groups are ours
      * before it is served, so a query planned on it can call every group it names. The
      * groups change only under update_mu: when a move of ours is still running (we were
