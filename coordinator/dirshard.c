@@ -215,6 +215,17 @@ static void *list_group(void *arg)
     return NULL;
 }
 
+/* The 24-byte header of a directory file (state.c's format) at b; returns b + 24. */
+static uint8_t *dir_header(uint8_t *b, int64_t next_label, uint64_t count)
+{
+    uint32_t fmt = 1;
+    memcpy(b, "TSRD", 4);
+    memcpy(b + 4, &fmt, 4);
+    memcpy(b + 8, &next_label, 8);
+    memcpy(b + 16, &count, 8);
+    return b + 24;
+}
+
 /* The carried rounds of di (a fold's, meta.h tsr__meta_carry) applied onto the groups'
  * listing as the leader's catch-up put them onto its directory (stream_dir.c): in seq
  * order, a round's upserts (the id's entry replaced, in the group that logged it) then its
@@ -293,13 +304,7 @@ static int with_carry(const tsr__meta_dirsum *di, const glist *gs, size_t ng, ui
                          di->digest);
     }
     if (rc == 0) {
-        uint8_t *b = tsr_xmalloc(bytes), *p = b;
-        uint32_t fmt = 1;
-        memcpy(p, "TSRD", 4);
-        memcpy(p + 4, &fmt, 4);
-        memcpy(p + 8, &di->next_label, 8);
-        memcpy(p + 16, &count, 8);
-        p += 24;
+        uint8_t *b = tsr_xmalloc(bytes), *p = dir_header(b, di->next_label, count);
         for (size_t i = 0; i < d.n; i++) {
             const tsr__dir_entry *e = &d.e[i];
             uint32_t l = (uint32_t)strlen(e->id);
@@ -369,13 +374,7 @@ static int rebuild_round(const tsr__coord *c, const tsr__coord_config *gc,
                      "%016" PRIx64 ", the version record says %" PRIu64 " with digest "
                      "%016" PRIx64 ": refused", count, sum, di->count, di->digest);
     if (rc == 0) {
-        uint8_t *b = tsr_xmalloc(bytes), *p = b;
-        uint32_t fmt = 1;
-        memcpy(p, "TSRD", 4);
-        memcpy(p + 4, &fmt, 4);
-        memcpy(p + 8, &di->next_label, 8);
-        memcpy(p + 16, &count, 8);
-        p += 24;
+        uint8_t *b = tsr_xmalloc(bytes), *p = dir_header(b, di->next_label, count);
         for (size_t g = 0; g < ng; g++) {
             if (gs[g].n)
                 memcpy(p, gs[g].b, gs[g].n);

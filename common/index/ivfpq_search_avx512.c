@@ -188,18 +188,11 @@ int tsr__quantize_table_avx512(const float *T, size_t M, uint8_t *Tq, float *qmi
         if (nan)
             return 0;
         float mn = _mm512_reduce_min_ps(nn), mx = _mm512_reduce_max_ps(xx);
-        if (!(mn > -INFINITY && mx < INFINITY))
+        if (!tsr__quantize_row(mn, mx, mins, m, &maxr, &ta, &qm))
             return 0;
-        mins[m] = mn;
-        maxr = mx - mn > maxr ? mx - mn : maxr;
-        ta += fabsf(mn) > fabsf(mx) ? fabsf(mn) : fabsf(mx);
-        qm += mn;
     }
-    float dl = maxr / 255.0f, inv = dl > 0 ? 1.0f / dl : 0.0f;
-    if (!(dl >= FLT_MIN && inv < INFINITY)) { /* all rows (nearly) constant: bound = qmin */
-        dl = 1.0f;
-        inv = 0.0f;
-    }
+    float dl, inv;
+    tsr__quantize_scale(maxr, &dl, &inv);
     const __m512 c255 = _mm512_set1_ps(255.0f), vinv = _mm512_set1_ps(inv);
     for (size_t m = 0; m < M; m++) {
         const float *t = T + m * 256;

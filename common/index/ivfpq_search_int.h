@@ -18,6 +18,8 @@
 #ifndef TSR_IVFPQ_SEARCH_INT_H
 #define TSR_IVFPQ_SEARCH_INT_H
 
+#include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -110,6 +112,30 @@ static inline float tsr__filter8_exact(const float *T, size_t M, const uint8_t *
  * 0 when T has an infinity (no filter then), else 1. */
 int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, float *delta,
                         float *tabs);
+
+/* Both quantizers' shared arithmetic (the same operations, so the same bits): row m's
+ * min and max into the running sums (0 when not finite: no filter), then the scale. */
+static inline int tsr__quantize_row(float mn, float mx, float *mins, size_t m, float *maxr,
+                                    float *ta, float *qm)
+{
+    if (!(mn > -INFINITY && mx < INFINITY))
+        return 0;
+    mins[m] = mn;
+    *maxr = mx - mn > *maxr ? mx - mn : *maxr;
+    *ta += fabsf(mn) > fabsf(mx) ? fabsf(mn) : fabsf(mx);
+    *qm += mn;
+    return 1;
+}
+
+static inline void tsr__quantize_scale(float maxr, float *dl, float *inv)
+{
+    *dl = maxr / 255.0f;
+    *inv = *dl > 0 ? 1.0f / *dl : 0.0f;
+    if (!(*dl >= FLT_MIN && *inv < INFINITY)) { /* all rows (nearly) constant: bound = qmin */
+        *dl = 1.0f;
+        *inv = 0.0f;
+    }
+}
 /* The same with AVX-512F (the same bytes, qmin, delta and tabs for a finite table; a
  * table with a NaN among a row's first 64 entries returns 0): a shard quantizes once per
  * query per shard, ~14 % of the machine in a cluster profile of batches (Dec 6). */

@@ -181,18 +181,11 @@ int tsr__quantize_table(const float *T, size_t M, uint8_t *Tq, float *qmin, floa
         /* The comparisons skip a NaN entry; that is harmless: its byte becomes 255 (see
          * below) and a code using it has a NaN distance on every path, which never
          * enters the heap. Infinities make the bound useless: no filter. */
-        if (!(mn > -INFINITY && mx < INFINITY))
+        if (!tsr__quantize_row(mn, mx, mins, m, &maxr, &ta, &qm))
             return 0;
-        mins[m] = mn;
-        maxr = mx - mn > maxr ? mx - mn : maxr;
-        ta += fabsf(mn) > fabsf(mx) ? fabsf(mn) : fabsf(mx);
-        qm += mn;
     }
-    float dl = maxr / 255.0f, inv = dl > 0 ? 1.0f / dl : 0.0f;
-    if (!(dl >= FLT_MIN && inv < INFINITY)) { /* all rows (nearly) constant: bound = qmin */
-        dl = 1.0f;
-        inv = 0.0f;
-    }
+    float dl, inv;
+    tsr__quantize_scale(maxr, &dl, &inv);
     for (size_t m = 0; m < M; m++) {
         const float *t = T + m * 256;
         const float mn = mins[m];

@@ -92,6 +92,16 @@ def check(name, c, tp, model, probe):
     return len(ids)
 
 
+def make(c, tp, model, w):
+    """One write ("upsert", id, vec) / ("remove", id) on c, and into the model."""
+    if w[0] == "upsert":
+        upsert(c.stub, tp, [(w[1], w[2])])
+        model.upsert(w[1], w[2])
+    else:
+        remove(c.stub, tp, [w[1]])
+        model.remove(w[1])
+
+
 def fold_with_writes(cl, lead, tp, model, tag, writes):
     """A fold on lead while `writes` (("upsert", id, vec) / ("remove", id)) are streamed one
     per call; returns (operation, writes acknowledged while it said PREPARING)."""
@@ -105,13 +115,7 @@ def fold_with_writes(cl, lead, tp, model, tag, writes):
             done = True
             break
         if op.state == tp.Operation.PREPARING and k < len(writes):
-            w = writes[k]
-            if w[0] == "upsert":
-                upsert(lead.stub, tp, [(w[1], w[2])])
-                model.upsert(w[1], w[2])
-            else:
-                remove(lead.stub, tp, [w[1]])
-                model.remove(w[1])
+            make(lead, tp, model, writes[k])
             k += 1
             op2 = lead.stub.GetOperation(tp.GetOperationRequest(operation_id=r.operation_id),
                                          timeout=10)
@@ -120,12 +124,7 @@ def fold_with_writes(cl, lead, tp, model, tag, writes):
             time.sleep(0.02)
     assert done, "%s: the fold did not finish in 120 s:\n%s" % (tag, cl.logs()[-4000:])
     for w in writes[k:]:  # the rest after it: every write of the list is made
-        if w[0] == "upsert":
-            upsert(lead.stub, tp, [(w[1], w[2])])
-            model.upsert(w[1], w[2])
-        else:
-            remove(lead.stub, tp, [w[1]])
-            model.remove(w[1])
+        make(lead, tp, model, w)
     print("%s: %d of %d writes made during the fold, %d acknowledged while it said "
           "PREPARING" % (tag, k, len(writes), in_prepare))
     return op, in_prepare
