@@ -33,6 +33,7 @@ Query p50 / p99 during the fold vs before it, and the writes' ack times, are pri
 asserted.
 """
 import os
+import re
 import sys
 import threading
 import time
@@ -212,6 +213,14 @@ def main():
         assert "the fold's flip after its catch-up sleeps first" in clog, "hook not seen"
         assert "behind the streamed writes a query demands" not in clog, [
             l for l in clog.splitlines() if "behind the streamed writes" in l][:3]
+        # the fold's Prepare went to the 3 replicas one at a time (fold_prepare_parallel
+        # 1, the default): each sleeps 1.5 s first, so the phase took >= 4.5 s (~1.5 s
+        # when they prepare at once)
+        fold_v = opf.version
+        m = re.search(r"version %d: plan \d+ ms, stage \d+, prepare (\d+)" % fold_v, clog)
+        assert m and int(m.group(1)) >= 3 * 1500, (
+            "the fold's Prepare did not take the replicas one at a time: %s" %
+            (m.group(0) if m else "no phase line for version %d" % fold_v))
         # the fold's build and update threads ran at the background priority (nice 10,
         # core/parallel.h) and ended with it: every thread left in the coordinator and the
         # shards has the process's own nice — a thread the build started (or one gRPC made
