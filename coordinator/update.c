@@ -580,7 +580,7 @@ static int upd_prepare(upd *u, tsr_error *err)
                 skip[k] = u->out[k] || k < k0 || k >= k0 + par;
             tsr_error e = TSR_ERROR_INIT;
             size_t b = fan_version(c, "Prepare", u->newv, skip, c->cfg.stage_deadline_ms,
-                                   &tessera__v1__prepare_response__descriptor, pr + 0, &e);
+                                   &tessera__v1__prepare_response__descriptor, pr, &e);
             if (b && !bad)
                 *err = e;
             bad += b;
