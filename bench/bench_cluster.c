@@ -282,7 +282,7 @@ int main(int argc, char **argv)
         free(lat);
     }
     double wall = pass(&b, b.nq, threads, &lat, &nlat, &fails);
-    if (out) {
+    if (out && b.coord != 2) { /* ping: no labels */
         FILE *f = fopen(out, "wb");
         if (!f || fwrite(b.labels, sizeof *b.labels, b.nq * k, f) != b.nq * k || fclose(f))
             die(out, "cannot write");

@@ -1401,12 +1401,18 @@ int tsr__stream_version_begin(tsr__coord *c, uint64_t version, int64_t next_labe
     return write_header(c, version, next_label, seqs, n, err);
 }
 
-void tsr__stream_version_abort(tsr__coord *c, uint64_t version)
+/* Removes version's local coordinator log (not its mirror in etcd). */
+static void remove_log(tsr__coord *c, uint64_t version)
 {
     char path[4200];
     tsr__slog_path(c->store, version, path, sizeof path);
     if (unlink(path) != 0 && errno != ENOENT)
         tsr_warn("%s: cannot remove: %s", path, strerror(errno));
+}
+
+void tsr__stream_version_abort(tsr__coord *c, uint64_t version)
+{
+    remove_log(c, version);
     tsr__shlog_drop(c, version);
 }
 
@@ -1437,10 +1443,7 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size
     else /* streamed writes answer UNAVAILABLE until a restart creates it */
         tsr_error_log("stream: %s", err.msg);
     if (old && old != v) { /* folded into v: the old log is not needed ... */
-        char path[4200];
-        tsr__slog_path(c->store, old, path, sizeof path);
-        if (unlink(path) != 0 && errno != ENOENT)
-            tsr_warn("%s: cannot remove: %s", path, strerror(errno));
+        remove_log(c, old);
         if (!carried) /* ... nor its mirror, unless v's record names rounds of it */
             tsr__shlog_drop(c, old);
     }

@@ -371,8 +371,6 @@ typedef struct upd {
     const int64_t *next_seqs;   /* after a catch-up: newv's group seqs (p.nshards), which
                                    its log header and its publication install */
     int64_t carry_after;        /* a fold: the seq S its slices hold the writes up to */
-    int carried;                /* a fold with --etcd whose record names its carried rounds
-                                   (the base version's mirrored log stays while it serves) */
 } upd;
 
 /* What upd_stage sends: every chunk (an update), or a move's chunk 0 alone (no record:
@@ -570,23 +568,20 @@ static int upd_prepare(upd *u, tsr_error *err)
      * time against 14.5-18.7 ms all at once, four runs each, docs/performance.md). An
      * update's Prepare holds the streamed writes: all at once. */
     size_t par = u->catchup && !u->reshard ? (size_t)c->cfg.fold_prepare_parallel : 0, bad = 0;
-    if (par == 0 || par >= c->nrep) {
-        bad = fan_version(c, "Prepare", u->newv, u->out, c->cfg.stage_deadline_ms,
-                          &tessera__v1__prepare_response__descriptor, pr, err);
-    } else {
-        char *skip = tsr_xmalloc(c->nrep);
-        for (size_t k0 = 0; k0 < c->nrep; k0 += par) {
-            for (size_t k = 0; k < c->nrep; k++)
-                skip[k] = u->out[k] || k < k0 || k >= k0 + par;
-            tsr_error e = TSR_ERROR_INIT;
-            size_t b = fan_version(c, "Prepare", u->newv, skip, c->cfg.stage_deadline_ms,
-                                   &tessera__v1__prepare_response__descriptor, pr, &e);
-            if (b && !bad)
-                *err = e;
-            bad += b;
-        }
-        free(skip);
+    if (par == 0 || par > c->nrep)
+        par = c->nrep; /* one round: every replica not left out */
+    char *skip = tsr_xmalloc(c->nrep ? c->nrep : 1);
+    for (size_t k0 = 0; k0 < c->nrep; k0 += par) {
+        for (size_t k = 0; k < c->nrep; k++)
+            skip[k] = u->out[k] || k < k0 || k >= k0 + par;
+        tsr_error e = TSR_ERROR_INIT;
+        size_t b = fan_version(c, "Prepare", u->newv, skip, c->cfg.stage_deadline_ms,
+                               &tessera__v1__prepare_response__descriptor, pr, &e);
+        if (b && !bad)
+            *err = e;
+        bad += b;
     }
+    free(skip);
     for (size_t k = 0; k < c->nrep; k++) {
         Tessera__V1__PrepareResponse *p = (Tessera__V1__PrepareResponse *)pr[k];
         if (p && !p->ready) {
@@ -635,6 +630,7 @@ static int upd_flip(upd *u, tsr_error *err)
     int rc;
     tsr_etcd_cmp lead[2];
     size_t nlead = tsr__leader_fence(c, lead);
+    tsr__meta_carry carry = {0}; /* a fold with --etcd: the rounds its record names */
     drop_uncommitted(c, u, "an earlier try that did not commit");
     if ((rc = tsr__snap_save(u->p.ns, c->store, err)) ||
         (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label,
@@ -650,16 +646,14 @@ static int upd_flip(upd *u, tsr_error *err)
          * still goes to etcd as a blob (docs/ha.md "Folds with --etcd"), as does a fold's
          * while the stream waits for etcd's rounds to be read again (the local log may
          * then lack a round etcd kept). */
-        tsr__meta_carry carry = {0};
+        int64_t upto = tsr__stream_last_seq(c); /* T: the stream lock is ours */
         int blob = u->catchup && u->reshard;
-        if (u->catchup && !u->reshard && tsr__stream_last_seq(c) > u->carry_after) {
+        if (u->catchup && !u->reshard && upto > u->carry_after) {
             if (atomic_load(&c->lead.readopt))
                 blob = 1;
             else
-                carry = (tsr__meta_carry){u->base->version, u->carry_after,
-                                          tsr__stream_last_seq(c)};
+                carry = (tsr__meta_carry){u->base->version, u->carry_after, upto};
         }
-        u->carried = carry.from != 0;
         if ((rc = tsr__meta_commit(c->meta, c->store, (uint64_t)u->newv, blob, &carry, lead,
                                    nlead, err))) {
             if (rc == TSR_ESTATE)
@@ -680,7 +674,7 @@ static int upd_flip(upd *u, tsr_error *err)
         if (u->out[k]) /* not queried on newv until reconcile re-seeded it */
             atomic_store(&c->rep[k].lagging, 1);
     /* the snapshot, the overlay emptied and newv's group seqs, at once */
-    tsr__stream_publish(c, u->p.ns, u->next_seqs, u->p.nshards, u->carried);
+    tsr__stream_publish(c, u->p.ns, u->next_seqs, u->p.nshards, carry.from != 0);
     u->p.ns = NULL;
     op_set(c, u->op, TESSERA__V1__OPERATION__STATE__COMMITTING);
     op_save(c, u->op, 0);
