@@ -36,7 +36,8 @@ BENCH_STREAM_PARTS=fold runs part 3 only, for profiling the fold; part 3 also pr
 timeline of the fold (queries per 0.5 s step, their p50 and max, and the update's log lines
 of the coordinator and shards at their time).
 Prints ONE table per part. Env: the above, BENCH_STREAM_OUT (cache, default
-build/bench-stream), TSR_BIN.
+build/bench-stream), TSR_BIN, BENCH_STREAM_CONFIG (a JSON object merged into the
+coordinator's config, for an A/B of one key).
 
 BENCH_STREAM_AB=DIR (another build's bin directory, e.g. of the commit before a change):
 parts 1-2 run on two clusters at once, A (DIR's binaries) and B (TSR_BIN's), each window
@@ -44,6 +45,7 @@ A B then B A, and print side by side with the ratio B / A (medians): on a shared
 machine whose load moves between runs, a before/after read from one run. Part 3 (the
 fold) then runs on B only.
 """
+import json
 import multiprocessing as mp
 import os
 import sys
@@ -67,6 +69,9 @@ FOLD = os.environ.get("BENCH_STREAM_FOLD", "1") != "0"
 PARTS = os.environ.get("BENCH_STREAM_PARTS", "all")   # "fold": part 3 only (profiling)
 FOLD_FRACTION = float(os.environ.get("BENCH_STREAM_FOLD_FRACTION", 0.10))
 FAISS_Q = int(os.environ.get("BENCH_STREAM_FAISS_Q", 200))
+# BENCH_STREAM_CONFIG: JSON object merged into the coordinator's config (an A/B of a key,
+# e.g. '{"fold_build_cpu_percent": 100}')
+EXTRA_CONFIG = json.loads(os.environ.get("BENCH_STREAM_CONFIG", "{}"))
 FOLD_WRITE_RATE = int(os.environ.get("BENCH_STREAM_FOLD_WRITE_RATE", 20))  # writes/s in the fold
 AB = os.environ.get("BENCH_STREAM_AB", "")
 OUT = os.environ.get("BENCH_STREAM_OUT", os.path.join(ROOT, "build", "bench-stream"))
@@ -568,8 +573,9 @@ def main():
     t_start = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     load0 = os.getloadavg()[0]
     def cluster(bin_dir=None):
-        return ch.Cluster(4, D, {"nlist": NLIST, "pq_m": be.M, "nprobe": NPROBE,
-                                 "stage_chunk": 5000, "stream_fold_records": 0},
+        return ch.Cluster(4, D, dict({"nlist": NLIST, "pq_m": be.M, "nprobe": NPROBE,
+                                      "stage_chunk": 5000, "stream_fold_records": 0},
+                                     **EXTRA_CONFIG),
                           template=ix_p, bin_dir=bin_dir,
                           coord_extra=["--batch-root-allow", os.path.abspath(OUT)])
     cl = cluster()

@@ -21,7 +21,7 @@ static const char *known[] = {"dimensions", "distance", "nlist", "pq_m", "pq_nbi
                               "default_k", "replica_attempt_ms", "update_min_replicas",
                               "approximate_neighbor_count", "rrf_depth", "stream_fold_records",
                               "stream_write_deadline_ms", "coalesce_inflight",
-                              "fold_prepare_parallel", NULL};
+                              "fold_prepare_parallel", "fold_build_cpu_percent", NULL};
 
 const char *tsr__distance_name(enum tsr__distance d)
 {
@@ -185,6 +185,7 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
     cfg->stream_write_deadline_ms = 5000;
     cfg->coalesce_inflight = 2;
     cfg->fold_prepare_parallel = 1;
+    cfg->fold_build_cpu_percent = 25;
     cfg->default_k = 10;
     cfg->approximate_neighbor_count = TSR_COORD_DEFAULT_APPROX;
     cfg->rrf_depth = TSR_COORD_DEFAULT_RRF_DEPTH;
@@ -242,6 +243,8 @@ int tsr__coord_config_load(const char *path, tsr__coord_config *cfg, tsr_error *
         (rc = get_int(root, path, "coalesce_inflight", &cfg->coalesce_inflight, 0, 1024, err)) ||
         (rc = get_int(root, path, "fold_prepare_parallel", &cfg->fold_prepare_parallel, 0, 1024,
                       err)) ||
+        (rc = get_int(root, path, "fold_build_cpu_percent", &cfg->fold_build_cpu_percent, 1,
+                      100, err)) ||
         (rc = get_int(root, path, "replica_attempt_ms", &cfg->replica_attempt_ms, 0, 3600000,
                       err)) ||
         (rc = get_int(root, path, "update_min_replicas", &cfg->update_min_replicas, 0, 64,

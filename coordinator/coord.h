@@ -131,6 +131,7 @@ typedef struct tsr__coord_config {
     int coalesce_inflight;  /* Search calls per replica of a group in flight before further
                                FindNeighbors queue and share one call (coalesce.c); 0 = off */
     int fold_prepare_parallel; /* replicas a fold's Prepare builds at once (0 = all) */
+    int fold_build_cpu_percent; /* share of a core a fold's build may use (100 = unpaced) */
 } tsr__coord_config;
 
 /* Parses the config file. Returns 0 or TSR_EINVAL/TSR_EIO with err naming the key. */

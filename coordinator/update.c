@@ -183,9 +183,10 @@ static size_t fan(tsr__coord *c, const char *method, uint8_t **bufs, size_t *len
     return tsr__coord_all_fanout(c, method, bufs, lens, skip, timeout_ms, rdesc, resps, err);
 }
 
-static size_t fan_version(tsr__coord *c, const char *what, int64_t version, const char *skip,
-                          int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
-                          ProtobufCMessage **resps, tsr_error *err)
+static size_t fan_version(tsr__coord *c, const char *what, int64_t version, uint32_t cpu_pct,
+                          const char *skip, int64_t timeout_ms,
+                          const ProtobufCMessageDescriptor *rdesc, ProtobufCMessage **resps,
+                          tsr_error *err)
 {
     size_t S = c->cfg.nshards;
     uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
@@ -198,6 +199,7 @@ static size_t fan_version(tsr__coord *c, const char *what, int64_t version, cons
         Tessera__V1__PrepareRequest m = TESSERA__V1__PREPARE_REQUEST__INIT;
         m.version = version;
         m.leader_term = tsr__coord_term(c);
+        m.build_cpu_percent = cpu_pct;
         one = tsr_rpc_pack(&m.base, &len);
     } else if (strcmp(what, "Commit") == 0) {
         Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
@@ -227,7 +229,7 @@ static size_t commit_all(tsr__coord *c, int64_t version, const char *out, int *m
                          tsr_error *err)
 {
     ProtobufCMessage **resps = tsr_xcalloc(c->nrep ? c->nrep : 1, sizeof *resps);
-    size_t bad = fan_version(c, "Commit", version, out, c->cfg.stage_deadline_ms,
+    size_t bad = fan_version(c, "Commit", version, 0, out, c->cfg.stage_deadline_ms,
                              &tessera__v1__commit_response__descriptor, resps, err);
     for (size_t k = 0; k < c->nrep; k++) {
         if (!resps[k] && !out[k] && !tsr__replica_removed(c, k))
@@ -299,7 +301,7 @@ static void abort_left_out(tsr__coord *c, tsr__op *op, int64_t version, const ch
     }
     if (nout) {
         tsr_error aerr = TSR_ERROR_INIT;
-        if (fan_version(c, "Abort", version, in, c->cfg.search_deadline_ms, NULL, NULL, &aerr))
+        if (fan_version(c, "Abort", version, 0, in, c->cfg.search_deadline_ms, NULL, NULL, &aerr))
             tsr_warn("update %s: Abort(%lld) to a replica left out failed (reconcile aborts "
                      "it when it is back): %s", op->id, (long long)version, aerr.msg);
     }
@@ -565,9 +567,12 @@ static int upd_prepare(upd *u, tsr_error *err)
     /* A fold's Prepare goes to fold_prepare_parallel replicas at a time (default 1): its
      * writes flow meanwhile, so a longer fold costs nothing, and one shard building at a
      * time leaves the cores to the queries (p99 during a fold at 1M: 10.5-15.6 ms one at a
-     * time against 14.5-18.7 ms all at once, four runs each, docs/performance.md). An
-     * update's Prepare holds the streamed writes: all at once. */
-    size_t par = u->catchup && !u->reshard ? (size_t)c->cfg.fold_prepare_parallel : 0, bad = 0;
+     * time against 14.5-18.7 ms all at once, four runs each, docs/performance.md), and its
+     * build is paced to fold_build_cpu_percent of a core. An update's Prepare holds the
+     * streamed writes: all at once, unpaced. */
+    int fold = u->catchup && !u->reshard;
+    size_t par = fold ? (size_t)c->cfg.fold_prepare_parallel : 0, bad = 0;
+    uint32_t pct = fold ? (uint32_t)c->cfg.fold_build_cpu_percent : 0;
     if (par == 0 || par > c->nrep)
         par = c->nrep; /* one round: every replica not left out */
     char *skip = tsr_xmalloc(c->nrep ? c->nrep : 1);
@@ -575,7 +580,7 @@ static int upd_prepare(upd *u, tsr_error *err)
         for (size_t k = 0; k < c->nrep; k++)
             skip[k] = u->out[k] || k < k0 || k >= k0 + par;
         tsr_error e = TSR_ERROR_INIT;
-        size_t b = fan_version(c, "Prepare", u->newv, skip, c->cfg.stage_deadline_ms,
+        size_t b = fan_version(c, "Prepare", u->newv, pct, skip, c->cfg.stage_deadline_ms,
                                &tessera__v1__prepare_response__descriptor, pr, &e);
         if (b && !bad)
             *err = e;
@@ -725,7 +730,7 @@ static void upd_cleanup(upd *u, int rc)
         tsr__stream_version_abort(u->c, (uint64_t)u->newv);
     if (rc && u->staged_any) {
         tsr_error aerr = TSR_ERROR_INIT;
-        if (fan_version(u->c, "Abort", u->newv, NULL, u->c->cfg.search_deadline_ms, NULL, NULL,
+        if (fan_version(u->c, "Abort", u->newv, 0, NULL, u->c->cfg.search_deadline_ms, NULL, NULL,
                         &aerr))
             tsr_warn("update %s: Abort(%lld) failed on some shard (reconcile will retry): %s",
                      u->op->id, (long long)u->newv, aerr.msg);

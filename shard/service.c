@@ -663,9 +663,10 @@ static int h_prepare(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "PrepareRequest: malformed protobuf");
     int64_t version = rq->version, term = rq->leader_term;
+    unsigned pct = rq->build_cpu_percent;
     tessera__v1__prepare_request__free_unpacked(rq, NULL);
     if (tsr__shard_term_check(ctx, term, &err) != 0 ||
-        tsr__shard_prepare(ctx, version, &resp, &err) != 0)
+        tsr__shard_prepare(ctx, version, pct, &resp, &err) != 0)
         return tsr_rpc_reply_from_error(reply, &err);
     return tsr_rpc_reply_pack(reply, &resp.base);
 }

@@ -236,19 +236,25 @@ static inline tsr__rec *tsr__delta_find(const tsr__delta *d, int64_t label, size
 }
 
 /* 1 when the sorted array a[0..n) holds x. */
-static inline int tsr__i64_in(const int64_t *a, size_t n, int64_t x)
+/* The index of x in a (sorted ascending), or n when absent. */
+static inline size_t tsr__i64_index(const int64_t *a, size_t n, int64_t x)
 {
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         if (a[mid] == x)
-            return 1;
+            return mid;
         if (a[mid] < x)
             lo = mid + 1;
         else
             hi = mid;
     }
-    return 0;
+    return n;
+}
+
+static inline int tsr__i64_in(const int64_t *a, size_t n, int64_t x)
+{
+    return tsr__i64_index(a, n, x) < n;
 }
 
 /* The record of a search row of version v with delta d (rows past v->nrows are delta
@@ -275,6 +281,8 @@ typedef struct tsr__edits {
     int32_t *own;       /* full owned set when have_own */
     size_t nown;
     int have_own;
+    tsr__delta *src;    /* ref or NULL: the base's delta folded into ups (fold_delta); the
+                           build copies the codes of its records instead of encoding them */
 } tsr__edits;
 void tsr__edits_close(tsr__edits *e);
 
@@ -294,6 +302,8 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err);
 void tsr__version_map_vectors(tsr__version *v, const char *dir);
 /* Loads a version from dir (files already checked against the MANIFEST). */
 int tsr__version_load(const char *dir, int64_t version, tsr__version **out, tsr_error *err);
+
+/* ---- convert.c: edits and datapoints from and to protobuf ---- */
 
 /* Validates upserts and deletes (a Stage chunk's or a Write's) whole against template t
  * (owned: the lists a Write may name, NULL = any list of t, as for Stage): label >= 0,
@@ -454,8 +464,10 @@ tsr__version *tsr__shard_get_view(tsr__shard *s, int64_t version, tsr__delta **d
 
 int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
                      Tessera__V1__StageResponse *resp, tsr_error *err);
-int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareResponse *resp,
-                       tsr_error *err);
+/* cpu_pct: PrepareRequest.build_cpu_percent (1..99 paces the build thread to that share
+ * of a core, core/parallel.h tsr_thread_pace; 0 or >= 100: unpaced). */
+int tsr__shard_prepare(tsr__shard *s, int64_t version, unsigned cpu_pct,
+                       Tessera__V1__PrepareResponse *resp, tsr_error *err);
 int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err);
 int tsr__shard_abort(tsr__shard *s, int64_t version, tsr_error *err);
 /* Fills versions[] (up to cap) with the versions held after the release. */

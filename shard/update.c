@@ -623,8 +623,14 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
 {
     if (st->base_version == 0)
         return 0;
-    if (st->capture)
-        return tsr__delta_empty(st->captured) ? 0 : tsr__delta_fold(st->captured, e, err);
+    if (st->capture) {
+        if (tsr__delta_empty(st->captured))
+            return 0;
+        int rc = tsr__delta_fold(st->captured, e, err);
+        if (rc == 0)
+            e->src = tsr__delta_ref(st->captured);
+        return rc;
+    }
     pthread_mutex_lock(&s->table_mu);
     tsr__delta *d = tsr__delta_ref(st->base->delta);
     pthread_mutex_unlock(&s->table_mu);
@@ -635,8 +641,8 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
                      "Stage's base_stream_seq was %lld (writes arrived after Stage)",
                      (long long)st->version, (long long)st->base_version, (long long)applied,
                      (long long)st->stream_seq);
-    else if (!tsr__delta_empty(d))
-        rc = tsr__delta_fold(d, e, err);
+    else if (!tsr__delta_empty(d) && (rc = tsr__delta_fold(d, e, err)) == 0)
+        e->src = tsr__delta_ref(d);
     tsr__delta_unref(d);
     return rc;
 }
@@ -651,8 +657,8 @@ static void slow_prepare(void)
 
 /* The build of a Prepare: the edits (the staged ones plus the base's delta), the new
  * version, its files written, committed and verified in the store. */
-static int prepare_build(tsr__shard *s, tsr__staging *st, int64_t version, tsr__edits *e,
-                         tsr__version **out, tsr_error *err)
+static int prepare_build(tsr__shard *s, tsr__staging *st, int64_t version, unsigned paced,
+                         tsr__edits *e, tsr__version **out, tsr_error *err)
 {
     int rc;
     tsr__version *v = NULL;
@@ -686,10 +692,13 @@ static int prepare_build(tsr__shard *s, tsr__staging *st, int64_t version, tsr__
     struct timespec cpu = {0, 0}; /* this thread's CPU (the build runs on a thread of its own) */
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
     /* the phases of a build, for the operator (and the fold's profile, docs/performance.md) */
-    tsr_info("Prepare(%lld): built in %lld ms (thread CPU %lld ms): edits %lld, lists %lld, "
+    char pace[48] = "";
+    if (paced)
+        snprintf(pace, sizeof pace, ", paced to %u %% of a core", paced);
+    tsr_info("Prepare(%lld): built in %lld ms (thread CPU %lld ms%s): edits %lld, lists %lld, "
              "files %lld, fsync and rename %lld, verify %lld", (long long)version,
              (long long)(t[5] - t[0]),
-             (long long)cpu.tv_sec * 1000 + cpu.tv_nsec / 1000000,
+             (long long)cpu.tv_sec * 1000 + cpu.tv_nsec / 1000000, pace,
              (long long)(t[1] - t[0]), (long long)(t[2] - t[1]), (long long)(t[3] - t[2]),
              (long long)(t[4] - t[3]), (long long)(t[5] - t[4]));
     return 0;
@@ -703,6 +712,7 @@ typedef struct build_job {
     tsr__version **out;
     tsr_error *err;
     int64_t *map_ms;
+    unsigned cpu_pct; /* PrepareRequest.build_cpu_percent */
     int rc;
 } build_job;
 
@@ -726,22 +736,24 @@ static void *build_main(void *arg)
 {
     build_job *j = arg;
     tsr_thread_background(); /* this thread only (core/parallel.h) */
-    j->rc = prepare_build(j->s, j->st, j->version, j->e, j->out, j->err);
+    unsigned paced = j->cpu_pct > 0 && j->cpu_pct < 100 ? j->cpu_pct : 0;
+    tsr_thread_pace(paced / 100.0);
+    j->rc = prepare_build(j->s, j->st, j->version, paced, j->e, j->out, j->err);
     if (j->rc == 0)
         map_built(j->s, j->version, *j->out, j->map_ms);
     return NULL;
 }
 
-/* prepare_build on a thread of its own at the background priority (nice 10), joined (the caller keeps
- * update_mu): a fold or batch build takes seconds of CPU, and on a machine with few cores
- * the queries served meanwhile (polling threads, default priority) should win the CPU —
- * docs/performance.md "Streamed writes" (the fold's p99). In place when no thread can be
- * started. */
+/* prepare_build on a thread of its own at the background priority (nice 10), paced to
+ * cpu_pct of a core when 1..99, joined (the caller keeps update_mu): a fold or batch build
+ * takes seconds of CPU, and on a machine with few cores the queries served meanwhile
+ * (polling threads, default priority) should win the CPU — docs/performance.md "Streamed
+ * writes" (the fold's p99). In place (unpaced) when no thread can be started. */
 static int prepare_build_niced(tsr__shard *s, tsr__staging *st, int64_t version,
-                               tsr__edits *e, tsr__version **out, int64_t *map_ms,
-                               tsr_error *err)
+                               unsigned cpu_pct, tsr__edits *e, tsr__version **out,
+                               int64_t *map_ms, tsr_error *err)
 {
-    build_job j = {s, st, version, e, out, err, map_ms, 0};
+    build_job j = {s, st, version, e, out, err, map_ms, cpu_pct, 0};
     pthread_t th;
     pthread_attr_t at;
     int started = 0;
@@ -751,7 +763,7 @@ static int prepare_build_niced(tsr__shard *s, tsr__staging *st, int64_t version,
         pthread_attr_destroy(&at);
     }
     if (!started) { /* in place */
-        int rc = prepare_build(s, st, version, e, out, err);
+        int rc = prepare_build(s, st, version, 0, e, out, err);
         if (rc == 0)
             map_built(s, version, *out, map_ms);
         return rc;
@@ -760,8 +772,8 @@ static int prepare_build_niced(tsr__shard *s, tsr__staging *st, int64_t version,
     return j.rc;
 }
 
-int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareResponse *resp,
-                       tsr_error *err)
+int tsr__shard_prepare(tsr__shard *s, int64_t version, unsigned cpu_pct,
+                       Tessera__V1__PrepareResponse *resp, tsr_error *err)
 {
     crash_point("prepare");
     slow_prepare();
@@ -794,7 +806,7 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, Tessera__V1__PrepareRespo
         goto out;
     }
     int64_t map_ms = 0;
-    if ((rc = prepare_build_niced(s, st, version, &e, &v, &map_ms, err)) != 0)
+    if ((rc = prepare_build_niced(s, st, version, cpu_pct, &e, &v, &map_ms, err)) != 0)
         goto out;
     if (st->capture) {
         /* A catch-up version: its (empty) log marks it, also after a restart. */

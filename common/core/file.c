@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/mem.h"
+#include "core/parallel.h"
 
 /* One read or write call moves at most this much (Linux moves at most ~2 GiB anyway). */
 #define IO_CHUNK (1u << 20)
@@ -137,4 +138,57 @@ int tsr_file_replace(const char *path, const char *tmp, const char *dir, const v
         return rc;
     }
     return tsr_file_fsync_dir(dir, err);
+}
+
+int tsr_file_writer_open(tsr_file_writer *w, const char *path, size_t bufsize, tsr_error *err)
+{
+    memset(w, 0, sizeof *w);
+    w->fd = -1;
+    snprintf(w->path, sizeof w->path, "%s", path);
+    w->cap = bufsize ? bufsize : 1;
+    if ((w->buf = malloc(w->cap)) == NULL)
+        return w->rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory for a %zu-byte write "
+                               "buffer", path, w->cap);
+    w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0)
+        return w->rc = tsr_err(err, TSR_EIO, "%s: cannot create: %s", path, strerror(errno));
+    return 0;
+}
+
+int tsr_file_writer_add(tsr_file_writer *w, const void *p, size_t n, tsr_error *err)
+{
+    const char *s = p;
+    while (w->rc == 0 && n > 0) {
+        size_t k = w->cap - w->len < n ? w->cap - w->len : n;
+        memcpy(w->buf + w->len, s, k);
+        w->len += k, s += k, n -= k;
+        if (w->len == w->cap) {
+            w->rc = tsr_file_write_all(w->fd, w->buf, w->len, w->path, err);
+            w->len = 0;
+            tsr_thread_pause(); /* a paced background thread rests between chunks */
+        }
+    }
+    return w->rc;
+}
+
+int tsr_file_writer_close(tsr_file_writer *w, tsr_error *err)
+{
+    int rc = w->rc;
+    if (rc == 0 && w->len > 0)
+        rc = tsr_file_write_all(w->fd, w->buf, w->len, w->path, err);
+    if (rc == 0)
+        rc = tsr_file_fsync(w->fd, w->path, err);
+    if (w->fd >= 0 && close(w->fd) != 0 && rc == 0) /* deferred write errors (NFS) */
+        rc = tsr_err(err, TSR_EIO, "%s: close failed: %s", w->path, strerror(errno));
+    free(w->buf);
+    w->fd = -1, w->buf = NULL, w->len = 0;
+    return rc;
+}
+
+void tsr_file_writer_abort(tsr_file_writer *w)
+{
+    if (w->fd >= 0)
+        close(w->fd);
+    free(w->buf);
+    w->fd = -1, w->buf = NULL, w->len = 0;
 }

@@ -14,6 +14,7 @@
  * or truncates a file with given contents and fsyncs it; tsr_file_replace writes a temp
  * file, fsyncs it, renames it over the target and fsyncs the directory, so a reader sees
  * the old contents or the new, never a mix, and the new survives a crash once it returns.
+ * A tsr_file_writer writes a durable file in sequence through a fixed buffer.
  *
  * Errors: TSR_ELIMIT above the caller's limit, TSR_ENOMEM, TSR_EIO for the rest (a missing
  * file included, unless the caller asks for TSR_ENOTFOUND: a store tells "no such record"
@@ -55,5 +56,26 @@ int tsr_file_write_sync(const char *path, const void *buf, size_t n, tsr_error *
  * is removed and path is untouched. */
 int tsr_file_replace(const char *path, const char *tmp, const char *dir, const void *buf,
                      size_t n, tsr_error *err);
+
+/* A durable file written in sequence through a fixed buffer, for files too big to build
+ * in memory first (a version's vectors.f32: ~70 MB per shard at 1M x 64): open creates or
+ * truncates path; add appends (the buffer written out whenever it fills); close writes the
+ * rest, fsyncs and closes, like tsr_file_write_sync; every open writer ends in close or
+ * abort. After an error the writer only
+ * remembers it: later adds do nothing and close returns it (and closes the fd). The file
+ * is left as it is on error: the caller's transaction removes its directory. */
+typedef struct tsr_file_writer {
+    int fd;          /* -1 once closed */
+    char *buf;
+    size_t len, cap;
+    int rc;          /* the first error, 0 = none */
+    char path[4096];
+} tsr_file_writer;
+
+int tsr_file_writer_open(tsr_file_writer *w, const char *path, size_t bufsize, tsr_error *err);
+int tsr_file_writer_add(tsr_file_writer *w, const void *p, size_t n, tsr_error *err);
+int tsr_file_writer_close(tsr_file_writer *w, tsr_error *err);
+/* Closes without writing the rest or syncing (a failed build); a closed writer is left. */
+void tsr_file_writer_abort(tsr_file_writer *w);
 
 #endif

@@ -4,12 +4,14 @@
 #include "core/parallel.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -86,4 +88,37 @@ int tsr_thread_background(void)
         return -1;
     }
     return (int)nice;
+}
+
+static _Thread_local double pace_f;       /* 0 = not paced */
+static _Thread_local int64_t pace_cpu_ns; /* the thread's CPU time at its last sleep */
+
+static int64_t thread_cpu_ns(void)
+{
+    struct timespec ts = {0, 0};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void tsr_thread_pace(double f)
+{
+    pace_f = f > 0 && f < 1 ? f : 0;
+    pace_cpu_ns = pace_f ? thread_cpu_ns() : 0;
+}
+
+int tsr_thread_pause(void)
+{
+    if (pace_f == 0)
+        return 0;
+    int64_t now = thread_cpu_ns(), used = now - pace_cpu_ns;
+    if (used < 2000000)
+        return 0;
+    int64_t rest = (int64_t)((double)used * (1 - pace_f) / pace_f);
+    if (rest > 1000000000)
+        rest = 1000000000;
+    struct timespec ts = {rest / 1000000000, rest % 1000000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+    pace_cpu_ns = now;
+    return 1;
 }

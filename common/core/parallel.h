@@ -40,4 +40,14 @@ void tsr_parallel_for(int threads, size_t n,
  * its own. */
 int tsr_thread_background(void);
 
+/* Paces the CALLING THREAD's work to a duty cycle: after tsr_thread_pace(f) with 0 < f < 1,
+ * each tsr_thread_pause() — called by background work at its safe points (between lists
+ * of a build, between chunks of a file) — sleeps once the thread has used 2 ms of CPU
+ * since its last sleep, long enough that it uses at most f of one core, so its work comes
+ * in short slices instead of one long burst (docs/performance.md, the fold's p99). f <= 0
+ * or f >= 1: no pacing (the default of every thread). A pause on a thread never paced
+ * costs one thread-local test. */
+void tsr_thread_pace(double f);
+int tsr_thread_pause(void); /* 1 when it slept */
+
 #endif

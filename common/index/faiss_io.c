@@ -682,10 +682,12 @@ out:
 
 /* ---- writer --------------------------------------------------------------------------- */
 
-/* Output goes either to a growing memory buffer or to a FILE. */
+/* Output goes to a growing memory buffer, a FILE or a tsr_file_writer. */
 typedef struct {
     tsr_buf mem;
     FILE *f;
+    tsr_file_writer *w;
+    tsr_error *err; /* the writer's error goes here */
     int failed;
 } sink;
 
@@ -696,6 +698,10 @@ static void put(sink *s, const void *p, size_t n)
     if (s->f != NULL) {
         if (fwrite(p, 1, n, s->f) != n)
             s->failed = 1;
+        return;
+    }
+    if (s->w != NULL) {
+        s->failed = tsr_file_writer_add(s->w, p, n, s->err) != 0;
         return;
     }
     tsr_buf_add(&s->mem, p, n);
@@ -838,6 +844,16 @@ int tsr_faiss_write_mem(const tsr_ivfpq *ix, uint8_t **buf, size_t *len, tsr_err
     *buf = (uint8_t *)s.mem.p;
     *len = s.mem.len;
     return 0;
+}
+
+int tsr_faiss_write_to(const tsr_ivfpq *ix, tsr_file_writer *w, tsr_error *err)
+{
+    int rc = validate(ix, err);
+    if (rc != 0)
+        return rc;
+    sink s = {.w = w, .err = err};
+    serialize(ix, &s);
+    return s.failed ? (w->rc ? w->rc : TSR_EIO) : 0;
 }
 
 int tsr_faiss_write_file(const tsr_ivfpq *ix, const char *path, tsr_error *err)

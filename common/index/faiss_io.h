@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "index/ivfpq.h"
 
 /* Parses buf[0..len) (borrowed). On success *out is a new index, caller destroys.
@@ -30,6 +31,11 @@ int tsr_faiss_read_file(const char *path, tsr_ivfpq **out, tsr_error *err);
 
 /* Serializes ix (borrowed) into a new buffer *buf of *len bytes; caller frees *buf. */
 int tsr_faiss_write_mem(const tsr_ivfpq *ix, uint8_t **buf, size_t *len, tsr_error *err);
+
+/* Serializes ix (borrowed) through the open writer w (core/file.h) as it goes, without the
+ * whole image in memory; the caller closes (or aborts) w. TSR_EINVAL for an invalid ix,
+ * else the writer's error (TSR_EIO naming its path). */
+int tsr_faiss_write_to(const tsr_ivfpq *ix, tsr_file_writer *w, tsr_error *err);
 
 /* Writes ix to path atomically: path.tmp, fsync, rename, fsync of the directory. */
 int tsr_faiss_write_file(const tsr_ivfpq *ix, const char *path, tsr_error *err);

@@ -28,6 +28,7 @@
 #include <zlib.h>
 
 #include "core/file.h"
+#include "core/parallel.h"
 #include "core/mem.h"
 
 void (*tsr__store_hook)(const char *step) = NULL;
@@ -232,6 +233,7 @@ static int checksum_file(const char *path, int do_sync, uint64_t *size, uint32_t
             break;
         c = tsr_store_crc32(c, buf, (size_t)r);
         n += (uint64_t)r;
+        tsr_thread_pause(); /* a paced background thread (a shard's build) rests here */
     }
     free(buf);
     if (rc == 0 && do_sync)

@@ -28,7 +28,9 @@ catch-up and its flip (TSR_COORD_SLOW_FLIP_MS). Checks:
   nprobe) for >= 97 % of the queries;
 - the two replicas of group 0 hold the same version and count;
 - no query was refused as behind the stream (the coordinator's log): between the catch-up
-  and the flip, queries on the served version demand its own groups' seqs.
+  and the flip, queries on the served version demand its own groups' seqs;
+- each replica's fold build was paced to fold_build_cpu_percent (25 % of a core, the
+  default; the shard's Prepare log line), the batch update's was not.
 Query p50 / p99 during the fold vs before it, and the writes' ack times, are printed, not
 asserted.
 """
@@ -221,6 +223,14 @@ def main():
         assert m and int(m.group(1)) >= 3 * 1500, (
             "the fold's Prepare did not take the replicas one at a time: %s" %
             (m.group(0) if m else "no phase line for version %d" % fold_v))
+        # every replica's fold build was paced to fold_build_cpu_percent (25, the
+        # default) of a core; the batch update's build was not (it holds the writes)
+        for s in [s for grp in cl.groups for s in grp]:
+            lines = s.text().splitlines()
+            fb = [l for l in lines if "Prepare(%d): built in" % fold_v in l]
+            bb = [l for l in lines if "Prepare(%d): built in" % op0.version in l]
+            assert fb and "paced to 25 % of a core" in fb[0], (s.target, fb)
+            assert bb and "paced" not in bb[0], (s.target, bb)
         # the fold's build and update threads ran at the background priority (nice 10,
         # core/parallel.h) and ended with it: every thread left in the coordinator and the
         # shards has the process's own nice — a thread the build started (or one gRPC made

@@ -1,7 +1,8 @@
 /*
  * test_faiss_io — faiss_io round trips in memory (every variant: metric, by_residual,
  * direct map, full/sprs lists, IwQR) and one test per hostile-file check, each asserting
- * the specific error (code, offset and field named in the message).
+ * the specific error (code, offset and field named in the message); the file writers
+ * (atomic write_file, write_to through a buffered writer: write_mem's bytes).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -498,11 +499,29 @@ static void test_file_io(void **state)
     assert_non_null(strstr(err.msg, "trailing"));
     unlink(path);
     assert_int_equal(tsr_faiss_read_file(path, &back, &err), TSR_EIO);
-    /* the writer refuses an inconsistent struct rather than writing a bad file */
-    ix->ntotal++;
+    /* through a buffered writer (a 5-byte buffer): the bytes of write_mem */
     uint8_t *b;
     size_t len;
+    assert_int_equal(tsr_faiss_write_mem(ix, &b, &len, &err), 0);
+    tsr_file_writer w;
+    assert_int_equal(tsr_file_writer_open(&w, path, 5, &err), 0);
+    assert_int_equal(tsr_faiss_write_to(ix, &w, &err), 0);
+    assert_int_equal(tsr_file_writer_close(&w, &err), 0);
+    char *fb;
+    size_t flen;
+    assert_int_equal(tsr_file_read(path, 1 << 20, 0, &fb, &flen, &err), 0);
+    assert_int_equal(flen, len);
+    assert_memory_equal(fb, b, len);
+    free(fb);
+    free(b);
+    unlink(path);
+    /* the writer refuses an inconsistent struct rather than writing a bad file */
+    ix->ntotal++;
     assert_int_equal(tsr_faiss_write_mem(ix, &b, &len, &err), TSR_EINVAL);
+    assert_int_equal(tsr_file_writer_open(&w, path, 5, &err), 0);
+    assert_int_equal(tsr_faiss_write_to(ix, &w, &err), TSR_EINVAL);
+    tsr_file_writer_abort(&w);
+    unlink(path);
     tsr_ivfpq_destroy(ix);
     rmdir(dir);
 }

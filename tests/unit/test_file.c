@@ -2,7 +2,9 @@
  * test_file — the one whole-file reader and the durable writers: contents and the NUL after
  * them, an empty file, a file over the caller's limit (refused before allocating), a FIFO
  * (refused at once, not waited on: alarm() turns a hang into a failure), a directory, a
- * missing file (TSR_EIO, or TSR_ENOTFOUND when asked), write_sync and replace.
+ * missing file (TSR_EIO, or TSR_ENOTFOUND when asked), write_sync and replace; the
+ * buffered writer: pieces of every size through a 7-byte buffer give the same bytes, a
+ * path that cannot be created is an error naming it that later adds and close return.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -59,6 +61,47 @@ static void test_read_and_write_sync(void **state)
     assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
     assert_int_equal(len, 2);
     assert_string_equal(buf, "hi");
+    free(buf);
+}
+
+static void test_writer(void **state)
+{
+    (void)state;
+    char p[600];
+    path_in(p, sizeof p, "w.bin");
+    tsr_error err = TSR_ERROR_INIT;
+    unsigned char want[1000];
+    for (size_t i = 0; i < sizeof want; i++)
+        want[i] = (unsigned char)(i * 31 + 7);
+    tsr_file_writer w;
+    assert_int_equal(tsr_file_writer_open(&w, p, 7, &err), 0);
+    size_t at = 0;
+    for (size_t k = 0; at < sizeof want; k++) { /* pieces of 0, 1, ..., 22 bytes */
+        size_t n = k % 23 < sizeof want - at ? k % 23 : sizeof want - at;
+        assert_int_equal(tsr_file_writer_add(&w, want + at, n, &err), 0);
+        at += n;
+    }
+    assert_int_equal(tsr_file_writer_close(&w, &err), 0);
+    char *buf;
+    size_t len;
+    assert_int_equal(tsr_file_read(p, 2000, 0, &buf, &len, &err), 0);
+    assert_int_equal(len, sizeof want);
+    assert_memory_equal(buf, want, sizeof want);
+    free(buf);
+    /* an error sticks: open fails (no such directory), add and close return it */
+    path_in(p, sizeof p, "no-such-dir/w.bin");
+    assert_int_equal(tsr_file_writer_open(&w, p, 64, &err), TSR_EIO);
+    assert_non_null(strstr(err.msg, p));
+    assert_int_equal(tsr_file_writer_add(&w, want, 100, &err), TSR_EIO);
+    assert_int_equal(tsr_file_writer_close(&w, &err), TSR_EIO);
+    tsr_file_writer_abort(&w); /* after close: nothing left to do */
+    /* abort leaves what was written so far and frees the buffer */
+    path_in(p, sizeof p, "a.bin");
+    assert_int_equal(tsr_file_writer_open(&w, p, 4, &err), 0);
+    assert_int_equal(tsr_file_writer_add(&w, "abcdef", 6, &err), 0);
+    tsr_file_writer_abort(&w);
+    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
+    assert_int_equal(len, 4);
     free(buf);
 }
 
@@ -164,6 +207,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_and_write_sync),
         cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_writer),
         cmocka_unit_test(test_oversize),
         cmocka_unit_test(test_fifo_and_dir),
         cmocka_unit_test(test_missing),

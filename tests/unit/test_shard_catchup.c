@@ -88,7 +88,7 @@ static int do_prepare(fixture *f, int64_t version, tsr_error *err)
 {
     Tessera__V1__PrepareResponse pr = TESSERA__V1__PREPARE_RESPONSE__INIT;
     tsr_error_clear(err);
-    return tsr__shard_prepare(&f->s, version, &pr, err);
+    return tsr__shard_prepare(&f->s, version, 0, &pr, err);
 }
 
 /* A Write of r on version at seq, sent as the packed bytes the service logs. */

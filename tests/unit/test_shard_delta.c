@@ -7,7 +7,8 @@
  * ADC term are byte-identical to the same record's in a base list (and tsr__encode's fast
  * path gives the plain loop's codes); crowding tag ids
  * (the base dict's id, else a delta id, stable per string); folding a delta into an edit
- * set (the staged edits win) builds the expected version; random writes against a model:
+ * set (the staged edits win) builds the expected version, copying the delta's codes
+ * byte for byte what encoding gives; random writes against a model:
  * every snapshot's labels, counts, deletes held and record bytes, after later writes
  * appended to the shared record buffer (new labels) or copied it (replaced / deleted).
  */
@@ -255,6 +256,68 @@ static void test_fold(void **state)
     assert_int_equal(e2.nups + e2.ndels, 0);
 }
 
+/* The build copies the codes of the base delta's records (e.src, as fold_delta sets it)
+ * instead of encoding their vectors again: the version equals, list by list (labels,
+ * codes, ADC terms), the one built from the same edits with every vector encoded; a
+ * staged upsert of a delta label (another vector, another list) is encoded, not copied;
+ * several writes put a list's delta entries out of label order. */
+static void test_fold_codes(void **state)
+{
+    fixture *f = *state;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr__delta *d = NULL;
+    int64_t next = 1001;
+    for (int w = 0; w < 4; w++) { /* labels descending within a list across writes */
+        tsr__rec *ups[12];
+        for (size_t k = 0; k < 12; k++) {
+            int64_t lab = w % 2 ? 3000 - next : next;
+            next++;
+            ups[k] = tu_rec(lab, (int32_t)((k + (size_t)w) % TNLIST),
+                            f->x + ((k * 7 + (size_t)w * 3) % (f->n + 20)) * TD);
+        }
+        int64_t del[] = {2 * (int64_t)w + 4}; /* base labels */
+        tsr__delta *d2 = apply(f, d, ups, 12, del, 1, w + 1);
+        tsr__delta_unref(d);
+        d = d2;
+    }
+    tsr__version *v[2] = {NULL, NULL};
+    for (int pass = 0; pass < 2; pass++) {
+        tsr__edits e = {0};
+        e.ups = tsr_xcalloc(2, sizeof *e.ups); /* staged: label 1001 again, elsewhere */
+        e.ups[e.nups++] = tu_rec(1001, 2, f->x + 45 * TD);
+        assert_int_equal(tsr__delta_fold(d, &e, &err), 0);
+        if (pass == 0)
+            e.src = tsr__delta_ref(d);
+        assert_int_equal(tsr__version_build(f->v1, NULL, &e, 2, &v[pass], &err), 0);
+        tsr__edits_close(&e);
+    }
+    size_t cs = f->tmpl->ix->code_size, compared = 0;
+    uint8_t a[TM], b[TM];
+    float ta, tb;
+    for (size_t li = 0; li < TNLIST; li++) {
+        const tsr__list *la = v[0]->lists[li], *lb = v[1]->lists[li];
+        assert_true((la == NULL) == (lb == NULL));
+        if (la == NULL)
+            continue;
+        assert_int_equal(la->n, lb->n);
+        assert_memory_equal(la->ids, lb->ids, la->n * sizeof(int64_t));
+        for (size_t j = 0; j < la->n; j++) {
+            assert_non_null(la->fl);
+            tsr_ivfpq_flist_codes(la->fl, j, 1, a, &ta);
+            tsr_ivfpq_flist_codes(lb->fl, j, 1, b, &tb);
+            assert_memory_equal(a, b, cs);
+            assert_memory_equal(&ta, &tb, sizeof ta);
+            compared++;
+        }
+    }
+    assert_int_equal(compared, v[1]->nvectors);
+    assert_int_equal(v[0]->nvectors, f->n - 4 + 48);
+    assert_int_equal(tsr__version_find(v[0], 1001)->list, 2);
+    tsr__version_unref(v[0]);
+    tsr__version_unref(v[1]);
+    tsr__delta_unref(d);
+}
+
 /* Random writes (new labels past the last, replacements and deletes of delta and base
  * labels) checked against a model after every write, and every older snapshot checked
  * again at the end (appends to a shared buffer must not show in an older snapshot). */
@@ -375,6 +438,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_encode_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fold, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fold_codes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_vs_model, setup, teardown),
         cmocka_unit_test_setup_teardown(test_empty_version_refused, setup, teardown),
     };

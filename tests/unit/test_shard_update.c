@@ -242,7 +242,7 @@ static void test_update_flow(void **state)
     stage_v1(f, st, 20);
     assert_int_equal(do_stage(f, st, &resp, &err), 0);
     tessera__v1__prepare_response__init(&pr);
-    assert_int_equal(tsr__shard_prepare(&f->s, 1, &pr, &err), 0);
+    assert_int_equal(tsr__shard_prepare(&f->s, 1, 0, &pr, &err), 0);
     assert_true(pr.ready);
     assert_int_equal(pr.vectors_count, 20);
     assert_int_equal(current_version(f), 0); /* prepared, not yet serving */
@@ -260,7 +260,7 @@ static void test_update_flow(void **state)
     stage_upsert(st, f, 50, 2);
     assert_int_equal(do_stage(f, st, &resp, &err), 0);
     tessera__v1__prepare_response__init(&pr);
-    assert_int_equal(tsr__shard_prepare(&f->s, 2, &pr, &err), 0);
+    assert_int_equal(tsr__shard_prepare(&f->s, 2, 0, &pr, &err), 0);
     assert_int_equal(pr.vectors_count, 20);
     tsr__version *v2 = tsr__shard_get(&f->s, 2); /* a prepared version can be queried */
     assert_non_null(v2);
@@ -276,7 +276,7 @@ static void test_update_flow(void **state)
     /* again, committed this time; then release the old one */
     assert_int_equal(do_stage(f, st, &resp, &err), 0);
     tessera__v1__prepare_response__init(&pr);
-    assert_int_equal(tsr__shard_prepare(&f->s, 2, &pr, &err), 0);
+    assert_int_equal(tsr__shard_prepare(&f->s, 2, 0, &pr, &err), 0);
     assert_int_equal(tsr__shard_commit(&f->s, 2, &err), 0);
     assert_int_equal(current_version(f), 2);
     tsr__version *v1 = tsr__shard_get(&f->s, 1); /* still held until released */
