@@ -545,6 +545,14 @@ void tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, 
 int tsr__leader_check(tsr__coord *c, tsr_rpc_reply *r);
 
 void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference */
+/* The same, returning the snapshot it replaced with the served reference (the caller
+ * drops it, e.g. with tsr__snap_retire). */
+tsr__snap *tsr__coord_snap_swap(tsr__coord *c, tsr__snap *s);
+/* Drops the caller's reference to a snapshot no longer served, freeing it on the CALLING
+ * thread once the queries planned on it let go (polled every ms for up to wait_ms; past
+ * that, the last of them frees it). A snapshot of 1M ids is ~1M strings: freed by the
+ * query that held it last, that query waited tens of ms at every commit point. */
+void tsr__snap_retire(tsr__snap *s, int64_t wait_ms);
 
 /* update.c: starts the update of batch_root (confined by --batch-root-allow) on its
  * thread, as tessera.v1 UpdateIndex does. Returns 0 with the new operation's id copied into

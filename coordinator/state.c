@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "coord.h"
 #include "index/faiss_io.h"
@@ -192,13 +193,26 @@ tsr__snap *tsr__coord_snap_get(tsr__coord *c)
     return s;
 }
 
-void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
+tsr__snap *tsr__coord_snap_swap(tsr__coord *c, tsr__snap *s)
 {
     pthread_mutex_lock(&c->snap_mu);
     tsr__snap *old = c->snap;
     c->snap = s;
     pthread_mutex_unlock(&c->snap_mu);
-    tsr__snap_unref(old);
+    return old;
+}
+
+void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s)
+{
+    tsr__snap_unref(tsr__coord_snap_swap(c, s));
+}
+
+void tsr__snap_retire(tsr__snap *s, int64_t wait_ms)
+{
+    struct timespec ms = {0, 1000000};
+    for (int64_t t = 0; s && t < wait_ms && atomic_load(&s->refs) > 1; t++)
+        nanosleep(&ms, NULL);
+    tsr__snap_unref(s);
 }
 
 int tsr__coord_leading(tsr__coord *c)

@@ -1426,13 +1426,17 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size
     s->next_label = ns->next_label;
     for (size_t g = 0; seqs && g < n && g < TSR_COORD_MAX_SHARDS; g++)
         s->grp_seq[g] = seqs[g]; /* with the snapshot: queries on N never demand N+1's */
-    tsr__coord_snap_set(c, ns);
-    tsr__dir_close(&s->ov);
+    tsr__snap *was = tsr__coord_snap_swap(c, ns);
+    tsr__dir ov = s->ov; /* freed below, outside the lock the queries read it under */
     tsr__dir_init(&s->ov);
     s->ov_version = v;
     s->ov_records = s->d_dense = s->d_sparse = 0;
     s->ntouched = 0;
     pthread_rwlock_unlock(&s->ov_rw);
+    tsr__dir_close(&ov);
+    /* the old snapshot (1M ids at 1M) is freed here, on the update thread (background
+     * priority), not by whichever query let go of it last */
+    tsr__snap_retire(was, c->cfg.search_deadline_ms < 200 ? c->cfg.search_deadline_ms : 200);
     if (s->log_fd >= 0)
         close(s->log_fd);
     s->log_fd = -1;
