@@ -1434,9 +1434,7 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size
     s->ntouched = 0;
     pthread_rwlock_unlock(&s->ov_rw);
     tsr__dir_close(&ov);
-    /* the old snapshot (1M ids at 1M) is freed here, on the update thread (background
-     * priority), not by whichever query let go of it last */
-    tsr__snap_retire(was, c->cfg.search_deadline_ms < 200 ? c->cfg.search_deadline_ms : 200);
+    tsr__snap_unref(was); /* an update's base ref keeps it: update.c retires it */
     if (s->log_fd >= 0)
         close(s->log_fd);
     s->log_fd = -1;
