@@ -52,8 +52,10 @@
  * DESIGN (threads): queries run on the rpc worker pool (TSR_RPC_LONG) and read one
  * refcounted, immutable tsr__snap taken with tsr__coord_snap_get (snap_mu is held only to
  * copy the pointer and bump the count). The update thread (one at a time, `busy` under
- * op_mu) builds the next snapshot and publishes it with tsr__coord_snap_set after the
- * commit point. The reconcile thread talks to shards only through RPCs and takes
+ * op_mu) builds the next snapshot and publishes it after the commit point
+ * (tsr__stream_publish swaps it in), then frees the one it replaced itself once the
+ * queries planned on it let go (tsr__snap_retire), so no query pays for that free. The
+ * reconcile thread talks to shards only through RPCs and takes
  * update_mu (the same lock an update holds while it runs) so it never aborts a version an
  * update is staging. Streamed writes (stream.c): one writer thread runs rounds under the
  * stream lock st.mu, which an update also holds from its plan through its Commit fan-out

@@ -61,9 +61,9 @@ int tsr_file_replace(const char *path, const char *tmp, const char *dir, const v
  * in memory first (a version's vectors.f32: ~70 MB per shard at 1M x 64): open creates or
  * truncates path; add appends (the buffer written out whenever it fills); close writes the
  * rest, fsyncs and closes, like tsr_file_write_sync; every open writer ends in close or
- * abort. After an error the writer only
- * remembers it: later adds do nothing and close returns it (and closes the fd). The file
- * is left as it is on error: the caller's transaction removes its directory. */
+ * abort. After an error the writer only remembers it: later adds do nothing and close
+ * returns it (and closes the fd). The file is left as it is on error: the caller's
+ * transaction removes its directory. */
 typedef struct tsr_file_writer {
     int fd;          /* -1 once closed */
     char *buf;
