@@ -552,8 +552,11 @@ void tsr__coord_snap_set(tsr__coord *c, tsr__snap *s);  /* takes s's reference *
 tsr__snap *tsr__coord_snap_swap(tsr__coord *c, tsr__snap *s);
 /* Drops the caller's reference to a snapshot no longer served, freeing it on the CALLING
  * thread once the queries planned on it let go (polled every ms for up to wait_ms; past
- * that, the last of them frees it). A snapshot of 1M ids is ~1M strings: freed by the
- * query that held it last, that query waited tens of ms at every commit point. */
+ * that, the last of them frees it; 0 = a plain unref). A snapshot of 1M ids is ~1M
+ * strings: freed by the query that held it last, that query waited tens of ms at every
+ * commit point. An update retires its base after releasing the stream lock (update.c): a
+ * success replaced it; a failure's base is still served (wait 0). */
+#define TSR__SNAP_RETIRE_MS 200
 void tsr__snap_retire(tsr__snap *s, int64_t wait_ms);
 
 /* update.c: starts the update of batch_root (confined by --batch-root-allow) on its

@@ -739,19 +739,6 @@ static void upd_cleanup(upd *u, int rc)
     free(u->out);
 }
 
-/* After the stream lock is released: the base snapshot, which a success replaced, is
- * freed here (update thread, background priority) once the queries planned on it let go,
- * not by the last of them (1M ids: tens of ms; tsr__snap_retire); a failure's base is
- * still served and only loses this update's reference. */
-static void upd_release_base(upd *u, int rc)
-{
-    int64_t w = u->c->cfg.search_deadline_ms;
-    if (rc == 0)
-        tsr__snap_retire(u->base, w < 200 ? w : 200);
-    else
-        tsr__snap_unref(u->base);
-    u->base = NULL;
-}
 
 /* The catch-up of a fold or a move (stream lock held, after Prepare): the rounds logged
  * since its chunk 0 (seq0) carried to newv by its plan, the next version's directory
@@ -864,7 +851,8 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     }
     upd_cleanup(&u, rc);
     tsr__stream_unlock(c);
-    upd_release_base(&u, rc);
+    /* the base a success replaced is freed here, not by the last query on it */
+    tsr__snap_retire(u.base, rc ? 0 : TSR__SNAP_RETIRE_MS);
     free(gseq);
     return rc ? TESSERA__V1__OPERATION__STATE__FAILED : TESSERA__V1__OPERATION__STATE__SUCCEEDED;
 }
@@ -1025,7 +1013,8 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
                  "Commit fan-out %lld ms)", op->id, (long long)(t1 - t0), (long long)(t2 - t1),
                  (long long)(tsr_clock_mono_ms() - t2), (long long)(t3 - t2),
                  (long long)(t4 - t3), (long long)(tsr_clock_mono_ms() - t4));
-    upd_release_base(&u, rc);
+    /* the base a success replaced is freed here, not by the last query on it */
+    tsr__snap_retire(u.base, rc ? 0 : TSR__SNAP_RETIRE_MS);
     tsr__reshard_moves_free(mv);
     free(gseq);
     if (rc == 0 && rm >= 0) {
