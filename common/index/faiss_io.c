@@ -682,10 +682,9 @@ out:
 
 /* ---- writer --------------------------------------------------------------------------- */
 
-/* Output goes to a growing memory buffer, a FILE or a tsr_file_writer. */
+/* Output goes to a growing memory buffer or through a tsr_file_writer (core/file.h). */
 typedef struct {
     tsr_buf mem;
-    FILE *f;
     tsr_file_writer *w;
     tsr_error *err; /* the writer's error goes here */
     int failed;
@@ -695,11 +694,6 @@ static void put(sink *s, const void *p, size_t n)
 {
     if (s->failed || n == 0)
         return;
-    if (s->f != NULL) {
-        if (fwrite(p, 1, n, s->f) != n)
-            s->failed = 1;
-        return;
-    }
     if (s->w != NULL) {
         s->failed = tsr_file_writer_add(s->w, p, n, s->err) != 0;
         return;
@@ -867,30 +861,14 @@ int tsr_faiss_write_file(const tsr_ivfpq *ix, const char *path, tsr_error *err)
         return tsr_err(err, TSR_ENOMEM, "out of memory");
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp", 5);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out_free;
-    }
-    FILE *f = fdopen(fd, "wb");
-    if (f == NULL) {
-        rc = tsr_err(err, TSR_EIO, "%s: fdopen: %s", tmp, strerror(errno));
-        close(fd);
+    tsr_file_writer w;
+    if ((rc = tsr_file_writer_open(&w, tmp, (size_t)1 << 20, err)) != 0 ||
+        (rc = tsr_faiss_write_to(ix, &w, err)) != 0) {
+        tsr_file_writer_abort(&w);
         goto out_unlink;
     }
-    setvbuf(f, NULL, _IOFBF, 1 << 20);
-    sink s = {0};
-    s.f = f;
-    serialize(ix, &s);
-    if (s.failed || fflush(f) != 0 || fsync(fd) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: write error: %s", tmp, strerror(errno));
-        fclose(f);
+    if ((rc = tsr_file_writer_close(&w, err)) != 0) /* written and fsynced */
         goto out_unlink;
-    }
-    if (fclose(f) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: close: %s", tmp, strerror(errno));
-        goto out_unlink;
-    }
     if (rename(tmp, path) != 0) {
         rc = tsr_err(err, TSR_EIO, "%s: rename to %s: %s", tmp, path, strerror(errno));
         goto out_unlink;

@@ -490,6 +490,11 @@ static void test_file_io(void **state)
     back = NULL;
     FILE *f = fopen(tmp, "r");
     assert_null(f);
+    /* a directory that does not exist: TSR_EIO naming the temp file, nothing left */
+    char bad[320];
+    snprintf(bad, sizeof bad, "%s/no-such-dir/x.faiss", dir);
+    assert_int_equal(tsr_faiss_write_file(ix, bad, &err), TSR_EIO);
+    assert_non_null(strstr(err.msg, "no-such-dir/x.faiss.tmp"));
     /* read_file prefixes the path */
     f = fopen(path, "ab");
     fputc(0, f);
