@@ -1372,7 +1372,6 @@ int64_t tsr__stream_log_offset(tsr__coord *c)
     return c->st.log_fd >= 0 ? c->st.log_bytes : 0;
 }
 
-
 /* ---------------------------------------------------------------- updates */
 
 void tsr__stream_lock(tsr__coord *c) { pthread_mutex_lock(&c->st.mu); }

@@ -739,7 +739,6 @@ static void upd_cleanup(upd *u, int rc)
     free(u->out);
 }
 
-
 /* The catch-up of a fold or a move (stream lock held, after Prepare): the rounds logged
  * since its chunk 0 (seq0) carried to newv by its plan, the next version's directory
  * made the served one with every streamed write (a fold: its plan's copy of the served
