@@ -623,25 +623,23 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
 {
     if (st->base_version == 0)
         return 0;
-    if (st->capture) {
-        if (tsr__delta_empty(st->captured))
-            return 0;
-        int rc = tsr__delta_fold(st->captured, e, err);
-        if (rc == 0)
-            e->src = tsr__delta_ref(st->captured);
-        return rc;
-    }
-    pthread_mutex_lock(&s->table_mu);
-    tsr__delta *d = tsr__delta_ref(st->base->delta);
-    pthread_mutex_unlock(&s->table_mu);
+    tsr__delta *d;
     int rc = 0;
-    int64_t applied = tsr__applied_seq(st->base, d);
-    if (applied != st->stream_seq)
-        rc = tsr_err(err, TSR_ESTATE, "Prepare(%lld): version %lld's applied stream seq is %lld, "
-                     "Stage's base_stream_seq was %lld (writes arrived after Stage)",
-                     (long long)st->version, (long long)st->base_version, (long long)applied,
-                     (long long)st->stream_seq);
-    else if (!tsr__delta_empty(d) && (rc = tsr__delta_fold(d, e, err)) == 0)
+    if (st->capture) {
+        d = tsr__delta_ref(st->captured);
+    } else {
+        pthread_mutex_lock(&s->table_mu);
+        d = tsr__delta_ref(st->base->delta);
+        pthread_mutex_unlock(&s->table_mu);
+        int64_t applied = tsr__applied_seq(st->base, d);
+        if (applied != st->stream_seq)
+            rc = tsr_err(err, TSR_ESTATE, "Prepare(%lld): version %lld's applied stream seq "
+                         "is %lld, Stage's base_stream_seq was %lld (writes arrived after "
+                         "Stage)", (long long)st->version, (long long)st->base_version,
+                         (long long)applied, (long long)st->stream_seq);
+    }
+    /* the build copies the codes of d's records (e->src keeps d alive until then) */
+    if (rc == 0 && !tsr__delta_empty(d) && (rc = tsr__delta_fold(d, e, err)) == 0)
         e->src = tsr__delta_ref(d);
     tsr__delta_unref(d);
     return rc;
