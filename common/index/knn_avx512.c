@@ -46,3 +46,36 @@ void tsr__knn_argmin_avx512(const float *row, const float *yn, float xn, size_t 
         *bi = (int64_t)(y0 + (size_t)idx[w]);
     }
 }
+
+/* The k-heap scan's candidates (k = 2 .. SELECT_MIN_K - 1), 16 values at a time: from
+ * block j on (j and n multiples of 16), the first block with a value that could enter a
+ * heap whose worst kept distance is thr — v <= thr for L2 (v = (xn + yn[j]) - 2 row[j],
+ * the scalar scan's expression, so the same bits), v >= thr for inner products (lb: v =
+ * row[j], yn unused). A NaN is never a candidate, as it never enters the heap. Returns
+ * the block's start with its 16 values in v and its candidate lanes in *mask, or n when
+ * no block has one. The caller tests each candidate with tsr_heap_worse against the
+ * heap as it is then (the lanes are a superset: thr only tightens). */
+size_t tsr__knn_next_cand_avx512(const float *row, const float *yn, float xn, size_t j,
+                                 size_t n, float thr, int lb, float *v, unsigned *mask)
+{
+    const __m512 vx = _mm512_set1_ps(xn), two = _mm512_set1_ps(2.0f);
+    const __m512 vt = _mm512_set1_ps(thr);
+    for (; j < n; j += 16) {
+        __m512 r = _mm512_loadu_ps(row + j), x;
+        __mmask16 m;
+        if (lb) {
+            x = r;
+            m = _mm512_cmp_ps_mask(x, vt, _CMP_GE_OQ);
+        } else {
+            x = _mm512_sub_ps(_mm512_add_ps(vx, _mm512_loadu_ps(yn + j)),
+                              _mm512_mul_ps(two, r));
+            m = _mm512_cmp_ps_mask(x, vt, _CMP_LE_OQ);
+        }
+        if (m) {
+            _mm512_storeu_ps(v, x);
+            *mask = m;
+            return j;
+        }
+    }
+    return n;
+}

@@ -1,6 +1,7 @@
 /*
- * test_knn — blocked sgemm kNN against a naive double-precision reference; fvecs/ivecs
- * round trip and rejection of malformed files.
+ * test_knn — blocked sgemm kNN against a naive double-precision reference; the k-heap's
+ * AVX-512 candidate blocks against its scalar loop (same bits); fvecs/ivecs round trip and
+ * rejection of malformed files.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -150,6 +151,54 @@ static void test_knn_large_k(void **state)
     check_exact_ties(TSR_METRIC_L2, 20, 2000, 8, 10);   /* heap path, same bar */
 }
 
+/* The k-heap path (k < 32) with the AVX-512 candidate blocks against the scalar loop
+ * (TSR_SIMD=scalar): the same labels and the same distance bits, on data with many
+ * equal distances (the tie rule decides), a NaN row (never selected), rows not a
+ * multiple of 16, norms given or not, L2 and IP. */
+static void test_knn_heap_wide(void **state)
+{
+    (void)state;
+    const size_t n = 37, ny = 1000 + 7, d = 8;
+    unsigned s = 5;
+    float *x = malloc(n * d * sizeof(float)), *y = malloc(ny * d * sizeof(float));
+    float *yn = malloc(ny * sizeof(float));
+    for (size_t i = 0; i < n * d; i++)
+        x[i] = 0.5f * (float)((s = s * 1103515245u + 12345u) >> 16 & 3);
+    for (size_t i = 0; i < ny * d; i++)
+        y[i] = 0.5f * (float)((s = s * 1103515245u + 12345u) >> 16 & 7);
+    y[500 * d + 3] = NAN;
+    tsr_knn_norms(y, ny, d, yn);
+    const size_t ks[] = {2, 3, 10, 16, 31};
+    float *D0 = malloc(n * 31 * sizeof(float)), *D1 = malloc(n * 31 * sizeof(float));
+    int64_t *I0 = malloc(n * 31 * sizeof(int64_t)), *I1 = malloc(n * 31 * sizeof(int64_t));
+    tsr_error err = TSR_ERROR_INIT;
+    for (int metric = 0; metric < 2; metric++) {
+        enum tsr_metric m = metric ? TSR_METRIC_IP : TSR_METRIC_L2;
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            size_t k = ks[ki];
+            for (int norms = 0; norms < 2; norms++) {
+                setenv("TSR_SIMD", "scalar", 1);
+                assert_int_equal(tsr_knn(x, n, y, ny, d, m, k, norms ? yn : NULL, D0, I0, &err),
+                                 0);
+                unsetenv("TSR_SIMD");
+                assert_int_equal(tsr_knn(x, n, y, ny, d, m, k, norms ? yn : NULL, D1, I1, &err),
+                                 0);
+                assert_memory_equal(I0, I1, n * k * sizeof *I0);
+                assert_memory_equal(D0, D1, n * k * sizeof *D0);
+                for (size_t i = 0; i < n * k; i++)
+                    assert_int_not_equal(I1[i], 500);
+            }
+        }
+    }
+    free(x);
+    free(y);
+    free(yn);
+    free(D0);
+    free(D1);
+    free(I0);
+    free(I1);
+}
+
 static void test_vecs_roundtrip(void **state)
 {
     (void)state;
@@ -182,6 +231,7 @@ int main(void)
         cmocka_unit_test(test_knn_l2),
         cmocka_unit_test(test_knn_ip),
         cmocka_unit_test(test_knn_large_k),
+        cmocka_unit_test(test_knn_heap_wide),
         cmocka_unit_test(test_vecs_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
