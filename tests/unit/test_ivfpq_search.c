@@ -547,6 +547,10 @@ static void test_l2_res_m6(void **st) { (void)st; run_variant(24, 6, 8, TSR_METR
 static void test_ip_res_m16(void **st) { (void)st; run_variant(32, 16, 8, TSR_METRIC_IP, 1); }
 static void test_l2_nores_m9_5(void **st) { (void)st; run_variant(18, 9, 5, TSR_METRIC_L2, 0); }
 static void test_ip_res_nbits1(void **st) { (void)st; run_variant(16, 8, 1, TSR_METRIC_IP, 1); }
+/* dsub = 1 (M = d): the shape of PQ64 on d = 64, the benches' index */
+static void test_l2_res_dsub1(void **st) { (void)st; run_variant(16, 16, 8, TSR_METRIC_L2, 1); }
+static void test_ip_nores_dsub1(void **st) { (void)st; run_variant(16, 16, 8, TSR_METRIC_IP, 0); }
+static void test_l2_nores_dsub1(void **st) { (void)st; run_variant(16, 16, 8, TSR_METRIC_L2, 0); }
 
 /* The kernels directly, on random tables and codes, lengths not multiples of 16. */
 static void test_kernels(void **st)
@@ -616,6 +620,8 @@ int main(void)
         cmocka_unit_test(test_l2_res_4),      cmocka_unit_test(test_ip_nores_4),
         cmocka_unit_test(test_l2_res_m6),     cmocka_unit_test(test_ip_res_m16),
         cmocka_unit_test(test_l2_nores_m9_5), cmocka_unit_test(test_ip_res_nbits1),
+        cmocka_unit_test(test_l2_res_dsub1), cmocka_unit_test(test_ip_nores_dsub1),
+        cmocka_unit_test(test_l2_nores_dsub1),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
