@@ -11,7 +11,7 @@
 #   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
 #   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
 #   make fuzz-long [FUZZ_SECONDS=N]  a campaign: N s (default 600) per harness, corpus merged, a table
-#   make bench-search | bench-ingest | bench-rpc | bench-e2e | bench-query | bench-cluster | bench-memory | bench-ha | bench-ha-elect   benchmarks (not part of test)
+#   make bench-search | bench-ingest | bench-rpc | bench-e2e | bench-query | bench-cluster | bench-knn | bench-memory | bench-ha | bench-ha-elect   benchmarks (not part of test)
 
 CC       ?= cc
 OPT      ?= -O2

@@ -226,8 +226,17 @@ static void select_row(const float *v, size_t ny, size_t k, int lb, uint64_t *ke
 }
 
 /* Queries with k >= SELECT_MIN_K and ny <= SELECT_MAX_NY take the selection path (the
- * heap is faster below: 16 vs 21 us per query at k = 16 of 4000, 32 vs 25 at k = 64). */
-enum { SELECT_MIN_K = 32, SELECT_MAX_NY = 1 << 20, SELECT_IP_FLOATS = 1 << 18 };
+ * scalar heap is faster below: 16 vs 21 us per query at k = 16 of 4000, 32 vs 25 at
+ * k = 64). The heap with AVX-512 candidate blocks is faster up to k = 64 (`make
+ * bench-knn`, batches of 32: 18 vs 26 us at k = 32, 29 vs 47 at k = 64; 55 vs 41 at
+ * k = 128): L2 takes it below SELECT_MIN_K_WIDE. Not IP: there the selection path turns a
+ * -0 distance into +0 and the heap keeps it, so the switch would change bits. */
+enum {
+    SELECT_MIN_K = 32,
+    SELECT_MIN_K_WIDE = 128,
+    SELECT_MAX_NY = 1 << 20,
+    SELECT_IP_FLOATS = 1 << 18
+};
 
 static int knn_select(const float *x, size_t n, const float *y, size_t ny, size_t d, size_t k,
                       int lb, const float *yn, float *D, int64_t *I, tsr_error *err)
@@ -298,7 +307,7 @@ int tsr_knn(const float *x, size_t n, const float *y, size_t ny, size_t d,
     const char *se = getenv("TSR_SIMD");
     int wide = __builtin_cpu_supports("avx512f") &&
                !(se && (strcmp(se, "scalar") == 0 || strcmp(se, "avx2") == 0));
-    if (k >= SELECT_MIN_K && ny <= SELECT_MAX_NY) {
+    if (k >= (wide && !lb ? SELECT_MIN_K_WIDE : SELECT_MIN_K) && ny <= SELECT_MAX_NY) {
         rc = knn_select(x, n, y, ny, d, k, lb, yn, D, I, err);
         goto clamp;
     }

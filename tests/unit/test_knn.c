@@ -151,10 +151,10 @@ static void test_knn_large_k(void **state)
     check_exact_ties(TSR_METRIC_L2, 20, 2000, 8, 10);   /* heap path, same bar */
 }
 
-/* The k-heap path (k < 32) with the AVX-512 candidate blocks against the scalar loop
- * (TSR_SIMD=scalar): the same labels and the same distance bits, on data with many
- * equal distances (the tie rule decides), a NaN row (never selected), rows not a
- * multiple of 16, norms given or not, L2 and IP. */
+/* The k-heap path with the AVX-512 candidate blocks (k < 32; L2 up to 127) against the
+ * scalar loop or selection (TSR_SIMD=scalar): the same labels and distance bits, on data
+ * with many equal distances (the tie rule decides), a NaN row (never selected), rows not
+ * a multiple of 16, norms given or not, L2 and IP. */
 static void test_knn_heap_wide(void **state)
 {
     (void)state;
@@ -168,9 +168,10 @@ static void test_knn_heap_wide(void **state)
         y[i] = 0.5f * (float)((s = s * 1103515245u + 12345u) >> 16 & 7);
     y[500 * d + 3] = NAN;
     tsr_knn_norms(y, ny, d, yn);
-    const size_t ks[] = {2, 3, 10, 16, 31};
-    float *D0 = malloc(n * 31 * sizeof(float)), *D1 = malloc(n * 31 * sizeof(float));
-    int64_t *I0 = malloc(n * 31 * sizeof(int64_t)), *I1 = malloc(n * 31 * sizeof(int64_t));
+    /* 32 .. 127: the AVX-512 heap (L2) against the scalar path's selection */
+    const size_t ks[] = {2, 3, 10, 16, 31, 32, 64, 127};
+    float *D0 = malloc(n * 127 * sizeof(float)), *D1 = malloc(n * 127 * sizeof(float));
+    int64_t *I0 = malloc(n * 127 * sizeof(int64_t)), *I1 = malloc(n * 127 * sizeof(int64_t));
     tsr_error err = TSR_ERROR_INIT;
     for (int metric = 0; metric < 2; metric++) {
         enum tsr_metric m = metric ? TSR_METRIC_IP : TSR_METRIC_L2;
