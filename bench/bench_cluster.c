@@ -13,13 +13,19 @@
  *   ping    grpc.health.v1.Health/Check to --target, one empty call per "query": the rate
  *           at which these cores carry bare calls into the coordinator, the floor under
  *           any request (the driver's bound column).
+ *   split   the cluster's division of work without its processes and calls: the coarse
+ *           step once per call (tsr_knn), then the probed lists split into --split groups
+ *           (list % S, like a plan that ignores geometry), each group searched on its own
+ *           (tsr_ivfpq_search_preassigned with the other groups' probes as -1: its own
+ *           per-query table, quantization and top-k, as a shard has) and the S top-k
+ *           merged: what S partitions cost the engine before any RPC.
  * A warm-up pass (--warmup queries, same loop) comes first. The labels (nq * k int64,
  * -1 padded) go to --out for the driver's recall. Prints one JSON object.
  *
  * usage: bench_cluster --mode coord|inproc|ping --index F.faiss --queries Q.fvecs
  *                      [--target ADDR] [--nprobe P] [--k K] [--inflight T] [--batch B]
  *                      [--candidates C (-1 = the coordinator's default)] [--nq N]
- *                      [--warmup W] [--out LABELS]
+ *                      [--warmup W] [--out LABELS] [--split S (split mode, 1..16)]
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -40,8 +46,10 @@
 #define MAX_BATCH 256
 
 typedef struct bench {
-    int coord;                 /* mode: 1 coord, 2 ping, 0 inproc */
+    int coord;                 /* mode: 1 coord, 2 ping, 0 inproc, 3 split */
     tsr_ivfpq *ix;             /* inproc: the index; coord: only d and nlist are used */
+    size_t split;              /* split: the groups */
+    float *cnorms;             /* split: the centroids' squared norms (tsr_knn) */
     tsr_rpc_channel *ch;
     const float *xq;
     size_t d, k, nprobe, batch, nq;
@@ -148,6 +156,54 @@ static int call_inproc(bench *b, size_t i0, size_t n)
     return 0;
 }
 
+/* Split mode: see the file comment. The merge keeps the k best of the groups' answers
+ * by (distance, label), smaller first (L2). */
+#define MAX_SPLIT 16
+static int call_split(bench *b, size_t i0, size_t n)
+{
+    const tsr_ivfpq *ix = b->ix;
+    size_t np = b->nprobe, k = b->k, S = b->split;
+    float *cd = tsr_xmalloc(n * np * sizeof *cd), *D = tsr_xmalloc(S * n * k * sizeof *D);
+    int64_t *cl = tsr_xmalloc(n * np * sizeof *cl), *gl = tsr_xmalloc(n * np * sizeof *gl);
+    int64_t *I = tsr_xmalloc(S * n * k * sizeof *I);
+    const float *x = b->xq + i0 * b->d;
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_ivfpq_search_opts so;
+    tsr_ivfpq_search_opts_init(&so);
+    int rc = tsr_knn(x, n, ix->centroids, ix->nlist, b->d, ix->metric, np, b->cnorms, cd, cl,
+                     &err);
+    for (size_t g = 0; g < S && rc == 0; g++) {
+        for (size_t j = 0; j < n * np; j++)
+            gl[j] = cl[j] >= 0 && (size_t)cl[j] % S == g ? cl[j] : -1;
+        rc = tsr_ivfpq_search_preassigned(ix, n, x, k, np, gl, cd, &so, D + g * n * k,
+                                          I + g * n * k, &err);
+    }
+    for (size_t q = 0; q < n && rc == 0; q++) {
+        size_t at[MAX_SPLIT] = {0};
+        int64_t *out = b->labels + (i0 + q) * k;
+        for (size_t r = 0; r < k; r++) {
+            size_t best = S;
+            for (size_t g = 0; g < S; g++) {
+                size_t o = (g * n + q) * k + at[g];
+                if (at[g] >= k || I[o] < 0)
+                    continue;
+                size_t ob = (best * n + q) * k + (best < S ? at[best] : 0);
+                if (best == S || D[o] < D[ob] || (D[o] == D[ob] && I[o] < I[ob]))
+                    best = g;
+            }
+            out[r] = best < S ? I[(best * n + q) * k + at[best]++] : -1;
+        }
+    }
+    if (rc != 0)
+        fprintf(stderr, "bench_cluster: split search: %s\n", err.msg);
+    free(cd);
+    free(D);
+    free(cl);
+    free(gl);
+    free(I);
+    return rc ? -1 : 0;
+}
+
 static void *work(void *arg)
 {
     worker *w = arg;
@@ -163,9 +219,10 @@ static void *work(void *arg)
         if (at + n > b->nq)
             n = b->nq - at;
         double t0 = now_us();
-        int rc = b->coord == 2 ? call_ping(b, &res)
-                 : b->coord  ? call_coord(b, at, n, &res)
-                             : call_inproc(b, at, n);
+        int rc = b->coord == 2   ? call_ping(b, &res)
+                 : b->coord == 3 ? call_split(b, at, n)
+                 : b->coord      ? call_coord(b, at, n, &res)
+                                 : call_inproc(b, at, n);
         double dt = now_us() - t0;
         tsr_rpc_result_close(&res);
         w->fails += rc != 0;
@@ -222,13 +279,15 @@ int main(int argc, char **argv)
 {
     const char *mode = NULL, *target = NULL, *index = NULL, *queries = NULL, *out = NULL;
     size_t nprobe = 16, k = 10, threads = 1, batch = 1, nq = 0, warmup = 200;
+    size_t split = 4;
     int candidates = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help")) {
-            printf("usage: bench_cluster --mode coord|inproc|ping --index F --queries Q "
+            printf("usage: bench_cluster --mode coord|inproc|ping|split --index F --queries Q "
                    "[--target A] [--nprobe P] [--k K<=100] [--inflight T<=64] "
-                   "[--batch B<=256] [--candidates C] [--nq N] [--warmup W] [--out F]\n");
+                   "[--batch B<=256] [--candidates C] [--nq N] [--warmup W] [--out F] "
+                   "[--split S<=16]\n");
             return 0;
         }
         if (i + 1 >= argc)
@@ -246,18 +305,33 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--candidates")) candidates = atoi(v);
         else if (!strcmp(a, "--nq")) nq = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--warmup")) warmup = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--split")) split = strtoull(v, NULL, 10);
         else die(a, "unknown option (see --help)");
     }
-    if (!mode || (strcmp(mode, "coord") && strcmp(mode, "inproc") && strcmp(mode, "ping")) ||
-        !index || !queries || (strcmp(mode, "inproc") && !target) || k < 1 || k > 100 || threads < 1 ||
-        threads > MAX_THREADS || batch < 1 || batch > MAX_BATCH || nprobe < 1)
+    int local = mode && (!strcmp(mode, "inproc") || !strcmp(mode, "split"));
+    if (!mode || (!local && strcmp(mode, "coord") && strcmp(mode, "ping")) || !index ||
+        !queries || (!local && !target) || k < 1 || k > 100 || threads < 1 ||
+        threads > MAX_THREADS || batch < 1 || batch > MAX_BATCH || nprobe < 1 || split < 1 ||
+        split > MAX_SPLIT)
         die("usage", "see --help");
     tsr_blas_set_threads(1);
     tsr_error err = TSR_ERROR_INIT;
     bench b = {0};
-    b.coord = !strcmp(mode, "coord") ? 1 : !strcmp(mode, "ping") ? 2 : 0;
-    if (tsr_faiss_read_file(index, &b.ix, &err) || tsr_ivfpq_search_prepare(b.ix, &err))
+    b.coord = !strcmp(mode, "coord")   ? 1
+              : !strcmp(mode, "ping")  ? 2
+              : !strcmp(mode, "split") ? 3
+                                       : 0;
+    /* coord and ping read only d and nlist: the search tables are the local modes' */
+    if (tsr_faiss_read_file(index, &b.ix, &err) ||
+        (local && tsr_ivfpq_search_prepare(b.ix, &err)))
         die(index, err.msg);
+    b.split = split;
+    if (b.coord == 3) {
+        if (b.ix->metric != TSR_METRIC_L2)
+            die(index, "split mode merges L2 distances only");
+        b.cnorms = tsr_xmalloc(b.ix->nlist * sizeof *b.cnorms);
+        tsr_knn_norms(b.ix->centroids, b.ix->nlist, (size_t)b.ix->d, b.cnorms);
+    }
     float *xq = NULL;
     size_t nqf = 0, qd = 0;
     if (tsr_fvecs_read(queries, &xq, &nqf, &qd, &err))
@@ -272,7 +346,7 @@ int main(int argc, char **argv)
     b.candidates = candidates;
     b.nq = nq && nq < nqf ? nq : nqf;
     b.labels = tsr_xmalloc(b.nq * k * sizeof *b.labels);
-    if (b.coord && !(b.ch = tsr_rpc_channel_create(target, NULL, &err)))
+    if (!local && !(b.ch = tsr_rpc_channel_create(target, NULL, &err)))
         die(target, err.msg);
 
     double *lat;
@@ -295,6 +369,7 @@ int main(int argc, char **argv)
            nlat ? lat[(size_t)(0.99 * (double)(nlat - 1))] : 0.0);
     free(lat);
     free(b.labels);
+    free(b.cnorms);
     free(xq);
     if (b.ch)
         tsr_rpc_channel_destroy(b.ch);

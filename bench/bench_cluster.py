@@ -14,6 +14,10 @@ each):
   cluster   FindNeighbors through the coordinator, PQ distances (approximate_neighbor_count
             = 0, what the in-process engine and Faiss compute);
   inproc    tsr_ivfpq_search on the same file in one process, the same threads and batches;
+  split     the same engine doing the cluster's division of work without its processes and
+            calls: the probed lists split 4 ways (list % 4), each part searched on its own
+            (its own table, quantization and top-k, as a shard) and merged — what the 4
+            partitions cost before any RPC ("split / in-process");
   faiss     Debian's Faiss 1.7.3 on the same file: the same number of processes (forked after
             loading: python threads would share the GIL), one OpenMP thread each, same batches;
   ping      bare grpc.health.v1.Health/Check calls to the coordinator, one per query, the same
@@ -32,7 +36,9 @@ BENCH_CLUSTER_RUNS (1): the measurement repeated on the one loaded cluster, a ta
 BENCH_CLUSTER_COALESCE ("2,0"): the coordinator's coalesce_inflight for the cluster column
 (the first) and for an A/B column beside it (the others; the coordinator restarts between
 them on the same shards, each row measured under every setting back to back in alternating
-order, docs/coordinator.md "Coalesced shard calls"). "" = the config's default only.
+order, docs/coordinator.md "Coalesced shard calls"). "" = the config's default only;
+BENCH_CLUSTER_PLAN ("balanced"): the partition plan, "locality" puts neighbouring lists on
+one shard (docs/coordinator.md), so a query touches fewer shards.
 """
 import json
 import multiprocessing as mp
@@ -57,6 +63,7 @@ INFLIGHT = [int(x) for x in os.environ.get("BENCH_CLUSTER_INFLIGHT", "1,4,16").s
 BATCHES = [int(x) for x in os.environ.get("BENCH_CLUSTER_BATCHES", "1,32").split(",")]
 RUNS = int(os.environ.get("BENCH_CLUSTER_RUNS", 1))
 COALESCE = [int(x) for x in os.environ.get("BENCH_CLUSTER_COALESCE", "2,0").split(",") if x]
+PLAN = os.environ.get("BENCH_CLUSTER_PLAN", "balanced")
 CLIENT = os.environ.get("BENCH_CLUSTER_CLIENT",
                         os.path.join(ROOT, "build", "release", "bench", "bench_cluster"))
 K = bs.K
@@ -119,6 +126,8 @@ def c_client(mode, ix_p, xq_p, nprobe, inflight, batch, target=None, candidates=
             "--out", out, "--warmup", str(max(200, 4 * inflight * batch))]
     if target:
         argv += ["--target", target, "--candidates", str(candidates)]
+    if mode == "split":
+        argv += ["--split", "4"]
     p = subprocess.run(argv, capture_output=True, text=True)
     if p.returncode != 0:
         raise AssertionError("bench_cluster %s failed:\n%s%s" % (mode, p.stderr, p.stdout))
@@ -172,7 +181,7 @@ def main():
     t_start, load0 = time.strftime("%Y-%m-%d %H:%M", time.gmtime()), os.getloadavg()[0]
     tp = ch.stubs()[0]
     cl = ch.Cluster(4, bs.D, {"nlist": bs.NLIST, "pq_m": bs.M, "nprobe": 16,
-                              "plan": "balanced", "stage_chunk": 5000,
+                              "plan": PLAN, "stage_chunk": 5000,
                               # a 1M load's Prepare (250k vectors per shard) on a loaded
                               # 2-core machine can outlast the 120 s default
                               "stage_deadline_ms": 1800000}, template=ix_p,
@@ -248,13 +257,15 @@ def measure(ix_p, xq_p, xq, gt, fz, r):
     then the recall of every column."""
     nprobe, b, t = r["nprobe"], r["batch"], r["inflight"]
     r["inproc"] = c_client("inproc", ix_p, xq_p, nprobe, t, b)
+    r["split"] = c_client("split", ix_p, xq_p, nprobe, t, b)
     r["faiss"] = faiss_run(fz, xq, nprobe, t, b)
-    for key in [k for k in r if k in ("cluster", "inproc", "faiss", "rerank") or
+    for key in [k for k in r if k in ("cluster", "inproc", "split", "faiss", "rerank") or
                 k.startswith("cluster")]:
         if "I" in r[key]:
             r[key]["recall"] = recall(r[key].pop("I"), gt)
-    log("nprobe %d batch %d in flight %d: cluster %.0f, inproc %.0f, faiss %.0f QPS" %
-        (nprobe, b, t, r["cluster"]["qps"], r["inproc"]["qps"], r["faiss"]["qps"]))
+    log("nprobe %d batch %d in flight %d: cluster %.0f, inproc %.0f, split %.0f, faiss %.0f QPS"
+        % (nprobe, b, t, r["cluster"]["qps"], r["inproc"]["qps"], r["split"]["qps"],
+           r["faiss"]["qps"]))
 
 
 def report(run, n, t_start, load0):
@@ -262,9 +273,9 @@ def report(run, n, t_start, load0):
     rows, t_run, l_run, l_end = run
     print()
     print("Run %d of %d. Cluster throughput: %d x %d (bench_search %s data), IVF%d / PQ%d x 8, L2; "
-          "%d queries, k=%d; coordinator + 4 shards + clients on this machine's 2 cores; "
+          "%d queries, k=%d; coordinator + 4 shards (%s plan) + clients on this machine's 2 cores; "
           "started %s UTC (load %.1f), this run %s UTC, load %.1f at its start, %.1f at its end"
-          % (n, RUNS, bs.N, bs.D, bs.GEN, bs.NLIST, bs.M, bs.NQ, K, t_start, load0, t_run,
+          % (n, RUNS, bs.N, bs.D, bs.GEN, bs.NLIST, bs.M, bs.NQ, K, PLAN, t_start, load0, t_run,
              l_run, l_end))
     if COALESCE:
         print("cluster = coalesce_inflight %d; %s" % (COALESCE[0], "; ".join(
@@ -272,21 +283,22 @@ def report(run, n, t_start, load0):
             for j, co in enumerate(COALESCE) if j)))
     extra = ["cluster%d" % j for j in range(1, len(COALESCE))]
     print("| nprobe | queries/call | in flight | cluster QPS | p50 µs | p99 µs | recall | "
-          "in-process QPS | p50 µs | cluster / in-process | ping calls/s | bound / in-process |"
+          "in-process QPS | p50 µs | cluster / in-process | split-4 QPS | split / in-process |"
+          " ping calls/s | bound / in-process |"
           " Faiss 1.7.3 QPS | cluster / Faiss |"
           " p99 / p50 (cluster) |" + "".join(" %s QPS | p50 µs | p99 µs | %s / in-process |"
                                             % (x, x) for x in extra))
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" +
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" +
           "---:|---:|---:|---:|" * len(extra))
     for r in rows:
-        c, i, f, pg = r["cluster"], r["inproc"], r["faiss"], r["ping"]
+        c, i, f, pg, sp = r["cluster"], r["inproc"], r["faiss"], r["ping"], r["split"]
         bound = 1 / (1 / i["qps"] + 1 / (r["batch"] * pg["qps"]))
         print("| %d | %d | %d | %.0f | %.0f | %.0f | %.3f | %.0f | %.0f | %.2f | %.0f | %.2f | "
-              "%.0f | %.2f | %.1f |" % (r["nprobe"], r["batch"], r["inflight"], c["qps"],
-                                        c["p50_us"], c["p99_us"], c["recall"], i["qps"],
-                                        i["p50_us"], c["qps"] / i["qps"], pg["qps"],
-                                        bound / i["qps"], f["qps"], c["qps"] / f["qps"],
-                                        c["p99_us"] / c["p50_us"]) +
+              "%.0f | %.2f | %.0f | %.2f | %.1f |" % (
+                  r["nprobe"], r["batch"], r["inflight"], c["qps"], c["p50_us"], c["p99_us"],
+                  c["recall"], i["qps"], i["p50_us"], c["qps"] / i["qps"], sp["qps"],
+                  sp["qps"] / i["qps"], pg["qps"], bound / i["qps"], f["qps"],
+                  c["qps"] / f["qps"], c["p99_us"] / c["p50_us"]) +
               "".join(" %.0f | %.0f | %.0f | %.2f |" % (r[x]["qps"], r[x]["p50_us"],
                                                          r[x]["p99_us"], r[x]["qps"] / i["qps"])
                       for x in extra))
@@ -300,12 +312,13 @@ def report(run, n, t_start, load0):
             print("| %d | %d | %.0f | %.3f | %.0f | %.3f | %.2f |" %
                   (r["nprobe"], r["batch"], c["qps"], c["recall"], e["qps"], e["recall"],
                    e["qps"] / c["qps"]))
-    fails = sum(r[k].get("fails", 0) for r in rows for k in ["inproc", "rerank"] +
+    fails = sum(r[k].get("fails", 0) for r in rows for k in ["inproc", "split", "rerank"] +
                 ["cluster"] + extra if k in r)
     same = all(abs(r[k]["recall"] - r["inproc"]["recall"]) < 0.005 for r in rows
-               for k in ["cluster"] + extra)
+               for k in ["cluster", "split"] + extra)
     print()
-    print("failed calls: %d; cluster recall equals in-process recall (±0.005) in every row: %s"
+    print("failed calls: %d; cluster and split recall equal in-process recall (±0.005) in "
+          "every row: %s"
           % (fails, "yes" if same else "NO"), flush=True)
 
 
