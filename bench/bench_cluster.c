@@ -40,6 +40,7 @@
 #include "index/knn.h"
 #include "index/vecs_io.h"
 #include "net/rpc.h"
+#include "query/topk.h"
 #include "tessera/v1/tessera.pb-c.h"
 
 #define MAX_THREADS 64
@@ -156,8 +157,7 @@ static int call_inproc(bench *b, size_t i0, size_t n)
     return 0;
 }
 
-/* Split mode: see the file comment. The merge keeps the k best of the groups' answers
- * by (distance, label), smaller first (L2). */
+/* Split mode: see the file comment. L2 only (checked in main): smaller is better. */
 #define MAX_SPLIT 16
 static int call_split(bench *b, size_t i0, size_t n)
 {
@@ -178,22 +178,24 @@ static int call_split(bench *b, size_t i0, size_t n)
         rc = tsr_ivfpq_search_preassigned(ix, n, x, k, np, gl, cd, &so, D + g * n * k,
                                           I + g * n * k, &err);
     }
+    /* the groups' answers merged as the coordinator merges the shards' (query/topk) */
+    tsr_hit *h = tsr_xmalloc(S * k * sizeof *h), out[100];
+    const tsr_hit *lists[MAX_SPLIT];
+    size_t lens[MAX_SPLIT];
     for (size_t q = 0; q < n && rc == 0; q++) {
-        size_t at[MAX_SPLIT] = {0};
-        int64_t *out = b->labels + (i0 + q) * k;
-        for (size_t r = 0; r < k; r++) {
-            size_t best = S;
-            for (size_t g = 0; g < S; g++) {
-                size_t o = (g * n + q) * k + at[g];
-                if (at[g] >= k || I[o] < 0)
-                    continue;
-                size_t ob = (best * n + q) * k + (best < S ? at[best] : 0);
-                if (best == S || D[o] < D[ob] || (D[o] == D[ob] && I[o] < I[ob]))
-                    best = g;
-            }
-            out[r] = best < S ? I[(best * n + q) * k + at[best]++] : -1;
+        for (size_t g = 0; g < S; g++) {
+            lists[g] = h + g * k;
+            lens[g] = 0;
+            for (size_t r = 0; r < k && I[(g * n + q) * k + r] >= 0; r++, lens[g]++)
+                h[g * k + r] = (tsr_hit){D[(g * n + q) * k + r], 0, I[(g * n + q) * k + r]};
         }
+        size_t nout = 0;
+        if ((rc = tsr_topk_merge(lists, lens, S, 0, k, 0, out, &nout)) != 0)
+            tsr_err(&err, rc, "merge: out of memory");
+        for (size_t r = 0; r < k; r++)
+            b->labels[(i0 + q) * k + r] = r < nout ? out[r].label : -1;
     }
+    free(h);
     if (rc != 0)
         fprintf(stderr, "bench_cluster: split search: %s\n", err.msg);
     free(cd);

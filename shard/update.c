@@ -638,9 +638,11 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
                          "Stage)", (long long)st->version, (long long)st->base_version,
                          (long long)applied, (long long)st->stream_seq);
     }
-    /* the build copies the codes of d's records (e->src keeps d alive until then) */
-    if (rc == 0 && !tsr__delta_empty(d) && (rc = tsr__delta_fold(d, e, err)) == 0)
-        e->src = tsr__delta_ref(d);
+    /* the build copies the codes of d's records: e->src takes our reference until then */
+    if (rc == 0 && !tsr__delta_empty(d) && (rc = tsr__delta_fold(d, e, err)) == 0) {
+        e->src = d;
+        return 0;
+    }
     tsr__delta_unref(d);
     return rc;
 }

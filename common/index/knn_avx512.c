@@ -47,14 +47,14 @@ void tsr__knn_argmin_avx512(const float *row, const float *yn, float xn, size_t 
     }
 }
 
-/* The k-heap scan's candidates (k = 2 .. SELECT_MIN_K - 1), 16 values at a time: from
- * block j on (j and n multiples of 16), the first block with a value that could enter a
- * heap whose worst kept distance is thr — v <= thr for L2 (v = (xn + yn[j]) - 2 row[j],
- * the scalar scan's expression, so the same bits), v >= thr for inner products (lb: v =
- * row[j], yn unused). A NaN is never a candidate, as it never enters the heap. Returns
- * the block's start with its 16 values in v and its candidate lanes in *mask, or n when
- * no block has one. The caller tests each candidate with tsr_heap_worse against the
- * heap as it is then (the lanes are a superset: thr only tightens). */
+/* The k-heap scan's candidates (k from 2 up to knn.c's selection threshold), 16 values at
+ * a time: from block j on (j and n multiples of 16), the first block with a value that
+ * could enter a heap whose worst kept distance is thr — v <= thr for L2 (v = (xn +
+ * yn[j]) - 2 row[j], the scalar scan's expression, so the same bits), v >= thr for inner
+ * products (lb: v = row[j], yn unused). A NaN is never a candidate, as it never enters
+ * the heap. Returns the block's start with its 16 values in v and its candidate lanes in
+ * *mask, or n when no block has one. The caller tests each candidate with tsr_heap_worse
+ * against the heap as it is then (the lanes are a superset: thr only tightens). */
 size_t tsr__knn_next_cand_avx512(const float *row, const float *yn, float xn, size_t j,
                                  size_t n, float thr, int lb, float *v, unsigned *mask)
 {
