@@ -37,6 +37,7 @@
 
 #include "index/knn.h"
 #include "core/heap.h"
+#include "core/cpu.h"
 #include "core/mem.h"
 
 /* ---- options and SIMD selection -------------------------------------------------- */
@@ -55,10 +56,9 @@ int tsr_ivfpq_search_simd_supported(enum tsr_simd s)
         return 1;
 #if defined(__x86_64__) || defined(__i386__)
     case TSR_SIMD_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return tsr_cpu_has(TSR_CPU_AVX2);
     case TSR_SIMD_AVX512:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+        return tsr_cpu_has(TSR_CPU_AVX512);
 #endif
     default:
         return 0;
@@ -159,7 +159,8 @@ enum tsr_simd tsr_ivfpq_search_simd_auto(void)
             return want;
     }
     pthread_once(&calibrate_once, calibrate);
-    return calibrated;
+    /* A cap (TSR_SIMD_MAX) set after the calibration: the scalar kernel, the reference */
+    return tsr_ivfpq_search_simd_supported(calibrated) ? calibrated : TSR_SIMD_SCALAR;
 }
 
 static tsr__scan8_fn scan8_for(enum tsr_simd s)

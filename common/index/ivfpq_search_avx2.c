@@ -15,6 +15,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "core/cpu.h"
+
 void tsr__scan8_avx2(const float *T, size_t M, const uint8_t *codes, size_t n,
                      const float *term, float base, float *out)
 {
@@ -175,5 +177,5 @@ uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size
 
 int tsr__filter8_avx2_supported(void)
 {
-    return __builtin_cpu_supports("avx2");
+    return tsr_cpu_has(TSR_CPU_AVX2);
 }

@@ -16,6 +16,8 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "core/cpu.h"
+
 void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
                        const float *term, float base, float *out)
 {
@@ -118,8 +120,7 @@ tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
 
 int tsr__filter8_avx512_supported(void)
 {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vbmi");
+    return tsr_cpu_has(TSR_CPU_AVX512_VBMI);
 }
 
 /* The per-query table of the scaled-dot forms (IP, L2 by_residual), 16 entries at a time

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "core/cpu.h"
 #include "core/heap.h"
 #include "core/mem.h"
 
@@ -305,7 +306,7 @@ int tsr_knn(const float *x, size_t n, const float *y, size_t ny, size_t d,
     /* AVX-512 for the k = 1 and k-heap scans unless TSR_SIMD forces the scalar or AVX2
      * path (the tests run both) */
     const char *se = getenv("TSR_SIMD");
-    int wide = __builtin_cpu_supports("avx512f") &&
+    int wide = tsr_cpu_has(TSR_CPU_AVX512) &&
                !(se && (strcmp(se, "scalar") == 0 || strcmp(se, "avx2") == 0));
     if (k >= (wide && !lb ? SELECT_MIN_K_WIDE : SELECT_MIN_K) && ny <= SELECT_MAX_NY) {
         rc = knn_select(x, n, y, ny, d, k, lb, yn, D, I, err);

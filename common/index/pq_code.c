@@ -11,6 +11,7 @@
 
 #include "index/kmeans_int.h"
 #include "core/parallel.h"
+#include "core/cpu.h"
 #include "index/knn.h"
 #include "core/mem.h"
 
@@ -140,7 +141,7 @@ int tsr_pq_encode(const tsr_pq *pq, const float *x, size_t n, uint8_t *codes, in
         }
         const char *e = getenv("TSR_NO_SIMD");
         c->simd = ksub % 16 == 0 && ksub <= 1024 && !(e != NULL && *e && *e != '0') &&
-                  __builtin_cpu_supports("avx512f");
+                  tsr_cpu_has(TSR_CPU_AVX512);
     } else {
         c->cnorms = tsr_try_malloc(M * ksub, sizeof(float));
         if (c->cnorms == NULL) {

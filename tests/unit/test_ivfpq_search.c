@@ -448,21 +448,28 @@ static void run_variant(int d, size_t M, size_t nbits, enum tsr_metric metric, i
 }
 
 /* The quantized prefilter (8-bit codes, nprobe >= 2): with the scalar filter kernel
- * (TSR_SEARCH_FILTER=scalar), the default one (AVX-512 VBMI where present, else AVX2) and
- * the AVX2 one (TSR_SIMD=avx2), the same labels and bit-identical distances as without it
- * (TSR_SEARCH_FILTER=0), and the
+ * (TSR_SEARCH_FILTER=scalar), the default one (AVX-512 VBMI where present, else AVX2),
+ * the AVX2 one (TSR_SIMD=avx2), and the process capped as a CPU without AVX-512
+ * (TSR_SIMD_MAX=avx2: its own choices among what is left) or without any SIMD
+ * (TSR_SIMD_MAX=scalar: no prefilter, the scalar scan), the same labels and bit-identical
+ * distances as without it (TSR_SEARCH_FILTER=0), and the
  * reference; for every metric / residual variant, an M that is not a multiple of 4, k
  * from 1 to more than a block, the accept filter and two threads. */
 static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual)
 {
     const size_t nlist = 16, nprobe = 12;
-    enum { NMO = 4 };
-    const char *modes[NMO] = {"0", "scalar", NULL, NULL};
-    const char *simds[NMO] = {NULL, NULL, NULL, "avx2"};
+    enum { NMO = 6 };
+    const char *modes[NMO] = {"0", "scalar", NULL, NULL, NULL, NULL};
+    const char *simds[NMO] = {NULL, NULL, NULL, "avx2", NULL, NULL};
+    const char *caps[NMO] = {NULL, NULL, NULL, NULL, "avx2", "scalar"};
     fixture f[NMO];
     for (int mo = 0; mo < NMO; mo++) {
-        /* one index per mode: the transposed copy is built with the cache */
+        /* one index per mode: the transposed copy is built with the cache (under the
+         * mode's cap: none without a filter kernel) */
+        if (caps[mo])
+            setenv("TSR_SIMD_MAX", caps[mo], 1);
         f[mo] = make(d, nlist, M, 8, metric, by_residual, 3000, 30);
+        unsetenv("TSR_SIMD_MAX");
         /* Pull the lists together (any centroids make a valid index): the answers then
          * spread over several lists and many codes come close to the heap top, so the
          * bound is really put to the test (not only codes far off). */
@@ -498,10 +505,13 @@ static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual
                     unsetenv("TSR_SEARCH_FILTER");
                 if (simds[mo])
                     setenv("TSR_SIMD", simds[mo], 1);
+                if (caps[mo])
+                    setenv("TSR_SIMD_MAX", caps[mo], 1);
                 assert_int_equal(tsr_ivfpq_search(f[mo].ix, nq, f[mo].xq, k, &o, D[mo], I[mo],
                                                   &err), 0);
                 unsetenv("TSR_SEARCH_FILTER");
                 unsetenv("TSR_SIMD");
+                unsetenv("TSR_SIMD_MAX");
             }
             for (int mo = 1; mo < NMO; mo++) {
                 assert_memory_equal(I[0], I[mo], nq * k * sizeof(int64_t));

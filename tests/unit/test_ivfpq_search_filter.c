@@ -415,6 +415,33 @@ static void test_filter_choose(void **st)
     assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == tsr__filter8_scalar);
     assert_true(tsr__filter8_choose(TSR_SIMD_SCALAR) == tsr__filter8_scalar);
     unsetenv("TSR_SEARCH_FILTER");
+    /* TSR_SIMD_MAX: the process as on a CPU without AVX-512 (the AVX2 kernel wherever the
+     * VBMI one would run, no AVX-512 scan, table or coarse step) or without any SIMD (no
+     * prefilter: the plain scalar scan); an unknown value is the scalar cap. */
+    setenv("TSR_SIMD_MAX", "avx2", 1);
+    assert_false(tsr__filter8_avx512_supported());
+    assert_false(tsr_ivfpq_search_simd_supported(TSR_SIMD_AVX512));
+    assert_int_equal(tsr__filter8_avx2_supported(), a);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == avx2);
+    assert_true(tsr__filter8_choose(TSR_SIMD_AVX512) == avx2);
+    assert_true(tsr_ivfpq_search_simd_auto() != TSR_SIMD_AVX512);
+    const char *none[] = {"scalar", "sse", "AVX2"};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        setenv("TSR_SIMD_MAX", none[i], 1);
+        assert_false(tsr__filter8_avx2_supported());
+        assert_false(tsr_ivfpq_search_simd_supported(TSR_SIMD_AVX2));
+        assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == NULL);
+        assert_true(tsr_ivfpq_search_simd_auto() == TSR_SIMD_SCALAR);
+        setenv("TSR_SIMD", "avx512", 1); /* forcing a path the cap removed: the automatic one */
+        assert_true(tsr_ivfpq_search_simd_auto() == TSR_SIMD_SCALAR);
+        unsetenv("TSR_SIMD");
+    }
+    const char *uncapped[] = {"avx512", ""};
+    for (size_t i = 0; i < 2; i++) {
+        setenv("TSR_SIMD_MAX", uncapped[i], 1);
+        assert_true(tsr__filter8_choose(TSR_SIMD_AUTO) == best);
+    }
+    unsetenv("TSR_SIMD_MAX");
 }
 
 int main(void)

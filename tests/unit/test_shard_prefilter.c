@@ -4,7 +4,8 @@
  * VBMI where the CPU has it, else the AVX2 kernel), off (TSR_SEARCH_FILTER=0), with its
  * scalar kernel (TSR_SEARCH_FILTER=scalar), with TSR_SIMD=avx2 (the AVX2 filter kernel;
  * the plain AVX2 scan with TSR_SEARCH_FILTER=0; AVX2 with the scalar filter) and with
- * TSR_SIMD=scalar (the plain scalar scan), for queries with token restricts, numeric restricts, crowding and
+ * TSR_SIMD=scalar (the plain scalar scan), and as on CPUs without AVX-512 or SIMD
+ * (TSR_SIMD_MAX=avx2 | scalar), for queries with token restricts, numeric restricts, crowding and
  * the exact re-rank, at nprobe 1 (no filter) and 2, 5 and 8 of 8 lists.
  *
  * A list keeps its codes only as the scan blocks (tsr_ivfpq_flist), whichever kernel runs;
@@ -200,7 +201,7 @@ static void run_all(const fixture *f, const tsr__version *v, uint8_t **out, size
 
 /* Builds a version under the given knobs (NULL = unset) and returns its answers. */
 static void answers(const fixture *f, const char *filter_env, const char *simd_env,
-                    int expect_fl, uint8_t **out, size_t *n)
+                    const char *cap_env, int expect_fl, uint8_t **out, size_t *n)
 {
     tsr_error err = TSR_ERROR_INIT;
     if (expect_fl == 0) /* the Faiss-order layout: codes + terms, no scan blocks */
@@ -215,6 +216,10 @@ static void answers(const fixture *f, const char *filter_env, const char *simd_e
         setenv("TSR_SIMD", simd_env, 1);
     else
         unsetenv("TSR_SIMD");
+    if (cap_env)
+        setenv("TSR_SIMD_MAX", cap_env, 1);
+    else
+        unsetenv("TSR_SIMD_MAX");
     tsr__version *empty = tsr__version_empty(&err), *v = NULL;
     assert_non_null(empty);
     assert_int_equal(tsr__version_build(empty, f->tmpl, &f->e, 1, &v, &err), 0);
@@ -229,6 +234,7 @@ static void answers(const fixture *f, const char *filter_env, const char *simd_e
     tsr__version_unref(v);
     tsr__version_unref(empty);
     unsetenv("TSR_SHARD_CODES");
+    unsetenv("TSR_SIMD_MAX");
 }
 
 static void test_identical(void **state)
@@ -239,22 +245,26 @@ static void test_identical(void **state)
     /* The reference: Faiss-order codes, the plain scan (no prefilter). Every other case
      * keeps the codes only as scan blocks: with each prefilter kernel, and with none (the
      * plain kernels on blocks put back in Faiss order). */
-    answers(f, "0", NULL, 0, &ref, &nref);
+    answers(f, "0", NULL, NULL, 0, &ref, &nref);
     struct {
         const char *filter, *simd;
-        int fl; /* 1 = scan blocks, 0 = Faiss-order codes */
+        int fl;          /* 1 = scan blocks, 0 = Faiss-order codes */
+        const char *cap; /* TSR_SIMD_MAX: a CPU without AVX-512 (avx2) or SIMD (scalar) */
     } cases[] = {
-        {"scalar", NULL, 1}, {NULL, NULL, 1},     {NULL, "avx2", 1},     {"scalar", "avx2", 1},
-        {"0", "avx2", 1},    {NULL, "scalar", 1}, {"scalar", "scalar", 1}, {"0", NULL, 1},
-        {"0", "scalar", 1},  {NULL, NULL, 0},     {"0", "avx2", 0},
+        {"scalar", NULL, 1, NULL}, {NULL, NULL, 1, NULL},     {NULL, "avx2", 1, NULL},
+        {"scalar", "avx2", 1, NULL}, {"0", "avx2", 1, NULL},  {NULL, "scalar", 1, NULL},
+        {"scalar", "scalar", 1, NULL}, {"0", NULL, 1, NULL},  {"0", "scalar", 1, NULL},
+        {NULL, NULL, 0, NULL},     {"0", "avx2", 0, NULL},    {NULL, NULL, 1, "avx2"},
+        {"0", NULL, 1, "avx2"},    {NULL, NULL, 1, "scalar"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        answers(f, cases[c].filter, cases[c].simd, cases[c].fl, &got, &ngot);
+        answers(f, cases[c].filter, cases[c].simd, cases[c].cap, cases[c].fl, &got, &ngot);
         if (ngot != nref || memcmp(got, ref, nref) != 0)
-            fail_msg("TSR_SEARCH_FILTER=%s TSR_SIMD=%s layout %s: answers differ from "
-                     "TSR_SEARCH_FILTER=0 on Faiss-order codes (%zu vs %zu bytes)",
+            fail_msg("TSR_SEARCH_FILTER=%s TSR_SIMD=%s TSR_SIMD_MAX=%s layout %s: answers "
+                     "differ from TSR_SEARCH_FILTER=0 on Faiss-order codes (%zu vs %zu bytes)",
                      cases[c].filter ? cases[c].filter : "(unset)",
                      cases[c].simd ? cases[c].simd : "(unset)",
+                     cases[c].cap ? cases[c].cap : "(unset)",
                      cases[c].fl ? "blocks" : "faiss", ngot, nref);
         free(got);
     }
