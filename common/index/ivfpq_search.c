@@ -186,6 +186,9 @@ typedef struct search_cache {
                          (zero-padded); list l's blocks at toffsets[l], M * TSR__FBLOCK
                          bytes each, 64-aligned */
     size_t *toffsets; /* nlist byte offsets into tcodes */
+    uint8_t *rank;    /* NULL, or (dsub = 1) M x 256 centroid ranks: tcodes holds
+                         rank[m][code] instead of the code byte (the nibble stage) */
+    float *ct_r;      /* with rank: ct with centroid j of sub-quantizer m at its rank */
     size_t tbytes;    /* size of tcodes */
     float *cnorms;    /* L2: ||c||^2 of the nlist coarse centroids (the coarse step's y
                          norms: recomputed per call they were ~310 us of a single query's
@@ -204,6 +207,8 @@ static void cache_free(search_cache *c)
     free(c->ct);
     free(c->tcodes);
     free(c->toffsets);
+    free(c->rank);
+    free(c->ct_r);
     free(c->cnorms);
     free(c);
 }
@@ -366,13 +371,13 @@ static size_t fblock_bytes(const search_cache *c, size_t M)
 /* Transposes n codes (and their terms, when term is non-NULL) into dst, blocks of bsz
  * bytes (fblock_size), zeroed by the caller. */
 static void transpose_list(const uint8_t *codes, const float *term, size_t n, size_t M,
-                           size_t bsz, uint8_t *dst)
+                           size_t bsz, const uint8_t *rank, uint8_t *dst)
 {
     for (size_t i = 0; i < n; i++) {
         uint8_t *bp = dst + i / TSR__FBLOCK * bsz;
         const uint8_t *code = codes + i * M;
         for (size_t m = 0; m < M; m++)
-            bp[m * TSR__FBLOCK + i % TSR__FBLOCK] = code[m];
+            bp[m * TSR__FBLOCK + i % TSR__FBLOCK] = rank ? rank[m * 256 + code[m]] : code[m];
         if (term != NULL)
             memcpy(bp + M * TSR__FBLOCK + i % TSR__FBLOCK * sizeof(float), term + i,
                    sizeof(float));
@@ -445,12 +450,24 @@ static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
         }
         c->tbytes = bytes;
         c->tcodes = alloc_huge(bytes);
-        if (c->tcodes == NULL)
+        c->rank = tsr_try_malloc(pq->M, 256);
+        if (c->tcodes == NULL || c->rank == NULL)
             goto oom;
+        if (tsr__nibble_ranks(pq, c->rank)) { /* dsub = 1: the tables in rank order too */
+            if ((c->ct_r = tsr_try_aligned(pq->M * 256, sizeof(float))) == NULL)
+                goto oom;
+            for (size_t m = 0; m < pq->M; m++)
+                for (size_t j = 0; j < 256; j++)
+                    c->ct_r[m * 256 + c->rank[m * 256 + j]] = c->ct[m * 256 + j];
+        } else {
+            free(c->rank);
+            c->rank = NULL;
+        }
         memset(c->tcodes, 0, bytes);
         for (size_t l = 0; l < ix->nlist; l++)
             transpose_list(ix->lists[l].codes, c->term ? c->term + c->offsets[l] : NULL,
-                           ix->lists[l].size, pq->M, bsz, c->tcodes + c->toffsets[l]);
+                           ix->lists[l].size, pq->M, bsz, c->rank,
+                           c->tcodes + c->toffsets[l]);
     }
     free(P);
     return c;
@@ -516,6 +533,7 @@ typedef struct job {
     tsr__scan8_fn scan8;
     int refine;      /* IwQR refinement active */
     tsr__filter8_fn filter; /* the prefilter kernel, NULL = none (see filter_env) */
+    tsr__filter8_fn filter4; /* with cache->rank: the nibble kernel instead, or NULL */
     int wide_table;  /* build the table with AVX-512 (see wide_table_ok) */
     size_t k1;       /* candidates from the scan: k, or k_factor * k with refine */
     float *D;
@@ -527,6 +545,7 @@ typedef struct worker {
     job *jb;
     float *T;        /* M * ksub table */
     uint8_t *Tq;     /* NULL or M * 256: T quantized for the prefilter */
+    uint8_t *Tg;     /* NULL or M * 16: its group minima (the nibble stage) */
     float *dis;      /* BLOCK distances */
     heap h;
     heap hr;         /* refine heap (k entries) */
@@ -540,6 +559,7 @@ static void worker_close(worker *w)
 {
     free(w->T);
     free(w->Tq);
+    free(w->Tg);
     free(w->dis);
     free(w->h.d);
     free(w->h.id);
@@ -564,7 +584,8 @@ static int worker_init(worker *w, job *jb)
     int ok = w->T && w->dis && w->h.d && w->h.id;
     if (jb->filter != NULL) {
         w->Tq = tsr_try_aligned(pq->M * 256, 1);
-        ok = ok && w->Tq;
+        w->Tg = tsr_try_aligned(pq->M * 16, 1);
+        ok = ok && w->Tq && w->Tg;
     }
     if (jb->refine) {
         w->h.aux = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(int64_t));
@@ -865,19 +886,26 @@ static int search_one(worker *w, size_t qi)
     h->order = ip ? TSR_HEAP_TIE_SMALL_ID_WORSE : 0;
     tsr_heap_init(h);
     if (h->k > 0) {
-        build_table(ix, jb->cache->ct, xq, w->T, jb->wide_table);
-        /* The prefilter pays from a few lists on (quantizing the table costs ~2 us). */
+        /* The prefilter pays from a few lists on (quantizing the table costs ~2 us). Its
+         * blocks hold centroid ranks when the cache has them: the tables in rank order. */
+        int use_filter = jb->filter != NULL && jb->nprobe >= FILTER_MIN_NPROBE;
+        int ranked = use_filter && jb->cache->rank != NULL;
+        build_table(ix, ranked ? jb->cache->ct_r : jb->cache->ct, xq, w->T, jb->wide_table);
         filt fl, *flp = NULL;
         pfcur pf;
         const int64_t *qlists = jb->lists + qi * jb->nprobe;
         for (size_t p = 0; p < jb->nprobe && p < META_AHEAD; p++)
             meta_prefetch(ix, jb->cache, qlists[p]);
         float tabs = 0;
-        if (jb->filter != NULL && jb->nprobe >= FILTER_MIN_NPROBE &&
-            quantize_for(jb->filter, jb->wide_table, w->T, pq->M, w->Tq, &fl.qmin, &fl.delta,
-                         &tabs)) {
-            fl.fn = jb->filter;
+        tsr__filter8_fn fn = jb->filter4 ? jb->filter4 : jb->filter;
+        if (use_filter &&
+            quantize_for(fn, jb->wide_table, w->T, pq->M, w->Tq, &fl.qmin, &fl.delta, &tabs)) {
+            fl.fn = fn;
             fl.Tq = w->Tq;
+            if (jb->filter4 != NULL) {
+                tsr__nibble_table(w->Tq, pq->M, w->Tg);
+                fl.Tq = w->Tg;
+            }
             fl.bsz = fblock_bytes(jb->cache, pq->M);
             pf.ca = jb->cache;
             pf.lists = jb->lists + qi * jb->nprobe;
@@ -889,6 +917,9 @@ static int search_one(worker *w, size_t qi)
             pf_run(&pf, FILTER_PF_LEAD);
             fl.pf = &pf;
             flp = &fl;
+        } else if (ranked) { /* no filter after all: the plain scan reads Faiss-order codes */
+            build_table(ix, jb->cache->ct, xq, w->T, jb->wide_table);
+            ranked = 0;
         }
         size_t nscan = 0;
         for (size_t p = 0; p < jb->nprobe; p++) {
@@ -931,7 +962,9 @@ static int search_one(worker *w, size_t qi)
                 float A = fabsf(base) + ca->tmax + 2.0f * tabs;
                 fl.margin = A * (1.0f / 4096.0f);
                 fl.blocks = ca->tcodes + ca->toffsets[key];
-                if (fl.margin < INFINITY)
+                /* (a margin that is not finite drops nothing; ranked tables need the
+                 * blocks) */
+                if (fl.margin < INFINITY || ranked)
                     f = flp;
             }
             scan_list(pq, jb->scan8, w->T, w->dis, lcodes, L->size, term, base, f, h->d[0],
@@ -1042,6 +1075,16 @@ tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked)
     return filter_kernel(asked);
 }
 
+tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8)
+{
+    const char *e = getenv("TSR_SEARCH_NIBBLE");
+    if (f8 == NULL || (e && strcmp(e, "0") == 0))
+        return NULL;
+    if (e && strcmp(e, "scalar") == 0)
+        return tsr__filter4_scalar;
+    return f8 == tsr__filter8_avx2 ? tsr__filter4_avx2 : NULL;
+}
+
 /* tsr__quantize_table, then the kernel's own layout of the table (the AVX2 kernel reads
  * slice differences, see ivfpq_search_avx2.c). Returns what tsr__quantize_table returns. */
 static int quantize_for(tsr__filter8_fn fn, int wide, const float *T, size_t M, uint8_t *Tq,
@@ -1092,6 +1135,8 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
     jb.wide_table = wide_table_ok(opts ? opts->simd : TSR_SIMD_AUTO);
     if (cache->tcodes != NULL)
         jb.filter = filter_kernel(opts ? opts->simd : TSR_SIMD_AUTO);
+    if (cache->rank != NULL)
+        jb.filter4 = tsr__filter4_choose(jb.filter);
     jb.refine = ix->is_refine && !(opts && opts->no_refine);
     jb.k1 = k;
     if (jb.refine) {
@@ -1301,7 +1346,7 @@ int tsr_ivfpq_flist_build(const tsr_ivfpq *ix, const uint8_t *codes, size_t n,
         (f->blocks = tsr_try_aligned(f->bytes, 1)) == NULL)
         goto oom;
     memset(f->blocks, 0, f->bytes);
-    transpose_list(codes, term, n, pq->M, f->bsz, f->blocks);
+    transpose_list(codes, term, n, pq->M, f->bsz, NULL, f->blocks);
     for (size_t i = 0; term != NULL && i < n; i++) {
         float a = fabsf(term[i]);
         if (!(a <= f->tmax))

@@ -175,6 +175,45 @@ uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size
     return bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lb);
 }
 
+/* The nibble stage (ivfpq_search_int.h): per sub-quantizer the ranks' high nibbles of the
+ * 64 codes index the 16 group minima, one VPSHUFB per 32 codes; sums as the 8-bit kernel's
+ * (16-bit lanes, even and odd codes), so the same bound_mask forms the same bounds as
+ * tsr__filter4_scalar. */
+uint64_t tsr__filter4_avx2(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
+                           const float *term, float base, float qmin, float delta, float lim,
+                           float *lb)
+{
+    float tpad[TSR__FBLOCK], lpad[TSR__FBLOCK];
+    if (term != NULL && n < TSR__FBLOCK) { /* bound_mask reads whole groups of 8 */
+        memset(tpad, 0, sizeof tpad);
+        memcpy(tpad, term, n * sizeof(float));
+        term = tpad;
+    }
+    const __m256 vbase = _mm256_set1_ps(base), vqmin = _mm256_set1_ps(qmin),
+                 vdelta = _mm256_set1_ps(delta), vlim = _mm256_set1_ps(lim);
+    const __m256i nib = _mm256_set1_epi8(0x0f), lo8 = _mm256_set1_epi16(0xff);
+    __m256i e0 = _mm256_setzero_si256(), o0 = e0, e1 = e0, o1 = e0;
+    for (size_t m = 0; m < M; m++) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + m * 64));
+        const __m256i x1 =
+            _mm256_loadu_si256((const __m256i *)(const void *)(blk + m * 64 + 32));
+        const __m256i t =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(Tg + m * 16)));
+        __m256i r0 = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(x0, 4), nib));
+        __m256i r1 = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(x1, 4), nib));
+        e0 = _mm256_add_epi16(e0, _mm256_and_si256(r0, lo8));
+        o0 = _mm256_add_epi16(o0, _mm256_srli_epi16(r0, 8));
+        e1 = _mm256_add_epi16(e1, _mm256_and_si256(r1, lo8));
+        o1 = _mm256_add_epi16(o1, _mm256_srli_epi16(r1, 8));
+    }
+    if (lb != NULL && n < TSR__FBLOCK) {
+        uint64_t mask = bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lpad);
+        memcpy(lb, lpad, n * sizeof(float));
+        return mask;
+    }
+    return bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lb);
+}
+
 int tsr__filter8_avx2_supported(void)
 {
     return tsr_cpu_has(TSR_CPU_AVX2);

@@ -79,6 +79,31 @@ uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size
 void tsr__filter8_prep_avx2(uint8_t *Tq, size_t M);
 /* 1 when the CPU runs tsr__filter8_avx2 (AVX2). */
 int tsr__filter8_avx2_supported(void);
+/* ---- the nibble stage (ivfpq_nibble.c; dsub = 1, 8-bit codes) --------------------------
+ * The search cache then stores each code byte as the rank of its centroid among the
+ * sub-quantizer's 256 sorted by value (tsr__nibble_ranks; the transposed blocks only: the
+ * lists keep their Faiss-order codes), and a query that uses the prefilter builds its
+ * tables in rank order (T and Tq entries bit-identical, only placed at the rank), so
+ * tsr__filter8_exact gives the same distances. Tg (M x 16 bytes, tsr__nibble_table) is the
+ * minimum of each group of 16 consecutive ranks of Tq, and
+ *   lb4_i = (base + term_i) + (qmin + delta * (float)Q4_i),  Q4_i = sum_m Tg[m][rank_i[m] >> 4]
+ * with Q4_i <= Q_i, and every step of the float formula is monotonic: lb4 <= lb, so a
+ * code it drops the 8-bit kernels would have dropped too (the same margin covers it). The
+ * kernels have tsr__filter8_fn's signature with Tg in place of Tq; the AVX2 one takes one
+ * VPSHUFB per 32 codes and sub-quantizer (the 8-bit one 16). */
+int tsr__nibble_ranks(const tsr_pq *pq, uint8_t *rank); /* M x 256; 0 = not dsub 1 / 8 bits */
+void tsr__nibble_table(const uint8_t *Tq, size_t M, uint8_t *Tg);
+uint64_t tsr__filter4_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb);
+uint64_t tsr__filter4_avx2(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
+                           const float *term, float base, float qmin, float delta,
+                           float lim, float *lb);
+/* The nibble kernel a search uses with the 8-bit kernel f8 (NULL = none): the AVX2 one
+ * with the AVX2 kernel, unless TSR_SEARCH_NIBBLE=0 (none) or =scalar (the scalar one, with
+ * any f8: tests). */
+tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8);
+
 /* The filter kernel a search or scanner asked for `asked` uses (NULL = the plain scan), as
  * ivfpq_search.c chooses it at run time: TSR_SEARCH_FILTER=0 none, =scalar the scalar
  * kernel; else none for a forced scalar path (asked or TSR_SIMD=scalar), the AVX2 kernel

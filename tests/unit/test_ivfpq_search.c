@@ -451,17 +451,20 @@ static void run_variant(int d, size_t M, size_t nbits, enum tsr_metric metric, i
  * (TSR_SEARCH_FILTER=scalar), the default one (AVX-512 VBMI where present, else AVX2),
  * the AVX2 one (TSR_SIMD=avx2), and the process capped as a CPU without AVX-512
  * (TSR_SIMD_MAX=avx2: its own choices among what is left) or without any SIMD
- * (TSR_SIMD_MAX=scalar: no prefilter, the scalar scan), the same labels and bit-identical
+ * (TSR_SIMD_MAX=scalar: no prefilter, the scalar scan), and with dsub = 1 the nibble stage
+ * (with the AVX2 kernel; TSR_SEARCH_NIBBLE=0 without it, =scalar its scalar kernel over
+ * the default 8-bit one's tables), the same labels and bit-identical
  * distances as without it (TSR_SEARCH_FILTER=0), and the
  * reference; for every metric / residual variant, an M that is not a multiple of 4, k
  * from 1 to more than a block, the accept filter and two threads. */
 static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual)
 {
     const size_t nlist = 16, nprobe = 12;
-    enum { NMO = 6 };
-    const char *modes[NMO] = {"0", "scalar", NULL, NULL, NULL, NULL};
-    const char *simds[NMO] = {NULL, NULL, NULL, "avx2", NULL, NULL};
-    const char *caps[NMO] = {NULL, NULL, NULL, NULL, "avx2", "scalar"};
+    enum { NMO = 8 };
+    const char *modes[NMO] = {"0", "scalar", NULL, NULL, NULL, NULL, NULL, NULL};
+    const char *simds[NMO] = {NULL, NULL, NULL, "avx2", NULL, NULL, "avx2", NULL};
+    const char *caps[NMO] = {NULL, NULL, NULL, NULL, "avx2", "scalar", NULL, NULL};
+    const char *nibs[NMO] = {NULL, NULL, NULL, NULL, NULL, NULL, "0", "scalar"};
     fixture f[NMO];
     for (int mo = 0; mo < NMO; mo++) {
         /* one index per mode: the transposed copy is built with the cache (under the
@@ -507,11 +510,14 @@ static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual
                     setenv("TSR_SIMD", simds[mo], 1);
                 if (caps[mo])
                     setenv("TSR_SIMD_MAX", caps[mo], 1);
+                if (nibs[mo])
+                    setenv("TSR_SEARCH_NIBBLE", nibs[mo], 1);
                 assert_int_equal(tsr_ivfpq_search(f[mo].ix, nq, f[mo].xq, k, &o, D[mo], I[mo],
                                                   &err), 0);
                 unsetenv("TSR_SEARCH_FILTER");
                 unsetenv("TSR_SIMD");
                 unsetenv("TSR_SIMD_MAX");
+                unsetenv("TSR_SEARCH_NIBBLE");
             }
             for (int mo = 1; mo < NMO; mo++) {
                 assert_memory_equal(I[0], I[mo], nq * k * sizeof(int64_t));
@@ -540,6 +546,9 @@ static void test_filter(void **st)
 {
     (void)st;
     filter_case(64, 64, TSR_METRIC_L2, 1);
+    filter_case(16, 16, TSR_METRIC_IP, 1); /* dsub = 1: the nibble stage, every metric form */
+    filter_case(16, 16, TSR_METRIC_IP, 0);
+    filter_case(8, 8, TSR_METRIC_L2, 0);
     filter_case(64, 32, TSR_METRIC_L2, 1);
     filter_case(16, 8, TSR_METRIC_L2, 0);
     filter_case(32, 16, TSR_METRIC_IP, 1);

@@ -383,6 +383,104 @@ static void test_filter_avx2_all_m(void **st)
     free(T);
 }
 
+/* The nibble stage (ivfpq_nibble.c): the group table is the minimum of each group of 16;
+ * the AVX2 kernel's masks and bounds are the scalar one's bit for bit (every M, the tails,
+ * limits at / between the bounds, +-inf, NaN, with and without terms and bounds), and its
+ * bound is never above the 8-bit bound of the same quantized table (so it drops nothing
+ * the 8-bit kernels keep). Made to fail by a kernel that reads the low nibble. */
+static void test_nibble_kernels(void **st)
+{
+    (void)st;
+    int avx2 = tsr__filter8_avx2_supported();
+    unsigned s = 7;
+    const size_t ns[] = {1, 8, 31, 33, 63, 64};
+    uint8_t *Tq = aligned_alloc(64, 256 * 256), *Tg = aligned_alloc(64, 256 * 16);
+    uint8_t *blk = aligned_alloc(64, 256 * TSR__FBLOCK), *codes = malloc(256 * TSR__FBLOCK);
+    for (size_t M = 1; M <= 256; M += (M < 8 ? 1 : 7)) {
+        for (size_t i = 0; i < M * 256; i++)
+            Tq[i] = M % 3 == 0 ? 255 : (uint8_t)urand(&s);
+        tsr__nibble_table(Tq, M, Tg);
+        for (size_t m = 0; m < M; m++)
+            for (size_t g = 0; g < 16; g++) {
+                uint8_t mn = 255;
+                for (size_t j = 0; j < 16; j++)
+                    mn = Tq[m * 256 + g * 16 + j] < mn ? Tq[m * 256 + g * 16 + j] : mn;
+                assert_int_equal(Tg[m * 16 + g], mn);
+            }
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            size_t n = ns[ni];
+            for (size_t i = 0; i < M * n; i++)
+                codes[i] = (uint8_t)urand(&s);
+            transpose(codes, M, n, blk);
+            float term[TSR__FBLOCK], lb0[TSR__FBLOCK], lb1[TSR__FBLOCK], lb8[TSR__FBLOCK];
+            for (size_t i = 0; i < n; i++)
+                term[i] = frand(&s) * 3.0f;
+            const float *tp = (M + ni) % 2 ? term : NULL;
+            float base = frand(&s) * 8.0f, qmin = -3.5f, delta = 0.02f;
+            tsr__filter4_scalar(Tg, M, blk, n, tp, base, qmin, delta, INFINITY, lb0);
+            tsr__filter8_scalar(Tq, M, blk, n, tp, base, qmin, delta, INFINITY, lb8);
+            for (size_t i = 0; i < n; i++)
+                assert_true(lb0[i] <= lb8[i]);
+            float lims[6] = {INFINITY, -INFINITY, NAN, lb0[0], lb0[n / 2],
+                             nextafterf(lb0[n - 1], -INFINITY)};
+            for (size_t li = 0; li < 6 && avx2; li++) {
+                uint64_t want = tsr__filter4_scalar(Tg, M, blk, n, tp, base, qmin, delta,
+                                                    lims[li], lb0);
+                memset(lb1, 0xff, sizeof lb1);
+                uint64_t got = tsr__filter4_avx2(Tg, M, blk, n, tp, base, qmin, delta,
+                                                 lims[li], lb1);
+                if (got != want)
+                    fail_msg("M=%zu n=%zu lim %zu: nibble avx2 mask %llx, scalar %llx", M, n,
+                             li, (unsigned long long)got, (unsigned long long)want);
+                assert_memory_equal(lb0, lb1, n * sizeof(float));
+                assert_true(tsr__filter4_avx2(Tg, M, blk, n, tp, base, qmin, delta, lims[li],
+                                              NULL) == want);
+            }
+        }
+    }
+    if (!avx2)
+        fprintf(stderr, "(no AVX2 here: the AVX2 nibble kernel was not compared)\n");
+    free(codes);
+    free(blk);
+    free(Tg);
+    free(Tq);
+}
+
+/* The ranks: a permutation per sub-quantizer that sorts its centroids by value (ties and
+ * NaN in a fixed order); none unless dsub = 1 and 8 bits. */
+static void test_nibble_ranks(void **st)
+{
+    (void)st;
+    enum { M = 3 };
+    float cent[M * 256];
+    unsigned s = 3;
+    for (size_t i = 0; i < M * 256; i++)
+        cent[i] = i % 256 == 5 ? NAN : i % 256 < 20 ? 1.0f : frand(&s);
+    tsr_pq pq;
+    memset(&pq, 0, sizeof pq);
+    pq.d = M;
+    pq.M = M;
+    pq.nbits = 8;
+    pq.dsub = 1;
+    pq.ksub = 256;
+    pq.centroids = cent;
+    uint8_t rank[M * 256];
+    assert_int_equal(tsr__nibble_ranks(&pq, rank), 1);
+    for (size_t m = 0; m < M; m++) {
+        int seen[256] = {0};
+        float by_rank[256];
+        for (size_t j = 0; j < 256; j++) {
+            assert_int_equal(seen[rank[m * 256 + j]]++, 0);
+            by_rank[rank[m * 256 + j]] = cent[m * 256 + j];
+        }
+        for (size_t r = 1; r < 255; r++) /* the NaN last */
+            assert_true(by_rank[r - 1] <= by_rank[r]);
+        assert_true(isnan(by_rank[255]));
+    }
+    pq.dsub = 2;
+    assert_int_equal(tsr__nibble_ranks(&pq, rank), 0);
+}
+
 /* The run-time choice: AVX2 where the CPU has AVX2 but not VBMI, or when TSR_SIMD=avx2 /
  * opts asks for it; none for a forced scalar path or TSR_SEARCH_FILTER=0; the scalar
  * kernel with TSR_SEARCH_FILTER=scalar. */
@@ -454,6 +552,8 @@ int main(void)
         cmocka_unit_test(test_filter_nan),
         cmocka_unit_test(test_filter_avx2_all_m),
         cmocka_unit_test(test_filter_choose),
+        cmocka_unit_test(test_nibble_kernels),
+        cmocka_unit_test(test_nibble_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
