@@ -75,10 +75,6 @@ const char *tsr_ivfpq_search_simd_name(enum tsr_simd s)
     }
 }
 
-static tsr__scan8_fn scan8_for(enum tsr_simd s);
-static int quantize_for(tsr__filter8_fn fn, int wide, const float *T, size_t M, uint8_t *Tq,
-                        float *qmin, float *delta, float *tabs);
-
 /* Gathers are not always faster than scalar loads (on the virtualized AMD EPYC of the
  * benchmarks, AVX2 gathers are ~20x and AVX-512 gathers ~3x slower than the scalar
  * kernel), so the automatic choice is measured once per process: each supported kernel
@@ -122,7 +118,7 @@ static void calibrate(void)
             if (!tsr_ivfpq_search_simd_supported(cands[c]))
                 continue;
             double t0 = now_ns();
-            scan8_for(cands[c])(T, CM, codes, CN, NULL, 0.0f, out);
+            tsr__scan8_for(cands[c])(T, CM, codes, CN, NULL, 0.0f, out);
             double dt = now_ns() - t0;
             if (t[c] < 0 || dt < t[c])
                 t[c] = dt;
@@ -163,7 +159,7 @@ enum tsr_simd tsr_ivfpq_search_simd_auto(void)
     return tsr_ivfpq_search_simd_supported(calibrated) ? calibrated : TSR_SIMD_SCALAR;
 }
 
-static tsr__scan8_fn scan8_for(enum tsr_simd s)
+tsr__scan8_fn tsr__scan8_for(enum tsr_simd s)
 {
     switch (s) {
     case TSR_SIMD_AVX2: return tsr__scan8_avx2;
@@ -174,26 +170,7 @@ static tsr__scan8_fn scan8_for(enum tsr_simd s)
 
 /* ---- search cache: per stored vector ||y||^2 + 2<c, y> (L2 by_residual) ---------------- */
 
-typedef struct search_cache {
-    size_t nlist;
-    size_t *sizes;    /* list sizes the cache was built from */
-    size_t *offsets;  /* start of each list in term[] */
-    float *term;      /* ntotal floats; NULL when the variant needs no term */
-    float *ct;        /* PQ centroids transposed to M x dsub x ksub (table building) */
-    float tmax;       /* max |term| over all vectors (rounding margin; inf if any NaN) */
-    /* The quantized prefilter (8-bit codes, M <= 256; see ivfpq_search_int.h): */
-    uint8_t *tcodes;  /* NULL or a copy of the codes, transposed by blocks of TSR__FBLOCK
-                         (zero-padded); list l's blocks at toffsets[l], M * TSR__FBLOCK
-                         bytes each, 64-aligned */
-    size_t *toffsets; /* nlist byte offsets into tcodes */
-    uint8_t *rank;    /* NULL, or (dsub = 1) M x 256 centroid ranks: tcodes holds
-                         rank[m][code] instead of the code byte (the nibble stage) */
-    float *ct_r;      /* with rank: ct with centroid j of sub-quantizer m at its rank */
-    size_t tbytes;    /* size of tcodes */
-    float *cnorms;    /* L2: ||c||^2 of the nlist coarse centroids (the coarse step's y
-                         norms: recomputed per call they were ~310 us of a single query's
-                         ~430 us at nprobe 16, 1M x 64, IVF4000); NULL for IP */
-} search_cache;
+typedef tsr__search_cache search_cache;
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -358,19 +335,19 @@ static void *alloc_huge(size_t bytes)
 
 /* Bytes of one prefilter block: M rows of TSR__FBLOCK code bytes, then the block's
  * terms when the variant has them (a multiple of 64: blocks stay 64-aligned). */
-static size_t fblock_size(size_t M, int has_term)
+size_t tsr__fblock_size(size_t M, int has_term)
 {
     return M * TSR__FBLOCK + (has_term ? TSR__FBLOCK * sizeof(float) : 0);
 }
 
 static size_t fblock_bytes(const search_cache *c, size_t M)
 {
-    return fblock_size(M, c->term != NULL);
+    return tsr__fblock_size(M, c->term != NULL);
 }
 
 /* Transposes n codes (and their terms, when term is non-NULL) into dst, blocks of bsz
  * bytes (fblock_size), zeroed by the caller. */
-static void transpose_list(const uint8_t *codes, const float *term, size_t n, size_t M,
+void tsr__transpose_list(const uint8_t *codes, const float *term, size_t n, size_t M,
                            size_t bsz, const uint8_t *rank, uint8_t *dst)
 {
     for (size_t i = 0; i < n; i++) {
@@ -465,7 +442,7 @@ static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
         }
         memset(c->tcodes, 0, bytes);
         for (size_t l = 0; l < ix->nlist; l++)
-            transpose_list(ix->lists[l].codes, c->term ? c->term + c->offsets[l] : NULL,
+            tsr__transpose_list(ix->lists[l].codes, c->term ? c->term + c->offsets[l] : NULL,
                            ix->lists[l].size, pq->M, bsz, c->rank,
                            c->tcodes + c->toffsets[l]);
     }
@@ -479,7 +456,7 @@ oom:
     return NULL;
 }
 
-static const search_cache *cache_get(const tsr_ivfpq *cix, tsr_error *err)
+const search_cache *tsr__search_cache_get(const tsr_ivfpq *cix, tsr_error *err)
 {
     /* The cache is derived data; building it does not change the index as observed by
      * callers, hence the cast away from const. */
@@ -504,7 +481,7 @@ int tsr_ivfpq_search_prepare(tsr_ivfpq *ix, tsr_error *err)
      * would otherwise land in the first search (a tenth of a 2000-query batch at
      * nprobe 1). */
     (void)tsr_ivfpq_search_simd_auto();
-    return cache_get(ix, err) != NULL ? 0 : (err ? err->code : TSR_ENOMEM);
+    return tsr__search_cache_get(ix, err) != NULL ? 0 : (err ? err->code : TSR_ENOMEM);
 }
 
 /* ---- top-k heap, as Faiss 1.7.3's: values "smaller is better" ------------------------
@@ -516,7 +493,6 @@ typedef tsr_heap heap;
 
 /* ---- per-thread workspace and the scan of one query ----------------------------------- */
 
-#define BLOCK 256 /* distances computed per kernel call */
 #define FILTER_MIN_NPROBE 2 /* the prefilter from this nprobe on */
 #ifndef FILTER_PF_LEAD
 #define FILTER_PF_LEAD 16384 /* bytes the prefetch cursor runs ahead of the prefilter */
@@ -534,7 +510,7 @@ typedef struct job {
     int refine;      /* IwQR refinement active */
     tsr__filter8_fn filter; /* the prefilter kernel, NULL = none (see filter_env) */
     tsr__filter8_fn filter4; /* with cache->rank: the nibble kernel instead, or NULL */
-    int wide_table;  /* build the table with AVX-512 (see wide_table_ok) */
+    int wide_table;  /* build the table with AVX-512 (see tsr__wide_table_ok) */
     size_t k1;       /* candidates from the scan: k, or k_factor * k with refine */
     float *D;
     int64_t *I;
@@ -546,7 +522,7 @@ typedef struct worker {
     float *T;        /* M * ksub table */
     uint8_t *Tq;     /* NULL or M * 256: T quantized for the prefilter */
     uint8_t *Tg;     /* NULL or M * 16: its group minima (the nibble stage) */
-    float *dis;      /* BLOCK distances */
+    float *dis;      /* TSR__SCAN_BLOCK distances */
     heap h;
     heap hr;         /* refine heap (k entries) */
     float *r1, *r2;  /* refine: d floats each */
@@ -577,7 +553,7 @@ static int worker_init(worker *w, job *jb)
     w->jb = jb;
     tsr_error_clear(&w->err);
     w->T = tsr_try_aligned(pq->M * pq->ksub, sizeof(float));
-    w->dis = tsr_try_aligned(BLOCK, sizeof(float));
+    w->dis = tsr_try_aligned(TSR__SCAN_BLOCK, sizeof(float));
     w->h.k = jb->k1;
     w->h.d = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(float));
     w->h.id = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(int64_t));
@@ -613,7 +589,7 @@ static int worker_init(worker *w, job *jb)
  * second pass over the 64 KB table (it was half of the table time). */
 typedef float v4sf __attribute__((vector_size(16)));
 
-static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T,
+void tsr__build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T,
                         int wide)
 {
     const tsr_pq *pq = &ix->pq;
@@ -679,18 +655,11 @@ static void build_table(const tsr_ivfpq *ix, const float *ct, const float *x, fl
     }
 }
 
-/* The scan of one list: block distances by the kernel, then only the codes that could
- * enter (score <= thr) go to the sink, which returns the new threshold. The one scan
- * loop of search and of the public scanner. */
-typedef float (*sink_fn)(void *ctx, size_t i, float score);
-
-/* The prefilter for one list: the kernel, the quantized table, the list's transposed
- * codes, the table's offset and step, and the rounding margin. */
 /* A prefetch cursor that runs ahead of the prefilter through the transposed codes of
  * the probed lists, across list boundaries (a list is ~16 KB at M = 64: the hardware
  * prefetcher does not cross into the next one, and random 16 KB chunks read at about a
  * third of the sequential bandwidth). */
-typedef struct pfcur {
+typedef struct tsr__pfcur {
     const search_cache *ca;
     const int64_t *lists;
     size_t np, p;          /* next probe to enter */
@@ -721,21 +690,12 @@ static void pf_run(pfcur *c, size_t bytes)
     }
 }
 
-/* The prefilter for one list: the kernel, the quantized table, the list's transposed
- * blocks and their size, the table's offset and step, the rounding margin and the
- * prefetch cursor. */
-typedef struct filt {
-    tsr__filter8_fn fn;
-    const uint8_t *Tq;
-    const uint8_t *blocks;
-    size_t bsz;
-    float qmin, delta, margin;
-    pfcur *pf;
-} filt;
-
-static float scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, float *dis,
+/* The scan of one list: block distances by the kernel, then only the codes that could
+ * enter (score <= thr) go to the sink, which returns the new threshold. The one scan
+ * loop of search and of the public scanner (ivfpq_scanner.c). */
+float tsr__scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, float *dis,
                        const uint8_t *codes, size_t n, const float *term, float base,
-                       const filt *f, float thr, sink_fn sink, void *ctx)
+                       const tsr__filt *f, float thr, tsr__sink_fn sink, void *ctx)
 {
     if (f != NULL) {
         /* Block by block of TSR__FBLOCK codes: the bound for all, the exact distance only
@@ -766,8 +726,8 @@ static float scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, fl
         }
         return thr;
     }
-    for (size_t b = 0; b < n; b += BLOCK) {
-        size_t nb = n - b < BLOCK ? n - b : BLOCK;
+    for (size_t b = 0; b < n; b += TSR__SCAN_BLOCK) {
+        size_t nb = n - b < TSR__SCAN_BLOCK ? n - b : TSR__SCAN_BLOCK;
         const uint8_t *cb = codes + b * pq->code_size;
         const float *tb = term ? term + b : NULL;
         if (pq->nbits == 8)
@@ -890,8 +850,8 @@ static int search_one(worker *w, size_t qi)
          * blocks hold centroid ranks when the cache has them: the tables in rank order. */
         int use_filter = jb->filter != NULL && jb->nprobe >= FILTER_MIN_NPROBE;
         int ranked = use_filter && jb->cache->rank != NULL;
-        build_table(ix, ranked ? jb->cache->ct_r : jb->cache->ct, xq, w->T, jb->wide_table);
-        filt fl, *flp = NULL;
+        tsr__build_table(ix, ranked ? jb->cache->ct_r : jb->cache->ct, xq, w->T, jb->wide_table);
+        tsr__filt fl, *flp = NULL;
         pfcur pf;
         const int64_t *qlists = jb->lists + qi * jb->nprobe;
         for (size_t p = 0; p < jb->nprobe && p < META_AHEAD; p++)
@@ -899,7 +859,7 @@ static int search_one(worker *w, size_t qi)
         float tabs = 0;
         tsr__filter8_fn fn = jb->filter4 ? jb->filter4 : jb->filter;
         if (use_filter &&
-            quantize_for(fn, jb->wide_table, w->T, pq->M, w->Tq, &fl.qmin, &fl.delta, &tabs)) {
+            tsr__quantize_for(fn, jb->wide_table, w->T, pq->M, w->Tq, &fl.qmin, &fl.delta, &tabs)) {
             fl.fn = fn;
             fl.Tq = w->Tq;
             if (jb->filter4 != NULL) {
@@ -918,7 +878,7 @@ static int search_one(worker *w, size_t qi)
             fl.pf = &pf;
             flp = &fl;
         } else if (ranked) { /* no filter after all: the plain scan reads Faiss-order codes */
-            build_table(ix, jb->cache->ct, xq, w->T, jb->wide_table);
+            tsr__build_table(ix, jb->cache->ct, xq, w->T, jb->wide_table);
             ranked = 0;
         }
         size_t nscan = 0;
@@ -953,7 +913,7 @@ static int search_one(worker *w, size_t qi)
                         __builtin_prefetch(ix->lists[nk].codes + c * 64);
             }
             search_sink sk = {h, L->ids, key, accept, actx, store_pairs};
-            const filt *f = NULL;
+            const tsr__filt *f = NULL;
             if (flp != NULL) {
                 /* Every rounding error between the bound and the exact sum (the table
                  * offsets summed, delta * Q, the kernel's 64 additions, base + term) is
@@ -967,7 +927,7 @@ static int search_one(worker *w, size_t qi)
                 if (fl.margin < INFINITY || ranked)
                     f = flp;
             }
-            scan_list(pq, jb->scan8, w->T, w->dis, lcodes, L->size, term, base, f, h->d[0],
+            tsr__scan_list(pq, jb->scan8, w->T, w->dis, lcodes, L->size, term, base, f, h->d[0],
                       search_sink_fn, &sk);
             nscan += L->size;
             if (max_codes && nscan >= max_codes)
@@ -1006,7 +966,7 @@ static void *worker_run(void *arg)
     return NULL;
 }
 
-static int check_index(const tsr_ivfpq *ix, size_t k, tsr_error *err)
+int tsr__ivfpq_check_index(const tsr_ivfpq *ix, size_t k, tsr_error *err)
 {
     const tsr_pq *pq = &ix->pq;
     if (ix->d <= 0 || pq->d != (size_t)ix->d || pq->M == 0 || pq->centroids == NULL ||
@@ -1048,7 +1008,7 @@ static int plain_forced(enum tsr_simd asked)
 
 /* The AVX-512 table unless the caller or TSR_SIMD forced the scalar or AVX2 path (which
  * the tests compare with it: that is what keeps the generic table tested). */
-static int wide_table_ok(enum tsr_simd asked)
+int tsr__wide_table_ok(enum tsr_simd asked)
 {
     return !plain_forced(asked) && tsr_ivfpq_search_simd_supported(TSR_SIMD_AVX512);
 }
@@ -1057,7 +1017,7 @@ static int wide_table_ok(enum tsr_simd asked)
  * =0 none; otherwise a forced scalar path stays the plain scalar scan, a forced AVX2 path
  * (or a CPU without VBMI) takes the AVX2 kernel, and the automatic choice or forced
  * AVX-512 the VBMI kernel where the CPU has it. */
-static tsr__filter8_fn filter_kernel(enum tsr_simd asked)
+tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked)
 {
     int fe = filter_env();
     enum tsr_simd f = simd_forced(asked);
@@ -1068,11 +1028,6 @@ static tsr__filter8_fn filter_kernel(enum tsr_simd asked)
     if (fe == 2 && f != TSR_SIMD_AVX2)
         return tsr__filter8_avx512;
     return tsr__filter8_avx2; /* fe is 2 or 3: the CPU has AVX2 */
-}
-
-tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked)
-{
-    return filter_kernel(asked);
 }
 
 tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8)
@@ -1087,7 +1042,7 @@ tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8)
 
 /* tsr__quantize_table, then the kernel's own layout of the table (the AVX2 kernel reads
  * slice differences, see ivfpq_search_avx2.c). Returns what tsr__quantize_table returns. */
-static int quantize_for(tsr__filter8_fn fn, int wide, const float *T, size_t M, uint8_t *Tq,
+int tsr__quantize_for(tsr__filter8_fn fn, int wide, const float *T, size_t M, uint8_t *Tq,
                         float *qmin, float *delta, float *tabs)
 {
     if (!(wide ? tsr__quantize_table_avx512(T, M, Tq, qmin, delta, tabs)
@@ -1103,7 +1058,7 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
                                  const float *coarse_dis, const tsr_ivfpq_search_opts *opts,
                                  float *D, int64_t *I, tsr_error *err)
 {
-    int rc = check_index(ix, k, err);
+    int rc = tsr__ivfpq_check_index(ix, k, err);
     if (rc != 0)
         return rc;
     if (n == 0 || k == 0)
@@ -1113,7 +1068,7 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
             return tsr_err(err, TSR_EINVAL,
                            "search_preassigned: query %zu probe %zu: list %lld >= nlist %zu",
                            i / nprobe, i % nprobe, (long long)lists[i], ix->nlist);
-    const search_cache *cache = cache_get(ix, err);
+    const search_cache *cache = tsr__search_cache_get(ix, err);
     if (cache == NULL)
         return err ? err->code : TSR_ENOMEM;
 
@@ -1131,10 +1086,10 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
     enum tsr_simd simd = opts ? opts->simd : TSR_SIMD_AUTO;
     if (simd == TSR_SIMD_AUTO || !tsr_ivfpq_search_simd_supported(simd))
         simd = tsr_ivfpq_search_simd_auto();
-    jb.scan8 = scan8_for(simd);
-    jb.wide_table = wide_table_ok(opts ? opts->simd : TSR_SIMD_AUTO);
+    jb.scan8 = tsr__scan8_for(simd);
+    jb.wide_table = tsr__wide_table_ok(opts ? opts->simd : TSR_SIMD_AUTO);
     if (cache->tcodes != NULL)
-        jb.filter = filter_kernel(opts ? opts->simd : TSR_SIMD_AUTO);
+        jb.filter = tsr__filter8_choose(opts ? opts->simd : TSR_SIMD_AUTO);
     if (cache->rank != NULL)
         jb.filter4 = tsr__filter4_choose(jb.filter);
     jb.refine = ix->is_refine && !(opts && opts->no_refine);
@@ -1200,7 +1155,7 @@ int tsr_ivfpq_search(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
                      const tsr_ivfpq_search_opts *opts, float *D, int64_t *I,
                      tsr_error *err)
 {
-    int rc = check_index(ix, k, err);
+    int rc = tsr__ivfpq_check_index(ix, k, err);
     if (rc != 0)
         return rc;
     if (n == 0 || k == 0)
@@ -1210,7 +1165,7 @@ int tsr_ivfpq_search(const tsr_ivfpq *ix, size_t n, const float *x, size_t k,
         nprobe = 1;
     if (nprobe > ix->nlist)
         nprobe = ix->nlist;
-    const search_cache *cache = cache_get(ix, err);
+    const search_cache *cache = tsr__search_cache_get(ix, err);
     if (cache == NULL)
         return err ? err->code : TSR_ENOMEM;
     size_t nb = n < COARSE_BLOCK ? n : COARSE_BLOCK;
@@ -1237,231 +1192,4 @@ done:
     free(cd);
     free(cl);
     return rc;
-}
-
-/* ---- the public scanner (lists held by the caller) --------------------------------- */
-
-struct tsr_ivfpq_scanner {
-    const tsr_ivfpq *ix;
-    const search_cache *cache; /* for the transposed PQ centroids */
-    tsr__scan8_fn scan8;
-    int wide_table;
-    float *T;   /* M * ksub */
-    float *dis; /* BLOCK */
-    tsr__filter8_fn filter; /* the prefilter kernel, NULL = none (filter_kernel) */
-    uint8_t *Tq;            /* M * 256 when filter */
-    int tq_state;           /* T quantized for this query: 0 not yet, 1 yes, -1 cannot */
-    float qmin, delta, tabs;
-};
-
-tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd simd,
-                                            tsr_error *err)
-{
-    const enum tsr_simd simd0 = simd;
-    if (check_index(ix, 1, err) != 0)
-        return NULL;
-    const search_cache *cache = cache_get(ix, err);
-    if (cache == NULL)
-        return NULL;
-    tsr_ivfpq_scanner *s = calloc(1, sizeof *s);
-    if (s == NULL)
-        goto oom;
-    s->ix = ix;
-    s->cache = cache;
-    if (simd == TSR_SIMD_AUTO || !tsr_ivfpq_search_simd_supported(simd))
-        simd = tsr_ivfpq_search_simd_auto();
-    s->wide_table = wide_table_ok(simd0);
-    s->scan8 = scan8_for(simd);
-    s->T = tsr_try_aligned(ix->pq.M * ix->pq.ksub, sizeof(float));
-    s->dis = tsr_try_aligned(BLOCK, sizeof(float));
-    if (s->T == NULL || s->dis == NULL)
-        goto oom;
-    if (ix->pq.nbits == 8 && ix->pq.M <= 256 && (s->filter = filter_kernel(simd0)) != NULL &&
-        (s->Tq = tsr_try_aligned(ix->pq.M * 256, 1)) == NULL)
-        goto oom;
-    return s;
-oom:
-    tsr_ivfpq_scanner_destroy(s);
-    tsr_err(err, TSR_ENOMEM, "scanner: out of memory for a %zu x %zu table", ix->pq.M,
-            ix->pq.ksub);
-    return NULL;
-}
-
-void tsr_ivfpq_scanner_destroy(tsr_ivfpq_scanner *s)
-{
-    if (s == NULL)
-        return;
-    free(s->T);
-    free(s->dis);
-    free(s->Tq);
-    free(s);
-}
-
-void tsr_ivfpq_scanner_set_query(tsr_ivfpq_scanner *s, const float *x)
-{
-    build_table(s->ix, s->cache->ct, x, s->T, s->wide_table);
-    s->tq_state = 0;
-}
-
-float tsr_ivfpq_scanner_base(const tsr_ivfpq_scanner *s, float coarse_dis)
-{
-    if (!s->ix->by_residual)
-        return 0.0f;
-    return s->ix->metric == TSR_METRIC_IP ? -coarse_dis : coarse_dis;
-}
-
-float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t n,
-                             const float *term, float base, float thr,
-                             tsr_ivfpq_sink_fn sink, void *ctx)
-{
-    return scan_list(&s->ix->pq, s->scan8, s->T, s->dis, codes, n, term, base, NULL, thr,
-                     sink, ctx);
-}
-
-/* ---- the prefilter of a list held by the caller ------------------------------------- */
-
-struct tsr_ivfpq_flist {
-    size_t n, M, bsz, bytes;
-    int has_term;
-    float tmax;      /* max |term| of the list (rounding margin; inf if any NaN) */
-    uint8_t *blocks; /* transposed by blocks of TSR__FBLOCK, 64-aligned, zero-padded */
-};
-
-int tsr_ivfpq_flist_build(const tsr_ivfpq *ix, const uint8_t *codes, size_t n,
-                          const float *term, tsr_ivfpq_flist **out, tsr_error *err)
-{
-    const tsr_pq *pq = &ix->pq;
-    *out = NULL;
-    if (n == 0 || pq->nbits != 8 || pq->M > 256)
-        return 0;
-    tsr_ivfpq_flist *f = calloc(1, sizeof *f);
-    size_t nb = (n + TSR__FBLOCK - 1) / TSR__FBLOCK;
-    if (f == NULL)
-        goto oom;
-    f->n = n;
-    f->M = pq->M;
-    f->has_term = term != NULL;
-    f->bsz = fblock_size(pq->M, f->has_term);
-    if (tsr_mul_ok(nb, f->bsz, &f->bytes) != 0 ||
-        (f->blocks = tsr_try_aligned(f->bytes, 1)) == NULL)
-        goto oom;
-    memset(f->blocks, 0, f->bytes);
-    transpose_list(codes, term, n, pq->M, f->bsz, NULL, f->blocks);
-    for (size_t i = 0; term != NULL && i < n; i++) {
-        float a = fabsf(term[i]);
-        if (!(a <= f->tmax))
-            f->tmax = a == a ? a : INFINITY;
-    }
-    *out = f;
-    return 0;
-oom:
-    tsr_ivfpq_flist_free(f);
-    return tsr_err(err, TSR_ENOMEM, "prefilter: out of memory for a list of %zu codes", n);
-}
-
-void tsr_ivfpq_flist_free(tsr_ivfpq_flist *f)
-{
-    if (f == NULL)
-        return;
-    free(f->blocks);
-    free(f);
-}
-
-size_t tsr_ivfpq_flist_bytes(const tsr_ivfpq_flist *f)
-{
-    return f ? f->bytes + sizeof *f : 0;
-}
-
-/* The prefilter of scanner s for list fl at base into *f: 1, or 0 when it cannot run
- * (no filter kernel, a table that does not quantize, an infinite margin). The table is
- * quantized once per query, on the first filtered list. */
-static int scanner_filt(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl, float base, filt *f)
-{
-    const tsr_pq *pq = &s->ix->pq;
-    if (s->filter == NULL)
-        return 0;
-    if (s->tq_state == 0)
-        s->tq_state =
-            quantize_for(s->filter, s->wide_table, s->T, pq->M, s->Tq, &s->qmin, &s->delta,
-                         &s->tabs) ? 1 : -1;
-    /* The rounding margin as in search_one, with the list's own max |term|. */
-    float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
-    if (s->tq_state != 1 || !(margin < INFINITY))
-        return 0;
-    *f = (filt){s->filter, s->Tq, fl->blocks, fl->bsz, s->qmin, s->delta, margin, NULL};
-    return 1;
-}
-
-size_t tsr_ivfpq_flist_size(const tsr_ivfpq_flist *f)
-{
-    return f ? f->n : 0;
-}
-
-/* Code i of f (Faiss order, f->M bytes) into out. */
-static void flist_code(const tsr_ivfpq_flist *f, size_t i, uint8_t *out)
-{
-    const uint8_t *c = f->blocks + i / TSR__FBLOCK * f->bsz + i % TSR__FBLOCK;
-    for (size_t m = 0; m < f->M; m++)
-        out[m] = c[m * TSR__FBLOCK];
-}
-
-void tsr_ivfpq_flist_codes(const tsr_ivfpq_flist *f, size_t i0, size_t n, uint8_t *codes,
-                           float *term)
-{
-    for (size_t i = i0; i < i0 + n; i++) {
-        const uint8_t *bp = f->blocks + i / TSR__FBLOCK * f->bsz;
-        if (codes != NULL)
-            flist_code(f, i, codes + (i - i0) * f->M);
-        if (term != NULL && f->has_term)
-            memcpy(term + (i - i0), bp + f->M * TSR__FBLOCK + i % TSR__FBLOCK * sizeof(float),
-                   sizeof(float));
-    }
-}
-
-float tsr_ivfpq_scanner_scan_flist(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl,
-                                   int prefilter, float base, float thr, tsr_ivfpq_sink_fn sink,
-                                   void *ctx)
-{
-    const tsr_pq *pq = &s->ix->pq;
-    if (fl == NULL || fl->n == 0)
-        return thr;
-    filt f;
-    if (prefilter && scanner_filt(s, fl, base, &f))
-        /* codes are not read on the filtered path; term only says "has terms" */
-        return scan_list(pq, s->scan8, s->T, s->dis, NULL, fl->n,
-                         fl->has_term ? (const float *)(const void *)fl->blocks : NULL, base,
-                         &f, thr, sink, ctx);
-    /* The plain scan, block by block: each block's codes back in Faiss order (a 64 x M
-     * copy, ~1/4 of the kernel's own work) through the same kernel with the same terms,
-     * so every score has the bits tsr_ivfpq_scanner_scan gives on the Faiss-order list. */
-    uint8_t cb[TSR__FBLOCK * 256];
-    for (size_t b = 0; b < fl->n; b += TSR__FBLOCK) {
-        size_t nb = fl->n - b < TSR__FBLOCK ? fl->n - b : TSR__FBLOCK;
-        const uint8_t *blk = fl->blocks + b / TSR__FBLOCK * fl->bsz;
-        for (size_t m = 0; m < pq->M; m++) {
-            const uint8_t *row = blk + m * TSR__FBLOCK;
-            for (size_t i = 0; i < nb; i++)
-                cb[i * pq->M + m] = row[i];
-        }
-        const float *tb =
-            fl->has_term ? (const float *)(const void *)(blk + pq->M * TSR__FBLOCK) : NULL;
-        s->scan8(s->T, pq->M, cb, nb, tb, base, s->dis);
-        for (size_t i = 0; i < nb; i++)
-            if (s->dis[i] <= thr)
-                thr = sink(ctx, b + i, s->dis[i]);
-    }
-    return thr;
-}
-
-float tsr_ivfpq_scanner_scan_filtered(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t n,
-                                      const float *term, const tsr_ivfpq_flist *fl,
-                                      float base, float thr, tsr_ivfpq_sink_fn sink,
-                                      void *ctx)
-{
-    const tsr_pq *pq = &s->ix->pq;
-    filt f;
-    if (fl != NULL && fl->n == n && fl->has_term == (term != NULL) &&
-        scanner_filt(s, fl, base, &f))
-        return scan_list(pq, s->scan8, s->T, s->dis, codes, n, term, base, &f, thr, sink, ctx);
-    return scan_list(pq, s->scan8, s->T, s->dis, codes, n, term, base, NULL, thr, sink, ctx);
 }

@@ -126,7 +126,7 @@ int tsr__filter8_avx512_supported(void)
 /* The per-query table of the scaled-dot forms (IP, L2 by_residual), 16 entries at a time
  * with the 16 accumulators of a 256-entry row in registers: T[m][j] = s x_0 c_0j, then
  * + s x_t c_tj for t = 1 .. dsub - 1, each a multiply then an add, in this order: the
- * same operations as build_table's 4-wide loop, so the same bits. ksub % 16 == 0. */
+ * same operations as tsr__build_table's 4-wide loop, so the same bits. ksub % 16 == 0. */
 void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
                        float scale, float *T)
 {

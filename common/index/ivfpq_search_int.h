@@ -10,7 +10,9 @@
  *   ivfpq_search_avx512.c   tsr__scan8_avx512, tsr__filter8_avx512, tsr__table_avx512,
  *                           tsr__quantize_table_avx512
  *                           (AVX-512 flags; its tail is the scalar kernel)
+ *   ivfpq_nibble.c          the nibble stage's ranks, group table and scalar kernel
  *   ivfpq_search.c          the search, the cache and the run-time choice of a kernel
+ *   ivfpq_scanner.c         the scanner and the scan blocks of lists held by the caller
  * Every kernel of one kind returns bit-identical results: the SIMD forms follow the
  * summation order of the scalar form (see tsr__scan8_scalar), so the choice of kernel
  * changes speed only.
@@ -104,6 +106,13 @@ uint64_t tsr__filter4_avx2(const uint8_t *Tg, size_t M, const uint8_t *blk, size
  * any f8: tests). */
 tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8);
 
+/* The plain 8-bit scan kernel of a SIMD level (the scalar one for AUTO / SCALAR). */
+tsr__scan8_fn tsr__scan8_for(enum tsr_simd s);
+/* tsr__quantize_table (the AVX-512 form when wide), then the kernel fn's own layout of
+ * the table (the AVX2 8-bit kernel reads slice differences). Returns what
+ * tsr__quantize_table returns. */
+int tsr__quantize_for(tsr__filter8_fn fn, int wide, const float *T, size_t M, uint8_t *Tq,
+                      float *qmin, float *delta, float *tabs);
 /* The filter kernel a search or scanner asked for `asked` uses (NULL = the plain scan), as
  * ivfpq_search.c chooses it at run time: TSR_SEARCH_FILTER=0 none, =scalar the scalar
  * kernel; else none for a forced scalar path (asked or TSR_SIMD=scalar), the AVX2 kernel
@@ -168,9 +177,81 @@ int tsr__quantize_table_avx512(const float *T, size_t M, uint8_t *Tq, float *qmi
                                float *delta, float *tabs);
 
 /* ---- the per-query table ---------------------------------------------------------------
- * The table for IP and L2 by_residual (see build_table in ivfpq_search.c), bit-identical
+ * The table for IP and L2 by_residual (see tsr__build_table in ivfpq_search.c), bit-identical
  * to the generic code; ksub % 16 == 0, AVX-512F. */
 void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
                        float scale, float *T);
+
+/* ---- what ivfpq_search.c shares with ivfpq_scanner.c (the scanner of lists held by the
+ * caller: the shard's) ------------------------------------------------------------------ */
+
+/* The search cache of an index (derived data, built once on first use under a lock and
+ * published with an atomic pointer; read-only afterwards; freed with the index or by
+ * tsr_ivfpq_search_invalidate): per stored vector ||y||^2 + 2<c, y> (L2 by_residual),
+ * the transposed PQ centroids, the prefilter's transposed codes. */
+typedef struct tsr__search_cache {
+    size_t nlist;
+    size_t *sizes;    /* list sizes the cache was built from */
+    size_t *offsets;  /* start of each list in term[] */
+    float *term;      /* ntotal floats; NULL when the variant needs no term */
+    float *ct;        /* PQ centroids transposed to M x dsub x ksub (table building) */
+    float tmax;       /* max |term| over all vectors (rounding margin; inf if any NaN) */
+    /* The quantized prefilter (8-bit codes, M <= 256; see ivfpq_search_int.h): */
+    uint8_t *tcodes;  /* NULL or a copy of the codes, transposed by blocks of TSR__FBLOCK
+                         (zero-padded); list l's blocks at toffsets[l], M * TSR__FBLOCK
+                         bytes each, 64-aligned */
+    size_t *toffsets; /* nlist byte offsets into tcodes */
+    uint8_t *rank;    /* NULL, or (dsub = 1) M x 256 centroid ranks: tcodes holds
+                         rank[m][code] instead of the code byte (the nibble stage) */
+    float *ct_r;      /* with rank: ct with centroid j of sub-quantizer m at its rank */
+    size_t tbytes;    /* size of tcodes */
+    float *cnorms;    /* L2: ||c||^2 of the nlist coarse centroids (the coarse step's y
+                         norms: recomputed per call they were ~310 us of a single query's
+                         ~430 us at nprobe 16, 1M x 64, IVF4000); NULL for IP */
+} tsr__search_cache;
+
+/* The cache of ix (built on first use), or NULL with err set (out of memory). */
+const tsr__search_cache *tsr__search_cache_get(const tsr_ivfpq *ix, tsr_error *err);
+/* 0, or an error for an index the search cannot serve (not trained, k too large). */
+int tsr__ivfpq_check_index(const tsr_ivfpq *ix, size_t k, tsr_error *err);
+/* The per-query table T (M x ksub, "smaller is better") of query x from the transposed
+ * centroids ct (the cache's ct, or ct_r for rank order); wide = the AVX-512 form (same
+ * bits). */
+void tsr__build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T, int wide);
+/* 1 when a search asked for `asked` may build the table with AVX-512. */
+int tsr__wide_table_ok(enum tsr_simd asked);
+/* Bytes of one prefilter block of M sub-quantizers (with the 64 terms when has_term), and
+ * the transposition of n codes (their terms when term != NULL; code bytes mapped through
+ * rank[m * 256 + byte] when rank != NULL) into blocks of bsz bytes, zeroed by the caller. */
+size_t tsr__fblock_size(size_t M, int has_term);
+void tsr__transpose_list(const uint8_t *codes, const float *term, size_t n, size_t M,
+                         size_t bsz, const uint8_t *rank, uint8_t *dst);
+
+#define TSR__SCAN_BLOCK 256 /* distances computed per kernel call */
+
+/* A sink gets the position and the score of a code that could enter, and returns the new
+ * threshold (which never increases). */
+typedef float (*tsr__sink_fn)(void *ctx, size_t i, float score);
+
+/* The prefilter for one list: the kernel, the quantized table (or the nibble stage's
+ * group table), the list's transposed blocks and their size, the table's offset and step,
+ * the rounding margin and the prefetch cursor (NULL = none). */
+struct tsr__pfcur;
+typedef struct tsr__filt {
+    tsr__filter8_fn fn;
+    const uint8_t *Tq;
+    const uint8_t *blocks;
+    size_t bsz;
+    float qmin, delta, margin;
+    struct tsr__pfcur *pf;
+} tsr__filt;
+
+/* The scan of one list: without f, block distances by scan8 (dis: TSR__SCAN_BLOCK floats
+ * of scratch) and the codes with score <= thr to the sink; with f, the prefilter's bound
+ * per block and the exact sum (tsr__filter8_exact on f->blocks) only for the codes it
+ * keeps. The same codes reach the sink with the same scores either way. Returns thr. */
+float tsr__scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, float *dis,
+                     const uint8_t *codes, size_t n, const float *term, float base,
+                     const tsr__filt *f, float thr, tsr__sink_fn sink, void *ctx);
 
 #endif

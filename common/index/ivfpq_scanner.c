@@ -1,0 +1,246 @@
+/*
+ * ivfpq_scanner — the scan of lists held by the caller (the shard's): a scanner per thread
+ * with the per-query table, and the scan blocks of a list (tsr_ivfpq_flist: the codes and
+ * terms transposed by 64 for the quantized prefilter, which the shard keeps as a list's
+ * only copy). The arithmetic is the search's (ivfpq_search.c: tsr__build_table,
+ * tsr__scan_list, the kernels and their run-time choice), so a list scanned here gives
+ * the bits `tessera index search` gives. Semantics in ivfpq_search.h.
+ *
+ * Thread-safety: a scanner belongs to one thread; a flist is immutable once built and may
+ * be scanned by any number of scanners at once.
+ */
+#include "index/ivfpq_search.h"
+#include "index/ivfpq_search_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/mem.h"
+
+/* ---- the public scanner (lists held by the caller) --------------------------------- */
+
+struct tsr_ivfpq_scanner {
+    const tsr_ivfpq *ix;
+    const tsr__search_cache *cache; /* for the transposed PQ centroids */
+    tsr__scan8_fn scan8;
+    int wide_table;
+    float *T;   /* M * ksub */
+    float *dis; /* TSR__SCAN_BLOCK */
+    tsr__filter8_fn filter; /* the prefilter kernel, NULL = none (tsr__filter8_choose) */
+    uint8_t *Tq;            /* M * 256 when filter */
+    int tq_state;           /* T quantized for this query: 0 not yet, 1 yes, -1 cannot */
+    float qmin, delta, tabs;
+};
+
+tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd simd,
+                                            tsr_error *err)
+{
+    const enum tsr_simd simd0 = simd;
+    if (tsr__ivfpq_check_index(ix, 1, err) != 0)
+        return NULL;
+    const tsr__search_cache *cache = tsr__search_cache_get(ix, err);
+    if (cache == NULL)
+        return NULL;
+    tsr_ivfpq_scanner *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        goto oom;
+    s->ix = ix;
+    s->cache = cache;
+    if (simd == TSR_SIMD_AUTO || !tsr_ivfpq_search_simd_supported(simd))
+        simd = tsr_ivfpq_search_simd_auto();
+    s->wide_table = tsr__wide_table_ok(simd0);
+    s->scan8 = tsr__scan8_for(simd);
+    s->T = tsr_try_aligned(ix->pq.M * ix->pq.ksub, sizeof(float));
+    s->dis = tsr_try_aligned(TSR__SCAN_BLOCK, sizeof(float));
+    if (s->T == NULL || s->dis == NULL)
+        goto oom;
+    if (ix->pq.nbits == 8 && ix->pq.M <= 256 && (s->filter = tsr__filter8_choose(simd0)) != NULL &&
+        (s->Tq = tsr_try_aligned(ix->pq.M * 256, 1)) == NULL)
+        goto oom;
+    return s;
+oom:
+    tsr_ivfpq_scanner_destroy(s);
+    tsr_err(err, TSR_ENOMEM, "scanner: out of memory for a %zu x %zu table", ix->pq.M,
+            ix->pq.ksub);
+    return NULL;
+}
+
+void tsr_ivfpq_scanner_destroy(tsr_ivfpq_scanner *s)
+{
+    if (s == NULL)
+        return;
+    free(s->T);
+    free(s->dis);
+    free(s->Tq);
+    free(s);
+}
+
+void tsr_ivfpq_scanner_set_query(tsr_ivfpq_scanner *s, const float *x)
+{
+    tsr__build_table(s->ix, s->cache->ct, x, s->T, s->wide_table);
+    s->tq_state = 0;
+}
+
+float tsr_ivfpq_scanner_base(const tsr_ivfpq_scanner *s, float coarse_dis)
+{
+    if (!s->ix->by_residual)
+        return 0.0f;
+    return s->ix->metric == TSR_METRIC_IP ? -coarse_dis : coarse_dis;
+}
+
+float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t n,
+                             const float *term, float base, float thr,
+                             tsr_ivfpq_sink_fn sink, void *ctx)
+{
+    return tsr__scan_list(&s->ix->pq, s->scan8, s->T, s->dis, codes, n, term, base, NULL, thr,
+                     sink, ctx);
+}
+
+/* ---- the prefilter of a list held by the caller ------------------------------------- */
+
+struct tsr_ivfpq_flist {
+    size_t n, M, bsz, bytes;
+    int has_term;
+    float tmax;      /* max |term| of the list (rounding margin; inf if any NaN) */
+    uint8_t *blocks; /* transposed by blocks of TSR__FBLOCK, 64-aligned, zero-padded */
+};
+
+int tsr_ivfpq_flist_build(const tsr_ivfpq *ix, const uint8_t *codes, size_t n,
+                          const float *term, tsr_ivfpq_flist **out, tsr_error *err)
+{
+    const tsr_pq *pq = &ix->pq;
+    *out = NULL;
+    if (n == 0 || pq->nbits != 8 || pq->M > 256)
+        return 0;
+    tsr_ivfpq_flist *f = calloc(1, sizeof *f);
+    size_t nb = (n + TSR__FBLOCK - 1) / TSR__FBLOCK;
+    if (f == NULL)
+        goto oom;
+    f->n = n;
+    f->M = pq->M;
+    f->has_term = term != NULL;
+    f->bsz = tsr__fblock_size(pq->M, f->has_term);
+    if (tsr_mul_ok(nb, f->bsz, &f->bytes) != 0 ||
+        (f->blocks = tsr_try_aligned(f->bytes, 1)) == NULL)
+        goto oom;
+    memset(f->blocks, 0, f->bytes);
+    tsr__transpose_list(codes, term, n, pq->M, f->bsz, NULL, f->blocks);
+    for (size_t i = 0; term != NULL && i < n; i++) {
+        float a = fabsf(term[i]);
+        if (!(a <= f->tmax))
+            f->tmax = a == a ? a : INFINITY;
+    }
+    *out = f;
+    return 0;
+oom:
+    tsr_ivfpq_flist_free(f);
+    return tsr_err(err, TSR_ENOMEM, "prefilter: out of memory for a list of %zu codes", n);
+}
+
+void tsr_ivfpq_flist_free(tsr_ivfpq_flist *f)
+{
+    if (f == NULL)
+        return;
+    free(f->blocks);
+    free(f);
+}
+
+size_t tsr_ivfpq_flist_bytes(const tsr_ivfpq_flist *f)
+{
+    return f ? f->bytes + sizeof *f : 0;
+}
+
+/* The prefilter of scanner s for list fl at base into *f: 1, or 0 when it cannot run
+ * (no filter kernel, a table that does not quantize, an infinite margin). The table is
+ * quantized once per query, on the first filtered list. */
+static int scanner_filt(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl, float base, tsr__filt *f)
+{
+    const tsr_pq *pq = &s->ix->pq;
+    if (s->filter == NULL)
+        return 0;
+    if (s->tq_state == 0)
+        s->tq_state =
+            tsr__quantize_for(s->filter, s->wide_table, s->T, pq->M, s->Tq, &s->qmin, &s->delta,
+                         &s->tabs) ? 1 : -1;
+    /* The rounding margin as in ivfpq_search.c search_one, with the list's own max |term|. */
+    float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
+    if (s->tq_state != 1 || !(margin < INFINITY))
+        return 0;
+    *f = (tsr__filt){s->filter, s->Tq, fl->blocks, fl->bsz, s->qmin, s->delta, margin, NULL};
+    return 1;
+}
+
+size_t tsr_ivfpq_flist_size(const tsr_ivfpq_flist *f)
+{
+    return f ? f->n : 0;
+}
+
+/* Code i of f (Faiss order, f->M bytes) into out. */
+static void flist_code(const tsr_ivfpq_flist *f, size_t i, uint8_t *out)
+{
+    const uint8_t *c = f->blocks + i / TSR__FBLOCK * f->bsz + i % TSR__FBLOCK;
+    for (size_t m = 0; m < f->M; m++)
+        out[m] = c[m * TSR__FBLOCK];
+}
+
+void tsr_ivfpq_flist_codes(const tsr_ivfpq_flist *f, size_t i0, size_t n, uint8_t *codes,
+                           float *term)
+{
+    for (size_t i = i0; i < i0 + n; i++) {
+        const uint8_t *bp = f->blocks + i / TSR__FBLOCK * f->bsz;
+        if (codes != NULL)
+            flist_code(f, i, codes + (i - i0) * f->M);
+        if (term != NULL && f->has_term)
+            memcpy(term + (i - i0), bp + f->M * TSR__FBLOCK + i % TSR__FBLOCK * sizeof(float),
+                   sizeof(float));
+    }
+}
+
+float tsr_ivfpq_scanner_scan_flist(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl,
+                                   int prefilter, float base, float thr, tsr_ivfpq_sink_fn sink,
+                                   void *ctx)
+{
+    const tsr_pq *pq = &s->ix->pq;
+    if (fl == NULL || fl->n == 0)
+        return thr;
+    tsr__filt f;
+    if (prefilter && scanner_filt(s, fl, base, &f))
+        /* codes are not read on the filtered path; term only says "has terms" */
+        return tsr__scan_list(pq, s->scan8, s->T, s->dis, NULL, fl->n,
+                         fl->has_term ? (const float *)(const void *)fl->blocks : NULL, base,
+                         &f, thr, sink, ctx);
+    /* The plain scan, block by block: each block's codes back in Faiss order (a 64 x M
+     * copy, ~1/4 of the kernel's own work) through the same kernel with the same terms,
+     * so every score has the bits tsr_ivfpq_scanner_scan gives on the Faiss-order list. */
+    uint8_t cb[TSR__FBLOCK * 256];
+    for (size_t b = 0; b < fl->n; b += TSR__FBLOCK) {
+        size_t nb = fl->n - b < TSR__FBLOCK ? fl->n - b : TSR__FBLOCK;
+        const uint8_t *blk = fl->blocks + b / TSR__FBLOCK * fl->bsz;
+        for (size_t m = 0; m < pq->M; m++) {
+            const uint8_t *row = blk + m * TSR__FBLOCK;
+            for (size_t i = 0; i < nb; i++)
+                cb[i * pq->M + m] = row[i];
+        }
+        const float *tb =
+            fl->has_term ? (const float *)(const void *)(blk + pq->M * TSR__FBLOCK) : NULL;
+        s->scan8(s->T, pq->M, cb, nb, tb, base, s->dis);
+        for (size_t i = 0; i < nb; i++)
+            if (s->dis[i] <= thr)
+                thr = sink(ctx, b + i, s->dis[i]);
+    }
+    return thr;
+}
+
+float tsr_ivfpq_scanner_scan_filtered(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t n,
+                                      const float *term, const tsr_ivfpq_flist *fl,
+                                      float base, float thr, tsr_ivfpq_sink_fn sink,
+                                      void *ctx)
+{
+    const tsr_pq *pq = &s->ix->pq;
+    tsr__filt f;
+    if (fl != NULL && fl->n == n && fl->has_term == (term != NULL) &&
+        scanner_filt(s, fl, base, &f))
+        return tsr__scan_list(pq, s->scan8, s->T, s->dis, codes, n, term, base, &f, thr, sink, ctx);
+    return tsr__scan_list(pq, s->scan8, s->T, s->dis, codes, n, term, base, NULL, thr, sink, ctx);
+}
