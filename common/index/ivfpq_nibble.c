@@ -13,6 +13,7 @@
  *
  * Thread-safety: pure functions.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,4 +94,59 @@ uint64_t tsr__filter4_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, si
             mask |= (uint64_t)1 << i;
     }
     return mask;
+}
+
+struct tsr__ranks {
+    atomic_size_t refs;
+    size_t M;
+    uint8_t *rank;   /* M x 256: rank[m * 256 + code] */
+    uint8_t *unrank; /* M x 256: the code of a rank */
+};
+
+int tsr__ranks_new(const tsr_pq *pq, tsr__ranks **out)
+{
+    *out = NULL;
+    if (pq->dsub != 1 || pq->nbits != 8 || pq->ksub != 256)
+        return 0;
+    tsr__ranks *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return TSR_ENOMEM;
+    atomic_init(&r->refs, 1);
+    r->M = pq->M;
+    if ((r->rank = malloc(pq->M * 256)) == NULL || (r->unrank = malloc(pq->M * 256)) == NULL) {
+        tsr__ranks_unref(r);
+        return TSR_ENOMEM;
+    }
+    tsr__nibble_ranks(pq, r->rank);
+    for (size_t m = 0; m < pq->M; m++)
+        for (size_t j = 0; j < 256; j++)
+            r->unrank[m * 256 + r->rank[m * 256 + j]] = (uint8_t)j;
+    *out = r;
+    return 0;
+}
+
+tsr__ranks *tsr__ranks_ref(tsr__ranks *r)
+{
+    if (r != NULL)
+        atomic_fetch_add(&r->refs, 1);
+    return r;
+}
+
+void tsr__ranks_unref(tsr__ranks *r)
+{
+    if (r == NULL || atomic_fetch_sub(&r->refs, 1) != 1)
+        return;
+    free(r->rank);
+    free(r->unrank);
+    free(r);
+}
+
+const uint8_t *tsr__ranks_rank(const tsr__ranks *r)
+{
+    return r->rank;
+}
+
+const uint8_t *tsr__ranks_unrank(const tsr__ranks *r)
+{
+    return r->unrank;
 }

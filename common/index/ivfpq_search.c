@@ -184,7 +184,7 @@ static void cache_free(search_cache *c)
     free(c->ct);
     free(c->tcodes);
     free(c->toffsets);
-    free(c->rank);
+    tsr__ranks_unref(c->rk);
     free(c->ct_r);
     free(c->cnorms);
     free(c);
@@ -411,6 +411,16 @@ static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
             }
         }
     }
+    if (tsr__ranks_new(pq, &c->rk) != 0)
+        goto oom;
+    if (c->rk != NULL) { /* dsub = 1: the blocks hold ranks, their tables are in rank order */
+        const uint8_t *rank = tsr__ranks_rank(c->rk);
+        if ((c->ct_r = tsr_try_aligned(pq->M * 256, sizeof(float))) == NULL)
+            goto oom;
+        for (size_t m = 0; m < pq->M; m++)
+            for (size_t j = 0; j < 256; j++)
+                c->ct_r[m * 256 + rank[m * 256 + j]] = c->ct[m * 256 + j];
+    }
     if (filter_wanted(pq)) {
         /* One stream per list for the prefilter: each block holds its codes transposed
          * and then (L2 by_residual) its 64 terms, so a list is read front to back. */
@@ -427,24 +437,14 @@ static search_cache *cache_build(const tsr_ivfpq *ix, tsr_error *err)
         }
         c->tbytes = bytes;
         c->tcodes = alloc_huge(bytes);
-        c->rank = tsr_try_malloc(pq->M, 256);
-        if (c->tcodes == NULL || c->rank == NULL)
+        if (c->tcodes == NULL)
             goto oom;
-        if (tsr__nibble_ranks(pq, c->rank)) { /* dsub = 1: the tables in rank order too */
-            if ((c->ct_r = tsr_try_aligned(pq->M * 256, sizeof(float))) == NULL)
-                goto oom;
-            for (size_t m = 0; m < pq->M; m++)
-                for (size_t j = 0; j < 256; j++)
-                    c->ct_r[m * 256 + c->rank[m * 256 + j]] = c->ct[m * 256 + j];
-        } else {
-            free(c->rank);
-            c->rank = NULL;
-        }
         memset(c->tcodes, 0, bytes);
         for (size_t l = 0; l < ix->nlist; l++)
             tsr__transpose_list(ix->lists[l].codes, c->term ? c->term + c->offsets[l] : NULL,
-                           ix->lists[l].size, pq->M, bsz, c->rank,
-                           c->tcodes + c->toffsets[l]);
+                                ix->lists[l].size, pq->M, bsz,
+                                c->rk ? tsr__ranks_rank(c->rk) : NULL,
+                                c->tcodes + c->toffsets[l]);
     }
     free(P);
     return c;
@@ -849,7 +849,7 @@ static int search_one(worker *w, size_t qi)
         /* The prefilter pays from a few lists on (quantizing the table costs ~2 us). Its
          * blocks hold centroid ranks when the cache has them: the tables in rank order. */
         int use_filter = jb->filter != NULL && jb->nprobe >= FILTER_MIN_NPROBE;
-        int ranked = use_filter && jb->cache->rank != NULL;
+        int ranked = use_filter && jb->cache->rk != NULL;
         tsr__build_table(ix, ranked ? jb->cache->ct_r : jb->cache->ct, xq, w->T, jb->wide_table);
         tsr__filt fl, *flp = NULL;
         pfcur pf;
@@ -1090,7 +1090,7 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
     jb.wide_table = tsr__wide_table_ok(opts ? opts->simd : TSR_SIMD_AUTO);
     if (cache->tcodes != NULL)
         jb.filter = tsr__filter8_choose(opts ? opts->simd : TSR_SIMD_AUTO);
-    if (cache->rank != NULL)
+    if (cache->rk != NULL)
         jb.filter4 = tsr__filter4_choose(jb.filter);
     jb.refine = ix->is_refine && !(opts && opts->no_refine);
     jb.k1 = k;

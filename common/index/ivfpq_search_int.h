@@ -83,9 +83,10 @@ void tsr__filter8_prep_avx2(uint8_t *Tq, size_t M);
 int tsr__filter8_avx2_supported(void);
 /* ---- the nibble stage (ivfpq_nibble.c; dsub = 1, 8-bit codes) --------------------------
  * The search cache then stores each code byte as the rank of its centroid among the
- * sub-quantizer's 256 sorted by value (tsr__nibble_ranks; the transposed blocks only: the
- * lists keep their Faiss-order codes), and a query that uses the prefilter builds its
- * tables in rank order (T and Tq entries bit-identical, only placed at the rank), so
+ * sub-quantizer's 256 sorted by value (tsr__nibble_ranks; in the transposed blocks only:
+ * the cache's copy and the scan blocks of lists held by the caller, whose
+ * tsr_ivfpq_flist_codes maps them back), and a scan of those blocks builds its tables in
+ * rank order (T and Tq entries bit-identical, only placed at the rank), so
  * tsr__filter8_exact gives the same distances. Tg (M x 16 bytes, tsr__nibble_table) is the
  * minimum of each group of 16 consecutive ranks of Tq, and
  *   lb4_i = (base + term_i) + (qmin + delta * (float)Q4_i),  Q4_i = sum_m Tg[m][rank_i[m] >> 4]
@@ -94,6 +95,17 @@ int tsr__filter8_avx2_supported(void);
  * kernels have tsr__filter8_fn's signature with Tg in place of Tq; the AVX2 one takes one
  * VPSHUFB per 32 codes and sub-quantizer (the 8-bit one 16). */
 int tsr__nibble_ranks(const tsr_pq *pq, uint8_t *rank); /* M x 256; 0 = not dsub 1 / 8 bits */
+/* The ranks as a shared, reference-counted object: the search cache holds one, and every
+ * scan block list (tsr_ivfpq_flist) built from the index one more, so a list outlives a
+ * cache that is rebuilt (the ranks are a function of the PQ centroids only). new: *out =
+ * NULL (and 0) unless dsub = 1 and 8 bits; TSR_ENOMEM. unref accepts NULL. rank: M x 256
+ * (rank[m * 256 + code]); unrank: the code of each rank. */
+typedef struct tsr__ranks tsr__ranks;
+int tsr__ranks_new(const tsr_pq *pq, tsr__ranks **out);
+tsr__ranks *tsr__ranks_ref(tsr__ranks *r);
+void tsr__ranks_unref(tsr__ranks *r);
+const uint8_t *tsr__ranks_rank(const tsr__ranks *r);
+const uint8_t *tsr__ranks_unrank(const tsr__ranks *r);
 void tsr__nibble_table(const uint8_t *Tq, size_t M, uint8_t *Tg);
 uint64_t tsr__filter4_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
                              const float *term, float base, float qmin, float delta,
@@ -201,9 +213,9 @@ typedef struct tsr__search_cache {
                          (zero-padded); list l's blocks at toffsets[l], M * TSR__FBLOCK
                          bytes each, 64-aligned */
     size_t *toffsets; /* nlist byte offsets into tcodes */
-    uint8_t *rank;    /* NULL, or (dsub = 1) M x 256 centroid ranks: tcodes holds
-                         rank[m][code] instead of the code byte (the nibble stage) */
-    float *ct_r;      /* with rank: ct with centroid j of sub-quantizer m at its rank */
+    tsr__ranks *rk;   /* NULL, or (dsub = 1, 8 bits) the centroid ranks: tcodes and the
+                         scan blocks hold rank[m][code] instead of the code byte */
+    float *ct_r;      /* with rk: ct with centroid j of sub-quantizer m at its rank */
     size_t tbytes;    /* size of tcodes */
     float *cnorms;    /* L2: ||c||^2 of the nlist coarse centroids (the coarse step's y
                          norms: recomputed per call they were ~310 us of a single query's

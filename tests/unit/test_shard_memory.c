@@ -68,6 +68,34 @@ static void test_flist_roundtrip(void **state)
             free(codes), free(back), free(term), free(tb);
         }
     }
+    /* One dimension per sub-quantizer: the blocks hold centroid ranks (the nibble stage),
+     * and the codes still come back as given. */
+    for (size_t M = 1; M <= 64; M *= 4) {
+        tsr_ivfpq ix;
+        memset(&ix, 0, sizeof ix);
+        ix.d = (int)M;
+        ix.pq.d = M, ix.pq.M = M, ix.pq.nbits = 8, ix.pq.code_size = M, ix.pq.dsub = 1;
+        ix.pq.ksub = 256;
+        ix.pq.centroids = tsr_xmalloc(M * 256 * sizeof(float));
+        for (size_t i = 0; i < M * 256; i++)
+            ix.pq.centroids[i] = (float)(rnd() % 1000) - 500.0f; /* ties too */
+        size_t n = 130;
+        uint8_t *codes = tsr_xmalloc(n * M), *back = tsr_xmalloc(n * M);
+        for (size_t i = 0; i < n * M; i++)
+            codes[i] = (uint8_t)rnd();
+        tsr_ivfpq_flist *fl = NULL;
+        assert_int_equal(tsr_ivfpq_flist_build(&ix, codes, n, NULL, &fl, &err), 0);
+        assert_non_null(fl);
+        memset(back, 0xa5, n * M);
+        tsr_ivfpq_flist_codes(fl, 0, n, back, NULL);
+        if (memcmp(back, codes, n * M) != 0)
+            fail_msg("dsub 1, M %zu: codes differ after the round trip", M);
+        tsr_ivfpq_search_invalidate(&ix); /* the flist keeps its ranks */
+        tsr_ivfpq_flist_codes(fl, 7, 70, back, NULL);
+        assert_memory_equal(back, codes + 7 * M, 70 * M);
+        tsr_ivfpq_flist_free(fl);
+        free(codes), free(back), free(ix.pq.centroids);
+    }
     /* nothing to build: other than 8 bits, M > 256, n == 0 */
     tsr_ivfpq ix;
     memset(&ix, 0, sizeof ix);

@@ -6,7 +6,9 @@
  * the plain AVX2 scan with TSR_SEARCH_FILTER=0; AVX2 with the scalar filter) and with
  * TSR_SIMD=scalar (the plain scalar scan), and as on CPUs without AVX-512 or SIMD
  * (TSR_SIMD_MAX=avx2 | scalar), for queries with token restricts, numeric restricts, crowding and
- * the exact re-rank, at nprobe 1 (no filter) and 2, 5 and 8 of 8 lists.
+ * the exact re-rank, at nprobe 1 (no filter) and 2, 5 and 8 of 8 lists; for an index of
+ * 4 dimensions per sub-quantizer and one of 1 (the blocks then hold centroid ranks, the
+ * AVX2 path runs the nibble stage, and TSR_SEARCH_NIBBLE=0 turns it off).
  *
  * A list keeps its codes only as the scan blocks (tsr_ivfpq_flist), whichever kernel runs;
  * the reference is TSR_SHARD_CODES=faiss with TSR_SEARCH_FILTER=0 (Faiss-order codes, the
@@ -22,7 +24,11 @@
 #include "index/knn.h"
 #include "shard_test_util.h"
 
-enum { PD = 32, PNLIST = 8, PM = 8, PN = 6000, PQN = 40, PK = 10 };
+enum { PD = 32, PNLIST = 8, PN = 6000, PQN = 40, PK = 10 };
+
+/* Sub-quantizers of the group's index: 8 (dsub 4), then 32 (dsub 1: the scan blocks hold
+ * centroid ranks and the AVX2 path runs the nibble stage). */
+static size_t PM = 8;
 
 static uint32_t seed = 12345;
 
@@ -123,6 +129,12 @@ static int setup(void **state)
     free(al);
     *state = f;
     return 0;
+}
+
+static int setup_dsub1(void **state)
+{
+    PM = PD;
+    return setup(state);
 }
 
 static int teardown(void **state)
@@ -250,21 +262,31 @@ static void test_identical(void **state)
         const char *filter, *simd;
         int fl;          /* 1 = scan blocks, 0 = Faiss-order codes */
         const char *cap; /* TSR_SIMD_MAX: a CPU without AVX-512 (avx2) or SIMD (scalar) */
+        const char *nib; /* TSR_SEARCH_NIBBLE (dsub = 1): 0 = off, scalar = its scalar kernel */
     } cases[] = {
-        {"scalar", NULL, 1, NULL}, {NULL, NULL, 1, NULL},     {NULL, "avx2", 1, NULL},
-        {"scalar", "avx2", 1, NULL}, {"0", "avx2", 1, NULL},  {NULL, "scalar", 1, NULL},
-        {"scalar", "scalar", 1, NULL}, {"0", NULL, 1, NULL},  {"0", "scalar", 1, NULL},
-        {NULL, NULL, 0, NULL},     {"0", "avx2", 0, NULL},    {NULL, NULL, 1, "avx2"},
-        {"0", NULL, 1, "avx2"},    {NULL, NULL, 1, "scalar"},
+        {"scalar", NULL, 1, NULL, NULL},   {NULL, NULL, 1, NULL, NULL},
+        {NULL, "avx2", 1, NULL, NULL},     {"scalar", "avx2", 1, NULL, NULL},
+        {"0", "avx2", 1, NULL, NULL},      {NULL, "scalar", 1, NULL, NULL},
+        {"scalar", "scalar", 1, NULL, NULL}, {"0", NULL, 1, NULL, NULL},
+        {"0", "scalar", 1, NULL, NULL},    {NULL, NULL, 0, NULL, NULL},
+        {"0", "avx2", 0, NULL, NULL},      {NULL, NULL, 1, "avx2", NULL},
+        {"0", NULL, 1, "avx2", NULL},      {NULL, NULL, 1, "scalar", NULL},
+        {NULL, "avx2", 1, NULL, "0"},      {NULL, NULL, 1, NULL, "scalar"},
+        {NULL, NULL, 1, "avx2", "scalar"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        if (cases[c].nib)
+            setenv("TSR_SEARCH_NIBBLE", cases[c].nib, 1);
         answers(f, cases[c].filter, cases[c].simd, cases[c].cap, cases[c].fl, &got, &ngot);
+        unsetenv("TSR_SEARCH_NIBBLE");
         if (ngot != nref || memcmp(got, ref, nref) != 0)
-            fail_msg("TSR_SEARCH_FILTER=%s TSR_SIMD=%s TSR_SIMD_MAX=%s layout %s: answers "
-                     "differ from TSR_SEARCH_FILTER=0 on Faiss-order codes (%zu vs %zu bytes)",
+            fail_msg("M=%zu TSR_SEARCH_FILTER=%s TSR_SIMD=%s TSR_SIMD_MAX=%s TSR_SEARCH_NIBBLE=%s "
+                     "layout %s: answers differ from TSR_SEARCH_FILTER=0 on Faiss-order codes "
+                     "(%zu vs %zu bytes)", PM,
                      cases[c].filter ? cases[c].filter : "(unset)",
                      cases[c].simd ? cases[c].simd : "(unset)",
                      cases[c].cap ? cases[c].cap : "(unset)",
+                     cases[c].nib ? cases[c].nib : "(unset)",
                      cases[c].fl ? "blocks" : "faiss", ngot, nref);
         free(got);
     }
@@ -305,5 +327,6 @@ int main(void)
         cmocka_unit_test(test_identical),
         cmocka_unit_test(test_flist_memory),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    return failed + cmocka_run_group_tests(tests, setup_dsub1, teardown);
 }
