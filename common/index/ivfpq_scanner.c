@@ -266,8 +266,8 @@ float tsr_ivfpq_scanner_scan_flist(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *
     if (prefilter && scanner_filt(s, fl, base, &f))
         /* codes are not read on the filtered path; term only says "has terms" */
         return tsr__scan_list(pq, s->scan8, T, s->dis, NULL, fl->n,
-                         fl->has_term ? (const float *)(const void *)fl->blocks : NULL, base,
-                         &f, thr, sink, ctx);
+                              fl->has_term ? (const float *)(const void *)fl->blocks : NULL,
+                              base, &f, thr, sink, ctx);
     /* The plain scan, block by block: each block's codes back in Faiss order (a 64 x M
      * copy, ~1/4 of the kernel's own work) through the same kernel with the same terms,
      * so every score has the bits tsr_ivfpq_scanner_scan gives on the Faiss-order list. */

@@ -345,10 +345,11 @@ static size_t fblock_bytes(const search_cache *c, size_t M)
     return tsr__fblock_size(M, c->term != NULL);
 }
 
-/* Transposes n codes (and their terms, when term is non-NULL) into dst, blocks of bsz
- * bytes (fblock_size), zeroed by the caller. */
+/* Transposes n codes (and their terms, when term is non-NULL; each code byte mapped
+ * through rank when it is non-NULL) into dst, blocks of bsz bytes (tsr__fblock_size),
+ * zeroed by the caller. */
 void tsr__transpose_list(const uint8_t *codes, const float *term, size_t n, size_t M,
-                           size_t bsz, const uint8_t *rank, uint8_t *dst)
+                         size_t bsz, const uint8_t *rank, uint8_t *dst)
 {
     for (size_t i = 0; i < n; i++) {
         uint8_t *bp = dst + i / TSR__FBLOCK * bsz;
@@ -589,8 +590,7 @@ static int worker_init(worker *w, job *jb)
  * second pass over the 64 KB table (it was half of the table time). */
 typedef float v4sf __attribute__((vector_size(16)));
 
-void tsr__build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T,
-                        int wide)
+void tsr__build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T, int wide)
 {
     const tsr_pq *pq = &ix->pq;
     const size_t ksub = pq->ksub, dsub = pq->dsub;
@@ -694,8 +694,8 @@ static void pf_run(pfcur *c, size_t bytes)
  * enter (score <= thr) go to the sink, which returns the new threshold. The one scan
  * loop of search and of the public scanner (ivfpq_scanner.c). */
 float tsr__scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, float *dis,
-                       const uint8_t *codes, size_t n, const float *term, float base,
-                       const tsr__filt *f, float thr, tsr__sink_fn sink, void *ctx)
+                     const uint8_t *codes, size_t n, const float *term, float base,
+                     const tsr__filt *f, float thr, tsr__sink_fn sink, void *ctx)
 {
     if (f != NULL) {
         /* Block by block of TSR__FBLOCK codes: the bound for all, the exact distance only
@@ -850,7 +850,8 @@ static int search_one(worker *w, size_t qi)
          * blocks hold centroid ranks when the cache has them: the tables in rank order. */
         int use_filter = jb->filter != NULL && jb->nprobe >= FILTER_MIN_NPROBE;
         int ranked = use_filter && jb->cache->rk != NULL;
-        tsr__build_table(ix, ranked ? jb->cache->ct_r : jb->cache->ct, xq, w->T, jb->wide_table);
+        tsr__build_table(ix, ranked ? jb->cache->ct_r : jb->cache->ct, xq, w->T,
+                         jb->wide_table);
         tsr__filt fl, *flp = NULL;
         pfcur pf;
         const int64_t *qlists = jb->lists + qi * jb->nprobe;
@@ -927,8 +928,8 @@ static int search_one(worker *w, size_t qi)
                 if (fl.margin < INFINITY || ranked)
                     f = flp;
             }
-            tsr__scan_list(pq, jb->scan8, w->T, w->dis, lcodes, L->size, term, base, f, h->d[0],
-                      search_sink_fn, &sk);
+            tsr__scan_list(pq, jb->scan8, w->T, w->dis, lcodes, L->size, term, base, f,
+                           h->d[0], search_sink_fn, &sk);
             nscan += L->size;
             if (max_codes && nscan >= max_codes)
                 break;
@@ -1043,7 +1044,7 @@ tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8)
 /* tsr__quantize_table, then the kernel's own layout of the table (the AVX2 kernel reads
  * slice differences, see ivfpq_search_avx2.c). Returns what tsr__quantize_table returns. */
 int tsr__quantize_for(tsr__filter8_fn fn, int wide, const float *T, size_t M, uint8_t *Tq,
-                        float *qmin, float *delta, float *tabs)
+                      float *qmin, float *delta, float *tabs)
 {
     if (!(wide ? tsr__quantize_table_avx512(T, M, Tq, qmin, delta, tabs)
                : tsr__quantize_table(T, M, Tq, qmin, delta, tabs)))

@@ -101,7 +101,8 @@ tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd s
                                             tsr_error *err);
 void tsr_ivfpq_scanner_destroy(tsr_ivfpq_scanner *s); /* accepts NULL */
 
-/* Sets the query (d floats, copied into the per-query table). */
+/* Sets the query (d floats, copied: the tables are built from the copy when a scan first
+ * needs them, one per code layout in use). */
 void tsr_ivfpq_scanner_set_query(tsr_ivfpq_scanner *s, const float *x);
 
 /* The score offset of a list from its coarse distance (||x - c||^2 for L2, <x, c> for IP;

@@ -197,8 +197,8 @@ uint64_t tsr__filter4_avx2(const uint8_t *Tg, size_t M, const uint8_t *blk, size
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + m * 64));
         const __m256i x1 =
             _mm256_loadu_si256((const __m256i *)(const void *)(blk + m * 64 + 32));
-        const __m256i t =
-            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(Tg + m * 16)));
+        const __m256i t = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(const void *)(Tg + m * 16)));
         __m256i r0 = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(x0, 4), nib));
         __m256i r1 = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(x1, 4), nib));
         e0 = _mm256_add_epi16(e0, _mm256_and_si256(r0, lo8));
