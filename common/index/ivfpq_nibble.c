@@ -87,10 +87,7 @@ uint64_t tsr__filter4_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, si
         uint32_t q = 0;
         for (size_t m = 0; m < M; m++)
             q += Tg[m * 16 + (blk[m * TSR__FBLOCK + i] >> 4)];
-        float l = (base + (term ? term[i] : 0.0f)) + (qmin + delta * (float)q);
-        if (lb != NULL)
-            lb[i] = l;
-        if (!(l > lim))
+        if (tsr__bound_keep(base, term, i, qmin, delta, q, lim, lb))
             mask |= (uint64_t)1 << i;
     }
     return mask;

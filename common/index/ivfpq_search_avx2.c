@@ -115,6 +115,40 @@ static inline uint64_t bound_mask(__m256i e0, __m256i o0, __m256i e1, __m256i o1
     return n == 64 ? mask : mask & (((uint64_t)1 << n) - 1);
 }
 
+/* r0 / r1: one byte per code of the two 32-code halves of a block, added into the 16-bit
+ * sums (even codes in e*, odd codes in o*; a sum of at most 256 * 255 fits). */
+static inline void add_sums(__m256i r0, __m256i r1, __m256i *e0, __m256i *o0, __m256i *e1,
+                            __m256i *o1)
+{
+    const __m256i lo8 = _mm256_set1_epi16(0xff);
+    *e0 = _mm256_add_epi16(*e0, _mm256_and_si256(r0, lo8));
+    *o0 = _mm256_add_epi16(*o0, _mm256_srli_epi16(r0, 8));
+    *e1 = _mm256_add_epi16(*e1, _mm256_and_si256(r1, lo8));
+    *o1 = _mm256_add_epi16(*o1, _mm256_srli_epi16(r1, 8));
+}
+
+/* The block's mask, and its bounds into lb (n floats) unless NULL, from its sums; the
+ * terms of a short block are padded here (bound_mask reads whole groups of 8). */
+static inline uint64_t block_mask(__m256i e0, __m256i o0, __m256i e1, __m256i o1,
+                                  const float *term, size_t n, float base, float qmin,
+                                  float delta, float lim, float *lb)
+{
+    float tpad[TSR__FBLOCK], lpad[TSR__FBLOCK];
+    if (term != NULL && n < TSR__FBLOCK) {
+        memset(tpad, 0, sizeof tpad);
+        memcpy(tpad, term, n * sizeof(float));
+        term = tpad;
+    }
+    const __m256 vbase = _mm256_set1_ps(base), vqmin = _mm256_set1_ps(qmin),
+                 vdelta = _mm256_set1_ps(delta), vlim = _mm256_set1_ps(lim);
+    if (lb != NULL && n < TSR__FBLOCK) {
+        uint64_t mask = bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lpad);
+        memcpy(lb, lpad, n * sizeof(float));
+        return mask;
+    }
+    return bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lb);
+}
+
 /* Keeps the sums a chain in this order: without it GCC reassociates the byte additions
  * into a tree of 32 live vectors and spills most of them to the stack. */
 #define PIN(a, b) __asm__("" : "+x"(a), "+x"(b))
@@ -123,15 +157,7 @@ uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size
                            const float *term, float base, float qmin, float delta, float lim,
                            float *lb)
 {
-    float tpad[TSR__FBLOCK], lpad[TSR__FBLOCK];
-    if (term != NULL && n < TSR__FBLOCK) { /* the kernel reads whole groups of 8 */
-        memset(tpad, 0, sizeof tpad);
-        memcpy(tpad, term, n * sizeof(float));
-        term = tpad;
-    }
-    const __m256 vbase = _mm256_set1_ps(base), vqmin = _mm256_set1_ps(qmin),
-                 vdelta = _mm256_set1_ps(delta), vlim = _mm256_set1_ps(lim);
-    const __m256i flip = _mm256_set1_epi8((char)0x80), lo8 = _mm256_set1_epi16(0xff);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
     __m256i e0 = _mm256_setzero_si256(), o0 = e0, e1 = e0, o1 = e0;
     for (size_t m = 0; m < M; m++) {
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + m * 64));
@@ -162,36 +188,19 @@ uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size
         TSR__SLICE(5);
         TSR__SLICE(6);
 #undef TSR__SLICE
-        e0 = _mm256_add_epi16(e0, _mm256_and_si256(r0, lo8));
-        o0 = _mm256_add_epi16(o0, _mm256_srli_epi16(r0, 8));
-        e1 = _mm256_add_epi16(e1, _mm256_and_si256(r1, lo8));
-        o1 = _mm256_add_epi16(o1, _mm256_srli_epi16(r1, 8));
+        add_sums(r0, r1, &e0, &o0, &e1, &o1);
     }
-    if (lb != NULL && n < TSR__FBLOCK) {
-        uint64_t mask = bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lpad);
-        memcpy(lb, lpad, n * sizeof(float));
-        return mask;
-    }
-    return bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lb);
+    return block_mask(e0, o0, e1, o1, term, n, base, qmin, delta, lim, lb);
 }
 
 /* The nibble stage (ivfpq_search_int.h): per sub-quantizer the ranks' high nibbles of the
- * 64 codes index the 16 group minima, one VPSHUFB per 32 codes; sums as the 8-bit kernel's
- * (16-bit lanes, even and odd codes), so the same bound_mask forms the same bounds as
- * tsr__filter4_scalar. */
+ * 64 codes index the 16 group minima, one VPSHUFB per 32 codes; the sums and bounds as the
+ * 8-bit kernel's (add_sums, block_mask), which are those of tsr__filter4_scalar. */
 uint64_t tsr__filter4_avx2(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
                            const float *term, float base, float qmin, float delta, float lim,
                            float *lb)
 {
-    float tpad[TSR__FBLOCK], lpad[TSR__FBLOCK];
-    if (term != NULL && n < TSR__FBLOCK) { /* bound_mask reads whole groups of 8 */
-        memset(tpad, 0, sizeof tpad);
-        memcpy(tpad, term, n * sizeof(float));
-        term = tpad;
-    }
-    const __m256 vbase = _mm256_set1_ps(base), vqmin = _mm256_set1_ps(qmin),
-                 vdelta = _mm256_set1_ps(delta), vlim = _mm256_set1_ps(lim);
-    const __m256i nib = _mm256_set1_epi8(0x0f), lo8 = _mm256_set1_epi16(0xff);
+    const __m256i nib = _mm256_set1_epi8(0x0f);
     __m256i e0 = _mm256_setzero_si256(), o0 = e0, e1 = e0, o1 = e0;
     for (size_t m = 0; m < M; m++) {
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + m * 64));
@@ -201,17 +210,9 @@ uint64_t tsr__filter4_avx2(const uint8_t *Tg, size_t M, const uint8_t *blk, size
             _mm_loadu_si128((const __m128i *)(const void *)(Tg + m * 16)));
         __m256i r0 = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(x0, 4), nib));
         __m256i r1 = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(x1, 4), nib));
-        e0 = _mm256_add_epi16(e0, _mm256_and_si256(r0, lo8));
-        o0 = _mm256_add_epi16(o0, _mm256_srli_epi16(r0, 8));
-        e1 = _mm256_add_epi16(e1, _mm256_and_si256(r1, lo8));
-        o1 = _mm256_add_epi16(o1, _mm256_srli_epi16(r1, 8));
+        add_sums(r0, r1, &e0, &o0, &e1, &o1);
     }
-    if (lb != NULL && n < TSR__FBLOCK) {
-        uint64_t mask = bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lpad);
-        memcpy(lb, lpad, n * sizeof(float));
-        return mask;
-    }
-    return bound_mask(e0, o0, e1, o1, term, n, vbase, vqmin, vdelta, vlim, lb);
+    return block_mask(e0, o0, e1, o1, term, n, base, qmin, delta, lim, lb);
 }
 
 int tsr__filter8_avx2_supported(void)

@@ -125,6 +125,18 @@ tsr__scan8_fn tsr__scan8_for(enum tsr_simd s);
  * tsr__quantize_table returns. */
 int tsr__quantize_for(tsr__filter8_fn fn, int wide, const float *T, size_t M, uint8_t *Tq,
                       float *qmin, float *delta, float *tabs);
+/* The scalar kernels' last step for code i of a block, from its table sum q: the bound
+ * (into lb[i] unless lb is NULL) and 1 when the code is kept (!(bound > lim)). One
+ * definition, so every scalar kernel forms the bound the same way. */
+static inline int tsr__bound_keep(float base, const float *term, size_t i, float qmin,
+                                  float delta, uint32_t q, float lim, float *lb)
+{
+    float l = (base + (term ? term[i] : 0.0f)) + (qmin + delta * (float)q);
+    if (lb != NULL)
+        lb[i] = l;
+    return !(l > lim);
+}
+
 /* The filter kernel a search or scanner asked for `asked` uses (NULL = the plain scan), as
  * ivfpq_search.c chooses it at run time: TSR_SEARCH_FILTER=0 none, =scalar the scalar
  * kernel; else none for a forced scalar path (asked or TSR_SIMD=scalar), the AVX2 kernel

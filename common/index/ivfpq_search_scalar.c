@@ -101,10 +101,7 @@ uint64_t tsr__filter8_scalar(const uint8_t *Tq, size_t M, const uint8_t *blk, si
         uint32_t q = 0;
         for (size_t m = 0; m < M; m++)
             q += Tq[m * 256 + blk[m * TSR__FBLOCK + i]];
-        float l = (base + (term ? term[i] : 0.0f)) + (qmin + delta * (float)q);
-        if (lb != NULL)
-            lb[i] = l;
-        if (!(l > lim))
+        if (tsr__bound_keep(base, term, i, qmin, delta, q, lim, lb))
             mask |= (uint64_t)1 << i;
     }
     return mask;
