@@ -1,8 +1,10 @@
 /*
- * ivfpq_nibble — the prefilter's nibble stage for one dimension per sub-quantizer (dsub = 1,
- * 8-bit codes): the centroid ranks the search cache stores instead of the code bytes, the
- * per-query 16-entry group table, and the scalar kernel (the reference of the AVX2 one in
- * ivfpq_search_avx2.c). Contract in ivfpq_search_int.h ("the nibble stage").
+ * ivfpq_nibble — the prefilter's group stage for one dimension per sub-quantizer (dsub = 1,
+ * 8-bit codes): the centroid ranks the search cache and the scan blocks store instead of
+ * the code bytes, the per-query group tables (16 groups of 16 ranks: the nibble kernels;
+ * 64 groups of 4: the 6-bit ones), and the scalar kernels (the references of the AVX2
+ * nibble kernel in ivfpq_search_avx2.c and the VBMI 6-bit one in ivfpq_search_avx512.c).
+ * Contract in ivfpq_search_int.h ("the nibble stage").
  *
  * Why it is tight: with dsub = 1 a sub-quantizer's 256 centroids are numbers; sorted, 16
  * consecutive ranks are an interval of values, and the per-query table is linear in the
@@ -78,19 +80,48 @@ void tsr__nibble_table(const uint8_t *Tq, size_t M, uint8_t *Tg)
     }
 }
 
-uint64_t tsr__filter4_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
-                             const float *term, float base, float qmin, float delta,
-                             float lim, float *lb)
+void tsr__group_table(tsr__filter8_fn fn, const uint8_t *Tq, size_t M, uint8_t *Tg)
+{
+    if (fn != tsr__filter6_scalar && fn != tsr__filter6_avx512) {
+        tsr__nibble_table(Tq, M, Tg);
+        return;
+    }
+    for (size_t m = 0; m < M; m++) /* groups of 4 ranks: 64 minima per sub-quantizer */
+        for (size_t g = 0; g < 64; g++) {
+            const uint8_t *r = Tq + m * 256 + g * 4;
+            uint8_t a = r[0] < r[1] ? r[0] : r[1], b = r[2] < r[3] ? r[2] : r[3];
+            Tg[m * 64 + g] = a < b ? a : b;
+        }
+}
+
+/* The scalar group kernels: row entries per sub-quantizer, the rank shifted by shift. */
+static uint64_t group_scalar(const uint8_t *Tg, size_t row, unsigned shift, size_t M,
+                             const uint8_t *blk, size_t n, const float *term, float base,
+                             float qmin, float delta, float lim, float *lb)
 {
     uint64_t mask = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t q = 0;
         for (size_t m = 0; m < M; m++)
-            q += Tg[m * 16 + (blk[m * TSR__FBLOCK + i] >> 4)];
+            q += Tg[m * row + (blk[m * TSR__FBLOCK + i] >> shift)];
         if (tsr__bound_keep(base, term, i, qmin, delta, q, lim, lb))
             mask |= (uint64_t)1 << i;
     }
     return mask;
+}
+
+uint64_t tsr__filter6_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb)
+{
+    return group_scalar(Tg, 64, 2, M, blk, n, term, base, qmin, delta, lim, lb);
+}
+
+uint64_t tsr__filter4_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb)
+{
+    return group_scalar(Tg, 16, 4, M, blk, n, term, base, qmin, delta, lim, lb);
 }
 
 struct tsr__ranks {

@@ -34,9 +34,9 @@ struct tsr_ivfpq_scanner {
     int have_T, have_Tr;
     float *dis; /* TSR__SCAN_BLOCK */
     tsr__filter8_fn filter;  /* the prefilter kernel, NULL = none (tsr__filter8_choose) */
-    tsr__filter8_fn filter4; /* with ranks: the nibble kernel instead, or NULL */
+    tsr__filter8_fn filter4; /* with ranks: the group kernel instead, or NULL */
     uint8_t *Tq;             /* M * 256 when filter: the block lists' table quantized */
-    uint8_t *Tg;             /* M * 16 when filter4: Tq's group minima */
+    uint8_t *Tg;             /* M * 64 when filter4: Tq's group minima */
     int tq_state;            /* quantized for this query: 0 not yet, 1 yes, -1 cannot */
     float qmin, delta, tabs;
 };
@@ -91,7 +91,7 @@ tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd s
         (s->Tq = tsr_try_aligned(ix->pq.M * 256, 1)) == NULL)
         goto oom;
     if (cache->rk != NULL && (s->filter4 = tsr__filter4_choose(s->filter)) != NULL &&
-        (s->Tg = tsr_try_aligned(ix->pq.M * 16, 1)) == NULL)
+        (s->Tg = tsr_try_aligned(ix->pq.M * 64, 1)) == NULL)
         goto oom;
     return s;
 oom:
@@ -140,7 +140,9 @@ float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t 
 
 struct tsr_ivfpq_flist {
     size_t n, M, bsz, bytes;
-    tsr__ranks *rk;  /* a reference, or NULL: the blocks hold ranks (the nibble stage) */
+    tsr__ranks *rk;  /* a reference to the ranks the blocks hold instead of code bytes
+                        (dsub = 1: the index's, so every block list of one quantizer has
+                        them or none has), or NULL */
     int has_term;
     float tmax;      /* max |term| of the list (rounding margin; inf if any NaN) */
     uint8_t *blocks; /* transposed by blocks of TSR__FBLOCK, 64-aligned, zero-padded */
@@ -214,7 +216,7 @@ static int scanner_filt(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl, float b
         s->tq_state = tsr__quantize_for(fn, s->wide_table, table_blocks(s), pq->M, s->Tq,
                                         &s->qmin, &s->delta, &s->tabs) ? 1 : -1;
         if (s->tq_state == 1 && fn == s->filter4)
-            tsr__nibble_table(s->Tq, pq->M, s->Tg);
+            tsr__group_table(fn, s->Tq, pq->M, s->Tg);
     }
     /* The rounding margin as in ivfpq_search.c search_one, with the list's own max |term|. */
     float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);

@@ -510,7 +510,7 @@ typedef struct job {
     tsr__scan8_fn scan8;
     int refine;      /* IwQR refinement active */
     tsr__filter8_fn filter; /* the prefilter kernel, NULL = none (see filter_env) */
-    tsr__filter8_fn filter4; /* with cache->rank: the nibble kernel instead, or NULL */
+    tsr__filter8_fn filter4; /* with cache->rk: the group kernel instead, or NULL */
     int wide_table;  /* build the table with AVX-512 (see tsr__wide_table_ok) */
     size_t k1;       /* candidates from the scan: k, or k_factor * k with refine */
     float *D;
@@ -522,7 +522,7 @@ typedef struct worker {
     job *jb;
     float *T;        /* M * ksub table */
     uint8_t *Tq;     /* NULL or M * 256: T quantized for the prefilter */
-    uint8_t *Tg;     /* NULL or M * 16: its group minima (the nibble stage) */
+    uint8_t *Tg;     /* NULL or M * 64: its group minima (the group stage) */
     float *dis;      /* TSR__SCAN_BLOCK distances */
     heap h;
     heap hr;         /* refine heap (k entries) */
@@ -561,7 +561,7 @@ static int worker_init(worker *w, job *jb)
     int ok = w->T && w->dis && w->h.d && w->h.id;
     if (jb->filter != NULL) {
         w->Tq = tsr_try_aligned(pq->M * 256, 1);
-        w->Tg = tsr_try_aligned(pq->M * 16, 1);
+        w->Tg = tsr_try_aligned(pq->M * 64, 1);
         ok = ok && w->Tq && w->Tg;
     }
     if (jb->refine) {
@@ -864,7 +864,7 @@ static int search_one(worker *w, size_t qi)
             fl.fn = fn;
             fl.Tq = w->Tq;
             if (jb->filter4 != NULL) {
-                tsr__nibble_table(w->Tq, pq->M, w->Tg);
+                tsr__group_table(jb->filter4, w->Tq, pq->M, w->Tg);
                 fl.Tq = w->Tg;
             }
             fl.bsz = fblock_bytes(jb->cache, pq->M);
@@ -1038,7 +1038,11 @@ tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8)
         return NULL;
     if (e && strcmp(e, "scalar") == 0)
         return tsr__filter4_scalar;
-    return f8 == tsr__filter8_avx2 ? tsr__filter4_avx2 : NULL;
+    if (e && strcmp(e, "scalar6") == 0)
+        return tsr__filter6_scalar;
+    return f8 == tsr__filter8_avx2     ? tsr__filter4_avx2
+           : f8 == tsr__filter8_avx512 ? tsr__filter6_avx512
+                                       : NULL;
 }
 
 /* tsr__quantize_table, then the kernel's own layout of the table (the AVX2 kernel reads

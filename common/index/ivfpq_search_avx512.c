@@ -60,31 +60,13 @@ void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
         tsr__scan8_scalar(T, M, codes + i * M, n - i, term ? term + i : NULL, base, out + i);
 }
 
-/* The quantized prefilter (see ivfpq_search_int.h): for each sub-quantizer, one 64-byte row
- * of a transposed block holds the code bytes of 64 codes; two VPERMT2B look them up in
- * the two 128-byte halves of the quantized table row and a blend by bit 7 picks the
- * half, so 64 lookups cost ~4 instructions instead of 64 loads. The bytes are summed in
- * 16-bit lanes (M <= 256: at most 65280) and the bound is formed in float exactly as
- * tsr__filter8_scalar forms it (same operations, same order: bit-identical). */
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) uint64_t
-tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
-                    const float *term, float base, float qmin, float delta, float lim,
-                    float *lb)
+/* The end of a VBMI prefilter kernel: the 16-bit sums al / ah (unpacklo / unpackhi of the
+ * looked-up bytes) back in code order, then the bounds (into lb unless NULL) and the mask,
+ * formed as tsr__filter8_scalar forms them. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static inline uint64_t
+vbmi_block_mask(__m512i al, __m512i ah, const float *term, size_t n, float base, float qmin,
+                float delta, float lim, float *lb)
 {
-    const __m512i zero = _mm512_setzero_si512();
-    __m512i al = zero, ah = zero;
-    for (size_t m = 0; m < M; m++) {
-        __m512i idx = _mm512_loadu_si512((const void *)(blk + m * TSR__FBLOCK));
-        const uint8_t *t = Tq + m * 256;
-        __m512i lo = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)t), idx,
-                                              _mm512_loadu_si512((const void *)(t + 64)));
-        __m512i hi = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)(t + 128)),
-                                              idx,
-                                              _mm512_loadu_si512((const void *)(t + 192)));
-        __m512i v = _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi);
-        al = _mm512_add_epi16(al, _mm512_unpacklo_epi8(v, zero));
-        ah = _mm512_add_epi16(ah, _mm512_unpackhi_epi8(v, zero));
-    }
     /* unpack{lo,hi} work per 128-bit lane: word w of al is code 16 (w / 8) + w % 8, of
      * ah code 16 (w / 8) + 8 + w % 8. Back to code order (index bit 5 selects ah). */
     static const uint16_t perm[64] = {
@@ -116,6 +98,55 @@ tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
         mask |= (uint64_t)k << i0;
     }
     return mask;
+}
+
+/* The quantized prefilter (see ivfpq_search_int.h): for each sub-quantizer, one 64-byte row
+ * of a transposed block holds the code bytes of 64 codes; two VPERMT2B look them up in
+ * the two 128-byte halves of the quantized table row and a blend by bit 7 picks the
+ * half, so 64 lookups cost ~4 instructions instead of 64 loads. The bytes are summed in
+ * 16-bit lanes (M <= 256: at most 65280) and the bound is formed in float exactly as
+ * tsr__filter8_scalar forms it (same operations, same order: bit-identical). */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) uint64_t
+tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+                    const float *term, float base, float qmin, float delta, float lim,
+                    float *lb)
+{
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i al = zero, ah = zero;
+    for (size_t m = 0; m < M; m++) {
+        __m512i idx = _mm512_loadu_si512((const void *)(blk + m * TSR__FBLOCK));
+        const uint8_t *t = Tq + m * 256;
+        __m512i lo = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)t), idx,
+                                              _mm512_loadu_si512((const void *)(t + 64)));
+        __m512i hi = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)(t + 128)),
+                                              idx,
+                                              _mm512_loadu_si512((const void *)(t + 192)));
+        __m512i v = _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi);
+        al = _mm512_add_epi16(al, _mm512_unpacklo_epi8(v, zero));
+        ah = _mm512_add_epi16(ah, _mm512_unpackhi_epi8(v, zero));
+    }
+    return vbmi_block_mask(al, ah, term, n, base, qmin, delta, lim, lb);
+}
+
+/* The 6-bit group stage (ivfpq_search_int.h): the ranks shifted right by 2 within 16-bit
+ * lanes leave each byte's top 6 bits in its low 6 (VPERMB ignores the two above), one
+ * VPERMB per 64 codes and sub-quantizer; sums and bounds as tsr__filter8_avx512's. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) uint64_t
+tsr__filter6_avx512(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
+                    const float *term, float base, float qmin, float delta, float lim,
+                    float *lb)
+{
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i al = zero, ah = zero;
+    for (size_t m = 0; m < M; m++) {
+        __m512i idx =
+            _mm512_srli_epi16(_mm512_loadu_si512((const void *)(blk + m * TSR__FBLOCK)), 2);
+        __m512i v =
+            _mm512_permutexvar_epi8(idx, _mm512_loadu_si512((const void *)(Tg + m * 64)));
+        al = _mm512_add_epi16(al, _mm512_unpacklo_epi8(v, zero));
+        ah = _mm512_add_epi16(ah, _mm512_unpackhi_epi8(v, zero));
+    }
+    return vbmi_block_mask(al, ah, term, n, base, qmin, delta, lim, lb);
 }
 
 int tsr__filter8_avx512_supported(void)

@@ -113,9 +113,22 @@ uint64_t tsr__filter4_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, si
 uint64_t tsr__filter4_avx2(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
                            const float *term, float base, float qmin, float delta,
                            float lim, float *lb);
-/* The nibble kernel a search uses with the 8-bit kernel f8 (NULL = none): the AVX2 one
- * with the AVX2 kernel, unless TSR_SEARCH_NIBBLE=0 (none) or =scalar (the scalar one, with
- * any f8: tests). */
+/* The same with groups of 4 ranks (the top 6 bits: Tg is M x 64 bytes), for AVX-512 VBMI,
+ * where one VPERMB looks 64 codes up in a 64-entry row (the 8-bit kernel: two VPERMT2B
+ * and a blend over four table loads); a tighter bound than groups of 16. */
+uint64_t tsr__filter6_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb);
+uint64_t tsr__filter6_avx512(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
+                             const float *term, float base, float qmin, float delta,
+                             float lim, float *lb);
+/* The group table of group kernel fn (a filter4 or filter6 kernel) from Tq: M x 16 or
+ * M x 64 bytes (callers size Tg M x 64). */
+void tsr__group_table(tsr__filter8_fn fn, const uint8_t *Tq, size_t M, uint8_t *Tg);
+/* The group kernel a search uses with the 8-bit kernel f8 (NULL = none): the AVX2 nibble
+ * kernel with the AVX2 kernel, the 6-bit one with the VBMI kernel, unless
+ * TSR_SEARCH_NIBBLE=0 (none), =scalar or =scalar6 (the scalar group kernels, with any f8:
+ * tests). */
 tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8);
 
 /* The plain 8-bit scan kernel of a SIMD level (the scalar one for AUTO / SCALAR). */

@@ -452,19 +452,20 @@ static void run_variant(int d, size_t M, size_t nbits, enum tsr_metric metric, i
  * the AVX2 one (TSR_SIMD=avx2), and the process capped as a CPU without AVX-512
  * (TSR_SIMD_MAX=avx2: its own choices among what is left) or without any SIMD
  * (TSR_SIMD_MAX=scalar: no prefilter, the scalar scan), and with dsub = 1 the nibble stage
- * (with the AVX2 kernel; TSR_SEARCH_NIBBLE=0 without it, =scalar its scalar kernel over
- * the default 8-bit one's tables), the same labels and bit-identical
+ * (the group stage: groups of 16 with the AVX2 kernel, of 4 with VBMI; TSR_SEARCH_NIBBLE=0
+ * without it, =scalar / =scalar6 the scalar group kernels), the same labels and
+ * bit-identical
  * distances as without it (TSR_SEARCH_FILTER=0), and the
  * reference; for every metric / residual variant, an M that is not a multiple of 4, k
  * from 1 to more than a block, the accept filter and two threads. */
 static void filter_case(int d, size_t M, enum tsr_metric metric, int by_residual)
 {
     const size_t nlist = 16, nprobe = 12;
-    enum { NMO = 8 };
-    const char *modes[NMO] = {"0", "scalar", NULL, NULL, NULL, NULL, NULL, NULL};
-    const char *simds[NMO] = {NULL, NULL, NULL, "avx2", NULL, NULL, "avx2", NULL};
-    const char *caps[NMO] = {NULL, NULL, NULL, NULL, "avx2", "scalar", NULL, NULL};
-    const char *nibs[NMO] = {NULL, NULL, NULL, NULL, NULL, NULL, "0", "scalar"};
+    enum { NMO = 10 };
+    const char *modes[NMO] = {"0", "scalar", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    const char *simds[NMO] = {NULL, NULL, NULL, "avx2", NULL, NULL, "avx2", NULL, NULL, NULL};
+    const char *caps[NMO] = {NULL, NULL, NULL, NULL, "avx2", "scalar", NULL, NULL, NULL, NULL};
+    const char *nibs[NMO] = {NULL, NULL, NULL, NULL, NULL, NULL, "0", "scalar", "scalar6", "0"};
     fixture f[NMO];
     for (int mo = 0; mo < NMO; mo++) {
         /* one index per mode: the transposed copy is built with the cache (under the

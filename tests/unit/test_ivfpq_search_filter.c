@@ -383,29 +383,42 @@ static void test_filter_avx2_all_m(void **st)
     free(T);
 }
 
-/* The nibble stage (ivfpq_nibble.c): the group table is the minimum of each group of 16;
- * the AVX2 kernel's masks and bounds are the scalar one's bit for bit (every M, the tails,
- * limits at / between the bounds, +-inf, NaN, with and without terms and bounds), and its
- * bound is never above the 8-bit bound of the same quantized table (so it drops nothing
- * the 8-bit kernels keep). Made to fail by a kernel that reads the low nibble. */
+/* The group stage (ivfpq_nibble.c): the group tables hold the minimum of each group of 16
+ * (the nibble kernels) and of 4 (the 6-bit ones); the AVX2 nibble and the VBMI 6-bit
+ * kernels' masks and bounds are their scalar ones' bit for bit (every M, the tails, limits
+ * at / between the bounds, +-inf, NaN, with and without terms and bounds), and the bounds
+ * are ordered: groups of 16 <= groups of 4 <= the 8-bit bound of the same quantized table
+ * (so they drop nothing the 8-bit kernels keep). Made to fail by a kernel that reads the
+ * low nibble. */
 static void test_nibble_kernels(void **st)
 {
     (void)st;
-    int avx2 = tsr__filter8_avx2_supported();
+    int avx2 = tsr__filter8_avx2_supported(), vbmi = tsr__filter8_avx512_supported();
     unsigned s = 7;
     const size_t ns[] = {1, 8, 31, 33, 63, 64};
     uint8_t *Tq = aligned_alloc(64, 256 * 256), *Tg = aligned_alloc(64, 256 * 16);
+    uint8_t *T6 = aligned_alloc(64, 256 * 64);
     uint8_t *blk = aligned_alloc(64, 256 * TSR__FBLOCK), *codes = malloc(256 * TSR__FBLOCK);
     for (size_t M = 1; M <= 256; M += (M < 8 ? 1 : 7)) {
         for (size_t i = 0; i < M * 256; i++)
             Tq[i] = M % 3 == 0 ? 255 : (uint8_t)urand(&s);
-        tsr__nibble_table(Tq, M, Tg);
+        tsr__group_table(tsr__filter4_scalar, Tq, M, Tg);
+        tsr__group_table(tsr__filter6_scalar, Tq, M, T6);
         for (size_t m = 0; m < M; m++)
-            for (size_t g = 0; g < 16; g++) {
-                uint8_t mn = 255;
-                for (size_t j = 0; j < 16; j++)
-                    mn = Tq[m * 256 + g * 16 + j] < mn ? Tq[m * 256 + g * 16 + j] : mn;
-                assert_int_equal(Tg[m * 16 + g], mn);
+            for (size_t j = 0; j < 256; j++) { /* the minimum of each group of 16 / of 4 */
+                assert_true(Tg[m * 16 + j / 16] <= Tq[m * 256 + j]);
+                assert_true(T6[m * 64 + j / 4] <= Tq[m * 256 + j]);
+                if (j % 16 == 15) {
+                    size_t k = j - 15;
+                    while (k <= j && Tq[m * 256 + k] != Tg[m * 16 + j / 16])
+                        k++;
+                    assert_true(k <= j);
+                }
+                if (j % 4 == 3)
+                    assert_true(Tq[m * 256 + j - 3] == T6[m * 64 + j / 4] ||
+                                Tq[m * 256 + j - 2] == T6[m * 64 + j / 4] ||
+                                Tq[m * 256 + j - 1] == T6[m * 64 + j / 4] ||
+                                Tq[m * 256 + j] == T6[m * 64 + j / 4]);
             }
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
             size_t n = ns[ni];
@@ -413,14 +426,16 @@ static void test_nibble_kernels(void **st)
                 codes[i] = (uint8_t)urand(&s);
             transpose(codes, M, n, blk);
             float term[TSR__FBLOCK], lb0[TSR__FBLOCK], lb1[TSR__FBLOCK], lb8[TSR__FBLOCK];
+            float lb6[TSR__FBLOCK];
             for (size_t i = 0; i < n; i++)
                 term[i] = frand(&s) * 3.0f;
             const float *tp = (M + ni) % 2 ? term : NULL;
             float base = frand(&s) * 8.0f, qmin = -3.5f, delta = 0.02f;
             tsr__filter4_scalar(Tg, M, blk, n, tp, base, qmin, delta, INFINITY, lb0);
             tsr__filter8_scalar(Tq, M, blk, n, tp, base, qmin, delta, INFINITY, lb8);
-            for (size_t i = 0; i < n; i++)
-                assert_true(lb0[i] <= lb8[i]);
+            tsr__filter6_scalar(T6, M, blk, n, tp, base, qmin, delta, INFINITY, lb6);
+            for (size_t i = 0; i < n; i++) /* groups of 16 <= groups of 4 <= 8 bits */
+                assert_true(lb0[i] <= lb6[i] && lb6[i] <= lb8[i]);
             float lims[6] = {INFINITY, -INFINITY, NAN, lb0[0], lb0[n / 2],
                              nextafterf(lb0[n - 1], -INFINITY)};
             for (size_t li = 0; li < 6 && avx2; li++) {
@@ -436,10 +451,26 @@ static void test_nibble_kernels(void **st)
                 assert_true(tsr__filter4_avx2(Tg, M, blk, n, tp, base, qmin, delta, lims[li],
                                               NULL) == want);
             }
+            for (size_t li = 0; li < 6 && vbmi; li++) {
+                uint64_t want = tsr__filter6_scalar(T6, M, blk, n, tp, base, qmin, delta,
+                                                    lims[li], lb0);
+                memset(lb1, 0xff, sizeof lb1);
+                uint64_t got = tsr__filter6_avx512(T6, M, blk, n, tp, base, qmin, delta,
+                                                   lims[li], lb1);
+                if (got != want)
+                    fail_msg("M=%zu n=%zu lim %zu: 6-bit vbmi mask %llx, scalar %llx", M, n,
+                             li, (unsigned long long)got, (unsigned long long)want);
+                assert_memory_equal(lb0, lb1, n * sizeof(float));
+                assert_true(tsr__filter6_avx512(T6, M, blk, n, tp, base, qmin, delta,
+                                                lims[li], NULL) == want);
+            }
         }
     }
     if (!avx2)
         fprintf(stderr, "(no AVX2 here: the AVX2 nibble kernel was not compared)\n");
+    if (!vbmi)
+        fprintf(stderr, "(no AVX-512 VBMI here: the 6-bit kernel was not compared)\n");
+    free(T6);
     free(codes);
     free(blk);
     free(Tg);

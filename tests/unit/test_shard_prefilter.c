@@ -262,7 +262,8 @@ static void test_identical(void **state)
         const char *filter, *simd;
         int fl;          /* 1 = scan blocks, 0 = Faiss-order codes */
         const char *cap; /* TSR_SIMD_MAX: a CPU without AVX-512 (avx2) or SIMD (scalar) */
-        const char *nib; /* TSR_SEARCH_NIBBLE (dsub = 1): 0 = off, scalar = its scalar kernel */
+        const char *nib; /* TSR_SEARCH_NIBBLE (dsub = 1): 0 = off, scalar / scalar6 = the
+                            scalar group kernels */
     } cases[] = {
         {"scalar", NULL, 1, NULL, NULL},   {NULL, NULL, 1, NULL, NULL},
         {NULL, "avx2", 1, NULL, NULL},     {"scalar", "avx2", 1, NULL, NULL},
@@ -272,7 +273,8 @@ static void test_identical(void **state)
         {"0", "avx2", 0, NULL, NULL},      {NULL, NULL, 1, "avx2", NULL},
         {"0", NULL, 1, "avx2", NULL},      {NULL, NULL, 1, "scalar", NULL},
         {NULL, "avx2", 1, NULL, "0"},      {NULL, NULL, 1, NULL, "scalar"},
-        {NULL, NULL, 1, "avx2", "scalar"},
+        {NULL, NULL, 1, "avx2", "scalar"}, {NULL, NULL, 1, NULL, "scalar6"},
+        {NULL, NULL, 1, NULL, "0"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         if (cases[c].nib)
