@@ -126,7 +126,6 @@ uint64_t tsr__filter4_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, si
 
 struct tsr__ranks {
     atomic_size_t refs;
-    size_t M;
     uint8_t *rank;   /* M x 256: rank[m * 256 + code] */
     uint8_t *unrank; /* M x 256: the code of a rank */
 };
@@ -140,7 +139,6 @@ int tsr__ranks_new(const tsr_pq *pq, tsr__ranks **out)
     if (r == NULL)
         return TSR_ENOMEM;
     atomic_init(&r->refs, 1);
-    r->M = pq->M;
     if ((r->rank = malloc(pq->M * 256)) == NULL || (r->unrank = malloc(pq->M * 256)) == NULL) {
         tsr__ranks_unref(r);
         return TSR_ENOMEM;

@@ -561,8 +561,11 @@ static int worker_init(worker *w, job *jb)
     int ok = w->T && w->dis && w->h.d && w->h.id;
     if (jb->filter != NULL) {
         w->Tq = tsr_try_aligned(pq->M * 256, 1);
+        ok = ok && w->Tq;
+    }
+    if (jb->filter4 != NULL) {
         w->Tg = tsr_try_aligned(pq->M * 64, 1);
-        ok = ok && w->Tq && w->Tg;
+        ok = ok && w->Tg;
     }
     if (jb->refine) {
         w->h.aux = tsr_try_malloc(jb->k1 ? jb->k1 : 1, sizeof(int64_t));

@@ -383,6 +383,40 @@ static void test_filter_avx2_all_m(void **st)
     free(T);
 }
 
+/* One block and the bound's parameters, as a kernel takes them. */
+typedef struct kblock {
+    size_t M;
+    const uint8_t *blk;
+    size_t n;
+    const float *term;
+    float base, qmin, delta;
+} kblock;
+
+/* SIMD kernel simd gives the masks and bounds of its scalar form ref, bit for bit, on
+ * block b with table T: limits +-inf, NaN, at the first, middle and last bound (ref's own)
+ * and just under the last; with and without the bounds out. */
+static void same_as_scalar(const char *what, tsr__filter8_fn ref, tsr__filter8_fn simd,
+                           const uint8_t *T, const kblock *b)
+{
+    float lb0[TSR__FBLOCK], lb1[TSR__FBLOCK];
+    ref(T, b->M, b->blk, b->n, b->term, b->base, b->qmin, b->delta, INFINITY, lb0);
+    float lims[6] = {INFINITY, -INFINITY, NAN, lb0[0], lb0[b->n / 2],
+                     nextafterf(lb0[b->n - 1], -INFINITY)};
+    for (size_t li = 0; li < 6; li++) {
+        uint64_t want =
+            ref(T, b->M, b->blk, b->n, b->term, b->base, b->qmin, b->delta, lims[li], lb0);
+        memset(lb1, 0xff, sizeof lb1);
+        uint64_t got =
+            simd(T, b->M, b->blk, b->n, b->term, b->base, b->qmin, b->delta, lims[li], lb1);
+        if (got != want)
+            fail_msg("%s M=%zu n=%zu lim %zu: mask %llx, scalar %llx", what, b->M, b->n, li,
+                     (unsigned long long)got, (unsigned long long)want);
+        assert_memory_equal(lb0, lb1, b->n * sizeof(float));
+        assert_true(simd(T, b->M, b->blk, b->n, b->term, b->base, b->qmin, b->delta, lims[li],
+                         NULL) == want);
+    }
+}
+
 /* The group stage (ivfpq_nibble.c): the group tables hold the minimum of each group of 16
  * (the nibble kernels) and of 4 (the 6-bit ones); the AVX2 nibble and the VBMI 6-bit
  * kernels' masks and bounds are their scalar ones' bit for bit (every M, the tails, limits
@@ -425,8 +459,7 @@ static void test_nibble_kernels(void **st)
             for (size_t i = 0; i < M * n; i++)
                 codes[i] = (uint8_t)urand(&s);
             transpose(codes, M, n, blk);
-            float term[TSR__FBLOCK], lb0[TSR__FBLOCK], lb1[TSR__FBLOCK], lb8[TSR__FBLOCK];
-            float lb6[TSR__FBLOCK];
+            float term[TSR__FBLOCK], lb0[TSR__FBLOCK], lb6[TSR__FBLOCK], lb8[TSR__FBLOCK];
             for (size_t i = 0; i < n; i++)
                 term[i] = frand(&s) * 3.0f;
             const float *tp = (M + ni) % 2 ? term : NULL;
@@ -436,34 +469,11 @@ static void test_nibble_kernels(void **st)
             tsr__filter6_scalar(T6, M, blk, n, tp, base, qmin, delta, INFINITY, lb6);
             for (size_t i = 0; i < n; i++) /* groups of 16 <= groups of 4 <= 8 bits */
                 assert_true(lb0[i] <= lb6[i] && lb6[i] <= lb8[i]);
-            float lims[6] = {INFINITY, -INFINITY, NAN, lb0[0], lb0[n / 2],
-                             nextafterf(lb0[n - 1], -INFINITY)};
-            for (size_t li = 0; li < 6 && avx2; li++) {
-                uint64_t want = tsr__filter4_scalar(Tg, M, blk, n, tp, base, qmin, delta,
-                                                    lims[li], lb0);
-                memset(lb1, 0xff, sizeof lb1);
-                uint64_t got = tsr__filter4_avx2(Tg, M, blk, n, tp, base, qmin, delta,
-                                                 lims[li], lb1);
-                if (got != want)
-                    fail_msg("M=%zu n=%zu lim %zu: nibble avx2 mask %llx, scalar %llx", M, n,
-                             li, (unsigned long long)got, (unsigned long long)want);
-                assert_memory_equal(lb0, lb1, n * sizeof(float));
-                assert_true(tsr__filter4_avx2(Tg, M, blk, n, tp, base, qmin, delta, lims[li],
-                                              NULL) == want);
-            }
-            for (size_t li = 0; li < 6 && vbmi; li++) {
-                uint64_t want = tsr__filter6_scalar(T6, M, blk, n, tp, base, qmin, delta,
-                                                    lims[li], lb0);
-                memset(lb1, 0xff, sizeof lb1);
-                uint64_t got = tsr__filter6_avx512(T6, M, blk, n, tp, base, qmin, delta,
-                                                   lims[li], lb1);
-                if (got != want)
-                    fail_msg("M=%zu n=%zu lim %zu: 6-bit vbmi mask %llx, scalar %llx", M, n,
-                             li, (unsigned long long)got, (unsigned long long)want);
-                assert_memory_equal(lb0, lb1, n * sizeof(float));
-                assert_true(tsr__filter6_avx512(T6, M, blk, n, tp, base, qmin, delta,
-                                                lims[li], NULL) == want);
-            }
+            const kblock kb = {M, blk, n, tp, base, qmin, delta};
+            if (avx2)
+                same_as_scalar("nibble avx2", tsr__filter4_scalar, tsr__filter4_avx2, Tg, &kb);
+            if (vbmi)
+                same_as_scalar("6-bit vbmi", tsr__filter6_scalar, tsr__filter6_avx512, T6, &kb);
         }
     }
     if (!avx2)
