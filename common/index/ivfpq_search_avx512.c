@@ -149,6 +149,19 @@ tsr__filter6_avx512(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
     return vbmi_block_mask(al, ah, term, n, base, qmin, delta, lim, lb);
 }
 
+/* The 6-bit kernel's group table (ivfpq_nibble.c tsr__group_table): the minimum of each
+ * 4-byte lane by two shifted mins, its low byte kept by VPMOVDB; 16 groups per load. */
+__attribute__((target("avx512f,avx512bw"))) void tsr__group6_avx512(const uint8_t *Tq,
+                                                                    size_t M, uint8_t *Tg)
+{
+    for (size_t i = 0; i < M * 4; i++) {
+        __m512i x = _mm512_loadu_si512((const void *)(Tq + i * 64));
+        x = _mm512_min_epu8(x, _mm512_srli_epi32(x, 8));
+        x = _mm512_min_epu8(x, _mm512_srli_epi32(x, 16));
+        _mm_storeu_si128((__m128i *)(void *)(Tg + i * 16), _mm512_cvtepi32_epi8(x));
+    }
+}
+
 int tsr__filter8_avx512_supported(void)
 {
     return tsr_cpu_has(TSR_CPU_AVX512_VBMI);

@@ -125,6 +125,7 @@ uint64_t tsr__filter6_avx512(const uint8_t *Tg, size_t M, const uint8_t *blk, si
 /* The group table of group kernel fn (a filter4 or filter6 kernel) from Tq: M x 16 or
  * M x 64 bytes (callers size Tg M x 64). */
 void tsr__group_table(tsr__filter8_fn fn, const uint8_t *Tq, size_t M, uint8_t *Tg);
+void tsr__group6_avx512(const uint8_t *Tq, size_t M, uint8_t *Tg); /* AVX-512BW: its 6-bit table */
 /* The group kernel a search uses with the 8-bit kernel f8 (NULL = none): the AVX2 nibble
  * kernel with the AVX2 kernel, the 6-bit one with the VBMI kernel, unless
  * TSR_SEARCH_NIBBLE=0 (none), =scalar or =scalar6 (the scalar group kernels, with any f8:

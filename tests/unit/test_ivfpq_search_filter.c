@@ -423,7 +423,8 @@ static void same_as_scalar(const char *what, tsr__filter8_fn ref, tsr__filter8_f
  * at / between the bounds, +-inf, NaN, with and without terms and bounds), and the bounds
  * are ordered: groups of 16 <= groups of 4 <= the 8-bit bound of the same quantized table
  * (so they drop nothing the 8-bit kernels keep). Made to fail by a kernel that reads the
- * low nibble. */
+ * low nibble, by group tables folded in the wrong order (SSE2) or shifted the wrong way
+ * (AVX-512). */
 static void test_nibble_kernels(void **st)
 {
     (void)st;
@@ -431,13 +432,17 @@ static void test_nibble_kernels(void **st)
     unsigned s = 7;
     const size_t ns[] = {1, 8, 31, 33, 63, 64};
     uint8_t *Tq = aligned_alloc(64, 256 * 256), *Tg = aligned_alloc(64, 256 * 16);
-    uint8_t *T6 = aligned_alloc(64, 256 * 64);
+    uint8_t *T6 = aligned_alloc(64, 256 * 64), *Tv = aligned_alloc(64, 256 * 64);
     uint8_t *blk = aligned_alloc(64, 256 * TSR__FBLOCK), *codes = malloc(256 * TSR__FBLOCK);
     for (size_t M = 1; M <= 256; M += (M < 8 ? 1 : 7)) {
         for (size_t i = 0; i < M * 256; i++)
             Tq[i] = M % 3 == 0 ? 255 : (uint8_t)urand(&s);
         tsr__group_table(tsr__filter4_scalar, Tq, M, Tg);
         tsr__group_table(tsr__filter6_scalar, Tq, M, T6);
+        if (vbmi) { /* the VBMI kernel's table (AVX-512BW) is the plain loop's */
+            tsr__group_table(tsr__filter6_avx512, Tq, M, Tv);
+            assert_memory_equal(T6, Tv, M * 64);
+        }
         for (size_t m = 0; m < M; m++)
             for (size_t j = 0; j < 256; j++) { /* the minimum of each group of 16 / of 4 */
                 assert_true(Tg[m * 16 + j / 16] <= Tq[m * 256 + j]);
@@ -480,6 +485,7 @@ static void test_nibble_kernels(void **st)
         fprintf(stderr, "(no AVX2 here: the AVX2 nibble kernel was not compared)\n");
     if (!vbmi)
         fprintf(stderr, "(no AVX-512 VBMI here: the 6-bit kernel was not compared)\n");
+    free(Tv);
     free(T6);
     free(codes);
     free(blk);
