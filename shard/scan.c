@@ -9,11 +9,11 @@
  * table T, the list's per-code terms (L2 by_residual, kept in tsr__list) and the base from
  * the coordinator's coarse distance. This is Faiss's IndexIVFPQ::search_preassigned up to
  * float rounding in the last bits (SPEC §1; the Faiss interop bar is met), for the lists
- * and coarse distances the coordinator sends. From 2 probes on it runs with the quantized
- * prefilter (the list's transposed blocks, tsr__list.fl: a base list's only copy of its
- * codes and terms, which the plain scan of one probe reads too, block by block back in
- * Faiss order), which only skips codes that could not enter a collector: the answers are
- * bit-identical with it or without. The re-rank reads the raw vectors where the records
+ * and coarse distances the coordinator sends. It runs with the quantized prefilter (the
+ * list's transposed blocks, tsr__list.fl: a base list's only copy of its codes and terms,
+ * which the plain scan, TSR_SEARCH_FILTER=0 or a table that does not quantize, reads
+ * block by block back in Faiss order), which only skips codes that could not enter a
+ * collector: the answers are bit-identical with it or without. The re-rank reads the raw vectors where the records
  * point: the heap, or the mapped vectors.f32 of a loaded version (page cache).
  *
  * Collectors (common/query/topk, total order: score, then the smaller label, so a distributed
@@ -381,13 +381,16 @@ static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *
             continue;
         k.l = l;
         k.row0 = v->row0[li];
-        /* With the prefilter from 2 probes on, as `tessera index search`: sink_fn's
-         * threshold (the looser collector's worst kept score) never increases, so the
-         * sink sees the same codes with the same scores as without it. */
+        /* With the prefilter from the first probe on (sink_fn's threshold, the looser
+         * collector's worst kept score, never increases, so the sink sees the same codes
+         * with the same scores as without it). Unlike `tessera index search`, which keeps
+         * a Faiss-order copy for one probe, a shard's only copy is the scan blocks, and
+         * the plain scan of them copies each block back first: a shard given one list of
+         * a query (nprobe 1, or 16 probes over 4 shards) ran 7-31 % fewer queries per
+         * second without the prefilter (docs/performance.md, Dec 7). */
         float base = tsr_ivfpq_scanner_base(sc, q->coarse[p]);
         if (l->fl != NULL) /* the list's only copy of its codes: the scan blocks */
-            thr = tsr_ivfpq_scanner_scan_flist(sc, l->fl, q->nprobe >= 2, base, thr, sink_fn,
-                                               &k);
+            thr = tsr_ivfpq_scanner_scan_flist(sc, l->fl, 1, base, thr, sink_fn, &k);
         else
             thr = tsr_ivfpq_scanner_scan_filtered(sc, l->codes, l->n, l->term, NULL, base, thr,
                                                   sink_fn, &k);

@@ -274,13 +274,14 @@ float tsr_ivfpq_scanner_scan_flist(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *
      * copy, ~1/4 of the kernel's own work) through the same kernel with the same terms,
      * so every score has the bits tsr_ivfpq_scanner_scan gives on the Faiss-order list. */
     uint8_t cb[TSR__FBLOCK * 256];
+    const size_t M = pq->M; /* a local: the byte stores below may alias *pq */
     for (size_t b = 0; b < fl->n; b += TSR__FBLOCK) {
         size_t nb = fl->n - b < TSR__FBLOCK ? fl->n - b : TSR__FBLOCK;
         const uint8_t *blk = fl->blocks + b / TSR__FBLOCK * fl->bsz;
-        for (size_t m = 0; m < pq->M; m++) {
+        for (size_t m = 0; m < M; m++) {
             const uint8_t *row = blk + m * TSR__FBLOCK;
             for (size_t i = 0; i < nb; i++)
-                cb[i * pq->M + m] = row[i];
+                cb[i * M + m] = row[i];
         }
         const float *tb =
             fl->has_term ? (const float *)(const void *)(blk + pq->M * TSR__FBLOCK) : NULL;
