@@ -15,6 +15,7 @@
  *
  * Thread-safety: pure functions.
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,50 @@ void tsr__group_table(tsr__filter8_fn fn, const uint8_t *Tq, size_t M, uint8_t *
             uint8_t a = r[0] < r[1] ? r[0] : r[1], b = r[2] < r[3] ? r[2] : r[3];
             Tg[m * 64 + g] = a < b ? a : b;
         }
+}
+
+int tsr__rows_sorted(const tsr_ivfpq *ix)
+{
+    return ix->pq.dsub == 1 && (ix->metric == TSR_METRIC_IP || ix->by_residual);
+}
+
+/* Byte of v as tsr__quantize_table makes it: (v - mn) * inv, at most 255 (MINPS order:
+ * a NaN gives 255), truncated. */
+static uint8_t quantize_one(float v, float mn, float inv)
+{
+    float f = (v - mn) * inv;
+    f = f < 255.0f ? f : 255.0f;
+    return (uint8_t)(int32_t)f;
+}
+
+int tsr__group_table_sorted(tsr__filter8_fn fn, const float *T, size_t M, uint8_t *Tg,
+                            float *qmin, float *delta, float *tabs)
+{
+    float mins[256], maxr = 0, qm = 0, ta = 0, dl, inv;
+    const size_t g = fn == tsr__filter6_scalar || fn == tsr__filter6_avx512 ? 4 : 16;
+    if (M > 256)
+        return 0;
+    for (size_t m = 0; m < M; m++) { /* a monotone row's extremes are its ends */
+        float a = T[m * 256], b = T[m * 256 + 255];
+        if (a != a || b != b ||
+            !tsr__quantize_row(a < b ? a : b, a < b ? b : a, mins, m, &maxr, &ta, &qm))
+            return 0;
+    }
+    tsr__quantize_scale(maxr, &dl, &inv);
+    uint8_t at[256]; /* where each group's minimum is: its first entry, or its last */
+    for (size_t m = 0; m < M; m++)
+        at[m] = T[m * 256] <= T[m * 256 + 255] ? 0 : (uint8_t)(g - 1);
+    if (fn == tsr__filter6_avx512) {
+        tsr__group_sorted_avx512(T, M, mins, at, inv, Tg);
+    } else {
+        for (size_t m = 0; m < M; m++)
+            for (size_t i = 0; i < 256 / g; i++)
+                Tg[m * (256 / g) + i] = quantize_one(T[m * 256 + i * g + at[m]], mins[m], inv);
+    }
+    *qmin = qm;
+    *delta = dl;
+    *tabs = ta;
+    return qm > -INFINITY && qm < INFINITY && ta < INFINITY;
 }
 
 /* The scalar group kernels: row entries per sub-quantizer, the rank shifted by shift. */

@@ -37,7 +37,8 @@ struct tsr_ivfpq_scanner {
     tsr__filter8_fn filter4; /* with ranks: the group kernel instead, or NULL */
     uint8_t *Tq;             /* M * 256 when filter: the block lists' table quantized */
     uint8_t *Tg;             /* M * 64 when filter4: Tq's group minima */
-    int tq_state;            /* quantized for this query: 0 not yet, 1 yes, -1 cannot */
+    int sorted;              /* filter4 and rows monotone in rank order (tsr__rows_sorted) */
+    int tq_state;            /* for this query: 0 not yet, 1 Tq (and Tg), 2 only Tg, -1 none */
     float qmin, delta, tabs;
 };
 
@@ -93,6 +94,7 @@ tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd s
     if (cache->rk != NULL && (s->filter4 = tsr__filter4_choose(s->filter)) != NULL &&
         (s->Tg = tsr_try_aligned(ix->pq.M * 64, 1)) == NULL)
         goto oom;
+    s->sorted = s->filter4 != NULL && tsr__rows_sorted(ix);
     return s;
 oom:
     tsr_ivfpq_scanner_destroy(s);
@@ -212,15 +214,19 @@ static int scanner_filt(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl, float b
     if (s->filter == NULL)
         return 0;
     tsr__filter8_fn fn = fl->rk && s->filter4 ? s->filter4 : s->filter;
-    if (s->tq_state == 0) {
+    if (s->tq_state == 0 && fn == s->filter4 && s->sorted &&
+        tsr__group_table_sorted(fn, table_blocks(s), pq->M, s->Tg, &s->qmin, &s->delta,
+                                &s->tabs))
+        s->tq_state = 2; /* the group table alone, from the rows' ends */
+    if (s->tq_state == 0 || (s->tq_state == 2 && fn != s->filter4)) {
         s->tq_state = tsr__quantize_for(fn, s->wide_table, table_blocks(s), pq->M, s->Tq,
                                         &s->qmin, &s->delta, &s->tabs) ? 1 : -1;
-        if (s->tq_state == 1 && fn == s->filter4)
-            tsr__group_table(fn, s->Tq, pq->M, s->Tg);
+        if (s->tq_state == 1 && s->filter4 != NULL)
+            tsr__group_table(s->filter4, s->Tq, pq->M, s->Tg);
     }
     /* The rounding margin as in ivfpq_search.c search_one, with the list's own max |term|. */
     float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
-    if (s->tq_state != 1 || !(margin < INFINITY))
+    if (s->tq_state < 1 || !(margin < INFINITY))
         return 0;
     *f = (tsr__filt){fn, fn == s->filter4 ? s->Tg : s->Tq, fl->blocks, fl->bsz, s->qmin,
                      s->delta, margin, NULL};

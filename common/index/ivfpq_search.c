@@ -511,6 +511,7 @@ typedef struct job {
     int refine;      /* IwQR refinement active */
     tsr__filter8_fn filter; /* the prefilter kernel, NULL = none (see filter_env) */
     tsr__filter8_fn filter4; /* with cache->rk: the group kernel instead, or NULL */
+    int sorted;      /* filter4 and tsr__rows_sorted: the group table from the rows' ends */
     int wide_table;  /* build the table with AVX-512 (see tsr__wide_table_ok) */
     size_t k1;       /* candidates from the scan: k, or k_factor * k with refine */
     float *D;
@@ -862,14 +863,19 @@ static int search_one(worker *w, size_t qi)
             meta_prefetch(ix, jb->cache, qlists[p]);
         float tabs = 0;
         tsr__filter8_fn fn = jb->filter4 ? jb->filter4 : jb->filter;
-        if (use_filter &&
-            tsr__quantize_for(fn, jb->wide_table, w->T, pq->M, w->Tq, &fl.qmin, &fl.delta, &tabs)) {
-            fl.fn = fn;
-            fl.Tq = w->Tq;
-            if (jb->filter4 != NULL) {
+        int quantized = use_filter && ranked && jb->sorted &&
+                        tsr__group_table_sorted(fn, w->T, pq->M, w->Tg, &fl.qmin, &fl.delta,
+                                                &tabs);
+        if (use_filter && !quantized &&
+            tsr__quantize_for(fn, jb->wide_table, w->T, pq->M, w->Tq, &fl.qmin, &fl.delta,
+                              &tabs)) {
+            quantized = 1;
+            if (jb->filter4 != NULL)
                 tsr__group_table(jb->filter4, w->Tq, pq->M, w->Tg);
-                fl.Tq = w->Tg;
-            }
+        }
+        if (quantized) {
+            fl.fn = fn;
+            fl.Tq = jb->filter4 != NULL ? w->Tg : w->Tq;
             fl.bsz = fblock_bytes(jb->cache, pq->M);
             pf.ca = jb->cache;
             pf.lists = jb->lists + qi * jb->nprobe;
@@ -1100,6 +1106,7 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
         jb.filter = tsr__filter8_choose(opts ? opts->simd : TSR_SIMD_AUTO);
     if (cache->rk != NULL)
         jb.filter4 = tsr__filter4_choose(jb.filter);
+    jb.sorted = jb.filter4 != NULL && tsr__rows_sorted(ix);
     jb.refine = ix->is_refine && !(opts && opts->no_refine);
     jb.k1 = k;
     if (jb.refine) {

@@ -162,6 +162,35 @@ __attribute__((target("avx512f,avx512bw"))) void tsr__group6_avx512(const uint8_
     }
 }
 
+/* The quantization step of tsr__group_table_sorted for groups of 4 (the VBMI kernel's):
+ * each group's minimum entry (at offset at[m] of the group) picked from 64 floats by two
+ * VPERMT2PS and a lane shuffle (16 groups; a gather was ~3x slower here), then
+ * tsr__quantize_table_avx512's operations on it: (v - mins[m]) * inv, MINPS against 255,
+ * truncation, VPMOVDB. The same bytes as the scalar step. */
+__attribute__((target("avx512f"))) void tsr__group_sorted_avx512(const float *T, size_t M,
+                                                                 const float *mins,
+                                                                 const uint8_t *at, float inv,
+                                                                 uint8_t *Tg)
+{
+    const __m512 vinv = _mm512_set1_ps(inv), c255 = _mm512_set1_ps(255.0f);
+    /* lanes 0..7: entries 0, 4, 8, 12 of the first operand, then of the second */
+    const __m512i step = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 28, 24, 20, 16, 12, 8, 4, 0);
+    for (size_t m = 0; m < M; m++) {
+        const __m512i idx = _mm512_add_epi32(step, _mm512_set1_epi32(at[m]));
+        const __m512 mn = _mm512_set1_ps(mins[m]);
+        for (size_t c = 0; c < 4; c++) {
+            const float *t = T + m * 256 + c * 64;
+            __m512 lo = _mm512_permutex2var_ps(_mm512_loadu_ps(t), idx, _mm512_loadu_ps(t + 16));
+            __m512 hi =
+                _mm512_permutex2var_ps(_mm512_loadu_ps(t + 32), idx, _mm512_loadu_ps(t + 48));
+            __m512 v = _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+            v = _mm512_min_ps(_mm512_mul_ps(_mm512_sub_ps(v, mn), vinv), c255);
+            _mm_storeu_si128((__m128i *)(void *)(Tg + m * 64 + c * 16),
+                             _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)));
+        }
+    }
+}
+
 int tsr__filter8_avx512_supported(void)
 {
     return tsr_cpu_has(TSR_CPU_AVX512_VBMI);

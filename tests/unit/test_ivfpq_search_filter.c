@@ -493,6 +493,66 @@ static void test_nibble_kernels(void **st)
     free(Tq);
 }
 
+/* The group table from the rows' ends (tsr__group_table_sorted): for a table in rank order
+ * whose rows are one product each (s x_m times centroids sorted by value: rising rows,
+ * falling rows, constant rows, ties, -0 and +0, every row constant), the same Tg bytes and
+ * the same qmin, delta and tabs bits as tsr__quantize_table then tsr__group_table, for
+ * both group sizes and the VBMI kernel's AVX-512 step; 0 when a row's end is NaN or
+ * infinite. Made to fail by taking every group's first entry (falling rows), by rounding
+ * instead of truncating, and by a wrong permutation in the AVX-512 step. */
+static void test_group_sorted(void **st)
+{
+    (void)st;
+    unsigned s = 11;
+    float *T = aligned_alloc(64, 256 * 256 * sizeof(float)), c[256];
+    uint8_t *Tq = aligned_alloc(64, 256 * 256), *G1 = aligned_alloc(64, 256 * 64);
+    uint8_t *G2 = aligned_alloc(64, 256 * 64);
+    const tsr__filter8_fn fns[3] = {tsr__filter4_scalar, tsr__filter6_scalar,
+                                    tsr__filter6_avx512}; /* the last: its AVX-512 step */
+    const int nf = tsr__filter8_avx512_supported() ? 3 : 2;
+    for (int round = 0; round < 24; round++) {
+        size_t M = round % 4 == 0 ? 1 : round % 4 == 1 ? 7 : round % 4 == 2 ? 64 : 256;
+        float scale = round % 2 ? -1.0f : -2.0f;
+        for (size_t m = 0; m < M; m++) {
+            for (size_t j = 0; j < 256; j++) /* ties, and both zeros, now and then */
+                c[j] = j % 17 == 3 ? 0.25f : j % 29 == 0 ? -0.0f : j % 31 == 0 ? 0.0f
+                                                               : frand(&s) * 6.0f;
+            for (size_t i = 1; i < 256; i++) /* sorted by value (insertion sort) */
+                for (size_t j = i; j > 0 && c[j - 1] > c[j]; j--) {
+                    float t = c[j];
+                    c[j] = c[j - 1];
+                    c[j - 1] = t;
+                }
+            float x = round >= 20 ? 0.0f : m % 9 == 4 ? 0.0f : frand(&s) * 4.0f;
+            for (size_t j = 0; j < 256; j++)
+                T[m * 256 + j] = (scale * x) * c[j];
+        }
+        for (int f = 0; f < nf; f++) {
+            float q1, d1, t1, q2 = 1, d2 = 2, t2 = 3;
+            size_t row = f ? 64 : 16;
+            int r1 = tsr__quantize_table(T, M, Tq, &q1, &d1, &t1);
+            tsr__group_table(fns[f], Tq, M, G1);
+            int r2 = tsr__group_table_sorted(fns[f], T, M, G2, &q2, &d2, &t2);
+            assert_int_equal(r1, 1);
+            assert_int_equal(r2, 1);
+            assert_memory_equal(G1, G2, M * row);
+            assert_memory_equal(&q1, &q2, sizeof q1);
+            assert_memory_equal(&d1, &d2, sizeof d1);
+            assert_memory_equal(&t1, &t2, sizeof t1);
+        }
+    }
+    float q, d, t;
+    T[3 * 256 + 255] = NAN; /* a row's end not finite: no group table */
+    assert_int_equal(tsr__group_table_sorted(fns[1], T, 64, G2, &q, &d, &t), 0);
+    T[3 * 256 + 255] = 1.0f;
+    T[5 * 256] = -INFINITY;
+    assert_int_equal(tsr__group_table_sorted(fns[0], T, 64, G2, &q, &d, &t), 0);
+    free(G2);
+    free(G1);
+    free(Tq);
+    free(T);
+}
+
 /* The ranks: a permutation per sub-quantizer that sorts its centroids by value (ties and
  * NaN in a fixed order); none unless dsub = 1 and 8 bits. */
 static void test_nibble_ranks(void **st)
@@ -601,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_filter_choose),
         cmocka_unit_test(test_nibble_kernels),
         cmocka_unit_test(test_nibble_ranks),
+        cmocka_unit_test(test_group_sorted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
