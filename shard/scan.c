@@ -13,8 +13,9 @@
  * list's transposed blocks, tsr__list.fl: a base list's only copy of its codes and terms,
  * which the plain scan, TSR_SEARCH_FILTER=0 or a table that does not quantize, reads
  * block by block back in Faiss order), which only skips codes that could not enter a
- * collector: the answers are bit-identical with it or without. The re-rank reads the raw vectors where the records
- * point: the heap, or the mapped vectors.f32 of a loaded version (page cache).
+ * collector: the answers are bit-identical with it or without. The re-rank reads the raw
+ * vectors where the records point: the heap, or the mapped vectors.f32 of a loaded version
+ * (page cache).
  *
  * Collectors (common/query/topk, total order: score, then the smaller label, so a distributed
  * answer is the single-node answer even with ties): without crowding a bounded heap of k;

@@ -2,8 +2,10 @@
  * ivfpq_nibble — the prefilter's group stage for one dimension per sub-quantizer (dsub = 1,
  * 8-bit codes): the centroid ranks the search cache and the scan blocks store instead of
  * the code bytes, the per-query group tables (16 groups of 16 ranks: the nibble kernels;
- * 64 groups of 4: the 6-bit ones), and the scalar kernels (the references of the AVX2
- * nibble kernel in ivfpq_search_avx2.c and the VBMI 6-bit one in ivfpq_search_avx512.c).
+ * 64 groups of 4: the 6-bit ones; from the quantized table, or straight from the float
+ * table's row ends when its rows are linear in the value), and the scalar kernels (the
+ * references of the AVX2 nibble kernel in ivfpq_search_avx2.c and the VBMI 6-bit one in
+ * ivfpq_search_avx512.c).
  * Contract in ivfpq_search_int.h ("the nibble stage").
  *
  * Why it is tight: with dsub = 1 a sub-quantizer's 256 centroids are numbers; sorted, 16

@@ -6,9 +6,10 @@
  * the plain AVX2 scan with TSR_SEARCH_FILTER=0; AVX2 with the scalar filter) and with
  * TSR_SIMD=scalar (the plain scalar scan), and as on CPUs without AVX-512 or SIMD
  * (TSR_SIMD_MAX=avx2 | scalar), for queries with token restricts, numeric restricts, crowding and
- * the exact re-rank, at nprobe 1, 2, 5 and 8 of 8 lists (the filter runs from one list on); for an index of
- * 4 dimensions per sub-quantizer and one of 1 (the blocks then hold centroid ranks, the
- * AVX2 path runs the nibble stage, and TSR_SEARCH_NIBBLE=0 turns it off).
+ * the exact re-rank, at nprobe 1, 2, 5 and 8 of 8 lists (the filter runs from one list
+ * on); for an index of 4 dimensions per sub-quantizer and one of 1 (the blocks then hold
+ * centroid ranks, the AVX2 path runs the nibble stage, and TSR_SEARCH_NIBBLE=0 turns it
+ * off).
  *
  * A list keeps its codes only as the scan blocks (tsr_ivfpq_flist), whichever kernel runs;
  * the reference is TSR_SHARD_CODES=faiss with TSR_SEARCH_FILTER=0 (Faiss-order codes, the
