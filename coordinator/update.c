@@ -373,6 +373,7 @@ typedef struct upd {
     const int64_t *next_seqs;   /* after a catch-up: newv's group seqs (p.nshards), which
                                    its log header and its publication install */
     int64_t carry_after;        /* a fold: the seq S its slices hold the writes up to */
+    int64_t term;               /* the leader term it began in: it commits only under it */
 } upd;
 
 /* What upd_stage sends: every chunk (an update), or a move's chunk 0 alone (no record:
@@ -636,6 +637,10 @@ static int upd_flip(upd *u, tsr_error *err)
     tsr_etcd_cmp lead[2];
     size_t nlead = tsr__leader_fence(c, lead);
     tsr__meta_carry carry = {0}; /* a fold with --etcd: the rounds its record names */
+    /* never under a newer term (docs/ha.md "A term change mid-update") */
+    if (nlead > 0 && lead[0].num != u->term)
+        return tsr_err(err, TSR_ESTATE, "update %s: leader term %lld became %lld: not committed",
+                       u->op->id, (long long)u->term, (long long)lead[0].num);
     drop_uncommitted(c, u, "an earlier try that did not commit");
     if ((rc = tsr__snap_save(u->p.ns, c->store, err)) ||
         (rc = tsr__stream_version_begin(c, (uint64_t)u->newv, u->p.ns->next_label,
@@ -778,7 +783,8 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
                       int64_t *version, tsr_error *err)
 {
     upd u = {.c = c, .op = op, .b = b, .fresh = -1, .catchup = catchup && b->nrecords == 0 &&
-                                                               b->ndeletes == 0};
+                                                               b->ndeletes == 0,
+             .term = tsr__coord_term(c)};
     int64_t seq0 = 0, off0 = 0, *gseq = NULL;
     int locked = 0;
     int64_t t[7] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
@@ -934,7 +940,8 @@ static void drain_wait(int64_t ms)
 static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int rm,
                        int64_t *version, tsr_error *err)
 {
-    upd u = {.c = c, .op = op, .fresh = -1, .catchup = 1, .reshard = 1};
+    upd u = {.c = c, .op = op, .fresh = -1, .catchup = 1, .reshard = 1,
+             .term = tsr__coord_term(c)};
     tsr_batch *b = tsr_xcalloc(1, sizeof *b);
     tsr__reshard_moves *mv = NULL;
     int64_t seq0 = 0, off0 = 0, *gseq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *gseq);
