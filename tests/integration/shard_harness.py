@@ -10,6 +10,7 @@
 """
 import atexit
 import os
+import random
 import re
 import shutil
 import signal
@@ -58,34 +59,57 @@ def stubs():
     return shard_pb2, shard_pb2_grpc, tessera_pb2, health_pb2, health_pb2_grpc
 
 
-def free_port():
-    """A loopback TCP port that was free a moment ago (for a restart on the same port)."""
+_handed_out = set()
+_rng = random.Random()  # its own: a test's random.seed() neither fixes nor shifts ports
+
+
+def _ephemeral_low():
+    """The low end of the kernel's ephemeral range (outgoing connections take ports from
+    there)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return max(int(f.read().split()[0]), 12000)
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port):
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def free_port():
+    """A loopback TCP port free now, never one this process handed out before, and below the
+    kernel's ephemeral range, so an outgoing connection cannot take it between this check and
+    a later bind (a restart on the same port, a metrics listener). A port from bind(0) is in
+    that range: a CI run once failed when a coordinator restarted on such a port and found
+    it taken ("metrics listener: cannot listen on ...: address already in use")."""
+    low = _ephemeral_low()
+    for _ in range(2000):
+        port = _rng.randrange(10000, low)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no free loopback port below %d" % low)
 
 
 def free_range(n):
-    """A port p such that p..p+n are all free on loopback a moment ago (a local cluster:
-    coordinator p, shards p+1..p+n)."""
-    for _ in range(200):
-        p = free_port()
-        if p + n >= 65000:
-            continue
-        ok = True
-        for q in range(p, p + n + 1):
-            t = socket.socket()
-            try:
-                t.bind(("127.0.0.1", q))
-            except OSError:
-                ok = False
-            finally:
-                t.close()
-        if ok:
+    """A port p such that p..p+n are all free on loopback now, below the ephemeral range (a
+    local cluster: coordinator p, shards p+1..p+n)."""
+    low = _ephemeral_low()
+    for _ in range(500):
+        p = _rng.randrange(10000, low - n - 1)
+        ports = range(p, p + n + 1)
+        if not _handed_out.intersection(ports) and all(_bindable(q) for q in ports):
+            _handed_out.update(ports)
             return p
-    raise RuntimeError("no free port range")
+    raise RuntimeError("no free port range below %d" % low)
 
 
 def bins():
@@ -133,12 +157,20 @@ class LoggedProc:
 
 class Shard(LoggedProc):
     def __init__(self, data, extra=(), env=None, bin_dir=None):
+        """Listens on a free_port() (so that a restart on the same address finds it free)
+        unless extra has its own --listen."""
         self.data = data
-        super().__init__([os.path.join(bin_dir or BIN, "tessera-shard"), "--listen",
-                          "127.0.0.1:0", "--data", data] + list(extra), env)
-        if self.port is None:
+        own = "--listen" in extra
+        for attempt in range(1 if own else 5):
+            port = None if own else free_port()
+            listen = [] if own else ["--listen", "127.0.0.1:%d" % port]
+            super().__init__([os.path.join(bin_dir or BIN, "tessera-shard")] + listen +
+                             ["--data", data] + list(extra), env)
+            if self.port is not None:
+                break
             self.proc.kill()
-            raise RuntimeError("shard did not start:\n" + "\n".join(self.log))
+            if own or attempt == 4 or "cannot listen on 127.0.0.1:%d" % port not in self.text():
+                raise RuntimeError("shard did not start:\n" + "\n".join(self.log))
         self.target = "127.0.0.1:%d" % self.port
         import grpc
         self.channel = grpc.insecure_channel(self.target)

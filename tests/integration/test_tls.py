@@ -320,31 +320,6 @@ def run(bin_dir):
             s.stop()
 
 
-def free_run(n):
-    """A port p with p..p+n-1 free on loopback (cluster up takes consecutive ports)."""
-    import socket
-    for _ in range(50):
-        so = socket.socket()
-        so.bind(("127.0.0.1", 0))
-        p = so.getsockname()[1]
-        so.close()
-        if p + n >= 65536:
-            continue
-        socks = []
-        try:
-            for q in range(p, p + n):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", q))
-            return p
-        except OSError:
-            pass
-        finally:
-            for t in socks:
-                t.close()
-    raise AssertionError("no %d consecutive free ports" % n)
-
-
 def cluster_up(bin_dir):
     """`tessera cluster up --tls-* --mtls`: every port mutual TLS, stats shows both shards up."""
     root = sh.tmpdir("tsr-tls-up-")
@@ -353,7 +328,7 @@ def cluster_up(bin_dir):
     r = subprocess.run([cli, "cluster", "up", "--data", os.path.join(root, "d"), "--tls-cert",
                         c["server.pem"]], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--tls-ca" in r.stderr, r.stderr
-    p = free_run(3)
+    p = sh.free_range(2)  # coordinator p, shards p+1, p+2
     sup = subprocess.Popen([cli, "cluster", "up", "--data", os.path.join(root, "d"), "--shards",
                             "2", "--port", str(p), "--dimensions", "16", "--nlist", "8",
                             "--pq-m", "4", "--tls-cert", c["server.pem"], "--tls-key",
