@@ -645,9 +645,7 @@ static int h_stage(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *rep
     if (rq == NULL)
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "StageRequest: malformed protobuf");
-    int rc = tsr__shard_term_check(ctx, rq->leader_term, &err);
-    if (rc == 0)
-        rc = tsr__shard_stage(ctx, rq, &resp, &err);
+    int rc = tsr__shard_stage(ctx, rq, &resp, &err); /* checks rq->leader_term */
     tessera__v1__stage_request__free_unpacked(rq, NULL);
     if (rc != 0)
         return tsr_rpc_reply_from_error(reply, &err);
@@ -665,8 +663,7 @@ static int h_prepare(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r
     int64_t version = rq->version, term = rq->leader_term;
     unsigned pct = rq->build_cpu_percent;
     tessera__v1__prepare_request__free_unpacked(rq, NULL);
-    if (tsr__shard_term_check(ctx, term, &err) != 0 ||
-        tsr__shard_prepare(ctx, version, pct, &resp, &err) != 0)
+    if (tsr__shard_prepare(ctx, term, version, pct, &resp, &err) != 0)
         return tsr_rpc_reply_from_error(reply, &err);
     return tsr_rpc_reply_pack(reply, &resp.base);
 }
@@ -682,8 +679,7 @@ static int h_commit(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
     resp.version = rq->version;
     int64_t term = rq->leader_term;
     tessera__v1__commit_request__free_unpacked(rq, NULL);
-    if (tsr__shard_term_check(ctx, term, &err) != 0 ||
-        tsr__shard_commit(ctx, resp.version, &err) != 0)
+    if (tsr__shard_commit(ctx, term, resp.version, &err) != 0)
         return tsr_rpc_reply_from_error(reply, &err);
     return tsr_rpc_reply_pack(reply, &resp.base);
 }
@@ -697,8 +693,7 @@ static int h_abort(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *rep
                                    "AbortRequest: malformed protobuf");
     int64_t version = rq->version, term = rq->leader_term;
     tessera__v1__abort_request__free_unpacked(rq, NULL);
-    if (tsr__shard_term_check(ctx, term, &err) != 0 ||
-        tsr__shard_abort(ctx, version, &err) != 0)
+    if (tsr__shard_abort(ctx, term, version, &err) != 0)
         return tsr_rpc_reply_from_error(reply, &err);
     return 0;
 }
@@ -712,11 +707,9 @@ static int h_release(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r
                                    "ReleaseRequest: malformed protobuf");
     int64_t below = rq->below_version, term = rq->leader_term;
     tessera__v1__release_request__free_unpacked(rq, NULL);
-    if (tsr__shard_term_check(ctx, term, &err) != 0)
-        return tsr_rpc_reply_from_error(reply, &err);
     int64_t vs[TSR__HELD_CAP];
     size_t n = 0;
-    if (tsr__shard_release(ctx, below, vs, TSR__HELD_CAP, &n, &err) != 0)
+    if (tsr__shard_release(ctx, term, below, vs, TSR__HELD_CAP, &n, &err) != 0)
         return tsr_rpc_reply_from_error(reply, &err);
     Tessera__V1__ReleaseResponse resp = TESSERA__V1__RELEASE_RESPONSE__INIT;
     resp.versions = vs;

@@ -24,7 +24,7 @@
  * refcounts, or to swap the table entries or a delta pointer (never during I/O or
  * building). Updates are serialized by update_mu, which no query ever takes; Writes by
  * write_mu (stream.c), which no query takes either. Lock order: update_mu, then write_mu,
- * then table_mu.
+ * then table_mu; term_mu (term.c) innermost, under update_mu or alone.
  */
 #ifndef TSR_SHARD_INTERNAL_H
 #define TSR_SHARD_INTERNAL_H
@@ -444,7 +444,7 @@ typedef struct tsr__shard {
     uint64_t tickets, applied_tickets;      /* appends made / applied, in order */
     char broken_msg[256];       /* why the log refuses writes (broken) */
     _Atomic int64_t wal_bytes, writes, write_records, folds;
-    /* term.c: the highest HA leader term seen (DATA/leader-term); term_mu alone */
+    /* term.c: the highest HA leader term seen (DATA/leader-term); term_mu, innermost */
     pthread_mutex_t term_mu;
     int64_t term;
     int term_loaded;
@@ -462,17 +462,22 @@ tsr__version *tsr__shard_get(tsr__shard *s, int64_t version);
  * none; d may be NULL). Caller unrefs both. */
 tsr__version *tsr__shard_get_view(tsr__shard *s, int64_t version, tsr__delta **d);
 
+/* Stage, Prepare, Commit, Abort and Release check the sender's leader term (term, or the
+ * StageRequest's leader_term; 0 = none) with tsr__shard_term_check while they hold
+ * update_mu, and operate under the same hold: a call of a newer term cannot come between
+ * the check and the operation (a deposed leader's Abort checked, then a new leader's Stage
+ * of the same version number, then the Abort dropping it). */
 int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
                      Tessera__V1__StageResponse *resp, tsr_error *err);
 /* cpu_pct: PrepareRequest.build_cpu_percent (1..99 paces the build thread to that share
  * of a core, core/parallel.h tsr_thread_pace; 0 or >= 100: unpaced). */
-int tsr__shard_prepare(tsr__shard *s, int64_t version, unsigned cpu_pct,
+int tsr__shard_prepare(tsr__shard *s, int64_t term, int64_t version, unsigned cpu_pct,
                        Tessera__V1__PrepareResponse *resp, tsr_error *err);
-int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err);
-int tsr__shard_abort(tsr__shard *s, int64_t version, tsr_error *err);
+int tsr__shard_commit(tsr__shard *s, int64_t term, int64_t version, tsr_error *err);
+int tsr__shard_abort(tsr__shard *s, int64_t term, int64_t version, tsr_error *err);
 /* Fills versions[] (up to cap) with the versions held after the release. */
-int tsr__shard_release(tsr__shard *s, int64_t below, int64_t *versions, size_t cap,
-                       size_t *n, tsr_error *err);
+int tsr__shard_release(tsr__shard *s, int64_t term, int64_t below, int64_t *versions,
+                       size_t cap, size_t *n, tsr_error *err);
 /* Snapshot of the held versions: refs into out (cap entries), states; caller unrefs. */
 size_t tsr__shard_list(tsr__shard *s, tsr__held *out, size_t cap, int *staging_version_set,
                        int64_t *staging_version, int64_t *current_version);

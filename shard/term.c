@@ -7,7 +7,10 @@
  * Term 0 (a coordinator on the local backend) is never checked: unchanged behaviour.
  *
  * Threads: term_mu guards term and term_loaded; it is held across the file write (rare:
- * once per new leader) and never with another lock. Calls no other file of the folder.
+ * once per new leader) and is the innermost lock: Stage, Prepare, Commit, Abort and
+ * Release check under update_mu (update.c: the check and the operation are one section),
+ * Write's check takes it alone. Nothing is locked while it is held. Calls no other file
+ * of the folder.
  */
 #include <inttypes.h>
 #include <stdio.h>

@@ -536,7 +536,8 @@ int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
         crash_point("stage"); /* test hook: in the middle of a staging */
     pthread_mutex_lock(&s->update_mu);
     tsr__staging *st = s->staging;
-    if ((rc = stage_check_version(s, rq, &cur, err)) != 0)
+    if ((rc = tsr__shard_term_check(s, rq->leader_term, err)) != 0 ||
+        (rc = stage_check_version(s, rq, &cur, err)) != 0)
         goto out;
     if (st && st->version == rq->version && rq->chunk == st->chunks - 1 && rq->chunk > 0) {
         /* A retry of the last chunk: acknowledged, not applied twice. */
@@ -772,7 +773,7 @@ static int prepare_build_niced(tsr__shard *s, tsr__staging *st, int64_t version,
     return j.rc;
 }
 
-int tsr__shard_prepare(tsr__shard *s, int64_t version, unsigned cpu_pct,
+int tsr__shard_prepare(tsr__shard *s, int64_t term, int64_t version, unsigned cpu_pct,
                        Tessera__V1__PrepareResponse *resp, tsr_error *err)
 {
     crash_point("prepare");
@@ -781,6 +782,8 @@ int tsr__shard_prepare(tsr__shard *s, int64_t version, unsigned cpu_pct,
     tsr__version *v = NULL;
     tsr__edits e = {0};
     pthread_mutex_lock(&s->update_mu);
+    if ((rc = tsr__shard_term_check(s, term, err)) != 0)
+        goto out;
     pthread_mutex_lock(&s->table_mu);
     tsr__held *h = find_held(s, version);
     if (h) {
@@ -886,12 +889,14 @@ static void enforce_cap(tsr__shard *s)
     }
 }
 
-int tsr__shard_commit(tsr__shard *s, int64_t version, tsr_error *err)
+int tsr__shard_commit(tsr__shard *s, int64_t term, int64_t version, tsr_error *err)
 {
     crash_point("commit");
     int rc = 0;
     tsr__version *old = NULL;
     pthread_mutex_lock(&s->update_mu);
+    if ((rc = tsr__shard_term_check(s, term, err)) != 0)
+        goto out;
     pthread_mutex_lock(&s->table_mu);
     int64_t cur = s->current->version;
     tsr__held *h = find_held(s, version);
@@ -962,11 +967,15 @@ out:
     return rc;
 }
 
-int tsr__shard_abort(tsr__shard *s, int64_t version, tsr_error *err)
+int tsr__shard_abort(tsr__shard *s, int64_t term, int64_t version, tsr_error *err)
 {
     int rc = 0;
     tsr__version *drop = NULL;
     pthread_mutex_lock(&s->update_mu);
+    if ((rc = tsr__shard_term_check(s, term, err)) != 0) {
+        pthread_mutex_unlock(&s->update_mu);
+        return rc;
+    }
     if (s->staging && s->staging->version == version) {
         staging_free(s->staging);
         s->staging = NULL;
@@ -1001,11 +1010,15 @@ int tsr__shard_abort(tsr__shard *s, int64_t version, tsr_error *err)
     return rc;
 }
 
-int tsr__shard_release(tsr__shard *s, int64_t below, int64_t *versions, size_t cap, size_t *n,
-                       tsr_error *err)
+int tsr__shard_release(tsr__shard *s, int64_t term, int64_t below, int64_t *versions,
+                       size_t cap, size_t *n, tsr_error *err)
 {
-    (void)err;
     pthread_mutex_lock(&s->update_mu);
+    int rc = tsr__shard_term_check(s, term, err);
+    if (rc != 0) {
+        pthread_mutex_unlock(&s->update_mu);
+        return rc;
+    }
     for (;;) {
         tsr__version *drop = NULL;
         pthread_mutex_lock(&s->table_mu);

@@ -81,8 +81,8 @@ static char *fs_open(tsr__shard *s)
     rq.n_upserts = FS_NREC;
     Tessera__V1__StageResponse sr = TESSERA__V1__STAGE_RESPONSE__INIT;
     Tessera__V1__PrepareResponse pr = TESSERA__V1__PREPARE_RESPONSE__INIT;
-    if (tsr__shard_stage(s, &rq, &sr, &err) != 0 || tsr__shard_prepare(s, 1, 0, &pr, &err) != 0 ||
-        !pr.ready || tsr__shard_commit(s, 1, &err) != 0) {
+    if (tsr__shard_stage(s, &rq, &sr, &err) != 0 || tsr__shard_prepare(s, 0, 1, 0, &pr, &err) != 0 ||
+        !pr.ready || tsr__shard_commit(s, 0, 1, &err) != 0) {
         fprintf(stderr, "fuzz shard: version 1: %s\n", err.msg);
         abort();
     }

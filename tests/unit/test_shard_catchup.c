@@ -88,7 +88,7 @@ static int do_prepare(fixture *f, int64_t version, tsr_error *err)
 {
     Tessera__V1__PrepareResponse pr = TESSERA__V1__PREPARE_RESPONSE__INIT;
     tsr_error_clear(err);
-    return tsr__shard_prepare(&f->s, version, 0, &pr, err);
+    return tsr__shard_prepare(&f->s, 0, version, 0, &pr, err);
 }
 
 /* A Write of r on version at seq, sent as the packed bytes the service logs. */
@@ -193,7 +193,7 @@ static int setup(void **state)
         add_up(r, f, l);
     assert_int_equal(do_stage(f, 1, 0, 0, 0, r, &err), 0);
     assert_int_equal(do_prepare(f, 1, &err), 0);
-    assert_int_equal(tsr__shard_commit(&f->s, 1, &err), 0);
+    assert_int_equal(tsr__shard_commit(&f->s, 0, 1, &err), 0);
     memset(r, 0, sizeof *r);
     add_up(r, f, 30);
     assert_int_equal(do_write(f, 1, 1, r, NULL, &err), 0);
@@ -236,7 +236,7 @@ static void test_without_capture(void **state)
     add_up(w, f, 32);
     expect(do_write(f, 1, 3, w, NULL, &err), &err, TSR_ESTATE, "is prepared");
     expect(do_write(f, 2, 3, w, NULL, &err), &err, TSR_ESTATE, "current version is 1");
-    assert_int_equal(tsr__shard_commit(&f->s, 2, &err), 0);
+    assert_int_equal(tsr__shard_commit(&f->s, 0, 2, &err), 0);
     assert_true(visible(f, 2, 31) && visible(f, 2, 40) && !visible(f, 2, 32));
     assert_int_equal(applied_of(f, 2), 2);
     free(r);
@@ -312,7 +312,7 @@ static void test_capture_flow(void **state)
     assert_int_equal(do_write(f, 2, 4, w, NULL, &err), 0);
 
     /* Commit: version 2 serves its caught-up delta and continues its log */
-    assert_int_equal(tsr__shard_commit(&f->s, 2, &err), 0);
+    assert_int_equal(tsr__shard_commit(&f->s, 0, 2, &err), 0);
     assert_int_equal(current_version(f), 2);
     assert_int_equal(applied_of(f, 2), 4);
     assert_false(log_exists(f, 1));
@@ -343,7 +343,7 @@ static void test_capture_abort(void **state)
     add_up(w, f, 31);
     assert_int_equal(do_write(f, 2, 2, w, NULL, &err), 0);
     assert_true(log_exists(f, 2));
-    assert_int_equal(tsr__shard_abort(&f->s, 2, &err), 0);
+    assert_int_equal(tsr__shard_abort(&f->s, 0, 2, &err), 0);
     assert_false(log_exists(f, 2));
     expect(do_write(f, 2, 3, w, NULL, &err), &err, TSR_ESTATE, "current version is 1");
     assert_int_equal(do_write(f, 1, 2, w, NULL, &err), 0);
@@ -364,7 +364,7 @@ static void test_capture_abort(void **state)
     memset(w, 0, sizeof *w);
     add_up(w, f, 44);
     assert_int_equal(do_write(f, 2, 2, w, NULL, &err), 0);
-    assert_int_equal(tsr__shard_commit(&f->s, 2, &err), 0);
+    assert_int_equal(tsr__shard_commit(&f->s, 0, 2, &err), 0);
     assert_true(visible(f, 2, 44) && visible(f, 2, 40));
     assert_int_equal(applied_of(f, 2), 2);
     free(r);

@@ -4,7 +4,8 @@
  * (version and chunk numbers, a missing or bad template, a base the shard lacks, every
  * invalid field of a chunk) leave the staging as it was; the retry of the last chunk is
  * acknowledged, not applied twice; Stage -> Prepare -> Commit serves the new version,
- * Abort drops a prepared one, and a reopened shard serves what CURRENT says.
+ * Abort drops a prepared one, and a reopened shard serves what CURRENT says; each of
+ * them refuses an older leader term than the highest seen.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -226,7 +227,7 @@ static void test_stage_chunks(void **state)
     assert_int_equal(do_stage(f, st, &resp, &err), 0);
     assert_int_equal(resp.chunks_received, 1);
     assert_int_equal(resp.upserts, 2);
-    assert_int_equal(tsr__shard_abort(&f->s, 1, &err), 0);
+    assert_int_equal(tsr__shard_abort(&f->s, 0, 1, &err), 0);
     assert_int_equal(atomic_load(&f->s.staging_version), 0);
     free(st);
 }
@@ -242,13 +243,13 @@ static void test_update_flow(void **state)
     stage_v1(f, st, 20);
     assert_int_equal(do_stage(f, st, &resp, &err), 0);
     tessera__v1__prepare_response__init(&pr);
-    assert_int_equal(tsr__shard_prepare(&f->s, 1, 0, &pr, &err), 0);
+    assert_int_equal(tsr__shard_prepare(&f->s, 0, 1, 0, &pr, &err), 0);
     assert_true(pr.ready);
     assert_int_equal(pr.vectors_count, 20);
     assert_int_equal(current_version(f), 0); /* prepared, not yet serving */
-    assert_int_equal(tsr__shard_commit(&f->s, 1, &err), 0);
+    assert_int_equal(tsr__shard_commit(&f->s, 0, 1, &err), 0);
     assert_int_equal(current_version(f), 1);
-    assert_int_equal(tsr__shard_commit(&f->s, 1, &err), 0); /* idempotent */
+    assert_int_equal(tsr__shard_commit(&f->s, 0, 1, &err), 0); /* idempotent */
 
     /* a version at or below the current one cannot be staged */
     stage_v1(f, st, 1);
@@ -260,31 +261,31 @@ static void test_update_flow(void **state)
     stage_upsert(st, f, 50, 2);
     assert_int_equal(do_stage(f, st, &resp, &err), 0);
     tessera__v1__prepare_response__init(&pr);
-    assert_int_equal(tsr__shard_prepare(&f->s, 2, 0, &pr, &err), 0);
+    assert_int_equal(tsr__shard_prepare(&f->s, 0, 2, 0, &pr, &err), 0);
     assert_int_equal(pr.vectors_count, 20);
     tsr__version *v2 = tsr__shard_get(&f->s, 2); /* a prepared version can be queried */
     assert_non_null(v2);
     assert_null(tsr__version_find(v2, 4));
     assert_non_null(tsr__version_find(v2, 50));
     tsr__version_unref(v2);
-    assert_int_equal(tsr__shard_abort(&f->s, 2, &err), 0);
+    assert_int_equal(tsr__shard_abort(&f->s, 0, 2, &err), 0);
     assert_null(tsr__shard_get(&f->s, 2));
     tsr_error_clear(&err);
-    assert_int_equal(tsr__shard_commit(&f->s, 2, &err), TSR_ESTATE);
-    expect(tsr__shard_abort(&f->s, 1, &err), &err, TSR_ESTATE, "current version");
+    assert_int_equal(tsr__shard_commit(&f->s, 0, 2, &err), TSR_ESTATE);
+    expect(tsr__shard_abort(&f->s, 0, 1, &err), &err, TSR_ESTATE, "current version");
 
     /* again, committed this time; then release the old one */
     assert_int_equal(do_stage(f, st, &resp, &err), 0);
     tessera__v1__prepare_response__init(&pr);
-    assert_int_equal(tsr__shard_prepare(&f->s, 2, 0, &pr, &err), 0);
-    assert_int_equal(tsr__shard_commit(&f->s, 2, &err), 0);
+    assert_int_equal(tsr__shard_prepare(&f->s, 0, 2, 0, &pr, &err), 0);
+    assert_int_equal(tsr__shard_commit(&f->s, 0, 2, &err), 0);
     assert_int_equal(current_version(f), 2);
     tsr__version *v1 = tsr__shard_get(&f->s, 1); /* still held until released */
     assert_non_null(v1);
     assert_non_null(tsr__version_find(v1, 4));
     int64_t held[TSR__HELD_CAP];
     size_t nh = 0;
-    assert_int_equal(tsr__shard_release(&f->s, 2, held, TSR__HELD_CAP, &nh, &err), 0);
+    assert_int_equal(tsr__shard_release(&f->s, 0, 2, held, TSR__HELD_CAP, &nh, &err), 0);
     assert_null(tsr__shard_get(&f->s, 1));
     assert_non_null(tsr__version_find(v1, 4)); /* a reference taken before stays valid */
     tsr__version_unref(v1);
@@ -301,12 +302,56 @@ static void test_update_flow(void **state)
     free(st);
 }
 
+/* Each of Stage, Prepare, Commit, Abort and Release checks the sender's term itself (under
+ * update_mu, shard.h): an older term than the highest seen is refused and changes nothing;
+ * term 0 is never checked. */
+static void test_terms(void **state)
+{
+    fixture *f = *state;
+    tsr_error err = TSR_ERROR_INIT;
+    Tessera__V1__StageResponse resp;
+    Tessera__V1__PrepareResponse pr;
+    int64_t held[TSR__HELD_CAP];
+    size_t nh = 0;
+    stage *st = tsr_xcalloc(1, sizeof *st);
+
+    stage_v1(f, st, 10);
+    st->rq.leader_term = 7;
+    assert_int_equal(do_stage(f, st, &resp, &err), 0); /* term 7 seen */
+    tessera__v1__prepare_response__init(&pr);
+    expect(tsr__shard_prepare(&f->s, 6, 1, 0, &pr, &err), &err, TSR_ESTATE,
+           "leader term 6 is older than 7");
+    assert_false(pr.ready);
+    expect(tsr__shard_abort(&f->s, 6, 1, &err), &err, TSR_ESTATE, "older than 7");
+    assert_int_equal(atomic_load(&f->s.staging_version), 1); /* not aborted */
+    tessera__v1__prepare_response__init(&pr);
+    assert_int_equal(tsr__shard_prepare(&f->s, 7, 1, 0, &pr, &err), 0);
+    assert_true(pr.ready);
+    expect(tsr__shard_commit(&f->s, 5, 1, &err), &err, TSR_ESTATE, "older than 7");
+    assert_int_equal(current_version(f), 0); /* not committed */
+    assert_int_equal(tsr__shard_commit(&f->s, 9, 1, &err), 0); /* a newer term: 9 seen */
+    assert_int_equal(current_version(f), 1);
+    expect(tsr__shard_release(&f->s, 8, 1, held, TSR__HELD_CAP, &nh, &err), &err, TSR_ESTATE,
+           "leader term 8 is older than 9");
+    stage_init(st, 2, 1, 0);
+    stage_upsert(st, f, 50, 2);
+    st->rq.leader_term = 8;
+    expect(do_stage(f, st, &resp, &err), &err, TSR_ESTATE, "older than 9");
+    assert_int_equal(atomic_load(&f->s.staging_version), 0); /* nothing staged */
+    st->rq.leader_term = 0; /* no term (the local backend): never checked */
+    assert_int_equal(do_stage(f, st, &resp, &err), 0);
+    assert_int_equal(tsr__shard_abort(&f->s, 0, 2, &err), 0);
+    assert_int_equal(tsr__shard_release(&f->s, 9, 1, held, TSR__HELD_CAP, &nh, &err), 0);
+    free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stage_refuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stage_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_update_flow, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_terms, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
