@@ -337,7 +337,7 @@ static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *
     tsr_crowd_topk crowd = {0};
     tsr_hit *hits = NULL, *sel = NULL;
     uint32_t *rows = NULL;
-    tsr_ivfpq_scanner *sc = NULL;
+    tsr_ivfpq_scanner *sc = NULL, *own = NULL;
     sink k = {0};
     dfilter df = {q, NULL, NULL, NULL, 0};
     const tsr__delta *dl = tsr__delta_empty(q->delta) ? NULL : q->delta;
@@ -361,7 +361,17 @@ static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *
     }
     if (q->k == 0 || (base_none && dl == NULL))
         goto finish;
-    if ((sc = tsr_ivfpq_scanner_create(ix, TSR_SIMD_AUTO, err)) == NULL) {
+    if (q->scan != NULL && q->scan->ix != ix) {
+        tsr__scan_cache_close(q->scan);
+        if ((q->scan->sc = tsr_ivfpq_scanner_create(ix, TSR_SIMD_AUTO, err)) == NULL) {
+            rc = err ? err->code : TSR_ENOMEM;
+            goto out;
+        }
+        q->scan->ix = ix;
+    }
+    if (q->scan != NULL) {
+        sc = q->scan->sc;
+    } else if ((own = sc = tsr_ivfpq_scanner_create(ix, TSR_SIMD_AUTO, err)) == NULL) {
         rc = err ? err->code : TSR_ENOMEM;
         goto out;
     }
@@ -451,7 +461,7 @@ nomem:
     rc = tsr_err(err, TSR_ENOMEM, "out of memory for the candidates");
 out:
     dfilter_close(&df);
-    tsr_ivfpq_scanner_destroy(sc);
+    tsr_ivfpq_scanner_destroy(own);
     tsr_topk_close(&heap);
     tsr_crowd_topk_close(&crowd);
     free(hits);
@@ -560,6 +570,13 @@ static int sparse_part(const tsr__version *v, const tsr__query *q, tsr__qresult 
     }
     free(out);
     return rc;
+}
+
+void tsr__scan_cache_close(tsr__scan_cache *c)
+{
+    tsr_ivfpq_scanner_destroy(c->sc);
+    c->sc = NULL;
+    c->ix = NULL;
 }
 
 int tsr__search_one(const tsr__version *v, const tsr__query *q, tsr__qresult *res,

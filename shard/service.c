@@ -37,6 +37,7 @@ typedef struct vcache {
     tsr__version *v[8];
     tsr__delta *d[8]; /* the version's delta snapshot taken with it (one per request) */
     size_t n;
+    tsr__scan_cache scan; /* the call's scanner, for an index of one of these versions */
 } vcache;
 
 static tsr__version *vc_get(tsr__shard *s, vcache *c, int64_t version, const tsr__delta **dp)
@@ -65,6 +66,7 @@ static tsr__version *vc_get(tsr__shard *s, vcache *c, int64_t version, const tsr
 
 static void vc_close(vcache *c)
 {
+    tsr__scan_cache_close(&c->scan); /* before the versions that own its index */
     for (size_t i = 0; i < c->n; i++) {
         tsr__delta_unref(c->d[i]);
         tsr__version_unref(c->v[i]);
@@ -326,7 +328,8 @@ static int compile_filter(tsr_rpc_reply *reply, const tsr__version *v,
 /* Validates query i against version v and runs it into res. Returns 0 or sets the
  * reply status. */
 static int run_query(tsr_rpc_reply *reply, const tsr__version *v, const tsr__delta *dl,
-                     const Tessera__V1__ShardQuery *q, size_t qi, tsr__qresult *res)
+                     tsr__scan_cache *scan, const Tessera__V1__ShardQuery *q, size_t qi,
+                     tsr__qresult *res)
 {
     int rc;
     tsr_error err = TSR_ERROR_INIT;
@@ -360,6 +363,7 @@ static int run_query(tsr_rpc_reply *reply, const tsr__version *v, const tsr__del
     sq.ntr = p.tr ? q->n_restricts : 0;
     sq.nq = p.nq;
     sq.nnq = p.nq ? q->n_numeric_restricts : 0;
+    sq.scan = scan;
     if (tsr__search_one(v, &sq, res, &err) != 0)
         rc = tsr_rpc_reply_from_error(reply, &err);
 out:
@@ -450,7 +454,7 @@ static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
         }
         tsr__qresult qr;
         memset(&qr, 0, sizeof qr);
-        if ((rc = run_query(reply, v, dl, q, i, &qr)) != 0) {
+        if ((rc = run_query(reply, v, dl, &vc.scan, q, i, &qr)) != 0) {
             tsr__qresult_close(&qr);
             goto out;
         }

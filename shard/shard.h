@@ -333,6 +333,17 @@ typedef struct tsr__hit {
     uint32_t row;
 } tsr__hit;
 
+/* A scanner kept across the queries of one Search call: tsr__search_one makes it on first
+ * use and again when a query's index differs (one per call, not one per query: a scanner
+ * holds three tables of up to M x 256 floats, and their malloc/free per query was ~10 % of
+ * a shard's CPU under batches, docs/performance.md Dec 7). The caller zero-initializes it
+ * and closes it before it drops the references to the versions queried. */
+typedef struct tsr__scan_cache {
+    const tsr_ivfpq *ix;
+    tsr_ivfpq_scanner *sc;
+} tsr__scan_cache;
+void tsr__scan_cache_close(tsr__scan_cache *c);
+
 typedef struct tsr__query {
     const float *x;            /* NULL = no dense part */
     const int32_t *lists;
@@ -349,6 +360,7 @@ typedef struct tsr__query {
     size_t ntr;
     const tsr_numeric_query *nq;
     size_t nnq;
+    tsr__scan_cache *scan;     /* NULL = a scanner of its own for this query */
 } tsr__query;
 
 typedef struct tsr__qresult {

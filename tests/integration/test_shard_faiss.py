@@ -10,7 +10,9 @@ prepared and committed. Then:
   of the queries, distances within 1e-4 relative;
 - the same with an inner-product index, and with one dimension per sub-quantizer (the
   shard keeps centroid ranks in its scan blocks, the slice Faiss's codes); exact re-rank returns the true nearest among the
-  candidates; Stats and Read report what was staged; a restart serves the same answers.
+  candidates; Stats and Read report what was staged; a restart serves the same answers;
+- a second version with another template, held beside the first: one Search call whose
+  queries alternate the two versions answers each query as a call of its version alone.
 """
 import os
 import sys
@@ -133,6 +135,31 @@ def run(metric, m=8):
         shard = H.Shard(data)
         again = shard.stub.Search(rq, timeout=30)
         assert [list(r.labels) for r in again.results] == [list(r.labels) for r in first.results]
+
+        # Version 2, a complete overwrite with another template (half the sub-quantizers),
+        # served while version 1 is still held: one Search call whose queries alternate
+        # the two versions answers each as a call of that version alone (the call keeps
+        # one scanner and makes it again when a query's index differs).
+        ix2, tmpl2 = H.template_bytes(xb[:10000], nlist, m // 2, metric=metric)
+        H.load(shard, 2, 0, ups, template=tmpl2, chunk=3000, own=owned)
+        alone = {}
+        for ver in (1, 2):
+            rv = sp.ShardSearchRequest()
+            for q in rq.queries[:40]:
+                rv.queries.add().CopyFrom(q)
+                rv.queries[-1].version = ver
+            alone[ver] = [(list(r.labels), list(r.distances))
+                          for r in shard.stub.Search(rv, timeout=30).results]
+        mixed = sp.ShardSearchRequest()
+        for i in range(40):
+            for ver in (1, 2):
+                mixed.queries.add().CopyFrom(rq.queries[i])
+                mixed.queries[-1].version = ver
+        got = [(list(r.labels), list(r.distances))
+               for r in shard.stub.Search(mixed, timeout=30).results]
+        assert alone[1] != alone[2], "the two templates answer alike: the check is void"
+        for i in range(40):
+            assert got[2 * i] == alone[1][i] and got[2 * i + 1] == alone[2][i], i
     finally:
         shard.stop()
 
