@@ -18,14 +18,20 @@
  *           (list % S, like a plan that ignores geometry), each group searched on its own
  *           (tsr_ivfpq_search_preassigned with the other groups' probes as -1: its own
  *           per-query table, quantization and top-k, as a shard has) and the S top-k
- *           merged: what S partitions cost the engine before any RPC.
+ *           merged: what S partitions cost the engine before any RPC. With
+ *           --split-bound first|oracle each query's groups start from a bound on its k-th
+ *           distance (tsr_ivfpq_search_opts.bounds), computed before the timed passes and
+ *           not counted: "first" the k-th of its nearest list alone (what a first round
+ *           to one shard would learn), "oracle" the k-th of the whole search (the most a
+ *           bound can give). The labels do not change.
  * A warm-up pass (--warmup queries, same loop) comes first. The labels (nq * k int64,
  * -1 padded) go to --out for the driver's recall. Prints one JSON object.
  *
- * usage: bench_cluster --mode coord|inproc|ping --index F.faiss --queries Q.fvecs
+ * usage: bench_cluster --mode coord|inproc|ping|split --index F.faiss --queries Q.fvecs
  *                      [--target ADDR] [--nprobe P] [--k K] [--inflight T] [--batch B]
  *                      [--candidates C (-1 = the coordinator's default)] [--nq N]
  *                      [--warmup W] [--out LABELS] [--split S (split mode, 1..16)]
+ *                      [--split-bound none|first|oracle (split mode)]
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -51,6 +57,7 @@ typedef struct bench {
     tsr_ivfpq *ix;             /* inproc: the index; coord: only d and nlist are used */
     size_t split;              /* split: the groups */
     float *cnorms;             /* split: the centroids' squared norms (tsr_knn) */
+    float *bounds;             /* split: NULL, or nq bounds (--split-bound) */
     tsr_rpc_channel *ch;
     const float *xq;
     size_t d, k, nprobe, batch, nq;
@@ -170,6 +177,7 @@ static int call_split(bench *b, size_t i0, size_t n)
     tsr_error err = TSR_ERROR_INIT;
     tsr_ivfpq_search_opts so;
     tsr_ivfpq_search_opts_init(&so);
+    so.bounds = b->bounds ? b->bounds + i0 : NULL;
     int rc = tsr_knn(x, n, ix->centroids, ix->nlist, b->d, ix->metric, np, b->cnorms, cd, cl,
                      &err);
     for (size_t g = 0; g < S && rc == 0; g++) {
@@ -282,6 +290,7 @@ int main(int argc, char **argv)
     const char *mode = NULL, *target = NULL, *index = NULL, *queries = NULL, *out = NULL;
     size_t nprobe = 16, k = 10, threads = 1, batch = 1, nq = 0, warmup = 200;
     size_t split = 4;
+    const char *split_bound = "none";
     int candidates = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -289,7 +298,7 @@ int main(int argc, char **argv)
             printf("usage: bench_cluster --mode coord|inproc|ping|split --index F --queries Q "
                    "[--target A] [--nprobe P] [--k K<=100] [--inflight T<=64] "
                    "[--batch B<=256] [--candidates C] [--nq N] [--warmup W] [--out F] "
-                   "[--split S<=16]\n");
+                   "[--split S<=16] [--split-bound none|first|oracle]\n");
             return 0;
         }
         if (i + 1 >= argc)
@@ -308,13 +317,15 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--nq")) nq = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--warmup")) warmup = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--split")) split = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--split-bound")) split_bound = v;
         else die(a, "unknown option (see --help)");
     }
     int local = mode && (!strcmp(mode, "inproc") || !strcmp(mode, "split"));
     if (!mode || (!local && strcmp(mode, "coord") && strcmp(mode, "ping")) || !index ||
         !queries || (!local && !target) || k < 1 || k > 100 || threads < 1 ||
         threads > MAX_THREADS || batch < 1 || batch > MAX_BATCH || nprobe < 1 || split < 1 ||
-        split > MAX_SPLIT)
+        split > MAX_SPLIT || (strcmp(split_bound, "none") && strcmp(split_bound, "first") &&
+                              strcmp(split_bound, "oracle")))
         die("usage", "see --help");
     tsr_blas_set_threads(1);
     tsr_error err = TSR_ERROR_INIT;
@@ -351,6 +362,20 @@ int main(int argc, char **argv)
     if (!local && !(b.ch = tsr_rpc_channel_create(target, NULL, &err)))
         die(target, err.msg);
 
+    if (b.coord == 3 && strcmp(split_bound, "none")) {
+        tsr_ivfpq_search_opts so;
+        tsr_ivfpq_search_opts_init(&so);
+        so.nprobe = !strcmp(split_bound, "first") ? 1 : b.nprobe;
+        float *D = tsr_xmalloc(b.nq * k * sizeof *D);
+        int64_t *I = tsr_xmalloc(b.nq * k * sizeof *I);
+        if (tsr_ivfpq_search(b.ix, b.nq, b.xq, k, &so, D, I, &err))
+            die(index, err.msg);
+        b.bounds = tsr_xmalloc(b.nq * sizeof *b.bounds);
+        for (size_t q = 0; q < b.nq; q++) /* an empty slot's distance is +inf: no bound */
+            b.bounds[q] = D[q * k + k - 1];
+        free(D);
+        free(I);
+    }
     double *lat;
     size_t nlat, fails, wfails;
     if (warmup) {
@@ -363,15 +388,16 @@ int main(int argc, char **argv)
         if (!f || fwrite(b.labels, sizeof *b.labels, b.nq * k, f) != b.nq * k || fclose(f))
             die(out, "cannot write");
     }
-    printf("{\"mode\": \"%s\", \"inflight\": %zu, \"batch\": %zu, \"nprobe\": %zu, "
+    printf("{\"mode\": \"%s\", \"split_bound\": \"%s\", \"inflight\": %zu, \"batch\": %zu, \"nprobe\": %zu, "
            "\"candidates\": %d, \"queries\": %zu, \"calls\": %zu, \"fails\": %zu, "
            "\"qps\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f}\n",
-           mode, threads, batch, b.nprobe, candidates, b.nq, nlat, fails,
+           mode, b.coord == 3 ? split_bound : "none", threads, batch, b.nprobe, candidates, b.nq, nlat, fails,
            b.nq / (wall / 1e6), nlat ? lat[nlat / 2] : 0.0,
            nlat ? lat[(size_t)(0.99 * (double)(nlat - 1))] : 0.0);
     free(lat);
     free(b.labels);
     free(b.cnorms);
+    free(b.bounds);
     free(xq);
     if (b.ch)
         tsr_rpc_channel_destroy(b.ch);

@@ -849,6 +849,13 @@ static int search_one(worker *w, size_t qi)
 
     h->order = ip ? TSR_HEAP_TIE_SMALL_ID_WORSE : 0;
     tsr_heap_init(h);
+    if (o && o->bounds && !isnan(o->bounds[qi])) {
+        /* k sentinels one step beyond the bound (the heap holds -product for IP): a
+         * result at the bound itself is strictly better, so it enters */
+        float b = nextafterf(ip ? -o->bounds[qi] : o->bounds[qi], INFINITY);
+        for (size_t i = 0; i < h->k; i++)
+            h->d[i] = b;
+    }
     if (h->k > 0) {
         /* The prefilter pays from a few lists on (quantizing the table costs ~2 us). Its
          * blocks hold centroid ranks when the cache has them: the tables in rank order. */
@@ -949,7 +956,8 @@ static int search_one(worker *w, size_t qi)
         return refine_query(w, xq, Dq, Iq);
     for (size_t r = 0; r < jb->k; r++) {
         Iq[r] = h->id[r];
-        Dq[r] = ip ? -h->d[r] : h->d[r];
+        Dq[r] = h->id[r] < 0 ? (ip ? -INFINITY : INFINITY) /* empty, or a bound's sentinel */
+                             : ip ? -h->d[r] : h->d[r];
     }
     return 0;
 }
@@ -1108,6 +1116,9 @@ int tsr_ivfpq_search_preassigned(const tsr_ivfpq *ix, size_t n, const float *x, 
         jb.filter4 = tsr__filter4_choose(jb.filter);
     jb.sorted = jb.filter4 != NULL && tsr__rows_sorted(ix);
     jb.refine = ix->is_refine && !(opts && opts->no_refine);
+    if (jb.refine && opts && opts->bounds)
+        return tsr_err(err, TSR_EINVAL, "search: bounds limit the PQ scan: not with an IwQR "
+                                        "refine (set no_refine)");
     jb.k1 = k;
     if (jb.refine) {
         float kf = opts && opts->k_factor > 0 ? opts->k_factor : ix->k_factor;

@@ -60,6 +60,14 @@ typedef struct tsr_ivfpq_search_opts {
     float k_factor;        /* IwQR: candidates per result; 0 = the file's k_factor */
     int no_refine;         /* IwQR: nonzero = return the PQ scan results unrefined */
     enum tsr_simd simd;    /* scan kernel; TSR_SIMD_AUTO by default */
+    const float *bounds;   /* optional, one per query (borrowed): query i returns only
+                              results within bounds[i] (L2: distance <= b, IP: product >= b;
+                              NaN = no bound), its other slots empty (-1) as for a short
+                              list. A bound known beforehand (e.g. the k-th distance of a
+                              first round over part of the lists) lets the scan skip what
+                              cannot enter; with b at least as loose as the query's k-th
+                              result the answer is the one without it. Not with an IwQR
+                              refine (TSR_EINVAL): it bounds the PQ scan. */
 } tsr_ivfpq_search_opts;
 
 void tsr_ivfpq_search_opts_init(tsr_ivfpq_search_opts *o);

@@ -557,6 +557,66 @@ static void test_filter(void **st)
     filter_case(18, 9, TSR_METRIC_L2, 1);
 }
 
+/* opts.bounds: with each query's own k-th result as its bound the answer is the same bytes;
+ * with its 5th, exactly the results within it (the same ones, in the same places) and
+ * empty slots after; NaN is no bound. With the prefilter (dsub = 1 and 4) and without. */
+static void bounds_case(int d, size_t M, enum tsr_metric metric, int by_residual)
+{
+    const size_t nlist = 16, k = 10, nq = 60;
+    fixture f = make(d, nlist, M, 8, metric, by_residual, 3000, nq);
+    tsr_error err = TSR_ERROR_INIT;
+    int ip = metric == TSR_METRIC_IP;
+    float *D0 = malloc(nq * k * sizeof(float)), *D = malloc(nq * k * sizeof(float));
+    int64_t *I0 = malloc(nq * k * sizeof(int64_t)), *I = malloc(nq * k * sizeof(int64_t));
+    float *b = malloc(nq * sizeof(float));
+    tsr_ivfpq_search_opts o;
+    tsr_ivfpq_search_opts_init(&o);
+    o.nprobe = 8;
+    assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D0, I0, &err), 0);
+    o.bounds = b;
+    for (size_t q = 0; q < nq; q++)
+        b[q] = D0[q * k + k - 1];
+    assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D, I, &err), 0);
+    assert_memory_equal(I, I0, nq * k * sizeof *I);
+    assert_memory_equal(D, D0, nq * k * sizeof *D);
+    for (size_t q = 0; q < nq; q++)
+        b[q] = NAN;
+    assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D, I, &err), 0);
+    assert_memory_equal(I, I0, nq * k * sizeof *I);
+    for (size_t q = 0; q < nq; q++)
+        b[q] = D0[q * k + 4];
+    assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D, I, &err), 0);
+    size_t kept = 0;
+    for (size_t q = 0; q < nq; q++)
+        for (size_t r = 0; r < k; r++) {
+            int within = ip ? D0[q * k + r] >= b[q] : D0[q * k + r] <= b[q];
+            if (within) {
+                assert_int_equal(I[q * k + r], I0[q * k + r]);
+                assert_true(D[q * k + r] == D0[q * k + r]);
+                kept++;
+            } else {
+                assert_int_equal(I[q * k + r], -1);
+                assert_true(D[q * k + r] == (ip ? -INFINITY : INFINITY));
+            }
+        }
+    assert_true(kept >= 5 * nq);
+    free(D0);
+    free(D);
+    free(I0);
+    free(I);
+    free(b);
+    fixture_free(&f);
+}
+
+static void test_bounds(void **st)
+{
+    (void)st;
+    bounds_case(16, 16, TSR_METRIC_L2, 1); /* dsub = 1: the group kernel, rows' ends */
+    bounds_case(16, 16, TSR_METRIC_IP, 0);
+    bounds_case(32, 8, TSR_METRIC_L2, 0);
+    bounds_case(32, 8, TSR_METRIC_IP, 1);
+}
+
 static void test_l2_res_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_L2, 1); }
 static void test_l2_nores_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_L2, 0); }
 static void test_ip_res_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_IP, 1); }
@@ -636,7 +696,7 @@ int main(void)
         cmocka_unit_test(test_kernels),       cmocka_unit_test(test_simd_env),
         cmocka_unit_test(test_l2_res_8),      cmocka_unit_test(test_l2_nores_8),
         cmocka_unit_test(test_ip_res_8),      cmocka_unit_test(test_ip_nores_8),
-        cmocka_unit_test(test_filter),
+        cmocka_unit_test(test_filter),        cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_l2_res_4),      cmocka_unit_test(test_ip_nores_4),
         cmocka_unit_test(test_l2_res_m6),     cmocka_unit_test(test_ip_res_m16),
         cmocka_unit_test(test_l2_nores_m9_5), cmocka_unit_test(test_ip_res_nbits1),
