@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import coord_harness as ch  # noqa: E402
 import etcd_harness as eh  # noqa: E402
 import shard_harness as sh  # noqa: E402
+import stream_model as sm  # noqa: E402
 
 D = 16
 N = 600
@@ -53,14 +54,9 @@ def leads(c):
 
 
 def read_all(c, tp, model):
-    ids = sorted(model)
-    got = {}
-    for i in range(0, len(ids), 300):
-        rd = c.stub.ReadIndexDatapoints(tp.ReadIndexDatapointsRequest(ids=ids[i:i + 300]),
-                                        timeout=30)
-        for d in rd.datapoints:
-            got[d.datapoint_id] = np.asarray(d.feature_vector, dtype="float32")
-    bad = [d for d in ids if d not in got or not np.array_equal(got[d], model[d])]
+    """Every id of model reads back from c bit for bit."""
+    got = sm.read_state(c.stub, tp, model)
+    bad = [d for d in sorted(model) if got.get(d) != sm.Rec(d, model[d])]
     assert not bad, "%d ids not read back as written, e.g. %s" % (len(bad), bad[:5])
 
 
