@@ -388,10 +388,12 @@ int main(int argc, char **argv)
         if (!f || fwrite(b.labels, sizeof *b.labels, b.nq * k, f) != b.nq * k || fclose(f))
             die(out, "cannot write");
     }
-    printf("{\"mode\": \"%s\", \"split_bound\": \"%s\", \"inflight\": %zu, \"batch\": %zu, \"nprobe\": %zu, "
+    printf("{\"mode\": \"%s\", \"split_bound\": \"%s\", \"inflight\": %zu, "
+           "\"batch\": %zu, \"nprobe\": %zu, "
            "\"candidates\": %d, \"queries\": %zu, \"calls\": %zu, \"fails\": %zu, "
            "\"qps\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f}\n",
-           mode, b.coord == 3 ? split_bound : "none", threads, batch, b.nprobe, candidates, b.nq, nlat, fails,
+           mode, b.coord == 3 ? split_bound : "none", threads, batch, b.nprobe, candidates,
+           b.nq, nlat, fails,
            b.nq / (wall / 1e6), nlat ? lat[nlat / 2] : 0.0,
            nlat ? lat[(size_t)(0.99 * (double)(nlat - 1))] : 0.0);
     free(lat);
