@@ -244,7 +244,15 @@ def test_two_coordinators(etcd, x, b0, b1, b2):
         wait_leader(tp, cl.stub, cl.target, 10)
         b = coord(cl, os.path.join(cl.root, "coord-b"), etcd, prefix)
         wait_leader(tp, b.stub, cl.target, 10)  # b is a follower naming a
-        st = b.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10)
+        # the members list is the lease thread's read of PREFIX/members/ (every TTL/3); the
+        # leader's name can come first from the watch (a CI run under ASan saw it empty)
+        t0 = time.time()
+        while True:
+            st = b.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10)
+            if sorted(st.coordinators) == sorted([cl.target, b.target]) or \
+                    time.time() - t0 > TTL + 5:
+                break
+            time.sleep(0.05)
         assert sorted(st.coordinators) == sorted([cl.target, b.target]), st
         try:
             b.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=b0), timeout=10)
