@@ -337,7 +337,8 @@ static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *
     tsr_crowd_topk crowd = {0};
     tsr_hit *hits = NULL, *sel = NULL;
     uint32_t *rows = NULL;
-    tsr_ivfpq_scanner *sc = NULL, *own = NULL;
+    tsr_ivfpq_scanner *sc = NULL;
+    tsr__scan_cache own = {0}, *scan = q->scan ? q->scan : &own;
     sink k = {0};
     dfilter df = {q, NULL, NULL, NULL, 0};
     const tsr__delta *dl = tsr__delta_empty(q->delta) ? NULL : q->delta;
@@ -361,20 +362,15 @@ static int dense_part(const tsr__version *v, const tsr__query *q, tsr__qresult *
     }
     if (q->k == 0 || (base_none && dl == NULL))
         goto finish;
-    if (q->scan != NULL && q->scan->ix != ix) {
-        tsr__scan_cache_close(q->scan);
-        if ((q->scan->sc = tsr_ivfpq_scanner_create(ix, TSR_SIMD_AUTO, err)) == NULL) {
+    if (scan->ix != ix) { /* the call's scanner is for another index (or none yet) */
+        tsr__scan_cache_close(scan);
+        if ((scan->sc = tsr_ivfpq_scanner_create(ix, TSR_SIMD_AUTO, err)) == NULL) {
             rc = err ? err->code : TSR_ENOMEM;
             goto out;
         }
-        q->scan->ix = ix;
+        scan->ix = ix;
     }
-    if (q->scan != NULL) {
-        sc = q->scan->sc;
-    } else if ((own = sc = tsr_ivfpq_scanner_create(ix, TSR_SIMD_AUTO, err)) == NULL) {
-        rc = err ? err->code : TSR_ENOMEM;
-        goto out;
-    }
+    sc = scan->sc;
     tsr_ivfpq_scanner_set_query(sc, q->x);
     float thr = INFINITY;
     for (size_t p = 0; p < q->nprobe; p++) {
@@ -461,7 +457,7 @@ nomem:
     rc = tsr_err(err, TSR_ENOMEM, "out of memory for the candidates");
 out:
     dfilter_close(&df);
-    tsr_ivfpq_scanner_destroy(own);
+    tsr__scan_cache_close(&own); /* a query without a call's cache: its own scanner */
     tsr_topk_close(&heap);
     tsr_crowd_topk_close(&crowd);
     free(hits);

@@ -525,6 +525,17 @@ static void crash_point(const char *step)
     tsr_crash_point("TSR_SHARD_CRASH_AT", step);
 }
 
+/* Takes update_mu and checks the sender's leader term under it (shard.h: the check and
+ * the operation are one section). 0 with update_mu held, or the refusal with it released. */
+static int update_lock(tsr__shard *s, int64_t term, tsr_error *err)
+{
+    pthread_mutex_lock(&s->update_mu);
+    int rc = tsr__shard_term_check(s, term, err);
+    if (rc != 0)
+        pthread_mutex_unlock(&s->update_mu);
+    return rc;
+}
+
 int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
                      Tessera__V1__StageResponse *resp, tsr_error *err)
 {
@@ -534,10 +545,10 @@ int tsr__shard_stage(tsr__shard *s, const Tessera__V1__StageRequest *rq,
     int64_t cur = 0;
     if (rq->chunk > 0)
         crash_point("stage"); /* test hook: in the middle of a staging */
-    pthread_mutex_lock(&s->update_mu);
+    if ((rc = update_lock(s, rq->leader_term, err)) != 0)
+        return rc;
     tsr__staging *st = s->staging;
-    if ((rc = tsr__shard_term_check(s, rq->leader_term, err)) != 0 ||
-        (rc = stage_check_version(s, rq, &cur, err)) != 0)
+    if ((rc = stage_check_version(s, rq, &cur, err)) != 0)
         goto out;
     if (st && st->version == rq->version && rq->chunk == st->chunks - 1 && rq->chunk > 0) {
         /* A retry of the last chunk: acknowledged, not applied twice. */
@@ -781,9 +792,8 @@ int tsr__shard_prepare(tsr__shard *s, int64_t term, int64_t version, unsigned cp
     int rc = 0;
     tsr__version *v = NULL;
     tsr__edits e = {0};
-    pthread_mutex_lock(&s->update_mu);
-    if ((rc = tsr__shard_term_check(s, term, err)) != 0)
-        goto out;
+    if ((rc = update_lock(s, term, err)) != 0)
+        return rc;
     pthread_mutex_lock(&s->table_mu);
     tsr__held *h = find_held(s, version);
     if (h) {
@@ -894,9 +904,8 @@ int tsr__shard_commit(tsr__shard *s, int64_t term, int64_t version, tsr_error *e
     crash_point("commit");
     int rc = 0;
     tsr__version *old = NULL;
-    pthread_mutex_lock(&s->update_mu);
-    if ((rc = tsr__shard_term_check(s, term, err)) != 0)
-        goto out;
+    if ((rc = update_lock(s, term, err)) != 0)
+        return rc;
     pthread_mutex_lock(&s->table_mu);
     int64_t cur = s->current->version;
     tsr__held *h = find_held(s, version);
@@ -971,11 +980,8 @@ int tsr__shard_abort(tsr__shard *s, int64_t term, int64_t version, tsr_error *er
 {
     int rc = 0;
     tsr__version *drop = NULL;
-    pthread_mutex_lock(&s->update_mu);
-    if ((rc = tsr__shard_term_check(s, term, err)) != 0) {
-        pthread_mutex_unlock(&s->update_mu);
+    if ((rc = update_lock(s, term, err)) != 0)
         return rc;
-    }
     if (s->staging && s->staging->version == version) {
         staging_free(s->staging);
         s->staging = NULL;
@@ -1013,12 +1019,9 @@ int tsr__shard_abort(tsr__shard *s, int64_t term, int64_t version, tsr_error *er
 int tsr__shard_release(tsr__shard *s, int64_t term, int64_t below, int64_t *versions,
                        size_t cap, size_t *n, tsr_error *err)
 {
-    pthread_mutex_lock(&s->update_mu);
-    int rc = tsr__shard_term_check(s, term, err);
-    if (rc != 0) {
-        pthread_mutex_unlock(&s->update_mu);
+    int rc = update_lock(s, term, err);
+    if (rc != 0)
         return rc;
-    }
     for (;;) {
         tsr__version *drop = NULL;
         pthread_mutex_lock(&s->table_mu);
