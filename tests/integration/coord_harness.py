@@ -104,23 +104,17 @@ class Cluster(Api):
         self.start(env, extra_args=coord_extra)
 
     def start(self, env=None, listen_port=0, extra_args=()):
-        """listen_port 0: a free_port() (so that a restart on self.port finds it free)."""
-        for attempt in range(1 if listen_port else 5):
-            port = listen_port or free_port()
-            argv = [os.path.join(self.bin, "tessera-coordinator"), "--listen",
-                    "127.0.0.1:%d" % port, "--data", os.path.join(self.root, "coordinator"),
-                    "--config", self.config]
-            if self.template:
-                argv += ["--template", self.template]
-            argv += batch_allow_args(self.root)
-            argv += list(extra_args)
-            self.coord = Proc(argv, env)
-            if self.coord.port is not None:
-                break
-            self.coord.proc.kill()
-            if listen_port or attempt == 4 or \
-                    "cannot listen on 127.0.0.1:%d" % port not in self.coord.text():
-                raise RuntimeError("coordinator did not start:\n" + self.coord.text())
+        """listen_port 0: a free_port() (sh.start_listening: so that a restart on self.port
+        finds it free)."""
+        argv = [os.path.join(self.bin, "tessera-coordinator"), "--data",
+                os.path.join(self.root, "coordinator"), "--config", self.config]
+        if self.template:
+            argv += ["--template", self.template]
+        argv += batch_allow_args(self.root)
+        argv += list(extra_args)
+        self.coord = sh.start_listening(
+            lambda p: Proc(argv + ["--listen", "127.0.0.1:%d" % p], env), listen_port,
+            "coordinator")
         import grpc
         self.target = "127.0.0.1:%d" % self.coord.port
         self.channel = grpc.insecure_channel(self.target)

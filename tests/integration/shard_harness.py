@@ -99,6 +99,22 @@ def free_port():
     raise RuntimeError("no free loopback port below %d" % low)
 
 
+def start_listening(start, port=0, what="process"):
+    """start(p) starts a process listening on 127.0.0.1:p and returns its LoggedProc. port 0:
+    on a free_port(), and on another (up to 5 tries) when the start finds that one taken
+    meanwhile; a given port is tried once. Raises RuntimeError with the log when it did not
+    start."""
+    for attempt in range(1 if port else 5):
+        p = port or free_port()
+        lp = start(p)
+        if lp.port is not None:
+            return lp
+        lp.proc.kill()
+        if port or "cannot listen on 127.0.0.1:%d" % p not in lp.text():
+            break
+    raise RuntimeError("%s did not start:\n%s" % (what, lp.text()))
+
+
 def free_range(n):
     """A port p such that p..p+n are all free on loopback now, below the ephemeral range (a
     local cluster: coordinator p, shards p+1..p+n)."""
@@ -157,20 +173,18 @@ class LoggedProc:
 
 class Shard(LoggedProc):
     def __init__(self, data, extra=(), env=None, bin_dir=None):
-        """Listens on a free_port() (so that a restart on the same address finds it free)
-        unless extra has its own --listen."""
+        """Listens on a free_port() (start_listening: so that a restart on the same address
+        finds it free) unless extra has its own --listen."""
         self.data = data
-        own = "--listen" in extra
-        for attempt in range(1 if own else 5):
-            port = None if own else free_port()
-            listen = [] if own else ["--listen", "127.0.0.1:%d" % port]
-            super().__init__([os.path.join(bin_dir or BIN, "tessera-shard")] + listen +
-                             ["--data", data] + list(extra), env)
-            if self.port is not None:
-                break
-            self.proc.kill()
-            if own or attempt == 4 or "cannot listen on 127.0.0.1:%d" % port not in self.text():
-                raise RuntimeError("shard did not start:\n" + "\n".join(self.log))
+        argv = [os.path.join(bin_dir or BIN, "tessera-shard"), "--data", data] + list(extra)
+        if "--listen" in extra:
+            LoggedProc.__init__(self, argv, env)
+            if self.port is None:
+                self.proc.kill()
+                raise RuntimeError("shard did not start:\n" + self.text())
+        else:
+            start_listening(lambda p: LoggedProc.__init__(
+                self, argv + ["--listen", "127.0.0.1:%d" % p], env) or self, what="shard")
         self.target = "127.0.0.1:%d" % self.port
         import grpc
         self.channel = grpc.insecure_channel(self.target)

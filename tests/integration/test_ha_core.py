@@ -138,15 +138,20 @@ def update(tp, stub, root, timeout=120):
         time.sleep(0.05)
 
 
-def wait_leader(tp, stub, want, timeout):
-    """Polls GetIndexStats until it names `want` as leader; returns the seconds waited."""
+def wait_stats(tp, stub, ok, timeout):
+    """Polls GetIndexStats until ok(stats); returns (stats, the seconds waited)."""
     t0 = time.time()
     while True:
         st = stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10)
-        if st.leader == want:
-            return time.time() - t0
-        assert time.time() - t0 < timeout, "leader %r, want %r" % (st.leader, want)
+        if ok(st):
+            return st, time.time() - t0
+        assert time.time() - t0 < timeout, st
         time.sleep(0.05)
+
+
+def wait_leader(tp, stub, want, timeout):
+    """Polls GetIndexStats until it names `want` as leader; returns the seconds waited."""
+    return wait_stats(tp, stub, lambda st: st.leader == want, timeout)[1]
 
 
 def shard_versions(cl):
@@ -246,14 +251,8 @@ def test_two_coordinators(etcd, x, b0, b1, b2):
         wait_leader(tp, b.stub, cl.target, 10)  # b is a follower naming a
         # the members list is the lease thread's read of PREFIX/members/ (every TTL/3); the
         # leader's name can come first from the watch (a CI run under ASan saw it empty)
-        t0 = time.time()
-        while True:
-            st = b.stub.GetIndexStats(tp.GetIndexStatsRequest(), timeout=10)
-            if sorted(st.coordinators) == sorted([cl.target, b.target]) or \
-                    time.time() - t0 > TTL + 5:
-                break
-            time.sleep(0.05)
-        assert sorted(st.coordinators) == sorted([cl.target, b.target]), st
+        wait_stats(tp, b.stub, lambda st: sorted(st.coordinators) ==
+                   sorted([cl.target, b.target]), TTL + 5)
         try:
             b.stub.UpdateIndex(tp.UpdateIndexRequest(batch_root=b0), timeout=10)
             raise AssertionError("a follower accepted UpdateIndex")
