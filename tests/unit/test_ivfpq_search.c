@@ -617,6 +617,59 @@ static void test_bounds(void **st)
     bounds_case(32, 8, TSR_METRIC_IP, 1);
 }
 
+/* bounds with an IwQR refine: refused (they bound the PQ scan, whose k * k_factor results
+ * the refine re-ranks, so a bound on the k-th would drop candidates the refine needs), with
+ * a message, and nothing is written; with no_refine (the PQ scan alone) they apply as on
+ * any index. */
+static void test_bounds_refine(void **st)
+{
+    (void)st;
+    const size_t k = 10, nq = 20, nb = 2000, d = 16;
+    fixture f = make((int)d, 16, 4, 8, TSR_METRIC_L2, 1, nb, nq);
+    tsr_error err = TSR_ERROR_INIT;
+    unsigned s = 7;
+    f.ix->is_refine = 1;
+    f.ix->k_factor = 4.0f;
+    assert_int_equal(tsr_pq_init(&f.ix->refine_pq, d, 4, 8, &err), 0);
+    for (size_t i = 0; i < d * 256; i++)
+        f.ix->refine_pq.centroids[i] = frand(&s);
+    f.ix->refine_codes_n = (3 * nb + 1) * f.ix->refine_pq.code_size; /* labels 3i + 1 */
+    f.ix->refine_codes = malloc(f.ix->refine_codes_n);
+    for (size_t i = 0; i < f.ix->refine_codes_n; i++)
+        f.ix->refine_codes[i] = (uint8_t)(i * 31 + 7);
+    float *D0 = malloc(nq * k * sizeof(float)), *D = malloc(nq * k * sizeof(float));
+    int64_t *I0 = malloc(nq * k * sizeof(int64_t)), *I = malloc(nq * k * sizeof(int64_t));
+    float *b = malloc(nq * sizeof(float));
+    tsr_ivfpq_search_opts o;
+    tsr_ivfpq_search_opts_init(&o);
+    o.nprobe = 8;
+    assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D, I, &err), 0); /* refined */
+    o.no_refine = 1;
+    assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D0, I0, &err), 0);
+    for (size_t q = 0; q < nq; q++)
+        b[q] = D0[q * k + k - 1];
+    o.bounds = b;
+    o.no_refine = 0;
+    memset(D, 0x5a, nq * k * sizeof(float));
+    memset(I, 0x5a, nq * k * sizeof(int64_t));
+    assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D, I, &err), TSR_EINVAL);
+    assert_non_null(strstr(err.msg, "IwQR"));
+    for (size_t i = 0; i < nq * k * sizeof(float); i++)
+        assert_int_equal(((const uint8_t *)D)[i], 0x5a);
+    for (size_t i = 0; i < nq * k * sizeof(int64_t); i++)
+        assert_int_equal(((const uint8_t *)I)[i], 0x5a);
+    o.no_refine = 1;
+    assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D, I, &err), 0);
+    assert_memory_equal(I, I0, nq * k * sizeof *I);
+    assert_memory_equal(D, D0, nq * k * sizeof *D);
+    free(D0);
+    free(D);
+    free(I0);
+    free(I);
+    free(b);
+    fixture_free(&f);
+}
+
 static void test_l2_res_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_L2, 1); }
 static void test_l2_nores_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_L2, 0); }
 static void test_ip_res_8(void **st) { (void)st; run_variant(16, 4, 8, TSR_METRIC_IP, 1); }
@@ -697,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_l2_res_8),      cmocka_unit_test(test_l2_nores_8),
         cmocka_unit_test(test_ip_res_8),      cmocka_unit_test(test_ip_nores_8),
         cmocka_unit_test(test_filter),        cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_bounds_refine),
         cmocka_unit_test(test_l2_res_4),      cmocka_unit_test(test_ip_nores_4),
         cmocka_unit_test(test_l2_res_m6),     cmocka_unit_test(test_ip_res_m16),
         cmocka_unit_test(test_l2_nores_m9_5), cmocka_unit_test(test_ip_res_nbits1),
