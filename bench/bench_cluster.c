@@ -24,13 +24,16 @@
  *           not counted: "first" the k-th of its nearest list alone (what a first round
  *           to one shard would learn), "oracle" the k-th of the whole search (the most a
  *           bound can give). The labels do not change.
- * A warm-up pass (--warmup queries, same loop) comes first. The labels (nq * k int64,
- * -1 padded) go to --out for the driver's recall. Prints one JSON object.
+ * A warm-up pass (--warmup queries, same loop) comes first; the timed pass runs the query
+ * set --repeat times (for a profile or a steadier figure: the labels are the last round's).
+ * The labels (nq * k int64, -1 padded) go to --out for the driver's recall. Prints one
+ * JSON object.
  *
  * usage: bench_cluster --mode coord|inproc|ping|split --index F.faiss --queries Q.fvecs
  *                      [--target ADDR] [--nprobe P] [--k K] [--inflight T] [--batch B]
  *                      [--candidates C (-1 = the coordinator's default)] [--nq N]
- *                      [--warmup W] [--out LABELS] [--split S (split mode, 1..16)]
+ *                      [--repeat R (1..1000)] [--warmup W] [--out LABELS]
+ *                      [--split S (split mode, 1..16)]
  *                      [--split-bound none|first|oracle (split mode)]
  */
 #include <pthread.h>
@@ -288,7 +291,7 @@ static double pass(bench *b, size_t limit, size_t threads, double **lat, size_t 
 int main(int argc, char **argv)
 {
     const char *mode = NULL, *target = NULL, *index = NULL, *queries = NULL, *out = NULL;
-    size_t nprobe = 16, k = 10, threads = 1, batch = 1, nq = 0, warmup = 200;
+    size_t nprobe = 16, k = 10, threads = 1, batch = 1, nq = 0, warmup = 200, repeat = 1;
     size_t split = 4;
     const char *split_bound = "none";
     int candidates = -1;
@@ -297,7 +300,8 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--help")) {
             printf("usage: bench_cluster --mode coord|inproc|ping|split --index F --queries Q "
                    "[--target A] [--nprobe P] [--k K<=100] [--inflight T<=64] "
-                   "[--batch B<=256] [--candidates C] [--nq N] [--warmup W] [--out F] "
+                   "[--batch B<=256] [--candidates C] [--nq N] [--repeat R<=1000] [--warmup W] "
+                   "[--out F] "
                    "[--split S<=16] [--split-bound none|first|oracle]\n");
             return 0;
         }
@@ -315,6 +319,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--batch")) batch = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--candidates")) candidates = atoi(v);
         else if (!strcmp(a, "--nq")) nq = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--repeat")) repeat = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--warmup")) warmup = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--split")) split = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--split-bound")) split_bound = v;
@@ -323,9 +328,10 @@ int main(int argc, char **argv)
     int local = mode && (!strcmp(mode, "inproc") || !strcmp(mode, "split"));
     if (!mode || (!local && strcmp(mode, "coord") && strcmp(mode, "ping")) || !index ||
         !queries || (!local && !target) || k < 1 || k > 100 || threads < 1 ||
-        threads > MAX_THREADS || batch < 1 || batch > MAX_BATCH || nprobe < 1 || split < 1 ||
-        split > MAX_SPLIT || (strcmp(split_bound, "none") && strcmp(split_bound, "first") &&
-                              strcmp(split_bound, "oracle")))
+        threads > MAX_THREADS || repeat < 1 || repeat > 1000 || batch < 1 || batch > MAX_BATCH ||
+        nprobe < 1 || split < 1 || split > MAX_SPLIT ||
+        (strcmp(split_bound, "none") && strcmp(split_bound, "first") &&
+         strcmp(split_bound, "oracle")))
         die("usage", "see --help");
     tsr_blas_set_threads(1);
     tsr_error err = TSR_ERROR_INIT;
@@ -382,7 +388,7 @@ int main(int argc, char **argv)
         pass(&b, warmup, threads, &lat, &nlat, &wfails);
         free(lat);
     }
-    double wall = pass(&b, b.nq, threads, &lat, &nlat, &fails);
+    double wall = pass(&b, b.nq * repeat, threads, &lat, &nlat, &fails);
     if (out && b.coord != 2) { /* ping: no labels */
         FILE *f = fopen(out, "wb");
         if (!f || fwrite(b.labels, sizeof *b.labels, b.nq * k, f) != b.nq * k || fclose(f))
@@ -393,8 +399,8 @@ int main(int argc, char **argv)
            "\"candidates\": %d, \"queries\": %zu, \"calls\": %zu, \"fails\": %zu, "
            "\"qps\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f}\n",
            mode, b.coord == 3 ? split_bound : "none", threads, batch, b.nprobe, candidates,
-           b.nq, nlat, fails,
-           b.nq / (wall / 1e6), nlat ? lat[nlat / 2] : 0.0,
+           b.nq * repeat, nlat, fails,
+           b.nq * repeat / (wall / 1e6), nlat ? lat[nlat / 2] : 0.0,
            nlat ? lat[(size_t)(0.99 * (double)(nlat - 1))] : 0.0);
     free(lat);
     free(b.labels);

@@ -32,6 +32,10 @@ cores, the clients included, so "in flight" beyond 2 measures queueing, not more
 
 Env: BENCH_N, BENCH_NLIST, BENCH_NQ (2000), BENCH_OUT, BENCH_CLUSTER_NPROBES ("16,64"),
 BENCH_CLUSTER_INFLIGHT ("1,4,16"), BENCH_CLUSTER_BATCHES ("1,32"), BENCH_CLUSTER_CLIENT, TSR_BIN,
+BENCH_CLUSTER_MIN_CALLS (20): every timed pass repeats the query set until each client thread
+(or Faiss process) makes at least this many calls (2,000 queries in batches of 32 at 16 in
+flight are ~4 calls each: the ramp-up and the drain were half the pass, and the cluster's
+pipeline suffered more from them than the engines);
 BENCH_CLUSTER_RUNS (1): the measurement repeated on the one loaded cluster, a table per run;
 BENCH_CLUSTER_COALESCE ("2,0"): the coordinator's coalesce_inflight for the cluster column
 (the first) and for an A/B column beside it (the others; the coordinator restarts between
@@ -67,6 +71,12 @@ PLAN = os.environ.get("BENCH_CLUSTER_PLAN", "balanced")
 CLIENT = os.environ.get("BENCH_CLUSTER_CLIENT",
                         os.path.join(ROOT, "build", "release", "bench", "bench_cluster"))
 K = bs.K
+MIN_CALLS = int(os.environ.get("BENCH_CLUSTER_MIN_CALLS", 20))
+
+
+def repeat(inflight, batch):
+    """Rounds of the query set per timed pass: >= MIN_CALLS calls per client thread."""
+    return max(1, -(-MIN_CALLS * inflight * batch // bs.NQ))
 
 
 def log(*a):
@@ -123,7 +133,8 @@ def c_client(mode, ix_p, xq_p, nprobe, inflight, batch, target=None, candidates=
     out = os.path.join(bs.OUT, "cluster_labels.bin")
     argv = [CLIENT, "--mode", mode, "--index", ix_p, "--queries", xq_p, "--nprobe",
             str(nprobe), "--k", str(K), "--inflight", str(inflight), "--batch", str(batch),
-            "--out", out, "--warmup", str(max(200, 4 * inflight * batch))]
+            "--out", out, "--warmup", str(max(200, 4 * inflight * batch)),
+            "--repeat", str(repeat(inflight, batch))]
     if target:
         argv += ["--target", target, "--candidates", str(candidates)]
     if mode == "split":
@@ -141,17 +152,18 @@ _FZ = {}
 
 
 def _faiss_part(args):
-    lo, hi, batch, start = args
+    lo, hi, batch, start, rounds = args
     ix, xq = _FZ["ix"], _FZ["xq"]
     while time.time() < start:
         time.sleep(0.0005)
     lat, out = [], np.empty((hi - lo, K), dtype="int64")
-    for i in range(lo, hi, batch):
-        j = min(hi, i + batch)
-        t0 = time.perf_counter()
-        _, I = ix.search(xq[i:j], K)
-        lat.append((time.perf_counter() - t0) * 1e6)
-        out[i - lo:j - lo] = I
+    for _ in range(rounds):
+        for i in range(lo, hi, batch):
+            j = min(hi, i + batch)
+            t0 = time.perf_counter()
+            _, I = ix.search(xq[i:j], K)
+            lat.append((time.perf_counter() - t0) * 1e6)
+            out[i - lo:j - lo] = I
     return lat, out, time.time()
 
 
@@ -161,13 +173,14 @@ def faiss_run(ix, xq, nprobe, inflight, batch):
     n = len(xq)
     ctx = mp.get_context("fork")
     with ctx.Pool(inflight) as pool:
-        pool.map(_faiss_part, [(0, min(n, 200), batch, 0)] * inflight)  # warm-up
+        pool.map(_faiss_part, [(0, min(n, 200), batch, 0, 1)] * inflight)  # warm-up
         start = time.time() + 0.3
-        parts = pool.map(_faiss_part, [(n * t // inflight, n * (t + 1) // inflight, batch, start)
-                                       for t in range(inflight)])
+        rounds = repeat(inflight, batch)
+        parts = pool.map(_faiss_part, [(n * t // inflight, n * (t + 1) // inflight, batch, start,
+                                        rounds) for t in range(inflight)])
     lat = np.sort(np.concatenate([np.asarray(p[0]) for p in parts]))
     wall = max(p[2] for p in parts) - start
-    return {"qps": n / wall, "p50_us": float(lat[len(lat) // 2]),
+    return {"qps": n * rounds / wall, "p50_us": float(lat[len(lat) // 2]),
             "p99_us": float(lat[int(0.99 * (len(lat) - 1))]),
             "I": np.concatenate([p[1] for p in parts])}
 
@@ -273,9 +286,11 @@ def report(run, n, t_start, load0):
     rows, t_run, l_run, l_end = run
     print()
     print("Run %d of %d. Cluster throughput: %d x %d (bench_search %s data), IVF%d / PQ%d x 8, L2; "
-          "%d queries, k=%d; coordinator + 4 shards (%s plan) + clients on this machine's 2 cores; "
+          "%d queries (repeated to >= %d calls per client thread), k=%d; coordinator + 4 shards "
+          "(%s plan) + clients on this machine's 2 cores; "
           "started %s UTC (load %.1f), this run %s UTC, load %.1f at its start, %.1f at its end"
-          % (n, RUNS, bs.N, bs.D, bs.GEN, bs.NLIST, bs.M, bs.NQ, K, PLAN, t_start, load0, t_run,
+          % (n, RUNS, bs.N, bs.D, bs.GEN, bs.NLIST, bs.M, bs.NQ, MIN_CALLS, K, PLAN, t_start,
+             load0, t_run,
              l_run, l_end))
     if COALESCE:
         print("cluster = coalesce_inflight %d; %s" % (COALESCE[0], "; ".join(
