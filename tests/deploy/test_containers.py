@@ -33,7 +33,6 @@ TSR_BIN (host binaries, default bin/), TSR_DEPLOY_KEEP=1 keeps everything for a 
 """
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -47,6 +46,8 @@ import urllib.request
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BIN = os.environ.get("TSR_BIN", os.path.join(ROOT, "bin"))
 K8S = os.path.join(ROOT, "deploy", "k8s")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from ports import free_port  # noqa: E402  (below the ephemeral range: tests/ports.py)
 SHARDS = 4
 DIMS = 64
 N = 6000
@@ -77,37 +78,6 @@ def sh(*args, check=True, timeout=120):
 
 def podman(*args, **kw):
     return sh("nice", "-n", "10", "podman", *args, **kw)
-
-
-_handed_out = set()
-
-
-def free_port():
-    """A loopback port free now, never one this run handed out before, and below the kernel's
-    ephemeral range (ip_local_port_range), so neither a second call nor an outgoing connection
-    of podman or of this test can take it between this check and the container's bind. (A CI
-    run once failed when kube play published two containers on the same closed-then-reused
-    ephemeral port: "bind: address already in use".)"""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    low = max(low, 12000)
-    for _ in range(1000):
-        port = random.randrange(10000, low)
-        if port in _handed_out:
-            continue
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            s.close()
-        _handed_out.add(port)
-        return port
-    raise RuntimeError("no free loopback port below %d" % low)
 
 
 PEER_TOKEN = "/run/secrets/tessera/peer-token"  # as in deploy/k8s (the Secret's mount)

@@ -10,11 +10,9 @@
 """
 import atexit
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +20,8 @@ import threading
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from ports import free_port, free_range  # noqa: E402,F401  (the harness's users call sh.free_*)
 BIN = os.environ.get("TSR_BIN", os.path.join(ROOT, "bin"))
 
 _stub_dir = None
@@ -59,46 +59,6 @@ def stubs():
     return shard_pb2, shard_pb2_grpc, tessera_pb2, health_pb2, health_pb2_grpc
 
 
-_handed_out = set()
-_rng = random.Random()  # its own: a test's random.seed() neither fixes nor shifts ports
-
-
-def _ephemeral_low():
-    """The low end of the kernel's ephemeral range (outgoing connections take ports from
-    there)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return max(int(f.read().split()[0]), 12000)
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(port):
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
-def free_port():
-    """A loopback TCP port free now, never one this process handed out before, and below the
-    kernel's ephemeral range, so an outgoing connection cannot take it between this check and
-    a later bind (a restart on the same port, a metrics listener). A port from bind(0) is in
-    that range: a CI run once failed when a coordinator restarted on such a port and found
-    it taken ("metrics listener: cannot listen on ...: address already in use")."""
-    low = _ephemeral_low()
-    for _ in range(2000):
-        port = _rng.randrange(10000, low)
-        if port not in _handed_out and _bindable(port):
-            _handed_out.add(port)
-            return port
-    raise RuntimeError("no free loopback port below %d" % low)
-
-
 def start_listening(start, port=0, what="process"):
     """start(p) starts a process listening on 127.0.0.1:p and returns its LoggedProc. port 0:
     on a free_port(), and on another (up to 5 tries) when the start finds that one taken
@@ -113,19 +73,6 @@ def start_listening(start, port=0, what="process"):
         if port or "cannot listen on 127.0.0.1:%d" % p not in lp.text():
             break
     raise RuntimeError("%s did not start:\n%s" % (what, lp.text()))
-
-
-def free_range(n):
-    """A port p such that p..p+n are all free on loopback now, below the ephemeral range (a
-    local cluster: coordinator p, shards p+1..p+n)."""
-    low = _ephemeral_low()
-    for _ in range(500):
-        p = _rng.randrange(10000, low - n - 1)
-        ports = range(p, p + n + 1)
-        if not _handed_out.intersection(ports) and all(_bindable(q) for q in ports):
-            _handed_out.update(ports)
-            return p
-    raise RuntimeError("no free port range below %d" % low)
 
 
 def bins():
