@@ -557,6 +557,33 @@ static void test_filter(void **st)
     filter_case(18, 9, TSR_METRIC_L2, 1);
 }
 
+/* Answers of nq queries (a reference D0/I0 and one under test D/I) and nq bounds. */
+typedef struct answers {
+    float *D0, *D, *b;
+    int64_t *I0, *I;
+} answers;
+
+/* ... and the options of the bounds tests (nprobe 8) into *o. */
+static answers answers_new(size_t nq, size_t k, tsr_ivfpq_search_opts *o)
+{
+    answers a = {malloc(nq * k * sizeof(float)), malloc(nq * k * sizeof(float)),
+                 malloc(nq * sizeof(float)), malloc(nq * k * sizeof(int64_t)),
+                 malloc(nq * k * sizeof(int64_t))};
+    assert_true(a.D0 && a.D && a.b && a.I0 && a.I);
+    tsr_ivfpq_search_opts_init(o);
+    o->nprobe = 8;
+    return a;
+}
+
+static void answers_free(answers *a)
+{
+    free(a->D0);
+    free(a->D);
+    free(a->b);
+    free(a->I0);
+    free(a->I);
+}
+
 /* opts.bounds: with each query's own k-th result as its bound the answer is the same bytes;
  * with its 5th, exactly the results within it (the same ones, in the same places) and
  * empty slots after; NaN is no bound. With the prefilter (dsub = 1 and 4) and without. */
@@ -566,12 +593,10 @@ static void bounds_case(int d, size_t M, enum tsr_metric metric, int by_residual
     fixture f = make(d, nlist, M, 8, metric, by_residual, 3000, nq);
     tsr_error err = TSR_ERROR_INIT;
     int ip = metric == TSR_METRIC_IP;
-    float *D0 = malloc(nq * k * sizeof(float)), *D = malloc(nq * k * sizeof(float));
-    int64_t *I0 = malloc(nq * k * sizeof(int64_t)), *I = malloc(nq * k * sizeof(int64_t));
-    float *b = malloc(nq * sizeof(float));
     tsr_ivfpq_search_opts o;
-    tsr_ivfpq_search_opts_init(&o);
-    o.nprobe = 8;
+    answers a = answers_new(nq, k, &o);
+    float *D0 = a.D0, *D = a.D, *b = a.b;
+    int64_t *I0 = a.I0, *I = a.I;
     assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D0, I0, &err), 0);
     o.bounds = b;
     for (size_t q = 0; q < nq; q++)
@@ -600,11 +625,7 @@ static void bounds_case(int d, size_t M, enum tsr_metric metric, int by_residual
             }
         }
     assert_true(kept >= 5 * nq);
-    free(D0);
-    free(D);
-    free(I0);
-    free(I);
-    free(b);
+    answers_free(&a);
     fixture_free(&f);
 }
 
@@ -637,12 +658,10 @@ static void test_bounds_refine(void **st)
     f.ix->refine_codes = malloc(f.ix->refine_codes_n);
     for (size_t i = 0; i < f.ix->refine_codes_n; i++)
         f.ix->refine_codes[i] = (uint8_t)(i * 31 + 7);
-    float *D0 = malloc(nq * k * sizeof(float)), *D = malloc(nq * k * sizeof(float));
-    int64_t *I0 = malloc(nq * k * sizeof(int64_t)), *I = malloc(nq * k * sizeof(int64_t));
-    float *b = malloc(nq * sizeof(float));
     tsr_ivfpq_search_opts o;
-    tsr_ivfpq_search_opts_init(&o);
-    o.nprobe = 8;
+    answers a = answers_new(nq, k, &o);
+    float *D0 = a.D0, *D = a.D, *b = a.b;
+    int64_t *I0 = a.I0, *I = a.I;
     assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D, I, &err), 0); /* refined */
     o.no_refine = 1;
     assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D0, I0, &err), 0);
@@ -662,11 +681,7 @@ static void test_bounds_refine(void **st)
     assert_int_equal(tsr_ivfpq_search(f.ix, nq, f.xq, k, &o, D, I, &err), 0);
     assert_memory_equal(I, I0, nq * k * sizeof *I);
     assert_memory_equal(D, D0, nq * k * sizeof *D);
-    free(D0);
-    free(D);
-    free(I0);
-    free(I);
-    free(b);
+    answers_free(&a);
     fixture_free(&f);
 }
 
