@@ -14,57 +14,64 @@
  *   leader.h     leadership: election, term, refusing writes on a follower, read index
  *   update.h     new versions: update, fold, reshard moves, reconcile
  *   query.h      the read path shared by the front ends
- *   frontend.h   the RPC handlers (tessera.v1, Vertex container.v1, aiplatform.v1)
+ *   frontend/    the RPC handlers (tessera.v1, Vertex container.v1, aiplatform.v1),
+ *                adapters over the subsystems (frontend/frontend.h)
  *
- * Files:
+ * Files (by subsystem):
  *
- *   config.c     the JSON config (jansson), defaults, validation
- *   state.c      immutable version snapshots: template, partition plan, id directory;
- *                their on-disk form (common/store/store) and the plan builders
+ *   config.c     the JSON config (jansson), defaults, validation; the test hooks
+ *   state.c      snapshots: template, partition plan, id directory, their on-disk form
+ *                (common/store/store), the plan builders; the served snapshot; the leader
+ *                accessors (leading, term, refusing a follower's writes)
+ *   stream_dir.c the overlay's application to a directory (an update's base view, a fold)
  *   update_plan.c  an update's shard-free half: template, assignment, plan, directory,
  *                per-group work
- *   update.c     UpdateIndex: background two-phase update (its shard phases), GetOperation;
- *                AddShardGroup / RemoveShardGroup run the same phases (docs/resharding.md)
+ *   txn.c        the version transaction: stage, prepare, catch-up, flip, commit, abort
+ *   update.c     UpdateIndex and the background fold, planners on txn.c
+ *   reshard_move.c  AddShardGroup / RemoveShardGroup moves, planners on txn.c
  *   reshard.c    a move's plan: the balance rule, the moved records read from old owners
  *   reshard_carry.c  a move's catch-up: the rounds streamed during it, re-routed by the
  *                new plan, written to the prepared new version before the flip
- *   oplog.c      operations: their records on disk (survive a restart), free, to protobuf
- *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge);
- *                errors are tsr_error, mapped to a gRPC status in the handlers only
- *   vertex.c     the Vertex MatchService front end on the query path
- *                (google.cloud.aiplatform.container.v1, private endpoints)
- *   vertex_v1.c  google.cloud.aiplatform.v1.MatchService (the official clients' API) on
- *                the query path; IndexService's other methods answer UNIMPLEMENTED
- *   vertex_v1_index.c  google.cloud.aiplatform.v1.IndexService GetIndex, UpdateIndex and
- *                google.longrunning.Operations/GetOperation on the update path;
- *                UpsertDatapoints and RemoveDatapoints on the streamed-write path
- *   stream.c     streamed writes (UpsertDatapoints, RemoveDatapoints): validation, the
- *                queue, the writer thread's rounds, the overlay directory, catch-up of
- *                replicas that missed writes, the hooks of updates (docs/streaming.md)
+ *   oplog.c      operations: their records on disk or in etcd, free, to protobuf, lookup
+ *   query.c      FindNeighbors: coarse step, fan-out, merge (blocking and async forms);
+ *                errors are tsr_error, mapped to a gRPC status by the front ends
+ *   query_read.c ReadIndexDatapoints
+ *   arena.c      one request's allocations, freed together
+ *   stream.c     the streamed writes' overlay, the version log's header, publication
+ *   stream_write.c  the write queue and the writer thread's rounds
+ *   stream_recover.c  catch-up of replicas, the log's replay at start, adoption, following
  *   stream_log.c the coordinator log's files: framing, append + fsync, scan
+ *   stream_ha.c  with --etcd: the coordinator log mirrored in etcd, restored by a new leader
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
  *                all-replica fan-outs; the coordinator's /metrics collector
+ *   coalesce.c   concurrent FindNeighbors share shard calls
  *   meta.c       the metadata backend: local folder or etcd (PREFIX/version, the version's
  *                files in chunks); the commit point of an update with --etcd (meta.h)
+ *   dirshard.c   the id directory rebuilt from the shards (Shard.List; dirshard.h)
  *   leader.c     with --etcd: lease, member key, election of the leader, stepping down,
  *                following PREFIX/version and the mirrored stream (followers)
- *   stream_ha.c  with --etcd: the coordinator log mirrored in etcd, restored by a new leader
+ *   readidx.c    a follower's read index (read-your-writes on every coordinator)
+ *   frontend/    tessera_v1.c (tessera.v1 Coordinator), vertex.c (Vertex private
+ *                MatchService), vertex_v1.c / vertex_v1_index.c (aiplatform.v1)
  *   main.c       command line, server, signals
  *
  * Calls run one way (tests/tools/callgraph.py coordinator derives this from the objects and
- * fails on a loop): config, meta, state, stream_log call no other file of the folder;
- * oplog -> meta; leader -> meta, oplog, replica, state, stream;
- * replica -> config, state; stream -> replica, state, stream_ha, stream_log, update_plan;
- * stream_ha -> meta, state, stream_log; reconcile -> replica, state, stream;
- * query -> config, leader, replica, state, stream; update_plan -> config, state;
- * update -> leader, meta, oplog, reconcile, replica, reshard, reshard_carry, state, stream,
- * update_plan; reshard -> config, replica, state, stream, update_plan;
- * reshard_carry -> replica, state, stream_log, update_plan;
- * vertex -> query; vertex_v1 -> vertex, query; vertex_v1_index -> config, oplog, update,
- * state, stream, vertex, vertex_v1;
- * main -> all of them, and nothing calls main.c. Everything but main.c is
- * libtsr_coord.a (mk/coordinator.mk), which the test_coord_* unit tests link.
+ * fails on a loop; `make check-layers` prints nothing when it holds). Bottom-up: arena,
+ * config, state, stream_log call no other file of the folder; replica -> config, state;
+ * coalesce -> replica; dirshard -> config, replica, state; meta -> dirshard;
+ * oplog -> meta; stream_ha -> config, meta, state, stream_log;
+ * stream -> state, stream_ha, stream_log; stream_recover -> stream and below;
+ * stream_write -> stream, stream_recover, replica, update_plan and below;
+ * leader -> dirshard, meta, oplog, replica, state, stream, stream_recover;
+ * reconcile -> replica, state, stream, stream_dir, stream_recover;
+ * reshard, reshard_carry -> replica, state, stream, stream_log, update_plan;
+ * txn -> leader, meta, oplog, reconcile, replica, reshard, reshard_carry, state, stream,
+ * stream_dir, update_plan; update, reshard_move -> txn and below;
+ * query, query_read -> arena, coalesce, readidx, replica, state, stream;
+ * main -> all of them, and nothing calls main.c. frontend/ calls into the folder and
+ * nothing in it calls frontend/ but main.c. Everything but main.c is libtsr_coord.a
+ * (mk/coordinator.mk), which the test_coord_* unit tests link.
  *
  * DESIGN (threads): queries run on the rpc worker pool (TSR_RPC_LONG) and read one
  * refcounted, immutable tsr__snap taken with tsr__coord_snap_get (snap_mu is held only to
@@ -108,7 +115,6 @@
 #include "leader.h"
 #include "update.h"
 #include "query.h"
-#include "frontend.h"
 
 /* ---- the coordinator --------------------------------------------------------------- */
 typedef struct tsr__coord {

@@ -23,6 +23,7 @@
 #include "core/clock.h"
 #include "core/cmdline.h"
 #include "coord.h"
+#include "frontend/frontend.h"
 #include "dirshard.h"
 #include "meta.h"
 #include "net/metrics_http.h"

@@ -30,6 +30,12 @@ int tsr__coord_find_neighbors(tsr__coord *c, const Tessera__V1__FindNeighborsReq
                               int64_t remaining_ms, Tessera__V1__FindNeighborsResponse **out,
                               tsr_error *err);
 void tsr__coord_response_free(Tessera__V1__FindNeighborsResponse *r);
+/* The same without blocking, from inside an rpc handler (tessera.v1 FindNeighbors): rq
+ * (taken: freed when answered) is planned here, its shard calls go out on the server's
+ * queue (tsr__coord_group_fanout_async, or the coalescer) and the merge and the reply run
+ * on the polling thread that sees the last one. Returns the handler's return value. */
+int tsr__coord_find_neighbors_reply(tsr__coord *c, Tessera__V1__FindNeighborsRequest *rq,
+                                    tsr_rpc_reply *r);
 
 /* ReadIndexDatapoints, reusable likewise (Vertex BatchGetEmbeddings and embedding_id): the
  * stored datapoints of ids (borrowed) on one snapshot, within remaining_ms. On success *out

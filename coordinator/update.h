@@ -80,4 +80,15 @@ void tsr__coord_reconcile_stop(tsr__coord *c);
 int tsr__coord_reconcile_once(tsr__coord *c);
 void tsr__coord_schedule_release(tsr__coord *c, uint64_t below);
 
+/* Starts a move on the update thread (one operation at a time). addrs (borrowed, n > 0):
+ * add a group; else remove group rm. Returns 0 with the op id and the group in *group, or a
+ * negative code with the status set on r. */
+int tsr__reshard_start(tsr__coord *c, char *const *addrs, size_t n, int64_t rm,
+                       uint32_t *group, char *id, size_t cap, tsr_rpc_reply *r);
+/* UpdateIndex with fold_stream: the background fold's update, on demand (the same op,
+ * counted in tessera_stream_folds_total). Returns 0 or a negative code with the status
+ * set on r. */
+int tsr__coord_fold_request(tsr__coord *c, const Tessera__V1__UpdateIndexRequest *rq, char *id,
+                            size_t cap, tsr_rpc_reply *r);
+
 #endif

@@ -1,9 +1,10 @@
 /*
  * frontend — the RPC handlers of the coordinator's services, adapters over the subsystems:
- * tessera.v1.Coordinator (query.c, update.c, stream.c), the Vertex private MatchService
+ * tessera.v1.Coordinator (tessera_v1.c), the Vertex private MatchService
  * (google.cloud.aiplatform.container.v1, vertex.c), google.cloud.aiplatform.v1
  * MatchService and IndexService and google.longrunning.Operations (vertex_v1.c,
- * vertex_v1_index.c). main.c registers them; nothing else calls them.
+ * vertex_v1_index.c). main.c registers them; nothing else calls them. They include the
+ * coordinator's headers as their own (-Icoordinator, mk/coordinator.mk).
  */
 #ifndef TSR_COORD_FRONTEND_H
 #define TSR_COORD_FRONTEND_H
