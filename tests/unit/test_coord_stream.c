@@ -1,6 +1,6 @@
 /*
  * test_coord_stream — the coordinator's streamed-write state without a server
- * (coordinator/stream.c, stream_log.c): a log written round by round is replayed at start
+ * (coordinator/stream.c, stream_write.c, stream_recover.c, stream_log.c): a log written round by round is replayed at start
  * into the overlay (a moved id on its new group with its new label, a removed id a
  * tombstone, a new id), the label counter, the next seq and each group's last seq; reads
  * resolve through the overlay, counts include it, an update's base view is the directory
