@@ -135,9 +135,24 @@ def check_answers(coords, tp, data, when):
           "coordinator(s)" % (when, len(data.qd), len(data.qs), len(data.qd), len(coords)))
 
 
-def check_placement(coord, tp, data, live_shards):
-    """Every datapoint readable by id, its vectors as written; every label on exactly one
-    live group."""
+def fnv_group(did, ngroups, removed):
+    """The group of a sparse-only id (coordinator/update_plan.c tsr__group_of): FNV-1a 64
+    of the id with the routing basis (common/core/hash.h) modulo the group count, then the
+    next group not removed."""
+    h = 1469598103934665603
+    for b in did.encode():
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    g = h % ngroups
+    while g in removed:
+        g = (g + 1) % ngroups
+    return g
+
+
+def check_placement(coord, tp, data, live, ngroups, removed, before=None):
+    """Every datapoint readable by id, its sparse vector as written; every label on exactly
+    one live group (live: group number -> shard); every sparse-only id on the group of its
+    hash. Returns {sparse-only id: group}; prints the share whose group changed since
+    `before`."""
     ids = sorted(data.dense)
     for k in range(0, len(ids), 1000):
         part = ids[k:k + 1000]
@@ -153,13 +168,28 @@ def check_placement(coord, tp, data, live_shards):
     spb = sh.stubs()[0]
     nlabels = len(ids) + 1000
     seen = np.zeros(nlabels, dtype=np.int64)
-    for s in live_shards:
+    where = {}
+    for g, s in live.items():
         r = s.stub.Read(spb.ShardReadRequest(version=0, labels=list(range(nlabels))),
                         timeout=30)
         for lab, d in enumerate(r.datapoints):
             seen[lab] += d.found
+            if d.found and d.list < 0:
+                where[d.datapoint.datapoint_id] = g
     assert (seen <= 1).all(), "labels on two groups: %s" % np.nonzero(seen > 1)[0][:10]
     assert int(seen.sum()) == len(ids), "labels held %d, datapoints %d" % (seen.sum(), len(ids))
+    sp_only = [d for d in ids if data.dense[d] is None]
+    assert sorted(where) == sp_only, "sparse-only ids held: %d of %d" % (len(where),
+                                                                          len(sp_only))
+    wrong = [d for d in sp_only if where[d] != fnv_group(d, ngroups, removed)]
+    assert not wrong, "sparse-only ids off their hash group: %s" % wrong[:5]
+    if before:
+        common = [d for d in sp_only if d in before]
+        n = sum(1 for d in common if before[d] != where[d])
+        per = [sum(1 for d in sp_only if where[d] == g) for g in sorted(live)]
+        print("  sparse-only ids whose group changed: %d of %d (%.0f%%); per live group %s"
+              % (n, len(common), 100.0 * n / len(common), per))
+    return where
 
 
 def as_f32(d):
@@ -225,21 +255,24 @@ def run_single():
         assert op.state == tp.Operation.SUCCEEDED, op
         live = list(cl.shards)
         check_answers([cl], tp, data, "version 1, 3 groups")
+        where = check_placement(cl, tp, data, dict(enumerate(live)), 3, set())
         s3 = sh.Shard(os.path.join(cl.root, "shard-new-3"))
         extra.append(s3)
         rc, out, err = tessera("shards", "add", "--target", cl.target, "--group", s3.target)
         assert rc == 0 and "succeeded: version 2" in out, (rc, out, err)
         live.append(s3)
+        moved_line(cl.coord.text(), "add")
         check_answers([cl], tp, data, "after shards add (4 groups)")
-        check_placement(cl, tp, data, live)
+        where = check_placement(cl, tp, data, dict(enumerate(live)), 4, set(), where)
         check_stats(cl, tp, 4, [])
         rc, out, err = tessera("shards", "remove", "--target", cl.target, "--group", "0")
         assert rc == 0 and "succeeded: version 3" in out, (rc, out, err)
         gone = live.pop(0)
+        moved_line(cl.coord.text(), "remove")
         time.sleep(cl_deadline_s(cl) + 0.5)  # queries planned before may still call it
         gone.stop()
         check_answers([cl], tp, data, "after shards remove --group 0 (its shard stopped)")
-        check_placement(cl, tp, data, live)
+        check_placement(cl, tp, data, dict(enumerate(live, 1)), 4, {0}, where)
         check_stats(cl, tp, 3, [0])
         cl.stub.UpsertDatapoints(tp.UpsertDatapointsRequest(datapoints=upserts(tp, data)),
                                  timeout=30)
@@ -247,7 +280,7 @@ def run_single():
         op = cl.fold()
         assert op.state == tp.Operation.SUCCEEDED, op
         check_answers([cl], tp, data, "after a fold")
-        check_placement(cl, tp, data, live)
+        check_placement(cl, tp, data, dict(enumerate(live, 1)), 4, {0})
         cl.stop_coord()
         cl.start()
         check_answers([cl], tp, data, "after a restart")
@@ -258,6 +291,13 @@ def run_single():
         finally:
             for s in extra:
                 s.stop()
+
+
+def moved_line(log, what):
+    """Prints the coordinator's count of the datapoints the last move re-homed (for
+    docs/resharding.md "Sparse-only datapoints")."""
+    lines = [ln for ln in log.splitlines() if "change group" in ln]
+    print("  %s: %s" % (what, lines[-1].split("reshard ")[-1] if lines else "(no line)"))
 
 
 def cl_deadline_s(cl):
@@ -280,6 +320,7 @@ def run_etcd():
         cl.wait_version(1)
         live = [g[0] for g in cl.groups]
         check_answers(cl.coords, tp, data, "version 1, 2 groups")
+        where = check_placement(cl.coords[0], tp, data, dict(enumerate(live)), 2, set())
         s2 = sh.Shard(os.path.join(cl.root, "shard-new-2"), bin_dir=cl.bin)
         cl.shards.append(s2)
         rc, out, err = tessera("shards", "add", "--target", cl.targets, "--group", s2.target)
@@ -287,7 +328,7 @@ def run_etcd():
         cl.wait_version(2, timeout=30)
         live.append(s2)
         check_answers(cl.coords, tp, data, "after shards add (3 groups)")
-        check_placement(cl.coords[0], tp, data, live)
+        where = check_placement(cl.coords[0], tp, data, dict(enumerate(live)), 3, set(), where)
         rc, out, err = tessera("shards", "remove", "--target", cl.targets, "--group", "0")
         assert rc == 0 and "succeeded: version 3" in out, (rc, out, err, cl.logs())
         cl.wait_version(3, timeout=30)
@@ -295,7 +336,7 @@ def run_etcd():
         time.sleep(cl_deadline_s(cl) + 0.5)
         gone.stop()
         check_answers(cl.coords, tp, data, "after shards remove --group 0 (its shard stopped)")
-        check_placement(cl.coords[1], tp, data, live)
+        check_placement(cl.coords[1], tp, data, dict(enumerate(live, 1)), 3, {0}, where)
         for c in cl.coords:
             check_stats(c, tp, 2, [0])
         leader = cl.leader(timeout=TTL + 15)
@@ -313,7 +354,7 @@ def run_etcd():
         cl.wait_version(op.version, timeout=30)
         cl.leader(timeout=TTL + 15)
         check_answers(cl.coords, tp, data, "after a restart of both coordinators")
-        check_placement(cl.coords[0], tp, data, live)
+        check_placement(cl.coords[0], tp, data, dict(enumerate(live, 1)), 3, {0})
         for c in cl.coords:
             check_stats(c, tp, 2, [0])
     finally:
