@@ -14,6 +14,7 @@
  *   oplog.c      operations: their records on disk (survive a restart), free, to protobuf
  *   query.c      FindNeighbors, ReadIndexDatapoints, GetIndexStats (fan-out + merge);
  *                errors are tsr_error, mapped to a gRPC status in the handlers only
+ *   query_ns.c   FindNeighbors' warnings about restrict namespaces no datapoint uses
  *   vertex.c     the Vertex MatchService front end on the query path
  *                (google.cloud.aiplatform.container.v1, private endpoints)
  *   vertex_v1.c  google.cloud.aiplatform.v1.MatchService (the official clients' API) on
@@ -40,7 +41,7 @@
  * oplog -> meta; leader -> meta, oplog, replica, state, stream;
  * replica -> config, state; stream -> replica, state, stream_ha, stream_log, update_plan;
  * stream_ha -> meta, state, stream_log; reconcile -> replica, state, stream;
- * query -> config, leader, replica, state, stream; update_plan -> config, state;
+ * query -> config, leader, query_ns, replica, state, stream; update_plan -> config, state;
  * update -> leader, meta, oplog, reconcile, replica, reshard, reshard_carry, state, stream,
  * update_plan; reshard -> config, replica, state, stream, update_plan;
  * reshard_carry -> replica, state, stream_log, update_plan;
@@ -644,6 +645,18 @@ int tsr__coord_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_rep
  * it with err->msg. */
 int tsr__coord_status_of(const tsr_error *err);
 int tsr__coord_reply_error(tsr_rpc_reply *r, const tsr_error *err);
+
+/* ---- query_ns.c: unknown restrict namespaces (FindNeighborsResponse.warnings) ---- */
+/* 1 when dp (a query) names a restrict namespace no earlier answer showed in use: the
+ * query must then also ask the live groups it does not probe (a namespace-only query). */
+int tsr__query_ns_probe(const Tessera__V1__IndexDatapoint *dp);
+/* After the answers res[0..nres) of query qi (dp) came back: remembers the namespaces
+ * some group uses, and when complete (every live group answered) writes a warning (new
+ * string, caller frees) for each namespace every answer reported unknown into warn, at
+ * most cap. Returns the number written. */
+size_t tsr__query_ns_settle(const Tessera__V1__IndexDatapoint *dp, size_t qi,
+                            const Tessera__V1__ShardQueryResult *const *res, size_t nres,
+                            int complete, char **warn, size_t cap);
 
 /* The query path, reusable by other front ends (Vertex MatchService): answers rq (borrowed)
  * within remaining_ms. On success *out is a new response (caller frees with

@@ -304,6 +304,7 @@ typedef struct qplan {
     const float *x;            /* normalized vector (row of X) or NULL */
     Tessera__V1__Restriction **rs;
     size_t nrs;
+    int probe_ns; /* names a namespace not known in use: ask every live group (query_ns.c) */
 } qplan;
 
 /* A FindNeighbors between its plan and its merge: what the shard fan-out needs and what
@@ -504,6 +505,7 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         const int64_t *ci = p->has_dense ? CI + dj * maxp : NULL;
         if (p->has_dense)
             dj++;
+        p->probe_ns = tsr__query_ns_probe(dp);
         for (size_t s = 0; s < S; s++) {
             size_t nl = 0;
             int32_t *lists = NULL;
@@ -524,8 +526,8 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                     probed += (long long)nl;
                 }
             }
-            if (!nl && !p->has_sparse)
-                continue;
+            if (!nl && !p->has_sparse && !(p->probe_ns && !sn->retired[s]))
+                continue; /* (else at least a namespace-only query: no vector, no lists) */
             Tessera__V1__ShardQuery *sq = ar(a, 1, sizeof *sq);
             tessera__v1__shard_query__init(sq);
             sq->version = (int64_t)sn->version;
@@ -711,6 +713,41 @@ static int collect_shards(fnq *q, int *failed, char **missing, size_t *nmissing,
     return rc;
 }
 
+/* The warnings of query i about namespaces no live group uses (query_ns.c), appended to
+ * the response's (on its arena). Only when every live group answered. */
+static void ns_warnings(fnq *q, size_t i, const int *failed)
+{
+    fn_out *o = q->o;
+    size_t S = o->nshards, nres = 0;
+    int complete = 1;
+    const Tessera__V1__ShardQueryResult **res = ar(&o->a, S, sizeof *res);
+    for (size_t s = 0; s < S; s++) {
+        if (q->sn->retired[s])
+            continue;
+        if (!q->slot[i * S + s] || failed[s]) {
+            complete = 0;
+            continue;
+        }
+        res[nres++] = ((Tessera__V1__ShardSearchResponse *)o->shard_resp[s])
+                          ->results[q->slot[i * S + s] - 1];
+    }
+    const Tessera__V1__IndexDatapoint *dp = q->rq->queries[i]->datapoint;
+    size_t cap = dp->n_restricts + dp->n_numeric_restricts;
+    char **w = ar(&o->a, cap, sizeof *w);
+    size_t nw = tsr__query_ns_settle(dp, i, res, nres, complete, w, cap);
+    if (!nw)
+        return;
+    char **all = ar(&o->a, o->resp.n_warnings + nw, sizeof *all);
+    for (size_t k = 0; k < o->resp.n_warnings; k++)
+        all[k] = o->resp.warnings[k];
+    for (size_t k = 0; k < nw; k++) {
+        ar_own(&o->a, w[k]);
+        all[o->resp.n_warnings + k] = w[k];
+    }
+    o->resp.warnings = all;
+    o->resp.n_warnings += nw;
+}
+
 /* After the fan-out (q->calls have their results): unpacks the shard replies and merges.
  * Releases everything q holds; on success *outp is the response (caller frees with
  * tsr__coord_response_free). */
@@ -825,6 +862,8 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
         nn->n_neighbors = nf;
         for (size_t t = 0; t < nf; t++)
             nn->neighbors[t] = neighbor_of(q, i, &fh[t], cs, ncs);
+        if (p->probe_ns)
+            ns_warnings(q, i, failed);
     }
     tsr__snap_unref(sn);
     *outp = &o->resp;
