@@ -442,6 +442,42 @@ static int plan_snap(tsr__coord *c, int64_t remaining_ms, int64_t *gseq, tsr__sn
     return 0;
 }
 
+/* The shard query of plan p (query datapoint dp) for one group, on the arena: its nl
+ * probed lists with their coarse distances (none: sparse-only, or a namespace-only
+ * query), at the version and the group's demanded stream seq; full: return_datapoints. */
+static Tessera__V1__ShardQuery *shard_query(arena *a, const qplan *p,
+                                            const Tessera__V1__IndexDatapoint *dp,
+                                            uint64_t version, int64_t seq, size_t d,
+                                            int32_t *lists, float *cds, size_t nl, int full)
+{
+    Tessera__V1__ShardQuery *sq = ar(a, 1, sizeof *sq);
+    tessera__v1__shard_query__init(sq);
+    sq->version = (int64_t)version;
+    sq->min_stream_seq = seq;
+    if (nl) {
+        sq->vector = (float *)p->x;
+        sq->n_vector = d;
+        sq->lists = lists;
+        sq->n_lists = nl;
+        sq->coarse_distances = cds;
+        sq->n_coarse_distances = nl;
+    }
+    sq->k = (int32_t)p->depth;
+    sq->candidates = (int32_t)p->cand;
+    sq->restricts = p->rs;
+    sq->n_restricts = p->nrs;
+    sq->numeric_restricts = dp->numeric_restricts;
+    sq->n_numeric_restricts = dp->n_numeric_restricts;
+    sq->crowding_limit = (int32_t)p->lc;
+    if (p->has_sparse) {
+        sq->sparse = dp->sparse_embedding;
+        sq->sparse_k = (int32_t)p->depth;
+    }
+    sq->return_ids = 1;
+    sq->return_datapoints = full;
+    return sq;
+}
+
 /* Validates rq, takes a snapshot, runs the coarse step and packs one ShardSearchRequest
  * per touched shard into q. Returns 0, or a negative code with err set (nothing
  * held). */
@@ -532,31 +568,9 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
              * query (no vector, no lists) */
             if (!nl && (!(p->has_sparse || p->probe_ns) || sn->retired[s]))
                 continue;
-            Tessera__V1__ShardQuery *sq = ar(a, 1, sizeof *sq);
-            tessera__v1__shard_query__init(sq);
-            sq->version = (int64_t)sn->version;
-            sq->min_stream_seq = s <= TSR_COORD_MAX_SHARDS ? gseq[s] : 0;
-            if (nl) {
-                sq->vector = (float *)p->x;
-                sq->n_vector = d;
-                sq->lists = lists;
-                sq->n_lists = nl;
-                sq->coarse_distances = cds;
-                sq->n_coarse_distances = nl;
-            }
-            sq->k = (int32_t)p->depth;
-            sq->candidates = (int32_t)p->cand;
-            sq->restricts = p->rs;
-            sq->n_restricts = p->nrs;
-            sq->numeric_restricts = dp->numeric_restricts;
-            sq->n_numeric_restricts = dp->n_numeric_restricts;
-            sq->crowding_limit = (int32_t)p->lc;
-            if (p->has_sparse) {
-                sq->sparse = dp->sparse_embedding;
-                sq->sparse_k = (int32_t)p->depth;
-            }
-            sq->return_ids = 1;
-            sq->return_datapoints = rq->return_full_datapoint;
+            Tessera__V1__ShardQuery *sq =
+                shard_query(a, p, dp, sn->version, s <= TSR_COORD_MAX_SHARDS ? gseq[s] : 0, d,
+                            lists, cds, nl, rq->return_full_datapoint);
             size_t j = sreq[s].n_queries++;
             sreq[s].queries[j] = sq;
             qmap[s][j] = i;
