@@ -36,6 +36,7 @@
  *   query.c      FindNeighbors: coarse step, fan-out, merge (blocking and async forms);
  *                errors are tsr_error, mapped to a gRPC status by the front ends
  *   query_read.c ReadIndexDatapoints
+ *   query_ns.c   FindNeighbors' warnings about restrict namespaces no datapoint uses
  *   arena.c      one request's allocations, freed together
  *   stream.c     the streamed writes' overlay, the version log's header, publication
  *   stream_write.c  the write queue and the writer thread's rounds
@@ -68,7 +69,7 @@
  * reshard, reshard_carry -> replica, state, stream, stream_log, update_plan;
  * txn -> leader, meta, oplog, reconcile, replica, reshard, reshard_carry, state, stream,
  * stream_dir, update_plan; update, reshard_move -> txn and below;
- * query, query_read -> arena, coalesce, readidx, replica, state, stream;
+ * query, query_read -> arena, coalesce, query_ns, readidx, replica, state, stream;
  * main -> all of them, and nothing calls main.c. frontend/ calls into the folder and
  * nothing in it calls frontend/ but main.c. Everything but main.c is libtsr_coord.a
  * (mk/coordinator.mk), which the test_coord_* unit tests link.

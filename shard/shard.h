@@ -369,6 +369,11 @@ typedef struct tsr__qresult {
     int64_t codes_scanned, passed;
 } tsr__qresult;
 
+/* ---- nsuse.c ---- */
+/* 1 when no datapoint of v nor of its delta dl (NULL = none) uses namespace ns in a token
+ * or numeric restrict (a string v's dictionary holds as a token or tag counts as used). */
+int tsr__ns_unknown(const tsr__version *v, const tsr__delta *dl, const char *ns);
+
 int tsr__search_one(const tsr__version *v, const tsr__query *q, tsr__qresult *res,
                     tsr_error *err);
 void tsr__qresult_close(tsr__qresult *r);
