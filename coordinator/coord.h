@@ -24,7 +24,7 @@
  *   stream.c     streamed writes (UpsertDatapoints, RemoveDatapoints): validation, the
  *                queue, the writer thread's rounds, the overlay directory, catch-up of
  *                replicas that missed writes, the hooks of updates (docs/streaming.md)
- *   stream_log.c the coordinator log's files: framing, append + fsync, scan
+ *   stream_log.c the coordinator log's files: naming, its records on store/applog
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
  *                all-replica fan-outs; the coordinator's /metrics collector
@@ -849,13 +849,12 @@ int tsr__coord_reconcile_once(tsr__coord *c);
 void tsr__coord_schedule_release(tsr__coord *c, uint64_t below);
 void tsr__coord_ops_close(tsr__coord *c);
 
-/* ---- stream_log.c: the coordinator log's files (framing, append, scan) ---- */
+/* ---- stream_log.c: the coordinator log's files (naming; CoordLogRecords on a common
+ * store/applog: append, scan) ---- */
 struct Tessera__V1__CoordLogRecord;
 /* DATA/stream and DATA/stream/v<version>.log into buf. */
 void tsr__slog_dir(const tsr_store *st, char *buf, size_t cap);
 void tsr__slog_path(const tsr_store *st, uint64_t version, char *buf, size_t cap);
-/* rec as `u32 len | u32 crc32 | payload` (new buffer, *len bytes). */
-uint8_t *tsr__slog_frame(const struct Tessera__V1__CoordLogRecord *rec, size_t *len);
 /* Creates (replaces) the log of version with its header hdr only, durably (fsync, rename,
  * fsync of DATA/stream). */
 int tsr__slog_create(const tsr_store *st, uint64_t version,
@@ -870,7 +869,7 @@ int tsr__slog_append(int fd, const char *what, const struct Tessera__V1__CoordLo
 /* Calls fn(ud, record, offset) for each good record of path in order from byte start (0,
  * or the end of a record: tsr__stream_log_offset; past the end = from 0) (fn returns
  * nonzero to stop). *good: bytes of the good prefix; why: empty, or what is wrong after it
- * (a torn or corrupt tail). Returns 0, TSR_ENOTFOUND (no file) or TSR_EIO. */
+ * (a torn or corrupt tail). Returns 0, TSR_ENOTFOUND (no file), TSR_EIO or TSR_ENOMEM. */
 typedef int (*tsr__slog_fn)(void *ud, const struct Tessera__V1__CoordLogRecord *rec,
                             int64_t offset);
 int tsr__slog_scan(const char *path, int64_t start, tsr__slog_fn fn, void *ud, int64_t *good,
