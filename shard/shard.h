@@ -317,15 +317,14 @@ int tsr__convert_edits(const tsr__tmpl *t, const uint8_t *owned,
                        Tessera__V1__StagedDelete *const *dels, size_t ndels, tsr__rec **recs,
                        size_t *nrecs, tsr_error *err);
 
-/* proto <-> datapoint */
+/* proto -> datapoint: tsr_pb_datapoint_record (common/net/pb_datapoint, the one
+ * conversion; datapoint -> proto is its tsr_pb_datapoint_new / _set) with its refusals as
+ * TSR_EINVAL "datapoint 'ID': why" (p NULL: "datapoint missing"; d nonzero: a dense vector
+ * of another dimension is refused before anything is copied). embedding_metadata is kept
+ * serialized (dp->metadata; more than TSR_METADATA_MAX bytes is refused). dp is empty after
+ * an error. */
 int tsr__dp_from_proto(const Tessera__V1__IndexDatapoint *p, size_t d, tsr_datapoint *dp,
                        tsr_error *err);
-/* tsr__dp_from_proto keeps embedding_metadata serialized (dp->metadata; more than
- * TSR_METADATA_MAX bytes is TSR_EINVAL). tsr__dp_to_proto returns a new message (free with
- * tsr__dp_proto_free) that borrows dp's strings and arrays and owns the unpacked
- * embedding_metadata; NULL when out of memory. */
-Tessera__V1__IndexDatapoint *tsr__dp_to_proto(const tsr_datapoint *dp);
-void tsr__dp_proto_free(Tessera__V1__IndexDatapoint *p);
 
 /* ---- scan.c: one query on one version ---- */
 typedef struct tsr__hit {
