@@ -41,7 +41,7 @@
  *   stream.c     the streamed writes' overlay, the version log's header, publication
  *   stream_write.c  the write queue and the writer thread's rounds
  *   stream_recover.c  catch-up of replicas, the log's replay at start, adoption, following
- *   stream_log.c the coordinator log's files: framing, append + fsync, scan
+ *   stream_log.c the coordinator log's files: naming, its records on store/applog
  *   stream_ha.c  with --etcd: the coordinator log mirrored in etcd, restored by a new leader
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,

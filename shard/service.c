@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
+#include "net/pb_datapoint.h"
 #include "net/rpc.h"
 #include "shard.h"
 #include "shard_service.h"
@@ -114,7 +115,7 @@ static int fill_hits(const tsr__version *v, const tsr__delta *dl, const tsr__hit
         if (want_ids)
             (*ids)[i] = r->dp.id;
         if (want_dps) {
-            (*dps)[i] = tsr__dp_to_proto(&r->dp);
+            (*dps)[i] = tsr_pb_datapoint_new(&r->dp);
             if ((*dps)[i] == NULL)
                 return TSR_ENOMEM;
             *ndp = i + 1;
@@ -140,10 +141,10 @@ static void free_result(Tessera__V1__ShardQueryResult *r)
     free(r->sparse_ids);
     free(r->unknown_namespaces); /* the strings are the request's */
     for (size_t i = 0; i < r->n_datapoints; i++)
-        tsr__dp_proto_free(r->datapoints[i]);
+        tsr_pb_datapoint_delete(r->datapoints[i]);
     free(r->datapoints);
     for (size_t i = 0; i < r->n_sparse_datapoints; i++)
-        tsr__dp_proto_free(r->sparse_datapoints[i]);
+        tsr_pb_datapoint_delete(r->sparse_datapoints[i]);
     free(r->sparse_datapoints);
     free(r);
 }
@@ -566,7 +567,7 @@ static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
         if (r) {
             o->found = 1;
             o->list = r->list;
-            if ((o->datapoint = tsr__dp_to_proto(&r->dp)) == NULL) {
+            if ((o->datapoint = tsr_pb_datapoint_new(&r->dp)) == NULL) {
                 rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
                 goto out;
             }
@@ -575,7 +576,7 @@ static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
     rc = tsr_rpc_reply_pack(reply, &resp.base);
 out:
     for (size_t i = 0; i < resp.n_datapoints; i++) {
-        tsr__dp_proto_free(resp.datapoints[i]->datapoint);
+        tsr_pb_datapoint_delete(resp.datapoints[i]->datapoint);
         free(resp.datapoints[i]);
     }
     free(resp.datapoints);
