@@ -238,8 +238,21 @@ int tsr__quantize_table_avx512(const float *T, size_t M, uint8_t *Tq, float *qmi
 void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
                        float scale, float *T);
 
-/* ---- what ivfpq_search.c shares with ivfpq_scanner.c (the scanner of lists held by the
- * caller: the shard's) ------------------------------------------------------------------ */
+/* ---- what the search (ivfpq_search.c), the scanner (ivfpq_scanner.c), the search cache
+ * (ivfpq_cache.c) and the kernel choice (ivfpq_dispatch.c) share ------------------------ */
+
+/* TSR_SEARCH_FILTER: 0 = no prefilter ("0"), 1 = the scalar kernel ("scalar", tests),
+ * 2 = the AVX-512 VBMI kernel where the CPU has it, 3 = else the AVX2 one, else 0. */
+int tsr__filter_env(void);
+
+/* sum_i a_i b_i in i order (the search's, and the cache's terms, summation order). */
+static inline float tsr__dot(const float *a, const float *b, size_t n)
+{
+    float s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
 
 /* The search cache of an index (derived data, built once on first use under a lock and
  * published with an atomic pointer; read-only afterwards; freed with the index or by
@@ -285,6 +298,32 @@ void tsr__transpose_list(const uint8_t *codes, const float *term, size_t n, size
 
 #define TSR__SCAN_BLOCK 256 /* distances computed per kernel call */
 
+/* A prefetch cursor that runs ahead of the prefilter through the search cache's blocks of
+ * the probed lists, across list boundaries (a list is ~16 KB at M = 64: the hardware
+ * prefetcher does not cross into the next one, and random 16 KB chunks read at about a
+ * third of the sequential bandwidth). tsr__pf_run prefetches the next `bytes`. */
+typedef struct tsr__pfcur {
+    const tsr__search_cache *ca;
+    const int64_t *lists;
+    size_t np, p;          /* next probe to enter */
+    const uint8_t *at;     /* next line to prefetch ... */
+    size_t left;           /* ... and bytes left of the current list */
+    size_t bsz;
+} tsr__pfcur;
+#ifndef TSR__PF_LEAD
+#define TSR__PF_LEAD 16384 /* bytes the prefetch cursor runs ahead of the prefilter */
+#endif
+void tsr__pf_run(tsr__pfcur *c, size_t bytes);
+
+/* The scanner over an index's own lists (tsr_ivfpq_search): list `list` of the scanner's
+ * index as scan blocks, a view of the search cache's (valid until the next call; NULL when
+ * the cache has no blocks: no prefilter kernel); and, for one query, the prefetch cursor
+ * of its np probed lists (pf: the caller's, live until the next set_query; nothing when
+ * the scanner has no prefilter). */
+const tsr_ivfpq_flist *tsr__scanner_view(tsr_ivfpq_scanner *s, size_t list);
+void tsr__scanner_prefetch(tsr_ivfpq_scanner *s, tsr__pfcur *pf, const int64_t *lists,
+                           size_t np);
+
 /* A sink gets the position and the score of a code that could enter, and returns the new
  * threshold (which never increases). */
 typedef float (*tsr__sink_fn)(void *ctx, size_t i, float score);
@@ -292,7 +331,6 @@ typedef float (*tsr__sink_fn)(void *ctx, size_t i, float score);
 /* The prefilter for one list: the kernel, the quantized table (or the nibble stage's
  * group table), the list's transposed blocks and their size, the table's offset and step,
  * the rounding margin and the prefetch cursor (NULL = none). */
-struct tsr__pfcur;
 typedef struct tsr__filt {
     tsr__filter8_fn fn;
     const uint8_t *Tq;
