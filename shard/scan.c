@@ -4,8 +4,8 @@
  * vectors, and the exact sparse dot-product top-k over all the version's datapoints
  * (common/query/sparse's inverted index, built per version).
  *
- * The scan is common/index/ivfpq_search's (tsr_ivfpq_scanner: the kernels and the arithmetic of
- * `tessera index search`): score = base + term + sum_m T[m][code_m] with the per-query
+ * The scan is common/index/ivfpq_scanner's (tsr_ivfpq_scanner: the one scan of lists, which
+ * `tessera index search` loops over too, so the same kernels and arithmetic): score = base + term + sum_m T[m][code_m] with the per-query
  * table T, the list's per-code terms (L2 by_residual, kept in tsr__list) and the base from
  * the coordinator's coarse distance. This is Faiss's IndexIVFPQ::search_preassigned up to
  * float rounding in the last bits (SPEC §1; the Faiss interop bar is met), for the lists

@@ -237,7 +237,7 @@ static int scanner_filt(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl, float b
         if (s->tq_state == 1 && s->filter4 != NULL)
             tsr__group_table(s->filter4, s->Tq, pq->M, s->Tg);
     }
-    /* The rounding margin as in ivfpq_search.c search_one, with the list's own max |term|. */
+    /* The rounding margin, with the list's max |term| (the cache's max for its views). */
     float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
     if (s->tq_state < 1 || !(margin < INFINITY))
         return 0;
@@ -453,7 +453,7 @@ void tsr__pf_run(struct tsr__pfcur *c, size_t bytes)
 
 /* The scan of one list: block distances by the kernel, then only the codes that could
  * enter (score <= thr) go to the sink, which returns the new threshold. The one scan
- * loop of search and of the public scanner (ivfpq_scanner.c). */
+ * loop of every search. */
 float tsr__scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, float *dis,
                      const uint8_t *codes, size_t n, const float *term, float base,
                      const tsr__filt *f, float thr, tsr__sink_fn sink, void *ctx)

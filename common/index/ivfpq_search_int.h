@@ -11,8 +11,14 @@
  *                           tsr__quantize_table_avx512
  *                           (AVX-512 flags; its tail is the scalar kernel)
  *   ivfpq_nibble.c          the nibble stage's ranks, group table and scalar kernel
- *   ivfpq_search.c          the search, the cache and the run-time choice of a kernel
- *   ivfpq_scanner.c         the scanner and the scan blocks of lists held by the caller
+ *   ivfpq_dispatch.c        the run-time choice of a kernel (and its env knobs)
+ *   ivfpq_cache.c           the search cache (terms, transposed centroids, scan blocks)
+ *   ivfpq_scanner.c         the scanner: per-query tables, the one scan loop
+ *                           (tsr__scan_list), the scan blocks of lists held by the caller
+ *   ivfpq_search.c          tsr_ivfpq_search: the coarse step, then per query a loop over
+ *                           the probed lists with the scanner into a heap; IwQR; threads
+ * A search reads: ivfpq_search.c -> ivfpq_scanner.c -> the kernels; the scanner's setup
+ * asks ivfpq_dispatch.c (which kernel) and ivfpq_cache.c (the cache) once per scanner.
  * Every kernel of one kind returns bit-identical results: the SIMD forms follow the
  * summation order of the scalar form (see tsr__scan8_scalar), so the choice of kernel
  * changes speed only.
@@ -170,7 +176,7 @@ static inline int tsr__bound_keep(float base, const float *term, size_t i, float
 }
 
 /* The filter kernel a search or scanner asked for `asked` uses (NULL = the plain scan), as
- * ivfpq_search.c chooses it at run time: TSR_SEARCH_FILTER=0 none, =scalar the scalar
+ * ivfpq_dispatch.c chooses it at run time: TSR_SEARCH_FILTER=0 none, =scalar the scalar
  * kernel; else none for a forced scalar path (asked or TSR_SIMD=scalar), the AVX2 kernel
  * for a forced AVX2 path or a CPU with AVX2 but not VBMI, the VBMI kernel otherwise. */
 tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked);
@@ -233,7 +239,7 @@ int tsr__quantize_table_avx512(const float *T, size_t M, uint8_t *Tq, float *qmi
                                float *delta, float *tabs);
 
 /* ---- the per-query table ---------------------------------------------------------------
- * The table for IP and L2 by_residual (see tsr__build_table in ivfpq_search.c), bit-identical
+ * The table for IP and L2 by_residual (see tsr__build_table in ivfpq_scanner.c), bit-identical
  * to the generic code; ksub % 16 == 0, AVX-512F. */
 void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
                        float scale, float *T);
