@@ -37,27 +37,10 @@ import faiss
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 import shard_harness as H  # noqa: E402
+from test_search_faiss import write_fvecs, write_ivecs  # noqa: E402
 
 BIN = os.environ.get("TSR_BIN", "bin")
 D, NLIST, N, NQ = 32, 32, 6000, 40
-
-
-def write_fvecs(path, a):
-    a = np.ascontiguousarray(a, dtype="float32")
-    n, d = a.shape
-    out = np.empty((n, d + 1), dtype="float32")
-    out[:, 0] = np.array([d], dtype="int32").view("float32")[0]
-    out[:, 1:] = a
-    out.tofile(path)
-
-
-def write_ivecs(path, a):
-    a = np.ascontiguousarray(a, dtype="int32")
-    n, d = a.shape
-    out = np.empty((n, d + 1), dtype="int32")
-    out[:, 0] = d
-    out[:, 1:] = a
-    out.tofile(path)
 
 
 def data():
