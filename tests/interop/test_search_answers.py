@@ -18,7 +18,7 @@ thread; the digests were recorded with the code before the scanner refactoring. 
 depend on the machine's Faiss/BLAS build (training, the coarse step's sgemm), so on
 another machine regenerate them with the code you trust (--record) before a change.
 
-usage: search_answers.py [--record F | --check F] [--dump F]
+usage: test_search_answers.py (make test runs it: --check) [--record F | --check F] [--dump F]
   default: --check tests/interop/search_answers.json
   --dump F  also write every answer in full (hex floats) to F, for a diff.
 Env: TSR_BIN = directory of the binaries (default bin).
