@@ -139,26 +139,43 @@ static inline float sink_thr(const sink *k)
     return a > b ? a : b;
 }
 
+/* Which collectors the code with score s and label could enter (*to_heap, *to_crowd);
+ * 0 when none. */
+static inline int sink_could_enter(const sink *k, float s, int64_t label, int *to_heap,
+                                   int *to_crowd)
+{
+    *to_heap = k->heap && tsr_topk_would_enter(k->heap, s, label);
+    *to_crowd = k->crowd && tsr_crowd_topk_would_enter(k->crowd, s, label);
+    return *to_heap || *to_crowd;
+}
+
+/* A code that passed: into the collectors it could enter, as search row `row` (crowding
+ * tag `tag`, read only when to_crowd); returns the new threshold. */
+static inline float sink_take(sink *k, int to_heap, int to_crowd, float s, uint32_t row,
+                              uint32_t tag, int64_t label)
+{
+    k->passed++;
+    if (to_heap)
+        tsr_topk_push(k->heap, s, row, label);
+    if (to_crowd && tsr_crowd_topk_push(k->crowd, s, tag, label) == TSR_ENOMEM)
+        k->oom = 1;
+    return sink_thr(k);
+}
+
 static float sink_fn(void *ctx, size_t i, float s)
 {
     sink *k = ctx;
     int64_t label = k->l->ids[i];
-    int to_heap = k->heap && tsr_topk_would_enter(k->heap, s, label);
-    int to_crowd = k->crowd && tsr_crowd_topk_would_enter(k->crowd, s, label);
-    if (!to_heap && !to_crowd)
+    int to_heap, to_crowd;
+    if (!sink_could_enter(k, s, label, &to_heap, &to_crowd))
         return sink_thr(k);
     if (k->nmask && tsr__i64_in(k->mask, k->nmask, label))
         return sink_thr(k); /* deleted or replaced by a streamed write */
     uint32_t row = (uint32_t)(k->row0 + i);
     if (k->filter && !tsr_filter_match(k->filter, k->v->meta, row))
         return sink_thr(k);
-    k->passed++;
-    if (to_heap)
-        tsr_topk_push(k->heap, s, row, label);
-    if (to_crowd && tsr_crowd_topk_push(k->crowd, s, tsr_filter_meta_crowding(k->v->meta, row),
-                                        label) == TSR_ENOMEM)
-        k->oom = 1;
-    return sink_thr(k);
+    uint32_t tag = to_crowd ? tsr_filter_meta_crowding(k->v->meta, row) : 0;
+    return sink_take(k, to_heap, to_crowd, s, row, tag, label);
 }
 
 /* The sink of a delta list: entry i of k->l is a delta record (row v->nrows + its index
@@ -167,9 +184,8 @@ static float dsink_fn(void *ctx, size_t i, float s)
 {
     sink *k = ctx;
     int64_t label = k->l->ids[i];
-    int to_heap = k->heap && tsr_topk_would_enter(k->heap, s, label);
-    int to_crowd = k->crowd && tsr_crowd_topk_would_enter(k->crowd, s, label);
-    if (!to_heap && !to_crowd)
+    int to_heap, to_crowd;
+    if (!sink_could_enter(k, s, label, &to_heap, &to_crowd))
         return sink_thr(k);
     size_t idx;
     const tsr__rec *r = tsr__delta_find(k->dl, label, &idx);
@@ -180,13 +196,7 @@ static float dsink_fn(void *ctx, size_t i, float s)
         k->oom = 1;
     if (m <= 0)
         return sink_thr(k);
-    k->passed++;
-    uint32_t row = (uint32_t)(k->v->nrows + idx);
-    if (to_heap)
-        tsr_topk_push(k->heap, s, row, label);
-    if (to_crowd && tsr_crowd_topk_push(k->crowd, s, r->tag, label) == TSR_ENOMEM)
-        k->oom = 1;
-    return sink_thr(k);
+    return sink_take(k, to_heap, to_crowd, s, (uint32_t)(k->v->nrows + idx), r->tag, label);
 }
 
 /* The search row of label in v with delta dl (a delta record first: it masks the base). */
