@@ -61,6 +61,26 @@ long tsr_cluster_log_size(const char *path);
 void tsr_cluster_print_log_tail(FILE *f, const char *prefix, const char *path, long off,
                                 int nlines);
 
+/* cluster_config.c: the coordinator config of `tessera cluster up`. The flags that write
+ * it; 0 / NULL = not given (the ones given must agree with a kept or --config file). */
+typedef struct tsr_cluster_flags {
+    int port, shards, port_given, shards_given;
+    int dims, nlist, pq_m, nprobe;
+    const char *distance;
+} tsr_cluster_flags;
+/* Sets port_given / shards_given and the defaults of port (7000) and shards (4). */
+void tsr_cluster_flags_defaults(tsr_cluster_flags *f);
+/* Creates DIR and DIR/logs and names the config in cfg: --config, or DIR/coordinator.json
+ * (written from the flags when absent). A kept DIR/coordinator.json must name the shards
+ * 127.0.0.1:P+1..P+S; every index flag given must agree with the config. 0, or 1 after
+ * saying which flag contradicts what and what to do. */
+int tsr_cluster_prepare_config(const char *data, const char *config, char *cfg, size_t cfglen,
+                               const tsr_cluster_flags *f);
+/* The absolute path of DIR/peer-token in path: made (random, mode 0600) when absent; one
+ * kept from an earlier run must be the caller's regular file with mode 0600. 0, or 1
+ * after saying why not. */
+int tsr_cluster_peer_token(const char *data, char *path, size_t cap);
+
 /* ---- cmd_online.c and targets.c: what every online command (query, update, read, stats, health,
  * upsert, remove) shares ---- */
 #include "core/cmdline.h"

@@ -380,30 +380,15 @@ static void usage(FILE *f)
             "  requires client certificates signed by --tls-ca on every port (the coordinator\n"
             "  presents the same certificate to the shards: it needs clientAuth usage or none).\n"
             "  Security (docs/security.md): --auth-tokens FILE hands the token file to the\n"
-            "  coordinator (clients then need --token-file); batch roots are accepted inside DIR\n"
+            "  coordinator (clients then need --token-file) and protects the shards too: they\n"
+            "  accept only the coordinator, which sends them the peer token DIR/peer-token\n"
+            "  (made on the first run, mode 0600); batch roots are accepted inside DIR\n"
             "  and inside each --batch-root-allow FOLDER (repeatable).\n"
             "  Ranges: --shards 1..64, --port 1..65535 (P+S <= 65535), --dimensions 1..65536,\n"
             "  --nlist 1..1048576, --pq-m 1..65536, --nprobe 1..1048576.\n"
             "Exit status: 0 after SIGINT or SIGTERM stopped the cluster, 1 when it cannot start\n"
             "(a port in use, a data directory in use, a process that failed at start-up, the\n"
             "config file), 2 on usage errors (flags, TLS files).\n");
-}
-
-static int write_default_config(const char *path, int port, int shards, int dims,
-                                const char *distance, int nlist, int pq_m, int nprobe)
-{
-    FILE *f = fopen(path, "w");
-    if (f == NULL) {
-        fprintf(stderr, PROG ": cannot write %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    fprintf(f, "{\n  \"dimensions\": %d,\n  \"distance\": \"%s\",\n  \"nlist\": %d,\n"
-               "  \"pq_m\": %d,\n  \"pq_nbits\": 8,\n  \"nprobe\": %d,\n  \"shards\": [",
-            dims, distance, nlist, pq_m, nprobe);
-    for (int i = 0; i < shards; i++)
-        fprintf(f, "%s\"127.0.0.1:%d\"", i ? ", " : "", port + 1 + i);
-    fprintf(f, "]\n}\n");
-    return fclose(f) == 0 ? 0 : -1;
 }
 
 /* --metrics-listen HOST:PORT → host (in buf) and port; 0, or -1 when malformed. */
@@ -498,6 +483,7 @@ typedef struct cluster_plan {
     int mport;
     const cluster_tls *tls;
     char **coord_extra; /* --auth-tokens, --batch-root-allow for the coordinator */
+    const char *peer_token; /* DIR/peer-token for the shards (with --auth-tokens), or NULL */
 } cluster_plan;
 
 static void add_metrics(char **v, const cluster_plan *pl, int i)
@@ -584,6 +570,8 @@ static void plan_children(const cluster_plan *pl)
                 argv_add(k->args, *a, (char *)NULL);
         } else {
             add_shard_tls(k->args, pl->tls);
+            if (pl->peer_token)
+                argv_add(k->args, "--peer-token-file", pl->peer_token, (char *)NULL);
         }
         add_metrics(k->args, pl, coord ? (ci ? pl->shards + ci : 0) : 1 + i);
         snprintf(path, sizeof path, "%s/logs/%s.log", pl->data, name);
@@ -678,59 +666,6 @@ static int own_dir(char *buf, size_t cap)
     return 0;
 }
 
-/* An existing DIR/coordinator.json must name the shards this run starts: one written for
- * another --port or --shards would send the coordinator to other processes' ports (maybe
- * another cluster's). 0, or 1 after saying so. */
-static int check_reused_config(const char *cfg, int port, int shards)
-{
-    FILE *f = fopen(cfg, "r");
-    if (f == NULL) {
-        fprintf(stderr, PROG ": cannot read %s: %s\n", cfg, strerror(errno));
-        return 1;
-    }
-    char buf[65536];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    int found = 0;
-    char addr[64];
-    for (int i = 0; i < shards; i++) {
-        snprintf(addr, sizeof addr, "\"127.0.0.1:%d\"", port + 1 + i);
-        found += strstr(buf, addr) != NULL;
-    }
-    snprintf(addr, sizeof addr, "\"127.0.0.1:%d\"", port + 1 + shards);
-    if (found == shards && strstr(buf, addr) == NULL)
-        return 0;
-    fprintf(stderr,
-            PROG ": %s (kept from an earlier run) does not name exactly the shards "
-                 "127.0.0.1:%d..%d: it was written for another --port or --shards; start with "
-                 "those, or pass --config, or use another --data\n",
-            cfg, port + 1, port + shards);
-    return 1;
-}
-
-/* Creates DIR and DIR/logs and names the config (writing the default one when absent). */
-static int prepare_data(const char *data, const char *config, char *cfg, size_t cfglen,
-                        int port, int shards, int dims, const char *distance, int nlist,
-                        int pq_m, int nprobe)
-{
-    if (mkdir(data, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, PROG ": cannot create %s: %s\n", data, strerror(errno));
-        return 1;
-    }
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/logs", data);
-    mkdir(path, 0755);
-    if (config) {
-        snprintf(cfg, cfglen, "%s", config);
-        return 0;
-    }
-    snprintf(cfg, cfglen, "%s/coordinator.json", data);
-    if (access(cfg, R_OK) != 0)
-        return write_default_config(cfg, port, shards, dims, distance, nlist, pq_m, nprobe) != 0;
-    return check_reused_config(cfg, port, shards);
-}
-
 /* Checks the TLS flags and makes the paths absolute (tls_paths owns them). 0 or 2. */
 static int resolve_tls(cluster_tls *tls, char *tls_paths[3])
 {
@@ -801,21 +736,21 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     cluster_tls tls = {0};
     const char *auth_tokens = NULL;
     tsr_cmdline_list allow = {0};
-    const char *data = NULL, *config = NULL, *distance = "SQUARED_L2", *mlisten = NULL;
-    int shards = 4, port = 7000, dims = 64, nlist = 64, pq_m = 16, nprobe = 8;
+    const char *data = NULL, *config = NULL, *mlisten = NULL;
+    tsr_cluster_flags fl = {0}; /* 0 / NULL: not given (cluster_config.c) */
     int start_timeout = 120, coords = 1, netcd = 0;
     const tsr_cmdline_opt opts[] = {
         {"--coordinators", TSR_CMDLINE_INT, &coords, 1, MAX_COORDS, 0},
         {"--etcd-local", TSR_CMDLINE_INT, &netcd, 1, MAX_ETCD, 0},
         {"--data", TSR_CMDLINE_STR, &data, 0, 0, 1},
-        {"--shards", TSR_CMDLINE_INT, &shards, 1, MAX_SHARDS, 0},
-        {"--port", TSR_CMDLINE_INT, &port, 1, 65535, 0},
+        {"--shards", TSR_CMDLINE_INT, &fl.shards, 1, MAX_SHARDS, 0},
+        {"--port", TSR_CMDLINE_INT, &fl.port, 1, 65535, 0},
         {"--config", TSR_CMDLINE_STR, &config, 0, 0, 0},
-        {"--dimensions", TSR_CMDLINE_INT, &dims, 1, 65536, 0},
-        {"--distance", TSR_CMDLINE_STR, &distance, 0, 0, 0},
-        {"--nlist", TSR_CMDLINE_INT, &nlist, 1, 1 << 20, 0},
-        {"--pq-m", TSR_CMDLINE_INT, &pq_m, 1, 65536, 0},
-        {"--nprobe", TSR_CMDLINE_INT, &nprobe, 1, 1 << 20, 0},
+        {"--dimensions", TSR_CMDLINE_INT, &fl.dims, 1, 65536, 0},
+        {"--distance", TSR_CMDLINE_STR, &fl.distance, 0, 0, 0},
+        {"--nlist", TSR_CMDLINE_INT, &fl.nlist, 1, 1 << 20, 0},
+        {"--pq-m", TSR_CMDLINE_INT, &fl.pq_m, 1, 65536, 0},
+        {"--nprobe", TSR_CMDLINE_INT, &fl.nprobe, 1, 1 << 20, 0},
         {"--metrics-listen", TSR_CMDLINE_STR, &mlisten, 0, 0, 0},
         {"--start-timeout", TSR_CMDLINE_INT, &start_timeout, 1, 86400, 0},
         {"--tls-cert", TSR_CMDLINE_STR, &tls.cert, 0, 0, 0},
@@ -830,6 +765,8 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     int code;
     if (tsr_cmdline_parse_spec(&spec, argc, argv, NULL, &code))
         return code;
+    tsr_cluster_flags_defaults(&fl);
+    int port = fl.port, shards = fl.shards;
     if (coords > 1 && netcd == 0) {
         fprintf(stderr, PROG ": --coordinators %d needs --etcd-local M: several coordinators "
                 "share their state in etcd (docs/ha.md)\n", coords);
@@ -865,11 +802,15 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     if (code == 0)
         code = preflight(data, port, shards, coords, netcd, mlisten ? mhost : NULL, mport);
     if (code == 0)
-        code = prepare_data(data, config, cfg, sizeof cfg, port, shards, dims, distance, nlist,
-                            pq_m, nprobe);
+        code = tsr_cluster_prepare_config(data, config, cfg, sizeof cfg, &fl);
     char **coord_extra = argv_new();
-    if (code == 0) /* after prepare_data: DIR exists, so it resolves */
+    char peer_token[PATH_MAX + 32];
+    if (code == 0) /* after tsr_cluster_prepare_config: DIR exists, so it resolves */
         code = add_coord_security(coord_extra, data, auth_tokens, &allow);
+    /* with tokens every port needs one: the shards accept only the coordinator's */
+    if (code == 0 && auth_tokens && (code = tsr_cluster_peer_token(data, peer_token,
+                                                                   sizeof peer_token)) == 0)
+        argv_add(coord_extra, "--peer-token-file", peer_token, (char *)NULL);
     tsr_cmdline_list_free(&allow);
     if (code == 0) {
         memset(&sup, 0, sizeof sup);
@@ -889,7 +830,8 @@ int tsr_cmd_cluster_up(int argc, char **argv)
             sup.health_opts.tls_key_file = tls.key;
         }
         cluster_plan pl = {data, bindir, cfg, port, shards, coords, netcd, etcd,
-                           mlisten ? mhost : NULL, mport, &tls, coord_extra};
+                           mlisten ? mhost : NULL, mport, &tls, coord_extra,
+                           auth_tokens ? peer_token : NULL};
         plan_children(&pl);
         code = supervise(start_timeout);
     }
