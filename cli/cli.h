@@ -81,6 +81,20 @@ int tsr_cluster_prepare_config(const char *data, const char *config, char *cfg, 
  * after saying why not. */
 int tsr_cluster_peer_token(const char *data, char *path, size_t cap);
 
+/* cluster_groups.c: shard groups added to a running `cluster up` (see the file comment). */
+enum { TSR_CLUSTER_MAX_GROUPS = 32 };
+typedef struct tsr_cluster_group {
+    char name[32]; /* "shard-N": its data is DIR/shard-N */
+    int port;      /* 127.0.0.1:port */
+} tsr_cluster_group;
+/* Reads DIR/groups.json into g[0..cap): the count (0 when the file is absent), or -1 after
+ * saying what is wrong with it. */
+int tsr_cluster_groups_read(const char *data, tsr_cluster_group *g, int cap);
+/* Writes DIR/cluster-up.json: this process (the supervisor), the coordinator's port, the
+ * config's shard count and the first port past the cluster's layout. 0 or -1 (said). */
+int tsr_cluster_state_write(const char *data, int port, int shards, int next_port);
+int tsr_cmd_cluster_add_group(int argc, char **argv);
+
 /* ---- cmd_online.c and targets.c: what every online command (query, update, read, stats, health,
  * upsert, remove) shares ---- */
 #include "core/cmdline.h"

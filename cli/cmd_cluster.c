@@ -14,7 +14,9 @@
  * served ends the run with status 1 and the tail of its log (a bind error, a data
  * directory in use, a bad config: restarting would loop forever). A process that served
  * once and then exits is restarted with a short backoff (so a crash loop does not spin).
- * On SIGINT or SIGTERM every child gets SIGTERM (SIGKILL after a grace period).
+ * On SIGINT or SIGTERM every child gets SIGTERM (SIGKILL after a grace period). Shard
+ * groups added with `tessera cluster add-group` (DIR/groups.json, cluster_groups.c) start
+ * with the shards; one added while it runs is started within GROUPS_POLL_MS.
  *
  * DESIGN: everything runs on the one libuv loop thread (process handles, timers, signal
  * handles; the start-up health checks are short blocking calls on that thread, each with
@@ -46,7 +48,8 @@ enum {
     STOP_GRACE_MS = 5000,
     HEALTH_POLL_MS = 200,   /* start-up: how often a starting process is asked */
     HEALTH_CALL_MS = 500,   /* deadline of one Health/Check */
-    TAIL_LINES = 12         /* lines of a failed process's log printed */
+    TAIL_LINES = 12,        /* lines of a failed process's log printed */
+    GROUPS_POLL_MS = 500    /* how often DIR/groups.json is looked at once started */
 };
 
 typedef struct child {
@@ -69,7 +72,7 @@ typedef struct child {
 typedef struct supervisor {
     uv_loop_t *loop;
     /* etcd members 0..netcd-1, then the shards, then the coordinators from first_coord */
-    child kids[MAX_ETCD + MAX_SHARDS + MAX_COORDS];
+    child kids[MAX_ETCD + MAX_SHARDS + TSR_CLUSTER_MAX_GROUPS + MAX_COORDS];
     int nkids, nshards, netcd, ncoords, first_coord;
     int stopping;
     int starting;       /* 1 until every process answered SERVING once */
@@ -79,12 +82,17 @@ typedef struct supervisor {
     tsr_rpc_client_opts health_opts, plain_opts;
     const char *cfg, *data, *mlisten, *tls_mode;
     uv_signal_t sigint, sigterm;
-    uv_timer_t kill_timer, health_timer;
+    uv_timer_t kill_timer, health_timer, groups_timer;
+    const struct cluster_plan *plan; /* for the groups added while it runs */
+    int metric_shards;               /* shards with a metrics port: the config's */
+    struct timespec groups_mtime;    /* DIR/groups.json as last read */
+    ino_t groups_ino;
 } supervisor;
 
 static supervisor sup;
 
 static void start_child(child *c);
+static void on_groups_timer(uv_timer_t *t);
 
 static void on_restart_timer(uv_timer_t *t)
 {
@@ -112,6 +120,7 @@ static void stop_all(void)
         return;
     sup.stopping = 1;
     uv_timer_stop(&sup.health_timer);
+    uv_timer_stop(&sup.groups_timer);
     for (int i = 0; i < sup.nkids; i++) {
         uv_timer_stop(&sup.kids[i].restart_timer);
         if (sup.kids[i].running)
@@ -231,7 +240,7 @@ static void print_listening(void)
         printf(PROG ": %s listening on %s\n", sup.kids[i].name, sup.kids[i].target);
     if (sup.mlisten)
         printf(PROG ": metrics on %s (coordinator), the next ports for shard-0..%d\n",
-               sup.mlisten, sup.nshards - 1);
+               sup.mlisten, sup.metric_shards - 1);
     printf(PROG ": logs in %s/logs; Ctrl-C stops the cluster\n", sup.data);
     fflush(stdout);
 }
@@ -267,6 +276,7 @@ static void on_health_timer(uv_timer_t *t)
         sup.starting = 0;
         uv_timer_stop(&sup.health_timer);
         print_listening();
+        uv_timer_start(&sup.groups_timer, on_groups_timer, 0, GROUPS_POLL_MS);
         return;
     }
     if (uv_now(sup.loop) > sup.start_deadline_ms) {
@@ -362,7 +372,11 @@ static void usage(FILE *f)
             "  Ctrl-C (SIGINT) or SIGTERM stops them all.\n"
             "  Without --config, DIR/coordinator.json is written from the flags (defaults:\n"
             "  --dimensions 64 --distance SQUARED_L2 --nlist 64 --pq-m 16 --nprobe 8); an existing\n"
-            "  DIR/coordinator.json is reused as is (refused when it names other shard ports).\n"
+            "  DIR/coordinator.json is reused as is: a flag that contradicts it (or --config's\n"
+            "  file), e.g. --dimensions 128 on a folder at 64, or other shard ports, stops the\n"
+            "  start with both values (use another --data for a new index).\n"
+            "  Shard groups added with `tessera cluster add-group --data DIR` (kept in\n"
+            "  DIR/groups.json) start with the shards and are supervised like them.\n"
             "  --metrics-listen HOST:PORT  Prometheus /metrics: the coordinator on HOST:PORT,\n"
             "                  shard i on HOST:PORT+1+i (docs/operations.md \"Metrics\").\n"
             "  --start-timeout SECONDS  how long start-up may take, 1..86400 (default 120).\n"
@@ -431,6 +445,25 @@ static void port_role(int i, int shards, int coords, int netcd, char *buf, size_
     (void)netcd;
 }
 
+static int preflight_groups(const char *data, const tsr_cluster_group *g, int n)
+{
+    char why[128], dir[PATH_MAX + 48];
+    for (int i = 0; i < n; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", data, g[i].name);
+        if (tsr_cluster_port_free("127.0.0.1", g[i].port, why, sizeof why) != 0) {
+            fprintf(stderr, PROG ": port %d (%s, an added group of %s/groups.json) is in use: "
+                            "%s\n", g[i].port, g[i].name, data, why);
+            return 1;
+        }
+        if (tsr_cluster_dir_locked(dir)) {
+            fprintf(stderr, PROG ": data directory %s is in use by another process (is a "
+                            "cluster already running on --data %s?)\n", dir, data);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int preflight(const char *data, int port, int shards, int coords, int netcd,
                      const char *mhost, int mport)
 {
@@ -484,6 +517,8 @@ typedef struct cluster_plan {
     const cluster_tls *tls;
     char **coord_extra; /* --auth-tokens, --batch-root-allow for the coordinator */
     const char *peer_token; /* DIR/peer-token for the shards (with --auth-tokens), or NULL */
+    const tsr_cluster_group *groups; /* added groups kept in DIR/groups.json */
+    int ngroups;
 } cluster_plan;
 
 static void add_metrics(char **v, const cluster_plan *pl, int i)
@@ -535,53 +570,101 @@ static void plan_etcd(const cluster_plan *pl, char *endpoints, size_t cap)
     sup.netcd = pl->netcd;
 }
 
-/* Fills sup.kids: the etcd members, the shards, then the coordinators (they start once
- * the others answer). */
-static void plan_children(const cluster_plan *pl)
+/* A shard or coordinator child at sup.kids[sup.nkids] (its data in DIR/name, its log in
+ * DIR/logs/name.log); coord: the coordinator index, or -1 for a shard; metrics: the offset
+ * of its --metrics-listen port, or -1 for none. */
+static child *plan_server(const cluster_plan *pl, const char *name, int port, int coord,
+                          int metrics, const char *endpoints)
 {
     char path[PATH_MAX + 64], exe[PATH_MAX + 32], addr[64], dir[PATH_MAX + 32];
-    char endpoints[MAX_ETCD * 32];
-    plan_etcd(pl, endpoints, sizeof endpoints);
-    for (int i = 0; i < pl->shards + pl->coords; i++) {
-        int coord = i >= pl->shards, ci = i - pl->shards;
-        child *k = &sup.kids[sup.nkids++];
-        char name[32];
-        if (coord)
-            snprintf(name, sizeof name, pl->netcd ? "coordinator-%d" : "coordinator", ci);
-        else
-            snprintf(name, sizeof name, "shard-%d", i);
-        snprintf(dir, sizeof dir, "%s/%s", pl->data, name);
-        mkdir(dir, 0755);
-        snprintf(exe, sizeof exe, "%s/%s", pl->bindir,
-                 coord ? "tessera-coordinator" : "tessera-shard");
-        int port = !coord ? pl->port + 1 + i : ci == 0 ? pl->port : pl->port + pl->shards + ci;
-        snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-        k->name = tsr_xstrdup(name);
-        k->target = tsr_xstrdup(addr);
-        k->service = coord ? "tessera.v1.VectorSearch" : "tessera.v1.Shard";
-        k->args = argv_new();
-        argv_add(k->args, exe, "--listen", addr, "--data", dir, (char *)NULL);
-        if (coord) {
-            argv_add(k->args, "--config", pl->cfg, (char *)NULL);
-            if (pl->netcd)
-                argv_add(k->args, "--etcd", endpoints, "--advertise", addr, (char *)NULL);
-            add_coord_tls(k->args, pl->tls);
-            for (char **a = pl->coord_extra; *a; a++)
-                argv_add(k->args, *a, (char *)NULL);
-        } else {
-            add_shard_tls(k->args, pl->tls);
-            if (pl->peer_token)
-                argv_add(k->args, "--peer-token-file", pl->peer_token, (char *)NULL);
-        }
-        add_metrics(k->args, pl, coord ? (ci ? pl->shards + ci : 0) : 1 + i);
-        snprintf(path, sizeof path, "%s/logs/%s.log", pl->data, name);
-        k->log_path = tsr_xstrdup(path);
-        uv_timer_init(sup.loop, &k->restart_timer);
-        k->restart_timer.data = k;
+    child *k = &sup.kids[sup.nkids++];
+    snprintf(dir, sizeof dir, "%s/%s", pl->data, name);
+    mkdir(dir, 0755);
+    snprintf(exe, sizeof exe, "%s/%s", pl->bindir,
+             coord >= 0 ? "tessera-coordinator" : "tessera-shard");
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    k->name = tsr_xstrdup(name);
+    k->target = tsr_xstrdup(addr);
+    k->service = coord >= 0 ? "tessera.v1.VectorSearch" : "tessera.v1.Shard";
+    k->args = argv_new();
+    argv_add(k->args, exe, "--listen", addr, "--data", dir, (char *)NULL);
+    if (coord >= 0) {
+        argv_add(k->args, "--config", pl->cfg, (char *)NULL);
+        if (pl->netcd)
+            argv_add(k->args, "--etcd", endpoints, "--advertise", addr, (char *)NULL);
+        add_coord_tls(k->args, pl->tls);
+        for (char **a = pl->coord_extra; *a; a++)
+            argv_add(k->args, *a, (char *)NULL);
+    } else {
+        add_shard_tls(k->args, pl->tls);
+        if (pl->peer_token)
+            argv_add(k->args, "--peer-token-file", pl->peer_token, (char *)NULL);
     }
-    sup.nshards = pl->shards;
+    if (metrics >= 0)
+        add_metrics(k->args, pl, metrics);
+    snprintf(path, sizeof path, "%s/logs/%s.log", pl->data, name);
+    k->log_path = tsr_xstrdup(path);
+    uv_timer_init(sup.loop, &k->restart_timer);
+    k->restart_timer.data = k;
+    return k;
+}
+
+/* Fills sup.kids: the etcd members, the shards and the groups of DIR/groups.json, then
+ * the coordinators (they start once the others answer). */
+static void plan_children(const cluster_plan *pl)
+{
+    char endpoints[MAX_ETCD * 32], name[32];
+    plan_etcd(pl, endpoints, sizeof endpoints);
+    for (int i = 0; i < pl->shards; i++) {
+        snprintf(name, sizeof name, "shard-%d", i);
+        plan_server(pl, name, pl->port + 1 + i, -1, 1 + i, endpoints);
+    }
+    for (int i = 0; i < pl->ngroups; i++) /* added groups: no metrics port */
+        plan_server(pl, pl->groups[i].name, pl->groups[i].port, -1, -1, endpoints);
+    for (int ci = 0; ci < pl->coords; ci++) {
+        snprintf(name, sizeof name, pl->netcd ? "coordinator-%d" : "coordinator", ci);
+        plan_server(pl, name, ci == 0 ? pl->port : pl->port + pl->shards + ci, ci,
+                    ci ? pl->shards + ci : 0, endpoints);
+    }
+    sup.nshards = pl->shards + pl->ngroups;
     sup.ncoords = pl->coords;
-    sup.first_coord = pl->netcd + pl->shards;
+    sup.first_coord = pl->netcd + pl->shards + pl->ngroups;
+}
+
+/* Every GROUPS_POLL_MS once started: a group that `tessera cluster add-group` wrote to
+ * DIR/groups.json and that is not running yet is started (and from then on supervised
+ * like the shards: restarted when it exits). */
+static void on_groups_timer(uv_timer_t *t)
+{
+    (void)t;
+    char path[PATH_MAX + 32];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/groups.json", sup.data);
+    if (sup.stopping || stat(path, &st) != 0 ||
+        (st.st_mtim.tv_sec == sup.groups_mtime.tv_sec &&
+         st.st_mtim.tv_nsec == sup.groups_mtime.tv_nsec && st.st_ino == sup.groups_ino))
+        return;
+    sup.groups_mtime = st.st_mtim;
+    sup.groups_ino = st.st_ino;
+    tsr_cluster_group g[TSR_CLUSTER_MAX_GROUPS];
+    int n = tsr_cluster_groups_read(sup.data, g, TSR_CLUSTER_MAX_GROUPS);
+    for (int i = 0; i < n; i++) {
+        int known = 0;
+        for (int j = 0; j < sup.nkids && !known; j++)
+            known = strcmp(sup.kids[j].name, g[i].name) == 0;
+        if (known)
+            continue;
+        if (sup.nkids == (int)(sizeof sup.kids / sizeof sup.kids[0])) {
+            fprintf(stderr, PROG ": %s: no room for %s\n", path, g[i].name);
+            break;
+        }
+        child *k = plan_server(sup.plan, g[i].name, g[i].port, -1, -1, NULL);
+        k->healthy = 1; /* `cluster add-group` checks that it answers; an exit restarts it */
+        printf(PROG ": %s (an added group) starting on %s (log %s)\n", k->name, k->target,
+               k->log_path);
+        fflush(stdout);
+        start_child(k);
+    }
 }
 
 /* Runs the supervisor until the cluster stopped; returns the exit status. */
@@ -589,6 +672,7 @@ static int supervise(int start_timeout_s)
 {
     uv_timer_init(sup.loop, &sup.kill_timer);
     uv_timer_init(sup.loop, &sup.health_timer);
+    uv_timer_init(sup.loop, &sup.groups_timer);
     uv_signal_init(sup.loop, &sup.sigint);
     uv_signal_init(sup.loop, &sup.sigterm);
     uv_signal_start(&sup.sigint, on_signal, SIGINT);
@@ -613,6 +697,7 @@ static int supervise(int start_timeout_s)
         uv_close((uv_handle_t *)&sup.kids[i].restart_timer, NULL);
     uv_close((uv_handle_t *)&sup.kill_timer, NULL);
     uv_close((uv_handle_t *)&sup.health_timer, NULL);
+    uv_close((uv_handle_t *)&sup.groups_timer, NULL);
     uv_close((uv_handle_t *)&sup.sigint, NULL);
     uv_close((uv_handle_t *)&sup.sigterm, NULL);
     uv_run(sup.loop, UV_RUN_DEFAULT);
@@ -799,8 +884,14 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     code = resolve_tls(&tls, tls_paths);
     if (code == 0 && own_dir(bindir, sizeof bindir) != 0)
         code = 1;
+    tsr_cluster_group groups[TSR_CLUSTER_MAX_GROUPS];
+    int ngroups = 0;
+    if (code == 0 && (ngroups = tsr_cluster_groups_read(data, groups, TSR_CLUSTER_MAX_GROUPS)) < 0)
+        code = 1;
     if (code == 0)
         code = preflight(data, port, shards, coords, netcd, mlisten ? mhost : NULL, mport);
+    if (code == 0)
+        code = preflight_groups(data, groups, ngroups);
     if (code == 0)
         code = tsr_cluster_prepare_config(data, config, cfg, sizeof cfg, &fl);
     char **coord_extra = argv_new();
@@ -831,9 +922,13 @@ int tsr_cmd_cluster_up(int argc, char **argv)
         }
         cluster_plan pl = {data, bindir, cfg, port, shards, coords, netcd, etcd,
                            mlisten ? mhost : NULL, mport, &tls, coord_extra,
-                           auth_tokens ? peer_token : NULL};
+                           auth_tokens ? peer_token : NULL, groups, ngroups};
+        sup.plan = &pl;
+        sup.metric_shards = shards;
         plan_children(&pl);
-        code = supervise(start_timeout);
+        /* for `cluster add-group`: this process, and the first port past the layout */
+        code = tsr_cluster_state_write(data, port, shards, port + shards + coords + 2 * netcd)
+                   ? 1 : supervise(start_timeout);
     }
     for (char **a = coord_extra; *a; a++)
         free(*a);

@@ -38,6 +38,8 @@ static const command commands[] = {
     {"health", NULL, tsr_cmd_health, "grpc.health.v1 check of a coordinator or shard (a probe)"},
     {"cluster", "up", tsr_cmd_cluster_up,
      "run a local cluster, supervised (--coordinators N --etcd-local M: HA)"},
+    {"cluster", "add-group", tsr_cmd_cluster_add_group,
+     "add a shard group to a running `cluster up`, supervised and kept across restarts"},
 };
 enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 
