@@ -29,6 +29,10 @@ int tsr_cmd_health(int argc, char **argv);
 int tsr_cmd_shards_add(int argc, char **argv);    /* cmd_shards.c (docs/resharding.md) */
 int tsr_cmd_shards_remove(int argc, char **argv);
 int tsr_cmd_cluster_up(int argc, char **argv);
+/* `tessera __cluster-child PPID EXE ARGS...`: how cluster up runs its etcd members (own
+ * process group, killed with the supervisor; cmd_cluster.c). Not a user command. */
+#define TSR_CLUSTER_CHILD_CMD "__cluster-child"
+int tsr_cluster_exec_child(int argc, char **argv);
 
 /* Writes a JSON batch report and a newline to path (created or truncated, fsynced), as
  * `batch inspect --report` and `update --report` do; on failure prints
@@ -111,7 +115,10 @@ typedef struct tsr_cli_tls {
         {"--tls-key", TSR_CMDLINE_STR, &(t).key, 0, 0, 0},                                \
         {"--tls-server-name", TSR_CMDLINE_STR, &(t).name, 0, 0, 0},                       \
         {"--token-file", TSR_CMDLINE_STR, &(t).token_file, 0, 0, 0}
+/* The port of a --target that names none ("localhost"), as `cluster up`'s --port. */
+#define TSR_CLI_DEFAULT_PORT 7000
 #define TSR_CLI_TLS_USAGE                                                                          \
+    "  --target HOST          without :PORT means HOST:7000 (cluster up's default port)\n"  \
     "  --target A,B,...       several coordinators of one index: a call that fails with\n"  \
     "                         UNAVAILABLE or DEADLINE_EXCEEDED is tried on the next; a write\n" \
     "                         goes to the leader a follower names (docs/ha.md)\n"              \

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -66,6 +67,7 @@ typedef struct child {
     int healthy;        /* answered SERVING once: from then on an exit means a restart */
     int launched;       /* start_child was called once */
     int restarts;
+    int term_sent;      /* stopping: SIGTERM was sent */
     uint64_t started_ms;
 } child;
 
@@ -105,15 +107,46 @@ static void on_kill_timer(uv_timer_t *t)
 {
     (void)t;
     for (int i = 0; i < sup.nkids; i++)
-        if (sup.kids[i].running) {
-            fprintf(stderr, PROG ": %s did not stop in %d ms; killing\n", sup.kids[i].name,
-                    STOP_GRACE_MS);
+        if (sup.kids[i].running && sup.kids[i].term_sent) {
+            fprintf(stderr, PROG ": %s did not stop within %d ms of SIGTERM; killing it "
+                            "(SIGKILL; its log: %s)\n", sup.kids[i].name, STOP_GRACE_MS,
+                    sup.kids[i].log_path);
             uv_process_kill(&sup.kids[i].proc, SIGKILL);
         }
 }
 
-/* Stops every child (SIGTERM, SIGKILL after STOP_GRACE_MS); the loop ends when the last
- * one exited. */
+/* SIGTERM to what may stop now, each given STOP_GRACE_MS (then SIGKILL): first the
+ * shards and coordinators (the coordinators use etcd until they exit), then the etcd
+ * members one at a time. An etcd leader on SIGTERM hands its leadership to a live member
+ * first; members stopped all at once left the last leader handing over to a stopped one
+ * and then in elections without a quorum until the grace period killed it. One at a
+ * time, each hand-over finds its successor alive and the last member has no peer left to
+ * wait for. */
+static void stop_next(void)
+{
+    int others = 0, sent = 0;
+    for (int i = sup.netcd; i < sup.nkids; i++) {
+        child *c = &sup.kids[i];
+        if (c->running && !c->term_sent) {
+            uv_process_kill(&c->proc, SIGTERM);
+            c->term_sent = sent = 1;
+        }
+        others += c->running;
+    }
+    for (int j = 0; j < sup.netcd && !others && !sent; j++) {
+        child *c = &sup.kids[j];
+        if (c->running && c->term_sent)
+            return; /* wait for it */
+        if (c->running) {
+            uv_process_kill(&c->proc, SIGTERM);
+            c->term_sent = sent = 1;
+        }
+    }
+    if (sent)
+        uv_timer_start(&sup.kill_timer, on_kill_timer, STOP_GRACE_MS, 0);
+}
+
+/* Stops every child (stop_next); the loop ends when the last one exited. */
 static void stop_all(void)
 {
     if (sup.stopping)
@@ -121,15 +154,12 @@ static void stop_all(void)
     sup.stopping = 1;
     uv_timer_stop(&sup.health_timer);
     uv_timer_stop(&sup.groups_timer);
-    for (int i = 0; i < sup.nkids; i++) {
+    for (int i = 0; i < sup.nkids; i++)
         uv_timer_stop(&sup.kids[i].restart_timer);
-        if (sup.kids[i].running)
-            uv_process_kill(&sup.kids[i].proc, SIGTERM);
-    }
     if (sup.alive == 0)
         uv_stop(sup.loop);
     else
-        uv_timer_start(&sup.kill_timer, on_kill_timer, STOP_GRACE_MS, 0);
+        stop_next();
 }
 
 /* The cluster cannot start: say why (with what the process itself logged), stop the
@@ -149,8 +179,33 @@ static void start_failed(child *c, const char *fmt, ...)
     stop_all();
 }
 
+/* "exited with status N" or "was killed by signal 9 (SIGKILL)", for the restart and
+ * start-failure lines (libuv reports both numbers; only one of them means something). */
+static const char *describe_exit(char *buf, size_t cap, int64_t status, int sig)
+{
+    static const struct { int sig; const char *name; } names[] = {
+        {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+        {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},   {SIGKILL, "SIGKILL"},
+        {SIGSEGV, "SIGSEGV"}, {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"},
+        {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"}};
+    if (sig == 0) {
+        snprintf(buf, cap, "exited with status %lld", (long long)status);
+        return buf;
+    }
+    const char *name = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].sig == sig)
+            name = names[i].name;
+    if (name)
+        snprintf(buf, cap, "was killed by signal %d (%s)", sig, name);
+    else
+        snprintf(buf, cap, "was killed by signal %d", sig);
+    return buf;
+}
+
 static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
 {
+    char how[64];
     child *c = p->data;
     c->running = 0;
     sup.alive--;
@@ -160,19 +215,21 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
         if (sup.alive == 0) {
             uv_timer_stop(&sup.kill_timer);
             uv_stop(sup.loop);
+        } else {
+            stop_next();
         }
         return;
     }
     if (!c->healthy) { /* bind error, data directory in use, bad config: no restart loop */
-        start_failed(c, "exited during start-up (status %lld, signal %d)", (long long)status,
-                     term_signal);
+        start_failed(c, "%s during start-up", describe_exit(how, sizeof how, status, term_signal));
         return;
     }
     /* It served once: restart, sooner if it had run for a while. */
     uint64_t ran = uv_now(sup.loop) - c->started_ms;
     uint64_t delay = ran > 10000 ? 200 : (uint64_t)(500 * (c->restarts < 8 ? c->restarts + 1 : 8));
-    fprintf(stderr, PROG ": %s exited (status %lld, signal %d); restarting in %llu ms (log %s)\n",
-            c->name, (long long)status, term_signal, (unsigned long long)delay, c->log_path);
+    fprintf(stderr, PROG ": %s %s; restarting in %llu ms (log %s)\n", c->name,
+            describe_exit(how, sizeof how, status, term_signal), (unsigned long long)delay,
+            c->log_path);
     c->restarts++;
     uv_timer_start(&c->restart_timer, on_restart_timer, delay, 0);
 }
@@ -353,6 +410,25 @@ static char *abs_path(const char *p)
 {
     char buf[PATH_MAX];
     return realpath(p, buf) ? tsr_xstrdup(buf) : NULL;
+}
+
+/* The etcd members run as `tessera __cluster-child PPID ETCD ARGS...`, which leaves the
+ * supervisor's process group and then execs etcd: a Ctrl-C in the terminal (SIGINT to the
+ * whole foreground group) or a kill of the group then reaches the supervisor, the shards
+ * and the coordinators but not etcd, which the supervisor stops one member at a time once
+ * the coordinators exited (stop_next). PR_SET_PDEATHSIG (kept across execve) ends the
+ * member when the supervisor dies without stopping it (kill -9). */
+int tsr_cluster_exec_child(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    pid_t want = (pid_t)strtol(argv[1], NULL, 10);
+    setpgid(0, 0);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != want)
+        return 1; /* the supervisor is gone already */
+    execv(argv[2], argv + 2);
+    fprintf(stderr, "tessera: cannot run %s: %s\n", argv[2], strerror(errno));
+    return 1;
 }
 
 static void usage(FILE *f)
@@ -557,7 +633,10 @@ static void plan_etcd(const cluster_plan *pl, char *endpoints, size_t cap)
         k->service = "";
         k->plain = 1;
         k->args = argv_new();
-        argv_add(k->args, pl->etcd, "--name", name, "--data-dir", dir, "--listen-client-urls",
+        char exe[PATH_MAX + 32], ppid[24];
+        snprintf(exe, sizeof exe, "%s/tessera", pl->bindir);
+        snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
+        argv_add(k->args, exe, TSR_CLUSTER_CHILD_CMD, ppid, pl->etcd, "--name", name, "--data-dir", dir, "--listen-client-urls",
                  curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
                  "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
                  "--initial-cluster-state", "new", "--initial-cluster-token", "tessera-local",

@@ -327,7 +327,9 @@ static void query_usage(FILE *f)
             "  --json                 one JSON document on stdout\n" TSR_CLI_TLS_USAGE
             "Output: `distance` is the dense distance (squared L2, or the dot product for\n"
             "DOT_PRODUCT and COSINE), exact (from the stored vectors) by default, the PQ\n"
-            "approximation with --candidates 0; 0 for a hit found only by the sparse search.\n"
+            "approximation with --candidates 0; `-` for a hit found only by the sparse search\n"
+            "(every hit of a sparse-only query; in a hybrid query a dense distance of exactly 0\n"
+            "prints `-` too: --json has the number, 0).\n"
             "`sparse_distance` is the exact sparse dot product. Hybrid (--sparse with a\n"
             "vector and --alpha): reciprocal rank fusion of both lists (docs/query-semantics.md).\n"
             "Exit status: 0 success, 1 the query failed (coordinator refused or unreachable,\n"
@@ -366,9 +368,12 @@ static int query_restricts(const tsr_cmdline_list *allow, const tsr_cmdline_list
 }
 
 /* Prints the neighbors of each query of resp (a table unless as_json) and appends one
- * JSON object per query to all. sparse: the query had a sparse part (print its distance). */
+ * JSON object per query to all. sparse: the query had a sparse part (print its distance);
+ * dense: it had a dense one. The table prints `distance -` where there is no dense
+ * distance: every hit of a sparse-only query, and a hybrid query's hits at 0 (the
+ * response's 0 for "found only by the sparse search"; --json keeps the number). */
 static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int sparse,
-                            int as_json, json_t *all)
+                            int dense, int as_json, json_t *all)
 {
     for (size_t i = 0; i < resp->n_nearest_neighbors; i++) {
         const Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn =
@@ -387,8 +392,11 @@ static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int 
                 const char *tag = nb1->datapoint && nb1->datapoint->crowding_tag
                                       ? nb1->datapoint->crowding_tag->crowding_attribute
                                       : "";
-                printf("  %2zu  %-24s distance %-12.6g", j + 1,
-                       nb1->datapoint ? nb1->datapoint->datapoint_id : "?", nb1->distance);
+                const char *id = nb1->datapoint ? nb1->datapoint->datapoint_id : "?";
+                if (!dense || (sparse && nb1->distance == 0.0))
+                    printf("  %2zu  %-24s distance %-12s", j + 1, id, "-");
+                else
+                    printf("  %2zu  %-24s distance %-12.6g", j + 1, id, nb1->distance);
                 if (sparse)
                     printf(" sparse %-12.6g", nb1->sparse_distance);
                 printf("%s%s\n", tag && tag[0] ? " tag " : "", tag && tag[0] ? tag : "");
@@ -546,8 +554,8 @@ int tsr_cmd_query(int argc, char **argv)
             tsr_cli_targets_failure(ch, "FindNeighbors", &res);
             rc = 1;
         } else {
-            print_neighbors((Tessera__V1__FindNeighborsResponse *)out, sparse != NULL, as_json,
-                            all);
+            print_neighbors((Tessera__V1__FindNeighborsResponse *)out, sparse != NULL,
+                            qv != NULL, as_json, all);
             protobuf_c_message_free_unpacked(out, NULL);
         }
         tsr_rpc_result_close(&res);

@@ -7,8 +7,8 @@ restart the coordinator routed to it and, that process down, every query failed)
   a. `tessera cluster add-group --data DIR` on a running 2-shard cluster with data: exit 0,
      the supervisor starts the group's tessera-shard, stats shows 3 groups up and the group
      holds vectors, a query answers;
-  b. killed with SIGKILL, the added group's process is restarted by cluster up and queries
-     answer again;
+  b. killed with SIGKILL, the added group's process is restarted by cluster up ("shard-2
+     was killed by signal 9 (SIGKILL); restarting ...") and queries answer again;
   c. cluster up stopped and started again on the same --data: it starts the added group
      with the shards ("shard-2 listening"), stats shows 3 groups up with every vector, and
      a query right after "listening" answers.
@@ -82,9 +82,12 @@ def main():
             while time.time() - t0 < 30 and not query_ok(target, q)[0]:
                 time.sleep(0.3)
             ok, r = query_ok(target, q)
-            line = c.wait_line("shard-2 exited", 5) or ""
+            line = c.wait_line("shard-2 was killed", 5) or ""
             print("b. SIGKILL of shard-2: queries answer again after %.1f s (%s)"
                   % (time.time() - t0, line.strip()))
+            # the restart line says what happened (it read "exited (status 0, signal 9)")
+            if "shard-2 was killed by signal 9 (SIGKILL); restarting" not in line:
+                fails.append("b. the restart line: %r" % line)
             if not ok:
                 fails.append("b. after SIGKILL of the added group: %s %s" % (r.stdout, r.stderr))
         c.stop()
