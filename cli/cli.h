@@ -92,6 +92,10 @@ int tsr_cluster_prepare_config(const char *data, const char *config, char *cfg, 
  * kept from an earlier run must be the caller's regular file with mode 0600. 0, or 1
  * after saying why not. */
 int tsr_cluster_peer_token(const char *data, char *path, size_t cap);
+/* A DIR holding etcd members' data (DIR/etcd-0..M-1) must run with --etcd-local M, and
+ * one whose coordinator served without etcd (DIR/coordinator) without it. 0, or 1 after
+ * saying which. */
+int tsr_cluster_check_layout(const char *data, int netcd);
 
 /* cluster_groups.c: shard groups added to a running `cluster up` (see the file comment). */
 enum { TSR_CLUSTER_MAX_GROUPS = 32 };

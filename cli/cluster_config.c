@@ -8,11 +8,14 @@
  * distance, nlist, pq_m, nprobe, and the shard ports --port and --shards imply. With
  * --auth-tokens it also keeps DIR/peer-token (mode 0600), the token the coordinator sends
  * to its shards and the only one they accept (docs/security.md), made on the first run.
+ * And a folder first run with --etcd-local M (its index state in etcd) must be started
+ * with --etcd-local M again, one run without it must not get it.
  *
  * DESIGN: the config is read with jansson only to compare; the coordinator stays the one
  * judge of a config's validity (a file that does not parse is left to it when no flag
  * needs comparing, so its own error is what the user sees).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -247,6 +250,49 @@ int tsr_cluster_peer_token(const char *data, char *path, size_t cap)
                         "it, or delete it (a new one is made)\n",
                 path, S_ISREG(st.st_mode) ? "a file of" : "not a regular file,",
                 (unsigned)(st.st_mode & 07777));
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- the layout kept in DIR: with or without --etcd-local, and how many members */
+
+/* 1 when DIR/name is a folder holding anything. */
+static int dir_used(const char *data, const char *name)
+{
+    char path[4096 + 64];
+    snprintf(path, sizeof path, "%s/%s", data, name);
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return 0;
+    int used = 0;
+    for (struct dirent *e; !used && (e = readdir(d)) != NULL;)
+        used = strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return used;
+}
+
+int tsr_cluster_check_layout(const char *data, int netcd)
+{
+    char name[32];
+    int kept = 0;
+    for (;; kept++) {
+        snprintf(name, sizeof name, "etcd-%d", kept);
+        if (!dir_used(data, name))
+            break;
+    }
+    if (kept > 0 && netcd != kept) {
+        fprintf(stderr, PROG ": --etcd-local %d%s contradicts %s, which holds the data of a "
+                        "%d-member etcd (%s/etcd-0..%d, where its index state is): start with "
+                        "--etcd-local %d, or use another --data\n", netcd,
+                netcd ? "" : " (not given)", data, kept, data, kept - 1, kept);
+        return 1;
+    }
+    if (kept == 0 && netcd > 0 && dir_used(data, "coordinator")) {
+        fprintf(stderr, PROG ": --etcd-local %d contradicts %s, whose index was served without "
+                        "etcd (%s/coordinator): coordinators on etcd would not find it; start "
+                        "without --etcd-local and --coordinators, or use another --data\n",
+                netcd, data, data);
         return 1;
     }
     return 0;

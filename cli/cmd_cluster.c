@@ -970,6 +970,8 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     if (code == 0)
         code = preflight(data, port, shards, coords, netcd, mlisten ? mhost : NULL, mport);
     if (code == 0)
+        code = tsr_cluster_check_layout(data, netcd);
+    if (code == 0)
         code = preflight_groups(data, groups, ngroups);
     if (code == 0)
         code = tsr_cluster_prepare_config(data, config, cfg, sizeof cfg, &fl);

@@ -17,7 +17,8 @@ another cluster's).
   g. a flag that contradicts the kept coordinator.json (--dimensions 128 on a folder at 64,
      --distance, --nlist, --pq-m, --nprobe, --shards) stops the start (exit 1, nothing
      started) naming the flag, both values and what to do; so does one that contradicts a
-     --config file; a flag that agrees (--dimensions 64) starts as before (case c).
+     --config file, and --etcd-local on a folder served without etcd (test_ha_cluster_up
+     checks the converse); a flag that agrees (--dimensions 64) starts as before (case c).
 """
 import os
 import shutil
@@ -251,6 +252,12 @@ def case_contradicting_flags(tmp, fails, data, port):
         fails.append("--shards 3 on a kept 2-shard config: exit %d\n%s" % (p.returncode, p.stderr))
     if open(os.path.join(data, "coordinator.json")).read() != cfg0:
         fails.append("the kept coordinator.json changed")
+    # --etcd-local on a folder whose index was served without etcd (DIR/coordinator)
+    if os.access(os.environ.get("TSR_ETCD") or shutil.which("etcd") or "/usr/bin/etcd", os.X_OK):
+        rc, out, secs = up_once(data, port, 8, "--etcd-local", "1")
+        print("g. --etcd-local 1 on a folder served without etcd: exit %s" % rc)
+        if rc != 1 or "--etcd-local 1" not in out or "without --etcd-local" not in out:
+            fails.append("--etcd-local 1 on a folder served without etcd: exit %s\n%s" % (rc, out))
     # --config FILE with a flag it contradicts
     cfg = os.path.join(tmp, "c32.json")
     with open(cfg, "w") as f:
