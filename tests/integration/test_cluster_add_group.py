@@ -24,7 +24,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_cluster_up import Cluster, SHARDS, run, load_sample  # noqa: E402
+from test_cluster_up import Cluster, SHARDS, report, run, load_sample  # noqa: E402
 from shard_harness import free_range  # noqa: E402
 
 N = 600
@@ -113,11 +113,7 @@ def main():
         if c is not None:
             c.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-        for f in fails:
-            print("FAIL:", f)
-        if not fails:
-            print("ok")
-    return 1 if fails else 0
+    return report(fails)
 
 
 if __name__ == "__main__":

@@ -269,6 +269,15 @@ def case_contradicting_flags(tmp, fails, data, port):
         fails.append("--dimensions 64 with --config at 32: exit %s\n%s" % (rc, out))
 
 
+def report(fails):
+    """Prints each failure (or "ok"); the exit status of a test."""
+    for f in fails:
+        print("FAIL:", f)
+    if not fails:
+        print("ok")
+    return 1 if fails else 0
+
+
 def main():
     fails = []
     tmp = tempfile.mkdtemp(prefix="tsr-clusterup-")
@@ -304,11 +313,7 @@ def main():
         if a is not None:
             a.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    for f in fails:
-        print("FAIL:", f)
-    if not fails:
-        print("ok")
-    return 1 if fails else 0
+    return report(fails)
 
 
 if __name__ == "__main__":

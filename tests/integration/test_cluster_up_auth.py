@@ -24,7 +24,7 @@ import grpc
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import shard_harness as sh  # noqa: E402
-from test_cluster_up import Cluster, SHARDS, run  # noqa: E402
+from test_cluster_up import Cluster, SHARDS, report, run  # noqa: E402
 from shard_harness import free_range  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -122,11 +122,7 @@ def main():
         if c is not None:
             c.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-        for f in fails:
-            print("FAIL:", f)
-        if not fails:
-            print("ok")
-    return 1 if fails else 0
+    return report(fails)
 
 
 if __name__ == "__main__":

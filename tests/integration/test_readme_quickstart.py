@@ -22,6 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from ports import free_range  # noqa: E402
+sys.path.insert(0, HERE)
+from test_cluster_up import report  # noqa: E402
 
 BIN = os.environ.get("TSR_BIN", os.path.join(ROOT, "bin"))
 
@@ -79,11 +81,7 @@ def main():
             break
         subprocess.run(["sleep", "0.2"])
     shutil.rmtree(tmp, ignore_errors=True)
-    for f in fails:
-        print("FAIL:", f)
-    if not fails:
-        print("ok")
-    return 1 if fails else 0
+    return report(fails)
 
 
 if __name__ == "__main__":
