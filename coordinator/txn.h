@@ -12,9 +12,11 @@
  *   commit    tsr__txn_commit: Commit(newv) to every replica (reconcile fixes a miss);
  *   cleanup   tsr__txn_cleanup: a failure before the flip aborts newv everywhere.
  *
- * A tsr__txn is driven by its caller (the planner) on the update thread, which holds
- * update_mu throughout and the stream lock where the planner says (stream.h). The
- * operation's progress is written under op_mu (ops.h).
+ * tsr__txn_run drives them in that order for a planner (tsr__txn_planner: its plan and
+ * a few hooks): UpdateIndex and the fold (update.c), AddShardGroup / RemoveShardGroup
+ * (reshard_move.c). It runs on the update thread, which holds update_mu throughout; the
+ * engine freezes the stream (stream.h) where the planner's kind says. The operation's
+ * progress is written under op_mu (ops.h).
  * Also the operation helpers the planners share (tsr__op_set, tsr__op_finish) and the
  * all-replica fan-out with update_min_replicas (tsr__txn_fan).
  */
