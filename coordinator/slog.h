@@ -15,13 +15,11 @@
 
 typedef struct tsr__coord tsr__coord; /* coord.h */
 
-/* ---- stream_log.c: the coordinator log's files (framing, append, scan) ---- */
+/* ---- stream_log.c: the coordinator log's files (naming, records; framing in store/applog) ---- */
 struct Tessera__V1__CoordLogRecord;
 /* DATA/stream and DATA/stream/v<version>.log into buf. */
 void tsr__slog_dir(const tsr_store *st, char *buf, size_t cap);
 void tsr__slog_path(const tsr_store *st, uint64_t version, char *buf, size_t cap);
-/* rec as `u32 len | u32 crc32 | payload` (new buffer, *len bytes). */
-uint8_t *tsr__slog_frame(const struct Tessera__V1__CoordLogRecord *rec, size_t *len);
 /* Creates (replaces) the log of version with its header hdr only, durably (fsync, rename,
  * fsync of DATA/stream). */
 int tsr__slog_create(const tsr_store *st, uint64_t version,

@@ -1,6 +1,6 @@
 /*
  * fuzz_coord_stream_log — the coordinator's log of streamed writes (coordinator/stream_log.c
- * framing and scan, stream.c's replay into the overlay) read at start-up from random bytes:
+ * on common/store/applog.c: framing and scan, stream.c's replay into the overlay) read at start-up from random bytes:
  * the input is written as DATA/stream/v000001.log of the coordinator of fuzz_coord_common.h
  * and tsr__stream_init replays it (cutting a torn or corrupt tail).
  *
