@@ -534,7 +534,7 @@ int tsr__txn_flip(tsr__txn *u, tsr_error *err)
         int64_t upto = tsr__stream_last_seq(c); /* T: the stream lock is ours */
         int blob = u->catchup && u->reshard;
         if (u->catchup && !u->reshard && upto > u->carry_after) {
-            if (atomic_load(&c->lead.readopt))
+            if (tsr__coord_readopt_pending(c))
                 blob = 1;
             else
                 carry = (tsr__meta_carry){u->base->version, u->carry_after, upto};
