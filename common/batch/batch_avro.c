@@ -496,11 +496,8 @@ static int take_string(avro_value_t *v, const char *field, char **out, size_t *o
         tsr__avro_snippet(sn, sizeof sn, s, n);
         BAD(nul_type, "%s '%s' contains a NUL character", field, sn);
     }
-    *out = tsr_try_malloc(n + 1, 1);
-    if (*out == NULL)
+    if ((*out = tsr_try_strndup(s, n)) == NULL)
         return -1;
-    memcpy(*out, s, n + 1);
-    (*out)[n] = '\0';
     if (outlen)
         *outlen = n;
     return 0;

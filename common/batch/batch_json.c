@@ -584,10 +584,8 @@ static int parse_record(json_state *st, json_t *o, tsr_datapoint *dp, enum tsr_r
         BAD(TSR_REC_INVALID_EMBEDDING_ID, "\"id\" is empty");
     if (strlen(json_string_value(id)) != idlen)
         BAD(TSR_REC_INVALID_EMBEDDING_ID, "\"id\" contains a NUL character");
-    dp->id = tsr_try_malloc(idlen + 1, 1);
-    if (dp->id == NULL)
+    if ((dp->id = tsr_try_strndup(json_string_value(id), idlen)) == NULL)
         return TSR_ENOMEM;
-    memcpy(dp->id, json_string_value(id), idlen + 1);
 
     json_t *emb = json_object_get(o, "embedding");
     if (emb != NULL && !json_is_null(emb)) {
@@ -640,10 +638,8 @@ static int parse_record(json_state *st, json_t *o, tsr_datapoint *dp, enum tsr_r
         size_t l = json_string_length(ct);
         if (l == 0 || strlen(json_string_value(ct)) != l)
             BAD(TSR_REC_INVALID_TOKEN_VALUE, "\"crowding_tag\" is empty or contains NUL");
-        dp->crowding_tag = tsr_try_malloc(l + 1, 1);
-        if (dp->crowding_tag == NULL)
+        if ((dp->crowding_tag = tsr_try_strndup(json_string_value(ct), l)) == NULL)
             return TSR_ENOMEM;
-        memcpy(dp->crowding_tag, json_string_value(ct), l + 1);
     }
     json_t *md = json_object_get(o, "embedding_metadata");
     if (md != NULL && !json_is_null(md))

@@ -584,16 +584,6 @@ static int grow(void **arr, size_t n, size_t elem)
     return 0;
 }
 
-static char *dupn(const char *s, size_t n)
-{
-    char *p = tsr_try_malloc(n + 1, 1);
-    if (p != NULL) {
-        memcpy(p, s, n);
-        p[n] = '\0';
-    }
-    return p;
-}
-
 int tsr__dp_add_token(tsr_datapoint *dp, const char *ns, size_t nslen, const char *val,
                       size_t vallen, int deny)
 {
@@ -608,7 +598,7 @@ int tsr__dp_add_token(tsr_datapoint *dp, const char *ns, size_t nslen, const cha
             return TSR_ENOMEM;
         r = &dp->restricts[dp->nrestricts];
         memset(r, 0, sizeof *r);
-        r->ns = dupn(ns, nslen);
+        r->ns = tsr_try_strndup(ns, nslen);
         if (r->ns == NULL)
             return TSR_ENOMEM;
         dp->nrestricts++;
@@ -619,7 +609,7 @@ int tsr__dp_add_token(tsr_datapoint *dp, const char *ns, size_t nslen, const cha
     size_t *cnt = deny ? &r->ndeny : &r->nallow;
     if (grow((void **)list, *cnt, sizeof **list))
         return TSR_ENOMEM;
-    char *v = dupn(val, vallen);
+    char *v = tsr_try_strndup(val, vallen);
     if (v == NULL)
         return TSR_ENOMEM;
     (*list)[(*cnt)++] = v;
@@ -636,7 +626,7 @@ int tsr__dp_add_numeric(tsr_datapoint *dp, const char *ns, size_t nslen,
         return TSR_ENOMEM;
     tsr_numeric_restrict *r = &dp->numeric[dp->nnumeric];
     *r = *value;
-    r->ns = dupn(ns, nslen);
+    r->ns = tsr_try_strndup(ns, nslen);
     if (r->ns == NULL)
         return TSR_ENOMEM;
     dp->nnumeric++;
