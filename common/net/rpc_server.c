@@ -105,6 +105,7 @@ struct method {
     unsigned flags;
     int role; /* level a call needs (rpc.h "authorization"); INT_MAX = the highest */
     const ProtobufCMessageDescriptor *req_type; /* NULL = no nesting check */
+    struct tsr__rpc_binding bound; /* a typed method's ctx (tsr__rpc_server_add_bound) */
 };
 
 struct slot {
@@ -886,6 +887,20 @@ int tsr_rpc_server_add_method(tsr_rpc_server *s, const char *path, tsr_rpc_handl
     return 0;
 }
 
+int tsr__rpc_server_add_bound(tsr_rpc_server *s, const char *path, tsr_rpc_handler_fn fn,
+                              const struct tsr__rpc_binding *b, unsigned flags,
+                              const ProtobufCMessageDescriptor *req_type)
+{
+    int rc = tsr_rpc_server_add_method(s, path, fn, NULL, flags);
+    if (rc != 0)
+        return rc;
+    struct method *m = &s->methods[s->nmethods - 1]; /* the table never moves */
+    m->bound = *b;
+    m->ctx = &m->bound;
+    m->req_type = req_type;
+    return 0;
+}
+
 int tsr_rpc_server_set_role(tsr_rpc_server *s, const char *path, int level)
 {
     if (s->started || !path || level < 0)
@@ -1235,6 +1250,11 @@ int64_t tsr_rpc_reply_remaining_ms(const tsr_rpc_reply *r)
 int tsr_rpc_reply_cancelled(const tsr_rpc_reply *r)
 {
     return atomic_load(&r->call->srv->cancelling);
+}
+
+int tsr__rpc_reply_code(const tsr_rpc_reply *r)
+{
+    return r->code;
 }
 
 const char *tsr_rpc_reply_method(const tsr_rpc_reply *r)
