@@ -533,4 +533,12 @@ int tsr_rpc_call_pb(tsr_rpc_channel *ch, const char *method, const ProtobufCMess
                     const ProtobufCMessageDescriptor *resp_desc, int64_t timeout_ms,
                     ProtobufCMessage **resp, tsr_rpc_result *res);
 
+/* The reply of a call that returned OK (a fan-out's result), unpacked with desc and
+ * allocator (NULL = malloc; free with protobuf_c_message_free_unpacked(m, allocator)): the
+ * message (res->data stays, closed with res), or NULL when res->code is not OK, or when the
+ * reply does not parse — res then becomes INTERNAL "malformed <Type>" (e.g. "malformed
+ * ShardReadResponse"), so the caller's one error path reports it. */
+ProtobufCMessage *tsr_rpc_result_unpack(tsr_rpc_result *res, const ProtobufCMessageDescriptor *desc,
+                                        ProtobufCAllocator *allocator);
+
 #endif

@@ -4,7 +4,7 @@
  * (found from the descriptors), the mapping of a handler's tsr_error to a status with its
  * message, a status chosen by the handler, resp_free and deferred cleanups on success and
  * failure, raw replies; then the same over a real server and client, with a held reply
- * released from another thread.
+ * released from another thread; and the client side's tsr_rpc_result_unpack.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -334,6 +334,30 @@ static void test_server(void **state)
     tsr_rpc_server_destroy(s);
 }
 
+/* The client side: a fan-out result's reply unpacked, or the result turned INTERNAL. */
+static void test_result_unpack(void **state)
+{
+    (void)state;
+    tsr_rpc_result res;
+    tsr_rpc_result_init(&res);
+    const ProtobufCMessageDescriptor *d = &tessera__v1__shard_list_response__descriptor;
+    res.data = malloc(2);
+    res.data[0] = 0x08; /* version = 5 */
+    res.data[1] = 5;
+    res.len = 2;
+    Resp *r = (Resp *)(void *)tsr_rpc_result_unpack(&res, d, NULL);
+    assert_non_null(r);
+    assert_int_equal(r->version, 5);
+    assert_int_equal(res.code, TSR_RPC_OK);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    res.data[1] = 0xff; /* cut short */
+    assert_null(tsr_rpc_result_unpack(&res, d, NULL));
+    assert_int_equal(res.code, TSR_RPC_INTERNAL);
+    assert_string_equal(res.message, "malformed ShardListResponse");
+    assert_null(tsr_rpc_result_unpack(&res, d, NULL)); /* not OK: nothing */
+    tsr_rpc_result_close(&res);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -343,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_ok_and_raw),
         cmocka_unit_test(test_nesting),
         cmocka_unit_test(test_server),
+        cmocka_unit_test(test_result_unpack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
