@@ -524,7 +524,9 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                     probed += (long long)nl;
                 }
             }
-            if (!nl && !p->has_sparse)
+            /* sparse: every group that may hold a sparse datapoint at sn's version, never
+             * one sn's version removed (it owns nothing, and is no longer called) */
+            if (!nl && (!p->has_sparse || sn->retired[s]))
                 continue;
             Tessera__V1__ShardQuery *sq = ar(a, 1, sizeof *sq);
             tessera__v1__shard_query__init(sq);
@@ -1124,7 +1126,7 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     Tessera__V1__ShardIndexStats *st = ar(&a, S, sizeof *st);
     out.shards = ar(&a, S, sizeof *out.shards);
     out.n_shards = S;
-    out.shards_count = (int32_t)S;
+    out.shards_count = (int32_t)tsr__snap_live_groups(sn, &c->cfg); /* shards: every number */
     out.version = (int64_t)sn->version;
     out.dimensions = c->cfg.dimensions;
     out.distance = (char *)tsr__distance_name(c->cfg.distance);
