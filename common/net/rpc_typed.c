@@ -28,6 +28,7 @@ struct tsr_rpc_ctx {
     size_t raw_len;
     ProtobufCMessage *rq;
     ProtobufCMessage *resp; /* points into this allocation (after the struct) */
+    ProtobufCMessage *own;  /* tsr_rpc_ctx_set_resp: packed instead of resp */
     uint8_t *raw_reply;     /* tsr_rpc_ctx_reply_raw; NULL = pack resp */
     size_t raw_reply_len;
     int raw_reply_set;
@@ -98,7 +99,7 @@ static int finish(tsr_rpc_ctx *c, int rc, const tsr_error *err)
             tsr_rpc_reply_set(r, c->raw_reply, c->raw_reply_len);
             c->raw_reply = NULL;
         } else {
-            rc = tsr_rpc_reply_pack(r, c->resp);
+            rc = tsr_rpc_reply_pack(r, c->own ? c->own : c->resp);
         }
     } else if (code == TSR_RPC_OK) {
         if (err && err->code < 0)
@@ -184,6 +185,11 @@ int tsr_rpc_ctx_cancelled(const tsr_rpc_ctx *ctx)
     return tsr_rpc_reply_cancelled(ctx->reply);
 }
 
+tsr_rpc_server *tsr_rpc_ctx_server(const tsr_rpc_ctx *ctx)
+{
+    return tsr_rpc_reply_server(ctx->reply);
+}
+
 tsr_rpc_reply *tsr_rpc_ctx_reply(tsr_rpc_ctx *ctx)
 {
     return ctx->reply;
@@ -206,6 +212,16 @@ int tsr_rpc_ctx_defer(tsr_rpc_ctx *ctx, void (*fn)(void *), void *arg)
     ctx->defer[ctx->ndefer].fn = fn;
     ctx->defer[ctx->ndefer].arg = arg;
     ctx->ndefer++;
+    return 0;
+}
+
+int tsr_rpc_ctx_set_resp(tsr_rpc_ctx *ctx, ProtobufCMessage *msg, void (*free_fn)(void *))
+{
+    if (!msg || msg->descriptor != ctx->m->resp)
+        return TSR_EINVAL;
+    if (free_fn && tsr_rpc_ctx_defer(ctx, free_fn, msg) != 0)
+        return TSR_ELIMIT;
+    ctx->own = msg;
     return 0;
 }
 

@@ -114,6 +114,8 @@ const uint8_t *tsr_rpc_ctx_raw(const tsr_rpc_ctx *ctx, size_t *len);
 /* Deadline and cancellation: as tsr_rpc_reply_remaining_ms / tsr_rpc_reply_cancelled. */
 int64_t tsr_rpc_ctx_remaining_ms(const tsr_rpc_ctx *ctx);
 int tsr_rpc_ctx_cancelled(const tsr_rpc_ctx *ctx);
+/* The server that received the call (NULL for a detached call), for tsr_rpc_server_fanout. */
+tsr_rpc_server *tsr_rpc_ctx_server(const tsr_rpc_ctx *ctx);
 /* The underlying reply, for the raw API's helpers that set a status on it
  * (tsr_rpc_reply_error): a status set there stands (step 5). Not for packing. */
 tsr_rpc_reply *tsr_rpc_ctx_reply(tsr_rpc_ctx *ctx);
@@ -130,6 +132,12 @@ int tsr_rpc_ctx_error(tsr_rpc_ctx *ctx, int grpc_code, const char *fmt, ...)
  * yourself). */
 #define TSR_RPC_MAX_DEFER 8
 int tsr_rpc_ctx_defer(tsr_rpc_ctx *ctx, void (*fn)(void *), void *arg);
+
+/* Replies with msg (of the method's response type) instead of resp: for a response built
+ * elsewhere (a function that returns its own message). free_fn(msg) runs after packing,
+ * as a deferred cleanup (NULL = msg stays the caller's). Returns 0, or TSR_EINVAL (another
+ * type) / TSR_ELIMIT (no cleanup slot left), msg not taken. */
+int tsr_rpc_ctx_set_resp(tsr_rpc_ctx *ctx, ProtobufCMessage *msg, void (*free_fn)(void *));
 
 /* Replies with these bytes (taken: malloc'ed, freed with free()) instead of packing resp,
  * for a reply already serialized elsewhere. */

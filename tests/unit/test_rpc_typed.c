@@ -36,8 +36,15 @@ static void count_deferred(void *arg)
 /* version: 1 → OK with labels {1, 2, 3} (malloc'ed, freed by list_free) and version echoed;
  * 2 → TSR_EINVAL with a message; 3 → TSR_ESTATE; 4 → TSR_ELIMIT; 5 → a bare TSR_ENOTFOUND
  * (no err); 6 → a status chosen with tsr_rpc_ctx_error; 7 → a raw reply; 8 → held and
- * released from another thread (over a server; detached: hold refused → UNAVAILABLE). */
+ * released from another thread (over a server; detached: hold refused → UNAVAILABLE);
+ * 9 → a message of its own (tsr_rpc_ctx_set_resp) freed after packing. */
 static void *release_later(void *arg);
+
+static void own_free(void *p)
+{
+    deferred += 10;
+    protobuf_c_message_free_unpacked(p, NULL);
+}
 
 TSR_RPC_HANDLER(h_list, Req, Resp)
 {
@@ -76,6 +83,14 @@ TSR_RPC_HANDLER(h_list, Req, Resp)
         pthread_create(&t, NULL, release_later, ctx);
         pthread_detach(t);
         return 0;
+    }
+    case 9: {
+        Resp *own = malloc(sizeof *own);
+        tessera__v1__shard_list_response__init(own);
+        own->version = 99;
+        if (tsr_rpc_ctx_set_resp(ctx, (ProtobufCMessage *)(void *)&rq->base, NULL) != TSR_EINVAL)
+            return TSR_EINTERNAL;
+        return tsr_rpc_ctx_set_resp(ctx, &own->base, own_free);
     }
     default:
         return 0;
@@ -219,6 +234,16 @@ static void test_ok_and_raw(void **state)
     assert_int_equal(d.len, 2);
     assert_int_equal(d.resp[1], 42);
     assert_int_equal(frees, 1);
+    tsr__rpc_detached_close(&d);
+    free(b);
+    b = pack_req(9, 0, &n);
+    assert_int_equal(run(&M[0], b, n, &d), TSR_RPC_OK);
+    r = tessera__v1__shard_list_response__unpack(NULL, d.len, d.resp);
+    assert_non_null(r);
+    assert_int_equal(r->version, 99);
+    assert_int_equal(r->n_labels, 0);
+    tessera__v1__shard_list_response__free_unpacked(r, NULL);
+    assert_int_equal(deferred, 11);
     tsr__rpc_detached_close(&d);
     free(b);
     /* an empty request is the message with every field default */
