@@ -14,7 +14,10 @@
  *   tsr_rpc_server_start(s, &err);                              // threads run
  *   ...  tsr_rpc_server_destroy(s);                             // graceful shutdown
  *
- *   A handler:
+ *   Handlers of protobuf methods are typed (net/rpc_typed.h, tsr_rpc_server_add_typed): they
+ *   get the decoded request and fill the response; the layer unpacks, checks, maps errors,
+ *   packs and frees. The raw form below is for byte-level handlers (tests, relays) and is
+ *   what the typed layer itself is built on. A raw handler:
  *     static int search_fn(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
  *     {
  *         Tessera__V1__ShardSearchRequest *rq =
