@@ -5,6 +5,7 @@
 #ifndef TSR_RPC_INTERNAL_H
 #define TSR_RPC_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -128,6 +129,9 @@ struct tsr__rpc_binding {
 int tsr__rpc_server_add_bound(tsr_rpc_server *s, const char *path, tsr_rpc_handler_fn fn,
                               const struct tsr__rpc_binding *b, unsigned flags,
                               const ProtobufCMessageDescriptor *req_type);
+
+/* tsr_rpc_reply_error with a va_list. */
+int tsr__rpc_reply_verror(tsr_rpc_reply *r, int grpc_code, const char *fmt, va_list ap);
 
 /* The status code set on r so far (TSR_RPC_OK when none). */
 int tsr__rpc_reply_code(const tsr_rpc_reply *r);

@@ -1123,11 +1123,17 @@ int tsr_rpc_reply_pack(tsr_rpc_reply *r, const ProtobufCMessage *msg)
 
 int tsr_rpc_reply_error(tsr_rpc_reply *r, int grpc_code, const char *fmt, ...)
 {
-    char buf[TSR_RPC_MAX_STATUS_MESSAGE + 1];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    int rc = tsr__rpc_reply_verror(r, grpc_code, fmt, ap);
     va_end(ap);
+    return rc;
+}
+
+int tsr__rpc_reply_verror(tsr_rpc_reply *r, int grpc_code, const char *fmt, va_list ap)
+{
+    char buf[TSR_RPC_MAX_STATUS_MESSAGE + 1];
+    vsnprintf(buf, sizeof buf, fmt, ap);
     if (grpc_code == TSR_RPC_OK || grpc_code < 0 || grpc_code > 16)
         grpc_code = TSR_RPC_INTERNAL;
     set_status(r, grpc_code, buf);

@@ -197,12 +197,11 @@ tsr_rpc_reply *tsr_rpc_ctx_reply(tsr_rpc_ctx *ctx)
 
 int tsr_rpc_ctx_error(tsr_rpc_ctx *ctx, int grpc_code, const char *fmt, ...)
 {
-    char buf[TSR_RPC_MAX_STATUS_MESSAGE + 1];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    int rc = tsr__rpc_reply_verror(ctx->reply, grpc_code, fmt, ap);
     va_end(ap);
-    return tsr_rpc_reply_error(ctx->reply, grpc_code, "%s", buf);
+    return rc;
 }
 
 int tsr_rpc_ctx_defer(tsr_rpc_ctx *ctx, void (*fn)(void *), void *arg)
