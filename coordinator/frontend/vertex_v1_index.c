@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "frontend.h"
 #include "core/mem.h"
 #include "google/cloud/aiplatform/v1/index_service.pb-c.h"
 #include "google/longrunning/operations.pb-c.h"
