@@ -14,24 +14,20 @@
 
 #include "core/error.h"
 #include "net/rpc.h"
+#include "net/rpc_typed.h"
 #include "tessera/v1/tessera.pb-c.h"
 
 typedef struct tsr__coord tsr__coord; /* coord.h */
 
-/* Handlers (rpc.h signature) */
+/* tessera_v1.c: the tessera.v1.VectorSearch methods as typed methods (net/rpc_typed.h;
+ * app = the tsr__coord): ReadIndexDatapoints, GetIndexStats, UpdateIndex, GetOperation,
+ * UpsertDatapoints / RemoveDatapoints (TSR_RPC_LONG, role admin), AddShardGroup /
+ * RemoveShardGroup (docs/resharding.md: a move on the update thread, leader only). Roles
+ * are main.c's. FindNeighbors is a raw handler: its reply is sent by the query path's
+ * asynchronous fan-out. */
+extern const tsr_rpc_method tsr__tessera_v1_methods[];
+extern const size_t tsr__tessera_v1_nmethods;
 int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-/* update.c: tessera.v1 AddShardGroup / RemoveShardGroup (docs/resharding.md): start a move
- * on the update thread (leader only, one operation at a time). */
-int tsr__coord_rpc_add_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_remove_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-
-/* stream.c: tessera.v1 UpsertDatapoints / RemoveDatapoints (TSR_RPC_LONG, role admin). */
-int tsr__coord_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 
 /* vertex.c: google.cloud.aiplatform.container.v1.MatchService (docs/vertex-compat.md);
  * register with TSR_RPC_LONG. */

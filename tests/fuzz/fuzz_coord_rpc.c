@@ -4,7 +4,7 @@
  * type), validation, the Vertex -> tessera.v1 translation, resource-name and
  * deployed_index_id checks, update_mask handling, the query plan and the write plan, on the
  * in-process coordinator of fuzz_coord_common.h, without gRPC or a socket
- * (tsr__rpc_run_detached runs a handler as the server would).
+ * (tsr__rpc_run_detached / tsr__rpc_run_typed_detached run a handler as the server would).
  *
  * Input: byte 0 picks the method, the rest is the request message. Byte 0 below 252
  * (14 x 18): M[byte % 18], the first 18 rows of the table below (coordinator/main.c's order,
@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "net/rpc_int.h"
 
@@ -45,18 +46,17 @@ static const char unimpl[] = V1I "CreateIndex";
 
 static const struct {
     const char *path;
-    tsr_rpc_handler_fn fn;
+    tsr_rpc_handler_fn fn; /* a raw handler; NULL = the typed method of path (typed_of) */
     const ProtobufCMessageDescriptor *req_type; /* nesting checked first, as main.c sets */
 } M[] = {
     {SVC "FindNeighbors", tsr__coord_rpc_find_neighbors,
      &tessera__v1__find_neighbors_request__descriptor},
-    {SVC "ReadIndexDatapoints", tsr__coord_rpc_read, NULL},
-    {SVC "GetIndexStats", tsr__coord_rpc_stats, NULL},
-    {SVC "UpdateIndex", tsr__coord_rpc_update, NULL},
-    {SVC "GetOperation", tsr__coord_rpc_get_operation, NULL},
-    {SVC "UpsertDatapoints", tsr__coord_rpc_upsert,
-     &tessera__v1__upsert_datapoints_request__descriptor},
-    {SVC "RemoveDatapoints", tsr__coord_rpc_remove, NULL},
+    {SVC "ReadIndexDatapoints", NULL, NULL},
+    {SVC "GetIndexStats", NULL, NULL},
+    {SVC "UpdateIndex", NULL, NULL},
+    {SVC "GetOperation", NULL, NULL},
+    {SVC "UpsertDatapoints", NULL, NULL},
+    {SVC "RemoveDatapoints", NULL, NULL},
     {TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, NULL},
     {TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match, NULL},
     {TSR_VERTEX_SVC "BatchGetEmbeddings", tsr__vertex_rpc_batch_get_embeddings, NULL},
@@ -72,8 +72,8 @@ static const struct {
     {V1I "RemoveDatapoints", tsr__vertex_v1_rpc_remove, NULL},
     {V1I "CreateIndex", tsr__vertex_v1_rpc_unimplemented, NULL},
     /* added after the first 18: reached by byte 0 >= 252 only (see the top) */
-    {SVC "AddShardGroup", tsr__coord_rpc_add_group, NULL},
-    {SVC "RemoveShardGroup", tsr__coord_rpc_remove_group, NULL},
+    {SVC "AddShardGroup", NULL, NULL},
+    {SVC "RemoveShardGroup", NULL, NULL},
 };
 #define NM (sizeof M / sizeof M[0])
 #define NM_OLD 18                   /* the table's size before the reshard methods */
@@ -90,6 +90,15 @@ static size_t method_of(uint8_t b)
 
 static tsr__coord C;
 
+/* The typed method registered at path (main.c registers these tables). */
+static const tsr_rpc_method *typed_of(const char *path)
+{
+    for (size_t i = 0; i < tsr__tessera_v1_nmethods; i++)
+        if (strcmp(tsr__tessera_v1_methods[i].path, path) == 0)
+            return &tsr__tessera_v1_methods[i];
+    return NULL;
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
@@ -105,7 +114,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size == 0)
         return 0;
     size_t mi = method_of(data[0]);
-    int reshard = M[mi].fn == tsr__coord_rpc_add_group || M[mi].fn == tsr__coord_rpc_remove_group;
+    int reshard = strcmp(M[mi].path, SVC "AddShardGroup") == 0 ||
+                  strcmp(M[mi].path, SVC "RemoveShardGroup") == 0;
     if (reshard) { /* a move may start (the top); no other call runs meanwhile */
         pthread_mutex_lock(&C.op_mu);
         C.busy = 0;
@@ -114,8 +124,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* the unimplemented handler's ctx is the method's name without the leading '/' */
     void *ctx = M[mi].fn == tsr__vertex_v1_rpc_unimplemented ? (void *)(unimpl + 1) : &C;
     tsr__rpc_detached d;
-    int code = tsr__rpc_run_detached(M[mi].path, M[mi].fn, ctx, M[mi].req_type, data + 1,
-                                     size - 1, &d);
+    const tsr_rpc_method *tm = M[mi].fn ? NULL : typed_of(M[mi].path);
+    if (!M[mi].fn && !tm)
+        abort();
+    int code = tm ? tsr__rpc_run_typed_detached(tm, &C, data + 1, size - 1, &d)
+                  : tsr__rpc_run_detached(M[mi].path, M[mi].fn, ctx, M[mi].req_type, data + 1,
+                                          size - 1, &d);
     if (reshard)
         fc_reshard_undo(&C, FC_NGROUPS);
     if (code < 0 || code > 16)
