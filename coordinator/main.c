@@ -430,25 +430,14 @@ static int add_vertex_v1_methods(tsr_rpc_server *srv, tsr__coord *c)
                                   tsr__vertex_v1_rpc_read, c, TSR_RPC_LONG) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "FindNeighbors", ROLE_QUERY) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints", ROLE_QUERY) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "GetIndex",
-                                  tsr__vertex_v1_rpc_get_index, c, 0) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "UpdateIndex",
-                                  tsr__vertex_v1_rpc_update_index, c, 0) ||
-        tsr_rpc_server_add_method(srv, TSR_LRO_SVC "GetOperation",
-                                  tsr__vertex_v1_rpc_get_operation, c, 0) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
-                                  tsr__vertex_v1_rpc_upsert, c, TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "RemoveDatapoints",
-                                  tsr__vertex_v1_rpc_remove, c, TSR_RPC_LONG) ||
+        tsr_rpc_server_add_typed(srv, tsr__vertex_v1_index_methods,
+                                 tsr__vertex_v1_index_nmethods, c) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_INDEX_SVC "GetIndex", ROLE_QUERY) ||
         tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY) ||
-        /* recursive request types (google.protobuf.Struct/Value): nesting checked first */
+        /* recursive request types (google.protobuf.Struct/Value): nesting checked first
+         * (the typed methods' checks are found from their descriptors) */
         tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
-            &google__cloud__aiplatform__v1__find_neighbors_request__descriptor) ||
-        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_INDEX_SVC "UpdateIndex",
-            &google__cloud__aiplatform__v1__update_index_request__descriptor) ||
-        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
-            &google__cloud__aiplatform__v1__upsert_datapoints_request__descriptor))
+            &google__cloud__aiplatform__v1__find_neighbors_request__descriptor))
         return TSR_EINTERNAL;
     for (size_t i = 0; i < sizeof index_methods / sizeof index_methods[0]; i++)
         if (tsr_rpc_server_add_method(srv, index_methods[i], tsr__vertex_v1_rpc_unimplemented,

@@ -41,7 +41,9 @@
  *   attaches to it (arrays, strings, sub-messages) is the handler's: it may point at
  *   static, request or reference-counted data, or at allocations that the method's
  *   resp_free releases. resp_free runs after packing and also after a failure, so it must
- *   accept a response the handler filled only in part (fields still at their init values).
+ *   accept a response the handler filled only in part (fields still at their init values;
+ *   an unset string field points at the static protobuf_c_empty_string: a string the
+ *   handler allocates is better released by a deferred cleanup).
  *   References the response borrows from (a version snapshot, a lock) are released by a
  *   deferred cleanup (tsr_rpc_ctx_defer), which runs after packing.
  * - A handler that returns an error leaves whatever it attached for resp_free / its

@@ -74,16 +74,11 @@ Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(
     tsr__v1_pool *a, const struct Google__Cloud__Aiplatform__V1__IndexDatapoint *g);
 
 /* vertex_v1_index.c: IndexService GetIndex (role query), UpdateIndex (admin) and
- * google.longrunning.Operations/GetOperation (query); no TSR_RPC_LONG needed (they take
- * op_mu briefly and a snapshot reference). UpsertDatapoints and RemoveDatapoints (admin)
- * block on the streamed write (tsr__coord_stream_*): register them with TSR_RPC_LONG. */
+ * google.longrunning.Operations/GetOperation (query), UpsertDatapoints and
+ * RemoveDatapoints (admin; TSR_RPC_LONG: they block on the streamed write), as typed
+ * methods (app = the tsr__coord); roles are main.c's. */
 #define TSR_LRO_SVC "/google.longrunning.Operations/"
-int tsr__vertex_v1_rpc_get_index(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_update_index(void *ctx, const uint8_t *req, size_t len,
-                                    tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
-                                     tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+extern const tsr_rpc_method tsr__vertex_v1_index_methods[];
+extern const size_t tsr__vertex_v1_index_nmethods;
 
 #endif

@@ -63,13 +63,11 @@ static const struct {
     {TSR_VERTEX_V1_SVC "FindNeighbors", tsr__vertex_v1_rpc_find_neighbors,
      &google__cloud__aiplatform__v1__find_neighbors_request__descriptor},
     {TSR_VERTEX_V1_SVC "ReadIndexDatapoints", tsr__vertex_v1_rpc_read, NULL},
-    {V1I "GetIndex", tsr__vertex_v1_rpc_get_index, NULL},
-    {V1I "UpdateIndex", tsr__vertex_v1_rpc_update_index,
-     &google__cloud__aiplatform__v1__update_index_request__descriptor},
-    {TSR_LRO_SVC "GetOperation", tsr__vertex_v1_rpc_get_operation, NULL},
-    {V1I "UpsertDatapoints", tsr__vertex_v1_rpc_upsert,
-     &google__cloud__aiplatform__v1__upsert_datapoints_request__descriptor},
-    {V1I "RemoveDatapoints", tsr__vertex_v1_rpc_remove, NULL},
+    {V1I "GetIndex", NULL, NULL},
+    {V1I "UpdateIndex", NULL, NULL},
+    {TSR_LRO_SVC "GetOperation", NULL, NULL},
+    {V1I "UpsertDatapoints", NULL, NULL},
+    {V1I "RemoveDatapoints", NULL, NULL},
     {V1I "CreateIndex", tsr__vertex_v1_rpc_unimplemented, NULL},
     /* added after the first 18: reached by byte 0 >= 252 only (see the top) */
     {SVC "AddShardGroup", NULL, NULL},
@@ -93,9 +91,15 @@ static tsr__coord C;
 /* The typed method registered at path (main.c registers these tables). */
 static const tsr_rpc_method *typed_of(const char *path)
 {
-    for (size_t i = 0; i < tsr__tessera_v1_nmethods; i++)
-        if (strcmp(tsr__tessera_v1_methods[i].path, path) == 0)
-            return &tsr__tessera_v1_methods[i];
+    const struct {
+        const tsr_rpc_method *m;
+        size_t n;
+    } T[] = {{tsr__tessera_v1_methods, tsr__tessera_v1_nmethods},
+             {tsr__vertex_v1_index_methods, tsr__vertex_v1_index_nmethods}};
+    for (size_t t = 0; t < sizeof T / sizeof T[0]; t++)
+        for (size_t i = 0; i < T[t].n; i++)
+            if (strcmp(T[t].m[i].path, path) == 0)
+                return &T[t].m[i];
     return NULL;
 }
 
