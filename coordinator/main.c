@@ -456,12 +456,7 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
                                   0) ||
         /* the typed ones (frontend/tessera_v1.c's table: flags, nesting checks) */
         tsr_rpc_server_add_typed(srv, tsr__tessera_v1_methods, tsr__tessera_v1_nmethods, c) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
-                                  TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,
-                                  c, TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchGetEmbeddings",
-                                  tsr__vertex_rpc_batch_get_embeddings, c, TSR_RPC_LONG))
+        tsr_rpc_server_add_typed(srv, tsr__vertex_methods, tsr__vertex_nmethods, c))
         return TSR_EINTERNAL;
     /* role query: the read side; every other method (UpdateIndex and later writes) needs
      * admin, the default of a method without a role */

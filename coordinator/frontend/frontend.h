@@ -32,10 +32,9 @@ int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr
 /* vertex.c: google.cloud.aiplatform.container.v1.MatchService (docs/vertex-compat.md);
  * register with TSR_RPC_LONG. */
 #define TSR_VERTEX_SVC "/google.cloud.aiplatform.container.v1.MatchService/"
-int tsr__vertex_rpc_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t len,
-                                         tsr_rpc_reply *r);
+/* Match, BatchMatch, BatchGetEmbeddings as typed methods (app = the tsr__coord). */
+extern const tsr_rpc_method tsr__vertex_methods[];
+extern const size_t tsr__vertex_nmethods;
 /* The int64 crowding_attribute Vertex reports for a Tessera crowding tag (borrowed; NULL or
  * "" = no tag = 0): the number itself when the tag is a canonical decimal int64, else
  * FNV-1a 64 of the tag's bytes with the top bit cleared (docs/vertex-compat.md). */

@@ -57,9 +57,9 @@ static const struct {
     {SVC "GetOperation", NULL, NULL},
     {SVC "UpsertDatapoints", NULL, NULL},
     {SVC "RemoveDatapoints", NULL, NULL},
-    {TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, NULL},
-    {TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match, NULL},
-    {TSR_VERTEX_SVC "BatchGetEmbeddings", tsr__vertex_rpc_batch_get_embeddings, NULL},
+    {TSR_VERTEX_SVC "Match", NULL, NULL},
+    {TSR_VERTEX_SVC "BatchMatch", NULL, NULL},
+    {TSR_VERTEX_SVC "BatchGetEmbeddings", NULL, NULL},
     {TSR_VERTEX_V1_SVC "FindNeighbors", tsr__vertex_v1_rpc_find_neighbors,
      &google__cloud__aiplatform__v1__find_neighbors_request__descriptor},
     {TSR_VERTEX_V1_SVC "ReadIndexDatapoints", tsr__vertex_v1_rpc_read, NULL},
@@ -95,6 +95,7 @@ static const tsr_rpc_method *typed_of(const char *path)
         const tsr_rpc_method *m;
         size_t n;
     } T[] = {{tsr__tessera_v1_methods, tsr__tessera_v1_nmethods},
+             {tsr__vertex_methods, tsr__vertex_nmethods},
              {tsr__vertex_v1_index_methods, tsr__vertex_v1_index_nmethods}};
     for (size_t t = 0; t < sizeof T / sizeof T[0]; t++)
         for (size_t i = 0; i < T[t].n; i++)
