@@ -424,20 +424,13 @@ static int add_vertex_v1_methods(tsr_rpc_server *srv, tsr__coord *c)
     static const char *const index_methods[] = {
         TSR_VERTEX_V1_INDEX_SVC "CreateIndex", TSR_VERTEX_V1_INDEX_SVC "ListIndexes",
         TSR_VERTEX_V1_INDEX_SVC "DeleteIndex"};
-    if (tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
-                                  tsr__vertex_v1_rpc_find_neighbors, c, TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints",
-                                  tsr__vertex_v1_rpc_read, c, TSR_RPC_LONG) ||
+    if (tsr_rpc_server_add_typed(srv, tsr__vertex_v1_methods, tsr__vertex_v1_nmethods, c) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "FindNeighbors", ROLE_QUERY) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints", ROLE_QUERY) ||
         tsr_rpc_server_add_typed(srv, tsr__vertex_v1_index_methods,
                                  tsr__vertex_v1_index_nmethods, c) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_INDEX_SVC "GetIndex", ROLE_QUERY) ||
-        tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY) ||
-        /* recursive request types (google.protobuf.Struct/Value): nesting checked first
-         * (the typed methods' checks are found from their descriptors) */
-        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
-            &google__cloud__aiplatform__v1__find_neighbors_request__descriptor))
+        tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY))
         return TSR_EINTERNAL;
     for (size_t i = 0; i < sizeof index_methods / sizeof index_methods[0]; i++)
         if (tsr_rpc_server_add_method(srv, index_methods[i], tsr__vertex_v1_rpc_unimplemented,

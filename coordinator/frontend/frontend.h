@@ -53,9 +53,9 @@ int tsr__vertex_check_index(const tsr__coord *c, const char *id, const char *whe
  * storage) as ctx and answers UNIMPLEMENTED saying what Tessera serves instead. */
 #define TSR_VERTEX_V1_SVC "/google.cloud.aiplatform.v1.MatchService/"
 #define TSR_VERTEX_V1_INDEX_SVC "/google.cloud.aiplatform.v1.IndexService/"
-int tsr__vertex_v1_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len,
-                                      tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+/* FindNeighbors and ReadIndexDatapoints as typed methods (app = the tsr__coord). */
+extern const tsr_rpc_method tsr__vertex_v1_methods[];
+extern const size_t tsr__vertex_v1_nmethods;
 int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,
                                      tsr_rpc_reply *r);
 /* The allocations of one v1 -> tessera.v1 translation (free with tsr__vertex_v1_pool_free;

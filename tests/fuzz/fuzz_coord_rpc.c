@@ -60,9 +60,8 @@ static const struct {
     {TSR_VERTEX_SVC "Match", NULL, NULL},
     {TSR_VERTEX_SVC "BatchMatch", NULL, NULL},
     {TSR_VERTEX_SVC "BatchGetEmbeddings", NULL, NULL},
-    {TSR_VERTEX_V1_SVC "FindNeighbors", tsr__vertex_v1_rpc_find_neighbors,
-     &google__cloud__aiplatform__v1__find_neighbors_request__descriptor},
-    {TSR_VERTEX_V1_SVC "ReadIndexDatapoints", tsr__vertex_v1_rpc_read, NULL},
+    {TSR_VERTEX_V1_SVC "FindNeighbors", NULL, NULL},
+    {TSR_VERTEX_V1_SVC "ReadIndexDatapoints", NULL, NULL},
     {V1I "GetIndex", NULL, NULL},
     {V1I "UpdateIndex", NULL, NULL},
     {TSR_LRO_SVC "GetOperation", NULL, NULL},
@@ -96,6 +95,7 @@ static const tsr_rpc_method *typed_of(const char *path)
         size_t n;
     } T[] = {{tsr__tessera_v1_methods, tsr__tessera_v1_nmethods},
              {tsr__vertex_methods, tsr__vertex_nmethods},
+             {tsr__vertex_v1_methods, tsr__vertex_v1_nmethods},
              {tsr__vertex_v1_index_methods, tsr__vertex_v1_index_nmethods}};
     for (size_t t = 0; t < sizeof T / sizeof T[0]; t++)
         for (size_t i = 0; i < T[t].n; i++)
