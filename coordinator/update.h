@@ -42,6 +42,12 @@ void tsr__coord_fold_stop(tsr__coord *c);
  * changes (free with tsr__reshard_moves_free). Caller holds the stream lock. Progress on
  * op. Returns 0, or an error code with err set (p closed, *moves NULL). */
 typedef struct tsr__reshard_moves tsr__reshard_moves;
+/* reshard.c, the balance rule (top of reshard.c) with plain inputs: the new plan of the
+ * nlist lists now on groups old[l] with size[l] dense datapoints, over the groups
+ * 0 .. S-1 where live[g] (rm, -1 for none, must not be live: its lists move first).
+ * Returns a new array of nlist entries (caller frees). Pure. */
+int32_t *tsr__reshard_balance_plan(const int32_t *old, const int64_t *size, size_t nlist,
+                                   const uint8_t *live, size_t S, int rm);
 int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
                       tsr__upd_plan *p, tsr__reshard_moves **moves, tsr_error *err);
 void tsr__reshard_moves_free(tsr__reshard_moves *m);
