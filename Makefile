@@ -150,6 +150,7 @@ endif
 # coordinators x2, shard groups x replicas; each SKIPs (exit 77) only without etcd.
 test-ha: all
 	@fails=0; for t in tests/integration/test_ha_*.py tests/integration/test_reshard_ha.py \
+	    tests/integration/test_reshard_sparse.py \
 	    tests/integration/test_reshard_ha_crash.py tests/interop/test_ha_clients.py; do \
 	  echo "== $$t"; /usr/bin/python3 $$t; rc=$$?; \
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 77 ]; then fails=$$((fails+1)); echo "FAIL $$t"; fi; \

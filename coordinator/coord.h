@@ -171,7 +171,8 @@ typedef struct tsr__coord {
     /* metrics */
     atomic_llong queries, shards_touched, lists_probed;
 
-    tsr__stream st;             /* streamed writes (stream.c) */
+    tsr__stream *st;            /* owned: streamed writes (stream.h; tsr__stream_init creates
+                                   it, tsr__stream_close frees it) */
 
     /* --etcd (meta.h, leader.c): NULL = the local folder backend, always the leader */
     struct tsr__meta *meta;     /* owned */

@@ -540,7 +540,6 @@ static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
 static tsr__coord *coord_new(const char *tmpl, const char *deployed)
 {
     tsr__coord *c = tsr_xcalloc(1, sizeof *c);
-    c->st.log_fd = -1; /* tsr__stream_init fills the rest */
     pthread_mutex_init(&c->snap_mu, NULL);
     pthread_mutex_init(&c->update_mu, NULL);
     pthread_mutex_init(&c->op_mu, NULL);

@@ -467,7 +467,9 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                     probed += (long long)nl;
                 }
             }
-            if (!nl && !p->has_sparse)
+            /* sparse: every group that may hold a sparse datapoint at sn's version, never
+             * one sn's version removed (it owns nothing, and is no longer called) */
+            if (!nl && (!p->has_sparse || sn->retired[s]))
                 continue;
             Tessera__V1__ShardQuery *sq = tsr__ar(a, 1, sizeof *sq);
             tessera__v1__shard_query__init(sq);

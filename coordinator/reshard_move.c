@@ -44,7 +44,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     tsr_batch *b = tsr_xcalloc(1, sizeof *b);
     tsr__reshard_moves *mv = NULL;
     int64_t seq0 = 0, off0 = 0, *gseq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *gseq);
-    tsr__stream_lock(c); /* the plan and every chunk 0 at one seq S */
+    tsr__stream_freeze(c); /* the plan and every chunk 0 at one seq S */
     int locked = 1;
     int64_t t0 = tsr_clock_mono_ms(), t1 = 0, t2 = 0, t3 = 0, t4 = 0;
     u.base = tsr__coord_snap_get(c);
@@ -81,7 +81,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
         rc = tsr__txn_stage(&u, TSR__STAGE_HEAD, err);
     }
     if (rc == 0) {
-        tsr__stream_unlock(c); /* writes flow on the served version meanwhile */
+        tsr__stream_thaw(c); /* writes flow on the served version meanwhile */
         locked = 0;
         t1 = tsr_clock_mono_ms();
         rc = tsr__reshard_read(c, op, u.base->version, mv, &u.p, b, 1, err);
@@ -91,7 +91,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     if (rc == 0)
         rc = tsr__txn_prepare(&u, err);
     if (!locked) { /* the catch-up, the flip and the Commit fan-out: writes wait again */
-        tsr__stream_lock(c);
+        tsr__stream_freeze(c);
         t2 = tsr_clock_mono_ms();
     }
     if (rc == 0 && (rc = tsr__txn_catch_up(&u, seq0, off0, gseq, err)) == 0)
@@ -110,7 +110,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
     if (rc && u.fresh >= 0) /* the added group serves nothing: out of every later call */
         tsr__coord_group_retire(c, (size_t)u.fresh);
     tsr__txn_cleanup(&u, rc);
-    tsr__stream_unlock(c);
+    tsr__stream_thaw(c);
     if (t2) /* docs/resharding.md "Writes during a move": what streamed writes waited for */
         tsr_info("reshard %s: streamed writes held %lld ms for the plan and chunk 0, then "
                  "flowing %lld ms (read, staging, Prepare), held %lld ms from the catch-up "

@@ -85,6 +85,9 @@ tsr__snap *tsr__snap_create(void);
 /* The shard groups of s's version: the bound of every per-group array a reader of s sizes
  * (AddShardGroup grows the config's count while queries on older snapshots still run). */
 size_t tsr__snap_groups(const tsr__snap *s, const tsr__coord_config *cfg);
+/* Of those, the groups s's version did not remove (RemoveShardGroup): what GetIndexStats
+ * and the Vertex indexStats count as shards. */
+size_t tsr__snap_live_groups(const tsr__snap *s, const tsr__coord_config *cfg);
 void tsr__snap_unref(tsr__snap *s); /* accepts NULL */
 /* Sets tmpl (takes ownership), its bytes, norms. */
 int tsr__snap_set_template(tsr__snap *s, tsr_ivfpq *tmpl, tsr_error *err);

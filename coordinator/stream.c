@@ -57,8 +57,8 @@
  * holds st.mu or st.ov_rw. */
 const tsr__dir_entry *tsr__stream_lookup(const tsr__coord *c, const tsr__snap *sn, const char *id)
 {
-    if (c->st.ov_version == sn->version) {
-        const tsr__dir_entry *e = tsr__dir_find(&c->st.ov, id);
+    if (c->st->ov_version == sn->version) {
+        const tsr__dir_entry *e = tsr__dir_find(&c->st->ov, id);
         if (e)
             return e->dead ? NULL : e;
     }
@@ -68,10 +68,10 @@ const tsr__dir_entry *tsr__stream_lookup(const tsr__coord *c, const tsr__snap *s
 tsr__snap *tsr__stream_resolve(tsr__coord *c, char *const *ids, size_t n, tsr__loc *out,
                                int64_t *seqs)
 {
-    pthread_rwlock_rdlock(&c->st.ov_rw);
+    pthread_rwlock_rdlock(&c->st->ov_rw);
     tsr__snap *sn = tsr__coord_snap_get(c);
     for (size_t g = 0; seqs && g <= TSR_COORD_MAX_SHARDS; g++)
-        seqs[g] = c->st.ov_version == sn->version && g < c->cfg.nshards ? c->st.grp_seq[g] : 0;
+        seqs[g] = c->st->ov_version == sn->version && g < c->cfg.nshards ? c->st->grp_seq[g] : 0;
     for (size_t i = 0; i < n; i++) {
         const tsr__dir_entry *e = tsr__stream_lookup(c, sn, ids[i]);
         out[i].found = e != NULL;
@@ -79,17 +79,17 @@ tsr__snap *tsr__stream_resolve(tsr__coord *c, char *const *ids, size_t n, tsr__l
         out[i].list = e ? e->list : -1;
         out[i].shard = e ? e->shard : -1;
     }
-    pthread_rwlock_unlock(&c->st.ov_rw);
+    pthread_rwlock_unlock(&c->st->ov_rw);
     return sn;
 }
 
 void tsr__stream_counts(tsr__coord *c, const tsr__snap *sn, int64_t *ndense, int64_t *nsparse)
 {
-    pthread_rwlock_rdlock(&c->st.ov_rw);
-    int same = c->st.ov_version == sn->version;
-    *ndense = sn->ndense + (same ? c->st.d_dense : 0);
-    *nsparse = sn->nsparse + (same ? c->st.d_sparse : 0);
-    pthread_rwlock_unlock(&c->st.ov_rw);
+    pthread_rwlock_rdlock(&c->st->ov_rw);
+    int same = c->st->ov_version == sn->version;
+    *ndense = sn->ndense + (same ? c->st->d_dense : 0);
+    *nsparse = sn->nsparse + (same ? c->st->d_sparse : 0);
+    pthread_rwlock_unlock(&c->st->ov_rw);
 }
 
 /* Sets id's overlay entry (the writer, under st.mu; takes ov_rw) and the counts. */
@@ -98,14 +98,14 @@ void tsr__stream_ov_apply(tsr__coord *c, const tsr__snap *sn, const char *id, in
 {
     const tsr__dir_entry *old = tsr__stream_lookup(c, sn, id);
     if (old) {
-        c->st.d_dense -= old->dense;
-        c->st.d_sparse -= old->sparse;
+        c->st->d_dense -= old->dense;
+        c->st->d_sparse -= old->sparse;
     }
     if (!dead) {
-        c->st.d_dense += dense != 0;
-        c->st.d_sparse += sparse != 0;
+        c->st->d_dense += dense != 0;
+        c->st->d_sparse += sparse != 0;
     }
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     tsr__dir_entry *e = tsr__dir_set(&s->ov, id, label, list, shard, dense, sparse, dead);
     s->ov_records++;
     if (s->ntouched == s->ctouched) {
@@ -132,14 +132,14 @@ void tsr__stream_apply_record(tsr__coord *c, const tsr__snap *sn,
                      dp->n_feature_vector > 0, dp->sparse_embedding &&
                      dp->sparse_embedding->n_values > 0, 0);
         }
-        c->st.grp_seq[lw->group] = rec->seq;
+        c->st->grp_seq[lw->group] = rec->seq;
     }
     for (size_t k = 0; k < rec->n_removed_ids; k++)
         tsr__stream_ov_apply(c, sn, rec->removed_ids[k], -1, -1, -1, 0, 0, 1);
-    if (rec->seq >= c->st.next_seq)
-        c->st.next_seq = rec->seq + 1;
-    if (rec->next_label > c->st.next_label)
-        c->st.next_label = rec->next_label;
+    if (rec->seq >= c->st->next_seq)
+        c->st->next_seq = rec->seq + 1;
+    if (rec->next_label > c->st->next_label)
+        c->st->next_label = rec->next_label;
 }
 
 /* Sends the round's writes to every live replica of the touched groups; marks the ones that
@@ -151,13 +151,13 @@ int tsr__stream_write_header(tsr__coord *c, uint64_t version, int64_t next_label
                              const int64_t *seqs, size_t n, tsr_error *err)
 {
     int64_t gs[TSR_COORD_MAX_SHARDS + 1];
-    memcpy(gs, c->st.grp_seq, sizeof gs);
+    memcpy(gs, c->st->grp_seq, sizeof gs);
     for (size_t g = 0; seqs && g < n && g < TSR_COORD_MAX_SHARDS; g++)
         gs[g] = seqs[g];
     Tessera__V1__CoordLogRecord h = TESSERA__V1__COORD_LOG_RECORD__INIT;
     h.version = (int64_t)version;
     h.next_label = next_label;
-    h.next_seq = c->st.next_seq;
+    h.next_seq = c->st->next_seq;
     h.group_seq = gs;
     h.n_group_seq = c->cfg.nshards;
     int rc = tsr__slog_create(c->store, version, &h, err);
@@ -172,33 +172,38 @@ int tsr__stream_write_header(tsr__coord *c, uint64_t version, int64_t next_label
 /* (the rounds carried to the new version: reshard_carry.c) */
 int64_t tsr__stream_last_seq(tsr__coord *c)
 {
-    return c->st.next_seq - 1;
+    return c->st->next_seq - 1;
+}
+
+uint64_t tsr__stream_log_version(tsr__coord *c)
+{
+    return c->st->log_fd >= 0 ? c->st->log_version : 0;
 }
 
 int64_t tsr__stream_log_offset(tsr__coord *c)
 {
-    return c->st.log_fd >= 0 ? c->st.log_bytes : 0;
+    return c->st->log_fd >= 0 ? c->st->log_bytes : 0;
 }
 
 /* ---------------------------------------------------------------- updates */
 
-void tsr__stream_lock(tsr__coord *c) { pthread_mutex_lock(&c->st.mu); }
-void tsr__stream_unlock(tsr__coord *c) { pthread_mutex_unlock(&c->st.mu); }
+void tsr__stream_freeze(tsr__coord *c) { pthread_mutex_lock(&c->st->mu); }
+void tsr__stream_thaw(tsr__coord *c) { pthread_mutex_unlock(&c->st->mu); }
 
 int64_t tsr__stream_group_seq(tsr__coord *c, size_t g)
 {
-    return g < c->cfg.nshards ? c->st.grp_seq[g] : 0;
+    return g < c->cfg.nshards ? c->st->grp_seq[g] : 0;
 }
 
 tsr__snap *tsr__stream_snap_seqs(tsr__coord *c, int64_t *seqs, size_t cap, int64_t *last)
 {
-    pthread_rwlock_rdlock(&c->st.ov_rw);
+    pthread_rwlock_rdlock(&c->st->ov_rw);
     tsr__snap *sn = tsr__coord_snap_get(c);
-    int same = c->st.ov_version == sn->version;
+    int same = c->st->ov_version == sn->version;
     for (size_t g = 0; g < cap; g++)
-        seqs[g] = same && g < c->cfg.nshards ? c->st.grp_seq[g] : 0;
-    *last = same ? c->st.next_seq - 1 : -1;
-    pthread_rwlock_unlock(&c->st.ov_rw);
+        seqs[g] = same && g < c->cfg.nshards ? c->st->grp_seq[g] : 0;
+    *last = same ? c->st->next_seq - 1 : -1;
+    pthread_rwlock_unlock(&c->st->ov_rw);
     return sn;
 }
 
@@ -226,7 +231,7 @@ void tsr__stream_version_abort(tsr__coord *c, uint64_t version)
 void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size_t n,
                          int carried)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     uint64_t old = s->log_version, v = ns->version;
     int64_t folded = s->ov_records;
     pthread_rwlock_wrlock(&s->ov_rw);
@@ -267,17 +272,17 @@ void tsr__stream_publish(tsr__coord *c, tsr__snap *ns, const int64_t *seqs, size
 
 int64_t tsr__stream_overlay_records(tsr__coord *c)
 {
-    pthread_rwlock_rdlock(&c->st.ov_rw);
-    int64_t n = c->st.ov_records;
-    pthread_rwlock_unlock(&c->st.ov_rw);
+    pthread_rwlock_rdlock(&c->st->ov_rw);
+    int64_t n = c->st->ov_records;
+    pthread_rwlock_unlock(&c->st->ov_rw);
     return n;
 }
 
 int tsr__stream_fold_due(tsr__coord *c)
 {
-    pthread_rwlock_rdlock(&c->st.ov_rw);
+    pthread_rwlock_rdlock(&c->st->ov_rw);
     int due = c->cfg.stream_fold_records > 0 &&
-              c->st.ov_records >= (int64_t)c->cfg.stream_fold_records;
-    pthread_rwlock_unlock(&c->st.ov_rw);
+              c->st->ov_records >= (int64_t)c->cfg.stream_fold_records;
+    pthread_rwlock_unlock(&c->st->ov_rw);
     return due;
 }

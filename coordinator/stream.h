@@ -7,7 +7,7 @@
  *
  * Owns: tsr__stream (tsr__coord.st): the label and seq counters, each group's last seq,
  * the open log file, the overlay, the queue of requests, the writer thread. Locks: the
- * stream lock st.mu (taken with tsr__stream_lock by an update, a move, a catch-up; held by
+ * stream lock st.mu (taken with tsr__stream_freeze by an update, a move, a catch-up; held by
  * every round), then op_mu, then st.ov_rw (the overlay; read by queries), then snap_mu;
  * st.q_mu (the queue) is never held with another lock.
  */
@@ -25,38 +25,9 @@
 
 typedef struct tsr__coord tsr__coord; /* coord.h */
 
-/* ---- stream.c: the state of streamed writes (docs/streaming.md) --------------------- */
-struct tsr__sreq;
-typedef struct tsr__stream {
-    pthread_mutex_t mu;         /* the stream lock: held by a round (writer thread), by an
-                                   update from its plan through its Commit fan-out, by a
-                                   reshard move for its plan and Stage chunk 0, then from
-                                   its catch-up through its Commit fan-out (not while it
-                                   reads, stages and prepares), by a catch-up (reconcile) */
-    /* under mu */
-    int64_t next_label;         /* the label counter (the snapshot's plus the stream's) */
-    int64_t next_seq;           /* the seq of the next round (> every seq ever logged) */
-    int64_t *grp_seq;           /* owned; nshards: the last seq logged for each group */
-    uint64_t log_version;       /* version of the open log file (0: none) */
-    int log_fd;                 /* -1: none */
-    int64_t log_bytes;          /* its size */
-    /* the overlay: written under mu and ov_rw (write), read under ov_rw (read) */
-    pthread_rwlock_t ov_rw;
-    tsr__dir ov;                /* id -> entry or tombstone, on top of the snapshot's dir */
-    uint64_t ov_version;        /* the version it applies on */
-    int64_t ov_records;         /* streamed writes since that version (fold threshold) */
-    int64_t d_dense, d_sparse;  /* change of the snapshot's counts */
-    size_t *touched;            /* owned; the index in ov of the entry each write set, in
-                                   order (a fold's catch-up re-applies the ones after its
-                                   mark: tsr__stream_overlay_finish) */
-    size_t ntouched, ctouched;
-    /* the queue of requests: under q_mu */
-    pthread_mutex_t q_mu;
-    pthread_cond_t q_cv, done_cv;
-    struct tsr__sreq *head, *tail;
-    int stop, started;
-    pthread_t thread;
-} tsr__stream;
+/* The state of streamed writes: opaque (stream_int.h); created by tsr__stream_init and
+ * freed by tsr__stream_close. */
+typedef struct tsr__stream tsr__stream;
 
 /* stream.c: streamed writes (docs/streaming.md), the entry points of every front end
  * (tessera.v1 UpsertDatapoints / RemoveDatapoints, aiplatform.v1 IndexService's). rq is
@@ -98,12 +69,19 @@ tsr__snap *tsr__stream_resolve(tsr__coord *c, char *const *ids, size_t n, tsr__l
 /* The dense and sparse counts of sn with the streamed writes applied on it. */
 void tsr__stream_counts(tsr__coord *c, const tsr__snap *sn, int64_t *ndense, int64_t *nsparse);
 
-/* For an update (update.c) and a re-seed (reconcile.c); caller holds the stream lock
- * (lock/unlock = st.mu). base: NULL when nothing was streamed on sn, else a new snapshot
- * view = sn's directory with the overlay applied and the stream's label counter (template
- * and plan borrowed from sn: free it with tsr__stream_base_free, never snap_unref). */
-void tsr__stream_lock(tsr__coord *c);
-void tsr__stream_unlock(tsr__coord *c);
+/* freeze: holds the stream still until thaw (the stream lock st.mu): no round runs, and
+ * the overlay, the seqs, the label counter and the log change only by what the caller
+ * does (publication, version log, catch-up). Taken by an update from its plan through its
+ * Commit fan-out, a reshard move (its head, then its catch-up through its Commit fan-out),
+ * a catch-up (reconcile) and a follower moving its snapshot; the lock order is
+ * docs/architecture.md's (after update_mu, before op_mu). No other subsystem touches the
+ * stream's locks. */
+void tsr__stream_freeze(tsr__coord *c);
+void tsr__stream_thaw(tsr__coord *c);
+/* For an update (update.c) and a re-seed (reconcile.c); the stream frozen. base: NULL when
+ * nothing was streamed on sn, else a new snapshot view = sn's directory with the overlay
+ * applied and the stream's label counter (template and plan borrowed from sn: free it with
+ * tsr__stream_base_free, never snap_unref). */
 tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn);
 void tsr__stream_base_free(tsr__snap *view);
 /* A fold's directory (update.c): ns, planned on sn with sn's plan and directory and no
@@ -126,6 +104,8 @@ tsr__snap *tsr__stream_snap_seqs(tsr__coord *c, int64_t *seqs, size_t cap, int64
 /* A reshard move (docs/resharding.md "Writes during a move"; stream lock held): the last
  * seq logged (the move's S, taken when it sends every group's Stage chunk 0). */
 int64_t tsr__stream_last_seq(tsr__coord *c);
+/* The version of the open coordinator log (0: none is open). Stream lock held. */
+uint64_t tsr__stream_log_version(tsr__coord *c);
 /* The same moment's size of the coordinator log (where the rounds after S begin). */
 int64_t tsr__stream_log_offset(tsr__coord *c);
 /* Before the commit point: the log of version (header: the stream's next seq and group

@@ -69,12 +69,12 @@ static int catch_up_locked(tsr__coord *c, size_t k, int64_t applied)
 {
     tsr__replica *p = &c->rep[k];
     resend rs = {.c = c, .k = k, .g = p->group, .applied = applied,
-                 .upto = c->st.grp_seq[p->group]};
+                 .upto = c->st->grp_seq[p->group]};
     if (applied < rs.upto) {
         char path[4200], why[300];
         int64_t good = 0;
         tsr_error err = TSR_ERROR_INIT;
-        tsr__slog_path(c->store, c->st.log_version, path, sizeof path);
+        tsr__slog_path(c->store, c->st->log_version, path, sizeof path);
         int rc = tsr__slog_scan(path, 0, resend_one, &rs, &good, why, sizeof why, &err);
         if (rc) {
             rs.code = TSR_RPC_INTERNAL;
@@ -111,7 +111,7 @@ static int64_t applied_seq(tsr__coord *c, size_t k)
                                c->cfg.search_deadline_ms, (ProtobufCMessage **)&st, &res);
     tsr_rpc_result_close(&res);
     int64_t a = -1;
-    if (code == TSR_RPC_OK && st && (uint64_t)st->current_version == c->st.log_version)
+    if (code == TSR_RPC_OK && st && (uint64_t)st->current_version == c->st->log_version)
         a = st->stream_seq;
     if (st)
         tessera__v1__shard_stats_response__free_unpacked(st, NULL);
@@ -120,7 +120,7 @@ static int64_t applied_seq(tsr__coord *c, size_t k)
 
 int tsr__stream_catch_up(tsr__coord *c, size_t k, int64_t applied)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     tsr__replica *p = &c->rep[k];
     pthread_mutex_lock(&s->mu);
     int rc = 0;
@@ -144,7 +144,7 @@ out:
  * catches it up when it is back). */
 static void catch_up_all_locked(tsr__coord *c)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     for (size_t k = 0; s->log_version && k < c->nrep; k++) {
         if (tsr__replica_removed(c, k))
             continue;
@@ -160,9 +160,9 @@ static void catch_up_all_locked(tsr__coord *c)
 
 static void catch_up_all(tsr__coord *c)
 {
-    pthread_mutex_lock(&c->st.mu);
+    pthread_mutex_lock(&c->st->mu);
     catch_up_all_locked(c);
-    pthread_mutex_unlock(&c->st.mu);
+    pthread_mutex_unlock(&c->st->mu);
 }
 
 /* ---------------------------------------------------------------- the writer thread */
@@ -183,7 +183,7 @@ typedef struct replay {
 static int replay_one(void *ud, const Tessera__V1__CoordLogRecord *rec, int64_t off)
 {
     replay *rp = ud;
-    tsr__stream *s = &rp->c->st;
+    tsr__stream *s = rp->c->st;
     (void)off;
     if ((uint64_t)rec->version != rp->sn->version)
         return 0; /* not of this version: ignored */
@@ -226,7 +226,9 @@ static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err);
 
 int tsr__stream_init(tsr__coord *c, tsr_error *err)
 {
-    tsr__stream *s = &c->st;
+    if (!c->st)
+        c->st = tsr_xcalloc(1, sizeof *c->st);
+    tsr__stream *s = c->st;
     pthread_mutex_init(&s->mu, NULL);
     pthread_rwlock_init(&s->ov_rw, NULL);
     pthread_mutex_init(&s->q_mu, NULL);
@@ -255,7 +257,7 @@ int tsr__stream_init(tsr__coord *c, tsr_error *err)
  * when missing, and opens it for appending. */
 static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     char path[4200], why[300];
     int64_t good = 0;
     replay rp = {c, sn, 0};
@@ -288,9 +290,9 @@ static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err)
 
 int tsr__stream_follow(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec, int strict)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     int gap = 0;
-    tsr__stream_lock(c);
+    tsr__stream_freeze(c);
     tsr__snap *sn = tsr__coord_snap_get(c);
     if (rec->seq > 0 && (uint64_t)rec->version == sn->version && s->ov_version == sn->version &&
         rec->seq >= s->next_seq) {
@@ -305,7 +307,7 @@ int tsr__stream_follow(tsr__coord *c, const Tessera__V1__CoordLogRecord *rec, in
         }
     }
     tsr__snap_unref(sn);
-    tsr__stream_unlock(c);
+    tsr__stream_thaw(c);
     return gap;
 }
 
@@ -313,25 +315,25 @@ static int adopt_locked(tsr__coord *c, tsr_error *err);
 
 int tsr__stream_adopt(tsr__coord *c, tsr_error *err)
 {
-    tsr__stream_lock(c);
+    tsr__stream_freeze(c);
     int rc = adopt_locked(c, err);
-    tsr__stream_unlock(c);
+    tsr__stream_thaw(c);
     return rc;
 }
 
 int tsr__stream_readopt(tsr__coord *c, tsr_error *err)
 {
-    tsr__stream_lock(c);
+    tsr__stream_freeze(c);
     int rc = adopt_locked(c, err);
     if (rc == 0)
         catch_up_all_locked(c); /* before any new round: a shard cannot see a seq gap */
-    tsr__stream_unlock(c);
+    tsr__stream_thaw(c);
     return rc;
 }
 
 static int adopt_locked(tsr__coord *c, tsr_error *err)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     tsr__snap *sn = tsr__coord_snap_get(c);
     int found = 0;
     int rc = tsr__shlog_restore(c, sn->version, &found, err);

@@ -118,7 +118,7 @@ static int upsert_prepare(tsr__coord *c, const tsr__snap *sn,
 /* Queues q and waits for its round. */
 static void submit(tsr__coord *c, tsr__sreq *q)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     pthread_mutex_lock(&s->q_mu);
     if (s->stop || !s->started) {
         q->done = 1;
@@ -678,7 +678,7 @@ static void ack(round *R, int64_t seq)
 /* One round over the requests rq[0..n) (st.mu held). */
 static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     round R = {.c = c, .rq = rq, .nrq = n};
     R.sn = tsr__coord_snap_get(c);
     /* the served version's groups: during a move that adds one, the config has it already
@@ -769,7 +769,7 @@ out:
 static void *writer_main(void *arg)
 {
     tsr__coord *c = arg;
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     /* Alone, the local log is the truth: replicas are caught up from it at once. With
      * --etcd it is NOT: its last round may never have reached etcd (killed between the
      * local append and the mirror), and a new leader reuses that seq for another round,
@@ -821,7 +821,7 @@ static void *writer_main(void *arg)
 
 int tsr__stream_start(tsr__coord *c)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     pthread_mutex_lock(&s->q_mu);
     int rc = pthread_create(&s->thread, NULL, writer_main, c) == 0 ? 0 : TSR_EINTERNAL;
     s->started = rc == 0;
@@ -831,7 +831,9 @@ int tsr__stream_start(tsr__coord *c)
 
 void tsr__stream_stop(tsr__coord *c)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
+    if (!s)
+        return;
     pthread_mutex_lock(&s->q_mu);
     int started = s->started;
     s->stop = 1;
@@ -843,14 +845,19 @@ void tsr__stream_stop(tsr__coord *c)
 
 void tsr__stream_close(tsr__coord *c)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
+    if (!s)
+        return;
     if (s->log_fd > 0)
         close(s->log_fd);
-    s->log_fd = -1;
     tsr__dir_close(&s->ov);
     free(s->touched);
-    s->touched = NULL;
-    s->ntouched = s->ctouched = 0;
     free(s->grp_seq);
-    s->grp_seq = NULL;
+    pthread_mutex_destroy(&s->mu);
+    pthread_rwlock_destroy(&s->ov_rw);
+    pthread_mutex_destroy(&s->q_mu);
+    pthread_cond_destroy(&s->q_cv);
+    pthread_cond_destroy(&s->done_cv);
+    free(s);
+    c->st = NULL;
 }

@@ -126,7 +126,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     int locked = 0;
     int64_t t[7] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
     if (!u.catchup) {
-        tsr__stream_lock(c);
+        tsr__stream_freeze(c);
         locked = 1;
     }
     /* the served snapshot changes only by a commit point, and update_mu is ours: a fold
@@ -138,7 +138,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     u.out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
     int rc = tsr__txn_plan(&u, !u.catchup, err);
     if (!locked) {
-        tsr__stream_lock(c);
+        tsr__stream_freeze(c);
         locked = 1;
     }
     if (rc == 0 && u.catchup) {
@@ -152,7 +152,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     if (rc == 0)
         rc = tsr__txn_stage(&u, TSR__STAGE_ALL, err);
     if (rc == 0 && u.catchup) {
-        tsr__stream_unlock(c); /* writes flow on the served version meanwhile */
+        tsr__stream_thaw(c); /* writes flow on the served version meanwhile */
         locked = 0;
     }
     t[2] = tsr_clock_mono_ms();
@@ -161,7 +161,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     if (rc == 0 && u.catchup) /* the directory: the overlay so far, with writes flowing */
         u.ov_mark = tsr__stream_overlay_copy(c, u.base, u.p.ns);
     if (!locked) { /* the catch-up, the flip and the Commit fan-out: writes wait again */
-        tsr__stream_lock(c);
+        tsr__stream_freeze(c);
         locked = 1;
     }
     t[3] = tsr_clock_mono_ms();
@@ -192,7 +192,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
                      (long long)(t[5] - t[3]), (long long)(t[6] - t[5]));
     }
     tsr__txn_cleanup(&u, rc);
-    tsr__stream_unlock(c);
+    tsr__stream_thaw(c);
     /* the base a success replaced is freed here, not by the last query on it */
     tsr__snap_retire(u.base, rc ? 0 : TSR__SNAP_RETIRE_MS);
     free(gseq);

@@ -79,7 +79,7 @@ int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_repl
     Tessera__V1__ShardIndexStats *st = tsr__ar(&a, S, sizeof *st);
     out.shards = tsr__ar(&a, S, sizeof *out.shards);
     out.n_shards = S;
-    out.shards_count = (int32_t)S;
+    out.shards_count = (int32_t)tsr__snap_live_groups(sn, &c->cfg); /* shards: every number */
     out.version = (int64_t)sn->version;
     out.dimensions = c->cfg.dimensions;
     out.distance = (char *)tsr__distance_name(c->cfg.distance);
