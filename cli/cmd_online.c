@@ -408,6 +408,8 @@ static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int 
         }
         json_array_append_new(all, qo);
     }
+    for (size_t w = 0; w < resp->n_warnings; w++) /* e.g. a restrict namespace never used */
+        fprintf(stderr, PROG ": warning: %s\n", resp->warnings[w]);
 }
 
 int tsr_cmd_query(int argc, char **argv)

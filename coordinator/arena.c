@@ -20,7 +20,7 @@
 #define AR_BIG (AR_BLOCK / 4)
 #define AR_ALIGN 16
 
-static void tsr__ar_own(tsr__arena *a, void *x)
+void tsr__ar_own(tsr__arena *a, void *x)
 {
     if (a->n == a->cap)
         a->p = tsr_xrealloc(a->p, (a->cap = a->cap ? a->cap * 2 : 16) * sizeof *a->p);

@@ -19,6 +19,9 @@ typedef struct arena {
 
 void *tsr__ar(tsr__arena *a, size_t n, size_t size);
 
+/* Hands x (a malloc'd block) to the arena: freed with it. */
+void tsr__ar_own(tsr__arena *a, void *x);
+
 void tsr__ar_free(tsr__arena *a);
 
 #endif

@@ -26,7 +26,8 @@
  *   stream_dir.c the overlay's application to a directory (an update's base view, a fold)
  *   update_plan.c  an update's shard-free half: template, assignment, plan, directory,
  *                per-group work
- *   txn.c        the version transaction: stage, prepare, catch-up, flip, commit, abort
+ *   txn.c        the version transaction engine (tsr__txn_run): stage, prepare, catch-up,
+ *                flip, commit, abort, driven by a planner (txn.h)
  *   update.c     UpdateIndex and the background fold, planners on txn.c
  *   reshard_move.c  AddShardGroup / RemoveShardGroup moves, planners on txn.c
  *   reshard.c    a move's plan: the balance rule, the moved records read from old owners
@@ -36,11 +37,12 @@
  *   query.c      FindNeighbors: coarse step, fan-out, merge (blocking and async forms);
  *                errors are tsr_error, mapped to a gRPC status by the front ends
  *   query_read.c ReadIndexDatapoints
+ *   query_ns.c   FindNeighbors' warnings about restrict namespaces no datapoint uses
  *   arena.c      one request's allocations, freed together
  *   stream.c     the streamed writes' overlay, the version log's header, publication
  *   stream_write.c  the write queue and the writer thread's rounds
  *   stream_recover.c  catch-up of replicas, the log's replay at start, adoption, following
- *   stream_log.c the coordinator log's files: framing, append + fsync, scan
+ *   stream_log.c the coordinator log's files: naming, its records on store/applog
  *   stream_ha.c  with --etcd: the coordinator log mirrored in etcd, restored by a new leader
  *   reconcile.c  shard reconciliation to the coordinator's CURRENT, delayed Release
  *   replica.c    shard groups of R replicas: channels, health, balancing, failover,
@@ -68,7 +70,7 @@
  * reshard, reshard_carry -> replica, state, stream, stream_log, update_plan;
  * txn -> leader, meta, oplog, reconcile, replica, reshard, reshard_carry, state, stream,
  * stream_dir, update_plan; update, reshard_move -> txn and below;
- * query, query_read -> arena, coalesce, readidx, replica, state, stream;
+ * query, query_read -> arena, coalesce, query_ns, readidx, replica, state, stream;
  * main -> all of them, and nothing calls main.c. frontend/ calls into the folder and
  * nothing in it calls frontend/ but main.c. Everything but main.c is libtsr_coord.a
  * (mk/coordinator.mk), which the test_coord_* unit tests link.

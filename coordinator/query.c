@@ -35,6 +35,7 @@
 #include "net/metrics.h"
 #include "query/topk.h"
 #include "arena.h"
+#include "query_ns.h"
 
 /* the query set approximate_neighbor_count (a one-field oneof: proto3 presence) */
 #define TSR_APPROX_SET TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__APPROXIMATE_APPROXIMATE_NEIGHBOR_COUNT
@@ -247,6 +248,7 @@ typedef struct qplan {
     const float *x;            /* normalized vector (row of X) or NULL */
     Tessera__V1__Restriction **rs;
     size_t nrs;
+    int probe_ns; /* names a namespace not known in use: ask every live group (query_ns.c) */
 } qplan;
 
 /* A FindNeighbors between its plan and its merge: what the shard fan-out needs and what
@@ -384,6 +386,42 @@ static int plan_snap(tsr__coord *c, int64_t remaining_ms, int64_t *gseq, tsr__sn
     return 0;
 }
 
+/* The shard query of plan p (query datapoint dp) for one group, on the arena: its nl
+ * probed lists with their coarse distances (none: sparse-only, or a namespace-only
+ * query), at the version and the group's demanded stream seq; full: return_datapoints. */
+static Tessera__V1__ShardQuery *shard_query(tsr__arena *a, const qplan *p,
+                                            const Tessera__V1__IndexDatapoint *dp,
+                                            uint64_t version, int64_t seq, size_t d,
+                                            int32_t *lists, float *cds, size_t nl, int full)
+{
+    Tessera__V1__ShardQuery *sq = tsr__ar(a, 1, sizeof *sq);
+    tessera__v1__shard_query__init(sq);
+    sq->version = (int64_t)version;
+    sq->min_stream_seq = seq;
+    if (nl) {
+        sq->vector = (float *)p->x;
+        sq->n_vector = d;
+        sq->lists = lists;
+        sq->n_lists = nl;
+        sq->coarse_distances = cds;
+        sq->n_coarse_distances = nl;
+    }
+    sq->k = (int32_t)p->depth;
+    sq->candidates = (int32_t)p->cand;
+    sq->restricts = p->rs;
+    sq->n_restricts = p->nrs;
+    sq->numeric_restricts = dp->numeric_restricts;
+    sq->n_numeric_restricts = dp->n_numeric_restricts;
+    sq->crowding_limit = (int32_t)p->lc;
+    if (p->has_sparse) {
+        sq->sparse = dp->sparse_embedding;
+        sq->sparse_k = (int32_t)p->depth;
+    }
+    sq->return_ids = 1;
+    sq->return_datapoints = full;
+    return sq;
+}
+
 /* Validates rq, takes a snapshot, runs the coarse step and packs one ShardSearchRequest
  * per touched shard into q. Returns 0, or a negative code with err set (nothing
  * held). */
@@ -447,6 +485,7 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         const int64_t *ci = p->has_dense ? CI + dj * maxp : NULL;
         if (p->has_dense)
             dj++;
+        p->probe_ns = tsr__query_ns_probe(dp);
         for (size_t s = 0; s < S; s++) {
             size_t nl = 0;
             int32_t *lists = NULL;
@@ -468,34 +507,14 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                 }
             }
             /* sparse: every group that may hold a sparse datapoint at sn's version, never
-             * one sn's version removed (it owns nothing, and is no longer called) */
-            if (!nl && (!p->has_sparse || sn->retired[s]))
+             * one sn's version removed (it owns nothing, and is no longer called); a
+             * namespace to check (query_ns.c): every live group, at least a namespace-only
+             * query (no vector, no lists) */
+            if (!nl && (!(p->has_sparse || p->probe_ns) || sn->retired[s]))
                 continue;
-            Tessera__V1__ShardQuery *sq = tsr__ar(a, 1, sizeof *sq);
-            tessera__v1__shard_query__init(sq);
-            sq->version = (int64_t)sn->version;
-            sq->min_stream_seq = s <= TSR_COORD_MAX_SHARDS ? gseq[s] : 0;
-            if (nl) {
-                sq->vector = (float *)p->x;
-                sq->n_vector = d;
-                sq->lists = lists;
-                sq->n_lists = nl;
-                sq->coarse_distances = cds;
-                sq->n_coarse_distances = nl;
-            }
-            sq->k = (int32_t)p->depth;
-            sq->candidates = (int32_t)p->cand;
-            sq->restricts = p->rs;
-            sq->n_restricts = p->nrs;
-            sq->numeric_restricts = dp->numeric_restricts;
-            sq->n_numeric_restricts = dp->n_numeric_restricts;
-            sq->crowding_limit = (int32_t)p->lc;
-            if (p->has_sparse) {
-                sq->sparse = dp->sparse_embedding;
-                sq->sparse_k = (int32_t)p->depth;
-            }
-            sq->return_ids = 1;
-            sq->return_datapoints = rq->return_full_datapoint;
+            Tessera__V1__ShardQuery *sq =
+                shard_query(a, p, dp, sn->version, s <= TSR_COORD_MAX_SHARDS ? gseq[s] : 0, d,
+                            lists, cds, nl, rq->return_full_datapoint);
             size_t j = sreq[s].n_queries++;
             sreq[s].queries[j] = sq;
             qmap[s][j] = i;
@@ -656,6 +675,41 @@ static int collect_shards(fnq *q, int *failed, char **missing, size_t *nmissing,
     return rc;
 }
 
+/* The warnings of query i about namespaces no live group uses (query_ns.c), appended to
+ * the response's (on its arena). Only when every live group answered. */
+static void ns_warnings(fnq *q, size_t i, const int *failed)
+{
+    fn_out *o = q->o;
+    size_t S = o->nshards, nres = 0;
+    int complete = 1;
+    const Tessera__V1__ShardQueryResult **res = tsr__ar(&o->a, S, sizeof *res);
+    for (size_t s = 0; s < S; s++) {
+        if (q->sn->retired[s])
+            continue;
+        if (!q->slot[i * S + s] || failed[s]) {
+            complete = 0;
+            continue;
+        }
+        res[nres++] = ((Tessera__V1__ShardSearchResponse *)o->shard_resp[s])
+                          ->results[q->slot[i * S + s] - 1];
+    }
+    const Tessera__V1__IndexDatapoint *dp = q->rq->queries[i]->datapoint;
+    size_t cap = dp->n_restricts + dp->n_numeric_restricts;
+    char **w = tsr__ar(&o->a, cap, sizeof *w);
+    size_t nw = tsr__query_ns_settle(dp, i, res, nres, complete, w, cap);
+    if (!nw)
+        return;
+    char **all = tsr__ar(&o->a, o->resp.n_warnings + nw, sizeof *all);
+    for (size_t k = 0; k < o->resp.n_warnings; k++)
+        all[k] = o->resp.warnings[k];
+    for (size_t k = 0; k < nw; k++) {
+        tsr__ar_own(&o->a, w[k]);
+        all[o->resp.n_warnings + k] = w[k];
+    }
+    o->resp.warnings = all;
+    o->resp.n_warnings += nw;
+}
+
 /* After the fan-out (q->calls have their results): unpacks the shard replies and merges.
  * Releases everything q holds; on success *outp is the response (caller frees with
  * tsr__coord_response_free). */
@@ -770,6 +824,8 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
         nn->n_neighbors = nf;
         for (size_t t = 0; t < nf; t++)
             nn->neighbors[t] = neighbor_of(q, i, &fh[t], cs, ncs);
+        if (p->probe_ns)
+            ns_warnings(q, i, failed);
     }
     tsr__snap_unref(sn);
     *outp = &o->resp;

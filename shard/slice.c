@@ -34,6 +34,7 @@
 #include "core/parallel.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "net/pb_datapoint.h"
 #include "shard.h"
 #include "query/sparse.h"
 
@@ -57,13 +58,10 @@ tsr__tmpl *tsr__tmpl_from_index(tsr_ivfpq *ix, tsr_error *err)
     }
     ix->ntotal = 0;
     const tsr_pq *pq = &ix->pq;
-    if (pq->centroids && pq->dsub <= TSR__ENC_MAX_DSUB && pq->ksub <= TSR__ENC_MAX_KSUB &&
-        (t->pq_t = tsr_try_malloc(pq->M * pq->dsub * pq->ksub, sizeof(float))) != NULL)
-        for (size_t m = 0; m < pq->M; m++)
-            for (size_t j = 0; j < pq->ksub; j++)
-                for (size_t q = 0; q < pq->dsub; q++)
-                    t->pq_t[(m * pq->dsub + q) * pq->ksub + j] =
-                        pq->centroids[(m * pq->ksub + j) * pq->dsub + q];
+    if ((t->enc = tsr_pq_encoder_create(pq, err)) == NULL) {
+        tsr__tmpl_unref(t);
+        return NULL;
+    }
     /* The scanner cache (transposed PQ centroids) now rather than under the first query
      * (a template without quantizers fails later, at its first scan). */
     if (ix->pq.centroids && ix->centroids && tsr_ivfpq_search_prepare(ix, err) != 0) {
@@ -88,7 +86,7 @@ void tsr__tmpl_unref(tsr__tmpl *t)
         for (size_t i = 0; i < t->ix->nlist; i++)
             free(t->ptab[i]);
     free(t->ptab);
-    free(t->pq_t);
+    tsr_pq_encoder_destroy(t->enc);
     tsr_ivfpq_destroy(t->ix);
     free(t);
 }
@@ -856,7 +854,7 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
         goto out;
     for (size_t i = 0; i < v->nrecs; i++) {
         const tsr__rec *r = v->recs[i];
-        Tessera__V1__IndexDatapoint *p = tsr__dp_to_proto(&r->dp);
+        Tessera__V1__IndexDatapoint *p = tsr_pb_datapoint_new(&r->dp);
         if (p == NULL) {
             rc = tsr_err(err, TSR_ENOMEM, "out of memory");
             goto out;
@@ -871,13 +869,13 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
         uint32_t l32 = (uint32_t)len;
         tsr_buf_add(&meta, &l32, 4);
         if (tsr_buf_reserve(&meta, len) != 0) {
-            tsr__dp_proto_free(p);
+            tsr_pb_datapoint_delete(p);
             rc = tsr_err(err, TSR_ENOMEM, "out of memory for the metadata");
             goto out;
         }
         meta.len += tessera__v1__staged_upsert__pack(&up, (uint8_t *)meta.p + meta.len);
         meta.p[meta.len] = '\0'; /* tsr_buf's NUL after the last byte */
-        tsr__dp_proto_free(p);
+        tsr_pb_datapoint_delete(p);
         if (r->list >= 0 &&
             (rc = tsr_file_writer_add(&fw, r->dp.dense, (size_t)d * sizeof(float), err)) != 0)
             goto out;
@@ -911,16 +909,16 @@ out:
 static tsr__rec *rec_mapped_copy(const tsr__rec *r, const float *vec, size_t d, tsr__vmap *vm)
 {
     tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__IndexDatapoint *p = tsr__dp_to_proto(&r->dp);
+    Tessera__V1__IndexDatapoint *p = tsr_pb_datapoint_new(&r->dp);
     tsr__rec *nr = p ? calloc(1, sizeof *nr) : NULL;
     if (nr == NULL) {
-        tsr__dp_proto_free(p);
+        tsr_pb_datapoint_delete(p);
         return NULL;
     }
     p->n_feature_vector = 0;
     p->feature_vector = NULL;
     int rc = tsr__dp_from_proto(p, 0, &nr->dp, &err);
-    tsr__dp_proto_free(p);
+    tsr_pb_datapoint_delete(p);
     if (rc != 0) {
         tsr_datapoint_close(&nr->dp);
         free(nr);

@@ -1,6 +1,6 @@
 /*
  * fuzz_coord_stream_log — the coordinator's log of streamed writes (coordinator/stream_log.c
- * framing and scan, stream.c's replay into the overlay) read at start-up from random bytes:
+ * on common/store/applog.c: framing and scan, stream.c's replay into the overlay) read at start-up from random bytes:
  * the input is written as DATA/stream/v000001.log of the coordinator of fuzz_coord_common.h
  * and tsr__stream_init replays it (cutting a torn or corrupt tail).
  *
@@ -36,11 +36,10 @@ static void sum(const tsr__coord *c, st_sum *s)
         s->grp[g] = c->st->grp_seq[g];
 }
 
-/* tsr__stream_init expects the zeroed state of a new coordinator (main.c); close leaves the
- * overlay counters as they were, so they are zeroed here. */
+/* A start-up of the stream from the log: tsr__stream_init creates the state anew (close
+ * freed the last one), as for a new coordinator (main.c). */
 static int start(tsr_error *err)
 {
-    C.st->ov_records = C.st->d_dense = C.st->d_sparse = 0;
     return tsr__stream_init(&C, err);
 }
 
