@@ -203,12 +203,13 @@ static void test_restore_refuses(void **state)
     assert_non_null(strstr(err.msg, "comes before its header"));
     assert_false(found);
     assert_int_equal(local_log(&a, 7).n, -1); /* no local log made */
-    /* a record under version 8 that names version 9 */
+    /* a record under version 8 that names version 9 (put unfenced: meta.c's own put) */
     tsr_error e2 = TSR_ERROR_INIT;
+    tsr_etcd_cmp nofence[1];
     size_t len = 0;
     rec_init(&r, 9, 0);
     uint8_t *buf = tsr_rpc_pack(&r.base, &len);
-    assert_int_equal(tsr__meta_log_put(a.meta, 8, 0, buf, len, NULL, 0, 5000, &e2), 0);
+    assert_int_equal(tsr__meta_log_put(a.meta, 8, 0, buf, len, nofence, 0, 5000, &e2), 0);
     free(buf);
     assert_int_equal(tsr__shlog_restore(&a, 8, &found, &e2), TSR_EFORMAT);
     assert_non_null(strstr(e2.msg, "names version 9"));
@@ -219,7 +220,7 @@ static void test_restore_refuses(void **state)
     assert_int_equal(tsr__shlog_mirror_round(&a, &r, &e3), 0);
     rec_init(&r, 11, 1);
     buf = tsr_rpc_pack(&r.base, &len);
-    assert_int_equal(tsr__meta_log_put(a.meta, 10, 1, buf, len, NULL, 0, 5000, &e3), 0);
+    assert_int_equal(tsr__meta_log_put(a.meta, 10, 1, buf, len, nofence, 0, 5000, &e3), 0);
     free(buf);
     found = 1;
     assert_int_equal(tsr__shlog_restore(&a, 10, &found, &e3), TSR_EFORMAT);
