@@ -229,15 +229,22 @@ static void reset_log(void)
     pthread_mutex_unlock(&mu);
 }
 
+/* The fake shard's answers held and one request's call in flight (the group at its
+ * limit): what the requests submitted next queue behind. */
+static void one_in_flight(req *r0, int64_t first, size_t nq)
+{
+    reset_log();
+    gate(0);
+    req_init(r0, first, nq);
+    tsr__coalesce_submit(&C, &r0->e);
+    wait_calls(1);
+}
+
 static void test_alone_then_batch(void **state)
 {
     (void)state;
-    reset_log();
-    gate(0);
     req r[4];
-    req_init(&r[0], 100, 2);
-    tsr__coalesce_submit(&C, &r[0].e); /* below the limit: out at once */
-    wait_calls(1);
+    one_in_flight(&r[0], 100, 2); /* below the limit: out at once */
     req_init(&r[1], 200, 1);
     req_init(&r[2], 300, 3);
     req_init(&r[3], 400, 1);
@@ -271,12 +278,8 @@ static void test_alone_then_batch(void **state)
 static void test_batch_cap(void **state)
 {
     (void)state;
-    reset_log();
-    gate(0);
     req r[4];
-    req_init(&r[0], 1000, 1);
-    tsr__coalesce_submit(&C, &r[0].e);
-    wait_calls(1);
+    one_in_flight(&r[0], 1000, 1);
     req_init(&r[1], 2000, 40);
     req_init(&r[2], 3000, 24); /* 40 + 24 = 64: one batch */
     req_init(&r[3], 4000, 1);  /* 65 > 64: the next */
@@ -299,12 +302,8 @@ static void test_batch_cap(void **state)
 static void test_failed_batch_alone(void **state)
 {
     (void)state;
-    reset_log();
-    gate(0);
     req r[4];
-    req_init(&r[0], 10, 1);
-    tsr__coalesce_submit(&C, &r[0].e);
-    wait_calls(1);
+    one_in_flight(&r[0], 10, 1);
     req_init(&r[1], 20, 2);
     req_init(&r[2], -5, 1); /* the shard refuses any call holding it */
     req_init(&r[3], 30, 1);
