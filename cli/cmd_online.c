@@ -328,8 +328,8 @@ static void query_usage(FILE *f)
             "Output: `distance` is the dense distance (squared L2, or the dot product for\n"
             "DOT_PRODUCT and COSINE), exact (from the stored vectors) by default, the PQ\n"
             "approximation with --candidates 0; `-` for a hit found only by the sparse search\n"
-            "(every hit of a sparse-only query; in a hybrid query a dense distance of exactly 0\n"
-            "prints `-` too: --json has the number, 0).\n"
+            "(every hit of a sparse-only query, and a hybrid query's sparse-only hits: --json\n"
+            "says \"sparse_only\": true and keeps distance 0).\n"
             "`sparse_distance` is the exact sparse dot product. Hybrid (--sparse with a\n"
             "vector and --alpha): reciprocal rank fusion of both lists (docs/query-semantics.md).\n"
             "Exit status: 0 success, 1 the query failed (coordinator refused or unreachable,\n"
@@ -370,8 +370,8 @@ static int query_restricts(const tsr_cmdline_list *allow, const tsr_cmdline_list
 /* Prints the neighbors of each query of resp (a table unless as_json) and appends one
  * JSON object per query to all. sparse: the query had a sparse part (print its distance);
  * dense: it had a dense one. The table prints `distance -` where there is no dense
- * distance: every hit of a sparse-only query, and a hybrid query's hits at 0 (the
- * response's 0 for "found only by the sparse search"; --json keeps the number). */
+ * distance: every hit of a sparse-only query, and a hybrid query's hits found only by the
+ * sparse search (Neighbor.sparse_only; --json keeps the number and says sparse_only). */
 static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int sparse,
                             int dense, int as_json, json_t *all)
 {
@@ -388,12 +388,14 @@ static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int 
             json_object_set_new(no, "distance", json_real(nb1->distance));
             if (sparse)
                 json_object_set_new(no, "sparse_distance", json_real(nb1->sparse_distance));
+            if (nb1->sparse_only)
+                json_object_set_new(no, "sparse_only", json_true());
             if (!as_json) {
                 const char *tag = nb1->datapoint && nb1->datapoint->crowding_tag
                                       ? nb1->datapoint->crowding_tag->crowding_attribute
                                       : "";
                 const char *id = nb1->datapoint ? nb1->datapoint->datapoint_id : "?";
-                if (!dense || (sparse && nb1->distance == 0.0))
+                if (!dense || nb1->sparse_only)
                     printf("  %2zu  %-24s distance %-12s", j + 1, id, "-");
                 else
                     printf("  %2zu  %-24s distance %-12.6g", j + 1, id, nb1->distance);
