@@ -68,16 +68,42 @@
 #include "core/mem.h"
 #include "tessera/v1/coord_log.pb-c.h"
 
-static int64_t period_ms(const tsr__coord *c)
+int64_t tsr__lead_period_ms(int ttl_s)
 {
-    int64_t p = (int64_t)c->lead.ttl_s * 1000 / 3;
+    int64_t p = (int64_t)ttl_s * 1000 / 3;
     return p < 200 ? 200 : p;
 }
 
-static int64_t margin_ms(const tsr__coord *c)
+int64_t tsr__lead_margin_ms(int ttl_s)
 {
-    int64_t m = (int64_t)c->lead.ttl_s * 1000 / 5;
+    int64_t m = (int64_t)ttl_s * 1000 / 5;
     return m < 1000 ? 1000 : m;
+}
+
+int tsr__lead_renewal_late(int64_t now, int64_t ok_at, int ttl_s)
+{
+    return now - ok_at > (int64_t)ttl_s * 1000 - tsr__lead_margin_ms(ttl_s);
+}
+
+int tsr__lead_key_verdict(int leading, int64_t term, int64_t lease, int64_t key_rev,
+                          int64_t key_lease)
+{
+    int v = 0;
+    if (leading && key_rev != term) {
+        v |= TSR_LEAD_STEP_DOWN;
+        leading = 0;
+    }
+    int stale = !leading && lease && key_lease == lease;
+    if (!leading && !stale)
+        v |= TSR_LEAD_FOLLOW;
+    if (stale)
+        v |= TSR_LEAD_RELEASE;
+    return v;
+}
+
+static int64_t period_ms(const tsr__coord *c)
+{
+    return tsr__lead_period_ms(c->lead.ttl_s);
 }
 
 static void set_addr(tsr__coord *c, const char *a)
@@ -273,8 +299,8 @@ static void keep_lease(tsr__coord *c, int64_t *ok_at)
             return;
         }
         if (rc != TSR_ENOTFOUND) {
-            if (atomic_load(&c->lead.leading) && tsr_clock_mono_ms() - *ok_at >
-                (int64_t)c->lead.ttl_s * 1000 - margin_ms(c))
+            if (atomic_load(&c->lead.leading) &&
+                tsr__lead_renewal_late(tsr_clock_mono_ms(), *ok_at, c->lead.ttl_s))
                 tsr__leader_lost(c, "etcd did not renew the lease in time");
             return;
         }
@@ -427,13 +453,15 @@ static void campaign(tsr__coord *c)
     tsr_etcd_kv kv;
     int rc = tsr_etcd_get(c->meta->fast, key, &kv, NULL, &err);
     if (rc == 0) {
-        if (atomic_load(&c->lead.leading) && kv.create_rev != atomic_load(&c->lead.term))
+        int v = tsr__lead_key_verdict(atomic_load(&c->lead.leading),
+                                      atomic_load(&c->lead.term), lease, kv.create_rev,
+                                      kv.lease);
+        if (v & TSR_LEAD_STEP_DOWN)
             tsr__leader_lost(c, "the leader key is not ours any more");
-        int stale = !atomic_load(&c->lead.leading) && lease && kv.lease == lease;
-        if (!atomic_load(&c->lead.leading) && !stale)
+        if (v & TSR_LEAD_FOLLOW)
             set_addr(c, (const char *)kv.value);
         tsr_etcd_kvs_free(&kv, 1);
-        if (stale) {
+        if (v & TSR_LEAD_RELEASE) {
             /* we stepped down (e.g. etcd was unreachable past our margin) but our lease
              * outlived it and still holds the key: give it up, a fresh election follows */
             atomic_store(&c->lead.lease, 0);

@@ -97,6 +97,22 @@ void tsr__leader_members(tsr__coord *c, char ***addrs, size_t *n, char *leader, 
  * unreachable ..." or "not the leader: ...") and a negative code returned. */
 int tsr__leader_check(tsr__coord *c, tsr_rpc_reply *r);
 
+/* leader.c, the lease thread's decisions with plain inputs (no etcd call). period: how
+ * often it renews the lease and campaigns (ttl/3, at least 200 ms); margin: how long
+ * before the TTL ends a leader gives up when etcd did not confirm a renewal (ttl/5, at
+ * least 1 s); renewal_late: whether a leader whose last renewal that worked was SENT at
+ * ok_at must step down at now. key_verdict: what the leader key read from etcd (its
+ * create revision and lease) means to us (leading, our term and our lease, 0 = none):
+ * STEP_DOWN (we led but the key is another term's), FOLLOW (take the key's value as the
+ * leader's address), RELEASE (not leading but our lease still holds the key: revoke it
+ * so a fresh election can follow); 0 = we lead and the key is ours. */
+int64_t tsr__lead_period_ms(int ttl_s);
+int64_t tsr__lead_margin_ms(int ttl_s);
+int tsr__lead_renewal_late(int64_t now, int64_t ok_at, int ttl_s);
+enum { TSR_LEAD_STEP_DOWN = 1, TSR_LEAD_FOLLOW = 2, TSR_LEAD_RELEASE = 4 };
+int tsr__lead_key_verdict(int leading, int64_t term, int64_t lease, int64_t key_rev,
+                          int64_t key_lease);
+
 /* ---- readidx.c: read-your-writes on every coordinator (docs/coordinator.md) ---- */
 /* Whether a half is on: TSR_RI_WATCH (a follower's etcd read and watch wait) or
  * TSR_RI_DEMAND (min_stream_seq in every ShardQuery). Both are, except under the test hooks

@@ -33,6 +33,41 @@
 
 #define RESYNC_RETRY_MS 5000
 
+int tsr__reconcile_action(int64_t V, int64_t version, int state, int current)
+{
+    int pending = state == TESSERA__V1__SHARD_VERSION__STATE__STAGING ||
+                  state == TESSERA__V1__SHARD_VERSION__STATE__PREPARED;
+    if (version == V && state == TESSERA__V1__SHARD_VERSION__STATE__PREPARED && !current)
+        return TSR_REC_COMMIT;
+    /* above CURRENT: an update that never committed; V itself still staging: a replica
+     * left out of V (update_min_replicas) — neither can serve */
+    if (pending && !current &&
+        (version != V || state == TESSERA__V1__SHARD_VERSION__STATE__STAGING))
+        return TSR_REC_ABORT;
+    if (version == V)
+        return TSR_REC_HOLDS; /* held (serving, not current): it can answer V */
+    return TSR_REC_KEEP;
+}
+
+size_t tsr__reconcile_resync_from(int need, int64_t *resync_at_ms, int64_t now,
+                                  const char *holds, size_t first, size_t n)
+{
+    if (!need || now < *resync_at_ms)
+        return SIZE_MAX;
+    size_t from = SIZE_MAX;
+    for (size_t j = 0; j < n && from == SIZE_MAX; j++)
+        if (holds[first + j])
+            from = first + j;
+    if (from != SIZE_MAX)
+        *resync_at_ms = now + RESYNC_RETRY_MS;
+    return from;
+}
+
+int64_t tsr__reconcile_pause_ms(int off)
+{
+    return off ? 300 : 1000;
+}
+
 /* Commit / Abort / Release(v) to replica k (flat index). */
 static int call_version(tsr__coord *c, size_t k, const char *what, int64_t v)
 {
@@ -306,22 +341,16 @@ int tsr__coord_reconcile_once(tsr__coord *c)
         int has_v = st->current_version == V, ok = st->current_version == V;
         for (size_t i = 0; i < st->n_versions; i++) {
             const Tessera__V1__ShardVersion *sv = st->versions[i];
-            int pending = sv->state == TESSERA__V1__SHARD_VERSION__STATE__STAGING ||
-                          sv->state == TESSERA__V1__SHARD_VERSION__STATE__PREPARED;
-            if (sv->version == V && sv->state == TESSERA__V1__SHARD_VERSION__STATE__PREPARED &&
-                !sv->current) {
+            int act = tsr__reconcile_action(V, sv->version, (int)sv->state, sv->current);
+            if (act == TSR_REC_COMMIT) {
                 has_v = 1;
                 ok = call_version(c, k, "Commit", V) == TSR_RPC_OK;
                 if (ok)
                     atomic_store(&r->version, V);
-            } else if (pending && !sv->current &&
-                       (sv->version != V ||
-                        sv->state == TESSERA__V1__SHARD_VERSION__STATE__STAGING)) {
-                /* above CURRENT: an update that never committed; V itself still staging:
-                 * a replica left out of V (update_min_replicas) — neither can serve */
+            } else if (act == TSR_REC_ABORT) {
                 call_version(c, k, "Abort", sv->version);
-            } else if (sv->version == V) {
-                has_v = 1; /* held (serving, not current): it can answer V */
+            } else if (act == TSR_REC_HOLDS) {
+                has_v = 1;
             }
         }
         int lag = !has_v && V > 0;
@@ -354,16 +383,12 @@ int tsr__coord_reconcile_once(tsr__coord *c)
     /* lagging replicas with a sibling that holds V: re-seed them from it (at most one
      * attempt per replica every RESYNC_RETRY_MS, so a failing copy is not a busy loop) */
     for (size_t k = 0; k < R; k++) {
-        if (!need[k] || tsr_clock_mono_ms() < c->rep[k].resync_at_ms)
-            continue;
         const tsr__group *gr = &c->grp[c->rep[k].group];
-        size_t from = SIZE_MAX;
-        for (size_t j = 0; j < gr->n && from == SIZE_MAX; j++)
-            if (holds[gr->first + j])
-                from = gr->first + j;
+        size_t from = tsr__reconcile_resync_from(need[k], &c->rep[k].resync_at_ms,
+                                                 tsr_clock_mono_ms(), holds, gr->first,
+                                                 gr->n);
         if (from == SIZE_MAX)
             continue;
-        c->rep[k].resync_at_ms = tsr_clock_mono_ms() + RESYNC_RETRY_MS;
         if (resync(c, k, from, sn) == 0) {
             atomic_store(&c->rep[k].lagging, 0);
             atomic_store(&c->rep[k].version, V);
@@ -442,7 +467,7 @@ static void *rec_main(void *p)
         pthread_mutex_lock(&c->rec_mu);
         if (!c->stopping) {
             /* rec_cv waits on CLOCK_MONOTONIC (tsr_clock_cond_init in main.c) */
-            struct timespec ts = tsr_clock_mono_timespec(off ? 300 : 1000);
+            struct timespec ts = tsr_clock_mono_timespec(tsr__reconcile_pause_ms(off));
             pthread_cond_timedwait(&c->rec_cv, &c->rec_mu, &ts);
         }
         pthread_mutex_unlock(&c->rec_mu);

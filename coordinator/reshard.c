@@ -107,21 +107,13 @@ static void balance(int32_t *plan, const int64_t *size, size_t nlist, int64_t *l
     }
 }
 
-/* The new plan of base for the groups 0 .. S-1 without rm (-1: none). */
-static int32_t *new_plan(const tsr__snap *base, const tsr__coord_config *cfg, size_t S, int rm)
+int32_t *tsr__reshard_balance_plan(const int32_t *old, const int64_t *size, size_t nlist,
+                                   const uint8_t *live, size_t S, int rm)
 {
-    size_t nlist = base->tmpl->nlist;
-    int32_t *plan = tsr_xmalloc(nlist * sizeof *plan);
-    memcpy(plan, base->plan, nlist * sizeof *plan);
-    int64_t *size = tsr_xcalloc(nlist, sizeof *size);
-    int64_t *load = tsr_xcalloc(S, sizeof *load);
-    uint8_t *live = tsr_xcalloc(S, 1);
-    size_t *order = tsr_xcalloc(nlist, sizeof *order);
-    for (size_t i = 0; i < base->dir.n; i++)
-        if (base->dir.e[i].list >= 0 && (size_t)base->dir.e[i].list < nlist)
-            size[base->dir.e[i].list]++;
-    for (size_t g = 0; g < S; g++)
-        live[g] = !cfg->retired[g] && (int)g != rm;
+    int32_t *plan = tsr_xmalloc((nlist ? nlist : 1) * sizeof *plan);
+    memcpy(plan, old, nlist * sizeof *plan);
+    int64_t *load = tsr_xcalloc(S ? S : 1, sizeof *load);
+    size_t *order = tsr_xcalloc(nlist ? nlist : 1, sizeof *order);
     for (size_t l = 0; l < nlist; l++) {
         order[l] = l;
         if ((size_t)plan[l] < S)
@@ -143,10 +135,26 @@ static int32_t *new_plan(const tsr__snap *base, const tsr__coord_config *cfg, si
         }
     }
     balance(plan, size, nlist, load, live, S);
-    free(size);
     free(load);
-    free(live);
     free(order);
+    return plan;
+}
+
+/* The new plan of base for the groups 0 .. S-1 without rm (-1: none): list sizes from its
+ * directory, live groups from the config. */
+static int32_t *new_plan(const tsr__snap *base, const tsr__coord_config *cfg, size_t S, int rm)
+{
+    size_t nlist = base->tmpl->nlist;
+    int64_t *size = tsr_xcalloc(nlist, sizeof *size);
+    uint8_t *live = tsr_xcalloc(S, 1);
+    for (size_t i = 0; i < base->dir.n; i++)
+        if (base->dir.e[i].list >= 0 && (size_t)base->dir.e[i].list < nlist)
+            size[base->dir.e[i].list]++;
+    for (size_t g = 0; g < S; g++)
+        live[g] = !cfg->retired[g] && (int)g != rm;
+    int32_t *plan = tsr__reshard_balance_plan(base->plan, size, nlist, live, S, rm);
+    free(size);
+    free(live);
     return plan;
 }
 

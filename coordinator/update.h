@@ -42,6 +42,12 @@ void tsr__coord_fold_stop(tsr__coord *c);
  * changes (free with tsr__reshard_moves_free). Caller holds the stream lock. Progress on
  * op. Returns 0, or an error code with err set (p closed, *moves NULL). */
 typedef struct tsr__reshard_moves tsr__reshard_moves;
+/* reshard.c, the balance rule (top of reshard.c) with plain inputs: the new plan of the
+ * nlist lists now on groups old[l] with size[l] dense datapoints, over the groups
+ * 0 .. S-1 where live[g] (rm, -1 for none, must not be live: its lists move first).
+ * Returns a new array of nlist entries (caller frees). Pure. */
+int32_t *tsr__reshard_balance_plan(const int32_t *old, const int64_t *size, size_t nlist,
+                                   const uint8_t *live, size_t S, int rm);
 int tsr__reshard_plan(tsr__coord *c, tsr__op *op, const tsr__snap *base, int rm,
                       tsr__upd_plan *p, tsr__reshard_moves **moves, tsr_error *err);
 void tsr__reshard_moves_free(tsr__reshard_moves *m);
@@ -79,6 +85,20 @@ void tsr__coord_reconcile_stop(tsr__coord *c);
 /* One pass: bring every shard to the coordinator's version. Returns shards still off. */
 int tsr__coord_reconcile_once(tsr__coord *c);
 void tsr__coord_schedule_release(tsr__coord *c, uint64_t below);
+/* The pass's decisions with plain inputs (reconcile.c, DESIGN there). action: what a
+ * replica's Stats entry for `version` (state: a Tessera__V1__ShardVersion state, current:
+ * it serves it) asks for when the coordinator serves V: COMMIT (V prepared, not current),
+ * ABORT (a pending version above or below V, or V still staging), HOLDS (it can answer V),
+ * KEEP (nothing). resync_from: the replica (flat index among first .. first + n - 1 whose
+ * holds[] is set) to re-seed a replica that needs it from, when its next attempt
+ * (*resync_at_ms, tsr_clock_mono_ms) is due at now — then the attempt after it is pushed
+ * 5 s on — else SIZE_MAX. pause_ms: the sleep before the next pass (shorter while `off`
+ * replicas are not settled). */
+enum { TSR_REC_KEEP, TSR_REC_COMMIT, TSR_REC_ABORT, TSR_REC_HOLDS };
+int tsr__reconcile_action(int64_t V, int64_t version, int state, int current);
+size_t tsr__reconcile_resync_from(int need, int64_t *resync_at_ms, int64_t now,
+                                  const char *holds, size_t first, size_t n);
+int64_t tsr__reconcile_pause_ms(int off);
 
 /* Starts a move on the update thread (one operation at a time). addrs (borrowed, n > 0):
  * add a group; else remove group rm. Returns 0 with the op id and the group in *group, or a
