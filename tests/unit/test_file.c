@@ -178,6 +178,18 @@ static void test_missing(void **state)
     assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, NULL), TSR_EIO); /* err optional */
 }
 
+/* The file at p holds exactly the string want. */
+static void expect_contents(const char *p, const char *want)
+{
+    char *buf;
+    size_t len;
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
+    assert_int_equal(len, strlen(want));
+    assert_string_equal(buf, want);
+    free(buf);
+}
+
 static void test_replace(void **state)
 {
     (void)state;
@@ -187,20 +199,14 @@ static void test_replace(void **state)
     tsr_error err = TSR_ERROR_INIT;
     assert_int_equal(tsr_file_replace(p, tmp, dir, "one", 3, &err), 0);
     assert_int_equal(tsr_file_replace(p, tmp, dir, "two!", 4, &err), 0);
-    char *buf;
-    size_t len;
-    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
-    assert_string_equal(buf, "two!");
-    free(buf);
+    expect_contents(p, "two!");
     assert_int_equal(access(tmp, F_OK), -1); /* renamed away */
     /* a temp path that cannot be created: the target stays as it was */
     char bad[700];
     snprintf(bad, sizeof bad, "%s/no-such-dir/r.tmp", dir);
     assert_int_equal(tsr_file_replace(p, bad, dir, "three", 5, &err), TSR_EIO);
     assert_non_null(strstr(err.msg, bad));
-    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
-    assert_string_equal(buf, "two!");
-    free(buf);
+    expect_contents(p, "two!");
 }
 
 /* What replace_by's writer callback adds: ctx = the text; "FAIL" = an error after
@@ -224,19 +230,13 @@ static void test_replace_by(void **state)
     tsr_error err = TSR_ERROR_INIT;
     assert_int_equal(tsr_file_replace_by(p, 3, add_text, "first", &err), 0);
     assert_int_equal(tsr_file_replace_by(p, 3, add_text, "second", &err), 0);
-    char *buf;
-    size_t len;
-    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
-    assert_string_equal(buf, "second");
-    free(buf);
+    expect_contents(p, "second");
     assert_int_equal(access(tmp, F_OK), -1); /* renamed away */
     /* the writer fails: the target stays as it was and the temp file is gone */
     assert_int_equal(tsr_file_replace_by(p, 3, add_text, "FAIL", &err), TSR_EFORMAT);
     assert_string_equal(err.msg, "made to fail");
     assert_int_equal(access(tmp, F_OK), -1);
-    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
-    assert_string_equal(buf, "second");
-    free(buf);
+    expect_contents(p, "second");
     /* a path in no directory: an error naming the temp file */
     char bad[700];
     snprintf(bad, sizeof bad, "%s/no-such-dir/rb", dir);
