@@ -80,6 +80,7 @@
 
 #include "batch/batch.h"
 #include "core/error.h"
+#include "core/testing.h"
 #include "index/ivfpq.h"
 #include "net/etcd.h"
 #include "net/rpc.h"
@@ -720,8 +721,9 @@ int tsr__vertex_v1_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc
 int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 
 /* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|saved|flipped|committed, and
- * caught-up: a reshard move's catch-up done, before its flip). */
-void tsr__coord_crash_point(const char *step);
+ * caught-up: a reshard move's catch-up done, before its flip). Test builds only
+ * (core/testing.h): nothing in a release build. */
+#define tsr__coord_crash_point(step) tsr_test_crash(TSR_KNOB_COORD_CRASH_AT, step)
 /* Test-only: 1 when TSR_COORD_CRASH_AT names this hook. Besides the crash points, one
  * planted bug for the chaos checker (tests/chaos, docs/reliability.md "Chaos"):
  * "plant-ack-unlogged" makes the stream writer acknowledge each round without appending it
@@ -729,8 +731,9 @@ void tsr__coord_crash_point(const char *step);
  * set outside that demonstration. Two more, each once per process, for the etcd mirror of a
  * streamed round (stream_ha.c): "mirror-answer-lost" puts a mirrored round again (a try
  * whose answer was lost: it must settle as logged), "mirror-doubt" takes a mirrored
- * round's answer as lost (outcome unknown: the leader must re-read etcd's rounds). */
-int tsr__coord_test_hook(const char *name);
+ * round's answer as lost (outcome unknown: the leader must re-read etcd's rounds). Test
+ * builds only (core/testing.h): 0 in a release build. */
+#define tsr__coord_test_hook(name) tsr_test_is(TSR_KNOB_COORD_CRASH_AT, name)
 
 /* ---- readidx.c: read-your-writes on every coordinator (docs/coordinator.md) ---- */
 /* Whether a half is on: TSR_RI_WATCH (a follower's etcd read and watch wait) or

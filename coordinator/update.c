@@ -830,7 +830,7 @@ static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
     t[3] = tsr_clock_mono_ms();
     if (rc == 0 && u.catchup && (rc = upd_catch_up(&u, seq0, off0, gseq, err)) == 0) {
         tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
-        tsr_test_sleep("TSR_COORD_SLOW_FLIP_MS", "the fold's flip after its catch-up");
+        tsr_test_sleep(TSR_KNOB_COORD_SLOW_FLIP_MS, "the fold's flip after its catch-up");
     }
     t[4] = tsr_clock_mono_ms();
     if (rc == 0)

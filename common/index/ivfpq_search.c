@@ -39,6 +39,7 @@
 #include "core/heap.h"
 #include "core/cpu.h"
 #include "core/mem.h"
+#include "core/testing.h"
 
 /* ---- options and SIMD selection -------------------------------------------------- */
 
@@ -143,7 +144,7 @@ done:
 
 enum tsr_simd tsr_ivfpq_search_simd_auto(void)
 {
-    const char *e = getenv("TSR_SIMD");
+    const char *e = tsr_test_knob(TSR_KNOB_SIMD);
     if (e != NULL && *e) {
         enum tsr_simd want = strcmp(e, "scalar") == 0   ? TSR_SIMD_SCALAR
                              : strcmp(e, "avx2") == 0   ? TSR_SIMD_AVX2
@@ -294,7 +295,7 @@ int tsr_ivfpq_list_terms(const tsr_ivfpq *ix, size_t list, const uint8_t *codes,
  * (3), else none (0). */
 static int filter_env(void)
 {
-    const char *e = getenv("TSR_SEARCH_FILTER");
+    const char *e = tsr_test_knob(TSR_KNOB_SEARCH_FILTER);
     if (e && strcmp(e, "0") == 0)
         return 0;
     if (e && strcmp(e, "scalar") == 0)
@@ -1006,7 +1007,7 @@ int tsr__ivfpq_check_index(const tsr_ivfpq *ix, size_t k, tsr_error *err)
 static enum tsr_simd simd_forced(enum tsr_simd asked)
 {
     if (asked == TSR_SIMD_AUTO) {
-        const char *e = getenv("TSR_SIMD");
+        const char *e = tsr_test_knob(TSR_KNOB_SIMD);
         if (e && strcmp(e, "scalar") == 0)
             return TSR_SIMD_SCALAR;
         if (e && strcmp(e, "avx2") == 0)
@@ -1050,7 +1051,7 @@ tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked)
 
 tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8)
 {
-    const char *e = getenv("TSR_SEARCH_NIBBLE");
+    const char *e = tsr_test_knob(TSR_KNOB_SEARCH_NIBBLE);
     if (f8 == NULL || (e && strcmp(e, "0") == 0))
         return NULL;
     if (e && strcmp(e, "scalar") == 0)
