@@ -9,6 +9,8 @@
 #   make soak [SECONDS=N]   steady load: RSS, fds, p50/p99 per interval and a verdict
 #   make deps       install the Debian packages the project needs (idempotent)
 #   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
+#   make TESTING=1  the test build under build/testing/ (test hooks and A/B knobs compiled
+#                   in: docs/testing.md; sanitizer builds have them too, bin/ never)
 #   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
 #   make fuzz-long [FUZZ_SECONDS=N]  a campaign: N s (default 600) per harness, corpus merged, a table
 #   make bench-search | bench-ingest | bench-rpc | bench-e2e | bench-query | bench-cluster | bench-knn | bench-memory | bench-ha | bench-ha-elect   benchmarks (not part of test)
@@ -85,7 +87,7 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: check-layers fuzz-build all deps test test-bins test-san test-ha test-unit test-interop test-integration test-fuzz-replay fuzz fuzz-long chaos soak clean \
+.PHONY: check-layers fuzz-build all deps test test-bins testing-build test-san test-ha test-unit test-interop test-integration test-fuzz-replay fuzz fuzz-long chaos soak clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo python-client
 all: $(TARGETS)
 
@@ -165,6 +167,11 @@ endif
 
 # The unit tests' binaries of this build (`make TESTING=1 test-bins`).
 test-bins: $(UNIT_BINS)
+
+# The test build's binaries, for the benchmarks that compare A/B knobs: their harnesses
+# start it for a process given a knob (TSR_TEST_BIN; docs/testing.md).
+testing-build:
+	@$(MAKE) --no-print-directory TESTING=1 all
 
 # The unit, integration and fault suites against the ASan+UBSan build (the fuzz-corpus
 # replay, always sanitized, runs in `make test`). .ci/run runs it after `make test`.
