@@ -200,11 +200,11 @@ test-ha: all
 # p50 / p99 per interval, a verdict.
 SECONDS ?= 120
 SEED ?= 1
-chaos: all
+chaos: all testing-build
 	@/usr/bin/python3 tests/chaos/chaos.py --seconds $(SECONDS) --seed $(SEED); rc=$$?; \
 	  if [ $$rc -eq 77 ]; then echo "chaos: SKIP (needs root for network namespaces, and etcd)"; \
 	  else exit $$rc; fi
-soak: all
+soak: all testing-build
 	@/usr/bin/python3 tests/chaos/soak.py --seconds $(SECONDS) $(SOAK_ARGS); rc=$$?; \
 	  if [ $$rc -eq 77 ]; then echo "soak: SKIP (needs etcd)"; else exit $$rc; fi
 
