@@ -35,6 +35,14 @@ int tsr_cmd_cluster_up(int argc, char **argv);
  * "PROG: cannot write the report: PATH: why" and returns -1. (cmd_batch.c) */
 int tsr_cli_write_report(const char *prog, const char *path, const char *json);
 
+/* batch_summary.c: the default output of `tessera batch inspect` (records by kind, dense
+ * and sparse dimensions, token and numeric namespaces seen, crowding tags, metadata) of the
+ * batch read from root; accepted = 0 says the counts are of a rejected batch's valid
+ * records. */
+struct tsr_batch;
+void tsr_cli_batch_summary(FILE *f, const struct tsr_batch *b, const char *root, size_t dims,
+                           int accepted);
+
 /* cli_metadata.c: a google.protobuf.Struct (a datapoint's embedding_metadata; NULL = {})
  * as a JSON object, new reference; tsr_cli_metadata_json takes it serialized in
  * data[0..len) and returns NULL when it does not parse. */

@@ -1,8 +1,10 @@
 /*
- * cmd_batch — `tessera batch inspect`: validates a Vertex-format batch_root and prints the
- * resulting batch as JSON lines (sorted by id, floats in shortest round-trip form, then
- * the deleted ids); the report goes to stderr as text and, with --report FILE, as JSON.
- * Exit 0 accepted, 1 rejected (nothing printed on stdout), 2 usage error.
+ * cmd_batch — `tessera batch inspect`: validates a Vertex-format batch_root. By default
+ * it prints a summary of what the batch holds on stdout (batch_summary.c); with --records
+ * it prints the resulting batch as JSON lines instead (sorted by id, floats in shortest
+ * round-trip form, then the deleted ids; only when accepted). The report (files, counts,
+ * errors with file:line) goes to stderr as text and, with --report FILE, as JSON.
+ * Exit 0 accepted, 1 rejected, 2 usage error.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -20,17 +22,21 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: tessera batch inspect --batch-root DIR --dimensions D\n"
+            "usage: tessera batch inspect --batch-root DIR --dimensions D [--records]\n"
             "                             [--max-invalid-records N] [--report FILE] [--threads T]\n"
             "\n"
             "Reads a Vertex AI Vector Search batch_root (data files *.csv, *.json, *.avro and\n"
-            "an optional delete/ folder of id files), checks every rule of the format and prints\n"
-            "the batch: one JSON record per line sorted by id, then {\"id\": ..., \"delete\": true}\n"
-            "per deleted id. The report (per-file counts, errors with line and Vertex error type,\n"
-            "warnings) goes to stderr, and as JSON to FILE with --report.\n"
+            "an optional delete/ folder of id files) and checks every rule of the format. The\n"
+            "report (per-file counts, errors as FILE:LINE with the Vertex error type, warnings)\n"
+            "goes to stderr, and as JSON to FILE with --report. stdout gets a summary: records\n"
+            "by kind, deletes, dense and sparse dimensions, the token and numeric namespaces\n"
+            "seen (records, distinct tokens, value ranges), crowding tags.\n"
             "\n"
             "  --batch-root DIR            the batch folder\n"
             "  --dimensions D              the index dimension (length of dense embeddings)\n"
+            "  --records                   print the batch instead of the summary: one JSON\n"
+            "                              record per line sorted by id, then {\"id\": ...,\n"
+            "                              \"delete\": true} per deleted id (accepted batch only)\n"
             "  --max-invalid-records N     skip up to N invalid records (default 0: any invalid\n"
             "                              record rejects the batch)\n"
             "  --report FILE               also write the report as JSON to FILE\n"
@@ -190,9 +196,11 @@ int tsr_cmd_batch_inspect(int argc, char **argv)
 {
     const char *root = NULL, *report = NULL;
     uint64_t dims = 0, maxinv = 0, threads = 0;
+    int records = 0;
     const tsr_cmdline_opt opts[] = {
         {"--batch-root", TSR_CMDLINE_STR, &root, 0, 0, 1},
         {"--dimensions", TSR_CMDLINE_UINT64, &dims, 1, 1 << 20, 1},
+        {"--records", TSR_CMDLINE_FLAG, &records, 0, 0, 0},
         {"--max-invalid-records", TSR_CMDLINE_UINT64, &maxinv, 0, -1, 0},
         {"--report", TSR_CMDLINE_STR, &report, 0, 0, 0},
         {"--threads", TSR_CMDLINE_UINT64, &threads, 0, 256, 0},
@@ -209,7 +217,12 @@ int tsr_cmd_batch_inspect(int argc, char **argv)
         fprintf(stderr, PROG ": %s\n", err.msg);
         return 1;
     }
-    if (rc == 0) {
+    tsr_batch_report_text(&b->report, stderr);
+    if (!records) {
+        fflush(stderr);
+        tsr_cli_batch_summary(stdout, b, root, (size_t)dims, rc == 0);
+        fflush(stdout);
+    } else if (rc == 0) {
         static char obuf[1 << 16];
         setvbuf(stdout, obuf, _IOFBF, sizeof obuf);
         for (size_t i = 0; i < b->nrecords; i++)
@@ -221,7 +234,6 @@ int tsr_cmd_batch_inspect(int argc, char **argv)
         }
         fflush(stdout);
     }
-    tsr_batch_report_text(&b->report, stderr);
     int exit_code = rc == 0 ? 0 : 1;
     if (report != NULL) {
         char *js = tsr_batch_report_json(&b->report);

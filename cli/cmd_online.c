@@ -408,6 +408,8 @@ static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int 
         }
         json_array_append_new(all, qo);
     }
+    for (size_t w = 0; w < resp->n_warnings; w++) /* e.g. a restrict namespace never used */
+        fprintf(stderr, PROG ": warning: %s\n", resp->warnings[w]);
 }
 
 int tsr_cmd_query(int argc, char **argv)
@@ -1094,19 +1096,36 @@ int tsr_cmd_stats(int argc, char **argv)
         }
         json_decref(coords);
         json_decref(leader);
+        /* a removed group (RemoveShardGroup) is no shard: not a row, only its number
+         * (numbers are never reused, so the rows' numbers skip it) */
+        json_t *gone = json_array();
+        for (size_t i = 0; i < s->n_shards; i++)
+            if (s->shards[i]->removed)
+                json_array_append_new(gone, json_integer((json_int_t)i));
+        json_object_set_new(o, "removed_groups", gone);
+        if (!as_json && json_array_size(gone)) {
+            size_t gi;
+            json_t *g;
+            printf("removed groups");
+            json_array_foreach(gone, gi, g)
+                printf(" %lld", (long long)json_integer_value(g));
+            printf("\n");
+        }
         for (size_t i = 0; i < s->n_shards; i++) {
             const Tessera__V1__ShardIndexStats *x = s->shards[i];
+            if (x->removed)
+                continue;
             json_t *so = json_object();
+            json_object_set_new(so, "group", json_integer((json_int_t)i));
             json_object_set_new(so, "address", json_string(x->address));
             json_object_set_new(so, "vectors", json_integer(x->vectors_count));
             json_object_set_new(so, "sparse_vectors", json_integer(x->sparse_vectors_count));
             json_object_set_new(so, "version", json_integer(x->version));
             json_object_set_new(so, "available", json_boolean(x->available));
-            json_object_set_new(so, "removed", json_boolean(x->removed));
             json_array_append_new(sh, so);
             if (!as_json)
-                printf("  shard %-22s %s  version %lld  vectors %lld  sparse %lld\n", x->address,
-                       x->removed ? "gone" : x->available ? "up  " : "DOWN", (long long)x->version,
+                printf("  shard %-3zu %-22s %s  version %lld  vectors %lld  sparse %lld\n", i,
+                       x->address, x->available ? "up  " : "DOWN", (long long)x->version,
                        (long long)x->vectors_count, (long long)x->sparse_vectors_count);
         }
         json_object_set_new(o, "shards", sh);

@@ -24,7 +24,7 @@ static const command commands[] = {
     {"index", "check", tsr_cmd_index_check, "validate a Faiss index file (exit 0 valid, 1 not)"},
     {"index", "info", tsr_cmd_index_info, "describe a Faiss index file as one JSON object"},
     {"index", "rewrite", tsr_cmd_index_rewrite, "read a Faiss index file and write it back"},
-    {"batch", "inspect", tsr_cmd_batch_inspect, "validate a Vertex-format batch_root and print it"},
+    {"batch", "inspect", tsr_cmd_batch_inspect, "validate a Vertex-format batch_root and summarize it (--records: print it)"},
     {"query", NULL, tsr_cmd_query, "find neighbors through a running coordinator"},
     {"update", NULL, tsr_cmd_update, "apply a batch_root as a new index version"},
     {"read", NULL, tsr_cmd_read, "read stored datapoints by id"},

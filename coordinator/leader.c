@@ -48,7 +48,7 @@
  * Threads: the lease thread is the only writer of leading/term/lease; follow_mu serializes
  * the two threads' moves of the snapshot; others read them atomically.
  * addr, stop, kick and the pending retirements are under lead.mu. Calls: meta, oplog,
- * replica, state, stream (tsr__stream_lock is taken to publish; when the version changes
+ * replica, state, stream (tsr__stream_freeze is taken to publish; when the version changes
  * the groups, update_mu is taken first, by trylock, in the order of coord.h; no other lock
  * of coord.h is held with them here).
  */
@@ -193,9 +193,9 @@ static void follow_locked(tsr__coord *c)
         tsr__snap_unref(ns);
         return;
     }
-    tsr__stream_lock(c);
+    tsr__stream_freeze(c);
     if (grouped && tsr__coord_groups_follow(c, ns, retire, &err)) {
-        tsr__stream_unlock(c);
+        tsr__stream_thaw(c);
         pthread_mutex_unlock(&c->update_mu);
         tsr_error_log("leader: version %" PRIu64 " from etcd not served: %s", v, err.msg);
         tsr__snap_unref(ns);
@@ -204,7 +204,7 @@ static void follow_locked(tsr__coord *c)
     if (tsr__stream_version_begin(c, v, ns->next_label, NULL, 0, &err))
         tsr_warn("leader: version %" PRIu64 ": the stream log: %s", v, err.msg);
     tsr__stream_publish(c, ns, NULL, 0, 0);
-    tsr__stream_unlock(c);
+    tsr__stream_thaw(c);
     if (grouped)
         pthread_mutex_unlock(&c->update_mu);
     size_t nret = 0;

@@ -23,6 +23,7 @@
 #include "core/clock.h"
 #include "core/cmdline.h"
 #include "coord.h"
+#include "frontend/frontend.h"
 #include "dirshard.h"
 #include "meta.h"
 #include "net/metrics_http.h"
@@ -504,10 +505,14 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
 
 /* Creates and starts the server with the coordinator's methods and the token set t (the
  * server takes it, also on failure: NULL = none). Returns it, or NULL (logged). */
-static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
+static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *opts,
                                     tsr_rpc_tokens *t)
 {
     tsr_error err = TSR_ERROR_INIT;
+    tsr_rpc_server_opts o1 = *opts, *o = &o1;
+    o1.wrong_port_hint = "this port is the tessera coordinator (tessera.v1.VectorSearch, the "
+                         "Vertex MatchService); tessera.v1.Shard is served by each "
+                         "tessera-shard on its own port (`tessera stats` lists them)";
     tsr_rpc_server *srv = tsr_rpc_server_create(o, &err);
     if (!srv) {
         tsr_error_log("cannot listen on %s: %s", o->listen, err.msg);
@@ -537,7 +542,6 @@ static tsr_rpc_server *start_server(tsr__coord *c, const tsr_rpc_server_opts *o,
 static tsr__coord *coord_new(const char *tmpl, const char *deployed)
 {
     tsr__coord *c = tsr_xcalloc(1, sizeof *c);
-    c->st.log_fd = -1; /* tsr__stream_init fills the rest */
     pthread_mutex_init(&c->snap_mu, NULL);
     pthread_mutex_init(&c->update_mu, NULL);
     pthread_mutex_init(&c->op_mu, NULL);

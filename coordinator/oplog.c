@@ -384,3 +384,12 @@ void tsr__oplog_settle(tsr__coord *c, uint64_t committed)
     }
     free(names);
 }
+
+tsr__op *tsr__coord_op_find(tsr__coord *c, const char *id)
+{
+    for (size_t i = 0; id && i < c->nops; i++)
+        if (strcmp(c->ops[i]->id, id) == 0)
+            return c->ops[i];
+    return NULL;
+}
+

@@ -3,7 +3,7 @@
  * (validate, normalize for COSINE, coarse step with tsr_knn on all centroids, nprobe
  * nearest lists per query, group by shard through the plan, one Shard.Search per shard in
  * parallel with a deadline, merge with the greedy crowding pass, sparse merge, RRF),
- * ReadIndexDatapoints (directory → Shard.Read), GetIndexStats (Shard.Stats fan-out).
+ * ReadIndexDatapoints is query_read.c, GetIndexStats the tessera.v1 front end's.
  *
  * Every query of a request is planned on one snapshot, and every ShardQuery names its
  * version, so the whole answer comes from that version (response.version).
@@ -34,73 +34,17 @@
 #include "core/mem.h"
 #include "net/metrics.h"
 #include "query/topk.h"
+#include "arena.h"
+#include "query_ns.h"
 
 /* the query set approximate_neighbor_count (a one-field oneof: proto3 presence) */
 #define TSR_APPROX_SET TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__APPROXIMATE_APPROXIMATE_NEIGHBOR_COUNT
-
-/* ---------------------------------------------------------------- arena */
-
-/* Everything one request allocates (plans, shard requests, the unpacked shard replies, the
- * response) comes from bump blocks that are freed together: one calloc per AR_BLOCK bytes
- * instead of one per object (~60 per query plus ~100 in the unpacked replies). Memory is
- * zeroed (fresh calloc blocks are never reused). Requests above AR_BIG get a block of
- * their own. */
-#define AR_BLOCK 16384
-#define AR_BIG (AR_BLOCK / 4)
-#define AR_ALIGN 16
-
-typedef struct arena {
-    void **p; /* owned blocks */
-    size_t n, cap;
-    char *cur; /* free part of the current block */
-    size_t left;
-} arena;
-
-static void ar_own(arena *a, void *x)
-{
-    if (a->n == a->cap)
-        a->p = tsr_xrealloc(a->p, (a->cap = a->cap ? a->cap * 2 : 16) * sizeof *a->p);
-    a->p[a->n++] = x;
-}
-
-static void *ar(arena *a, size_t n, size_t size)
-{
-    if (!n)
-        n = 1;
-    if (!size)
-        size = 1;
-    if (n > (SIZE_MAX - AR_ALIGN) / size)
-        return tsr_xcalloc(n, size); /* aborts: the product overflows */
-    size_t bytes = (n * size + AR_ALIGN - 1) & ~(size_t)(AR_ALIGN - 1);
-    if (bytes > AR_BIG) {
-        void *x = tsr_xcalloc(1, bytes);
-        ar_own(a, x);
-        return x;
-    }
-    if (bytes > a->left) {
-        a->cur = tsr_xcalloc(1, AR_BLOCK);
-        a->left = AR_BLOCK;
-        ar_own(a, a->cur);
-    }
-    void *x = a->cur;
-    a->cur += bytes;
-    a->left -= bytes;
-    return x;
-}
-
-static void ar_free(arena *a)
-{
-    for (size_t i = 0; i < a->n; i++)
-        free(a->p[i]);
-    free(a->p);
-    memset(a, 0, sizeof *a);
-}
 
 /* protobuf-c allocator on an arena (unpacked messages are then freed with the arena, never
  * with free_unpacked). */
 static void *pb_ar_alloc(void *ud, size_t size)
 {
-    return ar(ud, 1, size);
+    return tsr__ar(ud, 1, size);
 }
 
 static void pb_ar_free(void *ud, void *p)
@@ -112,8 +56,8 @@ static void pb_ar_free(void *ud, void *p)
 /* The response plus everything it borrows. resp must stay the first member. */
 typedef struct fn_out {
     Tessera__V1__FindNeighborsResponse resp;
-    arena a;
-    ProtobufCAllocator pba; /* on a: the shard replies are unpacked into the arena */
+    tsr__arena a;
+    ProtobufCAllocator pba; /* on a: the shard replies are unpacked into the tsr__arena */
     ProtobufCMessage **shard_resp;
     size_t nshards;
 } fn_out;
@@ -123,7 +67,7 @@ void tsr__coord_response_free(Tessera__V1__FindNeighborsResponse *r)
     if (!r)
         return;
     fn_out *o = (fn_out *)r;
-    ar_free(&o->a); /* shard_resp and the unpacked replies included */
+    tsr__ar_free(&o->a); /* shard_resp and the unpacked replies included */
     free(o);
 }
 
@@ -136,13 +80,13 @@ typedef struct tagmap {
     uint32_t n;
 } tagmap;
 
-static void tagmap_init(tagmap *m, size_t expect, arena *a)
+static void tagmap_init(tagmap *m, size_t expect, tsr__arena *a)
 {
     size_t ns = 16;
     while (ns < expect * 2)
         ns *= 2;
-    m->key = ar(a, ns, sizeof *m->key);
-    m->val = ar(a, ns, sizeof *m->val);
+    m->key = tsr__ar(a, ns, sizeof *m->key);
+    m->val = tsr__ar(a, ns, sizeof *m->val);
     m->mask = ns - 1;
     m->n = 0;
 }
@@ -254,7 +198,7 @@ static int check_query(const tsr__coord *c, const Tessera__V1__FindNeighborsRequ
 
 /* Restricts of one query with repeated namespaces merged (the shard wants one entry per
  * namespace). Strings are borrowed from the request. */
-static void merge_restricts(const Tessera__V1__IndexDatapoint *dp, arena *a,
+static void merge_restricts(const Tessera__V1__IndexDatapoint *dp, tsr__arena *a,
                             Tessera__V1__Restriction ***out, size_t *nout)
 {
     size_t n = dp->n_restricts, m = 0;
@@ -262,7 +206,7 @@ static void merge_restricts(const Tessera__V1__IndexDatapoint *dp, arena *a,
     *nout = 0;
     if (!n)
         return;
-    Tessera__V1__Restriction **r = ar(a, n, sizeof *r);
+    Tessera__V1__Restriction **r = tsr__ar(a, n, sizeof *r);
     for (size_t i = 0; i < n; i++) {
         const Tessera__V1__Restriction *x = dp->restricts[i];
         size_t j = 0;
@@ -276,11 +220,11 @@ static void merge_restricts(const Tessera__V1__IndexDatapoint *dp, arena *a,
                     na += dp->restricts[k]->n_allow_list;
                     nd += dp->restricts[k]->n_deny_list;
                 }
-            r[m] = ar(a, 1, sizeof **r);
+            r[m] = tsr__ar(a, 1, sizeof **r);
             tessera__v1__restriction__init(r[m]);
             r[m]->namespace_ = x->namespace_;
-            r[m]->allow_list = ar(a, na, sizeof(char *));
-            r[m]->deny_list = ar(a, nd, sizeof(char *));
+            r[m]->allow_list = tsr__ar(a, na, sizeof(char *));
+            r[m]->deny_list = tsr__ar(a, nd, sizeof(char *));
             m++;
         }
         for (size_t k = 0; k < x->n_allow_list; k++)
@@ -304,6 +248,7 @@ typedef struct qplan {
     const float *x;            /* normalized vector (row of X) or NULL */
     Tessera__V1__Restriction **rs;
     size_t nrs;
+    int probe_ns; /* names a namespace not known in use: ask every live group (query_ns.c) */
 } qplan;
 
 /* A FindNeighbors between its plan and its merge: what the shard fan-out needs and what
@@ -326,7 +271,7 @@ typedef struct fnq {
 /* The plan of each query of rq into qp (nq entries): k, crowding, candidates, nprobe (of
  * nlist), merged restricts. Returns the number of dense queries. */
 static size_t plan_queries(const tsr__coord_config *cfg,
-                           const Tessera__V1__FindNeighborsRequest *rq, size_t nlist, arena *a,
+                           const Tessera__V1__FindNeighborsRequest *rq, size_t nlist, tsr__arena *a,
                            qplan *qp)
 {
     size_t ndq = 0;
@@ -368,12 +313,12 @@ static size_t plan_queries(const tsr__coord_config *cfg,
  * maxp nearest lists of each into *CD / *CI (ndq x maxp, in the arena). */
 static int coarse_step(const tsr__coord_config *cfg, const tsr__snap *sn,
                        const Tessera__V1__FindNeighborsRequest *rq, qplan *qp, size_t ndq,
-                       size_t maxp, arena *a, float **CD, int64_t **CI, tsr_error *err)
+                       size_t maxp, tsr__arena *a, float **CD, int64_t **CI, tsr_error *err)
 {
     size_t d = (size_t)cfg->dimensions, nlist = sn->tmpl->nlist;
-    float *X = ar(a, ndq * d, sizeof *X);
-    *CD = ar(a, ndq * maxp, sizeof **CD);
-    *CI = ar(a, ndq * maxp, sizeof **CI);
+    float *X = tsr__ar(a, ndq * d, sizeof *X);
+    *CD = tsr__ar(a, ndq * maxp, sizeof **CD);
+    *CI = tsr__ar(a, ndq * maxp, sizeof **CI);
     size_t j = 0;
     for (size_t i = 0; i < rq->n_queries; i++) {
         if (!qp[i].has_dense)
@@ -441,6 +386,42 @@ static int plan_snap(tsr__coord *c, int64_t remaining_ms, int64_t *gseq, tsr__sn
     return 0;
 }
 
+/* The shard query of plan p (query datapoint dp) for one group, on the arena: its nl
+ * probed lists with their coarse distances (none: sparse-only, or a namespace-only
+ * query), at the version and the group's demanded stream seq; full: return_datapoints. */
+static Tessera__V1__ShardQuery *shard_query(tsr__arena *a, const qplan *p,
+                                            const Tessera__V1__IndexDatapoint *dp,
+                                            uint64_t version, int64_t seq, size_t d,
+                                            int32_t *lists, float *cds, size_t nl, int full)
+{
+    Tessera__V1__ShardQuery *sq = tsr__ar(a, 1, sizeof *sq);
+    tessera__v1__shard_query__init(sq);
+    sq->version = (int64_t)version;
+    sq->min_stream_seq = seq;
+    if (nl) {
+        sq->vector = (float *)p->x;
+        sq->n_vector = d;
+        sq->lists = lists;
+        sq->n_lists = nl;
+        sq->coarse_distances = cds;
+        sq->n_coarse_distances = nl;
+    }
+    sq->k = (int32_t)p->depth;
+    sq->candidates = (int32_t)p->cand;
+    sq->restricts = p->rs;
+    sq->n_restricts = p->nrs;
+    sq->numeric_restricts = dp->numeric_restricts;
+    sq->n_numeric_restricts = dp->n_numeric_restricts;
+    sq->crowding_limit = (int32_t)p->lc;
+    if (p->has_sparse) {
+        sq->sparse = dp->sparse_embedding;
+        sq->sparse_k = (int32_t)p->depth;
+    }
+    sq->return_ids = 1;
+    sq->return_datapoints = full;
+    return sq;
+}
+
 /* Validates rq, takes a snapshot, runs the coarse step and packs one ShardSearchRequest
  * per touched shard into q. Returns 0, or a negative code with err set (nothing
  * held). */
@@ -469,14 +450,14 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
     S = tsr__snap_groups(sn, cfg);
     fn_out *o = tsr_xcalloc(1, sizeof *o);
     tessera__v1__find_neighbors_response__init(&o->resp);
-    arena *a = &o->a;
+    tsr__arena *a = &o->a;
     o->nshards = S;
-    o->shard_resp = ar(a, S, sizeof *o->shard_resp);
+    o->shard_resp = tsr__ar(a, S, sizeof *o->shard_resp);
     o->pba = (ProtobufCAllocator){pb_ar_alloc, pb_ar_free, a};
     size_t nlist = sn->tmpl->nlist;
 
     /* plans and the coarse step for the dense queries */
-    qplan *qp = ar(a, nq, sizeof *qp);
+    qplan *qp = tsr__ar(a, nq, sizeof *qp);
     size_t ndq = plan_queries(cfg, rq, nlist, a, qp), maxp = 0;
     for (size_t i = 0; i < nq; i++)
         if (qp[i].has_dense && qp[i].nprobe > maxp)
@@ -487,14 +468,14 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         goto fail;
 
     /* per-shard requests */
-    Tessera__V1__ShardSearchRequest *sreq = ar(a, S, sizeof *sreq);
-    size_t **qmap = ar(a, S, sizeof *qmap);      /* shard query j -> request query i */
-    size_t *slot = ar(a, nq * S, sizeof *slot);  /* (i, s) -> j + 1, 0 = not sent */
+    Tessera__V1__ShardSearchRequest *sreq = tsr__ar(a, S, sizeof *sreq);
+    size_t **qmap = tsr__ar(a, S, sizeof *qmap);      /* shard query j -> request query i */
+    size_t *slot = tsr__ar(a, nq * S, sizeof *slot);  /* (i, s) -> j + 1, 0 = not sent */
     long long touched = 0, probed = 0;
     for (size_t s = 0; s < S; s++) {
         tessera__v1__shard_search_request__init(&sreq[s]);
-        sreq[s].queries = ar(a, nq, sizeof *sreq[s].queries);
-        qmap[s] = ar(a, nq, sizeof **qmap);
+        sreq[s].queries = tsr__ar(a, nq, sizeof *sreq[s].queries);
+        qmap[s] = tsr__ar(a, nq, sizeof **qmap);
     }
     size_t dj = 0;
     for (size_t i = 0; i < nq; i++) {
@@ -504,6 +485,7 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         const int64_t *ci = p->has_dense ? CI + dj * maxp : NULL;
         if (p->has_dense)
             dj++;
+        p->probe_ns = tsr__query_ns_probe(dp);
         for (size_t s = 0; s < S; s++) {
             size_t nl = 0;
             int32_t *lists = NULL;
@@ -512,8 +494,8 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                 for (size_t t = 0; t < p->nprobe; t++)
                     nl += ci[t] >= 0 && sn->plan[ci[t]] == (int32_t)s;
                 if (nl) {
-                    lists = ar(a, nl, sizeof *lists);
-                    cds = ar(a, nl, sizeof *cds);
+                    lists = tsr__ar(a, nl, sizeof *lists);
+                    cds = tsr__ar(a, nl, sizeof *cds);
                     size_t u = 0;
                     for (size_t t = 0; t < p->nprobe; t++)
                         if (ci[t] >= 0 && sn->plan[ci[t]] == (int32_t)s) {
@@ -524,33 +506,15 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
                     probed += (long long)nl;
                 }
             }
-            if (!nl && !p->has_sparse)
+            /* sparse: every group that may hold a sparse datapoint at sn's version, never
+             * one sn's version removed (it owns nothing, and is no longer called); a
+             * namespace to check (query_ns.c): every live group, at least a namespace-only
+             * query (no vector, no lists) */
+            if (!nl && (!(p->has_sparse || p->probe_ns) || sn->retired[s]))
                 continue;
-            Tessera__V1__ShardQuery *sq = ar(a, 1, sizeof *sq);
-            tessera__v1__shard_query__init(sq);
-            sq->version = (int64_t)sn->version;
-            sq->min_stream_seq = s <= TSR_COORD_MAX_SHARDS ? gseq[s] : 0;
-            if (nl) {
-                sq->vector = (float *)p->x;
-                sq->n_vector = d;
-                sq->lists = lists;
-                sq->n_lists = nl;
-                sq->coarse_distances = cds;
-                sq->n_coarse_distances = nl;
-            }
-            sq->k = (int32_t)p->depth;
-            sq->candidates = (int32_t)p->cand;
-            sq->restricts = p->rs;
-            sq->n_restricts = p->nrs;
-            sq->numeric_restricts = dp->numeric_restricts;
-            sq->n_numeric_restricts = dp->n_numeric_restricts;
-            sq->crowding_limit = (int32_t)p->lc;
-            if (p->has_sparse) {
-                sq->sparse = dp->sparse_embedding;
-                sq->sparse_k = (int32_t)p->depth;
-            }
-            sq->return_ids = 1;
-            sq->return_datapoints = rq->return_full_datapoint;
+            Tessera__V1__ShardQuery *sq =
+                shard_query(a, p, dp, sn->version, s <= TSR_COORD_MAX_SHARDS ? gseq[s] : 0, d,
+                            lists, cds, nl, rq->return_full_datapoint);
             size_t j = sreq[s].n_queries++;
             sreq[s].queries[j] = sq;
             qmap[s][j] = i;
@@ -570,8 +534,8 @@ static int fnq_plan(tsr__coord *c, const Tessera__V1__FindNeighborsRequest *rq,
         tmo = remaining_ms;
     if (tmo < 1)
         tmo = 1;
-    tsr__gcall *calls = ar(a, S, sizeof *calls);
-    uint8_t **bufs = ar(a, S, sizeof *bufs);
+    tsr__gcall *calls = tsr__ar(a, S, sizeof *calls);
+    uint8_t **bufs = tsr__ar(a, S, sizeof *bufs);
     size_t ncalls = pack_calls(sreq, S, calls, bufs);
     q->c = c;
     q->rq = rq;
@@ -612,9 +576,9 @@ static Tessera__V1__FindNeighborsResponse__Neighbor *neighbor_of(const fnq *q, s
                                                                  const cand *cs, size_t ncs)
 {
     fn_out *o = q->o;
-    arena *a = &o->a;
+    tsr__arena *a = &o->a;
     size_t S = q->o->nshards, *slot = q->slot;
-    Tessera__V1__FindNeighborsResponse__Neighbor *nb = ar(a, 1, sizeof *nb);
+    Tessera__V1__FindNeighborsResponse__Neighbor *nb = tsr__ar(a, 1, sizeof *nb);
     tessera__v1__find_neighbors_response__neighbor__init(nb);
     const cand *cd = find_cand(cs, ncs, h->label, h->in_dense ? 0 : 1);
     const cand *cs2 = find_cand(cs, ncs, h->label, 1);
@@ -639,14 +603,14 @@ static Tessera__V1__FindNeighborsResponse__Neighbor *neighbor_of(const fnq *q, s
         nb->datapoint = full;
         return nb;
     }
-    Tessera__V1__IndexDatapoint *dp = ar(a, 1, sizeof *dp);
+    Tessera__V1__IndexDatapoint *dp = tsr__ar(a, 1, sizeof *dp);
     tessera__v1__index_datapoint__init(dp);
     dp->datapoint_id = cd->sparse ? res->sparse_ids[cd->idx] : res->ids[cd->idx];
     const char *tag = cd->sparse
         ? (cd->idx < res->n_sparse_crowding_tags ? res->sparse_crowding_tags[cd->idx] : "")
         : (cd->idx < res->n_crowding_tags ? res->crowding_tags[cd->idx] : "");
     if (tag && tag[0]) {
-        Tessera__V1__CrowdingTag *ct = ar(a, 1, sizeof *ct);
+        Tessera__V1__CrowdingTag *ct = tsr__ar(a, 1, sizeof *ct);
         tessera__v1__crowding_tag__init(ct);
         ct->crowding_attribute = (char *)tag;
         dp->crowding_tag = ct;
@@ -711,6 +675,41 @@ static int collect_shards(fnq *q, int *failed, char **missing, size_t *nmissing,
     return rc;
 }
 
+/* The warnings of query i about namespaces no live group uses (query_ns.c), appended to
+ * the response's (on its arena). Only when every live group answered. */
+static void ns_warnings(fnq *q, size_t i, const int *failed)
+{
+    fn_out *o = q->o;
+    size_t S = o->nshards, nres = 0;
+    int complete = 1;
+    const Tessera__V1__ShardQueryResult **res = tsr__ar(&o->a, S, sizeof *res);
+    for (size_t s = 0; s < S; s++) {
+        if (q->sn->retired[s])
+            continue;
+        if (!q->slot[i * S + s] || failed[s]) {
+            complete = 0;
+            continue;
+        }
+        res[nres++] = ((Tessera__V1__ShardSearchResponse *)o->shard_resp[s])
+                          ->results[q->slot[i * S + s] - 1];
+    }
+    const Tessera__V1__IndexDatapoint *dp = q->rq->queries[i]->datapoint;
+    size_t cap = dp->n_restricts + dp->n_numeric_restricts;
+    char **w = tsr__ar(&o->a, cap, sizeof *w);
+    size_t nw = tsr__query_ns_settle(dp, i, res, nres, complete, w, cap);
+    if (!nw)
+        return;
+    char **all = tsr__ar(&o->a, o->resp.n_warnings + nw, sizeof *all);
+    for (size_t k = 0; k < o->resp.n_warnings; k++)
+        all[k] = o->resp.warnings[k];
+    for (size_t k = 0; k < nw; k++) {
+        tsr__ar_own(&o->a, w[k]);
+        all[o->resp.n_warnings + k] = w[k];
+    }
+    o->resp.warnings = all;
+    o->resp.n_warnings += nw;
+}
+
 /* After the fan-out (q->calls have their results): unpacks the shard replies and merges.
  * Releases everything q holds; on success *outp is the response (caller frees with
  * tsr__coord_response_free). */
@@ -721,33 +720,33 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
     const Tessera__V1__FindNeighborsRequest *rq = q->rq;
     tsr__snap *sn = q->sn;
     fn_out *o = q->o;
-    arena *a = &o->a;
+    tsr__arena *a = &o->a;
     size_t S = o->nshards, nq = rq->n_queries;
     int larger = cfg->distance != TSR_DIST_SQUARED_L2;
     qplan *qp = q->qp;
     size_t *slot = q->slot;
     *outp = NULL;
-    int *failed = ar(a, S, sizeof *failed);
-    char **missing = ar(a, S, sizeof *missing);
+    int *failed = tsr__ar(a, S, sizeof *failed);
+    char **missing = tsr__ar(a, S, sizeof *missing);
     size_t nmissing = 0;
     int rc = collect_shards(q, failed, missing, &nmissing, err);
     if (rc)
         goto fail;
 
     /* merge */
-    o->resp.nearest_neighbors = ar(a, nq, sizeof *o->resp.nearest_neighbors);
+    o->resp.nearest_neighbors = tsr__ar(a, nq, sizeof *o->resp.nearest_neighbors);
     o->resp.n_nearest_neighbors = nq;
     o->resp.missing_shards = missing;
     o->resp.n_missing_shards = nmissing;
     o->resp.version = (int64_t)sn->version;
     for (size_t i = 0; i < nq; i++) {
         qplan *p = &qp[i];
-        Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn = ar(a, 1, sizeof *nn);
+        Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn = tsr__ar(a, 1, sizeof *nn);
         tessera__v1__find_neighbors_response__nearest_neighbors__init(nn);
         nn->id = rq->queries[i]->datapoint->datapoint_id;
         o->resp.nearest_neighbors[i] = nn;
-        const tsr_hit **dl = ar(a, S, sizeof *dl), **sl = ar(a, S, sizeof *sl);
-        size_t *dn = ar(a, S, sizeof *dn), *sn_ = ar(a, S, sizeof *sn_);
+        const tsr_hit **dl = tsr__ar(a, S, sizeof *dl), **sl = tsr__ar(a, S, sizeof *sl);
+        size_t *dn = tsr__ar(a, S, sizeof *dn), *sn_ = tsr__ar(a, S, sizeof *sn_);
         size_t ndl = 0, nsl = 0, total = 0;
         for (size_t s = 0; s < S; s++) {
             if (!slot[i * S + s] || failed[s])
@@ -758,7 +757,7 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
         }
         tagmap tm;
         tagmap_init(&tm, total + 1, a);
-        cand *cs = ar(a, total + 1, sizeof *cs);
+        cand *cs = tsr__ar(a, total + 1, sizeof *cs);
         size_t ncs = 0;
         for (size_t s = 0; s < S; s++) {
             if (!slot[i * S + s] || failed[s])
@@ -767,7 +766,7 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
                 ((Tessera__V1__ShardSearchResponse *)o->shard_resp[s])->results[slot[i * S + s] - 1];
             size_t n = res->n_labels;
             if (n && res->n_distances == n && res->n_ids == n) {
-                tsr_hit *h = ar(a, n, sizeof *h);
+                tsr_hit *h = tsr__ar(a, n, sizeof *h);
                 for (size_t t = 0; t < n; t++) {
                     h[t].dist = res->distances[t];
                     h[t].label = res->labels[t];
@@ -779,7 +778,7 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
             }
             n = res->n_sparse_labels;
             if (n && res->n_sparse_scores == n && res->n_sparse_ids == n) {
-                tsr_hit *h = ar(a, n, sizeof *h);
+                tsr_hit *h = tsr__ar(a, n, sizeof *h);
                 for (size_t t = 0; t < n; t++) {
                     h[t].dist = res->sparse_scores[t];
                     h[t].label = res->sparse_labels[t];
@@ -792,14 +791,14 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
             }
         }
         qsort(cs, ncs, sizeof *cs, cmp_cand);
-        tsr_hit *dh = ar(a, p->depth, sizeof *dh), *sh = ar(a, p->depth, sizeof *sh);
+        tsr_hit *dh = tsr__ar(a, p->depth, sizeof *dh), *sh = tsr__ar(a, p->depth, sizeof *sh);
         size_t nd = 0, ns = 0;
         if (tsr_topk_merge(dl, dn, ndl, larger, p->depth, p->lc, dh, &nd) ||
             tsr_topk_merge(sl, sn_, nsl, 1, p->depth, p->lc, sh, &ns)) {
             rc = tsr_err(err, TSR_ELIMIT, "out of memory in the merge");
             goto fail;
         }
-        tsr_rrf_hit *fh = ar(a, p->k, sizeof *fh);
+        tsr_rrf_hit *fh = tsr__ar(a, p->k, sizeof *fh);
         size_t nf = 0;
         if (p->has_dense && p->has_sparse && p->rrf) {
             if (tsr_rrf_fuse(dh, nd, sh, ns, p->alpha, TSR_RRF_K0, p->k, p->c, fh, &nf)) {
@@ -821,10 +820,12 @@ static int fnq_finish(fnq *q, Tessera__V1__FindNeighborsResponse **outp, tsr_err
                 nf++;
             }
         }
-        nn->neighbors = ar(a, nf, sizeof *nn->neighbors);
+        nn->neighbors = tsr__ar(a, nf, sizeof *nn->neighbors);
         nn->n_neighbors = nf;
         for (size_t t = 0; t < nf; t++)
             nn->neighbors[t] = neighbor_of(q, i, &fh[t], cs, ncs);
+        if (p->probe_ns)
+            ns_warnings(q, i, failed);
     }
     tsr__snap_unref(sn);
     *outp = &o->resp;
@@ -932,14 +933,9 @@ static int fn_coalesce(tsr__coord *c, tsr_rpc_reply *r, fn_async *f)
     return 0;
 }
 
-int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+int tsr__coord_find_neighbors_reply(tsr__coord *c, Tessera__V1__FindNeighborsRequest *rq,
+                                    tsr_rpc_reply *r)
 {
-    tsr__coord *c = ctx;
-    Tessera__V1__FindNeighborsRequest *rq =
-        tessera__v1__find_neighbors_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "FindNeighborsRequest: malformed "
-                                   "protobuf");
     fn_async *f = tsr_xcalloc(1, sizeof *f);
     f->rq = rq;
     int rc = fnq_plan(c, rq, tsr_rpc_reply_remaining_ms(r), &f->q, &f->err);
@@ -957,248 +953,5 @@ int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr
     rc = fn_reply(r, rc, NULL, &f->err);
     tessera__v1__find_neighbors_request__free_unpacked(rq, NULL);
     free(f);
-    return rc;
-}
-
-/* ---------------------------------------------------------------- ReadIndexDatapoints */
-
-/* The response plus the shard replies its datapoints point into. resp stays first. */
-typedef struct rd_out {
-    Tessera__V1__ReadIndexDatapointsResponse resp;
-    arena a;
-    Tessera__V1__ShardReadResponse **shard_resp;
-    size_t nshards;
-} rd_out;
-
-void tsr__coord_read_free(Tessera__V1__ReadIndexDatapointsResponse *r)
-{
-    if (!r)
-        return;
-    rd_out *o = (rd_out *)r;
-    for (size_t s = 0; s < o->nshards; s++)
-        if (o->shard_resp[s])
-            tessera__v1__shard_read_response__free_unpacked(o->shard_resp[s], NULL);
-    ar_free(&o->a);
-    free(o);
-}
-
-int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remaining_ms,
-                    Tessera__V1__ReadIndexDatapointsResponse **outp, tsr_error *err)
-{
-    size_t S;
-    *outp = NULL;
-    if (n_ids > 10000)
-        return tsr_err(err, TSR_EINVAL, "%zu ids, at most 10000 per call",
-                   n_ids);
-    int rc = tsr__coord_read_index(c, remaining_ms, err); /* readidx.c */
-    if (rc)
-        return rc;
-    tsr__loc *loc = tsr_xcalloc(n_ids + 1, sizeof *loc);
-    /* the snapshot and the streamed writes on it, read together */
-    int64_t gseq[TSR_COORD_MAX_SHARDS + 1];
-    tsr__snap *sn = tsr__stream_resolve(c, ids, n_ids, loc, gseq);
-    int demand = tsr__coord_ri_on(TSR_RI_DEMAND);
-    S = tsr__snap_groups(sn, &c->cfg);
-    rd_out *o = tsr_xcalloc(1, sizeof *o);
-    tessera__v1__read_index_datapoints_response__init(&o->resp);
-    arena *a = &o->a;
-    o->nshards = S;
-    o->shard_resp = ar(a, S, sizeof *o->shard_resp);
-    Tessera__V1__ShardReadRequest *sr = ar(a, S, sizeof *sr);
-    int32_t *where = ar(a, n_ids, sizeof *where); /* shard per id, -1 = unknown */
-    size_t *pos = ar(a, n_ids, sizeof *pos);
-    for (size_t s = 0; s < S; s++) {
-        tessera__v1__shard_read_request__init(&sr[s]);
-        sr[s].version = (int64_t)sn->version;
-        sr[s].min_stream_seq = demand && s <= TSR_COORD_MAX_SHARDS ? gseq[s] : 0;
-        sr[s].labels = ar(a, n_ids, sizeof(int64_t));
-    }
-    for (size_t i = 0; i < n_ids; i++) {
-        const tsr__loc *e = &loc[i];
-        where[i] = e->found && (size_t)e->shard < S ? e->shard : -1;
-        if (where[i] >= 0) {
-            pos[i] = sr[e->shard].n_labels;
-            sr[e->shard].labels[sr[e->shard].n_labels++] = e->label;
-        }
-    }
-    free(loc);
-    tsr__gcall *calls = ar(a, S, sizeof *calls);
-    uint8_t **bufs = ar(a, S, sizeof *bufs);
-    Tessera__V1__ShardReadResponse **resp = o->shard_resp;
-    size_t n = 0;
-    int64_t tmo = c->cfg.search_deadline_ms;
-    if (remaining_ms < tmo)
-        tmo = remaining_ms;
-    if (tmo < 1)
-        tmo = 1;
-    for (size_t s = 0; s < S; s++) {
-        if (!sr[s].n_labels)
-            continue;
-        size_t l = 0;
-        bufs[s] = tsr_rpc_pack(&sr[s].base, &l);
-        calls[n].group = s;
-        calls[n].req = bufs[s];
-        calls[n].len = l;
-        calls[n].demand = &sr[s].base;
-        tsr_rpc_result_init(&calls[n].result);
-        n++;
-    }
-    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Read", calls, n, tmo);
-    for (size_t k = 0; k < n; k++) {
-        size_t s = calls[k].group;
-        tsr_rpc_result *res = &calls[k].result;
-        free(bufs[s]);
-        if (res->code == TSR_RPC_OK) {
-            resp[s] = tessera__v1__shard_read_response__unpack(NULL, res->len, res->data);
-            if (!resp[s] || resp[s]->n_datapoints != sr[s].n_labels) {
-                res->code = TSR_RPC_INTERNAL;
-                free(res->message);
-                res->message = tsr_xstrdup("malformed Read response");
-            }
-        }
-        if (res->code != TSR_RPC_OK && !rc)
-            rc = tsr_err(err, TSR_EUNAVAILABLE, "shard %zu (%s) failed: %s: %s", s,
-                     c->cfg.shards[s], tsr_rpc_code_name(res->code),
-                     res->message ? res->message : "");
-        tsr_rpc_result_close(res);
-    }
-    if (!rc) {
-        o->resp.datapoints = ar(a, n_ids, sizeof *o->resp.datapoints);
-        for (size_t i = 0; i < n_ids; i++) {
-            if (where[i] < 0)
-                continue;
-            Tessera__V1__ShardDatapoint *sd = resp[where[i]]->datapoints[pos[i]];
-            if (sd->found && sd->datapoint)
-                o->resp.datapoints[o->resp.n_datapoints++] = sd->datapoint;
-        }
-    }
-    tsr__snap_unref(sn);
-    if (rc) {
-        tsr__coord_read_free(&o->resp);
-        return rc;
-    }
-    *outp = &o->resp;
-    return 0;
-}
-
-int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
-{
-    tsr__coord *c = ctx;
-    Tessera__V1__ReadIndexDatapointsRequest *rq =
-        tessera__v1__read_index_datapoints_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
-                                   "malformed protobuf");
-    Tessera__V1__ReadIndexDatapointsResponse *out = NULL;
-    tsr_error err = TSR_ERROR_INIT;
-    int rc = tsr__coord_read(c, rq->ids, rq->n_ids, tsr_rpc_reply_remaining_ms(r), &out, &err);
-    if (rc == 0)
-        rc = tsr_rpc_reply_pack(r, &out->base);
-    else
-        rc = tsr__coord_reply_error(r, &err);
-    tsr__coord_read_free(out);
-    tessera__v1__read_index_datapoints_request__free_unpacked(rq, NULL);
-    return rc;
-}
-
-/* ---------------------------------------------------------------- GetIndexStats */
-
-int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
-{
-    tsr__coord *c = ctx;
-    size_t S = c->cfg.nshards;
-    (void)req;
-    (void)len;
-    tsr__snap *sn = tsr__coord_snap_get(c);
-    arena a = {0};
-    tsr__gcall *calls = ar(&a, S, sizeof *calls);
-    int64_t tmo = c->cfg.search_deadline_ms;
-    if (tsr_rpc_reply_remaining_ms(r) < tmo)
-        tmo = tsr_rpc_reply_remaining_ms(r);
-    for (size_t s = 0; s < S; s++) {
-        calls[s].group = s;
-        tsr_rpc_result_init(&calls[s].result);
-    }
-    tsr__coord_group_fanout(c, TSR_SHARD_SVC "Stats", calls, S, tmo);
-    Tessera__V1__GetIndexStatsResponse out = TESSERA__V1__GET_INDEX_STATS_RESPONSE__INIT;
-    Tessera__V1__ShardIndexStats *st = ar(&a, S, sizeof *st);
-    out.shards = ar(&a, S, sizeof *out.shards);
-    out.n_shards = S;
-    out.shards_count = (int32_t)S;
-    out.version = (int64_t)sn->version;
-    out.dimensions = c->cfg.dimensions;
-    out.distance = (char *)tsr__distance_name(c->cfg.distance);
-    out.nlist = sn->tmpl ? (int32_t)sn->tmpl->nlist : c->cfg.nlist;
-    tsr__stream_counts(c, sn, &out.vectors_count, &out.sparse_vectors_count);
-    long long q = atomic_load(&c->queries);
-    out.queries_served = q;
-    out.mean_shards_touched = q ? (double)atomic_load(&c->shards_touched) / (double)q : 0.0;
-    out.plan = (char *)(sn->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
-    if (sn->plan && sn->version) {
-        int64_t *load = ar(&a, S, sizeof *load);
-        for (size_t i = 0; i < sn->dir.n; i++)
-            if (sn->dir.e[i].list >= 0 && (size_t)sn->dir.e[i].shard < S)
-                load[sn->dir.e[i].shard]++;
-        int64_t mx = 0;
-        for (size_t s = 0; s < S; s++)
-            mx = load[s] > mx ? load[s] : mx;
-        out.plan_imbalance = sn->ndense ? (double)mx * (double)S / (double)sn->ndense : 0.0;
-    }
-    for (size_t s = 0; s < S; s++) {
-        tessera__v1__shard_index_stats__init(&st[s]);
-        st[s].address = c->cfg.shards[s]; /* names the group (its first replica) */
-        st[s].removed = c->cfg.retired && __atomic_load_n(&c->cfg.retired[s], __ATOMIC_ACQUIRE);
-        out.shards[s] = &st[s];
-        tsr_rpc_result *res = &calls[s].result;
-        if (res->code == TSR_RPC_OK) {
-            Tessera__V1__ShardStatsResponse *sr =
-                tessera__v1__shard_stats_response__unpack(NULL, res->len, res->data);
-            if (sr) {
-                st[s].available = 1;
-                st[s].vectors_count = sr->vectors_count;
-                st[s].sparse_vectors_count = sr->sparse_vectors_count;
-                st[s].version = sr->current_version;
-                st[s].anonymous_bytes = sr->anonymous_bytes;
-                st[s].mapped_bytes = sr->mapped_bytes;
-                tessera__v1__shard_stats_response__free_unpacked(sr, NULL);
-            }
-        }
-        tsr_rpc_result_close(res);
-    }
-    Tessera__V1__OperationProgress pg = TESSERA__V1__OPERATION_PROGRESS__INIT;
-    char opid[sizeof ((tsr__op *)0)->id] = "";
-    pthread_mutex_lock(&c->op_mu);
-    const tsr__op *lop = c->nops ? c->ops[c->nops - 1] : NULL;
-    if (lop) {
-        snprintf(opid, sizeof opid, "%s", lop->id);
-        out.last_operation_state = (Tessera__V1__Operation__State)lop->state;
-        pg.files_total = lop->files_total;
-        pg.files_read = lop->files_read;
-        pg.records_read = lop->records_read;
-        pg.shards_total = lop->shards_total;
-        pg.shards_staged = lop->shards_staged;
-        pg.shards_prepared = lop->shards_prepared;
-        pg.shards_committed = lop->shards_committed;
-        pg.lists_total = lop->lists_total;
-        pg.lists_moved = lop->lists_moved;
-        pg.datapoints_moved = lop->datapoints_moved;
-        pg.bytes_moved = lop->bytes_moved;
-        out.last_operation_progress = &pg;
-    }
-    pthread_mutex_unlock(&c->op_mu);
-    out.last_operation_id = opid;
-    char leader[256];
-    char **members = NULL;
-    size_t nmembers = 0;
-    tsr__leader_members(c, &members, &nmembers, leader, sizeof leader);
-    out.coordinators = members;
-    out.n_coordinators = nmembers;
-    out.leader = leader;
-    int rc = tsr_rpc_reply_pack(r, &out.base);
-    for (size_t i = 0; i < nmembers; i++)
-        free(members[i]);
-    free(members);
-    ar_free(&a);
-    tsr__snap_unref(sn);
     return rc;
 }

@@ -89,7 +89,7 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
     int64_t t0 = tsr_clock_mono_ms();
     /* no streamed write meanwhile; the labels are the directory's plus the stream's, and
      * the copy holds every write up to the group's last seq */
-    tsr__stream_lock(c);
+    tsr__stream_freeze(c);
     tsr__snap *view = tsr__stream_base(c, sn);
     const tsr__dir *dir = view ? &view->dir : &sn->dir;
     int64_t base_seq = tsr__stream_group_seq(c, g);
@@ -210,7 +210,7 @@ static int resync(tsr__coord *c, size_t k, size_t from, const tsr__snap *sn)
         tsr_metrics_counter_add("tessera_shard_resyncs_total", "result=ok", 1);
     }
     tsr_rpc_result_close(&res);
-    tsr__stream_unlock(c);
+    tsr__stream_thaw(c);
     free(labels);
     free(own);
     return rc;
@@ -250,9 +250,9 @@ static int observe_once(tsr__coord *c)
             off++;
             continue;
         }
-        tsr__stream_lock(c);
+        tsr__stream_freeze(c);
         int64_t want = tsr__stream_group_seq(c, r->group);
-        tsr__stream_unlock(c);
+        tsr__stream_thaw(c);
         int behind = st->current_version == V && st->stream_seq < want;
         atomic_store(&r->stream_behind, behind);
         off += behind;

@@ -219,9 +219,9 @@ int tsr__reshard_carry(tsr__coord *c, uint64_t newv, const tsr__snap *ns, int64_
                        int64_t from_off,
                        const char *skip, int64_t *sent, tsr_error *err)
 {
-    tsr__stream *s = &c->st;
+    uint64_t logv = tsr__stream_log_version(c);
     carry cr = {.c = c, .ns = ns, .newv = newv, .S = tsr__snap_groups(ns, &c->cfg),
-                .from = from, .upto = s->next_seq - 1, .skip = skip, .sent = sent, .err = err};
+                .from = from, .upto = tsr__stream_last_seq(c), .skip = skip, .sent = sent, .err = err};
     if (cr.upto <= from)
         return 0;
     tsr__snap *cur = tsr__coord_snap_get(c); /* N: a fold keeps its plan and groups */
@@ -230,13 +230,13 @@ int tsr__reshard_carry(tsr__coord *c, uint64_t newv, const tsr__snap *ns, int64_
                   memcmp(cur->plan, ns->plan, ns->tmpl->nlist * sizeof *ns->plan) == 0 &&
                   memcmp(cur->retired, ns->retired, sizeof ns->retired) == 0;
     tsr__snap_unref(cur);
-    if (s->log_fd < 0 || s->log_version == 0)
+    if (logv == 0)
         return tsr_err(err, TSR_ESTATE, "the catch-up of version %llu: the coordinator log is "
                        "not open", (unsigned long long)newv);
     char path[4200], why[300];
     int64_t good = 0;
     cr.gb = tsr_xcalloc(cr.S + 1, sizeof *cr.gb);
-    tsr__slog_path(c->store, s->log_version, path, sizeof path);
+    tsr__slog_path(c->store, logv, path, sizeof path);
     int64_t t0 = tsr_clock_mono_ms();
     int rc = tsr__slog_scan(path, from_off, carry_one, &cr, &good, why, sizeof why, err);
     if (rc == 0 && cr.rc == 0 && cr.pending)

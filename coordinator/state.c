@@ -169,6 +169,14 @@ size_t tsr__snap_groups(const tsr__snap *s, const tsr__coord_config *cfg)
     return s->ngroups ? s->ngroups : cfg->nshards;
 }
 
+size_t tsr__snap_live_groups(const tsr__snap *s, const tsr__coord_config *cfg)
+{
+    size_t n = tsr__snap_groups(s, cfg), live = 0;
+    for (size_t g = 0; g < n; g++)
+        live += g >= TSR_COORD_MAX_SHARDS || !s->retired[g];
+    return live;
+}
+
 void tsr__snap_unref(tsr__snap *s)
 {
     if (!s || atomic_fetch_sub(&s->refs, 1) != 1)

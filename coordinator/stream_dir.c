@@ -14,11 +14,12 @@
 #include <string.h>
 
 #include "coord.h"
+#include "stream_int.h"
 #include "core/log.h"
 
 tsr__snap *tsr__stream_base(tsr__coord *c, const tsr__snap *sn)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     if (s->ov_version != sn->version || s->ov.n == 0)
         return NULL;
     tsr__snap *v = tsr__snap_create();
@@ -60,7 +61,7 @@ static void onto(tsr__snap *ns, const tsr__dir_entry *e)
 
 size_t tsr__stream_overlay_copy(tsr__coord *c, const tsr__snap *sn, tsr__snap *ns)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     pthread_rwlock_rdlock(&s->ov_rw);
     size_t mark = s->ntouched; /* every entry written after it is re-applied at _finish */
     int same = s->ov_version == sn->version;
@@ -83,7 +84,7 @@ size_t tsr__stream_overlay_copy(tsr__coord *c, const tsr__snap *sn, tsr__snap *n
 
 void tsr__stream_overlay_finish(tsr__coord *c, const tsr__snap *sn, tsr__snap *ns, size_t mark)
 {
-    tsr__stream *s = &c->st;
+    tsr__stream *s = c->st;
     if (s->ov_version != sn->version)
         return;
     for (size_t k = mark; k < s->ntouched; k++) /* the later of two writes of an id wins */

@@ -16,6 +16,8 @@ $(COORD_LIB): $(COORD_LIB_OBJ)
 	@rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/obj/tests/unit/test_coord_%.o: CFLAGS += -Icoordinator
+# the front ends (coordinator/frontend/) include the coordinator's headers as their own
+$(BUILD)/obj/coordinator/frontend/%.o: CFLAGS += -Icoordinator
 $(BUILD)/tests/test_coord_%: $(BUILD)/obj/tests/unit/test_coord_%.o $(COORD_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"

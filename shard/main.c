@@ -125,6 +125,9 @@ int main(int argc, char **argv)
     o.tls_cert_file = tls_cert;
     o.tls_key_file = tls_key;
     o.tls_client_ca_file = tls_ca;
+    o.wrong_port_hint = "this port is a tessera shard (it serves tessera.v1.Shard to the "
+                        "coordinator); tessera.v1.VectorSearch and the Vertex MatchService "
+                        "are served by tessera-coordinator on its own port (7000 by default)";
     if ((srv = tsr_rpc_server_create(&o, &err)) == NULL) {
         tsr_error_log("cannot listen on %s: %s", listen, err.msg);
         tsr_rpc_tokens_free(peer);

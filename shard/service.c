@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/mem.h"
 #include "net/metrics.h"
+#include "net/pb_datapoint.h"
 #include "net/rpc.h"
 #include "shard.h"
 #include "shard_service.h"
@@ -114,7 +115,7 @@ static int fill_hits(const tsr__version *v, const tsr__delta *dl, const tsr__hit
         if (want_ids)
             (*ids)[i] = r->dp.id;
         if (want_dps) {
-            (*dps)[i] = tsr__dp_to_proto(&r->dp);
+            (*dps)[i] = tsr_pb_datapoint_new(&r->dp);
             if ((*dps)[i] == NULL)
                 return TSR_ENOMEM;
             *ndp = i + 1;
@@ -138,11 +139,12 @@ static void free_result(Tessera__V1__ShardQueryResult *r)
     free(r->sparse_crowding_tags);
     free(r->ids);
     free(r->sparse_ids);
+    free(r->unknown_namespaces); /* the strings are the request's */
     for (size_t i = 0; i < r->n_datapoints; i++)
-        tsr__dp_proto_free(r->datapoints[i]);
+        tsr_pb_datapoint_delete(r->datapoints[i]);
     free(r->datapoints);
     for (size_t i = 0; i < r->n_sparse_datapoints; i++)
-        tsr__dp_proto_free(r->sparse_datapoints[i]);
+        tsr_pb_datapoint_delete(r->sparse_datapoints[i]);
     free(r->sparse_datapoints);
     free(r);
 }
@@ -176,8 +178,9 @@ static void query_parts_free(query_parts *p)
 static int check_query(tsr_rpc_reply *reply, const tsr__version *v,
                        const Tessera__V1__ShardQuery *q, size_t qi, size_t d, int has_sparse)
 {
-    if (q->n_vector == 0 && !has_sparse)
-        return bad(reply, "queries[%zu]: empty query (no %s and no sparse)", "vector", qi);
+    if (q->n_vector == 0 && !has_sparse && !q->n_restricts && !q->n_numeric_restricts)
+        return bad(reply, "queries[%zu]: empty query (no %s, no sparse, no restricts)",
+                   "vector", qi);
     if (q->k <= 0 || q->k > TSR__MAX_K)
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
                                    "queries[%zu].k = %d: must be in 1..%d", qi, q->k, TSR__MAX_K);
@@ -407,6 +410,28 @@ static int wait_applied(tsr__shard *s, int64_t want_version, int64_t min_seq,
                                APPLIED_WAIT_MS, (long long)applied);
 }
 
+/* r->unknown_namespaces: q's namespaces no datapoint of v (and its delta) uses, each
+ * once, borrowed from q. Returns 0 or -1 (out of memory). */
+static int unknown_namespaces(const tsr__version *v, const tsr__delta *dl,
+                              const Tessera__V1__ShardQuery *q, Tessera__V1__ShardQueryResult *r)
+{
+    size_t n = q->n_restricts + q->n_numeric_restricts;
+    if (n == 0)
+        return 0;
+    if ((r->unknown_namespaces = tsr_try_calloc(n, sizeof *r->unknown_namespaces)) == NULL)
+        return -1;
+    for (size_t j = 0; j < n; j++) {
+        char *ns = j < q->n_restricts ? q->restricts[j]->namespace_
+                                      : q->numeric_restricts[j - q->n_restricts]->namespace_;
+        int dup = 0;
+        for (size_t k = 0; k < r->n_unknown_namespaces && !dup; k++)
+            dup = strcmp(r->unknown_namespaces[k], ns) == 0;
+        if (!dup && tsr__ns_unknown(v, dl, ns))
+            r->unknown_namespaces[r->n_unknown_namespaces++] = ns;
+    }
+    return 0;
+}
+
 static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
 {
     tsr__shard *s = ctx;
@@ -468,6 +493,11 @@ static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
         resp.results[resp.n_results++] = r;
         r->codes_scanned = qr.codes_scanned;
         r->candidates_passed = qr.passed;
+        if (unknown_namespaces(v, dl, q, r) != 0) {
+            tsr__qresult_close(&qr);
+            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
         int e1 = fill_hits(v, dl, qr.dense, qr.ndense, q->return_ids, q->return_datapoints,
                            &r->labels, &r->distances, &r->crowding_tags, &r->ids, &r->datapoints,
                            &r->n_labels, &r->n_distances, &r->n_crowding_tags, &r->n_ids,
@@ -537,7 +567,7 @@ static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
         if (r) {
             o->found = 1;
             o->list = r->list;
-            if ((o->datapoint = tsr__dp_to_proto(&r->dp)) == NULL) {
+            if ((o->datapoint = tsr_pb_datapoint_new(&r->dp)) == NULL) {
                 rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
                 goto out;
             }
@@ -546,7 +576,7 @@ static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
     rc = tsr_rpc_reply_pack(reply, &resp.base);
 out:
     for (size_t i = 0; i < resp.n_datapoints; i++) {
-        tsr__dp_proto_free(resp.datapoints[i]->datapoint);
+        tsr_pb_datapoint_delete(resp.datapoints[i]->datapoint);
         free(resp.datapoints[i]);
     }
     free(resp.datapoints);

@@ -14,7 +14,7 @@
  * the row tables (row r of the filter meta = entry r of the version: lists first, in list
  * order, then sparse-only datapoints).
  *
- * Streamed writes (stream.c, delta.c, wal.c) add to each version a tsr__delta: an
+ * Streamed writes (stream.c, delta.c; their log a common/store applog) add to each version a tsr__delta: an
  * immutable snapshot of the writes applied on it, replaced whole by each Write; the
  * version owns a ref to its latest one (tsr__version.delta).
  *
@@ -39,6 +39,7 @@
 #include "query/filter.h"
 #include "index/ivfpq.h"
 #include "index/ivfpq_search.h"
+#include "store/applog.h"
 #include "store/store.h"
 
 #include "tessera/v1/shard.pb-c.h"
@@ -316,15 +317,14 @@ int tsr__convert_edits(const tsr__tmpl *t, const uint8_t *owned,
                        Tessera__V1__StagedDelete *const *dels, size_t ndels, tsr__rec **recs,
                        size_t *nrecs, tsr_error *err);
 
-/* proto <-> datapoint */
+/* proto -> datapoint: tsr_pb_datapoint_record (common/net/pb_datapoint, the one
+ * conversion; datapoint -> proto is its tsr_pb_datapoint_new / _set) with its refusals as
+ * TSR_EINVAL "datapoint 'ID': why" (p NULL: "datapoint missing"; d nonzero: a dense vector
+ * of another dimension is refused before anything is copied). embedding_metadata is kept
+ * serialized (dp->metadata; more than TSR_METADATA_MAX bytes is refused). dp is empty after
+ * an error. */
 int tsr__dp_from_proto(const Tessera__V1__IndexDatapoint *p, size_t d, tsr_datapoint *dp,
                        tsr_error *err);
-/* tsr__dp_from_proto keeps embedding_metadata serialized (dp->metadata; more than
- * TSR_METADATA_MAX bytes is TSR_EINVAL). tsr__dp_to_proto returns a new message (free with
- * tsr__dp_proto_free) that borrows dp's strings and arrays and owns the unpacked
- * embedding_metadata; NULL when out of memory. */
-Tessera__V1__IndexDatapoint *tsr__dp_to_proto(const tsr_datapoint *dp);
-void tsr__dp_proto_free(Tessera__V1__IndexDatapoint *p);
 
 /* ---- scan.c: one query on one version ---- */
 typedef struct tsr__hit {
@@ -369,6 +369,11 @@ typedef struct tsr__qresult {
     int64_t codes_scanned, passed;
 } tsr__qresult;
 
+/* ---- nsuse.c ---- */
+/* 1 when no datapoint of v nor of its delta dl (NULL = none) uses namespace ns in a token
+ * or numeric restrict (a string v's dictionary holds as a token or tag counts as used). */
+int tsr__ns_unknown(const tsr__version *v, const tsr__delta *dl, const char *ns);
+
 int tsr__search_one(const tsr__version *v, const tsr__query *q, tsr__qresult *res,
                     tsr_error *err);
 void tsr__qresult_close(tsr__qresult *r);
@@ -389,38 +394,14 @@ int tsr__delta_apply(tsr__version *v, const tsr__delta *old, tsr__rec *const *up
  * edits win over the delta on one label). */
 int tsr__delta_fold(const tsr__delta *d, tsr__edits *e, tsr_error *err);
 
-/* ---- wal.c: the write-ahead log of one version (DATA/wal/v<version>.log) ----
- * Records "u32 len | u32 crc32(payload) | payload" (little-endian; payload = a packed
- * ShardWriteRequest of at most TSR__WAL_MAX_RECORD bytes). Appends are single write()s
- * of a whole record; tsr__wal_sync is fdatasync. A tsr__wal is used under the caller's
- * lock (write_mu), except that its fd may be fdatasync'ed by one thread outside it. */
+/* ---- the write-ahead log of one version (DATA/wal/v<version>.log) ----
+ * A common/store append log (store/applog.h: framing, append, fdatasync, the scan that
+ * cuts a torn or corrupt tail) whose payloads are packed ShardWriteRequests of at most
+ * TSR__WAL_MAX_RECORD bytes, as received. stream.c owns the files: which version's log,
+ * created empty at a Prepare, replayed at start-up (tsr__stream_open), removed when folded.
+ * The shard's log (s->wal) is used under write_mu, except that its fd may be fdatasync'ed
+ * by one thread outside it (group commit, stream.c sync_to). */
 #define TSR__WAL_MAX_RECORD ((uint32_t)64 << 20)
-typedef struct tsr__wal {
-    int fd;                 /* -1 = closed */
-    char path[4096];
-    uint64_t size;          /* bytes appended so far (the file's size) */
-} tsr__wal;
-
-/* Called for each complete record in order; a non-zero return other than TSR_ENOMEM and
- * TSR_EIO marks the record unusable (the tail from it is dropped). */
-typedef int (*tsr__wal_fn)(void *ctx, const uint8_t *rec, size_t len, uint64_t off,
-                           tsr_error *err);
-
-/* Replays the log at path (a missing file is an empty log): fn for each record; a torn or
- * corrupt tail (length past the end or above the limit, CRC mismatch, a record fn
- * refuses) is logged (file, offset, why) and truncated away (ftruncate + fsync). *nrec
- * gets the records replayed, *size the log's size after. TSR_EIO / TSR_ENOMEM. */
-int tsr__wal_replay(const char *path, tsr__wal_fn fn, void *ctx, uint64_t *nrec,
-                    uint64_t *size, tsr_error *err);
-/* Opens (creating it) the log at path for appending. */
-int tsr__wal_open(tsr__wal *w, const char *path, tsr_error *err);
-/* Appends one record (not yet durable). On a failed write the file is cut back to its
- * previous size; TSR_EIO (TSR_ESTATE when even that fails: the log must not be used
- * again), TSR_ELIMIT above TSR__WAL_MAX_RECORD. */
-int tsr__wal_append(tsr__wal *w, const uint8_t *p, size_t n, tsr_error *err);
-/* fdatasync of fd (the file of a tsr__wal), errors naming path. */
-int tsr__wal_sync_fd(int fd, const char *path, tsr_error *err);
-void tsr__wal_close(tsr__wal *w);
 
 /* ---- update.c: the shard state ---- */
 typedef struct tsr__staging tsr__staging;
@@ -448,7 +429,7 @@ typedef struct tsr__shard {
      * Lock order: update_mu, then write_mu, then table_mu. */
     pthread_mutex_t write_mu;
     pthread_cond_t write_cv;    /* with write_mu: sync done, turn to apply, idle */
-    tsr__wal wal;               /* the current version's log (write_mu) */
+    tsr_applog wal;             /* the current version's log (write_mu) */
     int64_t wal_version;        /* its version (0 = none open) */
     int64_t appended_seq;       /* the last seq appended to the log (write_mu) */
     uint64_t synced;            /* bytes of the log known durable (write_mu) */
@@ -511,9 +492,9 @@ void tsr__stream_close(tsr__shard *s);
  * open): v (a loaded version with a template, borrowed; no Write, no reader, no other
  * thread touches it: the shard is not serving) loses its delta and its delta's crowding
  * tags, as a version just loaded has none, then the log at path is replayed into it by the
- * code tsr__stream_open runs (tsr__wal_replay with the same record callback: a torn or
- * corrupt tail or a refused record logged and cut off). *nrec, *size and the return as
- * tsr__wal_replay's. */
+ * code tsr__stream_open runs (tsr_applog_scan_file with the same record callback: a torn or
+ * corrupt tail or a refused record logged and cut off; a missing file is an empty log).
+ * *nrec: records replayed, *size: the log's size after; TSR_EIO / TSR_ENOMEM. */
 int tsr__stream_replay_fresh(tsr__version *v, const char *path, uint64_t *nrec,
                              uint64_t *size, tsr_error *err);
 /* Write (service.c, on the worker pool): raw[0..len) is the request as received (logged

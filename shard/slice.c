@@ -35,6 +35,7 @@
 #include "core/log.h"
 #include "core/mem.h"
 #include "core/testing.h"
+#include "net/pb_datapoint.h"
 #include "shard.h"
 #include "query/sparse.h"
 
@@ -857,7 +858,7 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
         goto out;
     for (size_t i = 0; i < v->nrecs; i++) {
         const tsr__rec *r = v->recs[i];
-        Tessera__V1__IndexDatapoint *p = tsr__dp_to_proto(&r->dp);
+        Tessera__V1__IndexDatapoint *p = tsr_pb_datapoint_new(&r->dp);
         if (p == NULL) {
             rc = tsr_err(err, TSR_ENOMEM, "out of memory");
             goto out;
@@ -872,13 +873,13 @@ int tsr__version_write(const tsr__version *v, const char *dir, tsr_error *err)
         uint32_t l32 = (uint32_t)len;
         tsr_buf_add(&meta, &l32, 4);
         if (tsr_buf_reserve(&meta, len) != 0) {
-            tsr__dp_proto_free(p);
+            tsr_pb_datapoint_delete(p);
             rc = tsr_err(err, TSR_ENOMEM, "out of memory for the metadata");
             goto out;
         }
         meta.len += tessera__v1__staged_upsert__pack(&up, (uint8_t *)meta.p + meta.len);
         meta.p[meta.len] = '\0'; /* tsr_buf's NUL after the last byte */
-        tsr__dp_proto_free(p);
+        tsr_pb_datapoint_delete(p);
         if (r->list >= 0 &&
             (rc = tsr_file_writer_add(&fw, r->dp.dense, (size_t)d * sizeof(float), err)) != 0)
             goto out;
@@ -912,16 +913,16 @@ out:
 static tsr__rec *rec_mapped_copy(const tsr__rec *r, const float *vec, size_t d, tsr__vmap *vm)
 {
     tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__IndexDatapoint *p = tsr__dp_to_proto(&r->dp);
+    Tessera__V1__IndexDatapoint *p = tsr_pb_datapoint_new(&r->dp);
     tsr__rec *nr = p ? calloc(1, sizeof *nr) : NULL;
     if (nr == NULL) {
-        tsr__dp_proto_free(p);
+        tsr_pb_datapoint_delete(p);
         return NULL;
     }
     p->n_feature_vector = 0;
     p->feature_vector = NULL;
     int rc = tsr__dp_from_proto(p, 0, &nr->dp, &err);
-    tsr__dp_proto_free(p);
+    tsr_pb_datapoint_delete(p);
     if (rc != 0) {
         tsr_datapoint_close(&nr->dp);
         free(nr);

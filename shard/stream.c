@@ -145,7 +145,7 @@ static void sync_to(tsr__shard *s, uint64_t end)
         memcpy(path, s->wal.path, sizeof path);
         pthread_mutex_unlock(&s->write_mu);
         tsr_error e = TSR_ERROR_INIT;
-        int rc = tsr__wal_sync_fd(fd, path, &e);
+        int rc = tsr_applog_sync_fd(fd, path, &e);
         pthread_mutex_lock(&s->write_mu);
         s->syncing = 0;
         if (rc != 0)
@@ -161,7 +161,7 @@ static int append_apply(tsr__shard *s, tsr__version *v, const uint8_t *raw, size
                         const Tessera__V1__ShardWriteRequest *rq, tsr__rec **recs,
                         size_t nrecs, const int64_t *dels, tsr_error *err)
 {
-    int rc = tsr__wal_append(&s->wal, raw, len, err);
+    int rc = tsr_applog_append(&s->wal, raw, len, 0, err);
     if (rc != 0) {
         if (rc == TSR_ESTATE)
             set_broken(s, err ? err->msg : "a failed append");
@@ -216,13 +216,11 @@ static int write_catchup(tsr__shard *s, tsr__version *pv, const uint8_t *raw, si
         return 0;
     char path[4200];
     wal_path(s, pv->version, path, sizeof path);
-    tsr__wal w;
-    int rc = tsr__wal_open(&w, path, err);
+    tsr_applog w;
+    int rc = tsr_applog_open(&w, path, TSR__WAL_MAX_RECORD, TSR_APPLOG_CREATE, err);
     if (rc == 0)
-        rc = tsr__wal_append(&w, raw, len, err);
-    if (rc == 0)
-        rc = tsr__wal_sync_fd(w.fd, path, err);
-    tsr__wal_close(&w);
+        rc = tsr_applog_append(&w, raw, len, TSR_APPLOG_SYNC, err);
+    tsr_applog_close(&w);
     if (rc == 0)
         crash_point("catchup-logged"); /* test hook: durable, not acknowledged */
     if (rc != 0) {
@@ -379,12 +377,23 @@ out:
     return rc;
 }
 
-/* The log at path into v's delta (tsr__wal_replay with replay_one; see shard.h). */
+/* The log at path into v's delta (replay_one for each record; a torn or corrupt tail or a
+ * refused record is logged and cut off; a missing file is an empty log). *nrec: records
+ * replayed, *size: the log's size after. */
 static int replay_log(tsr__version *v, const char *path, uint64_t *nrec, uint64_t *size,
                       tsr_error *err)
 {
     replay_ctx c = {v, 0};
-    return tsr__wal_replay(path, replay_one, &c, nrec, size, err);
+    tsr_applog_scan r;
+    int rc = tsr_applog_scan_file(path, 0, TSR__WAL_MAX_RECORD, TSR_APPLOG_CUT, replay_one, &c,
+                                  &r, err);
+    if (rc == TSR_ENOTFOUND) {
+        tsr_error_clear(err);
+        rc = 0;
+    }
+    *nrec = r.nrec;
+    *size = rc == 0 ? r.good : 0;
+    return rc;
 }
 
 int tsr__stream_replay_fresh(tsr__version *v, const char *path, uint64_t *nrec,
@@ -444,7 +453,7 @@ static int open_log(tsr__shard *s, tsr_error *err)
 {
     char path[4200], wdir[4200];
     tsr__version *v = s->current;
-    tsr__wal_close(&s->wal);
+    tsr_applog_close(&s->wal);
     s->wal_version = 0;
     s->appended_seq = tsr__applied_seq(v, v->delta);
     atomic_store(&s->wal_bytes, 0);
@@ -454,7 +463,7 @@ static int open_log(tsr__shard *s, tsr_error *err)
     wal_path(s, v->version, path, sizeof path);
     struct stat st;
     int existed = stat(path, &st) == 0;
-    int rc = tsr__wal_open(&s->wal, path, err);
+    int rc = tsr_applog_open(&s->wal, path, TSR__WAL_MAX_RECORD, TSR_APPLOG_CREATE, err);
     if (rc == 0 && !existed)
         rc = tsr_file_fsync_dir(wdir, err);
     if (rc != 0)
@@ -513,11 +522,11 @@ int tsr__stream_catchup_create(tsr__shard *s, int64_t version, tsr_error *err)
     wal_path(s, version, path, sizeof path);
     snprintf(wdir, sizeof wdir, "%s/wal", s->dir);
     unlink(path); /* a leftover of an earlier Prepare of this number cannot be ours */
-    tsr__wal w;
-    int rc = tsr__wal_open(&w, path, err);
+    tsr_applog w;
+    int rc = tsr_applog_open(&w, path, TSR__WAL_MAX_RECORD, TSR_APPLOG_CREATE, err);
     if (rc == 0)
-        rc = tsr__wal_sync_fd(w.fd, path, err);
-    tsr__wal_close(&w);
+        rc = tsr_applog_sync(&w, err);
+    tsr_applog_close(&w);
     if (rc == 0)
         rc = tsr_file_fsync_dir(wdir, err);
     if (rc != 0)
@@ -538,7 +547,7 @@ void tsr__stream_catchup_remove(tsr__shard *s, int64_t version)
 
 void tsr__stream_close(tsr__shard *s)
 {
-    tsr__wal_close(&s->wal);
+    tsr_applog_close(&s->wal);
 }
 
 void tsr__stream_pause(tsr__shard *s)

@@ -644,6 +644,31 @@ static int parse_record(json_state *st, json_t *o, tsr_datapoint *dp, enum tsr_r
     return REC_OK;
 }
 
+/* The message of a syntax error of one line: "column C: <jansson's text>", where "end of
+ * file" (jansson parses one line as its whole input) reads "end of the line", so that an
+ * error in the middle of a file does not say "near end of file"; the sink adds the file
+ * and the line. */
+static void syntax_message(json_error_t *jerr, char *out, size_t cap)
+{
+    /* jansson quotes the bad token ("... near '...'") byte-wise, and may cut a UTF-8
+     * sequence (e.g. a backslash before a 2-byte character): drop the quote then */
+    char *near = strstr(jerr->text, " near '");
+    if (near && !tsr__utf8_valid(jerr->text, strlen(jerr->text)))
+        *near = '\0';
+    const char *text = tsr__utf8_valid(jerr->text, strlen(jerr->text)) ? jerr->text
+                                                                       : "syntax error";
+    static const char eof_near[] = " near end of file", eof[] = "end of file";
+    const char *at = strstr(text, eof_near);
+    if (at && at[sizeof eof_near - 1] == '\0') /* "']' expected near end of file" */
+        snprintf(out, cap, "column %d: %.*s at the end of the line (a record must be on one "
+                 "line)", jerr->column, (int)(at - text), text);
+    else if ((at = strstr(text, eof)) != NULL) /* "end of file expected near 'x'" */
+        snprintf(out, cap, "column %d: %.*send of the line%s", jerr->column, (int)(at - text),
+                 text, at + sizeof eof - 1);
+    else
+        snprintf(out, cap, "column %d: %s", jerr->column, text);
+}
+
 /* One line (tsr__line_fn): classifies it and hands a record or an error to the sink. */
 static int json_line(void *ctx, const tsr__lines *r, const char *line, size_t len, int too_long,
                      tsr_error *err)
@@ -661,13 +686,7 @@ static int json_line(void *ctx, const tsr__lines *r, const char *line, size_t le
     json_error_t jerr;
     json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     if (o == NULL) {
-        /* jansson quotes the bad token ("... near '...'") byte-wise, and may cut a UTF-8
-         * sequence (e.g. a backslash before a 2-byte character): drop the quote then */
-        char *near = strstr(jerr.text, " near '");
-        if (near && !tsr__utf8_valid(jerr.text, strlen(jerr.text)))
-            *near = '\0';
-        snprintf(st->msg, sizeof st->msg, "column %d: %s", jerr.column,
-                 tsr__utf8_valid(jerr.text, strlen(jerr.text)) ? jerr.text : "syntax error");
+        syntax_message(&jerr, st->msg, sizeof st->msg);
         return sink->invalid(sink->ctx, ln, TSR_REC_INVALID_JSON_SYNTAX, st->msg) != 0;
     }
     tsr_datapoint dp;

@@ -8,18 +8,20 @@
  * Two offset bases are in use, and neither may change (why, per caller):
  *   TSR_FNV1A64_BASIS         the standard basis 14695981039346656037. The Vertex
  *                             crowding_attribute of a non-numeric crowding tag is sent to
- *                             clients (coordinator/vertex.c, docs/vertex-compat.md): it must
- *                             be the published FNV-1a 64 of the tag's bytes.
+ *                             clients (coordinator/frontend/vertex.c,
+ *                             docs/vertex-compat.md): it must be the published FNV-1a 64
+ *                             of the tag's bytes.
  *   TSR_FNV1A64_BASIS_ROUTE   1469598103934665603: the standard basis with its last digit
  *                             dropped (a historic slip). It is NOT in-memory only: the
  *                             coordinator routes a record that has no coarse list (no dense
- *                             vector) to shard hash(id) % S (coordinator/update.c), and that
- *                             shard is recorded in the id directory and holds the record. A
- *                             different basis would send a re-upsert of an existing id to
- *                             another shard (a needless move) and break the placement of
- *                             data written before the change. The coordinator's id directory
- *                             and the metrics series table hash with it too (in memory; kept
- *                             so their table layouts and exposition order stay as they were).
+ *                             vector) to shard hash(id) % S (coordinator/update_plan.c),
+ *                             and that shard is recorded in the id directory and holds the
+ *                             record. A different basis would send a re-upsert of an
+ *                             existing id to another shard (a needless move) and break the
+ *                             placement of data written before the change. The
+ *                             coordinator's id directory and the metrics series table hash
+ *                             with it too (in memory; kept so their table layouts and
+ *                             exposition order stay as they were).
  */
 #ifndef TSR_HASH_H
 #define TSR_HASH_H

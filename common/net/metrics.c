@@ -22,6 +22,7 @@
 #include "core/buf.h"
 #include "core/error.h"
 #include "core/hash.h"
+#include "net/metrics_process.h"
 
 const double tsr_metrics_buckets[TSR_METRICS_NBUCKETS] = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -579,6 +580,7 @@ char *tsr_metrics_render(size_t *len)
               "# TYPE tessera_metrics_dropped_total counter\n"
               "tessera_metrics_dropped_total %llu\n",
               (unsigned long long)atomic_load_explicit(&dropped, memory_order_relaxed));
+    tsr_metrics_process_render(&b);
     if (b.oom) {
         free(b.p);
         return NULL;

@@ -1,6 +1,7 @@
 /*
  * pb_datapoint — record <-> tessera.v1.IndexDatapoint (see pb_datapoint.h).
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,23 @@ void tsr_pb_datapoint_free(tsr_pb_datapoint *p)
     free(p->rsp);
     free(p->ns);
     free(p->nsp);
+}
+
+Tessera__V1__IndexDatapoint *tsr_pb_datapoint_new(const tsr_datapoint *d)
+{
+    tsr_pb_datapoint *p = tsr_xmalloc(sizeof *p);
+    tsr_pb_datapoint_set(p, d);
+    _Static_assert(offsetof(tsr_pb_datapoint, dp) == 0, "dp first: delete gets p back");
+    return &p->dp;
+}
+
+void tsr_pb_datapoint_delete(Tessera__V1__IndexDatapoint *m)
+{
+    if (m == NULL)
+        return;
+    tsr_pb_datapoint *p = (tsr_pb_datapoint *)(void *)m;
+    tsr_pb_datapoint_free(p);
+    free(p);
 }
 
 

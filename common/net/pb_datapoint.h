@@ -1,7 +1,8 @@
 /*
  * pb_datapoint — a record (core/datapoint) as a tessera.v1.IndexDatapoint and back: the
  * one conversion the coordinator (Stage and streamed Write requests, UpsertDatapoints
- * input) and the CLI (`tessera upsert`) share.
+ * input), the shard (Stage and Write edits, its version files, datapoints in Search and
+ * ReadIndexDatapoints answers) and the CLI (`tessera upsert`) share.
  */
 #ifndef TSR_PB_DATAPOINT_H
 #define TSR_PB_DATAPOINT_H
@@ -26,6 +27,11 @@ typedef struct tsr_pb_datapoint {
 void tsr_pb_datapoint_set(tsr_pb_datapoint *p, const tsr_datapoint *d);
 /* Frees what set allocated (not d's data). */
 void tsr_pb_datapoint_free(tsr_pb_datapoint *p);
+/* The same as one heap message, for a message kept by pointer (a repeated field of a
+ * response): a new IndexDatapoint describing d (borrowing d's data, as set), never NULL;
+ * delete frees it (accepts NULL). Only messages of tsr_pb_datapoint_new may be deleted. */
+Tessera__V1__IndexDatapoint *tsr_pb_datapoint_new(const tsr_datapoint *d);
+void tsr_pb_datapoint_delete(Tessera__V1__IndexDatapoint *m);
 
 /* IndexDatapoint -> record (copies everything; dp is initialised first; sparse normalised;
  * an empty crowding_attribute = no tag). Returns 0, or 1 with *type and msg (cap bytes) for

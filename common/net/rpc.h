@@ -175,6 +175,10 @@ typedef struct tsr_rpc_server_opts {
     const char *tls_key_file;  /* private key */
     /* With TLS: require and verify client certificates against this CA (mutual TLS). */
     const char *tls_client_ca_file;
+    /* Appended to the UNIMPLEMENTED message of a call to a service this server does not
+     * serve, naming what this port is and where the caller probably meant to go (a
+     * coordinator method sent to a shard's port). NULL = none. Copied during create. */
+    const char *wrong_port_hint;
 } tsr_rpc_server_opts;
 
 void tsr_rpc_server_opts_init(tsr_rpc_server_opts *o); /* zeroes, sets listen */

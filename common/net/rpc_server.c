@@ -198,6 +198,7 @@ struct tsr_rpc_server {
     char shutdown_tag; /* its address is the shutdown_and_notify tag */
 
     int inline_long; /* LONG calls may run on the receiving poller (see DESIGN) */
+    char *wrong_port_hint; /* tsr_rpc_server_opts.wrong_port_hint (NULL = none) */
     atomic_uint next_slot; /* tsr_rpc_server_fanout's round robin over the queues */
 
     /* authorization: the token set (NULL = none), swapped by set_tokens under auth_mu
@@ -305,6 +306,35 @@ static const struct method *find_method(const struct tsr_rpc_server *s, grpc_sli
         if (s->methods[i].path_len == n && memcmp(s->methods[i].path, p, n) == 0)
             return &s->methods[i];
     return NULL;
+}
+
+/* 1 when a method of the path's service ("/pkg.Service/") is registered here. */
+static int serves_service_of(const struct tsr_rpc_server *s, grpc_slice path)
+{
+    size_t n = GRPC_SLICE_LENGTH(path);
+    const char *p = (const char *)GRPC_SLICE_START_PTR(path);
+    const char *slash = n > 1 ? memchr(p + 1, '/', n - 1) : NULL;
+    if (!slash)
+        return 0;
+    size_t svc = (size_t)(slash - p) + 1; /* "/pkg.Service/" */
+    for (int i = 0; i < s->nmethods; i++)
+        if (s->methods[i].path_len > svc && memcmp(s->methods[i].path, p, svc) == 0)
+            return 1;
+    return 0;
+}
+
+/* The UNIMPLEMENTED message: the path, and the server's wrong-port hint when the path's
+ * service is not one this server serves (a coordinator method sent to a shard's port). */
+static void unknown_method_message(const struct tsr_rpc_server *s, grpc_slice path, char *buf,
+                                   size_t cap)
+{
+    size_t n = GRPC_SLICE_LENGTH(path);
+    int shown = (int)(n > 200 ? 200 : n);
+    const char *p = (const char *)GRPC_SLICE_START_PTR(path);
+    if (s->wrong_port_hint && !serves_service_of(s, path))
+        snprintf(buf, cap, "unknown method %.*s: %s", shown, p, s->wrong_port_hint);
+    else
+        snprintf(buf, cap, "unknown method %.*s", shown, p);
 }
 
 static void set_status(struct tsr_rpc_reply *r, int code, const char *msg)
@@ -549,12 +579,8 @@ static void on_event(struct call *c, int ok)
         if (!authorized(s, c))
             return;
         if (!c->m) {
-            char buf[256];
-            snprintf(buf, sizeof buf, "unknown method %.*s",
-                     (int)(GRPC_SLICE_LENGTH(c->details.method) > 200
-                               ? 200
-                               : GRPC_SLICE_LENGTH(c->details.method)),
-                     (const char *)GRPC_SLICE_START_PTR(c->details.method));
+            char buf[768];
+            unknown_method_message(s, c->details.method, buf, sizeof buf);
             set_status(&c->reply, TSR_RPC_UNIMPLEMENTED, buf);
             /* one line per method name a minute (a client may call it in a loop) */
             tsr_log_every(TSR_LOG_WARN, buf, 60000, "rpc: %s: answered UNIMPLEMENTED", buf);
@@ -792,6 +818,7 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
     s->wq_max = o->max_queued ? o->max_queued : 1024;
     const char *il = tsr_test_knob(TSR_KNOB_RPC_INLINE_LONG);
     s->inline_long = !(il && strcmp(il, "0") == 0);
+    s->wrong_port_hint = o->wrong_port_hint ? tsr_xstrdup(o->wrong_port_hint) : NULL;
     pthread_mutex_init(&s->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -855,6 +882,7 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
         pthread_mutex_destroy(&s->wq_mu);
         pthread_cond_destroy(&s->wq_cv);
         pthread_rwlock_destroy(&s->auth_mu);
+        free(s->wrong_port_hint);
         free(s);
         grpc_shutdown();
         return NULL;
@@ -1056,6 +1084,7 @@ void tsr_rpc_server_destroy(tsr_rpc_server *s)
     pthread_cond_destroy(&s->wq_cv);
     pthread_rwlock_destroy(&s->auth_mu);
     tsr_rpc_tokens_free(s->tokens);
+    free(s->wrong_port_hint);
     free(s);
     grpc_shutdown();
 }

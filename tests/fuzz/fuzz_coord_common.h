@@ -63,7 +63,6 @@ static void fc_open(tsr__coord *c)
     pthread_mutex_init(&c->op_mu, NULL);
     pthread_mutex_init(&c->rec_mu, NULL);
     pthread_cond_init(&c->rec_cv, NULL);
-    c->st.log_fd = -1;
     char sdir[600];
     snprintf(sdir, sizeof sdir, "%s/data", fc_dir);
     if (tsr_store_create(sdir, &c->store, &err) != 0) {

@@ -32,6 +32,7 @@
 #include "net/rpc_int.h"
 
 #include "fuzz_coord_common.h"
+#include "frontend/frontend.h"
 #include "google/cloud/aiplatform/container/v1/match_service.pb-c.h"
 #include "google/cloud/aiplatform/v1/index_service.pb-c.h"
 #include "google/cloud/aiplatform/v1/match_service.pb-c.h"

@@ -1,6 +1,6 @@
 /*
  * fuzz_coord_stream_log — the coordinator's log of streamed writes (coordinator/stream_log.c
- * framing and scan, stream.c's replay into the overlay) read at start-up from random bytes:
+ * on common/store/applog.c: framing and scan, stream.c's replay into the overlay) read at start-up from random bytes:
  * the input is written as DATA/stream/v000001.log of the coordinator of fuzz_coord_common.h
  * and tsr__stream_init replays it (cutting a torn or corrupt tail).
  *
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "fuzz_coord_common.h"
+#include "stream_int.h"
 
 static tsr__coord C;
 
@@ -26,20 +27,20 @@ typedef struct {
 static void sum(const tsr__coord *c, st_sum *s)
 {
     memset(s, 0, sizeof *s);
-    s->next_seq = c->st.next_seq;
-    s->next_label = c->st.next_label;
-    s->log_bytes = c->st.log_bytes;
-    s->ov_records = c->st.ov_records;
-    s->ov_n = c->st.ov.n;
+    s->next_seq = c->st->next_seq;
+    s->next_label = c->st->next_label;
+    s->log_bytes = c->st->log_bytes;
+    s->ov_records = c->st->ov_records;
+    s->ov_n = c->st->ov.n;
     for (size_t g = 0; g < c->cfg.nshards && g < 8; g++)
-        s->grp[g] = c->st.grp_seq[g];
+        s->grp[g] = c->st->grp_seq[g];
 }
 
 /* tsr__stream_init expects the zeroed state of a new coordinator (main.c); close leaves the
  * overlay counters as they were, so they are zeroed here. */
 static int start(tsr_error *err)
 {
-    C.st.ov_records = C.st.d_dense = C.st.d_sparse = 0;
+    C.st->ov_records = C.st->d_dense = C.st->d_sparse = 0;
     return tsr__stream_init(&C, err);
 }
 

@@ -1,12 +1,12 @@
 /*
- * fuzz_shard_wal — the shard's write-ahead log of streamed writes (shard/wal.c framing,
- * stream.c's replay into the version's delta) read at start-up from random bytes: the input
- * is written as DATA/wal/v1.log of fuzz_shard_common.h's data folder (version 1, 48
- * records) and replayed into version 1 by tsr__stream_replay_fresh: the code of the
- * start-up replay (tsr__wal_replay with stream.c's record callback: unpack, validation,
- * seq, tsr__delta_apply; a torn or corrupt tail, a record that does not parse or validate,
- * is logged and cut off with ftruncate + fsync) on a version without delta, as one just
- * loaded.
+ * fuzz_shard_wal — the shard's write-ahead log of streamed writes (common/store/applog.c
+ * framing and scan, stream.c's replay into the version's delta) read at start-up from random
+ * bytes: the input is written as DATA/wal/v1.log of fuzz_shard_common.h's data folder
+ * (version 1, 48 records) and replayed into version 1 by tsr__stream_replay_fresh: the code
+ * of the start-up replay (tsr_applog_scan_file with stream.c's record callback: unpack,
+ * validation, seq, tsr__delta_apply; a torn or corrupt tail, a record that does not parse
+ * or validate, is logged and cut off with ftruncate + fsync) on a version without delta, as
+ * one just loaded.
  *
  * Cost: the version is loaded once per process (tsr__shard_open of the committed version 1
  * in LLVMFuzzerInitialize: MANIFEST, template, lists, records) and kept; each input only

@@ -1,5 +1,5 @@
 """An update commits only under the leader term it began in (docs/ha.md "A term change
-mid-update"; coordinator/update.c upd_flip). The case `make chaos` found (seed 1, Dec 7),
+mid-update"; coordinator/txn.c tsr__txn_flip). The case `make chaos` found (seed 1, Dec 7),
 made deterministic:
 
 etcd x1, 2 shard groups x 1 replica, coordinators A and B (TTL 2 s), a base of 600 ids

@@ -111,7 +111,8 @@ def read_back(path, dims, ids=()):
         os.symlink(os.path.abspath(path), os.path.join(root, "data.avro"))
         report = os.path.join(root + ".report.json")
         p = subprocess.run([exe, "batch", "inspect", "--batch-root", root, "--dimensions",
-                            str(dims), "--max-invalid-records", "100000000", "--report", report],
+                            str(dims), "--max-invalid-records", "100000000", "--report", report,
+                            "--records"],
                            capture_output=True, timeout=120)
         try:
             rep = json.load(open(report))

@@ -122,7 +122,7 @@ def write_avro(path, recs, codec):
 
 
 def inspect(root):
-    r = subprocess.run([TESSERA, "batch", "inspect", "--batch-root", root, "--dimensions", str(DIMS)],
+    r = subprocess.run([TESSERA, "batch", "inspect", "--records", "--batch-root", root, "--dimensions", str(DIMS)],
                        capture_output=True, timeout=60)
     if r.returncode != 0:
         print(r.stderr.decode())

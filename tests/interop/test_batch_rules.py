@@ -36,7 +36,7 @@ class Batch:
     def inspect(self, dims, *extra):
         rep = os.path.join(self.root + "_report.json")
         r = subprocess.run([TESSERA, "batch", "inspect", "--batch-root", self.root,
-                            "--dimensions", str(dims), "--report", rep] + list(extra),
+                            "--dimensions", str(dims), "--report", rep, "--records"] + list(extra),
                            capture_output=True, timeout=120)
         with open(rep) as f:
             report = json.load(f)

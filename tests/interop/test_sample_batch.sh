@@ -6,7 +6,7 @@
 set -euo pipefail
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 /usr/bin/python3 tests/data/gen_sample.py "$tmp/batch" --n 900
-"$TSR_BIN/tessera" batch inspect --batch-root "$tmp/batch" --dimensions 64 >"$tmp/out.jsonl" 2>"$tmp/report.txt" || {
+"$TSR_BIN/tessera" batch inspect --records --batch-root "$tmp/batch" --dimensions 64 >"$tmp/out.jsonl" 2>"$tmp/report.txt" || {
   cat "$tmp/report.txt"; exit 1; }
 n=$(wc -l <"$tmp/out.jsonl")
 [ "$n" -eq 900 ] || { echo "expected 900 records, got $n"; exit 1; }

@@ -196,6 +196,28 @@ static void test_lines(void **state)
     coll_free(c);
 }
 
+/* A record cut short in the middle of a file: the error is on its line and column, and
+ * does not say "end of file" (jansson parses each line as a whole input). */
+static void test_syntax_mid_file(void **state)
+{
+    (void)state;
+    coll *c = parse("{\"id\":\"a\",\"embedding\":[1]}\n"
+                    "{\"id\":\"b\",\"embedding\":[1\n"
+                    "{\"id\":\"c\",\"embedding\":[1]} x\n"
+                    "{\"id\":\"d\",\"embedding\":[1]}\n",
+                    1);
+    assert_int_equal(c->nrecs, 2);
+    assert_int_equal(c->nbad, 2);
+    assert_int_equal(c->bad_where[0], 2);
+    assert_int_equal(c->bad_where[1], 3);
+    for (size_t i = 0; i < 2; i++)
+        if (strstr(c->msgs[i], "end of file") || !strstr(c->msgs[i], "end of the line"))
+            fail_msg("line %d: '%s'", (int)c->bad_where[i], c->msgs[i]);
+    assert_non_null(strstr(c->msgs[0], "column 24: ']' expected at the end of the line"));
+    assert_non_null(strstr(c->msgs[1], "column 28: end of the line expected near 'x'"));
+    coll_free(c);
+}
+
 static void test_suggest(void **state)
 {
     (void)state;
@@ -345,7 +367,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seed_examples), cmocka_unit_test(test_full_record),
         cmocka_unit_test(test_unknown_fields), cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_lines),          cmocka_unit_test(test_suggest),
+        cmocka_unit_test(test_lines),          cmocka_unit_test(test_syntax_mid_file),          cmocka_unit_test(test_suggest),
         cmocka_unit_test(test_metadata),       cmocka_unit_test(test_metadata_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

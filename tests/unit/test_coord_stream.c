@@ -1,6 +1,6 @@
 /*
  * test_coord_stream — the coordinator's streamed-write state without a server
- * (coordinator/stream.c, stream_log.c): a log written round by round is replayed at start
+ * (coordinator/stream.c, stream_write.c, stream_recover.c, stream_log.c): a log written round by round is replayed at start
  * into the overlay (a moved id on its new group with its new label, a removed id a
  * tombstone, a new id), the label counter, the next seq and each group's last seq; reads
  * resolve through the overlay, counts include it, an update's base view is the directory
@@ -22,6 +22,7 @@
 
 #include "batch/batch.h"
 #include "coord.h"
+#include "stream_int.h"
 #include "coord_test_util.h"
 #include "core/file.h"
 #include "core/mem.h"
@@ -35,7 +36,6 @@ static void coord_open(tsr__coord *c)
     pthread_mutex_init(&c->snap_mu, NULL);
     c->cfg.nshards = 2;
     c->cfg.dimensions = 4;
-    c->st.log_fd = -1;
     tsr_error err = TSR_ERROR_INIT;
     assert_int_equal(tsr_store_create(dir, &c->store, &err), 0);
     tsr__snap *s = tsr__snap_create();
@@ -151,15 +151,15 @@ static void test_replay(void **state)
     tsr_error err = TSR_ERROR_INIT;
     coord_open(&c);
     assert_int_equal(tsr__stream_init(&c, &err), 0); /* no log yet: its header is written */
-    assert_int_equal(c.st.next_seq, 1);
+    assert_int_equal(c.st->next_seq, 1);
     tsr__stream_close(&c);
     write_rounds(&c);
     assert_int_equal(tsr__stream_init(&c, &err), 0);
-    assert_int_equal(c.st.next_seq, 7);
-    assert_int_equal(c.st.next_label, 4);
-    assert_int_equal(c.st.grp_seq[0], 5);
-    assert_int_equal(c.st.grp_seq[1], 6);
-    assert_int_equal(c.st.ov_records, 3);
+    assert_int_equal(c.st->next_seq, 7);
+    assert_int_equal(c.st->next_label, 4);
+    assert_int_equal(c.st->grp_seq[0], 5);
+    assert_int_equal(c.st->grp_seq[1], 6);
+    assert_int_equal(c.st->ov_records, 3);
 
     char *ids[] = {"a", "b", "c", "zz"};
     tsr__loc loc[4];
@@ -213,10 +213,10 @@ static void test_torn_tail(void **state)
     for (int64_t cut = before5 + 1; cut < full; cut++) {
         assert_int_equal(tsr_file_write_sync(path, all, (size_t)cut, &err), 0);
         assert_int_equal(tsr__stream_init(&c, &err), 0);
-        if (c.st.next_seq == 6 && start6 < 0)
+        if (c.st->next_seq == 6 && start6 < 0)
             start6 = file_size(path); /* cut back to the end of seq 5 */
         if (start6 >= 0) {
-            assert_int_equal(c.st.next_seq, 6); /* seq 6 dropped, never half-applied */
+            assert_int_equal(c.st->next_seq, 6); /* seq 6 dropped, never half-applied */
             assert_int_equal(file_size(path), start6);
             char *id = "b";
             tsr__loc l;
@@ -224,7 +224,7 @@ static void test_torn_tail(void **state)
             assert_true(l.found); /* the remove of b was in the torn record */
             tsr__snap_unref(sn);
         } else {
-            assert_int_equal(c.st.next_seq, 1); /* seq 5 itself torn */
+            assert_int_equal(c.st->next_seq, 1); /* seq 5 itself torn */
             assert_int_equal(file_size(path), before5);
         }
         tsr__stream_close(&c);
@@ -234,7 +234,7 @@ static void test_torn_tail(void **state)
     all[full - 3] ^= 0x5a;
     assert_int_equal(tsr_file_write_sync(path, all, (size_t)full, &err), 0);
     assert_int_equal(tsr__stream_init(&c, &err), 0);
-    assert_int_equal(c.st.next_seq, 6);
+    assert_int_equal(c.st->next_seq, 6);
     assert_int_equal(file_size(path), start6);
     free(all);
     coord_close(&c);

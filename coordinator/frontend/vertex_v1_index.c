@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "frontend.h"
 #include "core/mem.h"
 #include "google/cloud/aiplatform/v1/index_service.pb-c.h"
 #include "google/longrunning/operations.pb-c.h"
@@ -101,7 +102,7 @@ static void index_fill(tsr__coord *c, const char *name, index_msg *m)
         GOOGLE__CLOUD__AIPLATFORM__V1__INDEX__INDEX_UPDATE_METHOD__STREAM_UPDATE;
     tsr__snap *sn = tsr__coord_snap_get(c);
     tsr__stream_counts(c, sn, &m->st.vectors_count, &m->st.sparse_vectors_count);
-    m->st.shards_count = (int32_t)c->cfg.nshards;
+    m->st.shards_count = (int32_t)tsr__snap_live_groups(sn, &c->cfg);
     tsr__snap_unref(sn);
     m->ix.index_stats = &m->st;
     google__protobuf__value__init(&m->dims);

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "frontend.h"
 #include "google/cloud/aiplatform/container/v1/match_service.pb-c.h"
 #include "core/hash.h"
 #include "core/mem.h"

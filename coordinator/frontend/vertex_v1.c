@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "frontend.h"
 #include "core/mem.h"
 #include "google/cloud/aiplatform/v1/match_service.pb-c.h"
 

@@ -1,0 +1,93 @@
+/*
+ * frontend — the RPC handlers of the coordinator's services, adapters over the subsystems:
+ * tessera.v1.Coordinator (tessera_v1.c), the Vertex private MatchService
+ * (google.cloud.aiplatform.container.v1, vertex.c), google.cloud.aiplatform.v1
+ * MatchService and IndexService and google.longrunning.Operations (vertex_v1.c,
+ * vertex_v1_index.c). main.c registers them; nothing else calls them. They include the
+ * coordinator's headers as their own (-Icoordinator, mk/coordinator.mk).
+ */
+#ifndef TSR_COORD_FRONTEND_H
+#define TSR_COORD_FRONTEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "net/rpc.h"
+#include "tessera/v1/tessera.pb-c.h"
+
+typedef struct tsr__coord tsr__coord; /* coord.h */
+
+/* Handlers (rpc.h signature) */
+int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+/* update.c: tessera.v1 AddShardGroup / RemoveShardGroup (docs/resharding.md): start a move
+ * on the update thread (leader only, one operation at a time). */
+int tsr__coord_rpc_add_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_remove_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+
+/* stream.c: tessera.v1 UpsertDatapoints / RemoveDatapoints (TSR_RPC_LONG, role admin). */
+int tsr__coord_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__coord_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+
+/* vertex.c: google.cloud.aiplatform.container.v1.MatchService (docs/vertex-compat.md);
+ * register with TSR_RPC_LONG. */
+#define TSR_VERTEX_SVC "/google.cloud.aiplatform.container.v1.MatchService/"
+int tsr__vertex_rpc_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t len,
+                                         tsr_rpc_reply *r);
+/* The int64 crowding_attribute Vertex reports for a Tessera crowding tag (borrowed; NULL or
+ * "" = no tag = 0): the number itself when the tag is a canonical decimal int64, else
+ * FNV-1a 64 of the tag's bytes with the top bit cleared (docs/vertex-compat.md). */
+int64_t tsr__vertex_crowding_attribute(const char *tag);
+/* 1 when s is the resource name "projects/P/locations/L/<kind>X" with non-empty segments
+ * and nothing after X; kind is e.g. "indexEndpoints/" or "indexes/". */
+int tsr__vertex_resource_ok(const char *s, const char *kind);
+/* 0 when the deployed_index_id id (borrowed; NULL or "" = any) is served here: always
+ * without --deployed-index-id, else only that id. Otherwise TSR_ENOTFOUND with err naming
+ * the field, prefixed by where ("" or e.g. "requests[2]: "). */
+int tsr__vertex_check_index(const tsr__coord *c, const char *id, const char *where,
+                            tsr_error *err);
+
+/* vertex_v1.c: google.cloud.aiplatform.v1.MatchService (docs/vertex-compat.md); register
+ * with TSR_RPC_LONG. The unimplemented handler takes the method's full name (static
+ * storage) as ctx and answers UNIMPLEMENTED saying what Tessera serves instead. */
+#define TSR_VERTEX_V1_SVC "/google.cloud.aiplatform.v1.MatchService/"
+#define TSR_VERTEX_V1_INDEX_SVC "/google.cloud.aiplatform.v1.IndexService/"
+int tsr__vertex_v1_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len,
+                                      tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,
+                                     tsr_rpc_reply *r);
+/* The allocations of one v1 -> tessera.v1 translation (free with tsr__vertex_v1_pool_free;
+ * start zeroed). */
+typedef struct tsr__v1_pool {
+    void **p;
+    size_t n, cap;
+} tsr__v1_pool;
+void tsr__vertex_v1_pool_free(tsr__v1_pool *a);
+/* The tessera.v1 IndexDatapoint for the v1 one g (same fields and numbers): it borrows every
+ * string, array and the embedding_metadata of g (which must outlive it); its structs are
+ * a's. Used for queries and for UpsertDatapoints' datapoints. */
+struct Google__Cloud__Aiplatform__V1__IndexDatapoint;
+Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(
+    tsr__v1_pool *a, const struct Google__Cloud__Aiplatform__V1__IndexDatapoint *g);
+
+/* vertex_v1_index.c: IndexService GetIndex (role query), UpdateIndex (admin) and
+ * google.longrunning.Operations/GetOperation (query); no TSR_RPC_LONG needed (they take
+ * op_mu briefly and a snapshot reference). UpsertDatapoints and RemoveDatapoints (admin)
+ * block on the streamed write (tsr__coord_stream_*): register them with TSR_RPC_LONG. */
+#define TSR_LRO_SVC "/google.longrunning.Operations/"
+int tsr__vertex_v1_rpc_get_index(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_update_index(void *ctx, const uint8_t *req, size_t len,
+                                    tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
+                                     tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+
+#endif

@@ -1,0 +1,106 @@
+/*
+ * txn — the version transaction (txn.c): one new version of the index taken through its
+ * phases on every replica of every group, for an update (update.c), a reshard move
+ * (reshard_move.c) and a fold of the streamed writes:
+ *
+ *   plan      tsr__txn_plan: the next snapshot and each group's work (upd_plan.h);
+ *   stage     tsr__txn_stage: Stage chunks of newv to every replica not left out;
+ *   prepare   tsr__txn_prepare: Prepare(newv), every group must be ready;
+ *   catch-up  tsr__txn_catch_up: a move's or fold's streamed rounds carried to newv;
+ *   flip      tsr__txn_flip: the coordinator's v(newv) and CURRENT (the commit point,
+ *             fenced by the leader term with --etcd), then the publication;
+ *   commit    tsr__txn_commit: Commit(newv) to every replica (reconcile fixes a miss);
+ *   cleanup   tsr__txn_cleanup: a failure before the flip aborts newv everywhere.
+ *
+ * A tsr__txn is driven by its caller (the planner) on the update thread, which holds
+ * update_mu throughout and the stream lock where the planner says (stream.h). The
+ * operation's progress is written under op_mu (ops.h).
+ * Also the operation helpers the planners share (tsr__op_set, tsr__op_finish) and the
+ * all-replica fan-out with update_min_replicas (tsr__txn_fan).
+ */
+#ifndef TSR_COORD_TXN_H
+#define TSR_COORD_TXN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coord.h"
+
+/* One update between its phases. */
+typedef struct tsr__txn {
+    tsr__coord *c;
+    tsr__op *op;
+    tsr_batch *b;               /* borrowed */
+    tsr__snap *base;            /* ref: the version the update starts from */
+    tsr__upd_plan p;            /* the next snapshot and each group's work */
+    int64_t newv;
+    char *out;                  /* per replica: left out of newv (update_min_replicas) */
+    int staged_any;             /* shards may hold part of newv: a failure aborts it */
+    int fresh;                  /* a reshard's new group (staged on an empty base), or -1 */
+    int catchup;                /* a reshard move: chunk 0 alone under the stream lock with
+                                   capture_delta, the records from chunk 1 without it
+                                   (docs/resharding.md "Writes during a move"); a fold:
+                                   its one chunk with capture_delta */
+    int reshard;                /* a reshard move (its catch-up rebuilds the directory) */
+    size_t ov_mark;             /* a fold: its directory holds the overlay up to this mark
+                                   (tsr__stream_overlay_copy) */
+    const int64_t *next_seqs;   /* after a catch-up: newv's group seqs (p.nshards), which
+                                   its log header and its publication install */
+    int64_t carry_after;        /* a fold: the seq S its slices hold the writes up to */
+    int64_t term;               /* the leader term it began in: it commits only under it */
+} tsr__txn;
+
+/* What tsr__txn_stage sends: every chunk (an update), or a move's chunk 0 alone (no record:
+ * the lists, the template of a fresh group, base_stream_seq, capture_delta) then its
+ * records from chunk 1. */
+enum { TSR__STAGE_ALL, TSR__STAGE_HEAD, TSR__STAGE_REST };
+
+void tsr__op_set(tsr__coord *c, tsr__op *op, int state);
+
+/* Ends the operation; code is the TSR error code of a failure (for the metrics). */
+void tsr__op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, int64_t version,
+                    int code);
+
+/* Fan-out of one packed request per shard group (bufs[s] NULL = skip s) to every replica
+ * of the group. Returns the number of failed replica calls; the first failure's message
+ * goes into err. resps (when set) has one entry per replica (c->nrep). */
+size_t tsr__txn_fan(tsr__coord *c, const char *method, uint8_t **bufs, size_t *lens,
+                    const char *skip, int64_t timeout_ms, const ProtobufCMessageDescriptor *rdesc,
+                    ProtobufCMessage **resps, tsr_error *err);
+
+/* The planning phase (update_plan.c). overlay: the base is the committed version plus the
+ * streamed writes on it (stream lock held); else the committed version alone (a fold with
+ * a catch-up, whose directory gets the overlay at its catch-up). */
+int tsr__txn_plan(tsr__txn *u, int overlay, tsr_error *err);
+
+/* STAGING: the chunks of newv (part: all, or a move's chunk 0 / the rest) to every replica
+ * not left out, one fan-out per round. */
+int tsr__txn_stage(tsr__txn *u, int part, tsr_error *err);
+
+/* PREPARING: every replica not left out must be ready (or be left out, within
+ * update_min_replicas); then the ones left out are aborted. */
+int tsr__txn_prepare(tsr__txn *u, tsr_error *err);
+
+/* The commit point: the coordinator's v(newv) on disk, CURRENT flipped, the snapshot
+ * published. Past a success newv is never aborted. */
+int tsr__txn_flip(tsr__txn *u, tsr_error *err);
+
+/* COMMITTING: Commit(newv) to every replica not left out (one that misses it is fixed by
+ * reconcile), then the delayed Release and the removal of old stored versions (the
+ * previous one stays as a fallback). Nothing here fails the update. */
+void tsr__txn_commit(tsr__txn *u);
+
+/* Cleanup: a failure after staging began aborts newv on every shard (N stays served). */
+void tsr__txn_cleanup(tsr__txn *u, int rc);
+
+/* The catch-up of a fold or a move (stream lock held, after Prepare): the rounds logged
+ * since its chunk 0 (seq0) carried to newv by its plan, the next version's directory
+ * made the served one with every streamed write (a fold: its plan's copy of the served
+ * directory gets the overlay, O(overlay); a move: rebuilt, every id routed by the new
+ * plan), and the groups' last seqs of newv noted for the flip (gseq: the staged ones on
+ * entry, newv's on return; the served version keeps its own until the flip). */
+int tsr__txn_catch_up(tsr__txn *u, int64_t seq0, int64_t off0, int64_t *gseq, tsr_error *err);
+
+
+
+#endif
