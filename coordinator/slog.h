@@ -39,6 +39,13 @@ typedef int (*tsr__slog_fn)(void *ud, const struct Tessera__V1__CoordLogRecord *
                             int64_t offset);
 int tsr__slog_scan(const char *path, int64_t start, tsr__slog_fn fn, void *ud, int64_t *good,
                    char *why, size_t whycap, tsr_error *err);
+/* The same, then the bad tail (why not empty) cut off durably (logged): the log's replay
+ * at start. */
+int tsr__slog_scan_cut(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, char *why,
+                       size_t whycap, tsr_error *err);
+/* Takes back the records after size (a round etcd refused): the file on fd cut back to
+ * size, durably. */
+int tsr__slog_cut(int fd, const char *path, int64_t size, tsr_error *err);
 
 /* ---- stream_ha.c: the coordinator log mirrored in etcd (--etcd; the leader only) ---- */
 /* mirror: rec into etcd (0 without --etcd or when not leading); drop: version's records;

@@ -98,15 +98,32 @@ static int scan_one(void *ud, const uint8_t *p, size_t n, uint64_t off, tsr_erro
     return stop ? TSR_APPLOG_STOP : 0;
 }
 
-int tsr__slog_scan(const char *path, int64_t start, tsr__slog_fn fn, void *ud, int64_t *good,
-                   char *why, size_t whycap, tsr_error *err)
+static int slog_scan(const char *path, int64_t start, unsigned flags, tsr__slog_fn fn,
+                     void *ud, int64_t *good, char *why, size_t whycap, tsr_error *err)
 {
     scan_ctx s = {fn, ud};
     tsr_applog_scan r;
-    int rc = tsr_applog_scan_file(path, start > 0 ? (uint64_t)start : 0, SLOG_MAX_RECORD, 0,
-                                  scan_one, &s, &r, err);
+    int rc = tsr_applog_scan_file(path, start > 0 ? (uint64_t)start : 0, SLOG_MAX_RECORD,
+                                  flags, scan_one, &s, &r, err);
     *good = (int64_t)r.good;
     if (why && whycap)
         snprintf(why, whycap, "%s", r.why);
     return rc;
+}
+
+int tsr__slog_scan(const char *path, int64_t start, tsr__slog_fn fn, void *ud, int64_t *good,
+                   char *why, size_t whycap, tsr_error *err)
+{
+    return slog_scan(path, start, 0, fn, ud, good, why, whycap, err);
+}
+
+int tsr__slog_scan_cut(const char *path, tsr__slog_fn fn, void *ud, int64_t *good, char *why,
+                       size_t whycap, tsr_error *err)
+{
+    return slog_scan(path, 0, TSR_APPLOG_CUT, fn, ud, good, why, whycap, err);
+}
+
+int tsr__slog_cut(int fd, const char *path, int64_t size, tsr_error *err)
+{
+    return tsr_applog_cut_fd(fd, path, size > 0 ? (uint64_t)size : 0, err);
 }

@@ -262,20 +262,15 @@ static int load_log(tsr__coord *c, const tsr__snap *sn, tsr_error *err)
     int64_t good = 0;
     replay rp = {c, sn, 0};
     tsr__slog_path(c->store, sn->version, path, sizeof path);
-    int rc = tsr__slog_scan(path, 0, replay_one, &rp, &good, why, sizeof why, err);
+    int rc = tsr__slog_scan_cut(path, replay_one, &rp, &good, why, sizeof why, err);
     if (rc == TSR_ENOTFOUND) {
         tsr_error_clear(err);
         if ((rc = tsr__stream_write_header(c, sn->version, s->next_label, NULL, 0, err)))
             return rc;
     } else if (rc) {
         return rc;
-    } else if (why[0]) {
-        tsr_warn("%s: %s: the tail after byte %lld is dropped (a round cut by a crash is never "
-                 "acknowledged)", path, why, (long long)good);
-        if (truncate(path, (off_t)good) != 0)
-            return tsr_err(err, TSR_EIO, "%s: cannot cut the torn tail: %s", path,
-                           strerror(errno));
-    }
+    } /* a bad tail (why) was cut and logged by the scan: a round cut by a crash is never
+       * acknowledged */
     if ((rc = tsr__slog_open(c->store, sn->version, &s->log_fd, &s->log_bytes, err)))
         return rc;
     s->log_version = sn->version;

@@ -722,8 +722,9 @@ static void run_round(tsr__coord *c, tsr__sreq **rq, size_t n)
          * until etcd's rounds are read again (stream_ha.c readopt): the local log is cut
          * and closed, and its seq is not reused before etcd says what it holds. */
         doubt = mrc != TSR_ESTATE;
-        if (ftruncate(s->log_fd, (off_t)bytes0) != 0)
-            tsr_warn("%s: cannot cut the round etcd refused: %s", path, strerror(errno));
+        tsr_error cerr = TSR_ERROR_INIT;
+        if (tsr__slog_cut(s->log_fd, path, bytes0, &cerr) != 0)
+            tsr_warn("cannot cut the round etcd refused: %s", cerr.msg);
         s->log_bytes = bytes0;
         close(s->log_fd);
         s->log_fd = -1;

@@ -4,8 +4,8 @@
  * vectors, and the exact sparse dot-product top-k over all the version's datapoints
  * (common/query/sparse's inverted index, built per version).
  *
- * The scan is common/index/ivfpq_search's (tsr_ivfpq_scanner: the kernels and the arithmetic of
- * `tessera index search`): score = base + term + sum_m T[m][code_m] with the per-query
+ * The scan is common/index/ivfpq_scanner's (tsr_ivfpq_scanner: the one scan of lists, which
+ * `tessera index search` loops over too, so the same kernels and arithmetic): score = base + term + sum_m T[m][code_m] with the per-query
  * table T, the list's per-code terms (L2 by_residual, kept in tsr__list) and the base from
  * the coordinator's coarse distance. This is Faiss's IndexIVFPQ::search_preassigned up to
  * float rounding in the last bits (SPEC §1; the Faiss interop bar is met), for the lists
@@ -34,77 +34,19 @@
 #include <string.h>
 
 #include "index/ivfpq_search.h"
+#include "index/pq_code.h"
 #include "core/mem.h"
 #include "shard.h"
 #include "query/sparse.h"
 #include "query/topk.h"
 
-typedef float v4sf __attribute__((vector_size(16))); /* GCC/clang vector extension */
-
-/* Sub-space m of tsr__encode on the transposed sub-centroids: per sub-centroid j the same
- * sum, in the same order (q ascending from 0), as the plain loop, so the same code; four
- * sub-centroids per vector (lanes are independent: no reassociation). */
-static uint32_t encode_sub(const tsr__tmpl *t, size_t m, const float *r)
-{
-    const tsr_pq *pq = &t->ix->pq;
-    size_t ks = pq->ksub, ds = pq->dsub, j = 0;
-    float dist[TSR__ENC_MAX_KSUB];
-    const float *T = t->pq_t + m * ds * ks;
-    for (; j + 4 <= ks; j += 4) {
-        v4sf acc = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (size_t q = 0; q < ds; q++) {
-            v4sf c, rq = {r[q], r[q], r[q], r[q]};
-            memcpy(&c, T + q * ks + j, sizeof c);
-            v4sf df = rq - c;
-            acc += df * df;
-        }
-        memcpy(dist + j, &acc, sizeof acc);
-    }
-    for (; j < ks; j++) {
-        float s = 0.0f;
-        for (size_t q = 0; q < ds; q++) {
-            float df = r[q] - T[q * ks + j];
-            s += df * df;
-        }
-        dist[j] = s;
-    }
-    float best = INFINITY;
-    uint32_t bj = 0;
-    for (j = 0; j < ks; j++)
-        if (dist[j] < best)
-            best = dist[j], bj = (uint32_t)j;
-    return bj;
-}
-
+/* The code of x in list `list` (the residual to the list's centroid when by_residual):
+ * common/index/pq_code's exact one-vector encoder. */
 void tsr__encode(const tsr__tmpl *t, const float *x, int32_t list, uint8_t *code)
 {
     const tsr_ivfpq *ix = t->ix;
-    const tsr_pq *pq = &ix->pq;
     const float *yc = ix->by_residual ? ix->centroids + (size_t)list * (size_t)ix->d : NULL;
-    float r[TSR__ENC_MAX_DSUB];
-    for (size_t m = 0; m < pq->M; m++) {
-        size_t ds = pq->dsub;
-        if (t->pq_t) { /* the residual once: x - yc rounds as in the plain loop below */
-            for (size_t q = 0; q < ds; q++)
-                r[q] = x[m * ds + q] - (yc ? yc[m * ds + q] : 0.0f);
-            tsr_pq_code_put(code, m, pq->nbits, encode_sub(t, m, r));
-            continue;
-        }
-        float best = INFINITY;
-        uint32_t bj = 0;
-        for (size_t j = 0; j < pq->ksub; j++) {
-            const float *c = pq->centroids + (m * pq->ksub + j) * ds;
-            float s = 0;
-            for (size_t q = 0; q < ds; q++) {
-                size_t dim = m * ds + q;
-                float df = x[dim] - (yc ? yc[dim] : 0.0f) - c[q];
-                s += df * df;
-            }
-            if (s < best)
-                best = s, bj = (uint32_t)j;
-        }
-        tsr_pq_code_put(code, m, pq->nbits, bj);
-    }
+    tsr_pq_encoder_encode(t->enc, x, yc, code);
 }
 
 /* The collectors a scan feeds: a plain heap (tag = row) and/or the crowded one. Without

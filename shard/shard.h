@@ -39,6 +39,7 @@
 #include "query/filter.h"
 #include "index/ivfpq.h"
 #include "index/ivfpq_search.h"
+#include "index/pq_code.h"
 #include "store/applog.h"
 #include "store/store.h"
 
@@ -56,12 +57,9 @@ typedef struct tsr__tmpl {
                         tsr_ivfpq_list_table, made on a delta's first write to the list
                         (NULL = not yet); at most TSR__PTAB_CAP bytes in all */
     size_t ptab_bytes;
-    float *pq_t;     /* owned, immutable: the PQ sub-centroids per sub-space transposed,
-                        [m][q][j] (d * ksub floats), for tsr__encode; NULL = not used */
+    tsr_pq_encoder *enc; /* owned, immutable: ix's exact one-vector PQ encoder (tsr__encode) */
 } tsr__tmpl;
 #define TSR__PTAB_CAP ((size_t)64 << 20)
-#define TSR__ENC_MAX_DSUB 256   /* tsr__encode's fast path: dsub and ksub at most these */
-#define TSR__ENC_MAX_KSUB 4096
 
 /* One copy of the codes (docs/shard.md "Memory"): a base list keeps its codes and terms
  * only as fl, the scan blocks (transposed by 64 for the quantized prefilter; codes back in

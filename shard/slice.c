@@ -59,13 +59,10 @@ tsr__tmpl *tsr__tmpl_from_index(tsr_ivfpq *ix, tsr_error *err)
     }
     ix->ntotal = 0;
     const tsr_pq *pq = &ix->pq;
-    if (pq->centroids && pq->dsub <= TSR__ENC_MAX_DSUB && pq->ksub <= TSR__ENC_MAX_KSUB &&
-        (t->pq_t = tsr_try_malloc(pq->M * pq->dsub * pq->ksub, sizeof(float))) != NULL)
-        for (size_t m = 0; m < pq->M; m++)
-            for (size_t j = 0; j < pq->ksub; j++)
-                for (size_t q = 0; q < pq->dsub; q++)
-                    t->pq_t[(m * pq->dsub + q) * pq->ksub + j] =
-                        pq->centroids[(m * pq->ksub + j) * pq->dsub + q];
+    if ((t->enc = tsr_pq_encoder_create(pq, err)) == NULL) {
+        tsr__tmpl_unref(t);
+        return NULL;
+    }
     /* The scanner cache (transposed PQ centroids) now rather than under the first query
      * (a template without quantizers fails later, at its first scan). */
     if (ix->pq.centroids && ix->centroids && tsr_ivfpq_search_prepare(ix, err) != 0) {
@@ -90,7 +87,7 @@ void tsr__tmpl_unref(tsr__tmpl *t)
         for (size_t i = 0; i < t->ix->nlist; i++)
             free(t->ptab[i]);
     free(t->ptab);
-    free(t->pq_t);
+    tsr_pq_encoder_destroy(t->enc);
     tsr_ivfpq_destroy(t->ix);
     free(t);
 }

@@ -1,6 +1,6 @@
 /*
  * ivfpq — lifecycle of the in-memory index and its inverted lists (search lives in
- * ivfpq_search.c, file I/O in faiss_io.c).
+ * ivfpq_search.c over ivfpq_scanner.c, its cache in ivfpq_cache.c, file I/O in faiss_io.c).
  */
 #include "index/ivfpq.h"
 

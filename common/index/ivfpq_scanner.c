@@ -1,10 +1,14 @@
 /*
- * ivfpq_scanner — the scan of lists held by the caller (the shard's): a scanner per thread
- * with the per-query table, and the scan blocks of a list (tsr_ivfpq_flist: the codes and
- * terms transposed by 64 for the quantized prefilter, which the shard keeps as a list's
- * only copy). The arithmetic is the search's (ivfpq_search.c: tsr__build_table,
- * tsr__scan_list, the kernels and their run-time choice), so a list scanned here gives
- * the bits `tessera index search` gives. Semantics in ivfpq_search.h.
+ * ivfpq_scanner — the one scan of a query over inverted lists, as Faiss's
+ * InvertedListScanner: a scanner per thread holds the query, its per-query tables (built
+ * here, tsr__build_table, when a scan first needs them), the quantized table of the
+ * prefilter, and scans one list at a time into the caller's sink (tsr__scan_list, the one
+ * scan loop). Two callers loop over it: the shard (shard/scan.c, over a version's lists,
+ * whose scan blocks tsr_ivfpq_flist are a list's only copy of its codes and terms) and
+ * tsr_ivfpq_search (ivfpq_search.c, over an index's lists, whose scan blocks are views of
+ * the search cache's: tsr__scanner_view). So a list scanned by either gives the same bits.
+ * The kernels are chosen in ivfpq_dispatch.c, the cache is ivfpq_cache.c's. Semantics in
+ * ivfpq_search.h.
  *
  * Thread-safety: a scanner belongs to one thread; a flist is immutable once built and may
  * be scanned by any number of scanners at once.
@@ -18,7 +22,19 @@
 
 #include "core/mem.h"
 
-/* ---- the public scanner (lists held by the caller) --------------------------------- */
+/* The scan blocks of a list (see ivfpq_search.h, tsr_ivfpq_flist_build): a caller's own,
+ * or a view of the search cache's (tsr__scanner_view: bytes 0, the ranks not referenced). */
+struct tsr_ivfpq_flist {
+    size_t n, M, bsz, bytes;
+    tsr__ranks *rk;  /* a reference to the ranks the blocks hold instead of code bytes
+                        (dsub = 1: the index's, so every block list of one quantizer has
+                        them or none has), or NULL */
+    int has_term;
+    float tmax;      /* max |term| of the list (rounding margin; inf if any NaN) */
+    uint8_t *blocks; /* transposed by blocks of TSR__FBLOCK, 64-aligned, zero-padded */
+};
+
+/* ---- the scanner --------------------------------------------------------------------- */
 
 /* The tables of a query are built when a scan first needs them: T for codes in Faiss
  * order, Tr (rank order) for scan blocks that hold ranks (dsub = 1: every block list of
@@ -40,6 +56,8 @@ struct tsr_ivfpq_scanner {
     int sorted;              /* filter4 and rows monotone in rank order (tsr__rows_sorted) */
     int tq_state;            /* for this query: 0 not yet, 1 Tq (and Tg), 2 only Tg, -1 none */
     float qmin, delta, tabs;
+    struct tsr__pfcur *pf;   /* the prefetch cursor of the filtered scans, or NULL */
+    struct tsr_ivfpq_flist *view; /* tsr__scanner_view's (search cache) list */
 };
 
 static const float *table_T(tsr_ivfpq_scanner *s)
@@ -95,6 +113,8 @@ tsr_ivfpq_scanner *tsr_ivfpq_scanner_create(const tsr_ivfpq *ix, enum tsr_simd s
         (s->Tg = tsr_try_aligned(ix->pq.M * 64, 1)) == NULL)
         goto oom;
     s->sorted = s->filter4 != NULL && tsr__rows_sorted(ix);
+    if ((s->view = calloc(1, sizeof *s->view)) == NULL)
+        goto oom;
     return s;
 oom:
     tsr_ivfpq_scanner_destroy(s);
@@ -113,6 +133,7 @@ void tsr_ivfpq_scanner_destroy(tsr_ivfpq_scanner *s)
     free(s->dis);
     free(s->Tq);
     free(s->Tg);
+    free(s->view);
     free(s);
 }
 
@@ -121,6 +142,7 @@ void tsr_ivfpq_scanner_set_query(tsr_ivfpq_scanner *s, const float *x)
     memcpy(s->x, x, (size_t)s->ix->d * sizeof(float));
     s->have_T = s->have_Tr = 0;
     s->tq_state = 0;
+    s->pf = NULL;
 }
 
 float tsr_ivfpq_scanner_base(const tsr_ivfpq_scanner *s, float coarse_dis)
@@ -140,15 +162,6 @@ float tsr_ivfpq_scanner_scan(tsr_ivfpq_scanner *s, const uint8_t *codes, size_t 
 
 /* ---- the prefilter of a list held by the caller ------------------------------------- */
 
-struct tsr_ivfpq_flist {
-    size_t n, M, bsz, bytes;
-    tsr__ranks *rk;  /* a reference to the ranks the blocks hold instead of code bytes
-                        (dsub = 1: the index's, so every block list of one quantizer has
-                        them or none has), or NULL */
-    int has_term;
-    float tmax;      /* max |term| of the list (rounding margin; inf if any NaN) */
-    uint8_t *blocks; /* transposed by blocks of TSR__FBLOCK, 64-aligned, zero-padded */
-};
 
 int tsr_ivfpq_flist_build(const tsr_ivfpq *ix, const uint8_t *codes, size_t n,
                           const float *term, tsr_ivfpq_flist **out, tsr_error *err)
@@ -224,18 +237,45 @@ static int scanner_filt(tsr_ivfpq_scanner *s, const tsr_ivfpq_flist *fl, float b
         if (s->tq_state == 1 && s->filter4 != NULL)
             tsr__group_table(s->filter4, s->Tq, pq->M, s->Tg);
     }
-    /* The rounding margin as in ivfpq_search.c search_one, with the list's own max |term|. */
+    /* The rounding margin, with the list's max |term| (the cache's max for its views). */
     float margin = (fabsf(base) + fl->tmax + 2.0f * s->tabs) * (1.0f / 4096.0f);
     if (s->tq_state < 1 || !(margin < INFINITY))
         return 0;
     *f = (tsr__filt){fn, fn == s->filter4 ? s->Tg : s->Tq, fl->blocks, fl->bsz, s->qmin,
-                     s->delta, margin, NULL};
+                     s->delta, margin, s->pf};
     return 1;
 }
 
 size_t tsr_ivfpq_flist_size(const tsr_ivfpq_flist *f)
 {
     return f ? f->n : 0;
+}
+
+/* ---- the search cache's blocks as scan blocks (tsr_ivfpq_search's lists) ------------- */
+
+const tsr_ivfpq_flist *tsr__scanner_view(tsr_ivfpq_scanner *s, size_t list)
+{
+    const tsr__search_cache *c = s->cache;
+    if (c->tcodes == NULL)
+        return NULL;
+    int has_term = c->term != NULL;
+    *s->view = (struct tsr_ivfpq_flist){
+        .n = c->sizes[list], .M = s->ix->pq.M, .bsz = tsr__fblock_size(s->ix->pq.M, has_term),
+        .rk = c->rk, .has_term = has_term, .tmax = c->tmax,
+        .blocks = c->tcodes + c->toffsets[list]};
+    return s->view;
+}
+
+void tsr__scanner_prefetch(tsr_ivfpq_scanner *s, struct tsr__pfcur *pf, const int64_t *lists,
+                           size_t np)
+{
+    const tsr__search_cache *c = s->cache;
+    if (c->tcodes == NULL || s->filter == NULL)
+        return;
+    *pf = (struct tsr__pfcur){c, lists, np, 0, NULL, 0,
+                              tsr__fblock_size(s->ix->pq.M, c->term != NULL)};
+    tsr__pf_run(pf, TSR__PF_LEAD);
+    s->pf = pf;
 }
 
 /* Code i of f (Faiss order, f->M bytes) into out. */
@@ -313,3 +353,171 @@ float tsr_ivfpq_scanner_scan_filtered(tsr_ivfpq_scanner *s, const uint8_t *codes
     return tsr__scan_list(pq, s->scan8, table_T(s), s->dis, codes, n, term, base, NULL, thr,
                           sink, ctx);
 }
+
+/* ---- the per-query table and the scan of one list ------------------------------------ */
+
+/* The per-query table, "smaller is better" (see the file comment), from the transposed
+ * centroids so that the inner loop runs over j with unit stride in 4-wide vectors. Each
+ * entry is summed over t in order, as the straightforward per-entry dot product. The
+ * metric's scale (-1 for IP, -2 for the L2 residual form) is a power of two, so it is
+ * folded into x_t: (s x_t) c = s (x_t c) and the sums scale exactly, which saves a
+ * second pass over the 64 KB table (it was half of the table time). */
+typedef float v4sf __attribute__((vector_size(16)));
+
+void tsr__build_table(const tsr_ivfpq *ix, const float *ct, const float *x, float *T, int wide)
+{
+    const tsr_pq *pq = &ix->pq;
+    const size_t ksub = pq->ksub, dsub = pq->dsub;
+    const int mode = ix->metric == TSR_METRIC_IP ? 0 : ix->by_residual ? 1 : 2;
+    const float scale = mode == 0 ? -1.0f : -2.0f;
+    /* wide: the AVX-512 form (same bits; ~3x faster, a twentieth of a query at nprobe 1) */
+    if (wide && mode != 2 && ksub % 16 == 0) {
+        tsr__table_avx512(ct, x, pq->M, dsub, ksub, scale, T);
+        return;
+    }
+    const size_t k4 = ksub & ~(size_t)3; /* ksub < 4 only for nbits = 1 */
+    for (size_t m = 0; m < pq->M; m++) {
+        const float *xm = x + m * dsub;
+        const float *cm = ct + m * dsub * ksub;
+        float *tab = T + m * ksub;
+        if (mode == 2) { /* sum_t (x_t - c_t)^2 */
+            for (size_t t = 0; t < dsub; t++) {
+                const float *c = cm + t * ksub;
+                const float xt = xm[t];
+                for (size_t j = 0; j < k4; j += 4) {
+                    v4sf cv, tv;
+                    memcpy(&cv, c + j, sizeof cv);
+                    v4sf dl = xt - cv;
+                    if (t == 0) {
+                        tv = dl * dl;
+                    } else {
+                        memcpy(&tv, tab + j, sizeof tv);
+                        tv += dl * dl;
+                    }
+                    memcpy(tab + j, &tv, sizeof tv);
+                }
+                for (size_t j = k4; j < ksub; j++)
+                    tab[j] = (t == 0 ? 0.0f : tab[j]) + (xt - c[j]) * (xt - c[j]);
+            }
+            continue;
+        }
+        /* t = 0 initializes, later t accumulate (separate loops: no branch inside) */
+        {
+            const float xt = scale * xm[0];
+            for (size_t j = 0; j < k4; j += 4) {
+                v4sf cv;
+                memcpy(&cv, cm + j, sizeof cv);
+                v4sf tv = xt * cv;
+                memcpy(tab + j, &tv, sizeof tv);
+            }
+            for (size_t j = k4; j < ksub; j++)
+                tab[j] = xt * cm[j];
+        }
+        for (size_t t = 1; t < dsub; t++) {
+            const float *c = cm + t * ksub;
+            const float xt = scale * xm[t];
+            for (size_t j = 0; j < k4; j += 4) {
+                v4sf cv, tv;
+                memcpy(&cv, c + j, sizeof cv);
+                memcpy(&tv, tab + j, sizeof tv);
+                tv += xt * cv;
+                memcpy(tab + j, &tv, sizeof tv);
+            }
+            for (size_t j = k4; j < ksub; j++)
+                tab[j] += xt * c[j];
+        }
+    }
+}
+
+void tsr__pf_run(struct tsr__pfcur *c, size_t bytes)
+{
+    while (bytes > 0) {
+        if (c->left == 0) {
+            if (c->p >= c->np)
+                return;
+            int64_t l = c->lists[c->p++];
+            if (l < 0 || (size_t)l >= c->ca->nlist)
+                continue;
+            c->at = c->ca->tcodes + c->ca->toffsets[l];
+            c->left = (c->ca->sizes[l] + TSR__FBLOCK - 1) / TSR__FBLOCK * c->bsz;
+            continue;
+        }
+        size_t take = bytes < c->left ? bytes : c->left;
+        for (size_t o = 0; o < take; o += 64)
+            __builtin_prefetch(c->at + o);
+        c->at += take;
+        c->left -= take;
+        bytes -= take;
+    }
+}
+
+/* The scan of one list: block distances by the kernel, then only the codes that could
+ * enter (score <= thr) go to the sink, which returns the new threshold. The one scan
+ * loop of every search. */
+float tsr__scan_list(const tsr_pq *pq, tsr__scan8_fn scan8, const float *T, float *dis,
+                     const uint8_t *codes, size_t n, const float *term, float base,
+                     const tsr__filt *f, float thr, tsr__sink_fn sink, void *ctx)
+{
+    if (f != NULL) {
+        /* Block by block of TSR__FBLOCK codes: the bound for all, the exact distance only
+         * for the codes whose bound is within the margin of the heap top (a fraction of
+         * a percent on the bench data from the second list on). A code the filter drops
+         * has a distance > thr, so it could not have entered, and thr only decreases:
+         * the sink sees the same candidates in the same order as without the filter. */
+        const size_t bsz = f->bsz;
+        for (size_t b = 0; b < n; b += TSR__FBLOCK) {
+            size_t nb = n - b < TSR__FBLOCK ? n - b : TSR__FBLOCK;
+            const uint8_t *blk = f->blocks + b / TSR__FBLOCK * bsz;
+            const float *tb = term ? (const float *)(const void *)(blk + pq->M * TSR__FBLOCK)
+                                   : NULL;
+            if (f->pf != NULL)
+                tsr__pf_run(f->pf, bsz);
+            uint64_t mask = thr < INFINITY
+                                ? f->fn(f->Tq, pq->M, blk, nb, tb, base, f->qmin, f->delta,
+                                        thr + f->margin, NULL)
+                                : (nb == 64 ? ~(uint64_t)0 : ((uint64_t)1 << nb) - 1);
+            while (mask) {
+                size_t i = (size_t)__builtin_ctzll(mask);
+                mask &= mask - 1;
+                float d = (base + (tb ? tb[i] : 0.0f)) +
+                          tsr__filter8_exact(T, pq->M, blk, i);
+                if (d <= thr)
+                    thr = sink(ctx, b + i, d);
+            }
+        }
+        return thr;
+    }
+    for (size_t b = 0; b < n; b += TSR__SCAN_BLOCK) {
+        size_t nb = n - b < TSR__SCAN_BLOCK ? n - b : TSR__SCAN_BLOCK;
+        const uint8_t *cb = codes + b * pq->code_size;
+        const float *tb = term ? term + b : NULL;
+        if (pq->nbits == 8)
+            scan8(T, pq->M, cb, nb, tb, base, dis);
+        else
+            tsr__scan_generic(T, pq, cb, nb, tb, base, dis);
+        for (size_t i = 0; i < nb; i++)
+            if (dis[i] <= thr)
+                thr = sink(ctx, b + i, dis[i]);
+    }
+    return thr;
+}
+
+
+int tsr__ivfpq_check_index(const tsr_ivfpq *ix, size_t k, tsr_error *err)
+{
+    const tsr_pq *pq = &ix->pq;
+    if (ix->d <= 0 || pq->d != (size_t)ix->d || pq->M == 0 || pq->centroids == NULL ||
+        ix->centroids == NULL || ix->lists == NULL || ix->code_size != pq->code_size)
+        return tsr_err(err, TSR_EINVAL, "search: index is not a trained IVFPQ (d=%d, pq d=%zu,"
+                       " code_size=%zu, pq code_size=%zu)", ix->d, pq->d, ix->code_size,
+                       pq->code_size);
+    if (ix->metric != TSR_METRIC_L2 && ix->metric != TSR_METRIC_IP)
+        return tsr_err(err, TSR_EUNSUPPORTED, "search: metric %d", (int)ix->metric);
+    if (ix->is_refine && (ix->refine_pq.d != (size_t)ix->d || ix->refine_pq.centroids == NULL))
+        return tsr_err(err, TSR_EINVAL, "search: IwQR refine PQ has d=%zu, index d=%d",
+                       ix->refine_pq.d, ix->d);
+    if (k > ((size_t)1 << 30))
+        return tsr_err(err, TSR_EINVAL, "search: k=%zu is too large", k);
+    return 0;
+}
+

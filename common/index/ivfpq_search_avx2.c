@@ -1,6 +1,6 @@
 /*
  * ivfpq_search_avx2 — the AVX2 kernels (compiled with -mavx2 -mfma; called only when the
- * CPU has AVX2, see ivfpq_search.c): the 8-bit ADC scan with gathers, 8 codes at a time,
+ * CPU has AVX2, see ivfpq_dispatch.c): the 8-bit ADC scan with gathers, 8 codes at a time,
  * and the quantized prefilter with VPSHUFB for CPUs without AVX-512 VBMI (below).
  *
  * For 8 codes and 4 sub-quantizers at once, one dword gather fetches the 4 code bytes

@@ -11,8 +11,14 @@
  *                           tsr__quantize_table_avx512
  *                           (AVX-512 flags; its tail is the scalar kernel)
  *   ivfpq_nibble.c          the nibble stage's ranks, group table and scalar kernel
- *   ivfpq_search.c          the search, the cache and the run-time choice of a kernel
- *   ivfpq_scanner.c         the scanner and the scan blocks of lists held by the caller
+ *   ivfpq_dispatch.c        the run-time choice of a kernel (and its env knobs)
+ *   ivfpq_cache.c           the search cache (terms, transposed centroids, scan blocks)
+ *   ivfpq_scanner.c         the scanner: per-query tables, the one scan loop
+ *                           (tsr__scan_list), the scan blocks of lists held by the caller
+ *   ivfpq_search.c          tsr_ivfpq_search: the coarse step, then per query a loop over
+ *                           the probed lists with the scanner into a heap; IwQR; threads
+ * A search reads: ivfpq_search.c -> ivfpq_scanner.c -> the kernels; the scanner's setup
+ * asks ivfpq_dispatch.c (which kernel) and ivfpq_cache.c (the cache) once per scanner.
  * Every kernel of one kind returns bit-identical results: the SIMD forms follow the
  * summation order of the scalar form (see tsr__scan8_scalar), so the choice of kernel
  * changes speed only.
@@ -170,7 +176,7 @@ static inline int tsr__bound_keep(float base, const float *term, size_t i, float
 }
 
 /* The filter kernel a search or scanner asked for `asked` uses (NULL = the plain scan), as
- * ivfpq_search.c chooses it at run time: TSR_SEARCH_FILTER=0 none, =scalar the scalar
+ * ivfpq_dispatch.c chooses it at run time: TSR_SEARCH_FILTER=0 none, =scalar the scalar
  * kernel; else none for a forced scalar path (asked or TSR_SIMD=scalar), the AVX2 kernel
  * for a forced AVX2 path or a CPU with AVX2 but not VBMI, the VBMI kernel otherwise. */
 tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked);
@@ -233,13 +239,26 @@ int tsr__quantize_table_avx512(const float *T, size_t M, uint8_t *Tq, float *qmi
                                float *delta, float *tabs);
 
 /* ---- the per-query table ---------------------------------------------------------------
- * The table for IP and L2 by_residual (see tsr__build_table in ivfpq_search.c), bit-identical
+ * The table for IP and L2 by_residual (see tsr__build_table in ivfpq_scanner.c), bit-identical
  * to the generic code; ksub % 16 == 0, AVX-512F. */
 void tsr__table_avx512(const float *ct, const float *x, size_t M, size_t dsub, size_t ksub,
                        float scale, float *T);
 
-/* ---- what ivfpq_search.c shares with ivfpq_scanner.c (the scanner of lists held by the
- * caller: the shard's) ------------------------------------------------------------------ */
+/* ---- what the search (ivfpq_search.c), the scanner (ivfpq_scanner.c), the search cache
+ * (ivfpq_cache.c) and the kernel choice (ivfpq_dispatch.c) share ------------------------ */
+
+/* TSR_SEARCH_FILTER: 0 = no prefilter ("0"), 1 = the scalar kernel ("scalar", tests),
+ * 2 = the AVX-512 VBMI kernel where the CPU has it, 3 = else the AVX2 one, else 0. */
+int tsr__filter_env(void);
+
+/* sum_i a_i b_i in i order (the search's, and the cache's terms, summation order). */
+static inline float tsr__dot(const float *a, const float *b, size_t n)
+{
+    float s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
 
 /* The search cache of an index (derived data, built once on first use under a lock and
  * published with an atomic pointer; read-only afterwards; freed with the index or by
@@ -285,6 +304,32 @@ void tsr__transpose_list(const uint8_t *codes, const float *term, size_t n, size
 
 #define TSR__SCAN_BLOCK 256 /* distances computed per kernel call */
 
+/* A prefetch cursor that runs ahead of the prefilter through the search cache's blocks of
+ * the probed lists, across list boundaries (a list is ~16 KB at M = 64: the hardware
+ * prefetcher does not cross into the next one, and random 16 KB chunks read at about a
+ * third of the sequential bandwidth). tsr__pf_run prefetches the next `bytes`. */
+typedef struct tsr__pfcur {
+    const tsr__search_cache *ca;
+    const int64_t *lists;
+    size_t np, p;          /* next probe to enter */
+    const uint8_t *at;     /* next line to prefetch ... */
+    size_t left;           /* ... and bytes left of the current list */
+    size_t bsz;
+} tsr__pfcur;
+#ifndef TSR__PF_LEAD
+#define TSR__PF_LEAD 16384 /* bytes the prefetch cursor runs ahead of the prefilter */
+#endif
+void tsr__pf_run(tsr__pfcur *c, size_t bytes);
+
+/* The scanner over an index's own lists (tsr_ivfpq_search): list `list` of the scanner's
+ * index as scan blocks, a view of the search cache's (valid until the next call; NULL when
+ * the cache has no blocks: no prefilter kernel); and, for one query, the prefetch cursor
+ * of its np probed lists (pf: the caller's, live until the next set_query; nothing when
+ * the scanner has no prefilter). */
+const tsr_ivfpq_flist *tsr__scanner_view(tsr_ivfpq_scanner *s, size_t list);
+void tsr__scanner_prefetch(tsr_ivfpq_scanner *s, tsr__pfcur *pf, const int64_t *lists,
+                           size_t np);
+
 /* A sink gets the position and the score of a code that could enter, and returns the new
  * threshold (which never increases). */
 typedef float (*tsr__sink_fn)(void *ctx, size_t i, float score);
@@ -292,7 +337,6 @@ typedef float (*tsr__sink_fn)(void *ctx, size_t i, float score);
 /* The prefilter for one list: the kernel, the quantized table (or the nibble stage's
  * group table), the list's transposed blocks and their size, the table's offset and step,
  * the rounding margin and the prefetch cursor (NULL = none). */
-struct tsr__pfcur;
 typedef struct tsr__filt {
     tsr__filter8_fn fn;
     const uint8_t *Tq;

@@ -2,7 +2,7 @@
  * ivfpq_search_scalar — the scalar reference kernels of the IVFPQ search: the 8-bit ADC
  * scan, the scan for any nbits, the quantized prefilter and the quantizer of its table
  * (contracts in ivfpq_search_int.h). Compiled without SIMD flags, so it runs on any
- * x86-64 (or other) CPU; ivfpq_search.c chooses between these and the SIMD forms
+ * x86-64 (or other) CPU; ivfpq_dispatch.c chooses between these and the SIMD forms
  * (ivfpq_search_avx2.c, ivfpq_search_avx512.c) at run time, and the SIMD forms hand
  * their tails (fewer codes than a vector) to tsr__scan8_scalar. The summation order
  * written here is the contract that makes every kernel bit-identical.

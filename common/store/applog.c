@@ -137,6 +137,13 @@ int tsr_applog_append(tsr_applog *l, const void *p, size_t n, unsigned flags, ts
     return tsr_applog_append_fd(l->fd, l->path, &l->size, l->max_record, p, n, flags, err);
 }
 
+int tsr_applog_cut_fd(int fd, const char *path, uint64_t size, tsr_error *err)
+{
+    if (ftruncate(fd, (off_t)size) != 0)
+        return io_err(err, path, "ftruncate");
+    return tsr_file_fsync(fd, path, err);
+}
+
 int tsr_applog_sync_fd(int fd, const char *path, tsr_error *err)
 {
     while (fdatasync(fd) != 0) {
@@ -249,9 +256,7 @@ static int cut_tail(scan *s, tsr_error *err)
     tsr_applog_scan *r = s->res;
     tsr_warn("%s: %s: dropping the tail (%llu bytes of %llu)", s->path, r->why,
              (unsigned long long)(r->size - r->good), (unsigned long long)r->size);
-    if (ftruncate(s->fd, (off_t)r->good) != 0)
-        return io_err(err, s->path, "ftruncate");
-    return tsr_file_fsync(s->fd, s->path, err);
+    return tsr_applog_cut_fd(s->fd, s->path, r->good, err);
 }
 
 /* The record loop: fn for each good record from res->good on. */

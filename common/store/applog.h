@@ -66,6 +66,9 @@ int tsr_applog_append(tsr_applog *l, const void *p, size_t n, unsigned flags, ts
 /* The same on a caller's fd: path names it in messages, *size is its size (grows). */
 int tsr_applog_append_fd(int fd, const char *path, uint64_t *size, uint32_t max_record,
                          const void *p, size_t n, unsigned flags, tsr_error *err);
+/* Cuts the log on fd back to size bytes (a record boundary the caller knows: a round it
+ * must take back), durably (ftruncate + fsync). TSR_EIO naming path. */
+int tsr_applog_cut_fd(int fd, const char *path, uint64_t size, tsr_error *err);
 /* fdatasync (enough for an append: the size is metadata needed to read the data). */
 int tsr_applog_sync(tsr_applog *l, tsr_error *err);
 int tsr_applog_sync_fd(int fd, const char *path, tsr_error *err);

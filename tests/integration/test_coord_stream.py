@@ -187,7 +187,7 @@ def check_restart(cl, tp, model):
         f.write(b"x")
     cl.start()
     text = cl.coord.text()
-    assert "is dropped" in text, text
+    assert "dropping the tail" in text, text
     assert sorted(os.listdir(logs)) == ["v000001.log"], os.listdir(logs)
     model.update(last)
     for i, v in last.items():
