@@ -1,8 +1,8 @@
 /*
  * ivfpq_dispatch — the run-time choice of the search's kernels: the plain 8-bit scan kernel
  * (scalar, AVX2, AVX-512; the automatic choice measured once per process), the quantized
- * prefilter's kernel and its group stage, the AVX-512 table, and the env knobs that force
- * them (TSR_SIMD, TSR_SEARCH_FILTER, TSR_SEARCH_NIBBLE; see ivfpq_search.h). All choices
+ * prefilter's kernel and its group stage, the AVX-512 table, and the A/B knobs of test
+ * builds that force them (TSR_SIMD, TSR_SEARCH_FILTER, TSR_SEARCH_NIBBLE; core/testing.h). All choices
  * give the same bits: they change speed only. Used by the scanner (ivfpq_scanner.c) and
  * the search cache (ivfpq_cache.c: the prefilter's blocks are built where a kernel will
  * read them).
