@@ -29,6 +29,10 @@ int tsr_cmd_health(int argc, char **argv);
 int tsr_cmd_shards_add(int argc, char **argv);    /* cmd_shards.c (docs/resharding.md) */
 int tsr_cmd_shards_remove(int argc, char **argv);
 int tsr_cmd_cluster_up(int argc, char **argv);
+/* `tessera __cluster-child PPID EXE ARGS...`: how cluster up runs its etcd members (own
+ * process group, killed with the supervisor; cmd_cluster.c). Not a user command. */
+#define TSR_CLUSTER_CHILD_CMD "__cluster-child"
+int tsr_cluster_exec_child(int argc, char **argv);
 
 /* Writes a JSON batch report and a newline to path (created or truncated, fsynced), as
  * `batch inspect --report` and `update --report` do; on failure prints
@@ -69,6 +73,44 @@ long tsr_cluster_log_size(const char *path);
 void tsr_cluster_print_log_tail(FILE *f, const char *prefix, const char *path, long off,
                                 int nlines);
 
+/* cluster_config.c: the coordinator config of `tessera cluster up`. The flags that write
+ * it; 0 / NULL = not given (the ones given must agree with a kept or --config file). */
+typedef struct tsr_cluster_flags {
+    int port, shards, port_given, shards_given;
+    int dims, nlist, pq_m, nprobe;
+    const char *distance;
+} tsr_cluster_flags;
+/* Sets port_given / shards_given and the defaults of port (7000) and shards (4). */
+void tsr_cluster_flags_defaults(tsr_cluster_flags *f);
+/* Creates DIR and DIR/logs and names the config in cfg: --config, or DIR/coordinator.json
+ * (written from the flags when absent). A kept DIR/coordinator.json must name the shards
+ * 127.0.0.1:P+1..P+S; every index flag given must agree with the config. 0, or 1 after
+ * saying which flag contradicts what and what to do. */
+int tsr_cluster_prepare_config(const char *data, const char *config, char *cfg, size_t cfglen,
+                               const tsr_cluster_flags *f);
+/* The absolute path of DIR/peer-token in path: made (random, mode 0600) when absent; one
+ * kept from an earlier run must be the caller's regular file with mode 0600. 0, or 1
+ * after saying why not. */
+int tsr_cluster_peer_token(const char *data, char *path, size_t cap);
+/* A DIR holding etcd members' data (DIR/etcd-0..M-1) must run with --etcd-local M, and
+ * one whose coordinator served without etcd (DIR/coordinator) without it. 0, or 1 after
+ * saying which. */
+int tsr_cluster_check_layout(const char *data, int netcd);
+
+/* cluster_groups.c: shard groups added to a running `cluster up` (see the file comment). */
+enum { TSR_CLUSTER_MAX_GROUPS = 32 };
+typedef struct tsr_cluster_group {
+    char name[32]; /* "shard-N": its data is DIR/shard-N */
+    int port;      /* 127.0.0.1:port */
+} tsr_cluster_group;
+/* Reads DIR/groups.json into g[0..cap): the count (0 when the file is absent), or -1 after
+ * saying what is wrong with it. */
+int tsr_cluster_groups_read(const char *data, tsr_cluster_group *g, int cap);
+/* Writes DIR/cluster-up.json: this process (the supervisor), the coordinator's port, the
+ * config's shard count and the first port past the cluster's layout. 0 or -1 (said). */
+int tsr_cluster_state_write(const char *data, int port, int shards, int next_port);
+int tsr_cmd_cluster_add_group(int argc, char **argv);
+
 /* ---- cmd_online.c and targets.c: what every online command (query, update, read, stats, health,
  * upsert, remove) shares ---- */
 #include "core/cmdline.h"
@@ -85,7 +127,10 @@ typedef struct tsr_cli_tls {
         {"--tls-key", TSR_CMDLINE_STR, &(t).key, 0, 0, 0},                                \
         {"--tls-server-name", TSR_CMDLINE_STR, &(t).name, 0, 0, 0},                       \
         {"--token-file", TSR_CMDLINE_STR, &(t).token_file, 0, 0, 0}
+/* The port of a --target that names none ("localhost"), as `cluster up`'s --port. */
+#define TSR_CLI_DEFAULT_PORT 7000
 #define TSR_CLI_TLS_USAGE                                                                          \
+    "  --target HOST          without :PORT means HOST:7000 (cluster up's default port)\n"  \
     "  --target A,B,...       several coordinators of one index: a call that fails with\n"  \
     "                         UNAVAILABLE or DEADLINE_EXCEEDED is tried on the next; a write\n" \
     "                         goes to the leader a follower names (docs/ha.md)\n"              \

@@ -14,7 +14,9 @@
  * served ends the run with status 1 and the tail of its log (a bind error, a data
  * directory in use, a bad config: restarting would loop forever). A process that served
  * once and then exits is restarted with a short backoff (so a crash loop does not spin).
- * On SIGINT or SIGTERM every child gets SIGTERM (SIGKILL after a grace period).
+ * On SIGINT or SIGTERM every child gets SIGTERM (SIGKILL after a grace period). Shard
+ * groups added with `tessera cluster add-group` (DIR/groups.json, cluster_groups.c) start
+ * with the shards; one added while it runs is started within GROUPS_POLL_MS.
  *
  * DESIGN: everything runs on the one libuv loop thread (process handles, timers, signal
  * handles; the start-up health checks are short blocking calls on that thread, each with
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -46,7 +49,8 @@ enum {
     STOP_GRACE_MS = 5000,
     HEALTH_POLL_MS = 200,   /* start-up: how often a starting process is asked */
     HEALTH_CALL_MS = 500,   /* deadline of one Health/Check */
-    TAIL_LINES = 12         /* lines of a failed process's log printed */
+    TAIL_LINES = 12,        /* lines of a failed process's log printed */
+    GROUPS_POLL_MS = 500    /* how often DIR/groups.json is looked at once started */
 };
 
 typedef struct child {
@@ -63,13 +67,14 @@ typedef struct child {
     int healthy;        /* answered SERVING once: from then on an exit means a restart */
     int launched;       /* start_child was called once */
     int restarts;
+    int term_sent;      /* stopping: SIGTERM was sent */
     uint64_t started_ms;
 } child;
 
 typedef struct supervisor {
     uv_loop_t *loop;
     /* etcd members 0..netcd-1, then the shards, then the coordinators from first_coord */
-    child kids[MAX_ETCD + MAX_SHARDS + MAX_COORDS];
+    child kids[MAX_ETCD + MAX_SHARDS + TSR_CLUSTER_MAX_GROUPS + MAX_COORDS];
     int nkids, nshards, netcd, ncoords, first_coord;
     int stopping;
     int starting;       /* 1 until every process answered SERVING once */
@@ -79,12 +84,17 @@ typedef struct supervisor {
     tsr_rpc_client_opts health_opts, plain_opts;
     const char *cfg, *data, *mlisten, *tls_mode;
     uv_signal_t sigint, sigterm;
-    uv_timer_t kill_timer, health_timer;
+    uv_timer_t kill_timer, health_timer, groups_timer;
+    const struct cluster_plan *plan; /* for the groups added while it runs */
+    int metric_shards;               /* shards with a metrics port: the config's */
+    struct timespec groups_mtime;    /* DIR/groups.json as last read */
+    ino_t groups_ino;
 } supervisor;
 
 static supervisor sup;
 
 static void start_child(child *c);
+static void on_groups_timer(uv_timer_t *t);
 
 static void on_restart_timer(uv_timer_t *t)
 {
@@ -97,30 +107,59 @@ static void on_kill_timer(uv_timer_t *t)
 {
     (void)t;
     for (int i = 0; i < sup.nkids; i++)
-        if (sup.kids[i].running) {
-            fprintf(stderr, PROG ": %s did not stop in %d ms; killing\n", sup.kids[i].name,
-                    STOP_GRACE_MS);
+        if (sup.kids[i].running && sup.kids[i].term_sent) {
+            fprintf(stderr, PROG ": %s did not stop within %d ms of SIGTERM; killing it "
+                            "(SIGKILL; its log: %s)\n", sup.kids[i].name, STOP_GRACE_MS,
+                    sup.kids[i].log_path);
             uv_process_kill(&sup.kids[i].proc, SIGKILL);
         }
 }
 
-/* Stops every child (SIGTERM, SIGKILL after STOP_GRACE_MS); the loop ends when the last
- * one exited. */
+/* SIGTERM to what may stop now, each given STOP_GRACE_MS (then SIGKILL): first the
+ * shards and coordinators (the coordinators use etcd until they exit), then the etcd
+ * members one at a time. An etcd leader on SIGTERM hands its leadership to a live member
+ * first; members stopped all at once left the last leader handing over to a stopped one
+ * and then in elections without a quorum until the grace period killed it. One at a
+ * time, each hand-over finds its successor alive and the last member has no peer left to
+ * wait for. */
+static void stop_next(void)
+{
+    int others = 0, sent = 0;
+    for (int i = sup.netcd; i < sup.nkids; i++) {
+        child *c = &sup.kids[i];
+        if (c->running && !c->term_sent) {
+            uv_process_kill(&c->proc, SIGTERM);
+            c->term_sent = sent = 1;
+        }
+        others += c->running;
+    }
+    for (int j = 0; j < sup.netcd && !others && !sent; j++) {
+        child *c = &sup.kids[j];
+        if (c->running && c->term_sent)
+            return; /* wait for it */
+        if (c->running) {
+            uv_process_kill(&c->proc, SIGTERM);
+            c->term_sent = sent = 1;
+        }
+    }
+    if (sent)
+        uv_timer_start(&sup.kill_timer, on_kill_timer, STOP_GRACE_MS, 0);
+}
+
+/* Stops every child (stop_next); the loop ends when the last one exited. */
 static void stop_all(void)
 {
     if (sup.stopping)
         return;
     sup.stopping = 1;
     uv_timer_stop(&sup.health_timer);
-    for (int i = 0; i < sup.nkids; i++) {
+    uv_timer_stop(&sup.groups_timer);
+    for (int i = 0; i < sup.nkids; i++)
         uv_timer_stop(&sup.kids[i].restart_timer);
-        if (sup.kids[i].running)
-            uv_process_kill(&sup.kids[i].proc, SIGTERM);
-    }
     if (sup.alive == 0)
         uv_stop(sup.loop);
     else
-        uv_timer_start(&sup.kill_timer, on_kill_timer, STOP_GRACE_MS, 0);
+        stop_next();
 }
 
 /* The cluster cannot start: say why (with what the process itself logged), stop the
@@ -140,8 +179,33 @@ static void start_failed(child *c, const char *fmt, ...)
     stop_all();
 }
 
+/* "exited with status N" or "was killed by signal 9 (SIGKILL)", for the restart and
+ * start-failure lines (libuv reports both numbers; only one of them means something). */
+static const char *describe_exit(char *buf, size_t cap, int64_t status, int sig)
+{
+    static const struct { int sig; const char *name; } names[] = {
+        {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+        {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},   {SIGKILL, "SIGKILL"},
+        {SIGSEGV, "SIGSEGV"}, {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"},
+        {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"}};
+    if (sig == 0) {
+        snprintf(buf, cap, "exited with status %lld", (long long)status);
+        return buf;
+    }
+    const char *name = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].sig == sig)
+            name = names[i].name;
+    if (name)
+        snprintf(buf, cap, "was killed by signal %d (%s)", sig, name);
+    else
+        snprintf(buf, cap, "was killed by signal %d", sig);
+    return buf;
+}
+
 static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
 {
+    char how[64];
     child *c = p->data;
     c->running = 0;
     sup.alive--;
@@ -151,19 +215,21 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
         if (sup.alive == 0) {
             uv_timer_stop(&sup.kill_timer);
             uv_stop(sup.loop);
+        } else {
+            stop_next();
         }
         return;
     }
     if (!c->healthy) { /* bind error, data directory in use, bad config: no restart loop */
-        start_failed(c, "exited during start-up (status %lld, signal %d)", (long long)status,
-                     term_signal);
+        start_failed(c, "%s during start-up", describe_exit(how, sizeof how, status, term_signal));
         return;
     }
     /* It served once: restart, sooner if it had run for a while. */
     uint64_t ran = uv_now(sup.loop) - c->started_ms;
     uint64_t delay = ran > 10000 ? 200 : (uint64_t)(500 * (c->restarts < 8 ? c->restarts + 1 : 8));
-    fprintf(stderr, PROG ": %s exited (status %lld, signal %d); restarting in %llu ms (log %s)\n",
-            c->name, (long long)status, term_signal, (unsigned long long)delay, c->log_path);
+    fprintf(stderr, PROG ": %s %s; restarting in %llu ms (log %s)\n", c->name,
+            describe_exit(how, sizeof how, status, term_signal), (unsigned long long)delay,
+            c->log_path);
     c->restarts++;
     uv_timer_start(&c->restart_timer, on_restart_timer, delay, 0);
 }
@@ -231,7 +297,7 @@ static void print_listening(void)
         printf(PROG ": %s listening on %s\n", sup.kids[i].name, sup.kids[i].target);
     if (sup.mlisten)
         printf(PROG ": metrics on %s (coordinator), the next ports for shard-0..%d\n",
-               sup.mlisten, sup.nshards - 1);
+               sup.mlisten, sup.metric_shards - 1);
     printf(PROG ": logs in %s/logs; Ctrl-C stops the cluster\n", sup.data);
     fflush(stdout);
 }
@@ -267,6 +333,7 @@ static void on_health_timer(uv_timer_t *t)
         sup.starting = 0;
         uv_timer_stop(&sup.health_timer);
         print_listening();
+        uv_timer_start(&sup.groups_timer, on_groups_timer, 0, GROUPS_POLL_MS);
         return;
     }
     if (uv_now(sup.loop) > sup.start_deadline_ms) {
@@ -345,6 +412,25 @@ static char *abs_path(const char *p)
     return realpath(p, buf) ? tsr_xstrdup(buf) : NULL;
 }
 
+/* The etcd members run as `tessera __cluster-child PPID ETCD ARGS...`, which leaves the
+ * supervisor's process group and then execs etcd: a Ctrl-C in the terminal (SIGINT to the
+ * whole foreground group) or a kill of the group then reaches the supervisor, the shards
+ * and the coordinators but not etcd, which the supervisor stops one member at a time once
+ * the coordinators exited (stop_next). PR_SET_PDEATHSIG (kept across execve) ends the
+ * member when the supervisor dies without stopping it (kill -9). */
+int tsr_cluster_exec_child(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    pid_t want = (pid_t)strtol(argv[1], NULL, 10);
+    setpgid(0, 0);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != want)
+        return 1; /* the supervisor is gone already */
+    execv(argv[2], argv + 2);
+    fprintf(stderr, "tessera: cannot run %s: %s\n", argv[2], strerror(errno));
+    return 1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -362,7 +448,11 @@ static void usage(FILE *f)
             "  Ctrl-C (SIGINT) or SIGTERM stops them all.\n"
             "  Without --config, DIR/coordinator.json is written from the flags (defaults:\n"
             "  --dimensions 64 --distance SQUARED_L2 --nlist 64 --pq-m 16 --nprobe 8); an existing\n"
-            "  DIR/coordinator.json is reused as is (refused when it names other shard ports).\n"
+            "  DIR/coordinator.json is reused as is: a flag that contradicts it (or --config's\n"
+            "  file), e.g. --dimensions 128 on a folder at 64, or other shard ports, stops the\n"
+            "  start with both values (use another --data for a new index).\n"
+            "  Shard groups added with `tessera cluster add-group --data DIR` (kept in\n"
+            "  DIR/groups.json) start with the shards and are supervised like them.\n"
             "  --metrics-listen HOST:PORT  Prometheus /metrics: the coordinator on HOST:PORT,\n"
             "                  shard i on HOST:PORT+1+i (docs/operations.md \"Metrics\").\n"
             "  --start-timeout SECONDS  how long start-up may take, 1..86400 (default 120).\n"
@@ -380,30 +470,15 @@ static void usage(FILE *f)
             "  requires client certificates signed by --tls-ca on every port (the coordinator\n"
             "  presents the same certificate to the shards: it needs clientAuth usage or none).\n"
             "  Security (docs/security.md): --auth-tokens FILE hands the token file to the\n"
-            "  coordinator (clients then need --token-file); batch roots are accepted inside DIR\n"
+            "  coordinator (clients then need --token-file) and protects the shards too: they\n"
+            "  accept only the coordinator, which sends them the peer token DIR/peer-token\n"
+            "  (made on the first run, mode 0600); batch roots are accepted inside DIR\n"
             "  and inside each --batch-root-allow FOLDER (repeatable).\n"
             "  Ranges: --shards 1..64, --port 1..65535 (P+S <= 65535), --dimensions 1..65536,\n"
             "  --nlist 1..1048576, --pq-m 1..65536, --nprobe 1..1048576.\n"
             "Exit status: 0 after SIGINT or SIGTERM stopped the cluster, 1 when it cannot start\n"
             "(a port in use, a data directory in use, a process that failed at start-up, the\n"
             "config file), 2 on usage errors (flags, TLS files).\n");
-}
-
-static int write_default_config(const char *path, int port, int shards, int dims,
-                                const char *distance, int nlist, int pq_m, int nprobe)
-{
-    FILE *f = fopen(path, "w");
-    if (f == NULL) {
-        fprintf(stderr, PROG ": cannot write %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    fprintf(f, "{\n  \"dimensions\": %d,\n  \"distance\": \"%s\",\n  \"nlist\": %d,\n"
-               "  \"pq_m\": %d,\n  \"pq_nbits\": 8,\n  \"nprobe\": %d,\n  \"shards\": [",
-            dims, distance, nlist, pq_m, nprobe);
-    for (int i = 0; i < shards; i++)
-        fprintf(f, "%s\"127.0.0.1:%d\"", i ? ", " : "", port + 1 + i);
-    fprintf(f, "]\n}\n");
-    return fclose(f) == 0 ? 0 : -1;
 }
 
 /* --metrics-listen HOST:PORT → host (in buf) and port; 0, or -1 when malformed. */
@@ -444,6 +519,25 @@ static void port_role(int i, int shards, int coords, int netcd, char *buf, size_
         snprintf(buf, cap, "etcd-%d %s", (i - shards - coords) / 2,
                  (i - shards - coords) % 2 ? "peer" : "client");
     (void)netcd;
+}
+
+static int preflight_groups(const char *data, const tsr_cluster_group *g, int n)
+{
+    char why[128], dir[PATH_MAX + 48];
+    for (int i = 0; i < n; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", data, g[i].name);
+        if (tsr_cluster_port_free("127.0.0.1", g[i].port, why, sizeof why) != 0) {
+            fprintf(stderr, PROG ": port %d (%s, an added group of %s/groups.json) is in use: "
+                            "%s\n", g[i].port, g[i].name, data, why);
+            return 1;
+        }
+        if (tsr_cluster_dir_locked(dir)) {
+            fprintf(stderr, PROG ": data directory %s is in use by another process (is a "
+                            "cluster already running on --data %s?)\n", dir, data);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static int preflight(const char *data, int port, int shards, int coords, int netcd,
@@ -498,6 +592,9 @@ typedef struct cluster_plan {
     int mport;
     const cluster_tls *tls;
     char **coord_extra; /* --auth-tokens, --batch-root-allow for the coordinator */
+    const char *peer_token; /* DIR/peer-token for the shards (with --auth-tokens), or NULL */
+    const tsr_cluster_group *groups; /* added groups kept in DIR/groups.json */
+    int ngroups;
 } cluster_plan;
 
 static void add_metrics(char **v, const cluster_plan *pl, int i)
@@ -536,7 +633,10 @@ static void plan_etcd(const cluster_plan *pl, char *endpoints, size_t cap)
         k->service = "";
         k->plain = 1;
         k->args = argv_new();
-        argv_add(k->args, pl->etcd, "--name", name, "--data-dir", dir, "--listen-client-urls",
+        char exe[PATH_MAX + 32], ppid[24];
+        snprintf(exe, sizeof exe, "%s/tessera", pl->bindir);
+        snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
+        argv_add(k->args, exe, TSR_CLUSTER_CHILD_CMD, ppid, pl->etcd, "--name", name, "--data-dir", dir, "--listen-client-urls",
                  curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
                  "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
                  "--initial-cluster-state", "new", "--initial-cluster-token", "tessera-local",
@@ -549,51 +649,101 @@ static void plan_etcd(const cluster_plan *pl, char *endpoints, size_t cap)
     sup.netcd = pl->netcd;
 }
 
-/* Fills sup.kids: the etcd members, the shards, then the coordinators (they start once
- * the others answer). */
-static void plan_children(const cluster_plan *pl)
+/* A shard or coordinator child at sup.kids[sup.nkids] (its data in DIR/name, its log in
+ * DIR/logs/name.log); coord: the coordinator index, or -1 for a shard; metrics: the offset
+ * of its --metrics-listen port, or -1 for none. */
+static child *plan_server(const cluster_plan *pl, const char *name, int port, int coord,
+                          int metrics, const char *endpoints)
 {
     char path[PATH_MAX + 64], exe[PATH_MAX + 32], addr[64], dir[PATH_MAX + 32];
-    char endpoints[MAX_ETCD * 32];
-    plan_etcd(pl, endpoints, sizeof endpoints);
-    for (int i = 0; i < pl->shards + pl->coords; i++) {
-        int coord = i >= pl->shards, ci = i - pl->shards;
-        child *k = &sup.kids[sup.nkids++];
-        char name[32];
-        if (coord)
-            snprintf(name, sizeof name, pl->netcd ? "coordinator-%d" : "coordinator", ci);
-        else
-            snprintf(name, sizeof name, "shard-%d", i);
-        snprintf(dir, sizeof dir, "%s/%s", pl->data, name);
-        mkdir(dir, 0755);
-        snprintf(exe, sizeof exe, "%s/%s", pl->bindir,
-                 coord ? "tessera-coordinator" : "tessera-shard");
-        int port = !coord ? pl->port + 1 + i : ci == 0 ? pl->port : pl->port + pl->shards + ci;
-        snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-        k->name = tsr_xstrdup(name);
-        k->target = tsr_xstrdup(addr);
-        k->service = coord ? "tessera.v1.VectorSearch" : "tessera.v1.Shard";
-        k->args = argv_new();
-        argv_add(k->args, exe, "--listen", addr, "--data", dir, (char *)NULL);
-        if (coord) {
-            argv_add(k->args, "--config", pl->cfg, (char *)NULL);
-            if (pl->netcd)
-                argv_add(k->args, "--etcd", endpoints, "--advertise", addr, (char *)NULL);
-            add_coord_tls(k->args, pl->tls);
-            for (char **a = pl->coord_extra; *a; a++)
-                argv_add(k->args, *a, (char *)NULL);
-        } else {
-            add_shard_tls(k->args, pl->tls);
-        }
-        add_metrics(k->args, pl, coord ? (ci ? pl->shards + ci : 0) : 1 + i);
-        snprintf(path, sizeof path, "%s/logs/%s.log", pl->data, name);
-        k->log_path = tsr_xstrdup(path);
-        uv_timer_init(sup.loop, &k->restart_timer);
-        k->restart_timer.data = k;
+    child *k = &sup.kids[sup.nkids++];
+    snprintf(dir, sizeof dir, "%s/%s", pl->data, name);
+    mkdir(dir, 0755);
+    snprintf(exe, sizeof exe, "%s/%s", pl->bindir,
+             coord >= 0 ? "tessera-coordinator" : "tessera-shard");
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    k->name = tsr_xstrdup(name);
+    k->target = tsr_xstrdup(addr);
+    k->service = coord >= 0 ? "tessera.v1.VectorSearch" : "tessera.v1.Shard";
+    k->args = argv_new();
+    argv_add(k->args, exe, "--listen", addr, "--data", dir, (char *)NULL);
+    if (coord >= 0) {
+        argv_add(k->args, "--config", pl->cfg, (char *)NULL);
+        if (pl->netcd)
+            argv_add(k->args, "--etcd", endpoints, "--advertise", addr, (char *)NULL);
+        add_coord_tls(k->args, pl->tls);
+        for (char **a = pl->coord_extra; *a; a++)
+            argv_add(k->args, *a, (char *)NULL);
+    } else {
+        add_shard_tls(k->args, pl->tls);
+        if (pl->peer_token)
+            argv_add(k->args, "--peer-token-file", pl->peer_token, (char *)NULL);
     }
-    sup.nshards = pl->shards;
+    if (metrics >= 0)
+        add_metrics(k->args, pl, metrics);
+    snprintf(path, sizeof path, "%s/logs/%s.log", pl->data, name);
+    k->log_path = tsr_xstrdup(path);
+    uv_timer_init(sup.loop, &k->restart_timer);
+    k->restart_timer.data = k;
+    return k;
+}
+
+/* Fills sup.kids: the etcd members, the shards and the groups of DIR/groups.json, then
+ * the coordinators (they start once the others answer). */
+static void plan_children(const cluster_plan *pl)
+{
+    char endpoints[MAX_ETCD * 32], name[32];
+    plan_etcd(pl, endpoints, sizeof endpoints);
+    for (int i = 0; i < pl->shards; i++) {
+        snprintf(name, sizeof name, "shard-%d", i);
+        plan_server(pl, name, pl->port + 1 + i, -1, 1 + i, endpoints);
+    }
+    for (int i = 0; i < pl->ngroups; i++) /* added groups: no metrics port */
+        plan_server(pl, pl->groups[i].name, pl->groups[i].port, -1, -1, endpoints);
+    for (int ci = 0; ci < pl->coords; ci++) {
+        snprintf(name, sizeof name, pl->netcd ? "coordinator-%d" : "coordinator", ci);
+        plan_server(pl, name, ci == 0 ? pl->port : pl->port + pl->shards + ci, ci,
+                    ci ? pl->shards + ci : 0, endpoints);
+    }
+    sup.nshards = pl->shards + pl->ngroups;
     sup.ncoords = pl->coords;
-    sup.first_coord = pl->netcd + pl->shards;
+    sup.first_coord = pl->netcd + pl->shards + pl->ngroups;
+}
+
+/* Every GROUPS_POLL_MS once started: a group that `tessera cluster add-group` wrote to
+ * DIR/groups.json and that is not running yet is started (and from then on supervised
+ * like the shards: restarted when it exits). */
+static void on_groups_timer(uv_timer_t *t)
+{
+    (void)t;
+    char path[PATH_MAX + 32];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/groups.json", sup.data);
+    if (sup.stopping || stat(path, &st) != 0 ||
+        (st.st_mtim.tv_sec == sup.groups_mtime.tv_sec &&
+         st.st_mtim.tv_nsec == sup.groups_mtime.tv_nsec && st.st_ino == sup.groups_ino))
+        return;
+    sup.groups_mtime = st.st_mtim;
+    sup.groups_ino = st.st_ino;
+    tsr_cluster_group g[TSR_CLUSTER_MAX_GROUPS];
+    int n = tsr_cluster_groups_read(sup.data, g, TSR_CLUSTER_MAX_GROUPS);
+    for (int i = 0; i < n; i++) {
+        int known = 0;
+        for (int j = 0; j < sup.nkids && !known; j++)
+            known = strcmp(sup.kids[j].name, g[i].name) == 0;
+        if (known)
+            continue;
+        if (sup.nkids == (int)(sizeof sup.kids / sizeof sup.kids[0])) {
+            fprintf(stderr, PROG ": %s: no room for %s\n", path, g[i].name);
+            break;
+        }
+        child *k = plan_server(sup.plan, g[i].name, g[i].port, -1, -1, NULL);
+        k->healthy = 1; /* `cluster add-group` checks that it answers; an exit restarts it */
+        printf(PROG ": %s (an added group) starting on %s (log %s)\n", k->name, k->target,
+               k->log_path);
+        fflush(stdout);
+        start_child(k);
+    }
 }
 
 /* Runs the supervisor until the cluster stopped; returns the exit status. */
@@ -601,6 +751,7 @@ static int supervise(int start_timeout_s)
 {
     uv_timer_init(sup.loop, &sup.kill_timer);
     uv_timer_init(sup.loop, &sup.health_timer);
+    uv_timer_init(sup.loop, &sup.groups_timer);
     uv_signal_init(sup.loop, &sup.sigint);
     uv_signal_init(sup.loop, &sup.sigterm);
     uv_signal_start(&sup.sigint, on_signal, SIGINT);
@@ -625,6 +776,7 @@ static int supervise(int start_timeout_s)
         uv_close((uv_handle_t *)&sup.kids[i].restart_timer, NULL);
     uv_close((uv_handle_t *)&sup.kill_timer, NULL);
     uv_close((uv_handle_t *)&sup.health_timer, NULL);
+    uv_close((uv_handle_t *)&sup.groups_timer, NULL);
     uv_close((uv_handle_t *)&sup.sigint, NULL);
     uv_close((uv_handle_t *)&sup.sigterm, NULL);
     uv_run(sup.loop, UV_RUN_DEFAULT);
@@ -676,59 +828,6 @@ static int own_dir(char *buf, size_t cap)
     if (slash)
         *slash = '\0';
     return 0;
-}
-
-/* An existing DIR/coordinator.json must name the shards this run starts: one written for
- * another --port or --shards would send the coordinator to other processes' ports (maybe
- * another cluster's). 0, or 1 after saying so. */
-static int check_reused_config(const char *cfg, int port, int shards)
-{
-    FILE *f = fopen(cfg, "r");
-    if (f == NULL) {
-        fprintf(stderr, PROG ": cannot read %s: %s\n", cfg, strerror(errno));
-        return 1;
-    }
-    char buf[65536];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    int found = 0;
-    char addr[64];
-    for (int i = 0; i < shards; i++) {
-        snprintf(addr, sizeof addr, "\"127.0.0.1:%d\"", port + 1 + i);
-        found += strstr(buf, addr) != NULL;
-    }
-    snprintf(addr, sizeof addr, "\"127.0.0.1:%d\"", port + 1 + shards);
-    if (found == shards && strstr(buf, addr) == NULL)
-        return 0;
-    fprintf(stderr,
-            PROG ": %s (kept from an earlier run) does not name exactly the shards "
-                 "127.0.0.1:%d..%d: it was written for another --port or --shards; start with "
-                 "those, or pass --config, or use another --data\n",
-            cfg, port + 1, port + shards);
-    return 1;
-}
-
-/* Creates DIR and DIR/logs and names the config (writing the default one when absent). */
-static int prepare_data(const char *data, const char *config, char *cfg, size_t cfglen,
-                        int port, int shards, int dims, const char *distance, int nlist,
-                        int pq_m, int nprobe)
-{
-    if (mkdir(data, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, PROG ": cannot create %s: %s\n", data, strerror(errno));
-        return 1;
-    }
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/logs", data);
-    mkdir(path, 0755);
-    if (config) {
-        snprintf(cfg, cfglen, "%s", config);
-        return 0;
-    }
-    snprintf(cfg, cfglen, "%s/coordinator.json", data);
-    if (access(cfg, R_OK) != 0)
-        return write_default_config(cfg, port, shards, dims, distance, nlist, pq_m, nprobe) != 0;
-    return check_reused_config(cfg, port, shards);
 }
 
 /* Checks the TLS flags and makes the paths absolute (tls_paths owns them). 0 or 2. */
@@ -801,21 +900,21 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     cluster_tls tls = {0};
     const char *auth_tokens = NULL;
     tsr_cmdline_list allow = {0};
-    const char *data = NULL, *config = NULL, *distance = "SQUARED_L2", *mlisten = NULL;
-    int shards = 4, port = 7000, dims = 64, nlist = 64, pq_m = 16, nprobe = 8;
+    const char *data = NULL, *config = NULL, *mlisten = NULL;
+    tsr_cluster_flags fl = {0}; /* 0 / NULL: not given (cluster_config.c) */
     int start_timeout = 120, coords = 1, netcd = 0;
     const tsr_cmdline_opt opts[] = {
         {"--coordinators", TSR_CMDLINE_INT, &coords, 1, MAX_COORDS, 0},
         {"--etcd-local", TSR_CMDLINE_INT, &netcd, 1, MAX_ETCD, 0},
         {"--data", TSR_CMDLINE_STR, &data, 0, 0, 1},
-        {"--shards", TSR_CMDLINE_INT, &shards, 1, MAX_SHARDS, 0},
-        {"--port", TSR_CMDLINE_INT, &port, 1, 65535, 0},
+        {"--shards", TSR_CMDLINE_INT, &fl.shards, 1, MAX_SHARDS, 0},
+        {"--port", TSR_CMDLINE_INT, &fl.port, 1, 65535, 0},
         {"--config", TSR_CMDLINE_STR, &config, 0, 0, 0},
-        {"--dimensions", TSR_CMDLINE_INT, &dims, 1, 65536, 0},
-        {"--distance", TSR_CMDLINE_STR, &distance, 0, 0, 0},
-        {"--nlist", TSR_CMDLINE_INT, &nlist, 1, 1 << 20, 0},
-        {"--pq-m", TSR_CMDLINE_INT, &pq_m, 1, 65536, 0},
-        {"--nprobe", TSR_CMDLINE_INT, &nprobe, 1, 1 << 20, 0},
+        {"--dimensions", TSR_CMDLINE_INT, &fl.dims, 1, 65536, 0},
+        {"--distance", TSR_CMDLINE_STR, &fl.distance, 0, 0, 0},
+        {"--nlist", TSR_CMDLINE_INT, &fl.nlist, 1, 1 << 20, 0},
+        {"--pq-m", TSR_CMDLINE_INT, &fl.pq_m, 1, 65536, 0},
+        {"--nprobe", TSR_CMDLINE_INT, &fl.nprobe, 1, 1 << 20, 0},
         {"--metrics-listen", TSR_CMDLINE_STR, &mlisten, 0, 0, 0},
         {"--start-timeout", TSR_CMDLINE_INT, &start_timeout, 1, 86400, 0},
         {"--tls-cert", TSR_CMDLINE_STR, &tls.cert, 0, 0, 0},
@@ -830,6 +929,8 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     int code;
     if (tsr_cmdline_parse_spec(&spec, argc, argv, NULL, &code))
         return code;
+    tsr_cluster_flags_defaults(&fl);
+    int port = fl.port, shards = fl.shards;
     if (coords > 1 && netcd == 0) {
         fprintf(stderr, PROG ": --coordinators %d needs --etcd-local M: several coordinators "
                 "share their state in etcd (docs/ha.md)\n", coords);
@@ -862,14 +963,26 @@ int tsr_cmd_cluster_up(int argc, char **argv)
     code = resolve_tls(&tls, tls_paths);
     if (code == 0 && own_dir(bindir, sizeof bindir) != 0)
         code = 1;
+    tsr_cluster_group groups[TSR_CLUSTER_MAX_GROUPS];
+    int ngroups = 0;
+    if (code == 0 && (ngroups = tsr_cluster_groups_read(data, groups, TSR_CLUSTER_MAX_GROUPS)) < 0)
+        code = 1;
     if (code == 0)
         code = preflight(data, port, shards, coords, netcd, mlisten ? mhost : NULL, mport);
     if (code == 0)
-        code = prepare_data(data, config, cfg, sizeof cfg, port, shards, dims, distance, nlist,
-                            pq_m, nprobe);
+        code = tsr_cluster_check_layout(data, netcd);
+    if (code == 0)
+        code = preflight_groups(data, groups, ngroups);
+    if (code == 0)
+        code = tsr_cluster_prepare_config(data, config, cfg, sizeof cfg, &fl);
     char **coord_extra = argv_new();
-    if (code == 0) /* after prepare_data: DIR exists, so it resolves */
+    char peer_token[PATH_MAX + 32];
+    if (code == 0) /* after tsr_cluster_prepare_config: DIR exists, so it resolves */
         code = add_coord_security(coord_extra, data, auth_tokens, &allow);
+    /* with tokens every port needs one: the shards accept only the coordinator's */
+    if (code == 0 && auth_tokens && (code = tsr_cluster_peer_token(data, peer_token,
+                                                                   sizeof peer_token)) == 0)
+        argv_add(coord_extra, "--peer-token-file", peer_token, (char *)NULL);
     tsr_cmdline_list_free(&allow);
     if (code == 0) {
         memset(&sup, 0, sizeof sup);
@@ -889,9 +1002,14 @@ int tsr_cmd_cluster_up(int argc, char **argv)
             sup.health_opts.tls_key_file = tls.key;
         }
         cluster_plan pl = {data, bindir, cfg, port, shards, coords, netcd, etcd,
-                           mlisten ? mhost : NULL, mport, &tls, coord_extra};
+                           mlisten ? mhost : NULL, mport, &tls, coord_extra,
+                           auth_tokens ? peer_token : NULL, groups, ngroups};
+        sup.plan = &pl;
+        sup.metric_shards = shards;
         plan_children(&pl);
-        code = supervise(start_timeout);
+        /* for `cluster add-group`: this process, and the first port past the layout */
+        code = tsr_cluster_state_write(data, port, shards, port + shards + coords + 2 * netcd)
+                   ? 1 : supervise(start_timeout);
     }
     for (char **a = coord_extra; *a; a++)
         free(*a);

@@ -327,7 +327,9 @@ static void query_usage(FILE *f)
             "  --json                 one JSON document on stdout\n" TSR_CLI_TLS_USAGE
             "Output: `distance` is the dense distance (squared L2, or the dot product for\n"
             "DOT_PRODUCT and COSINE), exact (from the stored vectors) by default, the PQ\n"
-            "approximation with --candidates 0; 0 for a hit found only by the sparse search.\n"
+            "approximation with --candidates 0; `-` for a hit found only by the sparse search\n"
+            "(every hit of a sparse-only query, and a hybrid query's sparse-only hits: --json\n"
+            "says \"sparse_only\": true and keeps distance 0).\n"
             "`sparse_distance` is the exact sparse dot product. Hybrid (--sparse with a\n"
             "vector and --alpha): reciprocal rank fusion of both lists (docs/query-semantics.md).\n"
             "Exit status: 0 success, 1 the query failed (coordinator refused or unreachable,\n"
@@ -366,9 +368,12 @@ static int query_restricts(const tsr_cmdline_list *allow, const tsr_cmdline_list
 }
 
 /* Prints the neighbors of each query of resp (a table unless as_json) and appends one
- * JSON object per query to all. sparse: the query had a sparse part (print its distance). */
+ * JSON object per query to all. sparse: the query had a sparse part (print its distance);
+ * dense: it had a dense one. The table prints `distance -` where there is no dense
+ * distance: every hit of a sparse-only query, and a hybrid query's hits found only by the
+ * sparse search (Neighbor.sparse_only; --json keeps the number and says sparse_only). */
 static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int sparse,
-                            int as_json, json_t *all)
+                            int dense, int as_json, json_t *all)
 {
     for (size_t i = 0; i < resp->n_nearest_neighbors; i++) {
         const Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn =
@@ -383,12 +388,17 @@ static void print_neighbors(const Tessera__V1__FindNeighborsResponse *resp, int 
             json_object_set_new(no, "distance", json_real(nb1->distance));
             if (sparse)
                 json_object_set_new(no, "sparse_distance", json_real(nb1->sparse_distance));
+            if (nb1->sparse_only)
+                json_object_set_new(no, "sparse_only", json_true());
             if (!as_json) {
                 const char *tag = nb1->datapoint && nb1->datapoint->crowding_tag
                                       ? nb1->datapoint->crowding_tag->crowding_attribute
                                       : "";
-                printf("  %2zu  %-24s distance %-12.6g", j + 1,
-                       nb1->datapoint ? nb1->datapoint->datapoint_id : "?", nb1->distance);
+                const char *id = nb1->datapoint ? nb1->datapoint->datapoint_id : "?";
+                if (!dense || nb1->sparse_only)
+                    printf("  %2zu  %-24s distance %-12s", j + 1, id, "-");
+                else
+                    printf("  %2zu  %-24s distance %-12.6g", j + 1, id, nb1->distance);
                 if (sparse)
                     printf(" sparse %-12.6g", nb1->sparse_distance);
                 printf("%s%s\n", tag && tag[0] ? " tag " : "", tag && tag[0] ? tag : "");
@@ -548,8 +558,8 @@ int tsr_cmd_query(int argc, char **argv)
             tsr_cli_targets_failure(ch, "FindNeighbors", &res);
             rc = 1;
         } else {
-            print_neighbors((Tessera__V1__FindNeighborsResponse *)out, sparse != NULL, as_json,
-                            all);
+            print_neighbors((Tessera__V1__FindNeighborsResponse *)out, sparse != NULL,
+                            qv != NULL, as_json, all);
             protobuf_c_message_free_unpacked(out, NULL);
         }
         tsr_rpc_result_close(&res);
@@ -1151,32 +1161,26 @@ int tsr_cmd_stats(int argc, char **argv)
 static void health_usage(FILE *f)
 {
     fprintf(f, "usage: tessera health --target ADDR [--service NAME] [--timeout-ms T]\n"
-               "                      [--tls-ca FILE ...]\n"
+               "                      [--wait SECONDS] [--tls-ca FILE ...]\n"
                "  grpc.health.v1.Health/Check: prints the status. A probe for Kubernetes exec\n"
                "  probes, which unlike grpc: probes work with TLS.\n"
                "  --service NAME         \"\" (default) = the server as a whole\n"
-               "  --timeout-ms T         deadline, 1..600000 (default 2000)\n" TSR_CLI_TLS_USAGE
-               "Exit status: 0 SERVING, 1 otherwise (NOT_SERVING, unknown service, unreachable),\n"
-               "2 usage error (flags, TLS files).\n");
+               "  --timeout-ms T         deadline of one check, 1..600000 (default 2000)\n"
+               "  --wait SECONDS         ask again every 200 ms until SERVING, for at most\n"
+               "                         SECONDS (1..86400): for a server still starting, e.g.\n"
+               "                         right after `tessera cluster up ... &`\n"
+               TSR_CLI_TLS_USAGE
+               "Exit status: 0 SERVING, 1 otherwise (NOT_SERVING, unknown service, unreachable;\n"
+               "with --wait: not SERVING within SECONDS), 2 usage error (flags, TLS files).\n");
 }
 
-int tsr_cmd_health(int argc, char **argv)
+/* One Health/Check on a new channel (a channel that failed to connect would wait out
+ * its reconnect backoff). Returns 0 SERVING, 1 otherwise (said when loud), or 2. */
+static int health_once(const char *target, const tsr_cli_tls *tls, const char *service,
+                       int64_t timeout_ms, int loud)
 {
-    const char *target = NULL, *service = "";
-    int64_t timeout_ms = 2000;
-    tsr_cli_tls tls = {0};
-    const tsr_cmdline_opt opts[] = {
-        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
-        {"--service", TSR_CMDLINE_STR_ANY, &service, 0, 0, 0},
-        {"--timeout-ms", TSR_CMDLINE_INT64, &timeout_ms, 1, 600000, 0},
-        TSR_CLI_TLS_OPTS(tls),
-    };
-    int code = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0], health_usage, 0, argc, argv,
-                           NULL);
-    if (code >= 0)
-        return code;
     int rc = 1;
-    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
+    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, tls, &rc);
     if (ch == NULL)
         return rc;
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
@@ -1186,20 +1190,52 @@ int tsr_cmd_health(int argc, char **argv)
     ProtobufCMessage *out = NULL;
     rc = 1;
     if (tsr_cli_call(ch, "/grpc.health.v1.Health/Check", &req.base,
-                     &grpc__health__v1__health_check_response__descriptor, (int64_t)timeout_ms,
-                     0, &out, &res) != TSR_RPC_OK) {
-        tsr_cli_targets_failure(ch, "Health/Check", &res);
+                     &grpc__health__v1__health_check_response__descriptor, timeout_ms, 0, &out,
+                     &res) != TSR_RPC_OK) {
+        if (loud)
+            tsr_cli_targets_failure(ch, "Health/Check", &res);
     } else {
         Grpc__Health__V1__HealthCheckResponse *h = (Grpc__Health__V1__HealthCheckResponse *)out;
         const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
             &grpc__health__v1__health_check_response__serving_status__descriptor,
             (int)h->status);
-        printf("%s\n", v ? v->name : "UNKNOWN");
         rc = h->status == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING ? 0 : 1;
+        if (rc == 0 || loud)
+            printf("%s\n", v ? v->name : "UNKNOWN");
         protobuf_c_message_free_unpacked(out, NULL);
     }
     tsr_rpc_result_close(&res);
     tsr_cli_targets_close(ch);
     return rc;
+}
+
+int tsr_cmd_health(int argc, char **argv)
+{
+    const char *target = NULL, *service = "";
+    int64_t timeout_ms = 2000;
+    int wait_s = 0;
+    tsr_cli_tls tls = {0};
+    const tsr_cmdline_opt opts[] = {
+        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
+        {"--service", TSR_CMDLINE_STR_ANY, &service, 0, 0, 0},
+        {"--timeout-ms", TSR_CMDLINE_INT64, &timeout_ms, 1, 600000, 0},
+        {"--wait", TSR_CMDLINE_INT, &wait_s, 1, 86400, 0},
+        TSR_CLI_TLS_OPTS(tls),
+    };
+    int code = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0], health_usage, 0, argc, argv,
+                           NULL);
+    if (code >= 0)
+        return code;
+    int64_t end = tsr_clock_mono_ms() + (int64_t)wait_s * 1000;
+    for (;;) {
+        int64_t left = end - tsr_clock_mono_ms();
+        int last = wait_s == 0 || left <= 0;
+        int64_t t = !last && left < timeout_ms ? left : timeout_ms;
+        int rc = health_once(target, &tls, service, t, last);
+        if (rc != 1 || last)
+            return rc;
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 #undef PROG

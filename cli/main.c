@@ -38,6 +38,8 @@ static const command commands[] = {
     {"health", NULL, tsr_cmd_health, "grpc.health.v1 check of a coordinator or shard (a probe)"},
     {"cluster", "up", tsr_cmd_cluster_up,
      "run a local cluster, supervised (--coordinators N --etcd-local M: HA)"},
+    {"cluster", "add-group", tsr_cmd_cluster_add_group,
+     "add a shard group to a running `cluster up`, supervised and kept across restarts"},
 };
 enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 
@@ -89,14 +91,56 @@ static const command *find(int n, char **words, int *group_only)
     return NULL;
 }
 
+/* Edit distance of a and b (Levenshtein), for "did you mean"; capped at 9. */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    int row[32];
+    if (la >= 31 || lb >= 31)
+        return 9;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[lb];
+}
+
+/* The unknown word only (what follows it are its options: `tessera querry --target` is
+ * about 'querry'), with the nearest command when one is close. */
 static int unknown(int n, char **words)
 {
-    int grouped = 0; /* words[0] is a group with commands: point at its list */
+    int grouped = 0; /* words[0] is a group with commands: the unknown word is words[1] */
     for (size_t i = 0; i < NCOMMANDS; i++)
         grouped |= commands[i].name != NULL && strcmp(words[0], commands[i].group) == 0;
-    fprintf(stderr, "tessera: unknown command '%s%s%s' (see 'tessera %s%s--help')\n", words[0],
-            n >= 2 ? " " : "", n >= 2 ? words[1] : "", grouped ? words[0] : "",
-            grouped ? " " : "");
+    const char *word = grouped && n >= 2 ? words[1] : words[0], *near = NULL;
+    int best = strlen(word) > 3 ? 3 : 2;
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        const char *cand = grouped ? commands[i].name : commands[i].group;
+        if (cand == NULL || (grouped && strcmp(commands[i].group, words[0]) != 0))
+            continue;
+        int d = edit_distance(word, cand);
+        if (d < best) {
+            best = d;
+            near = cand;
+        }
+    }
+    fprintf(stderr, "tessera: unknown command '%s%s%s'", grouped ? words[0] : "",
+            grouped ? " " : "", word);
+    if (near)
+        fprintf(stderr, "; did you mean '%s%s%s'?", grouped ? words[0] : "", grouped ? " " : "",
+                near);
+    fprintf(stderr, " (see 'tessera %s%s--help')\n", grouped ? words[0] : "", grouped ? " " : "");
     return 2;
 }
 
@@ -134,6 +178,8 @@ int main(int argc, char **argv)
         printf("tessera %s\n", TSR_VERSION);
         return 0;
     }
+    if (strcmp(argv[1], TSR_CLUSTER_CHILD_CMD) == 0)
+        return tsr_cluster_exec_child(argc - 1, argv + 1);
     if (strcmp(argv[1], "help") == 0)
         return help(argc - 2, argv + 2);
     int group_only;

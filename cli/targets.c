@@ -92,6 +92,29 @@ struct tsr_cli_targets {
     tsr_rpc_channel *ch[MAX_TARGETS];
 };
 
+/* addr[0..len) as a new string, with TSR_CLI_DEFAULT_PORT when it names no port: gRPC
+ * would take 443 for a bare "localhost", where nothing of ours listens. URIs
+ * ("dns:///h:p", "unix:/path", "ipv4:...") are left as they are; a bare IPv6 address
+ * gets brackets ("::1" -> "[::1]:7000"). */
+static char *with_port(const char *addr, size_t len)
+{
+    char *a = tsr_xstrndup(addr, len);
+    const char *colon = strchr(a, ':'), *close = strchr(a, ']');
+    int uri = strchr(a, '/') != NULL || strncmp(a, "unix:", 5) == 0 ||
+              strncmp(a, "ipv4:", 5) == 0 || strncmp(a, "ipv6:", 5) == 0;
+    int has_port = a[0] == '[' ? close != NULL && close[1] == ':'
+                               : colon != NULL && strchr(colon + 1, ':') == NULL;
+    if (uri || has_port || len == 0)
+        return a;
+    char *out = tsr_xmalloc(len + 16);
+    if (colon != NULL && a[0] != '[') /* a bare IPv6 address */
+        snprintf(out, len + 16, "[%s]:%d", a, TSR_CLI_DEFAULT_PORT);
+    else
+        snprintf(out, len + 16, "%s:%d", a, TSR_CLI_DEFAULT_PORT);
+    free(a);
+    return out;
+}
+
 /* Adds addr (a copy) with its channel. Returns its index, or -1 (said, *code set). */
 static int add_target(tsr_cli_targets *t, const char *addr, size_t len, int *code)
 {
@@ -103,7 +126,7 @@ static int add_target(tsr_cli_targets *t, const char *addr, size_t len, int *cod
         *code = 2;
         return -1;
     }
-    char *a = tsr_xstrndup(addr, len);
+    char *a = with_port(addr, len);
     tsr_rpc_channel *ch = tsr_cli_connect(t->prog, a, &t->tls, code);
     if (ch == NULL) {
         free(a);

@@ -26,7 +26,8 @@
  *   stream_dir.c the overlay's application to a directory (an update's base view, a fold)
  *   update_plan.c  an update's shard-free half: template, assignment, plan, directory,
  *                per-group work
- *   txn.c        the version transaction: stage, prepare, catch-up, flip, commit, abort
+ *   txn.c        the version transaction engine (tsr__txn_run): stage, prepare, catch-up,
+ *                flip, commit, abort, driven by a planner (txn.h)
  *   update.c     UpdateIndex and the background fold, planners on txn.c
  *   reshard_move.c  AddShardGroup / RemoveShardGroup moves, planners on txn.c
  *   reshard.c    a move's plan: the balance rule, the moved records read from old owners

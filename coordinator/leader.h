@@ -71,6 +71,10 @@ int tsr__coord_refuse_follower(tsr__coord *c, tsr_rpc_reply *r);
 int64_t tsr__coord_term(tsr__coord *c);
 /* state.c: 1 when this coordinator runs updates, reconcile and writes. */
 int tsr__coord_leading(tsr__coord *c);
+/* state.c: 1 while etcd's streamed rounds must be read again before the next round
+ * (lead.readopt: a round etcd refused or left in doubt); a fold then commits its
+ * directory as a blob rather than carrying rounds the local log may lack. */
+int tsr__coord_readopt_pending(tsr__coord *c);
 
 /* leader.c: with --etcd, the thread that keeps our lease and member key, campaigns for
  * PREFIX/leader, steps down when the lease is lost (or not renewed within ttl - margin by

@@ -583,6 +583,7 @@ static Tessera__V1__FindNeighborsResponse__Neighbor *neighbor_of(const fnq *q, s
     const cand *cd = find_cand(cs, ncs, h->label, h->in_dense ? 0 : 1);
     const cand *cs2 = find_cand(cs, ncs, h->label, 1);
     nb->distance = h->in_dense ? h->dist : 0.0;
+    nb->sparse_only = !h->in_dense;
     if (cs2) {
         Tessera__V1__ShardQueryResult *res2 =
             ((Tessera__V1__ShardSearchResponse *)o->shard_resp[cs2->shard])

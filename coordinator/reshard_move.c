@@ -30,6 +30,67 @@ static void drain_wait(int64_t ms)
         ;
 }
 
+/* A move's state beside its transaction. */
+typedef struct move {
+    char **addrs;               /* borrowed: the replicas of an added group (n > 0) */
+    size_t n;
+    int rm;                     /* the group removed, or -1 */
+    tsr_batch *b;               /* owned: the moved records (read after chunk 0) */
+    tsr__reshard_moves *mv;     /* owned: the plan's moves */
+} move;
+
+/* With the stream frozen: the group added (checked, channels open), the plan of the move
+ * on the committed version plus the streamed writes. */
+static int move_plan(tsr__txn *u, void *ud, tsr_error *err)
+{
+    move *m = ud;
+    tsr__coord *c = u->c;
+    int rc = 0;
+    if (u->base->version == 0 || !u->base->plan)
+        rc = tsr_err(err, TSR_ESTATE, "no index yet: create it with UpdateIndex first");
+    if (!rc && m->n) {
+        if ((rc = tsr__coord_config_add_group(&c->cfg, (const char *const *)m->addrs, m->n,
+                                              err)) == 0) {
+            u->fresh = (int)c->cfg.nshards - 1;
+            if ((rc = tsr__coord_group_append(c, err))) {
+                tsr__coord_group_retire(c, (size_t)u->fresh); /* its slot stays, unused */
+                u->fresh = -1;
+            } else {
+                rc = tsr__reshard_fresh_check(c, (size_t)u->fresh, err);
+            }
+        }
+    }
+    c->cfg.resharded = 1;
+    pthread_mutex_lock(&c->op_mu);
+    u->op->shards_total = (int)c->cfg.nshards;
+    pthread_mutex_unlock(&c->op_mu);
+    tsr__snap *view = rc ? NULL : tsr__stream_base(c, u->base);
+    if (!rc)
+        rc = tsr__reshard_plan(c, u->op, view ? view : u->base, m->rm, &u->p, &m->mv, err);
+    tsr__stream_base_free(view);
+    u->b = m->b;
+    return rc;
+}
+
+/* After chunk 0, writes flowing: the moved records read from their old groups. */
+static int move_fill(tsr__txn *u, void *ud, tsr_error *err)
+{
+    move *m = ud;
+    return tsr__reshard_read(u->c, u->op, u->base->version, m->mv, &u->p, m->b, 1, err);
+}
+
+static void move_finish(tsr__txn *u, void *ud, int rc)
+{
+    (void)ud;
+    if (rc == 0) {
+        pthread_mutex_lock(&u->c->op_mu);
+        u->op->lists_moved = u->op->lists_total;
+        pthread_mutex_unlock(&u->c->op_mu);
+    } else if (u->fresh >= 0) { /* the added group serves nothing: out of every later call */
+        tsr__coord_group_retire(u->c, (size_t)u->fresh);
+    }
+}
+
 /* One move (docs/resharding.md): add (addrs, n > 0: a new group appended) or remove group
  * rm; the plan of reshard.c, then the update's phases. Streamed writes wait only while it
  * plans and sends every group's Stage chunk 0 (at seq S), and from its catch-up (the
@@ -40,88 +101,24 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
                        int64_t *version, tsr_error *err)
 {
     tsr__txn u = {.c = c, .op = op, .fresh = -1, .catchup = 1, .reshard = 1,
-             .term = tsr__coord_term(c)};
-    tsr_batch *b = tsr_xcalloc(1, sizeof *b);
-    tsr__reshard_moves *mv = NULL;
-    int64_t seq0 = 0, off0 = 0, *gseq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *gseq);
-    tsr__stream_freeze(c); /* the plan and every chunk 0 at one seq S */
-    int locked = 1;
-    int64_t t0 = tsr_clock_mono_ms(), t1 = 0, t2 = 0, t3 = 0, t4 = 0;
-    u.base = tsr__coord_snap_get(c);
-    u.newv = (int64_t)u.base->version + 1;
-    int rc = 0;
-    if (u.base->version == 0 || !u.base->plan)
-        rc = tsr_err(err, TSR_ESTATE, "no index yet: create it with UpdateIndex first");
-    if (!rc && n) {
-        if ((rc = tsr__coord_config_add_group(&c->cfg, (const char *const *)addrs, n, err)) == 0) {
-            u.fresh = (int)c->cfg.nshards - 1;
-            if ((rc = tsr__coord_group_append(c, err))) {
-                tsr__coord_group_retire(c, (size_t)u.fresh); /* its slot stays, unused */
-                u.fresh = -1;
-            } else {
-                rc = tsr__reshard_fresh_check(c, (size_t)u.fresh, err);
-            }
-        }
-    }
-    c->cfg.resharded = 1;
-    u.out = tsr_xcalloc((size_t)TSR_COORD_MAX_SHARDS * TSR_COORD_MAX_REPLICAS, 1);
-    pthread_mutex_lock(&c->op_mu);
-    op->shards_total = (int)c->cfg.nshards;
-    pthread_mutex_unlock(&c->op_mu);
-    tsr__snap *view = rc ? NULL : tsr__stream_base(c, u.base);
-    if (!rc)
-        rc = tsr__reshard_plan(c, op, view ? view : u.base, rm, &u.p, &mv, err);
-    tsr__stream_base_free(view);
-    u.b = b;
-    if (rc == 0) {
-        seq0 = u.carry_after = tsr__stream_last_seq(c);
-        off0 = tsr__stream_log_offset(c);
-        for (size_t g = 0; g < u.p.nshards; g++) /* each group's staged seq (chunk 0) */
-            gseq[g] = (int)g == u.fresh ? 0 : tsr__stream_group_seq(c, g);
-        rc = tsr__txn_stage(&u, TSR__STAGE_HEAD, err);
-    }
-    if (rc == 0) {
-        tsr__stream_thaw(c); /* writes flow on the served version meanwhile */
-        locked = 0;
-        t1 = tsr_clock_mono_ms();
-        rc = tsr__reshard_read(c, op, u.base->version, mv, &u.p, b, 1, err);
-    }
-    if (rc == 0)
-        rc = tsr__txn_stage(&u, TSR__STAGE_REST, err);
-    if (rc == 0)
-        rc = tsr__txn_prepare(&u, err);
-    if (!locked) { /* the catch-up, the flip and the Commit fan-out: writes wait again */
-        tsr__stream_freeze(c);
-        t2 = tsr_clock_mono_ms();
-    }
-    if (rc == 0 && (rc = tsr__txn_catch_up(&u, seq0, off0, gseq, err)) == 0)
-        tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
-    t3 = tsr_clock_mono_ms();
-    if (rc == 0)
-        rc = tsr__txn_flip(&u, err);
-    t4 = tsr_clock_mono_ms();
-    if (rc == 0) {
-        tsr__txn_commit(&u);
-        *version = u.newv;
-        pthread_mutex_lock(&c->op_mu);
-        op->lists_moved = op->lists_total;
-        pthread_mutex_unlock(&c->op_mu);
-    }
-    if (rc && u.fresh >= 0) /* the added group serves nothing: out of every later call */
-        tsr__coord_group_retire(c, (size_t)u.fresh);
-    tsr__txn_cleanup(&u, rc);
-    tsr__stream_thaw(c);
-    if (t2) /* docs/resharding.md "Writes during a move": what streamed writes waited for */
+                  .term = tsr__coord_term(c)};
+    move m = {.addrs = addrs, .n = n, .rm = rm, .b = tsr_xcalloc(1, sizeof *m.b)};
+    tsr__txn_planner pl = {.plan_frozen = 1, .split_stage = 1, .plan = move_plan,
+                           .fill = move_fill, .finish = move_finish, .ud = &m};
+    int rc = tsr__txn_run(&u, &pl, version, err);
+    const int64_t *t = u.t;
+    if (u.t_refrozen) /* docs/resharding.md "Writes during a move": what writes waited for */
         tsr_info("reshard %s: streamed writes held %lld ms for the plan and chunk 0, then "
                  "flowing %lld ms (read, staging, Prepare), held %lld ms from the catch-up "
                  "through the Commit fan-out (catch-up and directory %lld ms, flip %lld ms, "
-                 "Commit fan-out %lld ms)", op->id, (long long)(t1 - t0), (long long)(t2 - t1),
-                 (long long)(tsr_clock_mono_ms() - t2), (long long)(t3 - t2),
-                 (long long)(t4 - t3), (long long)(tsr_clock_mono_ms() - t4));
-    /* the base a success replaced is freed here, not by the last query on it */
-    tsr__snap_retire(u.base, rc ? 0 : TSR__SNAP_RETIRE_MS);
-    tsr__reshard_moves_free(mv);
-    free(gseq);
+                 "Commit fan-out %lld ms)", op->id,
+                 (long long)(t[TSR__TXN_T_STAGED] - t[TSR__TXN_T_START]),
+                 (long long)(u.t_refrozen - t[TSR__TXN_T_STAGED]),
+                 (long long)(u.t_thawed - u.t_refrozen),
+                 (long long)(t[TSR__TXN_T_CAUGHT] - u.t_refrozen),
+                 (long long)(t[TSR__TXN_T_FLIPPED] - t[TSR__TXN_T_CAUGHT]),
+                 (long long)(u.t_thawed - t[TSR__TXN_T_FLIPPED]));
+    tsr__reshard_moves_free(m.mv);
     if (rc == 0 && rm >= 0) {
         /* queries planned on the old version may still call it: drain, then retire */
         drain_wait(c->cfg.search_deadline_ms);
@@ -129,7 +126,7 @@ static int run_reshard(tsr__coord *c, tsr__op *op, char **addrs, size_t n, int r
         tsr_info("reshard %s: shard group %d removed (its processes may be stopped)", op->id,
                  rm);
     }
-    tsr_batch_destroy(b);
+    tsr_batch_destroy(m.b);
     return rc ? TESSERA__V1__OPERATION__STATE__FAILED : TESSERA__V1__OPERATION__STATE__SUCCEEDED;
 }
 

@@ -228,6 +228,11 @@ int tsr__coord_leading(tsr__coord *c)
     return c->meta == NULL || atomic_load(&c->lead.leading);
 }
 
+int tsr__coord_readopt_pending(tsr__coord *c)
+{
+    return atomic_load(&c->lead.readopt);
+}
+
 int64_t tsr__coord_term(tsr__coord *c)
 {
     return c->meta ? atomic_load(&c->lead.term) : 0;

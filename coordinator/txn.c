@@ -534,7 +534,7 @@ int tsr__txn_flip(tsr__txn *u, tsr_error *err)
         int64_t upto = tsr__stream_last_seq(c); /* T: the stream lock is ours */
         int blob = u->catchup && u->reshard;
         if (u->catchup && !u->reshard && upto > u->carry_after) {
-            if (atomic_load(&c->lead.readopt))
+            if (tsr__coord_readopt_pending(c))
                 blob = 1;
             else
                 carry = (tsr__meta_carry){u->base->version, u->carry_after, upto};
@@ -645,12 +645,89 @@ int tsr__txn_catch_up(tsr__txn *u, int64_t seq0, int64_t off0, int64_t *gseq, ts
     return 0;
 }
 
-/* Runs the update, phase by phase; returns the final state and fills err / *version.
- *
- * Streamed writes wait (queued) from the plan through the Commit fan-out: the plan's base
+/* ---------------------------------------------------------------- the engine */
+
+/* Streamed writes wait (frozen) from the plan through the Commit fan-out: the plan's base
  * and each group's base_stream_seq stay true, and no Write reaches a shard between the flip
- * and its Commit. A fold with catchup set (no records; docs/streaming.md "Writes during a
- * fold") holds them only for its Stage, and from its catch-up through its Commit fan-out: each group's Stage has capture_delta, so its Prepare folds the delta of seq S
- * while writes go on to the served version, and the rounds after S are carried to newv
- * before the flip, as a reshard move's are. A batch keeps the lock all along: the model
- * applies it at its commit point, after every write acknowledged before it. */
+ * and its Commit. A catch-up (u->catchup: a fold with no records, docs/streaming.md
+ * "Writes during a fold", or a move) holds them only for its plan (a move) and Stage chunk
+ * 0, and from its catch-up through its Commit fan-out: each group's Stage has
+ * capture_delta, so its Prepare folds the delta of seq S while writes go on to the served
+ * version, and the rounds after S are carried to newv before the flip. A batch keeps the
+ * stream frozen all along: the model applies it at its commit point, after every write
+ * acknowledged before it. */
+int tsr__txn_run(tsr__txn *u, const tsr__txn_planner *pl, int64_t *version, tsr_error *err)
+{
+    tsr__coord *c = u->c;
+    int64_t seq0 = 0, off0 = 0, *gseq = tsr_xcalloc(TSR_COORD_MAX_SHARDS + 1, sizeof *gseq);
+    int frozen = 0;
+    u->t[TSR__TXN_T_START] = tsr_clock_mono_ms();
+    if (pl->plan_frozen) {
+        tsr__stream_freeze(c);
+        frozen = 1;
+    }
+    /* the served snapshot changes only by a commit point, and update_mu is ours: a fold
+     * plans on it before the freeze (the overlay goes onto its directory after its Prepare
+     * and at its catch-up, tsr__stream_overlay_copy / _finish), so writes wait only for
+     * its Stage */
+    u->base = tsr__coord_snap_get(c);
+    u->newv = (int64_t)u->base->version + 1;
+    u->out = tsr_xcalloc((size_t)TSR_COORD_MAX_SHARDS * TSR_COORD_MAX_REPLICAS, 1);
+    int rc = pl->plan(u, pl->ud, err);
+    if (!frozen) {
+        tsr__stream_freeze(c);
+        frozen = 1;
+    }
+    if (rc == 0 && u->catchup) {
+        seq0 = u->carry_after = tsr__stream_last_seq(c);
+        off0 = tsr__stream_log_offset(c);
+        for (size_t g = 0; g < u->p.nshards; g++) /* each group's staged seq (chunk 0) */
+            gseq[g] = (int)g == u->fresh ? 0 : tsr__stream_group_seq(c, g);
+    }
+    u->t[TSR__TXN_T_PLANNED] = tsr_clock_mono_ms();
+    if (rc == 0)
+        rc = tsr__txn_stage(u, pl->split_stage ? TSR__STAGE_HEAD : TSR__STAGE_ALL, err);
+    if (rc == 0 && u->catchup) {
+        tsr__stream_thaw(c); /* writes flow on the served version meanwhile */
+        frozen = 0;
+    }
+    u->t[TSR__TXN_T_STAGED] = tsr_clock_mono_ms();
+    if (rc == 0 && pl->fill)
+        rc = pl->fill(u, pl->ud, err);
+    if (rc == 0 && pl->split_stage)
+        rc = tsr__txn_stage(u, TSR__STAGE_REST, err);
+    if (rc == 0)
+        rc = tsr__txn_prepare(u, err);
+    if (rc == 0 && u->catchup && pl->prepared)
+        pl->prepared(u, pl->ud);
+    if (!frozen) { /* the catch-up, the flip and the Commit fan-out: writes wait again */
+        tsr__stream_freeze(c);
+        frozen = 1;
+        u->t_refrozen = tsr_clock_mono_ms();
+    }
+    u->t[TSR__TXN_T_PREPARED] = tsr_clock_mono_ms();
+    if (rc == 0 && u->catchup && (rc = tsr__txn_catch_up(u, seq0, off0, gseq, err)) == 0) {
+        tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
+        if (pl->caught_up)
+            pl->caught_up(u, pl->ud);
+    }
+    u->t[TSR__TXN_T_CAUGHT] = tsr_clock_mono_ms();
+    if (rc == 0)
+        rc = tsr__txn_flip(u, err);
+    u->t[TSR__TXN_T_FLIPPED] = tsr_clock_mono_ms();
+    if (rc == 0) {
+        tsr__txn_commit(u);
+        *version = u->newv;
+        u->t[TSR__TXN_T_COMMITTED] = tsr_clock_mono_ms();
+    }
+    if (pl->finish)
+        pl->finish(u, pl->ud, rc);
+    tsr__txn_cleanup(u, rc);
+    tsr__stream_thaw(c);
+    u->t_thawed = tsr_clock_mono_ms();
+    /* the base a success replaced is freed here, not by the last query on it */
+    tsr__snap_retire(u->base, rc ? 0 : TSR__SNAP_RETIRE_MS);
+    free(gseq);
+    return rc;
+}
+

@@ -12,9 +12,11 @@
  *   commit    tsr__txn_commit: Commit(newv) to every replica (reconcile fixes a miss);
  *   cleanup   tsr__txn_cleanup: a failure before the flip aborts newv everywhere.
  *
- * A tsr__txn is driven by its caller (the planner) on the update thread, which holds
- * update_mu throughout and the stream lock where the planner says (stream.h). The
- * operation's progress is written under op_mu (ops.h).
+ * tsr__txn_run drives them in that order for a planner (tsr__txn_planner: its plan and
+ * a few hooks): UpdateIndex and the fold (update.c), AddShardGroup / RemoveShardGroup
+ * (reshard_move.c). It runs on the update thread, which holds update_mu throughout; the
+ * engine freezes the stream (stream.h) where the planner's kind says. The operation's
+ * progress is written under op_mu (ops.h).
  * Also the operation helpers the planners share (tsr__op_set, tsr__op_finish) and the
  * all-replica fan-out with update_min_replicas (tsr__txn_fan).
  */
@@ -26,7 +28,12 @@
 
 #include "coord.h"
 
-/* One update between its phases. */
+/* The steps tsr__txn_run times: start, planned (and frozen), staged (chunk 0 of a move),
+ * prepared (and frozen again), caught up, flipped, committed. */
+enum { TSR__TXN_T_START, TSR__TXN_T_PLANNED, TSR__TXN_T_STAGED, TSR__TXN_T_PREPARED,
+       TSR__TXN_T_CAUGHT, TSR__TXN_T_FLIPPED, TSR__TXN_T_COMMITTED, TSR__TXN_NT };
+
+/* One new version between its phases. */
 typedef struct tsr__txn {
     tsr__coord *c;
     tsr__op *op;
@@ -48,6 +55,10 @@ typedef struct tsr__txn {
                                    its log header and its publication install */
     int64_t carry_after;        /* a fold: the seq S its slices hold the writes up to */
     int64_t term;               /* the leader term it began in: it commits only under it */
+    /* set by tsr__txn_run (tsr_clock_mono_ms), for the planners' log lines */
+    int64_t t[TSR__TXN_NT];     /* the ends of its steps (TSR__TXN_T_*) */
+    int64_t t_refrozen;         /* when the stream froze again for the catch-up (0: never) */
+    int64_t t_thawed;           /* when the stream thawed at the end */
 } tsr__txn;
 
 /* What tsr__txn_stage sends: every chunk (an update), or a move's chunk 0 alone (no record:
@@ -102,5 +113,41 @@ void tsr__txn_cleanup(tsr__txn *u, int rc);
 int tsr__txn_catch_up(tsr__txn *u, int64_t seq0, int64_t off0, int64_t *gseq, tsr_error *err);
 
 
+
+/* A planner: what one kind of version change adds to the transaction (update.c: an
+ * UpdateIndex or a fold; reshard_move.c: a move). tsr__txn_run calls its hooks in order;
+ * ud is passed to each. */
+typedef struct tsr__txn_planner {
+    /* 1: the plan runs with the stream frozen (an update with records, a move); 0: before
+     * it (a fold: it plans on the served version, the overlay joins at its catch-up) */
+    int plan_frozen;
+    /* 1: Stage sends chunk 0 alone with the stream frozen, then fill (stream thawed), then
+     * the rest (a move); 0: every chunk in one go */
+    int split_stage;
+    /* u->base and u->newv are set: fill u->p (and u->b). Returns 0 or an error code. */
+    int (*plan)(tsr__txn *u, void *ud, tsr_error *err);
+    /* optional, after chunk 0 with the stream thawed: the records of the rest (a move's
+     * read of the moved records). */
+    int (*fill)(tsr__txn *u, void *ud, tsr_error *err);
+    /* optional, after a successful Prepare of a catch-up, the stream thawed (a fold copies
+     * the overlay into its directory). */
+    void (*prepared)(tsr__txn *u, void *ud);
+    /* optional, after a successful catch-up, before the flip (the stream frozen). */
+    void (*caught_up)(tsr__txn *u, void *ud);
+    /* optional, the stream frozen, after the commit (rc 0) or a failure (rc set), before the
+     * cleanup aborts what a failure staged. */
+    void (*finish)(tsr__txn *u, void *ud, int rc);
+    void *ud;
+} tsr__txn_planner;
+
+/* The version transaction, driven by pl: freeze the stream (before or after the plan, as
+ * pl says), take the served snapshot as the base (u->base, u->newv = its version + 1),
+ * plan, stage, for a catch-up (u->catchup) thaw while Stage's rest and Prepare run and
+ * freeze again for the catch-up, then flip (the commit point) and commit; any failure
+ * before the flip aborts newv (tsr__txn_cleanup). Holds update_mu's caller's word that no
+ * other version change runs. On return the stream is thawed and the base retired. u: c,
+ * op, fresh, catchup, reshard and term set, the rest zero. Returns 0 (*version = newv) or
+ * an error code with err set. */
+int tsr__txn_run(tsr__txn *u, const tsr__txn_planner *pl, int64_t *version, tsr_error *err);
 
 #endif

@@ -116,86 +116,64 @@ static void report_to_pb(const tsr_batch_report *r, uint8_t **out, size_t *outle
     free(erp);
 }
 
+/* ---------------------------------------------------------------- the planner */
+
+/* An update (records, or a fold: none, catchup) on the version transaction (txn.h): the
+ * plan of update_plan.c on the served version (a batch: with the streamed writes, the
+ * stream frozen), every chunk staged at once. */
+static int update_plan(tsr__txn *u, void *ud, tsr_error *err)
+{
+    (void)ud;
+    return tsr__txn_plan(u, !u->catchup, err);
+}
+
+/* A fold, after its Prepare: the directory gets the overlay so far, with writes flowing. */
+static void update_prepared(tsr__txn *u, void *ud)
+{
+    (void)ud;
+    u->ov_mark = tsr__stream_overlay_copy(u->c, u->base, u->p.ns);
+}
+
+static void update_caught_up(tsr__txn *u, void *ud)
+{
+    (void)u;
+    (void)ud;
+    tsr_test_sleep(TSR_KNOB_COORD_SLOW_FLIP_MS, "the fold's flip after its catch-up");
+}
+
+/* After the commit: where the time went (the stream still frozen, as before). */
+static void update_finish(tsr__txn *u, void *ud, int rc)
+{
+    (void)ud;
+    if (rc)
+        return;
+    const int64_t *t = u->t;
+    if (u->catchup)
+        tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld, "
+                 "catch-up %lld, commit point %lld, commit fan-out %lld (streamed writes "
+                 "flowed during the plan and the prepare)", u->op->id,
+                 (long long)u->newv, (long long)(t[1] - t[0]), (long long)(t[2] - t[1]),
+                 (long long)(t[3] - t[2]), (long long)(t[4] - t[3]),
+                 (long long)(t[5] - t[4]), (long long)(t[6] - t[5]));
+    else
+        tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld, commit "
+                 "point %lld, commit fan-out %lld (streamed writes waited all along)",
+                 u->op->id, (long long)u->newv, (long long)(t[1] - t[0]),
+                 (long long)(t[2] - t[1]), (long long)(t[3] - t[2]),
+                 (long long)(t[5] - t[3]), (long long)(t[6] - t[5]));
+}
+
+/* Runs the update; returns the final state and fills err / *version. */
 static int run_update(tsr__coord *c, tsr__op *op, tsr_batch *b, int catchup,
                       int64_t *version, tsr_error *err)
 {
-    tsr__txn u = {.c = c, .op = op, .b = b, .fresh = -1, .catchup = catchup && b->nrecords == 0 &&
-                                                               b->ndeletes == 0,
-             .term = tsr__coord_term(c)};
-    int64_t seq0 = 0, off0 = 0, *gseq = NULL;
-    int locked = 0;
-    int64_t t[7] = {tsr_clock_mono_ms(), 0, 0, 0, 0, 0, 0}; /* the phases' ends, for the log */
-    if (!u.catchup) {
-        tsr__stream_freeze(c);
-        locked = 1;
-    }
-    /* the served snapshot changes only by a commit point, and update_mu is ours: a fold
-     * plans on it before the lock (the overlay goes onto its directory after its Prepare
-     * and at its catch-up, tsr__stream_overlay_copy / _finish), so writes wait only for
-     * its Stage */
-    u.base = tsr__coord_snap_get(c);
-    u.newv = (int64_t)u.base->version + 1;
-    u.out = tsr_xcalloc(c->nrep ? c->nrep : 1, 1);
-    int rc = tsr__txn_plan(&u, !u.catchup, err);
-    if (!locked) {
-        tsr__stream_freeze(c);
-        locked = 1;
-    }
-    if (rc == 0 && u.catchup) {
-        seq0 = u.carry_after = tsr__stream_last_seq(c);
-        off0 = tsr__stream_log_offset(c);
-        gseq = tsr_xcalloc(u.p.nshards + 1, sizeof *gseq);
-        for (size_t g = 0; g < u.p.nshards; g++) /* each group's staged seq (chunk 0) */
-            gseq[g] = tsr__stream_group_seq(c, g);
-    }
-    t[1] = tsr_clock_mono_ms();
-    if (rc == 0)
-        rc = tsr__txn_stage(&u, TSR__STAGE_ALL, err);
-    if (rc == 0 && u.catchup) {
-        tsr__stream_thaw(c); /* writes flow on the served version meanwhile */
-        locked = 0;
-    }
-    t[2] = tsr_clock_mono_ms();
-    if (rc == 0)
-        rc = tsr__txn_prepare(&u, err);
-    if (rc == 0 && u.catchup) /* the directory: the overlay so far, with writes flowing */
-        u.ov_mark = tsr__stream_overlay_copy(c, u.base, u.p.ns);
-    if (!locked) { /* the catch-up, the flip and the Commit fan-out: writes wait again */
-        tsr__stream_freeze(c);
-        locked = 1;
-    }
-    t[3] = tsr_clock_mono_ms();
-    if (rc == 0 && u.catchup && (rc = tsr__txn_catch_up(&u, seq0, off0, gseq, err)) == 0) {
-        tsr__coord_crash_point("caught-up"); /* the rounds on N+1, not yet the flip */
-        tsr_test_sleep(TSR_KNOB_COORD_SLOW_FLIP_MS, "the fold's flip after its catch-up");
-    }
-    t[4] = tsr_clock_mono_ms();
-    if (rc == 0)
-        rc = tsr__txn_flip(&u, err);
-    t[5] = tsr_clock_mono_ms();
-    if (rc == 0) {
-        tsr__txn_commit(&u);
-        *version = u.newv;
-        t[6] = tsr_clock_mono_ms();
-        if (u.catchup)
-            tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld, "
-                     "catch-up %lld, commit point %lld, commit fan-out %lld (streamed writes "
-                     "flowed during the plan and the prepare)", op->id,
-                     (long long)u.newv, (long long)(t[1] - t[0]), (long long)(t[2] - t[1]),
-                     (long long)(t[3] - t[2]), (long long)(t[4] - t[3]),
-                     (long long)(t[5] - t[4]), (long long)(t[6] - t[5]));
-        else
-            tsr_info("update %s: version %lld: plan %lld ms, stage %lld, prepare %lld, commit "
-                     "point %lld, commit fan-out %lld (streamed writes waited all along)",
-                     op->id, (long long)u.newv, (long long)(t[1] - t[0]),
-                     (long long)(t[2] - t[1]), (long long)(t[3] - t[2]),
-                     (long long)(t[5] - t[3]), (long long)(t[6] - t[5]));
-    }
-    tsr__txn_cleanup(&u, rc);
-    tsr__stream_thaw(c);
-    /* the base a success replaced is freed here, not by the last query on it */
-    tsr__snap_retire(u.base, rc ? 0 : TSR__SNAP_RETIRE_MS);
-    free(gseq);
+    tsr__txn u = {.c = c, .op = op, .b = b, .fresh = -1,
+                  .catchup = catchup && b->nrecords == 0 && b->ndeletes == 0,
+                  .term = tsr__coord_term(c)};
+    tsr__txn_planner pl = {.plan_frozen = !u.catchup, .plan = update_plan,
+                           .prepared = update_prepared, .caught_up = update_caught_up,
+                           .finish = update_finish};
+    int rc = tsr__txn_run(&u, &pl, version, err);
     return rc ? TESSERA__V1__OPERATION__STATE__FAILED : TESSERA__V1__OPERATION__STATE__SUCCEEDED;
 }
 

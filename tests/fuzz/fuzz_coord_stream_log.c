@@ -36,11 +36,10 @@ static void sum(const tsr__coord *c, st_sum *s)
         s->grp[g] = c->st->grp_seq[g];
 }
 
-/* tsr__stream_init expects the zeroed state of a new coordinator (main.c); close leaves the
- * overlay counters as they were, so they are zeroed here. */
+/* A start-up of the stream from the log: tsr__stream_init creates the state anew (close
+ * freed the last one), as for a new coordinator (main.c). */
 static int start(tsr_error *err)
 {
-    C.st->ov_records = C.st->d_dense = C.st->d_sparse = 0;
     return tsr__stream_init(&C, err);
 }
 

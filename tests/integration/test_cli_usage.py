@@ -157,6 +157,16 @@ check(r.returncode == 2 and "unknown command 'index bogus'" in r.stderr and
       "tessera index --help" in r.stderr, "tessera index bogus", r)
 r = run("bogus")
 check(r.returncode == 2 and "tessera: unknown command 'bogus'" in r.stderr, "tessera bogus", r)
+# a typo names the unknown word, not its options, and the nearest command (issue 41)
+r = run("querry", "--target", "127.0.0.1:1")
+check(r.returncode == 2 and "unknown command 'querry';" in r.stderr and
+      "did you mean 'query'?" in r.stderr and "--target" not in r.stderr, "tessera querry", r)
+r = run("cluster", "upp", "--data", "x")
+check(r.returncode == 2 and "unknown command 'cluster upp'; did you mean 'cluster up'?" in
+      r.stderr, "tessera cluster upp", r)
+# a --target without a port is HOST:7000 (cluster up's default), not gRPC's 443
+r = run("health", "--target", "localhost", "--timeout-ms", "500")
+check(r.returncode == 0 or "localhost:7000" in r.stderr, "--target localhost is localhost:7000", r)
 r = run()
 check(r.returncode == 2 and "usage: tessera" in r.stderr, "tessera alone: usage, exit 2", r)
 
@@ -164,7 +174,7 @@ check(r.returncode == 2 and "usage: tessera" in r.stderr, "tessera alone: usage,
 for cmd in (["index", "build"], ["index", "search"], ["index", "check"], ["index", "info"],
             ["index", "rewrite"], ["batch", "inspect"], ["query"], ["update"], ["read"],
             ["upsert"], ["remove"], ["stats"], ["health"], ["cluster", "up"],
-            ["shards", "add"], ["shards", "remove"]):
+            ["shards", "add"], ["shards", "remove"], ["cluster", "add-group"]):
     r = run(*(cmd + ["--help"]))
     check(r.returncode == 0 and r.stdout.startswith("usage: tessera " + " ".join(cmd)) and
           re.search(r"Exit( status:)? 0", r.stdout) and

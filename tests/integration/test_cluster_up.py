@@ -13,7 +13,12 @@ another cluster's).
      few seconds and the tail of that process's log, instead of a restart loop;
   e. --metrics-listen HOST:PORT: the coordinator serves /metrics on PORT, shard i on
      PORT+1+i, the shards with tessera_version, tessera_vectors and tessera_lists;
-  f. a --data whose kept coordinator.json names other shard ports (another --port) is refused.
+  f. a --data whose kept coordinator.json names other shard ports (another --port) is refused;
+  g. a flag that contradicts the kept coordinator.json (--dimensions 128 on a folder at 64,
+     --distance, --nlist, --pq-m, --nprobe, --shards) stops the start (exit 1, nothing
+     started) naming the flag, both values and what to do; so does one that contradicts a
+     --config file, and --etcd-local on a folder served without etcd (test_ha_cluster_up
+     checks the converse); a flag that agrees (--dimensions 64) starts as before (case c).
 """
 import os
 import shutil
@@ -188,7 +193,7 @@ def case_listening_is_true(tmp, fails, data, port, q, nrec):
     mport = free_range(SHARDS)
     while port <= mport <= port + SHARDS or mport <= port <= mport + SHARDS:
         mport = free_range(SHARDS)
-    c = Cluster(data, port, "--metrics-listen", "127.0.0.1:%d" % mport)
+    c = Cluster(data, port, "--metrics-listen", "127.0.0.1:%d" % mport, "--dimensions", "64")
     try:
         line = c.wait_line("coordinator listening", 90)
         if line is None:
@@ -222,6 +227,57 @@ def case_listening_is_true(tmp, fails, data, port, q, nrec):
         c.stop()
 
 
+def case_contradicting_flags(tmp, fails, data, port):
+    """g. A's folder (written with the defaults: 64 dimensions, SQUARED_L2, nlist 64, pq_m 16,
+    nprobe 8, 2 shards) with flags that say otherwise: refused, each naming flag and values."""
+    cases = [(["--dimensions", "128"], ["--dimensions 128", "dimensions 64"]),
+             (["--distance", "DOT_PRODUCT"], ["--distance DOT_PRODUCT", "distance SQUARED_L2"]),
+             (["--nlist", "32"], ["--nlist 32", "nlist 64"]),
+             (["--pq-m", "8"], ["--pq-m 8", "pq_m 16"]),
+             (["--nprobe", "4"], ["--nprobe 4", "nprobe 8"])]
+    cfg0 = open(os.path.join(data, "coordinator.json")).read()
+    for flags, want in cases:
+        rc, out, secs = up_once(data, port, 8, *flags)
+        print("g. %s on a kept config: exit %s: %s" % (" ".join(flags), rc,
+                                                       out.strip().splitlines()[:1]))
+        missing = [w for w in want + ["coordinator.json", "another --data", "drop"] if w not in out]
+        if rc != 1 or missing or "listening" in out or "starting" in out:
+            fails.append("%s on a kept config at other values: exit %s, missing %s:\n%s"
+                         % (" ".join(flags), rc, missing, out))
+    # --shards: the kept shard list is 2 groups; SHARDS is already on the command line
+    p = subprocess.run([TESSERA, "cluster", "up", "--data", data, "--port", str(port),
+                        "--shards", "3"], capture_output=True, text=True, timeout=15)
+    print("g. --shards 3 on a kept 2-shard config: exit %d" % p.returncode)
+    if p.returncode != 1 or "--shards 3" not in p.stderr or "--shards %d" % SHARDS not in p.stderr:
+        fails.append("--shards 3 on a kept 2-shard config: exit %d\n%s" % (p.returncode, p.stderr))
+    if open(os.path.join(data, "coordinator.json")).read() != cfg0:
+        fails.append("the kept coordinator.json changed")
+    # --etcd-local on a folder whose index was served without etcd (DIR/coordinator)
+    if os.access(os.environ.get("TSR_ETCD") or shutil.which("etcd") or "/usr/bin/etcd", os.X_OK):
+        rc, out, secs = up_once(data, port, 8, "--etcd-local", "1")
+        print("g. --etcd-local 1 on a folder served without etcd: exit %s" % rc)
+        if rc != 1 or "--etcd-local 1" not in out or "without --etcd-local" not in out:
+            fails.append("--etcd-local 1 on a folder served without etcd: exit %s\n%s" % (rc, out))
+    # --config FILE with a flag it contradicts
+    cfg = os.path.join(tmp, "c32.json")
+    with open(cfg, "w") as f:
+        f.write(cfg0.replace('"dimensions": 64', '"dimensions": 32'))
+    rc, out, secs = up_once(os.path.join(tmp, "withcfg"), free_range(SHARDS), 8, "--config", cfg,
+                            "--dimensions", "64")
+    print("g. --dimensions 64 with a --config at 32: exit %s" % rc)
+    if rc != 1 or "--dimensions 64" not in out or "dimensions 32" not in out or cfg not in out:
+        fails.append("--dimensions 64 with --config at 32: exit %s\n%s" % (rc, out))
+
+
+def report(fails):
+    """Prints each failure (or "ok"); the exit status of a test."""
+    for f in fails:
+        print("FAIL:", f)
+    if not fails:
+        print("ok")
+    return 1 if fails else 0
+
+
 def main():
     fails = []
     tmp = tempfile.mkdtemp(prefix="tsr-clusterup-")
@@ -251,16 +307,13 @@ def main():
         print("f. A's folder on another port: exit %s after %.1f s" % (rc, secs))
         if rc != 1 or "coordinator.json" not in out or "listening" in out:
             fails.append("a kept coordinator.json for other ports was used: exit %s\n%s" % (rc, out))
+        case_contradicting_flags(tmp, fails, a_data, a_port)
         case_listening_is_true(tmp, fails, a_data, a_port, q, 600)
     finally:
         if a is not None:
             a.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    for f in fails:
-        print("FAIL:", f)
-    if not fails:
-        print("ok")
-    return 1 if fails else 0
+    return report(fails)
 
 
 if __name__ == "__main__":

@@ -175,6 +175,7 @@ def run(distance):
             got = [(lab(n), n.distance) for n in nn[0].neighbors]
             assert [g[0] for g in got] == [r[0] for r in ref], (j, got, ref)
             assert np.allclose([g[1] for g in got], [r[1] for r in ref], rtol=1e-4, atol=1e-4)
+            assert not any(n.sparse_only for n in nn[0].neighbors), (j,)
             checked["dense"] += 1
             refc = dense_ref(qv, ok, 2)
             assert [lab(n) for n in nn[1].neighbors] == [r[0] for r in refc], (j,)
@@ -194,6 +195,8 @@ def run(distance):
                         assert abs(n.sparse_distance - smap[lab(n)]) < 1e-4
                     if lab(n) in dmap:
                         assert abs(n.distance - dmap[lab(n)]) < 1e-3 * max(1, abs(dmap[lab(n)]))
+                    # found only by the sparse search: said so (the CLI prints `distance -`)
+                    assert n.sparse_only == (lab(n) not in dmap), (j, lab(n), n)
                 checked["rrf"] += 1
                 r0 = rrf(deep, deeps, 0.0)
                 assert [lab(n) for n in nn[4].neighbors] == r0 == [r[0] for r in refs], (j,)

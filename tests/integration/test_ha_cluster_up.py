@@ -11,7 +11,11 @@
   d. kill -9 of the leader coordinator: the other answers at once, the supervisor
      restarts the killed one (same address), which serves the same answers again;
   e. kill -9 of an etcd member: restarted by the supervisor; an update still succeeds;
-  f. SIGTERM stops everything: exit 0, no process of the run left.
+  f. SIGTERM stops everything: exit 0 within 5 s, no process killed after the grace period
+     (the etcd leader used to wait for a stopped peer: "etcd-2 did not stop in 5000 ms;
+     killing"), no process of the run left;
+  g. the folder (etcd-0..2 kept) without --etcd-local, or with --etcd-local 1: exit 1 naming
+     --etcd-local 3, nothing started.
 Exit 77 only when etcd is not installed.
 """
 import json
@@ -144,12 +148,25 @@ def main():
             time.sleep(0.3)
         print("e. kill -9 of etcd-1: update ok; etcd-1 restarted")
     finally:
+        t_stop = time.time()
         c.stop()
+        t_stop = time.time() - t_stop
     # f.
-    assert c.p.returncode == 0, (c.p.returncode, "".join(c.lines[-20:]))
+    rest = c.p.stdout.read()
+    assert c.p.returncode == 0, (c.p.returncode, "".join(c.lines[-20:]) + rest)
     left = pids_of(data, "")
     assert not left, "processes left: %s" % left
-    print("f. SIGTERM: exit 0, nothing left")
+    # every process stops on SIGTERM (the etcd members one at a time, so that none waits
+    # for a stopped peer): none is killed after the grace period
+    assert "did not stop" not in rest and t_stop < 5, (t_stop, rest)
+    print("f. SIGTERM: exit 0 in %.1f s, nothing killed, nothing left" % t_stop)
+    # g. the folder of a 3-member etcd without --etcd-local, or with another member count
+    for extra in ([], ["--coordinators", "2", "--etcd-local", "1"]):
+        r = subprocess.run([TESSERA, "cluster", "up", "--data", data, "--shards", "2", "--port",
+                            str(port)] + extra, capture_output=True, text=True, timeout=20)
+        assert r.returncode == 1 and "contradicts" in r.stderr and "--etcd-local 3" in r.stderr, \
+            (extra, r.returncode, r.stderr)
+    print("g. its folder without --etcd-local, or with --etcd-local 1: refused (exit 1)")
     print("test_ha_cluster_up: OK")
 
 
