@@ -422,31 +422,13 @@ static int add_vertex_v1_methods(tsr_rpc_server *srv, tsr__coord *c)
     static const char *const index_methods[] = {
         TSR_VERTEX_V1_INDEX_SVC "CreateIndex", TSR_VERTEX_V1_INDEX_SVC "ListIndexes",
         TSR_VERTEX_V1_INDEX_SVC "DeleteIndex"};
-    if (tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
-                                  tsr__vertex_v1_rpc_find_neighbors, c, TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints",
-                                  tsr__vertex_v1_rpc_read, c, TSR_RPC_LONG) ||
+    if (tsr_rpc_server_add_typed(srv, tsr__vertex_v1_methods, tsr__vertex_v1_nmethods, c) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "FindNeighbors", ROLE_QUERY) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_SVC "ReadIndexDatapoints", ROLE_QUERY) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "GetIndex",
-                                  tsr__vertex_v1_rpc_get_index, c, 0) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "UpdateIndex",
-                                  tsr__vertex_v1_rpc_update_index, c, 0) ||
-        tsr_rpc_server_add_method(srv, TSR_LRO_SVC "GetOperation",
-                                  tsr__vertex_v1_rpc_get_operation, c, 0) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
-                                  tsr__vertex_v1_rpc_upsert, c, TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_V1_INDEX_SVC "RemoveDatapoints",
-                                  tsr__vertex_v1_rpc_remove, c, TSR_RPC_LONG) ||
+        tsr_rpc_server_add_typed(srv, tsr__vertex_v1_index_methods,
+                                 tsr__vertex_v1_index_nmethods, c) ||
         tsr_rpc_server_set_role(srv, TSR_VERTEX_V1_INDEX_SVC "GetIndex", ROLE_QUERY) ||
-        tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY) ||
-        /* recursive request types (google.protobuf.Struct/Value): nesting checked first */
-        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_SVC "FindNeighbors",
-            &google__cloud__aiplatform__v1__find_neighbors_request__descriptor) ||
-        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_INDEX_SVC "UpdateIndex",
-            &google__cloud__aiplatform__v1__update_index_request__descriptor) ||
-        tsr_rpc_server_set_request_type(srv, TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints",
-            &google__cloud__aiplatform__v1__upsert_datapoints_request__descriptor))
+        tsr_rpc_server_set_role(srv, TSR_LRO_SVC "GetOperation", ROLE_QUERY))
         return TSR_EINTERNAL;
     for (size_t i = 0; i < sizeof index_methods / sizeof index_methods[0]; i++)
         if (tsr_rpc_server_add_method(srv, index_methods[i], tsr__vertex_v1_rpc_unimplemented,
@@ -463,26 +445,9 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
      * polling thread and never blocks, so it is not TSR_RPC_LONG */
     if (tsr_rpc_server_add_method(srv, SVC "FindNeighbors", tsr__coord_rpc_find_neighbors, c,
                                   0) ||
-        tsr_rpc_server_add_method(srv, SVC "ReadIndexDatapoints", tsr__coord_rpc_read, c,
-                                  TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, SVC "GetIndexStats", tsr__coord_rpc_stats, c,
-                                  TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, SVC "UpdateIndex", tsr__coord_rpc_update, c, 0) ||
-        tsr_rpc_server_add_method(srv, SVC "GetOperation", tsr__coord_rpc_get_operation, c, 0) ||
-        /* streamed writes wait for their round: worker pool; role admin (the default) */
-        tsr_rpc_server_add_method(srv, SVC "UpsertDatapoints", tsr__coord_rpc_upsert, c,
-                                  TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, SVC "RemoveDatapoints", tsr__coord_rpc_remove, c,
-                                  TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, SVC "AddShardGroup", tsr__coord_rpc_add_group, c, 0) ||
-        tsr_rpc_server_add_method(srv, SVC "RemoveShardGroup", tsr__coord_rpc_remove_group, c,
-                                  0) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, c,
-                                  TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match,
-                                  c, TSR_RPC_LONG) ||
-        tsr_rpc_server_add_method(srv, TSR_VERTEX_SVC "BatchGetEmbeddings",
-                                  tsr__vertex_rpc_batch_get_embeddings, c, TSR_RPC_LONG))
+        /* the typed ones (frontend/tessera_v1.c's table: flags, nesting checks) */
+        tsr_rpc_server_add_typed(srv, tsr__tessera_v1_methods, tsr__tessera_v1_nmethods, c) ||
+        tsr_rpc_server_add_typed(srv, tsr__vertex_methods, tsr__vertex_nmethods, c))
         return TSR_EINTERNAL;
     /* role query: the read side; every other method (UpdateIndex and later writes) needs
      * admin, the default of a method without a role */
@@ -493,7 +458,8 @@ static int add_methods(tsr_rpc_server *srv, tsr__coord *c)
     for (size_t i = 0; i < sizeof query_methods / sizeof query_methods[0]; i++)
         if (tsr_rpc_server_set_role(srv, query_methods[i], ROLE_QUERY))
             return TSR_EINTERNAL;
-    /* IndexDatapoint.embedding_metadata is a google.protobuf.Struct (recursive) */
+    /* IndexDatapoint.embedding_metadata is a google.protobuf.Struct (recursive); the typed
+     * methods' nesting checks are found from their descriptors */
     if (tsr_rpc_server_set_request_type(srv, SVC "FindNeighbors",
                                         &tessera__v1__find_neighbors_request__descriptor) ||
         tsr_rpc_server_set_request_type(srv, SVC "UpsertDatapoints",

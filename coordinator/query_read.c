@@ -107,13 +107,12 @@ int tsr__coord_read(tsr__coord *c, char *const *ids, size_t n_ids, int64_t remai
         size_t s = calls[k].group;
         tsr_rpc_result *res = &calls[k].result;
         free(bufs[s]);
-        if (res->code == TSR_RPC_OK) {
-            resp[s] = tessera__v1__shard_read_response__unpack(NULL, res->len, res->data);
-            if (!resp[s] || resp[s]->n_datapoints != sr[s].n_labels) {
-                res->code = TSR_RPC_INTERNAL;
-                free(res->message);
-                res->message = tsr_xstrdup("malformed Read response");
-            }
+        resp[s] = (Tessera__V1__ShardReadResponse *)(void *)
+            tsr_rpc_result_unpack(res, &tessera__v1__shard_read_response__descriptor, NULL);
+        if (resp[s] && resp[s]->n_datapoints != sr[s].n_labels) {
+            res->code = TSR_RPC_INTERNAL;
+            free(res->message);
+            res->message = tsr_xstrdup("malformed Read response: a datapoint per label expected");
         }
         if (res->code != TSR_RPC_OK && !rc)
             rc = tsr_err(err, TSR_EUNAVAILABLE, "shard %zu (%s) failed: %s: %s", s,

@@ -241,9 +241,8 @@ static int observe_once(tsr__coord *c)
     for (size_t k = 0; k < R; k++) {
         tsr__replica *r = &c->rep[k];
         tsr_rpc_result *res = &calls[k].result;
-        Tessera__V1__ShardStatsResponse *st = NULL;
-        if (res->code == TSR_RPC_OK)
-            st = tessera__v1__shard_stats_response__unpack(NULL, res->len, res->data);
+        Tessera__V1__ShardStatsResponse *st = (Tessera__V1__ShardStatsResponse *)(void *)
+            tsr_rpc_result_unpack(res, &tessera__v1__shard_stats_response__descriptor, NULL);
         tsr_rpc_result_close(res);
         if (!st) {
             atomic_store(&r->stream_behind, 1);
@@ -292,9 +291,8 @@ int tsr__coord_reconcile_once(tsr__coord *c)
             continue;
         }
         tsr__replica_note(c, k, TSR_SHARD_SVC "Stats", res->code, secs);
-        Tessera__V1__ShardStatsResponse *st = NULL;
-        if (res->code == TSR_RPC_OK)
-            st = tessera__v1__shard_stats_response__unpack(NULL, res->len, res->data);
+        Tessera__V1__ShardStatsResponse *st = (Tessera__V1__ShardStatsResponse *)(void *)
+            tsr_rpc_result_unpack(res, &tessera__v1__shard_stats_response__descriptor, NULL);
         tsr_rpc_result_close(res);
         if (!st) {
             off++;

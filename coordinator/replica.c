@@ -710,14 +710,8 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
         size_t k = (size_t)(uintptr_t)calls[i].user;
         tsr_rpc_result *r = &calls[i].result;
         tsr__replica_note(c, k, method, r->code, secs);
-        if (r->code == TSR_RPC_OK && rdesc && resps) {
-            resps[k] = protobuf_c_message_unpack(rdesc, NULL, r->len, r->data);
-            if (!resps[k]) {
-                r->code = TSR_RPC_INTERNAL;
-                free(r->message);
-                r->message = tsr_xstrdup("malformed response");
-            }
-        }
+        if (rdesc && resps) /* a reply that does not parse makes r INTERNAL */
+            resps[k] = tsr_rpc_result_unpack(r, rdesc, NULL);
         if (r->code != TSR_RPC_OK) {
             if (!bad) {
                 char nm[600];

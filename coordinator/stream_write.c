@@ -402,8 +402,8 @@ static int mask_merge(round *R, tsr__sreq *q, char *msg, size_t cap)
     for (size_t k = 0; k < nc; k++) {
         size_t g = calls[k].group;
         tsr_rpc_result *res = &calls[k].result;
-        if (res->code == TSR_RPC_OK)
-            rr[g] = tessera__v1__shard_read_response__unpack(NULL, res->len, res->data);
+        rr[g] = (Tessera__V1__ShardReadResponse *)(void *)
+            tsr_rpc_result_unpack(res, &tessera__v1__shard_read_response__descriptor, NULL);
         if ((!rr[g] || rr[g]->n_datapoints != rd[g].n_labels) && code == TSR_RPC_OK) {
             snprintf(msg, cap, "update_mask all_restricts: reading the stored datapoints from "
                      "shard %zu (%s) failed: %s: %s; nothing was written", g, c->cfg.shards[g],

@@ -3,7 +3,10 @@
  * (malformed protobuf, wrong dimension, unknown or duplicate list, k out of 1..10000,
  * empty query → INVALID_ARGUMENT with a message naming the query and field; a version the
  * shard does not hold → FAILED_PRECONDITION), run it on an immutable version snapshot
- * (scan.c) or on the update state (update.c), and encode the reply.
+ * (scan.c) or on the update state (update.c), and fill the reply. Typed handlers
+ * (net/rpc_typed.h): the layer decodes, checks nesting, maps errors, packs and frees; each
+ * method's resp_free frees what its handler attached, and references a reply borrows from
+ * (version snapshots) are released by deferred cleanups after packing.
  *
  * DESIGN (threads): Search, Read, List and Stats run on the rpc polling threads (short;
  * Search, Read and List take only a version (and delta) reference, Stats only table_mu);
@@ -22,6 +25,7 @@
 #include "net/metrics.h"
 #include "net/pb_datapoint.h"
 #include "net/rpc.h"
+#include "net/rpc_typed.h"
 #include "shard.h"
 #include "shard_service.h"
 
@@ -432,27 +436,42 @@ static int unknown_namespaces(const tsr__version *v, const tsr__delta *dl,
     return 0;
 }
 
-static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+/* RESOURCE_EXHAUSTED "out of memory" (no TSR code maps to it with that message). */
+static int oom(tsr_rpc_ctx *ctx)
 {
-    tsr__shard *s = ctx;
-    int rc = 0;
-    vcache vc = {0};
-    Tessera__V1__ShardSearchResponse resp = TESSERA__V1__SHARD_SEARCH_RESPONSE__INIT;
-    Tessera__V1__ShardSearchRequest *rq = tessera__v1__shard_search_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "ShardSearchRequest: malformed protobuf");
-    if (rq->n_queries == 0 || rq->n_queries > MAX_QUERIES) {
-        rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                 "ShardSearchRequest.queries: %zu queries, expected 1..%d",
-                                 rq->n_queries, MAX_QUERIES);
-        goto out;
-    }
-    resp.results = tsr_try_calloc(rq->n_queries, sizeof *resp.results);
-    if (resp.results == NULL) {
-        rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-        goto out;
-    }
+    return tsr_rpc_ctx_error(ctx, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
+}
+
+static void search_resp_free(void *p)
+{
+    Tessera__V1__ShardSearchResponse *resp = p;
+    for (size_t i = 0; i < resp->n_results; i++)
+        free_result(resp->results[i]);
+    free(resp->results);
+}
+
+static void vc_free(void *p)
+{
+    vc_close(p);
+    free(p);
+}
+
+TSR_RPC_HANDLER(h_search, Tessera__V1__ShardSearchRequest, Tessera__V1__ShardSearchResponse)
+{
+    tsr__shard *s = tsr_rpc_ctx_app(ctx);
+    tsr_rpc_reply *reply = tsr_rpc_ctx_reply(ctx);
+    int rc;
+    if (rq->n_queries == 0 || rq->n_queries > MAX_QUERIES)
+        return tsr_err(err, TSR_EINVAL, "ShardSearchRequest.queries: %zu queries, expected 1..%d",
+                       rq->n_queries, MAX_QUERIES);
+    /* the versions the results borrow strings from: released after the reply is packed */
+    vcache *vc = tsr_try_calloc(1, sizeof *vc);
+    if (vc == NULL)
+        return oom(ctx);
+    tsr_rpc_ctx_defer(ctx, vc_free, vc); /* the first of the call: never refused */
+    resp->results = tsr_try_calloc(rq->n_queries, sizeof *resp->results);
+    if (resp->results == NULL)
+        return oom(ctx);
     atomic_fetch_add(&s->searches, (int64_t)rq->n_queries);
     for (size_t i = 0; i < rq->n_queries; i++) {
         char what[64];
@@ -460,43 +479,39 @@ static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
         if (rq->queries[i]->min_stream_seq > 0 &&
             (rc = wait_applied(s, rq->queries[i]->version, rq->queries[i]->min_stream_seq,
                                what, reply)) != 0)
-            goto out;
+            return rc;
     }
     for (size_t i = 0; i < rq->n_queries; i++) {
         const Tessera__V1__ShardQuery *q = rq->queries[i];
         const tsr__delta *dl = NULL;
-        const tsr__version *v = vc_get(s, &vc, q->version, &dl);
+        const tsr__version *v = vc_get(s, vc, q->version, &dl);
         if (v == NULL) {
             int64_t cur = 0;
             tsr__version *c = tsr__shard_get(s, 0);
             if (c)
                 cur = c->version;
             tsr__version_unref(c);
-            rc = tsr_rpc_reply_error(reply, TSR_RPC_FAILED_PRECONDITION,
-                                     "queries[%zu].version %lld: not held by this shard "
-                                     "(current %lld)", i, (long long)q->version, (long long)cur);
-            goto out;
+            return tsr_err(err, TSR_ESTATE, "queries[%zu].version %lld: not held by this shard "
+                           "(current %lld)", i, (long long)q->version, (long long)cur);
         }
         tsr__qresult qr;
         memset(&qr, 0, sizeof qr);
-        if ((rc = run_query(reply, v, dl, &vc.scan, q, i, &qr)) != 0) {
+        if ((rc = run_query(reply, v, dl, &vc->scan, q, i, &qr)) != 0) {
             tsr__qresult_close(&qr);
-            goto out;
+            return rc;
         }
         Tessera__V1__ShardQueryResult *r = calloc(1, sizeof *r);
         if (r == NULL) {
             tsr__qresult_close(&qr);
-            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-            goto out;
+            return oom(ctx);
         }
         tessera__v1__shard_query_result__init(r);
-        resp.results[resp.n_results++] = r;
+        resp->results[resp->n_results++] = r;
         r->codes_scanned = qr.codes_scanned;
         r->candidates_passed = qr.passed;
         if (unknown_namespaces(v, dl, q, r) != 0) {
             tsr__qresult_close(&qr);
-            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-            goto out;
+            return oom(ctx);
         }
         int e1 = fill_hits(v, dl, qr.dense, qr.ndense, q->return_ids, q->return_datapoints,
                            &r->labels, &r->distances, &r->crowding_tags, &r->ids, &r->datapoints,
@@ -509,55 +524,57 @@ static int h_search(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *re
                                      &r->n_sparse_scores, &r->n_sparse_crowding_tags,
                                      &r->n_sparse_ids, &r->n_sparse_datapoints);
         tsr__qresult_close(&qr);
-        if (e2) {
-            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-            goto out;
-        }
+        if (e2)
+            return oom(ctx);
     }
-    rc = tsr_rpc_reply_pack(reply, &resp.base);
-out:
-    for (size_t i = 0; i < resp.n_results; i++)
-        free_result(resp.results[i]);
-    free(resp.results);
-    vc_close(&vc);
-    tessera__v1__shard_search_request__free_unpacked(rq, NULL);
-    return rc;
+    return 0;
 }
 
-static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+static void read_resp_free(void *p)
 {
-    tsr__shard *s = ctx;
-    int rc = 0;
-    Tessera__V1__ShardReadResponse resp = TESSERA__V1__SHARD_READ_RESPONSE__INIT;
-    Tessera__V1__ShardReadRequest *rq = tessera__v1__shard_read_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "ShardReadRequest: malformed protobuf");
-    tsr__delta *dl = NULL;
-    tsr__version *v = NULL;
+    Tessera__V1__ShardReadResponse *resp = p;
+    for (size_t i = 0; i < resp->n_datapoints; i++) {
+        tsr_pb_datapoint_delete(resp->datapoints[i]->datapoint);
+        free(resp->datapoints[i]);
+    }
+    free(resp->datapoints);
+}
+
+static void unref_version(void *v)
+{
+    tsr__version_unref(v);
+}
+
+static void unref_delta(void *d)
+{
+    tsr__delta_unref(d);
+}
+
+TSR_RPC_HANDLER(h_read, Tessera__V1__ShardReadRequest, Tessera__V1__ShardReadResponse)
+{
+    tsr__shard *s = tsr_rpc_ctx_app(ctx);
+    int rc;
     if (rq->min_stream_seq > 0 &&
-        (rc = wait_applied(s, rq->version, rq->min_stream_seq, "ShardReadRequest", reply)) != 0)
-        goto out;
-    v = tsr__shard_get_view(s, rq->version, &dl);
-    if (v == NULL) {
-        rc = tsr_rpc_reply_error(reply, TSR_RPC_FAILED_PRECONDITION,
-                                 "ShardReadRequest.version %lld: not held by this shard",
-                                 (long long)rq->version);
-        goto out;
-    }
-    resp.datapoints = tsr_try_calloc(rq->n_labels + 1, sizeof *resp.datapoints);
-    if (resp.datapoints == NULL) {
-        rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-        goto out;
-    }
+        (rc = wait_applied(s, rq->version, rq->min_stream_seq, "ShardReadRequest",
+                           tsr_rpc_ctx_reply(ctx))) != 0)
+        return rc;
+    tsr__delta *dl = NULL;
+    tsr__version *v = tsr__shard_get_view(s, rq->version, &dl);
+    if (v == NULL)
+        return tsr_err(err, TSR_ESTATE, "ShardReadRequest.version %lld: not held by this shard",
+                       (long long)rq->version);
+    /* the datapoints may borrow from the view: released after the reply is packed */
+    tsr_rpc_ctx_defer(ctx, unref_version, v);
+    tsr_rpc_ctx_defer(ctx, unref_delta, dl);
+    resp->datapoints = tsr_try_calloc(rq->n_labels + 1, sizeof *resp->datapoints);
+    if (resp->datapoints == NULL)
+        return oom(ctx);
     for (size_t i = 0; i < rq->n_labels; i++) {
         Tessera__V1__ShardDatapoint *o = calloc(1, sizeof *o);
-        if (o == NULL) {
-            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-            goto out;
-        }
+        if (o == NULL)
+            return oom(ctx);
         tessera__v1__shard_datapoint__init(o);
-        resp.datapoints[resp.n_datapoints++] = o;
+        resp->datapoints[resp->n_datapoints++] = o;
         o->label = rq->labels[i];
         o->list = -1;
         /* the delta first; a masked base label is gone */
@@ -567,23 +584,11 @@ static int h_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
         if (r) {
             o->found = 1;
             o->list = r->list;
-            if ((o->datapoint = tsr_pb_datapoint_new(&r->dp)) == NULL) {
-                rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-                goto out;
-            }
+            if ((o->datapoint = tsr_pb_datapoint_new(&r->dp)) == NULL)
+                return oom(ctx);
         }
     }
-    rc = tsr_rpc_reply_pack(reply, &resp.base);
-out:
-    for (size_t i = 0; i < resp.n_datapoints; i++) {
-        tsr_pb_datapoint_delete(resp.datapoints[i]->datapoint);
-        free(resp.datapoints[i]);
-    }
-    free(resp.datapoints);
-    tsr__delta_unref(dl);
-    tsr__version_unref(v);
-    tessera__v1__shard_read_request__free_unpacked(rq, NULL);
-    return rc;
+    return 0;
 }
 
 /* List: one page of the version's own records (never its delta), labels ascending from
@@ -594,38 +599,30 @@ out:
 #define LIST_DEFAULT 10000
 #define LIST_PAGE_BYTES ((size_t)1 << 20)
 
-static int h_list(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+static void list_resp_free(void *p)
 {
-    tsr__shard *s = ctx;
-    int rc = 0;
-    Tessera__V1__ShardListResponse resp = TESSERA__V1__SHARD_LIST_RESPONSE__INIT;
-    tsr__version *v = NULL;
-    Tessera__V1__ShardListRequest *rq = tessera__v1__shard_list_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "ShardListRequest: malformed protobuf");
-    if (rq->version <= 0 || rq->limit < 0 || rq->limit > LIST_MAX) {
-        rc = tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                 "ShardListRequest: version %lld (expected > 0), limit %d "
-                                 "(expected 0..%d)", (long long)rq->version, (int)rq->limit,
-                                 LIST_MAX);
-        goto out;
-    }
-    if ((v = tsr__shard_get(s, rq->version)) == NULL) {
-        rc = tsr_rpc_reply_error(reply, TSR_RPC_FAILED_PRECONDITION,
-                                 "ShardListRequest.version %lld: not held by this shard",
-                                 (long long)rq->version);
-        goto out;
-    }
+    Tessera__V1__ShardListResponse *resp = p;
+    free(resp->labels);
+    free(resp->lists);
+    free(resp->id_lengths);
+    free(resp->flags.data);
+    free(resp->ids.data);
+}
+
+/* The page of v from start_label (at most limit entries, 0 = LIST_DEFAULT) into resp
+ * (copies: nothing borrows v). */
+static int list_page(const tsr__version *v, int64_t start_label, int32_t limit,
+                     Tessera__V1__ShardListResponse *resp)
+{
     size_t lo = 0, hi = v->nrecs; /* the first record with label >= start_label */
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (v->recs[mid]->label < rq->start_label)
+        if (v->recs[mid]->label < start_label)
             lo = mid + 1;
         else
             hi = mid;
     }
-    size_t want = rq->limit ? (size_t)rq->limit : LIST_DEFAULT;
+    size_t want = limit ? (size_t)limit : LIST_DEFAULT;
     if (want > v->nrecs - lo)
         want = v->nrecs - lo;
     size_t n = 0, bytes = 0; /* the page: n records, their ids' bytes */
@@ -634,121 +631,83 @@ static int h_list(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *repl
         bytes += id ? strlen(id) : 0;
         n++;
     }
-    resp.labels = tsr_try_calloc(n + 1, sizeof *resp.labels);
-    resp.lists = tsr_try_calloc(n + 1, sizeof *resp.lists);
-    resp.id_lengths = tsr_try_calloc(n + 1, sizeof *resp.id_lengths);
-    resp.flags.data = tsr_try_calloc(n + 1, 1);
-    resp.ids.data = tsr_try_calloc(bytes + 1, 1);
-    if (!resp.labels || !resp.lists || !resp.id_lengths || !resp.flags.data || !resp.ids.data) {
-        rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-        goto out;
-    }
+    resp->labels = tsr_try_calloc(n + 1, sizeof *resp->labels);
+    resp->lists = tsr_try_calloc(n + 1, sizeof *resp->lists);
+    resp->id_lengths = tsr_try_calloc(n + 1, sizeof *resp->id_lengths);
+    resp->flags.data = tsr_try_calloc(n + 1, 1);
+    resp->ids.data = tsr_try_calloc(bytes + 1, 1);
+    if (!resp->labels || !resp->lists || !resp->id_lengths || !resp->flags.data ||
+        !resp->ids.data)
+        return TSR_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         const tsr__rec *r = v->recs[lo + i];
         size_t l = r->dp.id ? strlen(r->dp.id) : 0;
-        resp.labels[i] = r->label;
-        resp.lists[i] = r->list;
-        resp.flags.data[i] = (uint8_t)((r->dp.dense != NULL) | (r->dp.nsparse > 0) << 1);
-        resp.id_lengths[i] = (uint32_t)l;
+        resp->labels[i] = r->label;
+        resp->lists[i] = r->list;
+        resp->flags.data[i] = (uint8_t)((r->dp.dense != NULL) | (r->dp.nsparse > 0) << 1);
+        resp->id_lengths[i] = (uint32_t)l;
         if (l)
-            memcpy(resp.ids.data + resp.ids.len, r->dp.id, l);
-        resp.ids.len += l;
+            memcpy(resp->ids.data + resp->ids.len, r->dp.id, l);
+        resp->ids.len += l;
     }
-    resp.n_labels = resp.n_lists = resp.n_id_lengths = resp.flags.len = n;
-    resp.version = rq->version;
-    resp.total = (int64_t)v->nrecs;
-    resp.more = lo + n < v->nrecs;
-    resp.next_label = resp.more ? v->recs[lo + n]->label : 0;
-    rc = tsr_rpc_reply_pack(reply, &resp.base);
-out:
-    free(resp.labels);
-    free(resp.lists);
-    free(resp.id_lengths);
-    free(resp.flags.data);
-    free(resp.ids.data);
-    tsr__version_unref(v);
-    tessera__v1__shard_list_request__free_unpacked(rq, NULL);
-    return rc;
-}
-
-static int h_stage(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
-{
-    tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__StageResponse resp = TESSERA__V1__STAGE_RESPONSE__INIT;
-    Tessera__V1__StageRequest *rq = tessera__v1__stage_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "StageRequest: malformed protobuf");
-    int rc = tsr__shard_stage(ctx, rq, &resp, &err); /* checks rq->leader_term */
-    tessera__v1__stage_request__free_unpacked(rq, NULL);
-    if (rc != 0)
-        return tsr_rpc_reply_from_error(reply, &err);
-    return tsr_rpc_reply_pack(reply, &resp.base);
-}
-
-static int h_prepare(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
-{
-    tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__PrepareResponse resp = TESSERA__V1__PREPARE_RESPONSE__INIT;
-    Tessera__V1__PrepareRequest *rq = tessera__v1__prepare_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "PrepareRequest: malformed protobuf");
-    int64_t version = rq->version, term = rq->leader_term;
-    unsigned pct = rq->build_cpu_percent;
-    tessera__v1__prepare_request__free_unpacked(rq, NULL);
-    if (tsr__shard_prepare(ctx, term, version, pct, &resp, &err) != 0)
-        return tsr_rpc_reply_from_error(reply, &err);
-    return tsr_rpc_reply_pack(reply, &resp.base);
-}
-
-static int h_commit(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
-{
-    tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__CommitRequest *rq = tessera__v1__commit_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "CommitRequest: malformed protobuf");
-    Tessera__V1__CommitResponse resp = TESSERA__V1__COMMIT_RESPONSE__INIT;
-    resp.version = rq->version;
-    int64_t term = rq->leader_term;
-    tessera__v1__commit_request__free_unpacked(rq, NULL);
-    if (tsr__shard_commit(ctx, term, resp.version, &err) != 0)
-        return tsr_rpc_reply_from_error(reply, &err);
-    return tsr_rpc_reply_pack(reply, &resp.base);
-}
-
-static int h_abort(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
-{
-    tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__AbortRequest *rq = tessera__v1__abort_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "AbortRequest: malformed protobuf");
-    int64_t version = rq->version, term = rq->leader_term;
-    tessera__v1__abort_request__free_unpacked(rq, NULL);
-    if (tsr__shard_abort(ctx, term, version, &err) != 0)
-        return tsr_rpc_reply_from_error(reply, &err);
+    resp->n_labels = resp->n_lists = resp->n_id_lengths = resp->flags.len = n;
+    resp->total = (int64_t)v->nrecs;
+    resp->more = lo + n < v->nrecs;
+    resp->next_label = resp->more ? v->recs[lo + n]->label : 0;
     return 0;
 }
 
-static int h_release(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+TSR_RPC_HANDLER(h_list, Tessera__V1__ShardListRequest, Tessera__V1__ShardListResponse)
 {
-    tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__ReleaseRequest *rq = tessera__v1__release_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "ReleaseRequest: malformed protobuf");
-    int64_t below = rq->below_version, term = rq->leader_term;
-    tessera__v1__release_request__free_unpacked(rq, NULL);
-    int64_t vs[TSR__HELD_CAP];
-    size_t n = 0;
-    if (tsr__shard_release(ctx, term, below, vs, TSR__HELD_CAP, &n, &err) != 0)
-        return tsr_rpc_reply_from_error(reply, &err);
-    Tessera__V1__ReleaseResponse resp = TESSERA__V1__RELEASE_RESPONSE__INIT;
-    resp.versions = vs;
-    resp.n_versions = n;
-    return tsr_rpc_reply_pack(reply, &resp.base);
+    tsr__shard *s = tsr_rpc_ctx_app(ctx);
+    if (rq->version <= 0 || rq->limit < 0 || rq->limit > LIST_MAX)
+        return tsr_err(err, TSR_EINVAL, "ShardListRequest: version %lld (expected > 0), limit %d "
+                       "(expected 0..%d)", (long long)rq->version, (int)rq->limit, LIST_MAX);
+    tsr__version *v = tsr__shard_get(s, rq->version);
+    if (v == NULL)
+        return tsr_err(err, TSR_ESTATE, "ShardListRequest.version %lld: not held by this shard",
+                       (long long)rq->version);
+    int rc = list_page(v, rq->start_label, rq->limit, resp);
+    tsr__version_unref(v);
+    if (rc != 0)
+        return oom(ctx);
+    resp->version = rq->version;
+    return 0;
+}
+
+TSR_RPC_HANDLER(h_stage, Tessera__V1__StageRequest, Tessera__V1__StageResponse)
+{
+    return tsr__shard_stage(tsr_rpc_ctx_app(ctx), rq, resp, err); /* checks rq->leader_term */
+}
+
+TSR_RPC_HANDLER(h_prepare, Tessera__V1__PrepareRequest, Tessera__V1__PrepareResponse)
+{
+    return tsr__shard_prepare(tsr_rpc_ctx_app(ctx), rq->leader_term, rq->version,
+                              rq->build_cpu_percent, resp, err);
+}
+
+TSR_RPC_HANDLER(h_commit, Tessera__V1__CommitRequest, Tessera__V1__CommitResponse)
+{
+    resp->version = rq->version;
+    return tsr__shard_commit(tsr_rpc_ctx_app(ctx), rq->leader_term, rq->version, err);
+}
+
+TSR_RPC_HANDLER(h_abort, Tessera__V1__AbortRequest, Tessera__V1__AbortResponse)
+{
+    return tsr__shard_abort(tsr_rpc_ctx_app(ctx), rq->leader_term, rq->version, err);
+}
+
+static void release_resp_free(void *p)
+{
+    free(((Tessera__V1__ReleaseResponse *)p)->versions);
+}
+
+TSR_RPC_HANDLER(h_release, Tessera__V1__ReleaseRequest, Tessera__V1__ReleaseResponse)
+{
+    if ((resp->versions = tsr_try_malloc(TSR__HELD_CAP, sizeof *resp->versions)) == NULL)
+        return oom(ctx);
+    return tsr__shard_release(tsr_rpc_ctx_app(ctx), rq->leader_term, rq->below_version,
+                              resp->versions, TSR__HELD_CAP, &resp->n_versions, err);
 }
 
 /* Dense and sparse datapoint counts of v with its delta d. */
@@ -802,157 +761,141 @@ static int stats_lists(const tsr__version *v, const tsr__delta *d,
     return 0;
 }
 
-static int h_write(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
+TSR_RPC_HANDLER(h_write, Tessera__V1__ShardWriteRequest, Tessera__V1__ShardWriteResponse)
 {
-    tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__ShardWriteRequest *rq = tessera__v1__shard_write_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "ShardWriteRequest: malformed protobuf");
-    Tessera__V1__ShardWriteResponse resp = TESSERA__V1__SHARD_WRITE_RESPONSE__INIT;
-    int rc = tsr__shard_term_check(ctx, rq->leader_term, &err);
-    if (rc == 0)
-        rc = tsr__shard_write(ctx, req, len, rq, &resp, &err);
-    tessera__v1__shard_write_request__free_unpacked(rq, NULL);
-    if (rc != 0)
-        return tsr_rpc_reply_from_error(reply, &err);
-    return tsr_rpc_reply_pack(reply, &resp.base);
+    tsr__shard *s = tsr_rpc_ctx_app(ctx);
+    size_t len;
+    const uint8_t *raw = tsr_rpc_ctx_raw(ctx, &len); /* logged verbatim */
+    int rc = tsr__shard_term_check(s, rq->leader_term, err);
+    return rc != 0 ? rc : tsr__shard_write(s, raw, len, rq, resp, err);
 }
 
-static int h_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
-{
-    tsr__shard *s = ctx;
-    Tessera__V1__ShardStatsRequest *rq = tessera__v1__shard_stats_request__unpack(NULL, len, req);
-    if (rq == NULL)
-        return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
-                                   "ShardStatsRequest: malformed protobuf");
-    tessera__v1__shard_stats_request__free_unpacked(rq, NULL);
-    tsr__held held[TSR__HELD_CAP];
-    int staging = 0;
-    int64_t sv = 0, cur = 0;
-    size_t n = tsr__shard_list(s, held, TSR__HELD_CAP, &staging, &sv, &cur);
-    Tessera__V1__ShardStatsResponse resp = TESSERA__V1__SHARD_STATS_RESPONSE__INIT;
+/* Stats' versions (held ones and the staging one), kept until the reply is packed. */
+typedef struct stats_versions {
     Tessera__V1__ShardVersion vers[TSR__HELD_CAP + 1];
     Tessera__V1__ShardVersion *vp[TSR__HELD_CAP + 1];
-    const tsr__version *c = NULL;
-    int rc = 0;
-    for (size_t i = 0; i < n; i++) {
-        tessera__v1__shard_version__init(&vers[i]);
-        vers[i].version = held[i].v->version;
-        vers[i].state = held[i].state == TSR__PREPARED ? TESSERA__V1__SHARD_VERSION__STATE__PREPARED
-                                                       : TESSERA__V1__SHARD_VERSION__STATE__SERVING;
-        vers[i].current = held[i].v->version == cur;
-        tsr__delta *hd = NULL;
-        tsr__version *hv = tsr__shard_get_view(s, held[i].v->version, &hd);
-        view_counts(held[i].v, hv == held[i].v ? hd : NULL, &vers[i].vectors_count,
-                    &vers[i].sparse_vectors_count);
-        tsr__delta_unref(hd);
-        tsr__version_unref(hv);
-        vp[i] = &vers[i];
-        if (vers[i].current)
-            c = held[i].v;
-        resp.memory_bytes += (int64_t)tsr__version_memory(held[i].v);
-        resp.disk_bytes += (int64_t)held[i].v->disk_bytes;
-    }
-    size_t nv = n;
-    if (staging) {
-        tessera__v1__shard_version__init(&vers[nv]);
-        vers[nv].version = sv;
-        vers[nv].state = TESSERA__V1__SHARD_VERSION__STATE__STAGING;
-        vp[nv] = &vers[nv];
-        nv++;
-    }
-    resp.versions = vp;
-    resp.n_versions = nv;
-    resp.current_version = cur;
-    int32_t *lists = NULL;
-    int64_t *sizes = NULL;
+} stats_versions;
+
+static void stats_resp_free(void *p)
+{
+    Tessera__V1__ShardStatsResponse *resp = p;
+    free(resp->lists);
+    free(resp->list_sizes);
+}
+
+/* Stats' fields of the current version c (its delta snapshot taken now). */
+static int stats_current(tsr__shard *s, const tsr__version *c,
+                         Tessera__V1__ShardStatsResponse *resp)
+{
     tsr__delta *cd = NULL;
-    tsr__version *cv = c ? tsr__shard_get_view(s, c->version, &cd) : NULL;
+    tsr__version *cv = tsr__shard_get_view(s, c->version, &cd);
     if (cv != c) { /* replaced meanwhile: answer without its delta */
         tsr__delta_unref(cd);
         cd = NULL;
     }
-    resp.wal_bytes = atomic_load(&s->wal_bytes);
-    if (c) {
-        view_counts(c, cd, &resp.vectors_count, &resp.sparse_vectors_count);
-        memory_fields(c, cd, resp.vectors_count, &resp);
-        resp.stream_seq = tsr__applied_seq(c, cd);
-        resp.delta_upserts = cd ? (int64_t)cd->nrecs : 0;
-        resp.delta_deletes = cd ? (int64_t)cd->ndeletes : 0;
-        if (c->tmpl) {
-            resp.dimension = c->tmpl->ix->d;
-            resp.nlist = (int32_t)c->nlist;
-            resp.metric = c->tmpl->ix->metric == TSR_METRIC_L2 ? "L2" : "IP";
-        }
-        if (stats_lists(c, cd, &resp, &lists, &sizes) != 0) {
-            rc = tsr_rpc_reply_error(reply, TSR_RPC_RESOURCE_EXHAUSTED, "out of memory");
-            goto out;
-        }
+    view_counts(c, cd, &resp->vectors_count, &resp->sparse_vectors_count);
+    memory_fields(c, cd, resp->vectors_count, resp);
+    resp->stream_seq = tsr__applied_seq(c, cd);
+    resp->delta_upserts = cd ? (int64_t)cd->nrecs : 0;
+    resp->delta_deletes = cd ? (int64_t)cd->ndeletes : 0;
+    if (c->tmpl) {
+        resp->dimension = c->tmpl->ix->d;
+        resp->nlist = (int32_t)c->nlist;
+        resp->metric = c->tmpl->ix->metric == TSR_METRIC_L2 ? "L2" : "IP";
     }
-    rc = tsr_rpc_reply_pack(reply, &resp.base);
-out:
+    int32_t *lists = NULL;
+    int64_t *sizes = NULL;
+    int rc = stats_lists(c, cd, resp, &lists, &sizes);
+    if (rc != 0) { /* not attached to resp */
+        free(lists);
+        free(sizes);
+    }
     tsr__delta_unref(cd);
     tsr__version_unref(cv);
-    free(lists);
-    free(sizes);
-    for (size_t i = 0; i < n; i++)
-        tsr__version_unref(held[i].v);
     return rc;
 }
 
-static const struct {
-    const char *m;
-    tsr_rpc_handler_fn fn;
-    unsigned flags;
-} methods[] = {
-    {"Search", h_search, 0},
-    {"Read", h_read, 0},
-    {"Stage", h_stage, TSR_RPC_LONG},
-    {"Prepare", h_prepare, TSR_RPC_LONG},
-    {"Commit", h_commit, TSR_RPC_LONG},
-    {"Abort", h_abort, TSR_RPC_LONG},
-    {"Release", h_release, TSR_RPC_LONG},
-    {"Stats", h_stats, 0},
-    {"Write", h_write, TSR_RPC_LONG},
-    {"List", h_list, 0},
-};
-
-/* The request type whose nesting the server checks before the handler runs: staged and
- * written datapoints carry embedding_metadata, a google.protobuf.Struct (recursive). */
-static const ProtobufCMessageDescriptor *req_type_of(const char *m)
+TSR_RPC_HANDLER(h_stats, Tessera__V1__ShardStatsRequest, Tessera__V1__ShardStatsResponse)
 {
-    if (strcmp(m, "Stage") == 0)
-        return &tessera__v1__stage_request__descriptor;
-    if (strcmp(m, "Write") == 0)
-        return &tessera__v1__shard_write_request__descriptor;
-    return NULL;
+    tsr__shard *s = tsr_rpc_ctx_app(ctx);
+    stats_versions *sv = tsr_try_malloc(1, sizeof *sv);
+    if (sv == NULL)
+        return oom(ctx);
+    tsr_rpc_ctx_defer(ctx, free, sv);
+    tsr__held held[TSR__HELD_CAP];
+    int staging = 0;
+    int64_t staging_version = 0, cur = 0;
+    size_t n = tsr__shard_list(s, held, TSR__HELD_CAP, &staging, &staging_version, &cur);
+    const tsr__version *c = NULL;
+    for (size_t i = 0; i < n; i++) {
+        Tessera__V1__ShardVersion *sv_i = &sv->vers[i];
+        tessera__v1__shard_version__init(sv_i);
+        sv_i->version = held[i].v->version;
+        sv_i->state = held[i].state == TSR__PREPARED ? TESSERA__V1__SHARD_VERSION__STATE__PREPARED
+                                                     : TESSERA__V1__SHARD_VERSION__STATE__SERVING;
+        sv_i->current = held[i].v->version == cur;
+        tsr__delta *hd = NULL;
+        tsr__version *hv = tsr__shard_get_view(s, held[i].v->version, &hd);
+        view_counts(held[i].v, hv == held[i].v ? hd : NULL, &sv_i->vectors_count,
+                    &sv_i->sparse_vectors_count);
+        tsr__delta_unref(hd);
+        tsr__version_unref(hv);
+        sv->vp[i] = sv_i;
+        if (sv_i->current)
+            c = held[i].v;
+        resp->memory_bytes += (int64_t)tsr__version_memory(held[i].v);
+        resp->disk_bytes += (int64_t)held[i].v->disk_bytes;
+    }
+    size_t nv = n;
+    if (staging) {
+        tessera__v1__shard_version__init(&sv->vers[nv]);
+        sv->vers[nv].version = staging_version;
+        sv->vers[nv].state = TESSERA__V1__SHARD_VERSION__STATE__STAGING;
+        sv->vp[nv] = &sv->vers[nv];
+        nv++;
+    }
+    resp->versions = sv->vp;
+    resp->n_versions = nv;
+    resp->current_version = cur;
+    resp->wal_bytes = atomic_load(&s->wal_bytes);
+    int rc = c ? stats_current(s, c, resp) : 0;
+    for (size_t i = 0; i < n; i++)
+        tsr__version_unref(held[i].v);
+    return rc != 0 ? oom(ctx) : 0;
 }
+
+#define SHARD_SVC "/tessera.v1.Shard/"
+#define METHOD(name, h, req, resp, free_fn, flags)                                         \
+    {SHARD_SVC name, &tessera__v1__##req##__descriptor, &tessera__v1__##resp##__descriptor, \
+     h, free_fn, flags, 0}
+
+/* Staged and written datapoints carry embedding_metadata, a google.protobuf.Struct: the
+ * layer checks the nesting of Stage and Write requests (rpc_typed.h). */
+static const tsr_rpc_method methods[] = {
+    METHOD("Search", h_search, shard_search_request, shard_search_response, search_resp_free,
+           0),
+    METHOD("Read", h_read, shard_read_request, shard_read_response, read_resp_free, 0),
+    METHOD("Stage", h_stage, stage_request, stage_response, NULL, TSR_RPC_LONG),
+    METHOD("Prepare", h_prepare, prepare_request, prepare_response, NULL, TSR_RPC_LONG),
+    METHOD("Commit", h_commit, commit_request, commit_response, NULL, TSR_RPC_LONG),
+    METHOD("Abort", h_abort, abort_request, abort_response, NULL, TSR_RPC_LONG),
+    METHOD("Release", h_release, release_request, release_response, release_resp_free,
+           TSR_RPC_LONG),
+    METHOD("Stats", h_stats, shard_stats_request, shard_stats_response, stats_resp_free, 0),
+    METHOD("Write", h_write, shard_write_request, shard_write_response, NULL, TSR_RPC_LONG),
+    METHOD("List", h_list, shard_list_request, shard_list_response, list_resp_free, 0),
+};
 
 int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s)
 {
-    char path[128];
-    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
-        snprintf(path, sizeof path, "/tessera.v1.Shard/%s", methods[i].m);
-        int rc = tsr_rpc_server_add_method(srv, path, methods[i].fn, s, methods[i].flags);
-        if (rc != 0)
-            return rc;
-        const ProtobufCMessageDescriptor *t = req_type_of(methods[i].m);
-        if (t && tsr_rpc_server_set_request_type(srv, path, t))
-            return TSR_EINTERNAL;
-    }
-    return 0;
+    return tsr_rpc_server_add_typed(srv, methods, sizeof methods / sizeof methods[0], s);
 }
 
-tsr_rpc_handler_fn tsr_shard_service_handler(const char *method,
-                                             const ProtobufCMessageDescriptor **req_type)
+const tsr_rpc_method *tsr_shard_service_method(const char *method)
 {
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-        if (strcmp(methods[i].m, method) == 0) {
-            *req_type = req_type_of(method);
-            return methods[i].fn;
-        }
-    *req_type = NULL;
+        if (strcmp(methods[i].path + strlen(SHARD_SVC), method) == 0)
+            return &methods[i];
     return NULL;
 }
 

@@ -6,17 +6,16 @@
 #define TSR_SHARD_SERVICE_H
 
 #include "net/rpc.h"
+#include "net/rpc_typed.h"
 #include "shard.h"
 
 /* Registers every Shard method with ctx s (borrowed; must outlive the server). */
 int tsr_shard_service_register(tsr_rpc_server *srv, tsr__shard *s);
 
-/* The handler of Shard method `method` ("Search", "Stage", ...; its ctx is a tsr__shard)
- * and in *req_type the request type whose nesting the server checks first (NULL = none),
- * as tsr_shard_service_register installs them; NULL for an unknown method. For the fuzz
- * harnesses (tests/fuzz/fuzz_shard_rpc.c), which call it without a server. */
-tsr_rpc_handler_fn tsr_shard_service_handler(const char *method,
-                                             const ProtobufCMessageDescriptor **req_type);
+/* The typed method of Shard method `method` ("Search", "Stage", ...; its app is a
+ * tsr__shard) as tsr_shard_service_register installs it; NULL for an unknown method. For
+ * the fuzz harnesses (tests/fuzz/fuzz_shard_rpc.c), which run it without a server. */
+const tsr_rpc_method *tsr_shard_service_method(const char *method);
 
 /* Registers the /metrics collector of s (borrowed; the metrics listener must be destroyed
  * before s is closed): tessera_version, tessera_vectors, tessera_lists. Returns 0 or

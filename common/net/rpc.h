@@ -14,7 +14,10 @@
  *   tsr_rpc_server_start(s, &err);                              // threads run
  *   ...  tsr_rpc_server_destroy(s);                             // graceful shutdown
  *
- *   A handler:
+ *   Handlers of protobuf methods are typed (net/rpc_typed.h, tsr_rpc_server_add_typed): they
+ *   get the decoded request and fill the response; the layer unpacks, checks, maps errors,
+ *   packs and frees. The raw form below is for byte-level handlers (tests, relays) and is
+ *   what the typed layer itself is built on. A raw handler:
  *     static int search_fn(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *reply)
  *     {
  *         Tessera__V1__ShardSearchRequest *rq =
@@ -536,5 +539,13 @@ uint8_t *tsr_rpc_pack(const ProtobufCMessage *msg, size_t *len);
 int tsr_rpc_call_pb(tsr_rpc_channel *ch, const char *method, const ProtobufCMessage *req,
                     const ProtobufCMessageDescriptor *resp_desc, int64_t timeout_ms,
                     ProtobufCMessage **resp, tsr_rpc_result *res);
+
+/* The reply of a call that returned OK (a fan-out's result), unpacked with desc and
+ * allocator (NULL = malloc; free with protobuf_c_message_free_unpacked(m, allocator)): the
+ * message (res->data stays, closed with res), or NULL when res->code is not OK, or when the
+ * reply does not parse — res then becomes INTERNAL "malformed <Type>" (e.g. "malformed
+ * ShardReadResponse"), so the caller's one error path reports it. */
+ProtobufCMessage *tsr_rpc_result_unpack(tsr_rpc_result *res, const ProtobufCMessageDescriptor *desc,
+                                        ProtobufCAllocator *allocator);
 
 #endif

@@ -634,3 +634,17 @@ int tsr_rpc_call_pb(tsr_rpc_channel *ch, const char *method, const ProtobufCMess
         result_set(res, TSR_RPC_INTERNAL, "malformed response");
     return res->code;
 }
+
+ProtobufCMessage *tsr_rpc_result_unpack(tsr_rpc_result *res, const ProtobufCMessageDescriptor *desc,
+                                        ProtobufCAllocator *allocator)
+{
+    if (res->code != TSR_RPC_OK)
+        return NULL;
+    ProtobufCMessage *m = protobuf_c_message_unpack(desc, allocator, res->len, res->data);
+    if (!m) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "malformed %s", desc->short_name);
+        result_set(res, TSR_RPC_INTERNAL, msg);
+    }
+    return m;
+}

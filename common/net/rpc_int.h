@@ -1,10 +1,11 @@
 /*
- * rpc_int — declarations shared by rpc.c, rpc_server.c and rpc_client.c only.
+ * rpc_int — declarations shared by the files of the rpc module (rpc*.c) only.
  * Not for use outside the rpc module.
  */
 #ifndef TSR_RPC_INTERNAL_H
 #define TSR_RPC_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +14,7 @@
 
 #include "core/error.h"
 #include "net/rpc.h"
+#include "net/rpc_typed.h"
 
 /* Reads a whole (small) text file, NUL-terminated; caller frees. NULL with err set
  * (TSR_EIO; TSR_ELIMIT above 1 MiB). `what` names the option in the message. */
@@ -114,5 +116,28 @@ int tsr__rpc_run_detached(const char *path, tsr_rpc_handler_fn fn, void *ctx,
                           const ProtobufCMessageDescriptor *req_type, const uint8_t *req,
                           size_t len, tsr__rpc_detached *out);
 void tsr__rpc_detached_close(tsr__rpc_detached *d);
+
+/* A typed method bound to its app (rpc_typed.c); a server keeps one per typed method. */
+struct tsr__rpc_binding {
+    const tsr_rpc_method *m;
+    void *app;
+};
+
+/* Registers fn with a copy of *b as its ctx (kept in the server's method table, so it
+ * lives as long as the server) and req_type for the nesting check (NULL = none). As
+ * tsr_rpc_server_add_method otherwise. */
+int tsr__rpc_server_add_bound(tsr_rpc_server *s, const char *path, tsr_rpc_handler_fn fn,
+                              const struct tsr__rpc_binding *b, unsigned flags,
+                              const ProtobufCMessageDescriptor *req_type);
+
+/* tsr_rpc_reply_error with a va_list. */
+int tsr__rpc_reply_verror(tsr_rpc_reply *r, int grpc_code, const char *fmt, va_list ap);
+
+/* The status code set on r so far (TSR_RPC_OK when none). */
+int tsr__rpc_reply_code(const tsr_rpc_reply *r);
+
+/* For tests and fuzz harnesses: tsr__rpc_run_detached for the typed method m with app. */
+int tsr__rpc_run_typed_detached(const tsr_rpc_method *m, void *app, const uint8_t *req,
+                                size_t len, tsr__rpc_detached *out);
 
 #endif

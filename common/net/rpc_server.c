@@ -106,6 +106,7 @@ struct method {
     unsigned flags;
     int role; /* level a call needs (rpc.h "authorization"); INT_MAX = the highest */
     const ProtobufCMessageDescriptor *req_type; /* NULL = no nesting check */
+    struct tsr__rpc_binding bound; /* a typed method's ctx (tsr__rpc_server_add_bound) */
 };
 
 struct slot {
@@ -915,6 +916,20 @@ int tsr_rpc_server_add_method(tsr_rpc_server *s, const char *path, tsr_rpc_handl
     return 0;
 }
 
+int tsr__rpc_server_add_bound(tsr_rpc_server *s, const char *path, tsr_rpc_handler_fn fn,
+                              const struct tsr__rpc_binding *b, unsigned flags,
+                              const ProtobufCMessageDescriptor *req_type)
+{
+    int rc = tsr_rpc_server_add_method(s, path, fn, NULL, flags);
+    if (rc != 0)
+        return rc;
+    struct method *m = &s->methods[s->nmethods - 1]; /* the table never moves */
+    m->bound = *b;
+    m->ctx = &m->bound;
+    m->req_type = req_type;
+    return 0;
+}
+
 int tsr_rpc_server_set_role(tsr_rpc_server *s, const char *path, int level)
 {
     if (s->started || !path || level < 0)
@@ -1138,11 +1153,17 @@ int tsr_rpc_reply_pack(tsr_rpc_reply *r, const ProtobufCMessage *msg)
 
 int tsr_rpc_reply_error(tsr_rpc_reply *r, int grpc_code, const char *fmt, ...)
 {
-    char buf[TSR_RPC_MAX_STATUS_MESSAGE + 1];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    int rc = tsr__rpc_reply_verror(r, grpc_code, fmt, ap);
     va_end(ap);
+    return rc;
+}
+
+int tsr__rpc_reply_verror(tsr_rpc_reply *r, int grpc_code, const char *fmt, va_list ap)
+{
+    char buf[TSR_RPC_MAX_STATUS_MESSAGE + 1];
+    vsnprintf(buf, sizeof buf, fmt, ap);
     if (grpc_code == TSR_RPC_OK || grpc_code < 0 || grpc_code > 16)
         grpc_code = TSR_RPC_INTERNAL;
     set_status(r, grpc_code, buf);
@@ -1265,6 +1286,11 @@ int64_t tsr_rpc_reply_remaining_ms(const tsr_rpc_reply *r)
 int tsr_rpc_reply_cancelled(const tsr_rpc_reply *r)
 {
     return atomic_load(&r->call->srv->cancelling);
+}
+
+int tsr__rpc_reply_code(const tsr_rpc_reply *r)
+{
+    return r->code;
 }
 
 const char *tsr_rpc_reply_method(const tsr_rpc_reply *r)

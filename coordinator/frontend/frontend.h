@@ -14,32 +14,27 @@
 
 #include "core/error.h"
 #include "net/rpc.h"
+#include "net/rpc_typed.h"
 #include "tessera/v1/tessera.pb-c.h"
 
 typedef struct tsr__coord tsr__coord; /* coord.h */
 
-/* Handlers (rpc.h signature) */
+/* tessera_v1.c: the tessera.v1.VectorSearch methods as typed methods (net/rpc_typed.h;
+ * app = the tsr__coord): ReadIndexDatapoints, GetIndexStats, UpdateIndex, GetOperation,
+ * UpsertDatapoints / RemoveDatapoints (TSR_RPC_LONG, role admin), AddShardGroup /
+ * RemoveShardGroup (docs/resharding.md: a move on the update thread, leader only). Roles
+ * are main.c's. FindNeighbors is a raw handler: its reply is sent by the query path's
+ * asynchronous fan-out. */
+extern const tsr_rpc_method tsr__tessera_v1_methods[];
+extern const size_t tsr__tessera_v1_nmethods;
 int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-/* update.c: tessera.v1 AddShardGroup / RemoveShardGroup (docs/resharding.md): start a move
- * on the update thread (leader only, one operation at a time). */
-int tsr__coord_rpc_add_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_remove_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-
-/* stream.c: tessera.v1 UpsertDatapoints / RemoveDatapoints (TSR_RPC_LONG, role admin). */
-int tsr__coord_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__coord_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
 
 /* vertex.c: google.cloud.aiplatform.container.v1.MatchService (docs/vertex-compat.md);
  * register with TSR_RPC_LONG. */
 #define TSR_VERTEX_SVC "/google.cloud.aiplatform.container.v1.MatchService/"
-int tsr__vertex_rpc_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t len,
-                                         tsr_rpc_reply *r);
+/* Match, BatchMatch, BatchGetEmbeddings as typed methods (app = the tsr__coord). */
+extern const tsr_rpc_method tsr__vertex_methods[];
+extern const size_t tsr__vertex_nmethods;
 /* The int64 crowding_attribute Vertex reports for a Tessera crowding tag (borrowed; NULL or
  * "" = no tag = 0): the number itself when the tag is a canonical decimal int64, else
  * FNV-1a 64 of the tag's bytes with the top bit cleared (docs/vertex-compat.md). */
@@ -58,9 +53,9 @@ int tsr__vertex_check_index(const tsr__coord *c, const char *id, const char *whe
  * storage) as ctx and answers UNIMPLEMENTED saying what Tessera serves instead. */
 #define TSR_VERTEX_V1_SVC "/google.cloud.aiplatform.v1.MatchService/"
 #define TSR_VERTEX_V1_INDEX_SVC "/google.cloud.aiplatform.v1.IndexService/"
-int tsr__vertex_v1_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len,
-                                      tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+/* FindNeighbors and ReadIndexDatapoints as typed methods (app = the tsr__coord). */
+extern const tsr_rpc_method tsr__vertex_v1_methods[];
+extern const size_t tsr__vertex_v1_nmethods;
 int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,
                                      tsr_rpc_reply *r);
 /* The allocations of one v1 -> tessera.v1 translation (free with tsr__vertex_v1_pool_free;
@@ -78,16 +73,11 @@ Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(
     tsr__v1_pool *a, const struct Google__Cloud__Aiplatform__V1__IndexDatapoint *g);
 
 /* vertex_v1_index.c: IndexService GetIndex (role query), UpdateIndex (admin) and
- * google.longrunning.Operations/GetOperation (query); no TSR_RPC_LONG needed (they take
- * op_mu briefly and a snapshot reference). UpsertDatapoints and RemoveDatapoints (admin)
- * block on the streamed write (tsr__coord_stream_*): register them with TSR_RPC_LONG. */
+ * google.longrunning.Operations/GetOperation (query), UpsertDatapoints and
+ * RemoveDatapoints (admin; TSR_RPC_LONG: they block on the streamed write), as typed
+ * methods (app = the tsr__coord); roles are main.c's. */
 #define TSR_LRO_SVC "/google.longrunning.Operations/"
-int tsr__vertex_v1_rpc_get_index(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_update_index(void *ctx, const uint8_t *req, size_t len,
-                                    tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
-                                     tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
-int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r);
+extern const tsr_rpc_method tsr__vertex_v1_index_methods[];
+extern const size_t tsr__vertex_v1_index_nmethods;
 
 #endif

@@ -1,6 +1,7 @@
 /*
- * tessera_v1 — the tessera.v1 Coordinator service's handlers (proto/tessera/v1): adapters
- * that decode a request, call the subsystem that answers it and encode the reply.
+ * tessera_v1 — the tessera.v1 Coordinator service's handlers (proto/tessera/v1): typed
+ * adapters (net/rpc_typed.h: the layer decodes, maps errors, packs and frees) that call the
+ * subsystem that answers a request and fill the reply.
  *
  *   FindNeighbors, ReadIndexDatapoints   the read path (query.h)
  *   GetIndexStats                        the groups' Shard.Stats fan-out, the snapshot,
@@ -9,8 +10,10 @@
  *   UpdateIndex, GetOperation            updates and folds (update.h), operations (ops.h)
  *   AddShardGroup, RemoveShardGroup      reshard moves (update.h)
  *
- * Errors of the subsystems are tsr_error, mapped to a gRPC status here
- * (tsr__coord_reply_error) or set on the reply by the subsystem's entry point.
+ * Errors of the subsystems are tsr_error, mapped to a gRPC status by the layer, or set on
+ * the reply by the subsystem's entry point (tsr_rpc_ctx_reply). What a reply points into
+ * (the call's arena, the snapshot, an operation under op_mu) is released by deferred
+ * cleanups once it is packed.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,265 +39,292 @@ int tsr__coord_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len, tsr
     return tsr__coord_find_neighbors_reply(ctx, rq, r); /* takes rq */
 }
 
-int tsr__coord_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+static void read_free(void *out)
 {
-    tsr__coord *c = ctx;
-    Tessera__V1__ReadIndexDatapointsRequest *rq =
-        tessera__v1__read_index_datapoints_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
-                                   "malformed protobuf");
-    Tessera__V1__ReadIndexDatapointsResponse *out = NULL;
-    tsr_error err = TSR_ERROR_INIT;
-    int rc = tsr__coord_read(c, rq->ids, rq->n_ids, tsr_rpc_reply_remaining_ms(r), &out, &err);
-    if (rc == 0)
-        rc = tsr_rpc_reply_pack(r, &out->base);
-    else
-        rc = tsr__coord_reply_error(r, &err);
     tsr__coord_read_free(out);
-    tessera__v1__read_index_datapoints_request__free_unpacked(rq, NULL);
+}
+
+TSR_RPC_HANDLER(h_read, Tessera__V1__ReadIndexDatapointsRequest,
+                Tessera__V1__ReadIndexDatapointsResponse)
+{
+    (void)resp; /* the read path builds its own (with the shard replies it points into) */
+    Tessera__V1__ReadIndexDatapointsResponse *out = NULL;
+    int rc = tsr__coord_read(tsr_rpc_ctx_app(ctx), rq->ids, rq->n_ids,
+                             tsr_rpc_ctx_remaining_ms(ctx), &out, err);
+    if (rc == 0 && (rc = tsr_rpc_ctx_set_resp(ctx, &out->base, read_free)) == 0)
+        return 0;
+    tsr__coord_read_free(out);
     return rc;
 }
 
 /* ---------------------------------------------------------------- GetIndexStats */
 
-int tsr__coord_rpc_stats(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+static void arena_free(void *a)
 {
-    tsr__coord *c = ctx;
+    tsr__ar_free(a);
+    free(a);
+}
+
+static void snap_unref(void *sn)
+{
+    tsr__snap_unref(sn);
+}
+
+/* The coordinators' addresses of tsr__leader_members. */
+static void members_free(void *p)
+{
+    Tessera__V1__GetIndexStatsResponse *resp = p;
+    for (size_t i = 0; i < resp->n_coordinators; i++)
+        free(resp->coordinators[i]);
+    free(resp->coordinators);
+}
+
+/* GetIndexStats' shards: every group's Shard.Stats (st from the call's arena). */
+static void stats_shards(tsr__coord *c, tsr__arena *a, int64_t tmo,
+                         Tessera__V1__GetIndexStatsResponse *out)
+{
     size_t S = c->cfg.nshards;
-    (void)req;
-    (void)len;
-    tsr__snap *sn = tsr__coord_snap_get(c);
-    tsr__arena a = {0};
-    tsr__gcall *calls = tsr__ar(&a, S, sizeof *calls);
-    int64_t tmo = c->cfg.search_deadline_ms;
-    if (tsr_rpc_reply_remaining_ms(r) < tmo)
-        tmo = tsr_rpc_reply_remaining_ms(r);
+    tsr__gcall *calls = tsr__ar(a, S, sizeof *calls);
     for (size_t s = 0; s < S; s++) {
         calls[s].group = s;
         tsr_rpc_result_init(&calls[s].result);
     }
     tsr__coord_group_fanout(c, TSR_SHARD_SVC "Stats", calls, S, tmo);
-    Tessera__V1__GetIndexStatsResponse out = TESSERA__V1__GET_INDEX_STATS_RESPONSE__INIT;
-    Tessera__V1__ShardIndexStats *st = tsr__ar(&a, S, sizeof *st);
-    out.shards = tsr__ar(&a, S, sizeof *out.shards);
-    out.n_shards = S;
-    out.shards_count = (int32_t)tsr__snap_live_groups(sn, &c->cfg); /* shards: every number */
-    out.version = (int64_t)sn->version;
-    out.dimensions = c->cfg.dimensions;
-    out.distance = (char *)tsr__distance_name(c->cfg.distance);
-    out.nlist = sn->tmpl ? (int32_t)sn->tmpl->nlist : c->cfg.nlist;
-    tsr__stream_counts(c, sn, &out.vectors_count, &out.sparse_vectors_count);
+    Tessera__V1__ShardIndexStats *st = tsr__ar(a, S, sizeof *st);
+    out->shards = tsr__ar(a, S, sizeof *out->shards);
+    out->n_shards = S;
+    for (size_t s = 0; s < S; s++) {
+        tessera__v1__shard_index_stats__init(&st[s]);
+        st[s].address = c->cfg.shards[s]; /* names the group (its first replica) */
+        st[s].removed = c->cfg.retired && __atomic_load_n(&c->cfg.retired[s], __ATOMIC_ACQUIRE);
+        out->shards[s] = &st[s];
+        tsr_rpc_result *res = &calls[s].result;
+        Tessera__V1__ShardStatsResponse *sr = (Tessera__V1__ShardStatsResponse *)(void *)
+            tsr_rpc_result_unpack(res, &tessera__v1__shard_stats_response__descriptor, NULL);
+        if (sr) {
+            st[s].available = 1;
+            st[s].vectors_count = sr->vectors_count;
+            st[s].sparse_vectors_count = sr->sparse_vectors_count;
+            st[s].version = sr->current_version;
+            st[s].anonymous_bytes = sr->anonymous_bytes;
+            st[s].mapped_bytes = sr->mapped_bytes;
+            tessera__v1__shard_stats_response__free_unpacked(sr, NULL);
+        }
+        tsr_rpc_result_close(res);
+    }
+}
+
+/* GetIndexStats' last operation (its id and progress from the call's arena). */
+static void stats_last_op(tsr__coord *c, tsr__arena *a, Tessera__V1__GetIndexStatsResponse *out)
+{
+    char *opid = tsr__ar(a, 1, sizeof ((tsr__op *)0)->id);
+    pthread_mutex_lock(&c->op_mu);
+    const tsr__op *lop = c->nops ? c->ops[c->nops - 1] : NULL;
+    if (lop) {
+        Tessera__V1__OperationProgress *pg = tsr__ar(a, 1, sizeof *pg);
+        tessera__v1__operation_progress__init(pg);
+        snprintf(opid, sizeof ((tsr__op *)0)->id, "%s", lop->id);
+        out->last_operation_state = (Tessera__V1__Operation__State)lop->state;
+        pg->files_total = lop->files_total;
+        pg->files_read = lop->files_read;
+        pg->records_read = lop->records_read;
+        pg->shards_total = lop->shards_total;
+        pg->shards_staged = lop->shards_staged;
+        pg->shards_prepared = lop->shards_prepared;
+        pg->shards_committed = lop->shards_committed;
+        pg->lists_total = lop->lists_total;
+        pg->lists_moved = lop->lists_moved;
+        pg->datapoints_moved = lop->datapoints_moved;
+        pg->bytes_moved = lop->bytes_moved;
+        out->last_operation_progress = pg;
+    }
+    pthread_mutex_unlock(&c->op_mu);
+    out->last_operation_id = opid;
+}
+
+#define LEADER_CAP 256
+
+TSR_RPC_HANDLER(h_stats, Tessera__V1__GetIndexStatsRequest, Tessera__V1__GetIndexStatsResponse)
+{
+    tsr__coord *c = tsr_rpc_ctx_app(ctx);
+    size_t S = c->cfg.nshards;
+    /* what the response points into lives until it is packed: the call's arena, the
+     * snapshot, the members' addresses */
+    tsr__arena *a = tsr_try_calloc(1, sizeof *a);
+    if (!a)
+        return tsr_err(err, TSR_ELIMIT, "GetIndexStats: out of memory");
+    tsr_rpc_ctx_defer(ctx, arena_free, a);
+    tsr__snap *sn = tsr__coord_snap_get(c);
+    tsr_rpc_ctx_defer(ctx, snap_unref, sn);
+    tsr_rpc_ctx_defer(ctx, members_free, resp);
+    int64_t tmo = c->cfg.search_deadline_ms;
+    if (tsr_rpc_ctx_remaining_ms(ctx) < tmo)
+        tmo = tsr_rpc_ctx_remaining_ms(ctx);
+    stats_shards(c, a, tmo, resp);
+    resp->shards_count = (int32_t)tsr__snap_live_groups(sn, &c->cfg); /* shards: every number */
+    resp->version = (int64_t)sn->version;
+    resp->dimensions = c->cfg.dimensions;
+    resp->distance = (char *)tsr__distance_name(c->cfg.distance);
+    resp->nlist = sn->tmpl ? (int32_t)sn->tmpl->nlist : c->cfg.nlist;
+    tsr__stream_counts(c, sn, &resp->vectors_count, &resp->sparse_vectors_count);
     long long q = atomic_load(&c->queries);
-    out.queries_served = q;
-    out.mean_shards_touched = q ? (double)atomic_load(&c->shards_touched) / (double)q : 0.0;
-    out.plan = (char *)(sn->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
+    resp->queries_served = q;
+    resp->mean_shards_touched = q ? (double)atomic_load(&c->shards_touched) / (double)q : 0.0;
+    resp->plan = (char *)(sn->plan_kind == TSR_PLAN_LOCALITY ? "locality" : "balanced");
     if (sn->plan && sn->version) {
-        int64_t *load = tsr__ar(&a, S, sizeof *load);
+        int64_t *load = tsr__ar(a, S, sizeof *load);
         for (size_t i = 0; i < sn->dir.n; i++)
             if (sn->dir.e[i].list >= 0 && (size_t)sn->dir.e[i].shard < S)
                 load[sn->dir.e[i].shard]++;
         int64_t mx = 0;
         for (size_t s = 0; s < S; s++)
             mx = load[s] > mx ? load[s] : mx;
-        out.plan_imbalance = sn->ndense ? (double)mx * (double)S / (double)sn->ndense : 0.0;
+        resp->plan_imbalance = sn->ndense ? (double)mx * (double)S / (double)sn->ndense : 0.0;
     }
-    for (size_t s = 0; s < S; s++) {
-        tessera__v1__shard_index_stats__init(&st[s]);
-        st[s].address = c->cfg.shards[s]; /* names the group (its first replica) */
-        st[s].removed = c->cfg.retired && __atomic_load_n(&c->cfg.retired[s], __ATOMIC_ACQUIRE);
-        out.shards[s] = &st[s];
-        tsr_rpc_result *res = &calls[s].result;
-        if (res->code == TSR_RPC_OK) {
-            Tessera__V1__ShardStatsResponse *sr =
-                tessera__v1__shard_stats_response__unpack(NULL, res->len, res->data);
-            if (sr) {
-                st[s].available = 1;
-                st[s].vectors_count = sr->vectors_count;
-                st[s].sparse_vectors_count = sr->sparse_vectors_count;
-                st[s].version = sr->current_version;
-                st[s].anonymous_bytes = sr->anonymous_bytes;
-                st[s].mapped_bytes = sr->mapped_bytes;
-                tessera__v1__shard_stats_response__free_unpacked(sr, NULL);
-            }
-        }
-        tsr_rpc_result_close(res);
-    }
-    Tessera__V1__OperationProgress pg = TESSERA__V1__OPERATION_PROGRESS__INIT;
-    char opid[sizeof ((tsr__op *)0)->id] = "";
-    pthread_mutex_lock(&c->op_mu);
-    const tsr__op *lop = c->nops ? c->ops[c->nops - 1] : NULL;
-    if (lop) {
-        snprintf(opid, sizeof opid, "%s", lop->id);
-        out.last_operation_state = (Tessera__V1__Operation__State)lop->state;
-        pg.files_total = lop->files_total;
-        pg.files_read = lop->files_read;
-        pg.records_read = lop->records_read;
-        pg.shards_total = lop->shards_total;
-        pg.shards_staged = lop->shards_staged;
-        pg.shards_prepared = lop->shards_prepared;
-        pg.shards_committed = lop->shards_committed;
-        pg.lists_total = lop->lists_total;
-        pg.lists_moved = lop->lists_moved;
-        pg.datapoints_moved = lop->datapoints_moved;
-        pg.bytes_moved = lop->bytes_moved;
-        out.last_operation_progress = &pg;
-    }
-    pthread_mutex_unlock(&c->op_mu);
-    out.last_operation_id = opid;
-    char leader[256];
-    char **members = NULL;
-    size_t nmembers = 0;
-    tsr__leader_members(c, &members, &nmembers, leader, sizeof leader);
-    out.coordinators = members;
-    out.n_coordinators = nmembers;
-    out.leader = leader;
-    int rc = tsr_rpc_reply_pack(r, &out.base);
-    for (size_t i = 0; i < nmembers; i++)
-        free(members[i]);
-    free(members);
-    tsr__ar_free(&a);
-    tsr__snap_unref(sn);
-    return rc;
+    stats_last_op(c, a, resp);
+    char *leader = tsr__ar(a, 1, LEADER_CAP);
+    tsr__leader_members(c, &resp->coordinators, &resp->n_coordinators, leader, LEADER_CAP);
+    resp->leader = leader;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- streamed writes */
 
-/* tessera.v1 handlers (TSR_RPC_LONG: they wait for their round). */
-int tsr__coord_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+/* tessera.v1 handlers (TSR_RPC_LONG: they wait for their round); the stream sets the
+ * status of a refused write on the reply itself. */
+TSR_RPC_HANDLER(h_upsert, Tessera__V1__UpsertDatapointsRequest,
+                Tessera__V1__UpsertDatapointsResponse)
 {
-    Tessera__V1__UpsertDatapointsRequest *rq =
-        tessera__v1__upsert_datapoints_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "UpsertDatapointsRequest: "
-                                   "malformed protobuf");
-    Tessera__V1__UpsertDatapointsResponse resp = TESSERA__V1__UPSERT_DATAPOINTS_RESPONSE__INIT;
-    int rc = tsr__coord_stream_upsert(ctx, rq, &resp, r);
-    if (rc == 0)
-        rc = tsr_rpc_reply_pack(r, &resp.base);
-    tessera__v1__upsert_datapoints_request__free_unpacked(rq, NULL);
-    return rc;
+    return tsr__coord_stream_upsert(tsr_rpc_ctx_app(ctx), rq, resp, tsr_rpc_ctx_reply(ctx));
 }
 
-int tsr__coord_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+TSR_RPC_HANDLER(h_remove, Tessera__V1__RemoveDatapointsRequest,
+                Tessera__V1__RemoveDatapointsResponse)
 {
-    Tessera__V1__RemoveDatapointsRequest *rq =
-        tessera__v1__remove_datapoints_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "RemoveDatapointsRequest: "
-                                   "malformed protobuf");
-    Tessera__V1__RemoveDatapointsResponse resp = TESSERA__V1__REMOVE_DATAPOINTS_RESPONSE__INIT;
-    int rc = tsr__coord_stream_remove(ctx, rq, &resp, r);
-    if (rc == 0)
-        rc = tsr_rpc_reply_pack(r, &resp.base);
-    tessera__v1__remove_datapoints_request__free_unpacked(rq, NULL);
-    return rc;
+    return tsr__coord_stream_remove(tsr_rpc_ctx_app(ctx), rq, resp, tsr_rpc_ctx_reply(ctx));
 }
 
 /* ---------------------------------------------------------------- updates, operations, moves */
 
-static int reshard_reply(tsr_rpc_reply *r, const char *id, uint32_t group)
+/* The operation id of a started update or move, kept until the reply is packed. */
+static char *op_id(tsr_rpc_ctx *ctx)
 {
-    Tessera__V1__ReshardResponse resp = TESSERA__V1__RESHARD_RESPONSE__INIT;
-    resp.operation_id = (char *)id;
-    resp.group = group;
-    return tsr_rpc_reply_pack(r, &resp.base);
+    char *id = tsr_try_calloc(1, sizeof ((tsr__op *)0)->id);
+    if (id)
+        tsr_rpc_ctx_defer(ctx, free, id);
+    return id;
 }
 
-int tsr__coord_rpc_add_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+/* Starting an update or a move sets its refusal's status on the reply itself. */
+TSR_RPC_HANDLER(h_add_group, Tessera__V1__AddShardGroupRequest, Tessera__V1__ReshardResponse)
 {
-    tsr__coord *c = ctx;
-    Tessera__V1__AddShardGroupRequest *rq =
-        tessera__v1__add_shard_group_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "AddShardGroupRequest: "
-                                   "malformed protobuf");
-    char id[sizeof ((tsr__op *)0)->id];
-    uint32_t group = 0;
-    int rc;
     if (rq->n_replicas == 0)
-        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "replicas: empty (expected the "
-                                 "new group's \"host:port\" addresses)");
-    else
-        rc = tsr__reshard_start(c, rq->replicas, rq->n_replicas, -1, &group, id, sizeof id, r);
-    if (!rc)
-        rc = reshard_reply(r, id, group);
-    tessera__v1__add_shard_group_request__free_unpacked(rq, NULL);
-    return rc;
+        return tsr_err(err, TSR_EINVAL, "replicas: empty (expected the new group's "
+                       "\"host:port\" addresses)");
+    char *id = op_id(ctx);
+    if (!id)
+        return tsr_err(err, TSR_ELIMIT, "AddShardGroup: out of memory");
+    resp->operation_id = id;
+    return tsr__reshard_start(tsr_rpc_ctx_app(ctx), rq->replicas, rq->n_replicas, -1,
+                              &resp->group, id, sizeof ((tsr__op *)0)->id, tsr_rpc_ctx_reply(ctx));
 }
 
-int tsr__coord_rpc_remove_group(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+TSR_RPC_HANDLER(h_remove_group, Tessera__V1__RemoveShardGroupRequest,
+                Tessera__V1__ReshardResponse)
 {
-    tsr__coord *c = ctx;
-    Tessera__V1__RemoveShardGroupRequest *rq =
-        tessera__v1__remove_shard_group_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "RemoveShardGroupRequest: "
-                                   "malformed protobuf");
-    char id[sizeof ((tsr__op *)0)->id];
-    uint32_t group = 0;
-    int rc = tsr__reshard_start(c, NULL, 0, (int64_t)rq->group, &group, id, sizeof id, r);
-    if (!rc)
-        rc = reshard_reply(r, id, group);
-    tessera__v1__remove_shard_group_request__free_unpacked(rq, NULL);
-    return rc;
+    char *id = op_id(ctx);
+    if (!id)
+        return tsr_err(err, TSR_ELIMIT, "RemoveShardGroup: out of memory");
+    resp->operation_id = id;
+    return tsr__reshard_start(tsr_rpc_ctx_app(ctx), NULL, 0, (int64_t)rq->group, &resp->group,
+                              id, sizeof ((tsr__op *)0)->id, tsr_rpc_ctx_reply(ctx));
 }
 
-int tsr__coord_rpc_update(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+TSR_RPC_HANDLER(h_update, Tessera__V1__UpdateIndexRequest, Tessera__V1__UpdateIndexResponse)
 {
-    tsr__coord *c = ctx;
-    Tessera__V1__UpdateIndexRequest *rq = tessera__v1__update_index_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "UpdateIndexRequest: malformed "
-                                   "protobuf");
-    char id[sizeof ((tsr__op *)0)->id];
-    int rc = rq->fold_stream ? tsr__coord_fold_request(c, rq, id, sizeof id, r)
-                             : tsr__coord_update_start(c, rq->batch_root,
-                                                       rq->is_complete_overwrite,
-                                                       rq->max_invalid_records, id, sizeof id, r);
-    if (!rc) {
-        Tessera__V1__UpdateIndexResponse resp = TESSERA__V1__UPDATE_INDEX_RESPONSE__INIT;
-        resp.operation_id = id;
-        rc = tsr_rpc_reply_pack(r, &resp.base);
-    }
-    tessera__v1__update_index_request__free_unpacked(rq, NULL);
-    return rc;
+    tsr__coord *c = tsr_rpc_ctx_app(ctx);
+    tsr_rpc_reply *r = tsr_rpc_ctx_reply(ctx);
+    char *id = op_id(ctx);
+    if (!id)
+        return tsr_err(err, TSR_ELIMIT, "UpdateIndex: out of memory");
+    resp->operation_id = id;
+    size_t cap = sizeof ((tsr__op *)0)->id;
+    return rq->fold_stream ? tsr__coord_fold_request(c, rq, id, cap, r)
+                           : tsr__coord_update_start(c, rq->batch_root, rq->is_complete_overwrite,
+                                                     rq->max_invalid_records, id, cap, r);
 }
 
-int tsr__coord_rpc_get_operation(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+static void op_unlock(void *c)
 {
-    tsr__coord *c = ctx;
-    Tessera__V1__GetOperationRequest *rq =
-        tessera__v1__get_operation_request__unpack(NULL, len, req);
-    if (!rq)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "GetOperationRequest: malformed "
-                                   "protobuf");
-    int rc;
+    pthread_mutex_unlock(&((tsr__coord *)c)->op_mu);
+}
+
+static void op_free(void *op)
+{
+    tsr__op_free(op);
+}
+
+static void operation_resp_free(void *p)
+{
+    Tessera__V1__Operation *o = p;
+    if (o->report)
+        tessera__v1__batch_report__free_unpacked(o->report, NULL);
+}
+
+TSR_RPC_HANDLER(h_get_operation, Tessera__V1__GetOperationRequest, Tessera__V1__Operation)
+{
+    tsr__coord *c = tsr_rpc_ctx_app(ctx);
+    Tessera__V1__OperationProgress *pg = tsr_try_malloc(1, sizeof *pg);
+    if (!pg)
+        return tsr_err(err, TSR_ELIMIT, "GetOperation: out of memory");
+    tsr_rpc_ctx_defer(ctx, free, pg);
     tsr__op *fetched = NULL;
     pthread_mutex_lock(&c->op_mu);
     tsr__op *op = tsr__coord_op_find(c, rq->operation_id);
     if (!op) { /* with --etcd: an operation another coordinator ran */
         pthread_mutex_unlock(&c->op_mu);
         op = fetched = tsr__oplog_fetch(c, rq->operation_id);
+        tsr_rpc_ctx_defer(ctx, op_free, fetched);
         pthread_mutex_lock(&c->op_mu);
     }
     if (!op) {
         pthread_mutex_unlock(&c->op_mu);
-        rc = tsr_rpc_reply_error(r, TSR_RPC_NOT_FOUND, "operation \"%s\" not found (the last %d "
-                                 "operations are kept, across restarts)",
-                                 rq->operation_id ? rq->operation_id : "", TSR__OP_MAX_KEPT);
-        tessera__v1__get_operation_request__free_unpacked(rq, NULL);
-        return rc;
+        return tsr_err(err, TSR_ENOTFOUND, "operation \"%s\" not found (the last %d "
+                       "operations are kept, across restarts)",
+                       rq->operation_id ? rq->operation_id : "", TSR__OP_MAX_KEPT);
     }
-    Tessera__V1__Operation o;
-    Tessera__V1__OperationProgress pg;
-    tsr__op_to_pb(op, op->state, &o, &pg);
-    o.version = op->version; /* the API: produced (SUCCEEDED), else 0 — never the target */
-    rc = tsr_rpc_reply_pack(r, &o.base);
-    pthread_mutex_unlock(&c->op_mu);
-    if (o.report)
-        tessera__v1__batch_report__free_unpacked(o.report, NULL);
-    tsr__op_free(fetched);
-    tessera__v1__get_operation_request__free_unpacked(rq, NULL);
-    return rc;
+    /* the answer borrows op's strings: op_mu stays held until it is packed */
+    tsr_rpc_ctx_defer(ctx, op_unlock, c);
+    tsr__op_to_pb(op, op->state, resp, pg);
+    resp->version = op->version; /* the API: produced (SUCCEEDED), else 0 — never the target */
+    return 0;
 }
+
+/* ---------------------------------------------------------------- the method table */
+
+#define SVC "/tessera.v1.VectorSearch/"
+#define METHOD(name, h, req, resp, free_fn, flags)                                       \
+    {SVC name, &tessera__v1__##req##__descriptor, &tessera__v1__##resp##__descriptor, h, \
+     free_fn, flags, 0}
+
+/* FindNeighbors is not here: its reply is sent by the query path's asynchronous fan-out
+ * (tsr_rpc_reply_fanout), registered raw (tsr__coord_rpc_find_neighbors). */
+const tsr_rpc_method tsr__tessera_v1_methods[] = {
+    METHOD("ReadIndexDatapoints", h_read, read_index_datapoints_request,
+           read_index_datapoints_response, NULL, TSR_RPC_LONG),
+    METHOD("GetIndexStats", h_stats, get_index_stats_request, get_index_stats_response, NULL,
+           TSR_RPC_LONG),
+    METHOD("UpdateIndex", h_update, update_index_request, update_index_response, NULL, 0),
+    METHOD("GetOperation", h_get_operation, get_operation_request, operation,
+           operation_resp_free, 0),
+    /* streamed writes wait for their round: worker pool; role admin (the default) */
+    METHOD("UpsertDatapoints", h_upsert, upsert_datapoints_request, upsert_datapoints_response,
+           NULL, TSR_RPC_LONG),
+    METHOD("RemoveDatapoints", h_remove, remove_datapoints_request, remove_datapoints_response,
+           NULL, TSR_RPC_LONG),
+    METHOD("AddShardGroup", h_add_group, add_shard_group_request, reshard_response, NULL, 0),
+    METHOD("RemoveShardGroup", h_remove_group, remove_shard_group_request, reshard_response,
+           NULL, 0),
+};
+const size_t tsr__tessera_v1_nmethods =
+    sizeof tsr__tessera_v1_methods / sizeof tsr__tessera_v1_methods[0];

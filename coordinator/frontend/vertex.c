@@ -430,7 +430,7 @@ static int64_t remaining(tsr_rpc_reply *r)
 /* Answers n MatchRequests against the index: *out gets n MatchResponses (allocated in a,
  * borrowing from responses kept in a). prefix(i) names request i in messages: "" for
  * Match, "requests[k].requests[i]: " for BatchMatch (index k; k < 0 = Match). */
-static int answer(tsr__coord *c, vx_arena *a, vx_match_req *const *ms, size_t n, long k,
+static int answer(tsr__coord *c, vx_arena *a, const vx_match_req *const *ms, size_t n, long k,
                   tsr_rpc_reply *r, vx_match_resp ***out, tsr_error *err)
 {
     char where[64] = "";
@@ -503,107 +503,109 @@ static int answer(tsr__coord *c, vx_arena *a, vx_match_req *const *ms, size_t n,
 
 /* ---------------------------------------------------------------- handlers */
 
-int tsr__vertex_rpc_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+static void call_arena_free(void *a)
 {
-    tsr__coord *c = ctx;
-    vx_match_req *m = VX(match_request__unpack)(NULL, len, req);
-    if (!m)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "MatchRequest: malformed "
-                                   "protobuf");
-    vx_arena a = {0};
-    vx_match_resp **out = NULL;
-    tsr_error err = TSR_ERROR_INIT;
-    int rc = tsr__vertex_check_index(c, m->deployed_index_id, "", &err);
-    if (!rc)
-        rc = answer(c, &a, &m, 1, -1, r, &out, &err);
-    if (!rc)
-        rc = tsr_rpc_reply_pack(r, &out[0]->base);
-    else
-        rc = tsr__coord_reply_error(r, &err);
-    ar_free(&a);
-    VX(match_request__free_unpacked)(m, NULL);
-    return rc;
+    ar_free(a);
+    free(a);
 }
 
-int tsr__vertex_rpc_batch_match(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+/* The call's arena: what the reply borrows, freed after it is packed. NULL: out of memory. */
+static vx_arena *call_arena(tsr_rpc_ctx *ctx)
 {
-    tsr__coord *c = ctx;
-    vx_batch_req *b = VX(batch_match_request__unpack)(NULL, len, req);
-    if (!b)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "BatchMatchRequest: malformed "
-                                   "protobuf");
+    vx_arena *a = tsr_try_calloc(1, sizeof *a);
+    if (a)
+        tsr_rpc_ctx_defer(ctx, call_arena_free, a);
+    return a;
+}
+
+TSR_RPC_HANDLER(h_match, vx_match_req, vx_match_resp)
+{
+    (void)resp; /* answer() builds the response in the arena */
+    tsr__coord *c = tsr_rpc_ctx_app(ctx);
+    vx_arena *a = call_arena(ctx);
+    if (!a)
+        return tsr_err(err, TSR_ELIMIT, "MatchRequest: out of memory");
+    vx_match_resp **out = NULL;
+    int rc = tsr__vertex_check_index(c, rq->deployed_index_id, "", err);
+    if (!rc)
+        rc = answer(c, a, &rq, 1, -1, tsr_rpc_ctx_reply(ctx), &out, err);
+    return rc ? rc : tsr_rpc_ctx_set_resp(ctx, &out[0]->base, NULL);
+}
+
+TSR_RPC_HANDLER(h_batch_match, vx_batch_req, vx_batch_resp)
+{
+    tsr__coord *c = tsr_rpc_ctx_app(ctx);
     size_t total = 0;
-    for (size_t k = 0; k < b->n_requests; k++)
-        total += b->requests[k]->n_requests;
-    if (b->n_requests > VX_MAX_INDEXES || total > VX_MAX_BATCH) {
-        int rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "BatchMatchRequest: %zu "
-                                     "indexes and %zu requests, at most %d and %d per call",
-                                     b->n_requests, total, VX_MAX_INDEXES, VX_MAX_BATCH);
-        VX(batch_match_request__free_unpacked)(b, NULL);
-        return rc;
-    }
-    vx_arena a = {0};
-    vx_batch_resp out = GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__BATCH_MATCH_RESPONSE__INIT;
-    out.responses = ar(&a, b->n_requests, sizeof *out.responses);
-    out.n_responses = b->n_requests;
+    for (size_t k = 0; k < rq->n_requests; k++)
+        total += rq->requests[k]->n_requests;
+    if (rq->n_requests > VX_MAX_INDEXES || total > VX_MAX_BATCH)
+        return tsr_err(err, TSR_EINVAL, "BatchMatchRequest: %zu indexes and %zu requests, at "
+                       "most %d and %d per call", rq->n_requests, total, VX_MAX_INDEXES,
+                       VX_MAX_BATCH);
+    vx_arena *a = call_arena(ctx);
+    if (!a)
+        return tsr_err(err, TSR_ELIMIT, "BatchMatchRequest: out of memory");
+    resp->responses = ar(a, rq->n_requests, sizeof *resp->responses);
+    resp->n_responses = rq->n_requests;
     /* one entry per index, in order; a failing index gets its status and no responses,
      * the others are answered as usual */
-    for (size_t k = 0; k < b->n_requests; k++) {
-        const vx_batch_req_idx *ix = b->requests[k];
-        vx_batch_resp_idx *o = ar(&a, 1, sizeof *o);
+    for (size_t k = 0; k < rq->n_requests; k++) {
+        const vx_batch_req_idx *ix = rq->requests[k];
+        vx_batch_resp_idx *o = ar(a, 1, sizeof *o);
         VX(batch_match_response__batch_match_response_per_index__init)(o);
         o->deployed_index_id = ix->deployed_index_id;
-        Google__Rpc__Status *st = ar(&a, 1, sizeof *st);
+        Google__Rpc__Status *st = ar(a, 1, sizeof *st);
         google__rpc__status__init(st);
         o->status = st;
-        out.responses[k] = o;
-        tsr_error err = TSR_ERROR_INIT;
+        resp->responses[k] = o;
+        tsr_error ierr = TSR_ERROR_INIT;
         char where[48];
         snprintf(where, sizeof where, "requests[%zu]: ", k);
-        int rc = tsr__vertex_check_index(c, ix->deployed_index_id, where, &err);
+        int rc = tsr__vertex_check_index(c, ix->deployed_index_id, where, &ierr);
         vx_match_resp **mr = NULL;
         if (!rc && ix->n_requests)
-            rc = answer(c, &a, ix->requests, ix->n_requests, (long)k, r, &mr, &err);
+            rc = answer(c, a, (const vx_match_req *const *)ix->requests, ix->n_requests,
+                        (long)k, tsr_rpc_ctx_reply(ctx), &mr, &ierr);
         if (rc) {
-            st->code = tsr__coord_status_of(&err);
-            st->message = strcpy(ar(&a, strlen(err.msg) + 1, 1), err.msg);
+            st->code = tsr__coord_status_of(&ierr);
+            st->message = strcpy(ar(a, strlen(ierr.msg) + 1, 1), ierr.msg);
             continue;
         }
         o->responses = mr;
         o->n_responses = mr ? ix->n_requests : 0;
     }
-    int rc = tsr_rpc_reply_pack(r, &out.base);
-    ar_free(&a);
-    VX(batch_match_request__free_unpacked)(b, NULL);
-    return rc;
+    return 0;
 }
 
-int tsr__vertex_rpc_batch_get_embeddings(void *ctx, const uint8_t *req, size_t len,
-                                         tsr_rpc_reply *r)
+TSR_RPC_HANDLER(h_batch_get_embeddings, vx_get_req, vx_get_resp)
 {
-    tsr__coord *c = ctx;
-    vx_get_req *g = VX(batch_get_embeddings_request__unpack)(NULL, len, req);
-    if (!g)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "BatchGetEmbeddingsRequest: "
-                                   "malformed protobuf");
-    vx_arena a = {0};
-    tsr_error err = TSR_ERROR_INIT;
-    int rc = tsr__vertex_check_index(c, g->deployed_index_id, "", &err);
+    tsr__coord *c = tsr_rpc_ctx_app(ctx);
+    vx_arena *a = call_arena(ctx);
+    if (!a)
+        return tsr_err(err, TSR_ELIMIT, "BatchGetEmbeddingsRequest: out of memory");
+    int rc = tsr__vertex_check_index(c, rq->deployed_index_id, "", err);
     Tessera__V1__ReadIndexDatapointsResponse *rd = NULL;
     if (!rc)
-        rc = tsr__coord_read(c, g->id, g->n_id, remaining(r), &rd, &err);
-    if (!rc) {
-        keep_rd(&a, rd);
-        vx_get_resp out = GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__BATCH_GET_EMBEDDINGS_RESPONSE__INIT;
-        out.embeddings = ar(&a, rd->n_datapoints, sizeof *out.embeddings);
-        out.n_embeddings = rd->n_datapoints;
-        for (size_t i = 0; i < rd->n_datapoints; i++)
-            out.embeddings[i] = to_embedding(&a, rd->datapoints[i]);
-        rc = tsr_rpc_reply_pack(r, &out.base);
-    } else {
-        rc = tsr__coord_reply_error(r, &err);
-    }
-    ar_free(&a);
-    VX(batch_get_embeddings_request__free_unpacked)(g, NULL);
-    return rc;
+        rc = tsr__coord_read(c, rq->id, rq->n_id, tsr_rpc_ctx_remaining_ms(ctx), &rd, err);
+    if (rc)
+        return rc;
+    keep_rd(a, rd);
+    resp->embeddings = ar(a, rd->n_datapoints, sizeof *resp->embeddings);
+    resp->n_embeddings = rd->n_datapoints;
+    for (size_t i = 0; i < rd->n_datapoints; i++)
+        resp->embeddings[i] = to_embedding(a, rd->datapoints[i]);
+    return 0;
 }
+
+#define VXD(x) &google__cloud__aiplatform__container__v1__##x##__descriptor
+
+/* All TSR_RPC_LONG (they block on the core's read and search). */
+const tsr_rpc_method tsr__vertex_methods[] = {
+    {TSR_VERTEX_SVC "Match", VXD(match_request), VXD(match_response), h_match, NULL,
+     TSR_RPC_LONG, 0},
+    {TSR_VERTEX_SVC "BatchMatch", VXD(batch_match_request), VXD(batch_match_response),
+     h_batch_match, NULL, TSR_RPC_LONG, 0},
+    {TSR_VERTEX_SVC "BatchGetEmbeddings", VXD(batch_get_embeddings_request),
+     VXD(batch_get_embeddings_response), h_batch_get_embeddings, NULL, TSR_RPC_LONG, 0},
+};
+const size_t tsr__vertex_nmethods = sizeof tsr__vertex_methods / sizeof tsr__vertex_methods[0];

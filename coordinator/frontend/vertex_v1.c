@@ -265,68 +265,80 @@ static void resp_to_vertex(tsr__v1_pool *a, const Tessera__V1__FindNeighborsResp
 
 /* ---------------------------------------------------------------- handlers */
 
-int tsr__vertex_v1_rpc_find_neighbors(void *ctx, const uint8_t *req, size_t len,
-                                      tsr_rpc_reply *r)
+/* What a v1 answer borrows: the translation's pool, the core response. */
+typedef struct v1_call {
+    tsr__v1_pool a;
+    Tessera__V1__FindNeighborsResponse *fn;
+    Tessera__V1__ReadIndexDatapointsResponse *rd;
+} v1_call;
+
+static void v1_call_free(void *p)
 {
-    tsr__coord *c = ctx;
-    g_fn_req *g = GV(find_neighbors_request__unpack)(NULL, len, req);
-    if (!g)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "FindNeighborsRequest: "
-                                   "malformed protobuf");
-    tsr__v1_pool a = {0};
-    tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__FindNeighborsResponse *out = NULL;
-    int rc = check_names(c, g->index_endpoint, g->deployed_index_id, &err);
-    if (!rc) {
-        Tessera__V1__FindNeighborsRequest rq;
-        req_to_tessera(&a, g, &rq);
-        rc = tsr__coord_find_neighbors(c, &rq, tsr_rpc_reply_remaining_ms(r), &out, &err);
-    }
-    if (!rc) {
-        g_fn_resp resp;
-        resp_to_vertex(&a, out, &resp);
-        rc = tsr_rpc_reply_pack(r, &resp.base);
-    } else {
-        rc = tsr__coord_reply_error(r, &err);
-    }
-    tsr__coord_response_free(out);
-    tsr__vertex_v1_pool_free(&a);
-    GV(find_neighbors_request__free_unpacked)(g, NULL);
-    return rc;
+    v1_call *k = p;
+    tsr__coord_response_free(k->fn);
+    tsr__coord_read_free(k->rd);
+    tsr__vertex_v1_pool_free(&k->a);
+    free(k);
 }
 
-int tsr__vertex_v1_rpc_read(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+/* The call's v1_call, freed after the reply is packed. NULL: out of memory. */
+static v1_call *v1_call_new(tsr_rpc_ctx *ctx)
 {
-    tsr__coord *c = ctx;
-    g_rd_req *g = GV(read_index_datapoints_request__unpack)(NULL, len, req);
-    if (!g)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "ReadIndexDatapointsRequest: "
-                                   "malformed protobuf");
-    tsr__v1_pool a = {0};
-    tsr_error err = TSR_ERROR_INIT;
-    Tessera__V1__ReadIndexDatapointsResponse *out = NULL;
-    int rc = check_names(c, g->index_endpoint, g->deployed_index_id, &err);
-    for (size_t i = 0; !rc && i < g->n_ids; i++)
-        if (!g->ids[i][0])
-            rc = tsr_err(&err, TSR_EINVAL, "ids[%zu] is empty", i);
-    if (!rc)
-        rc = tsr__coord_read(c, g->ids, g->n_ids, tsr_rpc_reply_remaining_ms(r), &out, &err);
-    if (!rc) {
-        g_rd_resp resp;
-        GV(read_index_datapoints_response__init)(&resp);
-        resp.datapoints = pool_new(&a, out->n_datapoints, sizeof *resp.datapoints);
-        resp.n_datapoints = out->n_datapoints;
-        for (size_t i = 0; i < out->n_datapoints; i++)
-            resp.datapoints[i] = dp_to_vertex(&a, out->datapoints[i]);
-        rc = tsr_rpc_reply_pack(r, &resp.base);
-    } else {
-        rc = tsr__coord_reply_error(r, &err);
-    }
-    tsr__coord_read_free(out);
-    tsr__vertex_v1_pool_free(&a);
-    GV(read_index_datapoints_request__free_unpacked)(g, NULL);
-    return rc;
+    v1_call *k = tsr_try_calloc(1, sizeof *k);
+    if (k)
+        tsr_rpc_ctx_defer(ctx, v1_call_free, k);
+    return k;
 }
+
+TSR_RPC_HANDLER(h_find_neighbors, g_fn_req, g_fn_resp)
+{
+    tsr__coord *c = tsr_rpc_ctx_app(ctx);
+    v1_call *k = v1_call_new(ctx);
+    if (!k)
+        return tsr_err(err, TSR_ELIMIT, "FindNeighborsRequest: out of memory");
+    int rc = check_names(c, rq->index_endpoint, rq->deployed_index_id, err);
+    if (rc)
+        return rc;
+    Tessera__V1__FindNeighborsRequest trq;
+    req_to_tessera(&k->a, rq, &trq);
+    if ((rc = tsr__coord_find_neighbors(c, &trq, tsr_rpc_ctx_remaining_ms(ctx), &k->fn, err)))
+        return rc;
+    resp_to_vertex(&k->a, k->fn, resp);
+    return 0;
+}
+
+TSR_RPC_HANDLER(h_read, g_rd_req, g_rd_resp)
+{
+    tsr__coord *c = tsr_rpc_ctx_app(ctx);
+    v1_call *k = v1_call_new(ctx);
+    if (!k)
+        return tsr_err(err, TSR_ELIMIT, "ReadIndexDatapointsRequest: out of memory");
+    int rc = check_names(c, rq->index_endpoint, rq->deployed_index_id, err);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < rq->n_ids; i++)
+        if (!rq->ids[i][0])
+            return tsr_err(err, TSR_EINVAL, "ids[%zu] is empty", i);
+    if ((rc = tsr__coord_read(c, rq->ids, rq->n_ids, tsr_rpc_ctx_remaining_ms(ctx), &k->rd,
+                              err)))
+        return rc;
+    resp->datapoints = pool_new(&k->a, k->rd->n_datapoints, sizeof *resp->datapoints);
+    resp->n_datapoints = k->rd->n_datapoints;
+    for (size_t i = 0; i < k->rd->n_datapoints; i++)
+        resp->datapoints[i] = dp_to_vertex(&k->a, k->rd->datapoints[i]);
+    return 0;
+}
+
+/* Both TSR_RPC_LONG (they block on the core's search and read); FindNeighbors' request
+ * nests (embedding_metadata): checked, found from its descriptor. */
+const tsr_rpc_method tsr__vertex_v1_methods[] = {
+    {TSR_VERTEX_V1_SVC "FindNeighbors", &GV(find_neighbors_request__descriptor),
+     &GV(find_neighbors_response__descriptor), h_find_neighbors, NULL, TSR_RPC_LONG, 0},
+    {TSR_VERTEX_V1_SVC "ReadIndexDatapoints", &GV(read_index_datapoints_request__descriptor),
+     &GV(read_index_datapoints_response__descriptor), h_read, NULL, TSR_RPC_LONG, 0},
+};
+const size_t tsr__vertex_v1_nmethods =
+    sizeof tsr__vertex_v1_methods / sizeof tsr__vertex_v1_methods[0];
 
 /* ctx: the method's full name (static storage). */
 int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,

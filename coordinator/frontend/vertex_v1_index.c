@@ -140,22 +140,20 @@ static void index_fill(tsr__coord *c, const char *name, index_msg *m)
 
 /* ---------------------------------------------------------------- handlers */
 
-int tsr__vertex_v1_rpc_get_index(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+typedef Google__Cloud__Aiplatform__V1__GetIndexRequest g_get_index_req;
+
+TSR_RPC_HANDLER(h_get_index, g_get_index_req, g_index)
 {
-    tsr__coord *c = ctx;
-    Google__Cloud__Aiplatform__V1__GetIndexRequest *g =
-        google__cloud__aiplatform__v1__get_index_request__unpack(NULL, len, req);
-    if (!g)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "GetIndexRequest: malformed "
-                                   "protobuf");
-    int rc = check_index_name("name", g->name, r);
-    if (!rc) {
-        index_msg m;
-        index_fill(c, g->name, &m);
-        rc = tsr_rpc_reply_pack(r, &m.ix.base);
-    }
-    google__cloud__aiplatform__v1__get_index_request__free_unpacked(g, NULL);
-    return rc;
+    (void)resp; /* answered from an index_msg, which holds what the Index points into */
+    int rc = check_index_name("name", rq->name, tsr_rpc_ctx_reply(ctx));
+    if (rc)
+        return rc;
+    index_msg *m = tsr_try_malloc(1, sizeof *m);
+    if (!m)
+        return tsr_err(err, TSR_ELIMIT, "GetIndex: out of memory");
+    tsr_rpc_ctx_defer(ctx, free, m);
+    index_fill(tsr_rpc_ctx_app(ctx), rq->name, m);
+    return tsr_rpc_ctx_set_resp(ctx, &m->ix.base, NULL);
 }
 
 /* The local path of contentsDeltaUri u (borrowed from it), or NULL with r set. */
@@ -182,58 +180,43 @@ static const char *delta_path(const char *u, tsr_rpc_reply *r)
     return u;
 }
 
-int tsr__vertex_v1_rpc_update_index(void *ctx, const uint8_t *req, size_t len,
-                                    tsr_rpc_reply *r)
+typedef Google__Cloud__Aiplatform__V1__UpdateIndexRequest g_update_index_req;
+
+TSR_RPC_HANDLER(h_update_index, g_update_index_req, Google__Longrunning__Operation)
 {
-    tsr__coord *c = ctx;
-    Google__Cloud__Aiplatform__V1__UpdateIndexRequest *g =
-        google__cloud__aiplatform__v1__update_index_request__unpack(NULL, len, req);
-    if (!g)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "UpdateIndexRequest: malformed "
-                                   "protobuf");
+    tsr_rpc_reply *r = tsr_rpc_ctx_reply(ctx);
     int rc;
-    const g_value *uri = NULL, *ow = NULL;
-    if (!g->index) {
-        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "index is required");
-        goto out;
-    }
-    if ((rc = check_index_name("index.name", g->index->name, r)) != 0)
-        goto out;
-    uri = struct_get(g->index->metadata, "contentsDeltaUri");
-    ow = struct_get(g->index->metadata, "isCompleteOverwrite");
+    if (!rq->index)
+        return tsr_err(err, TSR_EINVAL, "index is required");
+    if ((rc = check_index_name("index.name", rq->index->name, r)) != 0)
+        return rc;
+    const g_value *uri = struct_get(rq->index->metadata, "contentsDeltaUri");
+    const g_value *ow = struct_get(rq->index->metadata, "isCompleteOverwrite");
     if (!uri || uri->kind_case != GOOGLE__PROTOBUF__VALUE__KIND_STRING_VALUE ||
-        !uri->string_value[0]) {
-        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "index.metadata.contentsDeltaUri "
-                                 "is required (a string: the batch folder, a path or a file:// "
-                                 "URI); Tessera changes nothing else of an index");
-        goto out;
-    }
+        !uri->string_value[0])
+        return tsr_err(err, TSR_EINVAL, "index.metadata.contentsDeltaUri is required (a string: "
+                       "the batch folder, a path or a file:// URI); Tessera changes nothing "
+                       "else of an index");
     if (ow && ow->kind_case != GOOGLE__PROTOBUF__VALUE__KIND_BOOL_VALUE &&
-        ow->kind_case != GOOGLE__PROTOBUF__VALUE__KIND_NULL_VALUE) {
-        rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "index.metadata."
-                                 "isCompleteOverwrite must be a boolean");
-        goto out;
-    }
+        ow->kind_case != GOOGLE__PROTOBUF__VALUE__KIND_NULL_VALUE)
+        return tsr_err(err, TSR_EINVAL, "index.metadata.isCompleteOverwrite must be a boolean");
     const char *path = delta_path(uri->string_value, r);
-    if (!path) {
-        rc = TSR_EINVAL;
-        goto out;
-    }
+    if (!path)
+        return TSR_EINVAL;
     char id[sizeof ((tsr__op *)0)->id];
     int overwrite = ow && ow->kind_case == GOOGLE__PROTOBUF__VALUE__KIND_BOOL_VALUE &&
                     ow->bool_value;
-    if ((rc = tsr__coord_update_start(c, path, overwrite, 0, id, sizeof id, r)) != 0)
-        goto out;
-    size_t nl = strlen(g->index->name) + strlen(id) + sizeof "/operations/";
-    char *name = tsr_xmalloc(nl);
-    snprintf(name, nl, "%s/operations/%s", g->index->name, id);
-    Google__Longrunning__Operation op = GOOGLE__LONGRUNNING__OPERATION__INIT;
-    op.name = name;
-    rc = tsr_rpc_reply_pack(r, &op.base);
-    free(name);
-out:
-    google__cloud__aiplatform__v1__update_index_request__free_unpacked(g, NULL);
-    return rc;
+    if ((rc = tsr__coord_update_start(tsr_rpc_ctx_app(ctx), path, overwrite, 0, id, sizeof id,
+                                      r)) != 0)
+        return rc;
+    size_t nl = strlen(rq->index->name) + strlen(id) + sizeof "/operations/";
+    char *name = tsr_try_malloc(nl, 1);
+    if (name == NULL)
+        return tsr_err(err, TSR_ELIMIT, "UpdateIndex: out of memory");
+    tsr_rpc_ctx_defer(ctx, free, name);
+    snprintf(name, nl, "%s/operations/%s", rq->index->name, id);
+    resp->name = name;
+    return 0;
 }
 
 /* The end of the answer for op (done; caller holds op_mu): the Index packed into *any,
@@ -266,124 +249,137 @@ static void op_result(tsr__coord *c, const tsr__op *op, const char *index_name,
     o->error = st;
 }
 
-int tsr__vertex_v1_rpc_get_operation(void *ctx, const uint8_t *req, size_t len,
-                                     tsr_rpc_reply *r)
+/* What a GetOperation answer points into, freed after packing. */
+typedef struct op_answer {
+    Google__Protobuf__Any any;
+    Google__Rpc__Status st;
+    char *msg;
+    char *index_name;
+    tsr__op *fetched;
+} op_answer;
+
+static void op_answer_free(void *p)
 {
-    tsr__coord *c = ctx;
-    Google__Longrunning__GetOperationRequest *g =
-        google__longrunning__get_operation_request__unpack(NULL, len, req);
-    if (!g)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "GetOperationRequest: "
-                                   "malformed protobuf");
+    op_answer *a = p;
+    tsr__op_free(a->fetched);
+    free(a->any.value.data);
+    free(a->msg);
+    free(a->index_name);
+    free(a);
+}
+
+TSR_RPC_HANDLER(h_get_operation, Google__Longrunning__GetOperationRequest,
+                Google__Longrunning__Operation)
+{
+    tsr__coord *c = tsr_rpc_ctx_app(ctx);
+    op_answer *a = tsr_try_calloc(1, sizeof *a);
+    if (!a)
+        return tsr_err(err, TSR_ELIMIT, "GetOperation: out of memory");
+    tsr_rpc_ctx_defer(ctx, op_answer_free, a);
+    google__protobuf__any__init(&a->any);
+    google__rpc__status__init(&a->st);
     /* "<index name>/operations/<id>" or the bare id */
-    const char *sep = strstr(g->name, "/operations/");
-    const char *id = sep ? sep + strlen("/operations/") : g->name;
-    char *index_name = tsr_xstrdup(sep ? g->name : "");
-    index_name[sep ? (size_t)(sep - g->name) : 0] = 0;
-    Google__Longrunning__Operation o = GOOGLE__LONGRUNNING__OPERATION__INIT;
-    Google__Protobuf__Any any = GOOGLE__PROTOBUF__ANY__INIT;
-    Google__Rpc__Status st = GOOGLE__RPC__STATUS__INIT;
-    char *msg = NULL;
-    int rc;
-    tsr__op *fetched = NULL;
+    const char *sep = strstr(rq->name, "/operations/");
+    const char *id = sep ? sep + strlen("/operations/") : rq->name;
+    a->index_name = tsr_xstrdup(sep ? rq->name : "");
+    a->index_name[sep ? (size_t)(sep - rq->name) : 0] = 0;
     pthread_mutex_lock(&c->op_mu);
     const tsr__op *op = tsr__coord_op_find(c, id);
     if (!op) { /* with --etcd: an operation another coordinator ran */
         pthread_mutex_unlock(&c->op_mu);
-        op = fetched = tsr__oplog_fetch(c, id);
+        op = a->fetched = tsr__oplog_fetch(c, id);
         pthread_mutex_lock(&c->op_mu);
     }
     if (!op) {
         pthread_mutex_unlock(&c->op_mu);
-        rc = tsr_rpc_reply_error(r, TSR_RPC_NOT_FOUND, "name: operation \"%s\" not found (the "
-                                 "last %d operations are kept, across restarts)", g->name,
-                                 TSR__OP_MAX_KEPT);
-        goto out;
+        return tsr_err(err, TSR_ENOTFOUND, "name: operation \"%s\" not found (the last %d "
+                       "operations are kept, across restarts)", rq->name, TSR__OP_MAX_KEPT);
     }
-    o.name = g->name;
-    o.done = op->state == TESSERA__V1__OPERATION__STATE__SUCCEEDED ||
-             op->state == TESSERA__V1__OPERATION__STATE__REJECTED ||
-             op->state == TESSERA__V1__OPERATION__STATE__FAILED;
-    if (o.done)
-        op_result(c, op, index_name, &o, &any, &st, &msg);
+    resp->name = rq->name; /* the request's: lives until the reply is packed */
+    resp->done = op->state == TESSERA__V1__OPERATION__STATE__SUCCEEDED ||
+                 op->state == TESSERA__V1__OPERATION__STATE__REJECTED ||
+                 op->state == TESSERA__V1__OPERATION__STATE__FAILED;
+    if (resp->done)
+        op_result(c, op, a->index_name, resp, &a->any, &a->st, &a->msg);
     pthread_mutex_unlock(&c->op_mu);
-    rc = tsr_rpc_reply_pack(r, &o.base);
-out:
-    tsr__op_free(fetched);
-    free(any.value.data);
-    free(msg);
-    free(index_name);
-    google__longrunning__get_operation_request__free_unpacked(g, NULL);
-    return rc;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- streamed writes */
 
-int tsr__vertex_v1_rpc_upsert(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+typedef Google__Cloud__Aiplatform__V1__UpsertDatapointsRequest g_upsert_req;
+typedef Google__Cloud__Aiplatform__V1__UpsertDatapointsResponse g_upsert_resp;
+
+/* The v1 response is empty; the stream sets a refused write's status on the reply. */
+TSR_RPC_HANDLER(h_upsert, g_upsert_req, g_upsert_resp)
 {
-    tsr__coord *c = ctx;
-    Google__Cloud__Aiplatform__V1__UpsertDatapointsRequest *g =
-        google__cloud__aiplatform__v1__upsert_datapoints_request__unpack(NULL, len, req);
-    if (!g)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "UpsertDatapointsRequest: "
-                                   "malformed protobuf");
-    tsr__v1_pool a = {0};
-    int rc = check_index_name("index", g->index, r);
-    for (size_t i = 0; !rc && i < g->n_datapoints; i++) {
-        const Google__Protobuf__Struct *md = g->datapoints[i]->embedding_metadata;
+    (void)resp;
+    tsr_rpc_reply *r = tsr_rpc_ctx_reply(ctx);
+    int rc = check_index_name("index", rq->index, r);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < rq->n_datapoints; i++) {
+        const Google__Protobuf__Struct *md = rq->datapoints[i]->embedding_metadata;
         size_t n = md ? protobuf_c_message_get_packed_size(&md->base) : 0;
         if (n > TSR_METADATA_MAX)
-            rc = tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "datapoints[%zu] (id \"%.64s\"): "
-                                     "embedding_metadata is %zu bytes serialized, at most %zu",
-                                     i, g->datapoints[i]->datapoint_id, n, TSR_METADATA_MAX);
+            return tsr_err(err, TSR_EINVAL, "datapoints[%zu] (id \"%.64s\"): embedding_metadata "
+                           "is %zu bytes serialized, at most %zu", i,
+                           rq->datapoints[i]->datapoint_id, n, (size_t)TSR_METADATA_MAX);
     }
-    if (!rc) {
-        Tessera__V1__UpsertDatapointsRequest rq = TESSERA__V1__UPSERT_DATAPOINTS_REQUEST__INIT;
-        Tessera__V1__FieldMask mask = TESSERA__V1__FIELD_MASK__INIT;
-        Tessera__V1__UpsertDatapointsResponse tresp = TESSERA__V1__UPSERT_DATAPOINTS_RESPONSE__INIT;
-        rq.n_datapoints = g->n_datapoints;
-        rq.datapoints = tsr_xcalloc(g->n_datapoints + 1, sizeof *rq.datapoints);
-        for (size_t i = 0; i < g->n_datapoints; i++)
-            rq.datapoints[i] = tsr__vertex_v1_dp_to_tessera(&a, g->datapoints[i]);
-        if (g->update_mask) {
-            mask.paths = g->update_mask->paths;
-            mask.n_paths = g->update_mask->n_paths;
-            rq.update_mask = &mask;
-        }
-        rc = tsr__coord_stream_upsert(c, &rq, &tresp, r);
-        free(rq.datapoints);
+    tsr__v1_pool a = {0};
+    Tessera__V1__UpsertDatapointsRequest trq = TESSERA__V1__UPSERT_DATAPOINTS_REQUEST__INIT;
+    Tessera__V1__FieldMask mask = TESSERA__V1__FIELD_MASK__INIT;
+    Tessera__V1__UpsertDatapointsResponse tresp = TESSERA__V1__UPSERT_DATAPOINTS_RESPONSE__INIT;
+    trq.n_datapoints = rq->n_datapoints;
+    trq.datapoints = tsr_xcalloc(rq->n_datapoints + 1, sizeof *trq.datapoints);
+    for (size_t i = 0; i < rq->n_datapoints; i++)
+        trq.datapoints[i] = tsr__vertex_v1_dp_to_tessera(&a, rq->datapoints[i]);
+    if (rq->update_mask) {
+        mask.paths = rq->update_mask->paths;
+        mask.n_paths = rq->update_mask->n_paths;
+        trq.update_mask = &mask;
     }
-    if (!rc) {
-        Google__Cloud__Aiplatform__V1__UpsertDatapointsResponse out =
-            GOOGLE__CLOUD__AIPLATFORM__V1__UPSERT_DATAPOINTS_RESPONSE__INIT;
-        rc = tsr_rpc_reply_pack(r, &out.base);
-    }
+    rc = tsr__coord_stream_upsert(tsr_rpc_ctx_app(ctx), &trq, &tresp, r);
+    free(trq.datapoints);
     tsr__vertex_v1_pool_free(&a);
-    google__cloud__aiplatform__v1__upsert_datapoints_request__free_unpacked(g, NULL);
     return rc;
 }
 
-int tsr__vertex_v1_rpc_remove(void *ctx, const uint8_t *req, size_t len, tsr_rpc_reply *r)
+typedef Google__Cloud__Aiplatform__V1__RemoveDatapointsRequest g_remove_req;
+typedef Google__Cloud__Aiplatform__V1__RemoveDatapointsResponse g_remove_resp;
+
+TSR_RPC_HANDLER(h_remove, g_remove_req, g_remove_resp)
 {
-    tsr__coord *c = ctx;
-    Google__Cloud__Aiplatform__V1__RemoveDatapointsRequest *g =
-        google__cloud__aiplatform__v1__remove_datapoints_request__unpack(NULL, len, req);
-    if (!g)
-        return tsr_rpc_reply_error(r, TSR_RPC_INVALID_ARGUMENT, "RemoveDatapointsRequest: "
-                                   "malformed protobuf");
-    int rc = check_index_name("index", g->index, r);
-    if (!rc) {
-        Tessera__V1__RemoveDatapointsRequest rq = TESSERA__V1__REMOVE_DATAPOINTS_REQUEST__INIT;
-        Tessera__V1__RemoveDatapointsResponse tresp = TESSERA__V1__REMOVE_DATAPOINTS_RESPONSE__INIT;
-        rq.datapoint_ids = g->datapoint_ids;
-        rq.n_datapoint_ids = g->n_datapoint_ids;
-        rc = tsr__coord_stream_remove(c, &rq, &tresp, r);
-    }
-    if (!rc) {
-        Google__Cloud__Aiplatform__V1__RemoveDatapointsResponse out =
-            GOOGLE__CLOUD__AIPLATFORM__V1__REMOVE_DATAPOINTS_RESPONSE__INIT;
-        rc = tsr_rpc_reply_pack(r, &out.base);
-    }
-    google__cloud__aiplatform__v1__remove_datapoints_request__free_unpacked(g, NULL);
-    return rc;
+    (void)resp;
+    tsr_rpc_reply *r = tsr_rpc_ctx_reply(ctx);
+    int rc = check_index_name("index", rq->index, r);
+    if (rc)
+        return rc;
+    Tessera__V1__RemoveDatapointsRequest trq = TESSERA__V1__REMOVE_DATAPOINTS_REQUEST__INIT;
+    Tessera__V1__RemoveDatapointsResponse tresp = TESSERA__V1__REMOVE_DATAPOINTS_RESPONSE__INIT;
+    trq.datapoint_ids = rq->datapoint_ids;
+    trq.n_datapoint_ids = rq->n_datapoint_ids;
+    return tsr__coord_stream_remove(tsr_rpc_ctx_app(ctx), &trq, &tresp, r);
 }
+
+/* ---------------------------------------------------------------- the method table */
+
+#define GV1(x) &google__cloud__aiplatform__v1__##x##__descriptor
+#define LRO(x) &google__longrunning__##x##__descriptor
+
+/* Nesting checks (UpdateIndex's Index.metadata, UpsertDatapoints' embedding_metadata are
+ * google.protobuf.Struct) are found from the descriptors. */
+const tsr_rpc_method tsr__vertex_v1_index_methods[] = {
+    {TSR_VERTEX_V1_INDEX_SVC "GetIndex", GV1(get_index_request), GV1(index), h_get_index,
+     NULL, 0, 0},
+    {TSR_VERTEX_V1_INDEX_SVC "UpdateIndex", GV1(update_index_request), LRO(operation),
+     h_update_index, NULL, 0, 0},
+    {TSR_LRO_SVC "GetOperation", LRO(get_operation_request), LRO(operation), h_get_operation,
+     NULL, 0, 0},
+    {TSR_VERTEX_V1_INDEX_SVC "UpsertDatapoints", GV1(upsert_datapoints_request),
+     GV1(upsert_datapoints_response), h_upsert, NULL, TSR_RPC_LONG, 0},
+    {TSR_VERTEX_V1_INDEX_SVC "RemoveDatapoints", GV1(remove_datapoints_request),
+     GV1(remove_datapoints_response), h_remove, NULL, TSR_RPC_LONG, 0},
+};
+const size_t tsr__vertex_v1_index_nmethods =
+    sizeof tsr__vertex_v1_index_methods / sizeof tsr__vertex_v1_index_methods[0];

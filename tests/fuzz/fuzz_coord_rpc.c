@@ -4,7 +4,7 @@
  * type), validation, the Vertex -> tessera.v1 translation, resource-name and
  * deployed_index_id checks, update_mask handling, the query plan and the write plan, on the
  * in-process coordinator of fuzz_coord_common.h, without gRPC or a socket
- * (tsr__rpc_run_detached runs a handler as the server would).
+ * (tsr__rpc_run_detached / tsr__rpc_run_typed_detached run a handler as the server would).
  *
  * Input: byte 0 picks the method, the rest is the request message. Byte 0 below 252
  * (14 x 18): M[byte % 18], the first 18 rows of the table below (coordinator/main.c's order,
@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "net/rpc_int.h"
 
@@ -45,35 +46,31 @@ static const char unimpl[] = V1I "CreateIndex";
 
 static const struct {
     const char *path;
-    tsr_rpc_handler_fn fn;
+    tsr_rpc_handler_fn fn; /* a raw handler; NULL = the typed method of path (typed_of) */
     const ProtobufCMessageDescriptor *req_type; /* nesting checked first, as main.c sets */
 } M[] = {
     {SVC "FindNeighbors", tsr__coord_rpc_find_neighbors,
      &tessera__v1__find_neighbors_request__descriptor},
-    {SVC "ReadIndexDatapoints", tsr__coord_rpc_read, NULL},
-    {SVC "GetIndexStats", tsr__coord_rpc_stats, NULL},
-    {SVC "UpdateIndex", tsr__coord_rpc_update, NULL},
-    {SVC "GetOperation", tsr__coord_rpc_get_operation, NULL},
-    {SVC "UpsertDatapoints", tsr__coord_rpc_upsert,
-     &tessera__v1__upsert_datapoints_request__descriptor},
-    {SVC "RemoveDatapoints", tsr__coord_rpc_remove, NULL},
-    {TSR_VERTEX_SVC "Match", tsr__vertex_rpc_match, NULL},
-    {TSR_VERTEX_SVC "BatchMatch", tsr__vertex_rpc_batch_match, NULL},
-    {TSR_VERTEX_SVC "BatchGetEmbeddings", tsr__vertex_rpc_batch_get_embeddings, NULL},
-    {TSR_VERTEX_V1_SVC "FindNeighbors", tsr__vertex_v1_rpc_find_neighbors,
-     &google__cloud__aiplatform__v1__find_neighbors_request__descriptor},
-    {TSR_VERTEX_V1_SVC "ReadIndexDatapoints", tsr__vertex_v1_rpc_read, NULL},
-    {V1I "GetIndex", tsr__vertex_v1_rpc_get_index, NULL},
-    {V1I "UpdateIndex", tsr__vertex_v1_rpc_update_index,
-     &google__cloud__aiplatform__v1__update_index_request__descriptor},
-    {TSR_LRO_SVC "GetOperation", tsr__vertex_v1_rpc_get_operation, NULL},
-    {V1I "UpsertDatapoints", tsr__vertex_v1_rpc_upsert,
-     &google__cloud__aiplatform__v1__upsert_datapoints_request__descriptor},
-    {V1I "RemoveDatapoints", tsr__vertex_v1_rpc_remove, NULL},
+    {SVC "ReadIndexDatapoints", NULL, NULL},
+    {SVC "GetIndexStats", NULL, NULL},
+    {SVC "UpdateIndex", NULL, NULL},
+    {SVC "GetOperation", NULL, NULL},
+    {SVC "UpsertDatapoints", NULL, NULL},
+    {SVC "RemoveDatapoints", NULL, NULL},
+    {TSR_VERTEX_SVC "Match", NULL, NULL},
+    {TSR_VERTEX_SVC "BatchMatch", NULL, NULL},
+    {TSR_VERTEX_SVC "BatchGetEmbeddings", NULL, NULL},
+    {TSR_VERTEX_V1_SVC "FindNeighbors", NULL, NULL},
+    {TSR_VERTEX_V1_SVC "ReadIndexDatapoints", NULL, NULL},
+    {V1I "GetIndex", NULL, NULL},
+    {V1I "UpdateIndex", NULL, NULL},
+    {TSR_LRO_SVC "GetOperation", NULL, NULL},
+    {V1I "UpsertDatapoints", NULL, NULL},
+    {V1I "RemoveDatapoints", NULL, NULL},
     {V1I "CreateIndex", tsr__vertex_v1_rpc_unimplemented, NULL},
     /* added after the first 18: reached by byte 0 >= 252 only (see the top) */
-    {SVC "AddShardGroup", tsr__coord_rpc_add_group, NULL},
-    {SVC "RemoveShardGroup", tsr__coord_rpc_remove_group, NULL},
+    {SVC "AddShardGroup", NULL, NULL},
+    {SVC "RemoveShardGroup", NULL, NULL},
 };
 #define NM (sizeof M / sizeof M[0])
 #define NM_OLD 18                   /* the table's size before the reshard methods */
@@ -90,6 +87,23 @@ static size_t method_of(uint8_t b)
 
 static tsr__coord C;
 
+/* The typed method registered at path (main.c registers these tables). */
+static const tsr_rpc_method *typed_of(const char *path)
+{
+    const struct {
+        const tsr_rpc_method *m;
+        size_t n;
+    } T[] = {{tsr__tessera_v1_methods, tsr__tessera_v1_nmethods},
+             {tsr__vertex_methods, tsr__vertex_nmethods},
+             {tsr__vertex_v1_methods, tsr__vertex_v1_nmethods},
+             {tsr__vertex_v1_index_methods, tsr__vertex_v1_index_nmethods}};
+    for (size_t t = 0; t < sizeof T / sizeof T[0]; t++)
+        for (size_t i = 0; i < T[t].n; i++)
+            if (strcmp(T[t].m[i].path, path) == 0)
+                return &T[t].m[i];
+    return NULL;
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
@@ -105,7 +119,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size == 0)
         return 0;
     size_t mi = method_of(data[0]);
-    int reshard = M[mi].fn == tsr__coord_rpc_add_group || M[mi].fn == tsr__coord_rpc_remove_group;
+    int reshard = strcmp(M[mi].path, SVC "AddShardGroup") == 0 ||
+                  strcmp(M[mi].path, SVC "RemoveShardGroup") == 0;
     if (reshard) { /* a move may start (the top); no other call runs meanwhile */
         pthread_mutex_lock(&C.op_mu);
         C.busy = 0;
@@ -114,8 +129,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* the unimplemented handler's ctx is the method's name without the leading '/' */
     void *ctx = M[mi].fn == tsr__vertex_v1_rpc_unimplemented ? (void *)(unimpl + 1) : &C;
     tsr__rpc_detached d;
-    int code = tsr__rpc_run_detached(M[mi].path, M[mi].fn, ctx, M[mi].req_type, data + 1,
-                                     size - 1, &d);
+    const tsr_rpc_method *tm = M[mi].fn ? NULL : typed_of(M[mi].path);
+    if (!M[mi].fn && !tm)
+        abort();
+    int code = tm ? tsr__rpc_run_typed_detached(tm, &C, data + 1, size - 1, &d)
+                  : tsr__rpc_run_detached(M[mi].path, M[mi].fn, ctx, M[mi].req_type, data + 1,
+                                          size - 1, &d);
     if (reshard)
         fc_reshard_undo(&C, FC_NGROUPS);
     if (code < 0 || code > 16)

@@ -1,7 +1,8 @@
 /*
  * fuzz_shard_rpc — every tessera.v1.Shard request, from bytes through protobuf-c unpacking,
  * validation and handling, on a small shard in this process, without gRPC or a socket
- * (tsr__rpc_run_detached runs a handler as the server would, its nesting check included).
+ * (tsr__rpc_run_typed_detached runs a typed method as the server would: size and nesting
+ * checks, unpacking, the handler, packing).
  *
  * Input: byte 0 picks the method (byte % 10: Search, Read, Stage, Prepare, Commit, Abort,
  * Release, Stats, Write, List); the rest is the request message. The shard is fuzz_shard_common.h's
@@ -48,14 +49,11 @@ static unsigned dirty;
 
 static int call(size_t mi, const uint8_t *req, size_t len)
 {
-    const ProtobufCMessageDescriptor *rt = NULL;
-    tsr_rpc_handler_fn fn = tsr_shard_service_handler(M[mi].m, &rt);
-    if (!fn)
+    const tsr_rpc_method *m = tsr_shard_service_method(M[mi].m);
+    if (!m)
         abort();
-    char path[64];
-    snprintf(path, sizeof path, "/tessera.v1.Shard/%s", M[mi].m);
     tsr__rpc_detached d;
-    int code = tsr__rpc_run_detached(path, fn, &S, rt, req, len, &d);
+    int code = tsr__rpc_run_typed_detached(m, &S, req, len, &d);
     if (code < 0 || code > 16)
         abort();
     if (getenv("TSR_FUZZ_VERBOSE")) /* what an input does (TSR_FUZZ_VERBOSE=1 harness FILE) */
