@@ -38,6 +38,49 @@ static void op_save(tsr__coord *c, tsr__op *op, int state)
         tsr_warn("update %s: cannot write its operation record: %s", op->id, err.msg);
 }
 
+/* ---------------------------------------------------------------- starting an operation */
+
+tsr__op *tsr__op_begin(tsr__coord *c, const char *what)
+{
+    if (c->upd_thread_live) {
+        pthread_join(c->upd_thread, NULL); /* finished: busy is 0 */
+        c->upd_thread_live = 0;
+    }
+    tsr__op *op = tsr_xcalloc(1, sizeof *op);
+    snprintf(op->id, sizeof op->id, "op-%llu-%lld", (unsigned long long)++c->op_seq,
+             (long long)(tsr_clock_wall_ms() % 1000000));
+    op->state = TESSERA__V1__OPERATION__STATE__PENDING;
+    op->batch_root = tsr_xstrdup(what);
+    op->start_ms = tsr_clock_wall_ms();
+    op->shards_total = (int)c->cfg.nshards;
+    if (c->nops == TSR__OP_MAX_KEPT) { /* forget the oldest finished one */
+        tsr__oplog_forget(c, c->ops[0]);
+        tsr__op_free(c->ops[0]);
+        memmove(c->ops, c->ops + 1, (c->nops - 1) * sizeof *c->ops);
+        c->nops--;
+    }
+    c->ops = tsr_xrealloc(c->ops, (c->nops + 1) * sizeof *c->ops);
+    c->ops[c->nops++] = op;
+    c->busy = 1;
+    return op;
+}
+
+int tsr__op_launch(tsr__coord *c, tsr__op *op, const char *kind, void *(*fn)(void *),
+                   void *arg)
+{
+    tsr_error serr = TSR_ERROR_INIT;
+    if (tsr__oplog_save(c, op, 0, 1, &serr)) /* accepted = on disk (op_mu held: one fsync) */
+        tsr_warn("%s %s: cannot write its operation record: %s", kind, op->id, serr.msg);
+    if (pthread_create(&c->upd_thread, NULL, fn, arg) != 0) {
+        c->busy = 0;
+        op->state = TESSERA__V1__OPERATION__STATE__FAILED;
+        op->error = tsr_xstrdup("cannot start the update thread");
+        return -1;
+    }
+    c->upd_thread_live = 1;
+    return 0;
+}
+
 /* Adds a line to op's warnings (GetOperation, `tessera update`). */
 static void op_warn(tsr__coord *c, tsr__op *op, const char *w)
 {
