@@ -140,27 +140,10 @@ static size_t fan_version(tsr__coord *c, const char *what, int64_t version, uint
     size_t S = c->cfg.nshards;
     uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
     size_t *lens = tsr_xcalloc(S, sizeof *lens);
-    uint8_t *one = NULL;
     size_t len = 0;
     char method[64];
     snprintf(method, sizeof method, TSR_SHARD_SVC "%s", what);
-    if (strcmp(what, "Prepare") == 0) {
-        Tessera__V1__PrepareRequest m = TESSERA__V1__PREPARE_REQUEST__INIT;
-        m.version = version;
-        m.leader_term = tsr__coord_term(c);
-        m.build_cpu_percent = cpu_pct;
-        one = tsr_rpc_pack(&m.base, &len);
-    } else if (strcmp(what, "Commit") == 0) {
-        Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
-        m.version = version;
-        m.leader_term = tsr__coord_term(c);
-        one = tsr_rpc_pack(&m.base, &len);
-    } else {
-        Tessera__V1__AbortRequest m = TESSERA__V1__ABORT_REQUEST__INIT;
-        m.version = version;
-        m.leader_term = tsr__coord_term(c);
-        one = tsr_rpc_pack(&m.base, &len);
-    }
+    uint8_t *one = tsr__coord_pack_version(c, what, version, cpu_pct, &len);
     for (size_t s = 0; s < S; s++) {
         bufs[s] = one;
         lens[s] = len;
