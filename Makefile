@@ -9,6 +9,8 @@
 #   make soak [SECONDS=N]   steady load: RSS, fds, p50/p99 per interval and a verdict
 #   make deps       install the Debian packages the project needs (idempotent)
 #   make SANITIZE=address,undefined | SANITIZE=thread   sanitizer build under build/san-*/
+#   make TESTING=1  the test build under build/testing/ (test hooks and A/B knobs compiled
+#                   in: docs/testing.md; sanitizer builds have them too, bin/ never)
 #   make fuzz FUZZ_SECONDS=N   run each libFuzzer harness for N seconds
 #   make fuzz-long [FUZZ_SECONDS=N]  a campaign: N s (default 600) per harness, corpus merged, a table
 #   make bench-search | bench-ingest | bench-rpc | bench-e2e | bench-query | bench-cluster | bench-knn | bench-memory | bench-ha | bench-ha-elect   benchmarks (not part of test)
@@ -21,6 +23,10 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 BLAS_LIBS  := -lopenblas
 
+# Three kinds of build. The release one (bin/) holds no test hook or A/B knob. A test
+# build compiles them in (-DTSR_TESTING: the table of common/core/testing.h, the only
+# difference): `make TESTING=1` (build/testing/bin: the unit tests, and the integration
+# tests that set a hook, via TSR_TEST_BIN) and every sanitizer build.
 comma := ,
 ifdef SANITIZE
   VARIANT := san-$(subst $(comma),-,$(SANITIZE))
@@ -29,15 +35,23 @@ ifdef SANITIZE
   LIB     := $(BUILD)/libtessera.a
   SANFLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
   OPT     := -O1
+  TESTFLAGS := -DTSR_TESTING
+else ifdef TESTING
+  BUILD   := build/testing
+  BIN     := $(BUILD)/bin
+  LIB     := $(BUILD)/libtessera.a
+  SANFLAGS :=
+  TESTFLAGS := -DTSR_TESTING
 else
   BUILD   := build/release
   BIN     := bin
   LIB     := libtessera.a
   SANFLAGS :=
+  TESTFLAGS :=
 endif
 
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -pthread -Wall -Wextra -Wstrict-prototypes \
-           -Wmissing-prototypes -Wno-unused-parameter $(WERROR) $(SANFLAGS) -MMD -MP \
+           -Wmissing-prototypes -Wno-unused-parameter $(WERROR) $(SANFLAGS) $(TESTFLAGS) -MMD -MP \
            -Icommon -Ibuild/gen $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(SANFLAGS)
 LDLIBS  := $(PKG_LIBS) $(BLAS_LIBS) -lz -lm
@@ -73,7 +87,7 @@ TARGETS += $(BIN)/tessera-coordinator
 endif
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: check-layers fuzz-build all deps test test-san test-ha test-unit test-interop test-integration test-fuzz-replay fuzz fuzz-long chaos soak clean \
+.PHONY: check-layers fuzz-build all deps test test-bins testing-build test-san test-ha test-unit test-interop test-integration test-fuzz-replay fuzz fuzz-long chaos soak clean \
         bench-search bench-ingest bench-rpc bench-e2e run demo python-client
 all: $(TARGETS)
 
@@ -121,20 +135,43 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIB)
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
 # ---- tests ------------------------------------------------------------------------------
+# TSR_BIN: the binaries under test (the release ones in `make test`); TSR_TEST_BIN: the
+# test build's, which the harnesses start for a process given a test hook or A/B knob
+# (tests/integration/shard_harness.py, test_bin); TSR_BUILD: the unit tests and shims,
+# always from a test build (they set knobs). A sanitizer build is all three.
 export TSR_BIN := $(abspath $(BIN))
+ifeq ($(TESTFLAGS),)
+TEST_BUILD := $(abspath build/testing)
+export TSR_BUILD := $(TEST_BUILD)
+export TSR_TEST_BIN := $(TEST_BUILD)/bin
+else
 export TSR_BUILD := $(abspath $(BUILD))
+export TSR_TEST_BIN := $(abspath $(BIN))
+endif
 
 # `make test` also builds the ASan+UBSan binaries (tests that probe hostile input run them
-# too, via TSR_SAN_BIN) and the libFuzzer harnesses whose corpora it replays.
+# too, via TSR_SAN_BIN), the test build (unit tests, hooks) and the libFuzzer harnesses
+# whose corpora it replays.
 SAN_BIN := $(abspath build/san-address-undefined/bin)
-test: all $(UNIT_BINS) fuzz-build
+ifeq ($(TESTFLAGS),)
+test: all fuzz-build
 	@$(MAKE) --no-print-directory check-layers
-ifndef SANITIZE
+	@$(MAKE) --no-print-directory TESTING=1 all test-bins
 	@$(MAKE) --no-print-directory SANITIZE=address,undefined all
 	@TSR_SAN_BIN=$(SAN_BIN) tests/run.sh all
 else
+test: all $(UNIT_BINS) fuzz-build
+	@$(MAKE) --no-print-directory check-layers
 	@tests/run.sh all
 endif
+
+# The unit tests' binaries of this build (`make TESTING=1 test-bins`).
+test-bins: $(UNIT_BINS)
+
+# The test build's binaries, for the benchmarks that compare A/B knobs: their harnesses
+# start it for a process given a knob (TSR_TEST_BIN; docs/testing.md).
+testing-build:
+	@$(MAKE) --no-print-directory TESTING=1 all
 
 # The unit, integration and fault suites against the ASan+UBSan build (the fuzz-corpus
 # replay, always sanitized, runs in `make test`). .ci/run runs it after `make test`.
@@ -164,11 +201,11 @@ test-ha: all
 # p50 / p99 per interval, a verdict.
 SECONDS ?= 120
 SEED ?= 1
-chaos: all
+chaos: all testing-build
 	@/usr/bin/python3 tests/chaos/chaos.py --seconds $(SECONDS) --seed $(SEED); rc=$$?; \
 	  if [ $$rc -eq 77 ]; then echo "chaos: SKIP (needs root for network namespaces, and etcd)"; \
 	  else exit $$rc; fi
-soak: all
+soak: all testing-build
 	@/usr/bin/python3 tests/chaos/soak.py --seconds $(SECONDS) $(SOAK_ARGS); rc=$$?; \
 	  if [ $$rc -eq 77 ]; then echo "soak: SKIP (needs etcd)"; else exit $$rc; fi
 
@@ -185,19 +222,28 @@ check-layers:
 	@$(MAKE) --no-print-directory -s $(CALLGRAPH_OBJ)
 	@/usr/bin/python3 tests/tools/callgraph.py --quiet --build $(BUILD) $(patsubst %/,%,$(CALLGRAPH_DIRS))
 
+ifeq ($(TESTFLAGS),)
+test-unit:
+	@$(MAKE) --no-print-directory TESTING=1 test-unit
+test-interop: all
+	@$(MAKE) --no-print-directory TESTING=1 all test-bins
+	@tests/run.sh interop
+test-integration: all
+	@$(MAKE) --no-print-directory TESTING=1 all test-bins
+	@tests/run.sh integration
+else
 test-unit: all $(UNIT_BINS)
 	@tests/run.sh unit
-
-test-interop: all
+test-interop: all $(UNIT_BINS)
 	@tests/run.sh interop
-
-test-integration: all
+test-integration: all $(UNIT_BINS)
 	@tests/run.sh integration
+endif
 
 # ---- fuzzing (clang + libFuzzer) -----------------------------------------------------------
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -pthread -fsanitize=fuzzer-no-link,address,undefined \
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -DTSR_TESTING -O1 -g -pthread -fsanitize=fuzzer-no-link,address,undefined \
                -fno-sanitize-recover=all -Icommon -Ibuild/gen $(PKG_CFLAGS)
 FUZZ_COMMON_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(COMMON_SRC)) $(patsubst build/gen/%.c,build/fuzz/obj/gen/%.o,$(PROTO_C))
 FUZZ_SECONDS ?= 60

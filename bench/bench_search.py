@@ -30,6 +30,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import faiss  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "integration"))
+import shard_harness as sh  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = int(os.environ.get("BENCH_N", sys.argv[1] if len(sys.argv) > 1 else 1000000))
 NLIST = int(os.environ.get("BENCH_NLIST", 4000))
@@ -159,7 +163,9 @@ def main():
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         env.update(extra or {})
         op = os.path.join(OUT, "tsr_out.ivecs")
-        r = subprocess.run([BIN, "index", "search", "--index", path, "--queries", xq_path,
+        # a variant's knobs (TSR_SIMD, TSR_SEARCH_FILTER, ...) exist in the test build only
+        argv = sh.test_argv([BIN], extra)
+        r = subprocess.run(argv + ["index", "search", "--index", path, "--queries", xq_path,
                             "--k", str(K), "--nprobe", str(nprobe), "--threads", "1",
                             "--out", op, "--stats", "--warmup", "50"], env=env,
                            capture_output=True, text=True)

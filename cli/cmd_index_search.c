@@ -44,7 +44,7 @@ static void usage(FILE *f)
            "  --lists L.ivecs   search_preassigned: probe these lists (one row per query, -1 =\n"
            "                    none; the row width replaces --nprobe, which may be omitted)\n"
            "  --coarse-dis C    with --lists: the coarse distances (.fvecs, same shape)\n"
-           "  --simd S          scan kernel: auto|scalar|avx2|avx512 (default auto; env TSR_SIMD)\n"
+           "  --simd S          scan kernel: auto|scalar|avx2|avx512 (default auto)\n"
            "  --stats           print one JSON line of timings to stderr\n"
            "  --warmup N        before the timed search, search the first N (>= 1) queries once\n"
            "                    at nprobe 1, untimed, results dropped (what a benchmark does to a\n"

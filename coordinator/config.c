@@ -456,18 +456,3 @@ int tsr__coord_config_set_groups(tsr__coord_config *cfg, const char *text, size_
     tsr__coord_config_close(&nc);
     return 0;
 }
-
-/* ---------------------------------------------------------------- test hooks */
-
-/* (coord.h; here, in a file that calls nothing back, so that update.c and stream.c can
- * both use them without a call loop between their files) */
-int tsr__coord_test_hook(const char *name)
-{
-    const char *at = getenv("TSR_COORD_CRASH_AT");
-    return at != NULL && strcmp(at, name) == 0;
-}
-
-void tsr__coord_crash_point(const char *step)
-{
-    tsr_crash_point("TSR_COORD_CRASH_AT", step);
-}

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/testing.h"
 
 #define TSR_COORD_MAX_SHARDS 256
 #define TSR_COORD_MAX_REPLICAS 16
@@ -90,8 +91,9 @@ int tsr__coord_config_parse_groups(const char *text, size_t len, tsr__coord_conf
 void tsr__coord_config_drop_groups(tsr__coord_config *cfg, size_t keep);
 
 /* Test-only crash points (TSR_COORD_CRASH_AT=staged|prepared|saved|flipped|committed, and
- * caught-up: a reshard move's catch-up done, before its flip). */
-void tsr__coord_crash_point(const char *step);
+ * caught-up: a reshard move's catch-up done, before its flip). Test builds only
+ * (core/testing.h): nothing in a release build. */
+#define tsr__coord_crash_point(step) tsr_test_crash(TSR_KNOB_COORD_CRASH_AT, step)
 /* Test-only: 1 when TSR_COORD_CRASH_AT names this hook. Besides the crash points, one
  * planted bug for the chaos checker (tests/chaos, docs/reliability.md "Chaos"):
  * "plant-ack-unlogged" makes the stream writer acknowledge each round without appending it
@@ -99,7 +101,8 @@ void tsr__coord_crash_point(const char *step);
  * set outside that demonstration. Two more, each once per process, for the etcd mirror of a
  * streamed round (stream_ha.c): "mirror-answer-lost" puts a mirrored round again (a try
  * whose answer was lost: it must settle as logged), "mirror-doubt" takes a mirrored
- * round's answer as lost (outcome unknown: the leader must re-read etcd's rounds). */
-int tsr__coord_test_hook(const char *name);
+ * round's answer as lost (outcome unknown: the leader must re-read etcd's rounds). Test
+ * builds only (core/testing.h): 0 in a release build. */
+#define tsr__coord_test_hook(name) tsr_test_is(TSR_KNOB_COORD_CRASH_AT, name)
 
 #endif

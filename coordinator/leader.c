@@ -425,7 +425,7 @@ static void campaign(tsr__coord *c)
             int64_t t0 = tsr_clock_mono_ms();
             keeper_start(&k, c, lease);
             /* test hook: a start-up as long as adopting a long stream (test_ha_slow_start) */
-            tsr_test_sleep("TSR_COORD_SLOW_START_MS", "the term's start-up");
+            tsr_test_sleep(TSR_KNOB_COORD_SLOW_START_MS, "the term's start-up");
             follow(c); /* start from the committed version, then act */
             retire_due(c, 1); /* groups it removed: out of our fan-outs before we lead */
             if (tsr__stream_adopt(c, &err)) { /* its predecessor's streamed writes */
@@ -695,7 +695,7 @@ static void *watch_main(void *p)
     tsr__meta_key(c->meta, "/version", wt.key[W_VERSION], sizeof wt.key[0]);
     tsr__meta_key(c->meta, "/stream/", wt.key[W_STREAM], sizeof wt.key[0]);
     tsr__meta_key(c->meta, "/leader", wt.key[W_LEADER], sizeof wt.key[0]);
-    const char *lw = getenv("TSR_LEADER_WATCH"); /* "0": the election polled (bench) */
+    const char *lw = tsr_test_knob(TSR_KNOB_LEADER_WATCH); /* "0": the election polled (bench) */
     wt.n = lw && strcmp(lw, "0") == 0 ? W_LEADER : W_N;
     size_t plen = strlen(wt.key[W_STREAM]);
     tsr_etcd_watch *w = NULL;

@@ -105,11 +105,9 @@ static void usage(FILE *f)
             "  --etcd-ca FILE      dial etcd over TLS, verifying it against this CA\n"
             "  --etcd-cert FILE --etcd-key FILE  client certificate for etcd (mutual TLS)\n"
             "  --help              this text;  --version  the release\n"
-            "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_COORD_CRASH_AT=staged|prepared|saved|flipped|\n"
-            "committed makes an update _exit(137) at that step, =round-logged a streamed\n"
-            "round once in the local log, before etcd (crash tests only);\n"
-            "TSR_LEADER_WATCH=0 polls the election instead of watching the leader key (the\n"
-            "baseline of bench/bench_ha_elect.py).\n");
+            "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_SIMD_MAX=avx2|scalar caps the\n"
+            "SIMD kernels; TSR_BACKGROUND_NICE=0..19|idle the background threads' priority\n"
+            "(docs/operations.md).\n");
 }
 
 /* The served version's plan and directory name shard groups by number: every number

@@ -78,7 +78,7 @@ size_t tsr__stream_overlay_copy(tsr__coord *c, const tsr__snap *sn, tsr__snap *n
             break;
     }
     /* tests: writes in this sleep come after the mark (test_stream_fold.py) */
-    tsr_test_sleep("TSR_COORD_SLOW_FOLD_DIR_MS", "the fold's directory copy");
+    tsr_test_sleep(TSR_KNOB_COORD_SLOW_FOLD_DIR_MS, "the fold's directory copy");
     return mark;
 }
 

@@ -138,7 +138,7 @@ static void update_caught_up(tsr__txn *u, void *ud)
 {
     (void)u;
     (void)ud;
-    tsr_test_sleep("TSR_COORD_SLOW_FLIP_MS", "the fold's flip after its catch-up");
+    tsr_test_sleep(TSR_KNOB_COORD_SLOW_FLIP_MS, "the fold's flip after its catch-up");
 }
 
 /* After the commit: where the time went (the stream still frozen, as before). */

@@ -40,7 +40,7 @@ bench-ha: all
 # (TSR_LEADER_WATCH=0), modes alternating in one run (bench/bench_ha_elect.py;
 # BENCH_ELECT_ROUNDS, BENCH_ELECT_TTL, BENCH_ELECT_ETCD).
 .PHONY: bench-ha-elect
-bench-ha-elect: all
+bench-ha-elect: all testing-build
 	@TSR_BIN=$(abspath $(BIN)) /usr/bin/python3 bench/bench_ha_elect.py
 
 # make bench-reshard: AddShardGroup / RemoveShardGroup beside a complete reload, time and

@@ -10,7 +10,7 @@ $(BENCH_E2E_BIN): $(BUILD)/obj/bench/bench_e2e.o $(LIB)
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 .PHONY: bench-update
-bench-e2e: all $(BENCH_E2E_BIN)
+bench-e2e: all testing-build $(BENCH_E2E_BIN)
 	@BENCH_E2E_CLIENT=$(abspath $(BENCH_E2E_BIN)) /usr/bin/python3 bench/bench_e2e.py
 
 bench-update: all

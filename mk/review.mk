@@ -5,5 +5,6 @@
 tsan-coord:
 	$(MAKE) SANITIZE=thread
 	TSAN_OPTIONS="halt_on_error=0 exitcode=66 suppressions=$(CURDIR)/tests/tsan.supp" \
-	TSR_BIN=$(CURDIR)/build/san-thread/bin TSR_BUILD=$(CURDIR)/build/san-thread \
+	TSR_BIN=$(CURDIR)/build/san-thread/bin TSR_TEST_BIN=$(CURDIR)/build/san-thread/bin \
+	TSR_BUILD=$(CURDIR)/build/san-thread \
 	sh -c '/usr/bin/python3 tests/integration/test_coord_metrics.py && /usr/bin/python3 tests/integration/test_coord_replicas.py && /usr/bin/python3 tests/integration/test_coord_degraded.py && /usr/bin/python3 tests/integration/test_coord_crash.py'

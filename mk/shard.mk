@@ -57,5 +57,5 @@ bench-shard-stream: all
 # vectors mapped vs on the heap (bench/bench_memory.py; BENCH_MEMORY_BEFORE_BIN=<bin dir of
 # an older build> adds its row).
 .PHONY: bench-memory
-bench-memory: all $(BENCH_CLUSTER_BIN)
+bench-memory: all testing-build $(BENCH_CLUSTER_BIN)
 	@BENCH_CLUSTER_CLIENT=$(abspath $(BENCH_CLUSTER_BIN)) /usr/bin/python3 bench/bench_memory.py

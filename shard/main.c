@@ -53,11 +53,9 @@ static void usage(FILE *f)
             "  --max-message BYTES  largest request or reply (default 64M; K/M/G suffixes);\n"
             "                  larger requests get RESOURCE_EXHAUSTED\n"
             "  --help          this text;  --version  the release\n"
-            "Env: TSR_SHARD_CRASH_AT=prepare|commit makes the shard _exit(137) when that call\n"
-            "arrives; =stage when a Stage chunk after chunk 0 arrives; =catchup when a Write naming a prepared catch-up version arrives (a\n"
-            "move's catch-up), =catchup-logged once that Write is in the version's log (fsynced,\n"
-            "not yet applied nor acknowledged); TSR_SHARD_SLOW_PREPARE_MS=N makes a Prepare\n"
-            "sleep N ms first (tests only).\n");
+            "Env: TSR_LOG_LEVEL=debug|info|warn|error; TSR_SIMD_MAX=avx2|scalar caps the\n"
+            "SIMD kernels; TSR_BACKGROUND_NICE=0..19|idle the background threads' priority\n"
+            "(docs/operations.md).\n");
 }
 
 int main(int argc, char **argv)

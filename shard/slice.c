@@ -34,6 +34,7 @@
 #include "core/parallel.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "core/testing.h"
 #include "net/pb_datapoint.h"
 #include "shard.h"
 #include "query/sparse.h"
@@ -113,7 +114,7 @@ void tsr__list_unref(tsr__list *l)
  * the scan blocks became the only copy; for comparisons), read at each list build. */
 static int codes_faiss_order(void)
 {
-    const char *e = getenv("TSR_SHARD_CODES");
+    const char *e = tsr_test_knob(TSR_KNOB_SHARD_CODES);
     return e != NULL && strcmp(e, "faiss") == 0;
 }
 
@@ -228,7 +229,7 @@ static tsr__vmap *vmap_open(const char *path, size_t len, tsr_error *err)
  * way, for comparisons), read at each load. */
 static int vectors_on_heap(void)
 {
-    const char *e = getenv("TSR_SHARD_VECTORS");
+    const char *e = tsr_test_knob(TSR_KNOB_SHARD_VECTORS);
     return e != NULL && strcmp(e, "heap") == 0;
 }
 

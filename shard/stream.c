@@ -39,6 +39,7 @@
 #include "core/file.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "core/testing.h"
 #include "net/metrics.h"
 #include "shard.h"
 
@@ -199,7 +200,7 @@ out:
  * before it is applied and acknowledged; as a kill -9 there would. */
 static void crash_point(const char *step)
 {
-    tsr_crash_point("TSR_SHARD_CRASH_AT", step);
+    tsr_test_crash(TSR_KNOB_SHARD_CRASH_AT, step);
 }
 
 /* A Write naming the prepared catch-up version pv (caller holds write_mu, no pause

@@ -44,6 +44,7 @@
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/mem.h"
+#include "core/testing.h"
 #include "net/metrics.h"
 #include "shard.h"
 
@@ -522,7 +523,7 @@ static int stage_apply(tsr__staging *st, const Tessera__V1__StageRequest *rq,
  * hook, the same common one. */
 static void crash_point(const char *step)
 {
-    tsr_crash_point("TSR_SHARD_CRASH_AT", step);
+    tsr_test_crash(TSR_KNOB_SHARD_CRASH_AT, step);
 }
 
 /* Takes update_mu and checks the sender's leader term under it (shard.h: the check and
@@ -664,7 +665,7 @@ static int fold_delta(tsr__shard *s, const tsr__staging *st, tsr__edits *e, tsr_
  * while the process keeps answering (keepalives, other calls). */
 static void slow_prepare(void)
 {
-    tsr_test_sleep("TSR_SHARD_SLOW_PREPARE_MS", "Prepare");
+    tsr_test_sleep(TSR_KNOB_SHARD_SLOW_PREPARE_MS, "Prepare");
 }
 
 /* The build of a Prepare: the edits (the staged ones plus the base's delta), the new

@@ -3,7 +3,6 @@
  */
 #include "core/log.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -144,25 +143,4 @@ int tsr_log_every(enum tsr_log_level level, const char *key, long long every_ms,
     vlog(level, 1, suffix, fmt, ap);
     va_end(ap);
     return 1;
-}
-
-void tsr_crash_point(const char *var, const char *step)
-{
-    const char *at = getenv(var);
-    if (at && strcmp(at, step) == 0) {
-        tsr_log(TSR_LOG_WARN, "%s=%s: exiting with 137 (test hook)", var, step);
-        _exit(137);
-    }
-}
-
-void tsr_test_sleep(const char *var, const char *what)
-{
-    const char *e = getenv(var);
-    long ms = e ? strtol(e, NULL, 10) : 0;
-    if (ms <= 0 || ms > 600000)
-        return;
-    tsr_log(TSR_LOG_WARN, "%s=%ld: %s sleeps first (test hook)", var, ms, what);
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
 }

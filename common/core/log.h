@@ -26,16 +26,6 @@ void tsr_log(enum tsr_log_level level, const char *fmt, ...) __attribute__((form
 int tsr_log_every(enum tsr_log_level level, const char *key, long long every_ms,
                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-/* Test hook of the crash tests: when the environment variable `var` equals `step`, logs
- * "VAR=step: exiting with 137 (test hook)" and _exit(137)s, as a kill -9 at that point
- * would (no atexit handlers, no flush of anything but the log line). Otherwise returns. */
-void tsr_crash_point(const char *var, const char *step);
-
-/* Test hook of the slow-phase tests: when the environment variable `var` holds N in
- * 1..600000, logs "VAR=N: WHAT sleeps first (test hook)" and sleeps N ms (the process
- * keeps serving on its other threads). Otherwise returns at once. */
-void tsr_test_sleep(const char *var, const char *what);
-
 #define tsr_debug(...) tsr_log(TSR_LOG_DEBUG, __VA_ARGS__)
 #define tsr_info(...) tsr_log(TSR_LOG_INFO, __VA_ARGS__)
 #define tsr_warn(...) tsr_log(TSR_LOG_WARN, __VA_ARGS__)

@@ -1,8 +1,8 @@
 /*
  * ivfpq_dispatch — the run-time choice of the search's kernels: the plain 8-bit scan kernel
  * (scalar, AVX2, AVX-512; the automatic choice measured once per process), the quantized
- * prefilter's kernel and its group stage, the AVX-512 table, and the env knobs that force
- * them (TSR_SIMD, TSR_SEARCH_FILTER, TSR_SEARCH_NIBBLE; see ivfpq_search.h). All choices
+ * prefilter's kernel and its group stage, the AVX-512 table, and the A/B knobs of test
+ * builds that force them (TSR_SIMD, TSR_SEARCH_FILTER, TSR_SEARCH_NIBBLE; core/testing.h). All choices
  * give the same bits: they change speed only. Used by the scanner (ivfpq_scanner.c) and
  * the search cache (ivfpq_cache.c: the prefilter's blocks are built where a kernel will
  * read them).
@@ -19,6 +19,7 @@
 
 #include "core/cpu.h"
 #include "core/mem.h"
+#include "core/testing.h"
 
 int tsr_ivfpq_search_simd_supported(enum tsr_simd s)
 {
@@ -115,7 +116,7 @@ done:
 
 enum tsr_simd tsr_ivfpq_search_simd_auto(void)
 {
-    const char *e = getenv("TSR_SIMD");
+    const char *e = tsr_test_knob(TSR_KNOB_SIMD);
     if (e != NULL && *e) {
         enum tsr_simd want = strcmp(e, "scalar") == 0   ? TSR_SIMD_SCALAR
                              : strcmp(e, "avx2") == 0   ? TSR_SIMD_AVX2
@@ -145,7 +146,7 @@ tsr__scan8_fn tsr__scan8_for(enum tsr_simd s)
  * (3), else none (0). */
 int tsr__filter_env(void)
 {
-    const char *e = getenv("TSR_SEARCH_FILTER");
+    const char *e = tsr_test_knob(TSR_KNOB_SEARCH_FILTER);
     if (e && strcmp(e, "0") == 0)
         return 0;
     if (e && strcmp(e, "scalar") == 0)
@@ -164,7 +165,7 @@ int tsr__filter_env(void)
 static enum tsr_simd simd_forced(enum tsr_simd asked)
 {
     if (asked == TSR_SIMD_AUTO) {
-        const char *e = getenv("TSR_SIMD");
+        const char *e = tsr_test_knob(TSR_KNOB_SIMD);
         if (e && strcmp(e, "scalar") == 0)
             return TSR_SIMD_SCALAR;
         if (e && strcmp(e, "avx2") == 0)
@@ -208,7 +209,7 @@ tsr__filter8_fn tsr__filter8_choose(enum tsr_simd asked)
 
 tsr__filter8_fn tsr__filter4_choose(tsr__filter8_fn f8)
 {
-    const char *e = getenv("TSR_SEARCH_NIBBLE");
+    const char *e = tsr_test_knob(TSR_KNOB_SEARCH_NIBBLE);
     if (f8 == NULL || (e && strcmp(e, "0") == 0))
         return NULL;
     if (e && strcmp(e, "scalar") == 0)

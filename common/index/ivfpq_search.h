@@ -18,7 +18,8 @@
  * ||x - c - y - r||^2 with r the refine-PQ reconstruction of the label's refine code,
  * exactly as Faiss's IndexIVFPQR::search_preassigned.
  *
- * Env knobs (results never change, only speed): TSR_SIMD=scalar|avx2|avx512 forces a
+ * A/B knobs of test builds only (core/testing.h; results never change, only speed; an
+ * operator caps the level with TSR_SIMD_MAX instead): TSR_SIMD=scalar|avx2|avx512 forces a
  * scan kernel (scalar: the plain scalar scan, no prefilter; avx2: the AVX2 scan and the
  * AVX2 prefilter kernel, as on a CPU without AVX-512 VBMI), TSR_SEARCH_FILTER=0|scalar
  * turns the quantized prefilter off or forces its scalar kernel (read when the cache is

@@ -7,6 +7,7 @@
 
 #include "index/kmeans_int.h"
 #include "core/cpu.h"
+#include "core/testing.h"
 
 size_t tsr__argmin_l2_scalar(const float *ip, const float *cn, size_t n)
 {
@@ -39,7 +40,7 @@ static int simd_ok(void)
 {
     int v = atomic_load_explicit(&use_avx512, memory_order_relaxed);
     if (v < 0) {
-        const char *e = getenv("TSR_NO_SIMD");
+        const char *e = tsr_test_knob(TSR_KNOB_NO_SIMD);
         v = !(e != NULL && *e && *e != '0') && tsr_cpu_has(TSR_CPU_AVX512);
         atomic_store_explicit(&use_avx512, v, memory_order_relaxed);
     }

@@ -21,6 +21,7 @@
 #include "core/cpu.h"
 #include "core/heap.h"
 #include "core/mem.h"
+#include "core/testing.h"
 
 enum { BLOCK_X = 1024, BLOCK_Y = 1024 };
 
@@ -305,7 +306,7 @@ int tsr_knn(const float *x, size_t n, const float *y, size_t ny, size_t d,
     }
     /* AVX-512 for the k = 1 and k-heap scans unless TSR_SIMD forces the scalar or AVX2
      * path (the tests run both) */
-    const char *se = getenv("TSR_SIMD");
+    const char *se = tsr_test_knob(TSR_KNOB_SIMD);
     int wide = tsr_cpu_has(TSR_CPU_AVX512) &&
                !(se && (strcmp(se, "scalar") == 0 || strcmp(se, "avx2") == 0));
     if (k >= (wide && !lb ? SELECT_MIN_K_WIDE : SELECT_MIN_K) && ny <= SELECT_MAX_NY) {

@@ -16,6 +16,7 @@
 #include "core/cpu.h"
 #include "index/knn.h"
 #include "core/mem.h"
+#include "core/testing.h"
 
 enum { ENC_BLOCK = 1024 };
 
@@ -141,7 +142,7 @@ int tsr_pq_encode(const tsr_pq *pq, const float *x, size_t n, uint8_t *codes, in
                 c->sorted_v[m * ksub + j] = s[j].v;
             }
         }
-        const char *e = getenv("TSR_NO_SIMD");
+        const char *e = tsr_test_knob(TSR_KNOB_NO_SIMD);
         c->simd = ksub % 16 == 0 && ksub <= 1024 && !(e != NULL && *e && *e != '0') &&
                   tsr_cpu_has(TSR_CPU_AVX512);
     } else {

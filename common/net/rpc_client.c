@@ -48,6 +48,7 @@
 
 #include "core/log.h"
 #include "core/mem.h"
+#include "core/testing.h"
 #include "net/rpc_int.h"
 
 #define WATCH_PERIOD_MS 100
@@ -81,7 +82,7 @@ static grpc_completion_queue *cq_get(void)
 {
     pthread_mutex_lock(&P.mu);
     if (P.off < 0) {
-        const char *e = getenv("TSR_RPC_CQ_POOL");
+        const char *e = tsr_test_knob(TSR_KNOB_RPC_CQ_POOL);
         P.off = e && strcmp(e, "0") == 0;
     }
     grpc_completion_queue *cq = P.n ? P.q[--P.n] : NULL;
@@ -331,7 +332,7 @@ tsr_rpc_channel *tsr_rpc_channel_create(const char *target, const tsr_rpc_client
      * coordinator's replicas); the retry machinery still costs every call ~7-13 % CPU
      * (bench_rpc --chain under perf stat). TSR_RPC_RETRIES=1 turns it back on. */
     {
-        const char *e = getenv("TSR_RPC_RETRIES");
+        const char *e = tsr_test_knob(TSR_KNOB_RPC_RETRIES);
         if (!(e && strcmp(e, "1") == 0))
             IARG(GRPC_ARG_ENABLE_RETRIES, 0);
     }

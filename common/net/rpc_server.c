@@ -81,6 +81,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "core/log.h"
 #include "core/mem.h"
+#include "core/testing.h"
 #include "net/metrics.h"
 #include "net/rpc_int.h"
 
@@ -827,15 +828,15 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
     s->pending_per_cq = o->pending_per_cq ? o->pending_per_cq : 16;
     s->nslots = o->cqs ? o->cqs : DEFAULT_CQS;
     s->pollers_per_cq = o->pollers ? o->pollers : POLLERS_PER_CQ;
-    const char *ev = getenv("TSR_RPC_CQS");
+    const char *ev = tsr_test_knob(TSR_KNOB_RPC_CQS);
     if (ev && atoi(ev) >= 1 && atoi(ev) <= 64)
         s->nslots = atoi(ev);
-    ev = getenv("TSR_RPC_POLLERS");
+    ev = tsr_test_knob(TSR_KNOB_RPC_POLLERS);
     if (ev && atoi(ev) >= 1 && atoi(ev) <= MAX_POLLERS_PER_CQ)
         s->pollers_per_cq = atoi(ev);
     s->nworkers = o->workers ? o->workers : 4;
     s->wq_max = o->max_queued ? o->max_queued : 1024;
-    const char *il = getenv("TSR_RPC_INLINE_LONG");
+    const char *il = tsr_test_knob(TSR_KNOB_RPC_INLINE_LONG);
     s->inline_long = !(il && strcmp(il, "0") == 0);
     s->wrong_port_hint = o->wrong_port_hint ? tsr_xstrdup(o->wrong_port_hint) : NULL;
     pthread_mutex_init(&s->mu, NULL);

@@ -43,6 +43,7 @@
 
 #include "core/clock.h"
 #include "core/mem.h"
+#include "core/testing.h"
 #include "net/rpc_int.h"
 
 #define TICK_MS 10
@@ -147,7 +148,7 @@ tsr_rpc_stream *tsr_rpc_stream_open(tsr_rpc_channel *ch, const char *method, int
     grpc_metadata_array_init(&st->trail_md);
     st->details = grpc_empty_slice();
     st->cq = grpc_completion_queue_create_for_next(NULL);
-    const char *poll = getenv("TSR_RPC_STREAM_POLL"); /* "1": blocking waits (benchmarks) */
+    const char *poll = tsr_test_knob(TSR_KNOB_RPC_STREAM_POLL); /* "1": blocking waits (benchmarks) */
     st->tick = ch->streams_nowait && !(poll && strcmp(poll, "1") == 0);
     grpc_slice path = grpc_slice_from_copied_string(method);
     st->call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, st->cq, path,

@@ -96,7 +96,8 @@ class Node:
         e = dict(os.environ)
         e.update(self.env or {})
         with open(self.log, "a") as f:
-            self.proc = self.run.net.popen(self.host, self.argv, stdout=f, stderr=f, env=e)
+            self.proc = self.run.net.popen(self.host, sh.test_argv(self.argv, self.env),
+                                           stdout=f, stderr=f, env=e)
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None

@@ -83,13 +83,16 @@ class Api:
 
 class Cluster(Api):
     def __init__(self, nshards=4, dims=32, config=None, template=None, env=None, bin_dir=None,
-                 root=None, shard_extra=(), coord_extra=()):
+                 root=None, shard_extra=(), coord_extra=(), as_built=False):
+        """as_built: run bin_dir's binaries even when env sets a test knob (sh.test_argv)."""
         self.root = root or sh.tmpdir("tsr-coord-")
         self.bin = bin_dir or BIN
+        self.as_built = as_built
         self.shards = []
         for i in range(nshards):
             self.shards.append(sh.Shard(os.path.join(self.root, "shard-%d" % i),
-                                        extra=shard_extra, bin_dir=self.bin))
+                                        extra=shard_extra, bin_dir=self.bin,
+                                        as_built=as_built))
         cfg = {"dimensions": dims, "shards": [s.target for s in self.shards]}
         if "san-" in os.path.basename(os.path.dirname(os.path.abspath(self.bin))):
             # ASan+UBSan binaries run 3-5x slower (more on a loaded CI machine): give the
@@ -113,7 +116,8 @@ class Cluster(Api):
         argv += batch_allow_args(self.root)
         argv += list(extra_args)
         self.coord = sh.start_listening(
-            lambda p: Proc(argv + ["--listen", "127.0.0.1:%d" % p], env), listen_port,
+            lambda p: Proc(argv + ["--listen", "127.0.0.1:%d" % p], env, self.as_built),
+            listen_port,
             "coordinator")
         import grpc
         self.target = "127.0.0.1:%d" % self.coord.port

@@ -22,7 +22,35 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from ports import free_port, free_range  # noqa: E402,F401  (the harness's users call sh.free_*)
+import knobs  # noqa: E402
 BIN = os.environ.get("TSR_BIN", os.path.join(ROOT, "bin"))
+# The test build (`make TESTING=1`; a sanitizer build is one too): the only binaries that
+# read test hooks and A/B knobs (common/core/testing.h). A release binary ignores them.
+TEST_BIN = os.environ.get("TSR_TEST_BIN", os.path.join(ROOT, "build", "testing", "bin"))
+
+
+def test_knobs():
+    """The environment variables of the table in common/core/testing.h (hooks and A/B
+    knobs; tests/knobs.py reads it)."""
+    return knobs.variables()
+
+
+def test_argv(argv, env=None):
+    """argv with its binary taken from TEST_BIN when the process's environment (os.environ
+    plus env) sets a test knob and the binary is a release one (TSR_BIN): one rule for every
+    harness, so that a test that sets a hook runs the build that has it. A binary from any
+    other folder (a test build already, or one a test names on purpose) is kept."""
+    e = dict(os.environ, **(env or {}))
+    knobs = [k for k in test_knobs() if e.get(k)]
+    exe = argv[0]
+    if not knobs or os.path.abspath(os.path.dirname(exe)) != os.path.abspath(BIN) or \
+            os.path.abspath(TEST_BIN) == os.path.abspath(BIN):
+        return list(argv)
+    test_exe = os.path.join(TEST_BIN, os.path.basename(exe))
+    if not os.path.exists(test_exe):
+        raise RuntimeError("%s is set: it needs the test build (make TESTING=1), and %s is "
+                           "missing" % (", ".join(knobs), test_exe))
+    return [test_exe] + list(argv[1:])
 
 _stub_dir = None
 
@@ -90,11 +118,15 @@ class LoggedProc:
     """A process whose stderr is collected line by line into self.log; self.port is the N of
     its first "(port N)" line (the listen line of both binaries), None if none came in 30 s."""
 
-    def __init__(self, argv, env=None):
+    def __init__(self, argv, env=None, as_built=False):
+        """as_built: run argv[0] itself even when env sets a test knob (test_argv)."""
         e = dict(os.environ)
         e.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
         if env:
             e.update(env)
+        if not as_built:
+            argv = test_argv(argv, env)
+        self.argv = argv
         self.log = []
         self.port = None
         self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -119,19 +151,20 @@ class LoggedProc:
 
 
 class Shard(LoggedProc):
-    def __init__(self, data, extra=(), env=None, bin_dir=None):
+    def __init__(self, data, extra=(), env=None, bin_dir=None, as_built=False):
         """Listens on a free_port() (start_listening: so that a restart on the same address
-        finds it free) unless extra has its own --listen."""
+        finds it free) unless extra has its own --listen. as_built: see LoggedProc."""
         self.data = data
         argv = [os.path.join(bin_dir or BIN, "tessera-shard"), "--data", data] + list(extra)
         if "--listen" in extra:
-            LoggedProc.__init__(self, argv, env)
+            LoggedProc.__init__(self, argv, env, as_built)
             if self.port is None:
                 self.proc.kill()
                 raise RuntimeError("shard did not start:\n" + self.text())
         else:
             start_listening(lambda p: LoggedProc.__init__(
-                self, argv + ["--listen", "127.0.0.1:%d" % p], env) or self, what="shard")
+                self, argv + ["--listen", "127.0.0.1:%d" % p], env, as_built) or self,
+                what="shard")
         self.target = "127.0.0.1:%d" % self.port
         import grpc
         self.channel = grpc.insecure_channel(self.target)

@@ -92,7 +92,9 @@ def cli_cases(tmp, xb, xq, out):
                                "--out", ip_, "--distances", dp_] + list(extra)
                         e = dict(os.environ)
                         e.update(env)
-                        subprocess.run(cmd, check=True, env=e, stdout=subprocess.DEVNULL)
+                        # the knobs exist in the test build only (docs/testing.md)
+                        subprocess.run(H.test_argv(cmd, env), check=True, env=e,
+                                       stdout=subprocess.DEVNULL)
                         key = "cli/%s%s/np%d/k%d/%s" % (name, sfx, nprobe, k, ename)
                         out[key] = open(ip_, "rb").read() + open(dp_, "rb").read()
         # search_preassigned: shuffled lists, some missing, perturbed coarse distances

@@ -84,6 +84,7 @@ class Proc:
         self.log = []
         self.port = None
         self.started_at = None
+        argv = sh.test_argv(argv, env)
         self.proc = net.popen(host, argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               env=e, text=True)
         self.pid = self.proc.pid  # ip netns exec execs the binary: same pid
