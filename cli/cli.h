@@ -145,6 +145,11 @@ typedef struct tsr_cli_tls {
  * error). */
 int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
                         void (*usage)(FILE *), int max_args, int argc, char **argv, int *nargs);
+/* Parses `--target ADDR [TLS and token flags] [--] ID...` (read, remove): the ids go to
+ * argv[1..*nids], at least one. Returns -1 to go on, else the exit code (0 after --help,
+ * 2 usage error, also for no ID). */
+int tsr_cli_parse_ids(const char *prog, void (*usage)(FILE *), int argc, char **argv,
+                      const char **target, tsr_cli_tls *tls, int *nids);
 /* (targets.c) Opens the channel to target with the TLS / token flags. Returns NULL on failure with
  * *code = 2 (TLS flags or files are wrong: a usage error) or 1. TSR_TLS_CA /
  * TSR_TLS_SERVER_NAME / TSR_TOKEN_FILE stand in for the flags when those are not given. */

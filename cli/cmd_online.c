@@ -222,6 +222,25 @@ int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
     return tsr_cmdline_parse_spec(&spec, argc, argv, nargs, &code) ? code : -1;
 }
 
+int tsr_cli_parse_ids(const char *prog, void (*usage)(FILE *), int argc, char **argv,
+                      const char **target, tsr_cli_tls *tls, int *nids)
+{
+    const tsr_cmdline_opt opts[] = {
+        {"--target", TSR_CMDLINE_STR, target, 0, 0, 1},
+        TSR_CLI_TLS_OPTS(*tls),
+    };
+    *nids = 0;
+    int code = tsr_cli_parse_flags(prog, opts, sizeof opts / sizeof opts[0], usage, -1, argc,
+                                   argv, nids);
+    if (code >= 0)
+        return code;
+    if (*nids == 0) {
+        fprintf(stderr, "%s: expected at least one ID (see '%s --help')\n", prog, prog);
+        return 2;
+    }
+    return -1;
+}
+
 /* ------------------------------------------------------------------ datapoint JSON */
 
 static json_t *float_array(const float *v, size_t n)
@@ -927,18 +946,9 @@ int tsr_cmd_read(int argc, char **argv)
 {
     const char *target = NULL;
     tsr_cli_tls tls = {0};
-    const tsr_cmdline_opt opts[] = {
-        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
-        TSR_CLI_TLS_OPTS(tls),
-    };
-    int nids = 0, code = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0], read_usage, -1,
-                                     argc, argv, &nids);
+    int nids, code = tsr_cli_parse_ids(PROG, read_usage, argc, argv, &target, &tls, &nids);
     if (code >= 0)
         return code;
-    if (nids == 0) {
-        fprintf(stderr, PROG ": expected at least one ID (see '" PROG " --help')\n");
-        return 2;
-    }
     int rc = 1;
     tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
     if (ch == NULL)
