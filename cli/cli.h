@@ -145,11 +145,6 @@ typedef struct tsr_cli_tls {
  * error). */
 int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
                         void (*usage)(FILE *), int max_args, int argc, char **argv, int *nargs);
-/* Parses `--target ADDR [TLS and token flags] [--] ID...` (read, remove): the ids go to
- * argv[1..*nids], at least one. Returns -1 to go on, else the exit code (0 after --help,
- * 2 usage error, also for no ID). */
-int tsr_cli_parse_ids(const char *prog, void (*usage)(FILE *), int argc, char **argv,
-                      const char **target, tsr_cli_tls *tls, int *nids);
 /* (targets.c) Opens the channel to target with the TLS / token flags. Returns NULL on failure with
  * *code = 2 (TLS flags or files are wrong: a usage error) or 1. TSR_TLS_CA /
  * TSR_TLS_SERVER_NAME / TSR_TOKEN_FILE stand in for the flags when those are not given. */
@@ -167,6 +162,12 @@ typedef struct tsr_cli_targets tsr_cli_targets;
 tsr_cli_targets *tsr_cli_targets_open(const char *prog, const char *list, const tsr_cli_tls *t,
                                       int *code);
 void tsr_cli_targets_close(tsr_cli_targets *t); /* accepts NULL */
+/* (cmd_online.c) For `--target ADDR [TLS and token flags] [--] ID...` (read, remove):
+ * parses the flags, the ids go to argv[1..*nids] (at least one), and opens the targets.
+ * NULL with the exit code in *code after --help (0), a usage error (2, also for no ID) or
+ * a failure to open (tsr_cli_targets_open's 1 or 2). */
+tsr_cli_targets *tsr_cli_open_ids(const char *prog, void (*usage)(FILE *), int argc,
+                                  char **argv, int *nids, int *code);
 /* The target the next call starts on: the last one that answered (borrowed). */
 const char *tsr_cli_targets_current(const tsr_cli_targets *t);
 size_t tsr_cli_targets_count(const tsr_cli_targets *t);

@@ -222,23 +222,27 @@ int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
     return tsr_cmdline_parse_spec(&spec, argc, argv, nargs, &code) ? code : -1;
 }
 
-int tsr_cli_parse_ids(const char *prog, void (*usage)(FILE *), int argc, char **argv,
-                      const char **target, tsr_cli_tls *tls, int *nids)
+tsr_cli_targets *tsr_cli_open_ids(const char *prog, void (*usage)(FILE *), int argc,
+                                  char **argv, int *nids, int *code)
 {
+    const char *target = NULL;
+    tsr_cli_tls tls = {0};
     const tsr_cmdline_opt opts[] = {
-        {"--target", TSR_CMDLINE_STR, target, 0, 0, 1},
-        TSR_CLI_TLS_OPTS(*tls),
+        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
+        TSR_CLI_TLS_OPTS(tls),
     };
     *nids = 0;
-    int code = tsr_cli_parse_flags(prog, opts, sizeof opts / sizeof opts[0], usage, -1, argc,
-                                   argv, nids);
-    if (code >= 0)
-        return code;
+    *code = tsr_cli_parse_flags(prog, opts, sizeof opts / sizeof opts[0], usage, -1, argc, argv,
+                                nids);
+    if (*code >= 0)
+        return NULL;
     if (*nids == 0) {
         fprintf(stderr, "%s: expected at least one ID (see '%s --help')\n", prog, prog);
-        return 2;
+        *code = 2;
+        return NULL;
     }
-    return -1;
+    *code = 1;
+    return tsr_cli_targets_open(prog, target, &tls, code);
 }
 
 /* ------------------------------------------------------------------ datapoint JSON */
@@ -944,13 +948,8 @@ static void read_usage(FILE *f)
 
 int tsr_cmd_read(int argc, char **argv)
 {
-    const char *target = NULL;
-    tsr_cli_tls tls = {0};
-    int nids, code = tsr_cli_parse_ids(PROG, read_usage, argc, argv, &target, &tls, &nids);
-    if (code >= 0)
-        return code;
-    int rc = 1;
-    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
+    int nids, rc;
+    tsr_cli_targets *ch = tsr_cli_open_ids(PROG, read_usage, argc, argv, &nids, &rc);
     if (ch == NULL)
         return rc;
     Tessera__V1__ReadIndexDatapointsRequest req = TESSERA__V1__READ_INDEX_DATAPOINTS_REQUEST__INIT;

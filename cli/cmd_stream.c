@@ -272,13 +272,8 @@ static void remove_usage(FILE *f)
 
 int tsr_cmd_remove(int argc, char **argv)
 {
-    const char *target = NULL;
-    tsr_cli_tls tls = {0};
-    int nids, code = tsr_cli_parse_ids(PROG, remove_usage, argc, argv, &target, &tls, &nids);
-    if (code >= 0)
-        return code;
-    int rc = 1;
-    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
+    int nids, rc;
+    tsr_cli_targets *ch = tsr_cli_open_ids(PROG, remove_usage, argc, argv, &nids, &rc);
     if (ch == NULL)
         return rc;
     int64_t removed = 0, unknown = 0, version = 0, seq = 0;
