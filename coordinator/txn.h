@@ -17,8 +17,9 @@
  * (reshard_move.c). It runs on the update thread, which holds update_mu throughout; the
  * engine freezes the stream (stream.h) where the planner's kind says. The operation's
  * progress is written under op_mu (ops.h).
- * Also the operation helpers the planners share (tsr__op_set, tsr__op_finish) and the
- * all-replica fan-out with update_min_replicas (tsr__txn_fan).
+ * Also the operation helpers the planners share (tsr__op_begin and tsr__op_launch to start
+ * one on the update thread, tsr__op_set, tsr__op_finish) and the all-replica fan-out with
+ * update_min_replicas (tsr__txn_fan).
  */
 #ifndef TSR_COORD_TXN_H
 #define TSR_COORD_TXN_H
