@@ -59,6 +59,19 @@ static int files_args(const char *prog, void (*usage)(FILE *), int argc, char **
     return -1;
 }
 
+/* The index in the Faiss file at path, or NULL after printing why ("PROG: message"). */
+static tsr_ivfpq *read_index(const char *prog, const char *path)
+{
+    tsr_error err = TSR_ERROR_INIT;
+    tsr_ivfpq *ix = NULL;
+    if (tsr_faiss_read_file(path, &ix, &err) != 0) {
+        fprintf(stderr, "%s: %s\n", prog, err.msg);
+        tsr_ivfpq_destroy(ix);
+        return NULL;
+    }
+    return ix;
+}
+
 int tsr_cmd_index_check(int argc, char **argv)
 {
     int n, code = files_args(PROG_CHECK, check_usage, argc, argv, 1, -1, "at least one FILE", &n);
@@ -67,15 +80,13 @@ int tsr_cmd_index_check(int argc, char **argv)
     char **files = argv + 1;
     int bad = 0;
     for (int i = 0; i < n; i++) {
-        tsr_error err = TSR_ERROR_INIT;
-        tsr_ivfpq *ix = NULL;
-        if (tsr_faiss_read_file(files[i], &ix, &err) != 0) {
-            fprintf(stderr, PROG_CHECK ": %s\n", err.msg);
+        tsr_ivfpq *ix = read_index(PROG_CHECK, files[i]);
+        if (ix == NULL) {
             bad = 1;
         } else {
             printf("%s: ok\n", files[i]);
+            tsr_ivfpq_destroy(ix);
         }
-        tsr_ivfpq_destroy(ix);
     }
     fflush(stdout);
     return bad;
@@ -86,13 +97,9 @@ int tsr_cmd_index_info(int argc, char **argv)
     int n, code = files_args(PROG_INFO, info_usage, argc, argv, 1, 1, "FILE", &n);
     if (code >= 0)
         return code;
-    char **files = argv + 1;
-    tsr_error err = TSR_ERROR_INIT;
-    tsr_ivfpq *ix = NULL;
-    if (tsr_faiss_read_file(files[0], &ix, &err) != 0) {
-        fprintf(stderr, PROG_INFO ": %s\n", err.msg);
+    tsr_ivfpq *ix = read_index(PROG_INFO, argv[1]);
+    if (ix == NULL)
         return 1;
-    }
     static const char *dm[] = {"none", "array", "hashtable"};
     printf("{\"fourcc\": \"%s\", \"d\": %d, \"ntotal\": %" PRId64 ", \"nlist\": %zu, "
            "\"nprobe\": %zu, \"metric\": \"%s\", \"by_residual\": %s, \"code_size\": %zu, "
@@ -116,20 +123,15 @@ int tsr_cmd_index_rewrite(int argc, char **argv)
     int n, code = files_args(PROG_REWRITE, rewrite_usage, argc, argv, 2, 2, "IN and OUT", &n);
     if (code >= 0)
         return code;
-    char **files = argv + 1;
+    tsr_ivfpq *ix = read_index(PROG_REWRITE, argv[1]);
+    if (ix == NULL)
+        return 1;
     tsr_error err = TSR_ERROR_INIT;
-    tsr_ivfpq *ix = NULL;
-    int rc = 1;
-    if (tsr_faiss_read_file(files[0], &ix, &err) != 0) {
+    int rc = 0;
+    if (tsr_faiss_write_file(ix, argv[2], &err) != 0) {
         fprintf(stderr, PROG_REWRITE ": %s\n", err.msg);
-        goto out;
+        rc = 1;
     }
-    if (tsr_faiss_write_file(ix, files[1], &err) != 0) {
-        fprintf(stderr, PROG_REWRITE ": %s\n", err.msg);
-        goto out;
-    }
-    rc = 0;
-out:
     tsr_ivfpq_destroy(ix);
     return rc;
 }

@@ -27,6 +27,7 @@
 #include "dirshard.h"
 #include "meta.h"
 #include "net/metrics_http.h"
+#include "net/server_flags.h"
 #include "core/log.h"
 #include "core/mem.h"
 #include "google/cloud/aiplatform/v1/index_service.pb-c.h"
@@ -595,43 +596,30 @@ static void coord_close(tsr__coord *c, int rec_started, tsr_metrics_http *mh,
 
 int main(int argc, char **argv)
 {
-    const char *listen = NULL, *data = NULL, *config = NULL, *tmpl = NULL, *mlisten = NULL;
-    const char *deployed = NULL;
-    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
+    tsr_server_flags sf;
+    const char *config = NULL, *tmpl = NULL, *deployed = NULL;
     const char *sh_ca = NULL, *sh_cert = NULL, *sh_key = NULL, *sh_name = NULL;
-    const char *auth_tokens = NULL, *peer_token_file = NULL;
-    int insecure = 0;
+    const char *auth_tokens = NULL;
     tsr_cmdline_list allow = {0};
     char **allowed = NULL;
     char *peer_token = NULL;
-    size_t max_message = 0;
     tsr_metrics_http *mh = NULL;
-    int threads = 0, workers = 8, ec;
+    int ec;
     etcd_args ea = {NULL, NULL, 5, 300, NULL, NULL, NULL, NULL};
     char advertise[300]; /* the leader thread borrows it until coord_close */
     tsr_cmdline_stop_init(); /* first: a SIGTERM while loading still stops cleanly */
     tsr_log_set_program("tessera-coordinator");
-    const tsr_cmdline_opt opts[] = {
-        {"--listen", TSR_CMDLINE_STR, &listen, 0, 0, 1},
-        {"--data", TSR_CMDLINE_STR, &data, 0, 0, 1},
+    tsr_server_flags_init(&sf, 8);
+    const tsr_cmdline_opt opts[] = { /* besides the flags every server takes */
         {"--config", TSR_CMDLINE_STR, &config, 0, 0, 1},
         {"--template", TSR_CMDLINE_STR, &tmpl, 0, 0, 0},
-        {"--metrics-listen", TSR_CMDLINE_STR, &mlisten, 0, 0, 0},
         {"--deployed-index-id", TSR_CMDLINE_STR, &deployed, 0, 0, 0},
-        {"--threads", TSR_CMDLINE_INT, &threads, 1, 64, 0},
-        {"--workers", TSR_CMDLINE_INT, &workers, 1, 64, 0},
-        {"--tls-cert", TSR_CMDLINE_STR, &tls_cert, 0, 0, 0},
-        {"--tls-key", TSR_CMDLINE_STR, &tls_key, 0, 0, 0},
-        {"--tls-client-ca", TSR_CMDLINE_STR, &tls_ca, 0, 0, 0},
         {"--shard-tls-ca", TSR_CMDLINE_STR, &sh_ca, 0, 0, 0},
         {"--shard-tls-cert", TSR_CMDLINE_STR, &sh_cert, 0, 0, 0},
         {"--shard-tls-key", TSR_CMDLINE_STR, &sh_key, 0, 0, 0},
         {"--shard-tls-server-name", TSR_CMDLINE_STR, &sh_name, 0, 0, 0},
-        {"--max-message", TSR_CMDLINE_SIZE, &max_message, 4096, INT32_MAX, 0},
         {"--auth-tokens", TSR_CMDLINE_STR, &auth_tokens, 0, 0, 0},
-        {"--insecure-no-auth", TSR_CMDLINE_FLAG, &insecure, 0, 0, 0},
         {"--batch-root-allow", TSR_CMDLINE_LIST, &allow, 0, 0, 0},
-        {"--peer-token-file", TSR_CMDLINE_STR, &peer_token_file, 0, 0, 0},
         {"--etcd", TSR_CMDLINE_STR, &ea.endpoints, 0, 0, 0},
         {"--etcd-prefix", TSR_CMDLINE_STR, &ea.prefix, 0, 0, 0},
         {"--etcd-ttl", TSR_CMDLINE_INT, &ea.ttl, 2, 600, 0},
@@ -641,16 +629,15 @@ int main(int argc, char **argv)
         {"--etcd-key", TSR_CMDLINE_STR, &ea.key, 0, 0, 0},
         {"--advertise", TSR_CMDLINE_STR, &ea.advertise, 0, 0, 0},
     };
-    if (tsr_cmdline_parse("tessera-coordinator", argc, argv, opts, sizeof opts / sizeof opts[0],
-                          usage, &ec))
+    if (tsr_server_flags_parse(&sf, "tessera-coordinator", argc, argv, opts,
+                               sizeof opts / sizeof opts[0], usage, &ec))
         return ec;
     tsr_cmdline_hup_init(); /* SIGHUP re-reads --auth-tokens instead of killing us */
     tsr_error err = TSR_ERROR_INIT;
-    tsr_cmdline_tls tls = {tls_cert, "--tls-cert", tls_key, "--tls-key", tls_ca,
-                           "--tls-client-ca"};
     tsr_cmdline_tls shtls = {sh_cert, "--shard-tls-cert", sh_key, "--shard-tls-key", sh_ca,
                              "--shard-tls-ca"};
-    if (tsr_cmdline_check_tls(&tls, 0, &err) != 0 || tsr_cmdline_check_tls(&shtls, 1, &err) != 0) {
+    if (tsr_server_flags_check_tls(&sf, &err) != 0 ||
+        tsr_cmdline_check_tls(&shtls, 1, &err) != 0) {
         tsr_error_log("%s", err.msg);
         return 2;
     }
@@ -659,7 +646,8 @@ int main(int argc, char **argv)
         tsr_cmdline_list_free(&allow);
         return 2;
     }
-    if (check_auth_flags(listen, auth_tokens, insecure, peer_token_file, &peer_token) != 0) {
+    if (check_auth_flags(sf.listen, auth_tokens, sf.insecure, sf.peer_token_file,
+                         &peer_token) != 0) {
         tsr_cmdline_list_free(&allow);
         return 2;
     }
@@ -687,7 +675,7 @@ int main(int argc, char **argv)
         goto out;
     }
     c->shard_opts = shard_opts; /* a directory listed from the shards at start (dirshard.h) */
-    if (load_all(c, &ea, data, &code))
+    if (load_all(c, &ea, sf.data, &code))
         goto out;
     if (tsr__coord_channels_open(c, &shard_opts, &err)) {
         tsr_error_log("%s", err.msg);
@@ -697,28 +685,23 @@ int main(int argc, char **argv)
         goto out;
     tsr__coord_metrics_register(c);
     tsr_rpc_server_opts o;
-    tsr_rpc_server_opts_init(&o);
-    o.listen = listen;
+    tsr_server_flags_server_opts(&sf, &o);
     /* One queue with one polling thread by default: FindNeighbors never blocks
      * (asynchronous fan-out), and every further polling thread costs thread wake-ups on
      * each event (docs/performance.md "End to end"); the other fan-outs are TSR_RPC_LONG
      * and run on the workers. */
-    o.cqs = threads ? threads : 1;
+    o.cqs = sf.threads ? sf.threads : 1;
     o.pollers = 1;
-    o.workers = workers;
-    o.max_message = max_message;
-    o.tls_cert_file = tls_cert;
-    o.tls_key_file = tls_key;
-    o.tls_client_ca_file = tls_ca;
     srv = start_server(c, &o, tokens); /* it owns the tokens now */
     tokens = NULL;
     if (!srv)
         goto out;
-    if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
-        tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
+    if (sf.metrics_listen != NULL &&
+        (mh = tsr_metrics_http_start(sf.metrics_listen, &err)) == NULL) {
+        tsr_error_log("cannot serve metrics on %s: %s", sf.metrics_listen, err.msg);
         goto out;
     }
-    if (ea.endpoints && (code = start_leader(c, &ea, listen, tsr_rpc_server_port(srv),
+    if (ea.endpoints && (code = start_leader(c, &ea, sf.listen, tsr_rpc_server_port(srv),
                                              advertise, sizeof advertise)) != 0)
         goto out;
     code = 1;
@@ -727,13 +710,14 @@ int main(int argc, char **argv)
      * snap_mu and a reference (a bare c->snap->version races with the swap and can read
      * the freed snapshot) */
     tsr__snap *sn = tsr__coord_snap_get(c);
-    tsr_info("listening on %s (port %d) %s, data %s, %zu shards%s, version %llu", listen,
+    tsr_info("listening on %s (port %d) %s, data %s, %zu shards%s, version %llu", sf.listen,
              tsr_rpc_server_port(srv),
-             tls_ca ? "mutual TLS" : tls_cert ? "TLS" : "plaintext", data, c->cfg.nshards,
+             sf.tls_ca ? "mutual TLS" : sf.tls_cert ? "TLS" : "plaintext", sf.data,
+             c->cfg.nshards,
              sh_ca ? (sh_cert ? " over mutual TLS" : " over TLS") : "",
              (unsigned long long)sn->version);
     tsr__snap_unref(sn);
-    log_security(auth_tokens, insecure, allowed, allow.n);
+    log_security(auth_tokens, sf.insecure, allowed, allow.n);
     int sig = wait_stop(srv, auth_tokens);
     tsr_info("%s: shutting down", tsr_cmdline_signame(sig));
     code = 0;

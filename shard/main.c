@@ -19,6 +19,7 @@
 #include "net/metrics.h"
 #include "net/metrics_http.h"
 #include "net/rpc.h"
+#include "net/server_flags.h"
 #include "shard.h"
 #include "shard_service.h"
 
@@ -60,49 +61,31 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    const char *listen = NULL, *data = NULL, *mlisten = NULL;
-    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
-    const char *peer_token_file = NULL;
-    int insecure = 0;
-    size_t max_message = 0;
+    tsr_server_flags sf; /* the shard takes only the flags every server takes */
     tsr_metrics_http *mh = NULL;
-    int threads = 0, workers = 2, ec;
+    int ec;
     tsr_cmdline_stop_init(); /* first: a SIGTERM during a long load still stops cleanly */
     tsr_log_set_program("tessera-shard");
-    const tsr_cmdline_opt opts[] = {
-        {"--listen", TSR_CMDLINE_STR, &listen, 0, 0, 1},
-        {"--data", TSR_CMDLINE_STR, &data, 0, 0, 1},
-        {"--metrics-listen", TSR_CMDLINE_STR, &mlisten, 0, 0, 0},
-        {"--threads", TSR_CMDLINE_INT, &threads, 1, 64, 0},
-        {"--workers", TSR_CMDLINE_INT, &workers, 1, 64, 0},
-        {"--tls-cert", TSR_CMDLINE_STR, &tls_cert, 0, 0, 0},
-        {"--tls-key", TSR_CMDLINE_STR, &tls_key, 0, 0, 0},
-        {"--tls-client-ca", TSR_CMDLINE_STR, &tls_ca, 0, 0, 0},
-        {"--max-message", TSR_CMDLINE_SIZE, &max_message, 4096, INT32_MAX, 0},
-        {"--peer-token-file", TSR_CMDLINE_STR, &peer_token_file, 0, 0, 0},
-        {"--insecure-no-auth", TSR_CMDLINE_FLAG, &insecure, 0, 0, 0},
-    };
-    if (tsr_cmdline_parse("tessera-shard", argc, argv, opts, sizeof opts / sizeof opts[0], usage,
-                          &ec))
+    tsr_server_flags_init(&sf, 2);
+    if (tsr_server_flags_parse(&sf, "tessera-shard", argc, argv, NULL, 0, usage, &ec))
         return ec;
     tsr_error err = TSR_ERROR_INIT;
-    tsr_cmdline_tls tls = {tls_cert, "--tls-cert", tls_key, "--tls-key", tls_ca,
-                           "--tls-client-ca"};
-    if (tsr_cmdline_check_tls(&tls, 0, &err) != 0) {
+    if (tsr_server_flags_check_tls(&sf, &err) != 0) {
         tsr_error_log("%s", err.msg);
         return 2;
     }
     /* Only the coordinator may call a shard: it proves itself with the peer token or a
      * client certificate; without either, only a loopback address is served. */
-    if (!peer_token_file && !tls_ca && !insecure && !tsr_rpc_addr_is_loopback(listen)) {
+    if (!sf.peer_token_file && !sf.tls_ca && !sf.insecure &&
+        !tsr_rpc_addr_is_loopback(sf.listen)) {
         tsr_error_log("--listen %s is not a loopback address and neither --peer-token-file "
                       "nor --tls-client-ca is given: anyone who reaches the port could stage "
                       "or commit data. Give one (docs/security.md), or --insecure-no-auth",
-                      listen);
+                      sf.listen);
         return 2;
     }
     tsr_rpc_tokens *peer = NULL;
-    if (peer_token_file && tsr_rpc_tokens_single(peer_token_file, &peer, &err) != 0) {
+    if (sf.peer_token_file && tsr_rpc_tokens_single(sf.peer_token_file, &peer, &err) != 0) {
         tsr_error_log("--peer-token-file: %s", err.msg);
         return 2;
     }
@@ -110,26 +93,19 @@ int main(int argc, char **argv)
     int code = 1;
     tsr__shard shard;
     tsr_rpc_server *srv = NULL;
-    if (tsr__shard_open(&shard, data, &err) != 0) {
-        tsr_error_log("cannot open %s: %s", data, err.msg);
+    if (tsr__shard_open(&shard, sf.data, &err) != 0) {
+        tsr_error_log("cannot open %s: %s", sf.data, err.msg);
         tsr__shard_close(&shard);
         tsr_rpc_tokens_free(peer);
         return 1;
     }
     tsr_rpc_server_opts o;
-    tsr_rpc_server_opts_init(&o);
-    o.listen = listen;
-    o.cqs = threads;
-    o.workers = workers;
-    o.max_message = max_message;
-    o.tls_cert_file = tls_cert;
-    o.tls_key_file = tls_key;
-    o.tls_client_ca_file = tls_ca;
+    tsr_server_flags_server_opts(&sf, &o);
     o.wrong_port_hint = "this port is a tessera shard (it serves tessera.v1.Shard to the "
                         "coordinator); tessera.v1.VectorSearch and the Vertex MatchService "
                         "are served by tessera-coordinator on its own port (7000 by default)";
     if ((srv = tsr_rpc_server_create(&o, &err)) == NULL) {
-        tsr_error_log("cannot listen on %s: %s", listen, err.msg);
+        tsr_error_log("cannot listen on %s: %s", sf.listen, err.msg);
         tsr_rpc_tokens_free(peer);
         goto out;
     }
@@ -139,19 +115,20 @@ int main(int argc, char **argv)
         goto out;
     }
     tsr_rpc_server_set_health(srv, "tessera.v1.Shard", TSR_RPC_HEALTH_SERVING);
-    if (mlisten != NULL && tsr_shard_metrics_register(&shard) != 0)
+    if (sf.metrics_listen != NULL && tsr_shard_metrics_register(&shard) != 0)
         tsr_warn("metrics: no collector slot left: tessera_version, tessera_vectors and "
                  "tessera_lists are not served");
-    if (mlisten != NULL && (mh = tsr_metrics_http_start(mlisten, &err)) == NULL) {
-        tsr_error_log("cannot serve metrics on %s: %s", mlisten, err.msg);
+    if (sf.metrics_listen != NULL &&
+        (mh = tsr_metrics_http_start(sf.metrics_listen, &err)) == NULL) {
+        tsr_error_log("cannot serve metrics on %s: %s", sf.metrics_listen, err.msg);
         goto out;
     }
-    tsr_info("listening on %s (port %d) %s, data %s%s", listen, tsr_rpc_server_port(srv),
-             tls_ca ? "mutual TLS" : tls_cert ? "TLS" : "plaintext", data,
-             peer_token_file ? ", peer token required" : "");
-    if (!peer_token_file && !tls_ca)
+    tsr_info("listening on %s (port %d) %s, data %s%s", sf.listen, tsr_rpc_server_port(srv),
+             sf.tls_ca ? "mutual TLS" : sf.tls_cert ? "TLS" : "plaintext", sf.data,
+             sf.peer_token_file ? ", peer token required" : "");
+    if (!sf.peer_token_file && !sf.tls_ca)
         tsr_warn("no --peer-token-file or --tls-client-ca: any client that reaches the port "
-                 "is served (%s)", insecure ? "--insecure-no-auth" : "loopback only");
+                 "is served (%s)", sf.insecure ? "--insecure-no-auth" : "loopback only");
     int sig = tsr_cmdline_stop_wait();
     tsr_info("%s: shutting down", tsr_cmdline_signame(sig));
     code = 0;

@@ -139,54 +139,70 @@ static inline float sink_thr(const sink *k)
     return a > b ? a : b;
 }
 
-static float sink_fn(void *ctx, size_t i, float s)
+/* Whether code i (label `label`) of k->l is a result, and then its search row and its
+ * crowding tag (*tag needed only when want_tag). One per kind of list. */
+typedef int (*accept_fn)(sink *k, size_t i, int64_t label, int want_tag, uint32_t *row,
+                         uint32_t *tag);
+
+/* A base list: not masked by the delta, and passing the filter at its row. */
+static inline int accept_base(sink *k, size_t i, int64_t label, int want_tag, uint32_t *row,
+                              uint32_t *tag)
 {
-    sink *k = ctx;
-    int64_t label = k->l->ids[i];
-    int to_heap = k->heap && tsr_topk_would_enter(k->heap, s, label);
-    int to_crowd = k->crowd && tsr_crowd_topk_would_enter(k->crowd, s, label);
-    if (!to_heap && !to_crowd)
-        return sink_thr(k);
     if (k->nmask && tsr__i64_in(k->mask, k->nmask, label))
-        return sink_thr(k); /* deleted or replaced by a streamed write */
-    uint32_t row = (uint32_t)(k->row0 + i);
-    if (k->filter && !tsr_filter_match(k->filter, k->v->meta, row))
-        return sink_thr(k);
-    k->passed++;
-    if (to_heap)
-        tsr_topk_push(k->heap, s, row, label);
-    if (to_crowd && tsr_crowd_topk_push(k->crowd, s, tsr_filter_meta_crowding(k->v->meta, row),
-                                        label) == TSR_ENOMEM)
-        k->oom = 1;
-    return sink_thr(k);
+        return 0; /* deleted or replaced by a streamed write */
+    *row = (uint32_t)(k->row0 + i);
+    if (k->filter && !tsr_filter_match(k->filter, k->v->meta, *row))
+        return 0;
+    *tag = want_tag ? tsr_filter_meta_crowding(k->v->meta, *row) : 0;
+    return 1;
 }
 
-/* The sink of a delta list: entry i of k->l is a delta record (row v->nrows + its index
- * in the delta's records). */
-static float dsink_fn(void *ctx, size_t i, float s)
+/* A delta list: entry i is a delta record (row v->nrows + its index in the delta's
+ * records), passing the filter of delta records. */
+static inline int accept_delta(sink *k, size_t i, int64_t label, int want_tag, uint32_t *row,
+                               uint32_t *tag)
 {
-    sink *k = ctx;
-    int64_t label = k->l->ids[i];
-    int to_heap = k->heap && tsr_topk_would_enter(k->heap, s, label);
-    int to_crowd = k->crowd && tsr_crowd_topk_would_enter(k->crowd, s, label);
-    if (!to_heap && !to_crowd)
-        return sink_thr(k);
+    (void)i, (void)want_tag;
     size_t idx;
     const tsr__rec *r = tsr__delta_find(k->dl, label, &idx);
     if (r == NULL)
-        return sink_thr(k);
+        return 0;
     int m = dfilter_match(k->df, r);
     if (m < 0)
         k->oom = 1;
     if (m <= 0)
-        return sink_thr(k);
-    k->passed++;
-    uint32_t row = (uint32_t)(k->v->nrows + idx);
-    if (to_heap)
-        tsr_topk_push(k->heap, s, row, label);
-    if (to_crowd && tsr_crowd_topk_push(k->crowd, s, r->tag, label) == TSR_ENOMEM)
-        k->oom = 1;
+        return 0;
+    *row = (uint32_t)(k->v->nrows + idx);
+    *tag = r->tag;
+    return 1;
+}
+
+/* The code at position i of k->l with score s: into the collectors it could enter when
+ * accept takes it (asked only then). Returns the new threshold. */
+static inline float sink_offer(sink *k, size_t i, float s, accept_fn accept)
+{
+    int64_t label = k->l->ids[i];
+    int to_heap = k->heap && tsr_topk_would_enter(k->heap, s, label);
+    int to_crowd = k->crowd && tsr_crowd_topk_would_enter(k->crowd, s, label);
+    uint32_t row, tag;
+    if ((to_heap || to_crowd) && accept(k, i, label, to_crowd, &row, &tag)) {
+        k->passed++;
+        if (to_heap)
+            tsr_topk_push(k->heap, s, row, label);
+        if (to_crowd && tsr_crowd_topk_push(k->crowd, s, tag, label) == TSR_ENOMEM)
+            k->oom = 1;
+    }
     return sink_thr(k);
+}
+
+static float sink_fn(void *ctx, size_t i, float s)
+{
+    return sink_offer(ctx, i, s, accept_base);
+}
+
+static float dsink_fn(void *ctx, size_t i, float s)
+{
+    return sink_offer(ctx, i, s, accept_delta);
 }
 
 /* The search row of label in v with delta dl (a delta record first: it masks the base). */

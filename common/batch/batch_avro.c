@@ -496,11 +496,8 @@ static int take_string(avro_value_t *v, const char *field, char **out, size_t *o
         tsr__avro_snippet(sn, sizeof sn, s, n);
         BAD(nul_type, "%s '%s' contains a NUL character", field, sn);
     }
-    *out = tsr_try_malloc(n + 1, 1);
-    if (*out == NULL)
+    if ((*out = tsr_try_strndup(s, n)) == NULL)
         return -1;
-    memcpy(*out, s, n + 1);
-    (*out)[n] = '\0';
     if (outlen)
         *outlen = n;
     return 0;
@@ -529,18 +526,28 @@ static int take_entry_ns(avro_value_t *arr, size_t i, const char *what, avro_val
     return 0;
 }
 
+/* The start of reading the array v (`field` in messages): its length (*cnt) and a zeroed
+ * element of elem bytes per value (*out; left NULL when the array is empty). */
+static int take_array(avro_value_t *v, const char *field, size_t elem, size_t *cnt,
+                      void **out, enum tsr_rec_error *type, char *msg, size_t msgcap)
+{
+    if (avro_value_get_size(v, cnt) != 0)
+        BAD(TSR_REC_INVALID_AVRO_SYNTAX, "%s: not an array", field);
+    if (*cnt > 0 && (*out = tsr_try_calloc(*cnt, elem)) == NULL)
+        return -1;
+    return 0;
+}
+
 static int take_floats(avro_value_t *arr, float **out, size_t *n, const char *field,
                        enum tsr_rec_error *type, char *msg, size_t msgcap)
 {
     size_t cnt;
-    if (avro_value_get_size(arr, &cnt) != 0)
-        BAD(TSR_REC_INVALID_AVRO_SYNTAX, "%s: not an array", field);
+    void *vals = NULL;
+    int rc = take_array(arr, field, sizeof **out, &cnt, &vals, type, msg, msgcap);
+    if (rc != 0)
+        return rc;
+    *out = vals;
     *n = cnt;
-    if (cnt == 0)
-        return 0;
-    *out = tsr_try_malloc(cnt, sizeof **out);
-    if (*out == NULL)
-        return -1;
     for (size_t i = 0; i < cnt; i++) {
         avro_value_t e;
         float f;
@@ -562,14 +569,14 @@ static int take_tokens(avro_value_t *r, const char *name, const char *ns, size_t
     avro_value_t arr;
     if (!get_opt(r, name, &arr))
         return 0;
+    char where[64];
+    snprintf(where, sizeof where, "restricts[%zu].%s", ri, name);
     size_t cnt;
-    if (avro_value_get_size(&arr, &cnt) != 0)
-        BAD(TSR_REC_INVALID_AVRO_SYNTAX, "restricts[%zu].%s: not an array", ri, name);
-    if (cnt == 0)
-        return 0;
-    *out = tsr_try_calloc(cnt, sizeof **out);
-    if (*out == NULL)
-        return -1;
+    void *toks = NULL;
+    int rc = take_array(&arr, where, sizeof **out, &cnt, &toks, type, msg, msgcap);
+    if (rc != 0)
+        return rc;
+    *out = toks;
     for (size_t i = 0; i < cnt; i++) {
         avro_value_t e;
         char field[96];
@@ -577,8 +584,8 @@ static int take_tokens(avro_value_t *r, const char *name, const char *ns, size_t
         if (avro_value_get_by_index(&arr, i, &e, NULL) != 0)
             BAD(TSR_REC_INVALID_AVRO_SYNTAX, "%s: missing", field);
         size_t len;
-        int rc = take_string(&e, field, &(*out)[i], &len, TSR_REC_INVALID_TOKEN_VALUE, type,
-                             msg, msgcap);
+        rc = take_string(&e, field, &(*out)[i], &len, TSR_REC_INVALID_TOKEN_VALUE, type, msg,
+                         msgcap);
         if (rc != 0)
             return rc;
         (*nout)++;
@@ -600,22 +607,32 @@ static int cmp_ns_ref(const void *x, const void *y)
     return c ? c : (a->idx > b->idx) - (a->idx < b->idx);
 }
 
-/* Looks for two equal namespaces among n structs (array base, element size, offset of
- * the char *ns member) in O(n log n): a record may hold very many restricts. Returns 1
+/* The namespaces of n structs (array base, element size, offset of the char *ns member)
+ * with their indexes, sorted by namespace then index (caller frees); NULL on ENOMEM. Sorting
+ * keeps the checks O(n log n): a record may hold very many restricts. */
+static ns_ref *sorted_ns(const void *base, size_t n, size_t elem, size_t off)
+{
+    ns_ref *r = tsr_try_malloc(n, sizeof *r);
+    if (r == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&r[i].ns, (const char *)base + i * elem + off, sizeof r[i].ns);
+        r[i].idx = i;
+    }
+    qsort(r, n, sizeof *r, cmp_ns_ref);
+    return r;
+}
+
+/* Looks for two equal namespaces among n structs (as sorted_ns takes them). Returns 1
  * with *first < *second the indexes of a duplicate pair, 0 when all differ, -1 on ENOMEM. */
 static int find_dup_ns(const void *base, size_t n, size_t elem, size_t off, size_t *first,
                        size_t *second)
 {
     if (n < 2)
         return 0;
-    ns_ref *r = tsr_try_malloc(n, sizeof *r);
+    ns_ref *r = sorted_ns(base, n, elem, off);
     if (r == NULL)
         return -1;
-    for (size_t i = 0; i < n; i++) {
-        memcpy(&r[i].ns, (const char *)base + i * elem + off, sizeof r[i].ns);
-        r[i].idx = i;
-    }
-    qsort(r, n, sizeof *r, cmp_ns_ref);
     int found = 0;
     for (size_t i = 1; i < n; i++)
         if (strcmp(r[i - 1].ns, r[i].ns) == 0 && (!found || r[i].idx < *second)) {
@@ -636,14 +653,10 @@ static int merge_restricts(tsr_datapoint *dp)
     size_t n = dp->nrestricts;
     if (n < 2)
         return 0;
-    ns_ref *r = tsr_try_malloc(n, sizeof *r);
+    ns_ref *r = sorted_ns(dp->restricts, n, sizeof *dp->restricts,
+                          offsetof(tsr_token_restrict, ns));
     if (r == NULL)
         return -1;
-    for (size_t i = 0; i < n; i++) {
-        r[i].ns = dp->restricts[i].ns;
-        r[i].idx = i;
-    }
-    qsort(r, n, sizeof *r, cmp_ns_ref);
     int merged = 0;
     for (size_t i = 0; i < n;) {
         size_t j = i + 1;
@@ -740,15 +753,13 @@ static int take_sparse(avro_value_t *v, tsr_datapoint *dp, enum tsr_rec_error *t
 static int take_restricts(avro_value_t *v, tsr_datapoint *dp, enum tsr_rec_error *type,
                           char *msg, size_t msgcap)
 {
-    int rc;
     size_t cnt;
-    if (avro_value_get_size(v, &cnt) != 0)
-        BAD(TSR_REC_INVALID_AVRO_SYNTAX, "restricts: not an array");
-    if (cnt > 0) {
-        dp->restricts = tsr_try_calloc(cnt, sizeof *dp->restricts);
-        if (dp->restricts == NULL)
-            return -1;
-    }
+    void *entries = NULL;
+    int rc = take_array(v, "restricts", sizeof *dp->restricts, &cnt, &entries, type, msg,
+                          msgcap);
+    if (rc != 0)
+        return rc;
+    dp->restricts = entries;
     for (size_t i = 0; i < cnt; i++) {
         avro_value_t e;
         tsr_token_restrict *t = &dp->restricts[i];
@@ -772,16 +783,14 @@ static int take_restricts(avro_value_t *v, tsr_datapoint *dp, enum tsr_rec_error
 static int take_numeric(avro_value_t *v, tsr_datapoint *dp, enum tsr_rec_error *type,
                         char *msg, size_t msgcap)
 {
-    int rc;
     char sn[64];
     size_t cnt;
-    if (avro_value_get_size(v, &cnt) != 0)
-        BAD(TSR_REC_INVALID_AVRO_SYNTAX, "numeric_restricts: not an array");
-    if (cnt > 0) {
-        dp->numeric = tsr_try_calloc(cnt, sizeof *dp->numeric);
-        if (dp->numeric == NULL)
-            return -1;
-    }
+    void *entries = NULL;
+    int rc = take_array(v, "numeric_restricts", sizeof *dp->numeric, &cnt, &entries, type,
+                          msg, msgcap);
+    if (rc != 0)
+        return rc;
+    dp->numeric = entries;
     for (size_t i = 0; i < cnt; i++) {
         avro_value_t e, x;
         tsr_numeric_restrict *nr = &dp->numeric[i];

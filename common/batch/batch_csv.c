@@ -121,11 +121,8 @@ static int parse_kv(csv_state *st, tsr_datapoint *dp, size_t fieldno, const char
             BAD(TSR_REC_MULTIPLE_VALUES, "field %zu: crowding_tag given more than once", fieldno);
         if (vlen == 0)
             BAD(TSR_REC_INVALID_TOKEN_VALUE, "field %zu: crowding_tag= has an empty value", fieldno);
-        dp->crowding_tag = tsr_try_malloc(vlen + 1, 1);
-        if (dp->crowding_tag == NULL)
+        if ((dp->crowding_tag = tsr_try_strndup(val, vlen)) == NULL)
             return TSR_ENOMEM;
-        memcpy(dp->crowding_tag, val, vlen);
-        dp->crowding_tag[vlen] = '\0';
         return LINE_OK;
     }
     if (nlen == 0)
@@ -154,11 +151,8 @@ static int parse_line(csv_state *st, const char *line, size_t len, tsr_datapoint
     size_t idlen = comma ? (size_t)(comma - line) : len;
     if (idlen == 0)
         BAD(TSR_REC_INVALID_EMBEDDING_ID, "the id (first field) is empty");
-    dp->id = tsr_try_malloc(idlen + 1, 1);
-    if (dp->id == NULL)
+    if ((dp->id = tsr_try_strndup(line, idlen)) == NULL)
         return TSR_ENOMEM;
-    memcpy(dp->id, line, idlen);
-    dp->id[idlen] = '\0';
 
     size_t ndense = 0, nsparse = 0, fieldno = 1;
     int phase = 0; /* 0 dense, 1 sparse, 2 name=value */

@@ -262,6 +262,25 @@ static int parse_tokens(json_state *st, json_t *arr, tsr_datapoint *dp, const ch
     return REC_OK;
 }
 
+/* Element r of a restricts or numeric_restricts array, `where` in messages: an object
+ * with only the fields in known and a namespace (a non-empty string without NUL: *ns). */
+static int restrict_entry(json_state *st, json_t *r, const char *where, const char *const *known,
+                          const char **ns, enum tsr_rec_error *type)
+{
+    if (!json_is_object(r))
+        BAD(TSR_REC_PARSING_ERROR, "%s is not an object", where);
+    int rc = check_fields(st, r, known, where, type);
+    if (rc != REC_OK)
+        return rc;
+    json_t *v = json_object_get(r, "namespace");
+    if (!json_is_string(v) || json_string_length(v) == 0)
+        BAD(TSR_REC_NAMESPACE_MISSING, "%s has no namespace (a non-empty string)", where);
+    if (strlen(json_string_value(v)) != json_string_length(v))
+        BAD(TSR_REC_NAMESPACE_MISSING, "%s.namespace contains a NUL character", where);
+    *ns = json_string_value(v);
+    return REC_OK;
+}
+
 static int parse_restricts(json_state *st, json_t *arr, tsr_datapoint *dp, enum tsr_rec_error *type)
 {
     if (!json_is_array(arr))
@@ -271,17 +290,10 @@ static int parse_restricts(json_state *st, json_t *arr, tsr_datapoint *dp, enum 
         json_t *r = json_array_get(arr, i);
         char where[48];
         snprintf(where, sizeof where, "restricts[%zu]", i);
-        if (!json_is_object(r))
-            BAD(TSR_REC_PARSING_ERROR, "%s is not an object", where);
-        int rc = check_fields(st, r, restrict_fields, where, type);
+        const char *nss;
+        int rc = restrict_entry(st, r, where, restrict_fields, &nss, type);
         if (rc != REC_OK)
             return rc;
-        json_t *ns = json_object_get(r, "namespace");
-        if (!json_is_string(ns) || json_string_length(ns) == 0)
-            BAD(TSR_REC_NAMESPACE_MISSING, "%s has no namespace (a non-empty string)", where);
-        if (strlen(json_string_value(ns)) != json_string_length(ns))
-            BAD(TSR_REC_NAMESPACE_MISSING, "%s.namespace contains a NUL character", where);
-        const char *nss = json_string_value(ns);
         if (tsr__dp_add_token(dp, nss, strlen(nss), NULL, 0, 0))
             return TSR_ENOMEM;
         rc = parse_tokens(st, json_object_get(r, "allow"), dp, nss, i, 0, type);
@@ -304,18 +316,14 @@ static int parse_numeric(json_state *st, json_t *arr, tsr_datapoint *dp, enum ts
         json_t *r = json_array_get(arr, i);
         char where[48];
         snprintf(where, sizeof where, "numeric_restricts[%zu]", i);
-        if (!json_is_object(r))
-            BAD(TSR_REC_PARSING_ERROR, "%s is not an object", where);
+        /* before the field check, which would call "op" unknown (NULL for a non-object) */
         if (json_object_get(r, "op") != NULL)
             BAD(TSR_REC_OP_IN_DATAPOINT,
                 "%s has an \"op\" field; operators belong to queries, not to datapoints", where);
-        int rc = check_fields(st, r, numeric_fields, where, type);
+        const char *nss;
+        int rc = restrict_entry(st, r, where, numeric_fields, &nss, type);
         if (rc != REC_OK)
             return rc;
-        json_t *ns = json_object_get(r, "namespace");
-        if (!json_is_string(ns) || json_string_length(ns) == 0 ||
-            strlen(json_string_value(ns)) != json_string_length(ns))
-            BAD(TSR_REC_NAMESPACE_MISSING, "%s has no namespace (a non-empty string)", where);
         json_t *vi = json_object_get(r, "value_int"), *vf = json_object_get(r, "value_float"),
                *vd = json_object_get(r, "value_double");
         int nv = (vi && !json_is_null(vi)) + (vf && !json_is_null(vf)) + (vd && !json_is_null(vd));
@@ -347,7 +355,6 @@ static int parse_numeric(json_state *st, json_t *arr, tsr_datapoint *dp, enum ts
             if (!isfinite(nr.v.d))
                 BAD(TSR_REC_INVALID_NUMERIC_VALUE, "%s.value_double is not finite", where);
         }
-        const char *nss = json_string_value(ns);
         rc = tsr__dp_add_numeric(dp, nss, strlen(nss), &nr);
         if (rc < 0)
             return rc;
@@ -577,10 +584,8 @@ static int parse_record(json_state *st, json_t *o, tsr_datapoint *dp, enum tsr_r
         BAD(TSR_REC_INVALID_EMBEDDING_ID, "\"id\" is empty");
     if (strlen(json_string_value(id)) != idlen)
         BAD(TSR_REC_INVALID_EMBEDDING_ID, "\"id\" contains a NUL character");
-    dp->id = tsr_try_malloc(idlen + 1, 1);
-    if (dp->id == NULL)
+    if ((dp->id = tsr_try_strndup(json_string_value(id), idlen)) == NULL)
         return TSR_ENOMEM;
-    memcpy(dp->id, json_string_value(id), idlen + 1);
 
     json_t *emb = json_object_get(o, "embedding");
     if (emb != NULL && !json_is_null(emb)) {
@@ -633,10 +638,8 @@ static int parse_record(json_state *st, json_t *o, tsr_datapoint *dp, enum tsr_r
         size_t l = json_string_length(ct);
         if (l == 0 || strlen(json_string_value(ct)) != l)
             BAD(TSR_REC_INVALID_TOKEN_VALUE, "\"crowding_tag\" is empty or contains NUL");
-        dp->crowding_tag = tsr_try_malloc(l + 1, 1);
-        if (dp->crowding_tag == NULL)
+        if ((dp->crowding_tag = tsr_try_strndup(json_string_value(ct), l)) == NULL)
             return TSR_ENOMEM;
-        memcpy(dp->crowding_tag, json_string_value(ct), l + 1);
     }
     json_t *md = json_object_get(o, "embedding_metadata");
     if (md != NULL && !json_is_null(md))

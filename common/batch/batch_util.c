@@ -424,7 +424,8 @@ static int java_scan(const char *s, size_t n, size_t *body_len, int *neg, int *h
     return TSR__NUM_OK;
 }
 
-/* strtof/strtod on a NUL-terminated copy of s[0..n). */
+/* strtof (is_float: into *f) or strtod (into *d) on a NUL-terminated copy of s[0..n);
+ * the output is written only when the value is finite. */
 static int slow_parse(const char *s, size_t n, int is_float, double *d, float *f)
 {
     char local[128];
@@ -438,13 +439,17 @@ static int slow_parse(const char *s, size_t n, int is_float, double *d, float *f
     buf[n] = '\0';
     int rc = TSR__NUM_OK;
     if (is_float) {
-        *f = strtof(buf, NULL);
-        if (isinf(*f))
+        float v = strtof(buf, NULL);
+        if (isinf(v))
             rc = TSR__NUM_NONFINITE;
+        else
+            *f = v;
     } else {
-        *d = strtod(buf, NULL);
-        if (isinf(*d))
+        double v = strtod(buf, NULL);
+        if (isinf(v))
             rc = TSR__NUM_NONFINITE;
+        else
+            *d = v;
     }
     if (buf != local)
         free(buf);
@@ -467,7 +472,12 @@ static int fast_double(uint64_t w, int64_t e10, int exact, double *out)
     return 1;
 }
 
-int tsr__parse_java_float(const char *s, size_t n, float *out)
+/* A Java literal s[0..n) (blanks around it ignored) as a float (is_float: into *f) or a
+ * double (into *d), written only on TSR__NUM_OK; returns as slow_parse. The decimal fast
+ * path gives a correctly rounded double; for a float it is used only when rounding that
+ * double to float cannot differ from rounding the decimal (a normal float, and not
+ * halfway between two floats), else strtof decides. */
+static int java_parse(const char *s, size_t n, int is_float, double *d, float *f)
 {
     java_trim(&s, &n);
     size_t body;
@@ -477,45 +487,33 @@ int tsr__parse_java_float(const char *s, size_t n, float *out)
     int rc = java_scan(s, n, &body, &neg, &hex, &w, &e10, &exact);
     if (rc != TSR__NUM_OK)
         return rc;
-    double d;
-    if (!hex && fast_double(w, e10, exact, &d)) {
+    double fd;
+    if (!hex && fast_double(w, e10, exact, &fd)) {
+        if (!is_float) {
+            *d = neg ? -fd : fd;
+            return TSR__NUM_OK;
+        }
         uint64_t bits;
-        memcpy(&bits, &d, sizeof bits);
+        memcpy(&bits, &fd, sizeof bits);
         int be = (int)((bits >> 52) & 0x7FF) - 1023;
-        if (d == 0.0 ||
+        if (fd == 0.0 ||
             (be >= -125 && be <= 126 && (bits & 0x1FFFFFFFULL) != 0x10000000ULL)) {
-            float f = (float)d;
-            *out = neg ? -f : f;
+            float ff = (float)fd;
+            *f = neg ? -ff : ff;
             return TSR__NUM_OK;
         }
     }
-    float f;
-    rc = slow_parse(s, body, 1, &d, &f);
-    if (rc == TSR__NUM_OK)
-        *out = f;
-    return rc;
+    return slow_parse(s, body, is_float, d, f);
+}
+
+int tsr__parse_java_float(const char *s, size_t n, float *out)
+{
+    return java_parse(s, n, 1, NULL, out);
 }
 
 int tsr__parse_java_double(const char *s, size_t n, double *out)
 {
-    java_trim(&s, &n);
-    size_t body;
-    int neg, hex, exact;
-    uint64_t w;
-    int64_t e10;
-    int rc = java_scan(s, n, &body, &neg, &hex, &w, &e10, &exact);
-    if (rc != TSR__NUM_OK)
-        return rc;
-    double d;
-    if (!hex && fast_double(w, e10, exact, &d)) {
-        *out = neg ? -d : d;
-        return TSR__NUM_OK;
-    }
-    float f;
-    rc = slow_parse(s, body, 0, &d, &f);
-    if (rc == TSR__NUM_OK)
-        *out = d;
-    return rc;
+    return java_parse(s, n, 0, out, NULL);
 }
 
 int tsr__parse_int64(const char *s, size_t n, int64_t *out)
@@ -586,16 +584,6 @@ static int grow(void **arr, size_t n, size_t elem)
     return 0;
 }
 
-static char *dupn(const char *s, size_t n)
-{
-    char *p = tsr_try_malloc(n + 1, 1);
-    if (p != NULL) {
-        memcpy(p, s, n);
-        p[n] = '\0';
-    }
-    return p;
-}
-
 int tsr__dp_add_token(tsr_datapoint *dp, const char *ns, size_t nslen, const char *val,
                       size_t vallen, int deny)
 {
@@ -610,7 +598,7 @@ int tsr__dp_add_token(tsr_datapoint *dp, const char *ns, size_t nslen, const cha
             return TSR_ENOMEM;
         r = &dp->restricts[dp->nrestricts];
         memset(r, 0, sizeof *r);
-        r->ns = dupn(ns, nslen);
+        r->ns = tsr_try_strndup(ns, nslen);
         if (r->ns == NULL)
             return TSR_ENOMEM;
         dp->nrestricts++;
@@ -621,7 +609,7 @@ int tsr__dp_add_token(tsr_datapoint *dp, const char *ns, size_t nslen, const cha
     size_t *cnt = deny ? &r->ndeny : &r->nallow;
     if (grow((void **)list, *cnt, sizeof **list))
         return TSR_ENOMEM;
-    char *v = dupn(val, vallen);
+    char *v = tsr_try_strndup(val, vallen);
     if (v == NULL)
         return TSR_ENOMEM;
     (*list)[(*cnt)++] = v;
@@ -638,7 +626,7 @@ int tsr__dp_add_numeric(tsr_datapoint *dp, const char *ns, size_t nslen,
         return TSR_ENOMEM;
     tsr_numeric_restrict *r = &dp->numeric[dp->nnumeric];
     *r = *value;
-    r->ns = dupn(ns, nslen);
+    r->ns = tsr_try_strndup(ns, nslen);
     if (r->ns == NULL)
         return TSR_ENOMEM;
     dp->nnumeric++;

@@ -282,21 +282,27 @@ static void on_stop_signal(int sig)
     sem_post(&stop_sem); /* async-signal-safe */
 }
 
+/* Installs handler for sig process-wide. SA_RESTART: a signal landing on a thread in
+ * read() during a load must not turn into a spurious I/O error (sem_wait is never
+ * restarted; stop_wait loops on EINTR). */
+static void install_handler(int sig, void (*handler)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, NULL);
+}
+
 void tsr_cmdline_stop_init(void)
 {
     if (stop_ready)
         return;
     stop_ready = 1;
     sem_init(&stop_sem, 0, 0);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    /* SA_RESTART: a signal landing on a thread in read() during a load must not turn into
-     * a spurious I/O error (sem_wait is never restarted; stop_wait loops on EINTR). */
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    install_handler(SIGINT, on_stop_signal);
+    install_handler(SIGTERM, on_stop_signal);
     signal(SIGPIPE, SIG_IGN);
 }
 
@@ -310,12 +316,7 @@ static void on_hup_signal(int sig)
 void tsr_cmdline_hup_init(void)
 {
     tsr_cmdline_stop_init();
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_hup_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGHUP, &sa, NULL);
+    install_handler(SIGHUP, on_hup_signal);
 }
 
 int tsr_cmdline_stop_wait(void)

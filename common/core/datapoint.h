@@ -57,14 +57,18 @@ typedef struct tsr_token_restrict {
 
 enum tsr_num_type { TSR_NUM_INT = 0, TSR_NUM_FLOAT = 1, TSR_NUM_DOUBLE = 2 };
 
+/* A numeric restrict's value (of a datapoint or of a query): the member named by the
+ * tsr_num_type beside it. */
+typedef union tsr_num {
+    int64_t i;
+    float f;
+    double d;
+} tsr_num;
+
 typedef struct tsr_numeric_restrict {
     char *ns; /* owned */
     enum tsr_num_type type;
-    union {
-        int64_t i;
-        float f;
-        double d;
-    } v;
+    tsr_num v;
 } tsr_numeric_restrict;
 
 typedef struct tsr_datapoint {

@@ -192,3 +192,47 @@ void tsr_file_writer_abort(tsr_file_writer *w)
     free(w->buf);
     w->fd = -1, w->buf = NULL, w->len = 0;
 }
+
+int tsr_file_replace_by(const char *path, size_t bufsize,
+                        int (*write)(void *ctx, tsr_file_writer *w, tsr_error *err), void *ctx,
+                        tsr_error *err)
+{
+    size_t plen = strlen(path);
+    char *tmp = tsr_try_malloc(plen + 5, 1), *dir = tsr_try_malloc(plen + 2, 1);
+    int rc = 0;
+    if (tmp == NULL || dir == NULL) {
+        rc = tsr_err(err, TSR_ENOMEM, "%s: out of memory", path);
+        goto out_free;
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+    tsr_file_writer w;
+    if ((rc = tsr_file_writer_open(&w, tmp, bufsize, err)) != 0 ||
+        (rc = write(ctx, &w, err)) != 0) {
+        tsr_file_writer_abort(&w);
+        goto out_unlink;
+    }
+    if ((rc = tsr_file_writer_close(&w, err)) != 0) /* written and fsynced */
+        goto out_unlink;
+    if (rename(tmp, path) != 0) {
+        rc = tsr_err(err, TSR_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+        goto out_unlink;
+    }
+    /* the directory holding path: its part up to the last '/', "/" or "." */
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        memcpy(dir, ".", 2);
+    else {
+        size_t dlen = slash == path ? 1 : (size_t)(slash - path);
+        memcpy(dir, path, dlen);
+        dir[dlen] = '\0';
+    }
+    rc = tsr_file_fsync_dir(dir, err);
+    goto out_free;
+out_unlink:
+    unlink(tmp);
+out_free:
+    free(tmp);
+    free(dir);
+    return rc;
+}

@@ -14,7 +14,8 @@
  * or truncates a file with given contents and fsyncs it; tsr_file_replace writes a temp
  * file, fsyncs it, renames it over the target and fsyncs the directory, so a reader sees
  * the old contents or the new, never a mix, and the new survives a crash once it returns.
- * A tsr_file_writer writes a durable file in sequence through a fixed buffer.
+ * A tsr_file_writer writes a durable file in sequence through a fixed buffer, and
+ * tsr_file_replace_by replaces a file with what a writer wrote.
  *
  * Errors: TSR_ELIMIT above the caller's limit, TSR_ENOMEM, TSR_EIO for the rest (a missing
  * file included, unless the caller asks for TSR_ENOTFOUND: a store tells "no such record"
@@ -77,5 +78,14 @@ int tsr_file_writer_add(tsr_file_writer *w, const void *p, size_t n, tsr_error *
 int tsr_file_writer_close(tsr_file_writer *w, tsr_error *err);
 /* Closes without writing the rest or syncing (a failed build); a closed writer is left. */
 void tsr_file_writer_abort(tsr_file_writer *w);
+
+/* Durable replace by a writer, for contents produced in sequence (an index file, an id
+ * map): write(ctx, w, err) adds them to a writer (buffer bufsize) on path + ".tmp", which
+ * is then fsynced, renamed over path and its directory fsynced, as tsr_file_replace does.
+ * On any failure the temp file is removed and path is untouched; returns 0 or the first
+ * error (write's own, TSR_ENOMEM or TSR_EIO). */
+int tsr_file_replace_by(const char *path, size_t bufsize,
+                        int (*write)(void *ctx, tsr_file_writer *w, tsr_error *err), void *ctx,
+                        tsr_error *err);
 
 #endif

@@ -66,6 +66,16 @@ char *tsr_xstrdup(const char *s)
     return tsr_xstrndup(s, strlen(s));
 }
 
+char *tsr_try_strndup(const char *s, size_t n)
+{
+    char *p = tsr_try_malloc(n + 1, 1); /* n + 1 overflows only at SIZE_MAX: NULL */
+    if (p != NULL) {
+        memcpy(p, s, n);
+        p[n] = '\0';
+    }
+    return p;
+}
+
 char *tsr_xstrndup(const char *s, size_t n)
 {
     char *p = tsr_xmalloc(n + 1);

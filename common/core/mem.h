@@ -22,6 +22,8 @@ static inline int tsr_mul_ok(size_t a, size_t b, size_t *out)
 void *tsr_try_malloc(size_t n, size_t size);
 void *tsr_try_calloc(size_t n, size_t size);
 void *tsr_try_realloc(void *p, size_t n, size_t size);
+/* A NUL-terminated copy of s[0..n) (s need not be terminated), or NULL. */
+char *tsr_try_strndup(const char *s, size_t n);
 
 /* Aborts with a message on failure; for program-determined sizes only. */
 void *tsr_xmalloc(size_t size);

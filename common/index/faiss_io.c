@@ -850,46 +850,15 @@ int tsr_faiss_write_to(const tsr_ivfpq *ix, tsr_file_writer *w, tsr_error *err)
     return s.failed ? (w->rc ? w->rc : TSR_EIO) : 0;
 }
 
+static int write_index(void *ix, tsr_file_writer *w, tsr_error *err)
+{
+    return tsr_faiss_write_to(ix, w, err);
+}
+
 int tsr_faiss_write_file(const tsr_ivfpq *ix, const char *path, tsr_error *err)
 {
     int rc = validate(ix, err);
     if (rc != 0)
         return rc;
-    size_t plen = strlen(path);
-    char *tmp = tsr_try_malloc(plen + 5, 1);
-    if (tmp == NULL)
-        return tsr_err(err, TSR_ENOMEM, "out of memory");
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-    tsr_file_writer w;
-    if ((rc = tsr_file_writer_open(&w, tmp, (size_t)1 << 20, err)) != 0 ||
-        (rc = tsr_faiss_write_to(ix, &w, err)) != 0) {
-        tsr_file_writer_abort(&w);
-        goto out_unlink;
-    }
-    if ((rc = tsr_file_writer_close(&w, err)) != 0) /* written and fsynced */
-        goto out_unlink;
-    if (rename(tmp, path) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: rename to %s: %s", tmp, path, strerror(errno));
-        goto out_unlink;
-    }
-    /* Make the rename durable: fsync the directory holding path. */
-    char *slash = strrchr(tmp, '/');
-    if (slash == tmp)
-        tmp[1] = '\0';
-    else if (slash != NULL)
-        *slash = '\0';
-    else
-        memcpy(tmp, ".", 2);
-    int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        (void)fsync(dfd);
-        close(dfd);
-    }
-    goto out_free;
-out_unlink:
-    unlink(tmp);
-out_free:
-    free(tmp);
-    return rc;
+    return tsr_file_replace_by(path, (size_t)1 << 20, write_index, (void *)ix, err);
 }

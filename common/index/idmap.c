@@ -14,46 +14,36 @@
 #include "core/file.h"
 #include "core/mem.h"
 
+typedef struct idlist {
+    char *const *ids;
+    size_t n;
+} idlist;
+
+/* One id a line, with '\\', '\n' and '\r' escaped. */
+static int write_ids(void *ctx, tsr_file_writer *w, tsr_error *err)
+{
+    const idlist *l = ctx;
+    for (size_t i = 0; i < l->n; i++) {
+        const char *s = l->ids[i];
+        for (;;) {
+            size_t run = strcspn(s, "\\\n\r");
+            tsr_file_writer_add(w, s, run, err);
+            s += run;
+            if (*s == '\0')
+                break;
+            const char esc[2] = {'\\', *s == '\\' ? '\\' : *s == '\n' ? 'n' : 'r'};
+            tsr_file_writer_add(w, esc, 2, err);
+            s++;
+        }
+        tsr_file_writer_add(w, "\n", 1, err);
+    }
+    return w->rc; /* the writer keeps the first error */
+}
+
 int tsr_idmap_write(const char *path, char *const *ids, size_t n, tsr_error *err)
 {
-    size_t pl = strlen(path);
-    char *tmp = tsr_try_malloc(pl + 5, 1);
-    if (tmp == NULL)
-        return tsr_err(err, TSR_ENOMEM, "out of memory");
-    memcpy(tmp, path, pl);
-    memcpy(tmp + pl, ".tmp", 5);
-    int rc = 0;
-    FILE *f = fopen(tmp, "wb");
-    if (f == NULL) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        for (const char *s = ids[i]; *s; s++) {
-            if (*s == '\\')
-                fputs("\\\\", f);
-            else if (*s == '\n')
-                fputs("\\n", f);
-            else if (*s == '\r')
-                fputs("\\r", f);
-            else
-                fputc(*s, f);
-        }
-        fputc('\n', f);
-    }
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: write failed: %s", tmp, strerror(errno));
-        fclose(f);
-        unlink(tmp);
-        goto done;
-    }
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        rc = tsr_err(err, TSR_EIO, "%s: cannot write: %s", path, strerror(errno));
-        unlink(tmp);
-    }
-done:
-    free(tmp);
-    return rc;
+    idlist l = {ids, n};
+    return tsr_file_replace_by(path, (size_t)1 << 20, write_ids, &l, err);
 }
 
 void tsr_idmap_free(char **ids, size_t n)

@@ -43,15 +43,12 @@ void tsr__ivfpq_search_cache_free(tsr_ivfpq *ix);
 #define TSR__SCAN_PREFETCH 12
 
 /* ---- 8-bit scan kernels ------------------------------------------------------------
- * out[i] = base + (term ? term[i] : 0) + sum_m T[m * 256 + codes[i * M + m]], i < n. */
-typedef void (*tsr__scan8_fn)(const float *T, size_t M, const uint8_t *codes, size_t n,
-                              const float *term, float base, float *out);
-void tsr__scan8_scalar(const float *T, size_t M, const uint8_t *codes, size_t n,
-                       const float *term, float base, float *out);
-void tsr__scan8_avx2(const float *T, size_t M, const uint8_t *codes, size_t n,
-                     const float *term, float base, float *out);
-void tsr__scan8_avx512(const float *T, size_t M, const uint8_t *codes, size_t n,
-                       const float *term, float base, float *out);
+ * out[i] = base + (term ? term[i] : 0) + sum_m T[m * 256 + codes[i * M + m]], i < n.
+ * Every kernel is declared with the one signature (its definition spells it out). */
+typedef void tsr__scan8_kernel(const float *T, size_t M, const uint8_t *codes, size_t n,
+                               const float *term, float base, float *out);
+typedef tsr__scan8_kernel *tsr__scan8_fn;
+tsr__scan8_kernel tsr__scan8_scalar, tsr__scan8_avx2, tsr__scan8_avx512;
 
 /* Any nbits (sub-codes unpacked with the Faiss bit order; T is M x ksub):
  * out[i] = base + (term ? term[i] : 0) + sum_m T[m * ksub + code_m], i < n. */
@@ -67,23 +64,19 @@ void tsr__scan_generic(const float *T, const tsr_pq *pq, const uint8_t *codes, s
  * mask of codes i < n (n <= TSR__FBLOCK) with !(lb_i > lim); lb (NULL or n floats) gets
  * the bounds. Both kernels return bit-identical masks and bounds. */
 #define TSR__FBLOCK 64
-typedef uint64_t (*tsr__filter8_fn)(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
+typedef uint64_t tsr__filter_kernel(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
                                     const float *term, float base, float qmin, float delta,
                                     float lim, float *lb);
-uint64_t tsr__filter8_scalar(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
-                             const float *term, float base, float qmin, float delta,
-                             float lim, float *lb);
-uint64_t tsr__filter8_avx512(const uint8_t *Tq, size_t M, const uint8_t *blk, size_t n,
-                             const float *term, float base, float qmin, float delta,
-                             float lim, float *lb);
+typedef tsr__filter_kernel *tsr__filter8_fn;
+/* The scalar and the AVX-512 VBMI 8-bit kernels (all the filter kernels below, the group
+ * kernels of the nibble stage included, are declared with this one signature). */
+tsr__filter_kernel tsr__filter8_scalar, tsr__filter8_avx512;
 /* 1 when the CPU runs tsr__filter8_avx512 (AVX-512 F, BW and VBMI). */
 int tsr__filter8_avx512_supported(void);
 /* The AVX2 form (VPSHUFB, ivfpq_search_avx2.c): the same masks and bounds, but it reads
  * the table in its own layout: Tp = Tq after tsr__filter8_prep_avx2(Tq, M) (in place,
  * once per query). */
-uint64_t tsr__filter8_avx2(const uint8_t *Tp, size_t M, const uint8_t *blk, size_t n,
-                           const float *term, float base, float qmin, float delta,
-                           float lim, float *lb);
+tsr__filter_kernel tsr__filter8_avx2;
 void tsr__filter8_prep_avx2(uint8_t *Tq, size_t M);
 /* 1 when the CPU runs tsr__filter8_avx2 (AVX2). */
 int tsr__filter8_avx2_supported(void);
@@ -113,21 +106,11 @@ void tsr__ranks_unref(tsr__ranks *r);
 const uint8_t *tsr__ranks_rank(const tsr__ranks *r);
 const uint8_t *tsr__ranks_unrank(const tsr__ranks *r);
 void tsr__nibble_table(const uint8_t *Tq, size_t M, uint8_t *Tg);
-uint64_t tsr__filter4_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
-                             const float *term, float base, float qmin, float delta,
-                             float lim, float *lb);
-uint64_t tsr__filter4_avx2(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
-                           const float *term, float base, float qmin, float delta,
-                           float lim, float *lb);
+tsr__filter_kernel tsr__filter4_scalar, tsr__filter4_avx2;
 /* The same with groups of 4 ranks (the top 6 bits: Tg is M x 64 bytes), for AVX-512 VBMI,
  * where one VPERMB looks 64 codes up in a 64-entry row (the 8-bit kernel: two VPERMT2B
  * and a blend over four table loads); a tighter bound than groups of 16. */
-uint64_t tsr__filter6_scalar(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
-                             const float *term, float base, float qmin, float delta,
-                             float lim, float *lb);
-uint64_t tsr__filter6_avx512(const uint8_t *Tg, size_t M, const uint8_t *blk, size_t n,
-                             const float *term, float base, float qmin, float delta,
-                             float lim, float *lb);
+tsr__filter_kernel tsr__filter6_scalar, tsr__filter6_avx512;
 /* The group table of group kernel fn (a filter4 or filter6 kernel) from Tq: M x 16 or
  * M x 64 bytes (callers size Tg M x 64). */
 void tsr__group_table(tsr__filter8_fn fn, const uint8_t *Tq, size_t M, uint8_t *Tg);

@@ -99,11 +99,7 @@ enum tsr_num_op {
 typedef struct tsr_numeric_query {
     const char *ns; /* borrowed, NUL-terminated */
     enum tsr_num_type type;
-    union {
-        int64_t i;
-        float f;
-        double d;
-    } v;
+    tsr_num v;
     enum tsr_num_op op;
 } tsr_numeric_query;
 

@@ -2,7 +2,8 @@
  * test_file — the one whole-file reader and the durable writers: contents and the NUL after
  * them, an empty file, a file over the caller's limit (refused before allocating), a FIFO
  * (refused at once, not waited on: alarm() turns a hang into a failure), a directory, a
- * missing file (TSR_EIO, or TSR_ENOTFOUND when asked), write_sync and replace; the
+ * missing file (TSR_EIO, or TSR_ENOTFOUND when asked), write_sync, replace and
+ * replace_by (a writer's failure leaves the target and no temp file); the
  * buffered writer: pieces of every size through a 7-byte buffer give the same bytes, a
  * path that cannot be created is an error naming it that later adds and close return.
  */
@@ -177,6 +178,18 @@ static void test_missing(void **state)
     assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, NULL), TSR_EIO); /* err optional */
 }
 
+/* The file at p holds exactly the string want. */
+static void expect_contents(const char *p, const char *want)
+{
+    char *buf;
+    size_t len;
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
+    assert_int_equal(len, strlen(want));
+    assert_string_equal(buf, want);
+    free(buf);
+}
+
 static void test_replace(void **state)
 {
     (void)state;
@@ -186,20 +199,49 @@ static void test_replace(void **state)
     tsr_error err = TSR_ERROR_INIT;
     assert_int_equal(tsr_file_replace(p, tmp, dir, "one", 3, &err), 0);
     assert_int_equal(tsr_file_replace(p, tmp, dir, "two!", 4, &err), 0);
-    char *buf;
-    size_t len;
-    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
-    assert_string_equal(buf, "two!");
-    free(buf);
+    expect_contents(p, "two!");
     assert_int_equal(access(tmp, F_OK), -1); /* renamed away */
     /* a temp path that cannot be created: the target stays as it was */
     char bad[700];
     snprintf(bad, sizeof bad, "%s/no-such-dir/r.tmp", dir);
     assert_int_equal(tsr_file_replace(p, bad, dir, "three", 5, &err), TSR_EIO);
     assert_non_null(strstr(err.msg, bad));
-    assert_int_equal(tsr_file_read(p, 100, 0, &buf, &len, &err), 0);
-    assert_string_equal(buf, "two!");
-    free(buf);
+    expect_contents(p, "two!");
+}
+
+/* What replace_by's writer callback adds: ctx = the text; "FAIL" = an error after
+ * adding part of it. */
+static int add_text(void *ctx, tsr_file_writer *w, tsr_error *err)
+{
+    const char *s = ctx;
+    if (tsr_file_writer_add(w, s, strlen(s), err) != 0)
+        return w->rc;
+    if (strcmp(s, "FAIL") == 0)
+        return tsr_err(err, TSR_EFORMAT, "made to fail");
+    return 0;
+}
+
+static void test_replace_by(void **state)
+{
+    (void)state;
+    char p[600], tmp[600];
+    path_in(p, sizeof p, "rb");
+    path_in(tmp, sizeof tmp, "rb.tmp");
+    tsr_error err = TSR_ERROR_INIT;
+    assert_int_equal(tsr_file_replace_by(p, 3, add_text, "first", &err), 0);
+    assert_int_equal(tsr_file_replace_by(p, 3, add_text, "second", &err), 0);
+    expect_contents(p, "second");
+    assert_int_equal(access(tmp, F_OK), -1); /* renamed away */
+    /* the writer fails: the target stays as it was and the temp file is gone */
+    assert_int_equal(tsr_file_replace_by(p, 3, add_text, "FAIL", &err), TSR_EFORMAT);
+    assert_string_equal(err.msg, "made to fail");
+    assert_int_equal(access(tmp, F_OK), -1);
+    expect_contents(p, "second");
+    /* a path in no directory: an error naming the temp file */
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s/no-such-dir/rb", dir);
+    assert_int_equal(tsr_file_replace_by(bad, 3, add_text, "x", &err), TSR_EIO);
+    assert_non_null(strstr(err.msg, "no-such-dir/rb.tmp"));
 }
 
 int main(void)
@@ -212,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_fifo_and_dir),
         cmocka_unit_test(test_missing),
         cmocka_unit_test(test_replace),
+        cmocka_unit_test(test_replace_by),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
