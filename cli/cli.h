@@ -162,6 +162,12 @@ typedef struct tsr_cli_targets tsr_cli_targets;
 tsr_cli_targets *tsr_cli_targets_open(const char *prog, const char *list, const tsr_cli_tls *t,
                                       int *code);
 void tsr_cli_targets_close(tsr_cli_targets *t); /* accepts NULL */
+/* (cmd_online.c) For `--target ADDR [TLS and token flags] [--] ID...` (read, remove):
+ * parses the flags, the ids go to argv[1..*nids] (at least one), and opens the targets.
+ * NULL with the exit code in *code after --help (0), a usage error (2, also for no ID) or
+ * a failure to open (tsr_cli_targets_open's 1 or 2). */
+tsr_cli_targets *tsr_cli_open_ids(const char *prog, void (*usage)(FILE *), int argc,
+                                  char **argv, int *nids, int *code);
 /* The target the next call starts on: the last one that answered (borrowed). */
 const char *tsr_cli_targets_current(const tsr_cli_targets *t);
 size_t tsr_cli_targets_count(const tsr_cli_targets *t);

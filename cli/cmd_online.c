@@ -222,6 +222,29 @@ int tsr_cli_parse_flags(const char *prog, const tsr_cmdline_opt *opts, size_t n,
     return tsr_cmdline_parse_spec(&spec, argc, argv, nargs, &code) ? code : -1;
 }
 
+tsr_cli_targets *tsr_cli_open_ids(const char *prog, void (*usage)(FILE *), int argc,
+                                  char **argv, int *nids, int *code)
+{
+    const char *target = NULL;
+    tsr_cli_tls tls = {0};
+    const tsr_cmdline_opt opts[] = {
+        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
+        TSR_CLI_TLS_OPTS(tls),
+    };
+    *nids = 0;
+    *code = tsr_cli_parse_flags(prog, opts, sizeof opts / sizeof opts[0], usage, -1, argc, argv,
+                                nids);
+    if (*code >= 0)
+        return NULL;
+    if (*nids == 0) {
+        fprintf(stderr, "%s: expected at least one ID (see '%s --help')\n", prog, prog);
+        *code = 2;
+        return NULL;
+    }
+    *code = 1;
+    return tsr_cli_targets_open(prog, target, &tls, code);
+}
+
 /* ------------------------------------------------------------------ datapoint JSON */
 
 static json_t *float_array(const float *v, size_t n)
@@ -925,22 +948,8 @@ static void read_usage(FILE *f)
 
 int tsr_cmd_read(int argc, char **argv)
 {
-    const char *target = NULL;
-    tsr_cli_tls tls = {0};
-    const tsr_cmdline_opt opts[] = {
-        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
-        TSR_CLI_TLS_OPTS(tls),
-    };
-    int nids = 0, code = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0], read_usage, -1,
-                                     argc, argv, &nids);
-    if (code >= 0)
-        return code;
-    if (nids == 0) {
-        fprintf(stderr, PROG ": expected at least one ID (see '" PROG " --help')\n");
-        return 2;
-    }
-    int rc = 1;
-    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
+    int nids, rc;
+    tsr_cli_targets *ch = tsr_cli_open_ids(PROG, read_usage, argc, argv, &nids, &rc);
     if (ch == NULL)
         return rc;
     Tessera__V1__ReadIndexDatapointsRequest req = TESSERA__V1__READ_INDEX_DATAPOINTS_REQUEST__INIT;

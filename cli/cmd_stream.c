@@ -272,22 +272,8 @@ static void remove_usage(FILE *f)
 
 int tsr_cmd_remove(int argc, char **argv)
 {
-    const char *target = NULL;
-    tsr_cli_tls tls = {0};
-    const tsr_cmdline_opt opts[] = {
-        {"--target", TSR_CMDLINE_STR, &target, 0, 0, 1},
-        TSR_CLI_TLS_OPTS(tls),
-    };
-    int nids = 0, code = tsr_cli_parse_flags(PROG, opts, sizeof opts / sizeof opts[0],
-                                             remove_usage, -1, argc, argv, &nids);
-    if (code >= 0)
-        return code;
-    if (nids == 0) {
-        fprintf(stderr, PROG ": expected at least one ID (see '" PROG " --help')\n");
-        return 2;
-    }
-    int rc = 1;
-    tsr_cli_targets *ch = tsr_cli_targets_open(PROG, target, &tls, &rc);
+    int nids, rc;
+    tsr_cli_targets *ch = tsr_cli_open_ids(PROG, remove_usage, argc, argv, &nids, &rc);
     if (ch == NULL)
         return rc;
     int64_t removed = 0, unknown = 0, version = 0, seq = 0;

@@ -165,6 +165,13 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
                              const char *skip, int64_t timeout_ms,
                              const ProtobufCMessageDescriptor *rdesc, ProtobufCMessage **resps,
                              tsr_error *err);
+
+/* The packed shard request what ("Prepare", "Commit", "Abort" or "Release") for version
+ * (Release: below_version), fenced by the current leader term; cpu_pct is Prepare's
+ * build_cpu_percent. Free it. */
+uint8_t *tsr__coord_pack_version(tsr__coord *c, const char *what, int64_t version,
+                                 uint32_t cpu_pct, size_t *len);
+
 /* Registers the /metrics collector (once per process). */
 void tsr__coord_metrics_register(tsr__coord *c);
 

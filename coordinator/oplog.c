@@ -103,13 +103,9 @@ void tsr__coord_ops_close(tsr__coord *c)
     c->nops = 0;
 }
 
-void tsr__op_to_pb(const tsr__op *op, int state, Tessera__V1__Operation *o,
-                   Tessera__V1__OperationProgress *pg)
+void tsr__op_progress_to_pb(const tsr__op *op, Tessera__V1__OperationProgress *pg)
 {
-    tessera__v1__operation__init(o);
     tessera__v1__operation_progress__init(pg);
-    o->operation_id = (char *)op->id;
-    o->state = (Tessera__V1__Operation__State)state;
     pg->files_total = op->files_total;
     pg->files_read = op->files_read;
     pg->records_read = op->records_read;
@@ -121,6 +117,15 @@ void tsr__op_to_pb(const tsr__op *op, int state, Tessera__V1__Operation *o,
     pg->lists_moved = op->lists_moved;
     pg->datapoints_moved = op->datapoints_moved;
     pg->bytes_moved = op->bytes_moved;
+}
+
+void tsr__op_to_pb(const tsr__op *op, int state, Tessera__V1__Operation *o,
+                   Tessera__V1__OperationProgress *pg)
+{
+    tessera__v1__operation__init(o);
+    o->operation_id = (char *)op->id;
+    o->state = (Tessera__V1__Operation__State)state;
+    tsr__op_progress_to_pb(op, pg);
     o->progress = pg;
     o->report_json = op->report_json ? op->report_json : (char *)"";
     o->report = op->report_pb ? tessera__v1__batch_report__unpack(NULL, op->report_len,

@@ -45,6 +45,9 @@ typedef struct tsr__op {
 
 void tsr__op_free(tsr__op *op); /* accepts NULL */
 
+/* op's progress into *pg (GetOperation, GetIndexStats' last operation). Caller holds op_mu. */
+void tsr__op_progress_to_pb(const tsr__op *op, Tessera__V1__OperationProgress *pg);
+
 /* The GetOperation answer for op as being in `state` into *o (its progress in *pg, strings
  * borrowed from op; o->report, when set, is new: the caller frees it with
  * tessera__v1__batch_report__free_unpacked). Caller holds op_mu. */

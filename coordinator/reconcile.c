@@ -73,24 +73,8 @@ static int call_version(tsr__coord *c, size_t k, const char *what, int64_t v)
 {
     char method[64];
     snprintf(method, sizeof method, TSR_SHARD_SVC "%s", what);
-    uint8_t *buf;
     size_t len;
-    if (strcmp(what, "Commit") == 0) {
-        Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
-        m.version = v;
-        m.leader_term = tsr__coord_term(c);
-        buf = tsr_rpc_pack(&m.base, &len);
-    } else if (strcmp(what, "Abort") == 0) {
-        Tessera__V1__AbortRequest m = TESSERA__V1__ABORT_REQUEST__INIT;
-        m.version = v;
-        m.leader_term = tsr__coord_term(c);
-        buf = tsr_rpc_pack(&m.base, &len);
-    } else {
-        Tessera__V1__ReleaseRequest m = TESSERA__V1__RELEASE_REQUEST__INIT;
-        m.below_version = v;
-        m.leader_term = tsr__coord_term(c);
-        buf = tsr_rpc_pack(&m.base, &len);
-    }
+    uint8_t *buf = tsr__coord_pack_version(c, what, v, 0, &len);
     const tsr__replica *r = &c->rep[k];
     tsr_rpc_result res;
     tsr_rpc_result_init(&res);
@@ -408,10 +392,7 @@ int tsr__coord_reconcile_once(tsr__coord *c)
 static void release_all(tsr__coord *c, int64_t below)
 {
     size_t S = c->cfg.nshards, len = 0;
-    Tessera__V1__ReleaseRequest m = TESSERA__V1__RELEASE_REQUEST__INIT;
-    m.below_version = below;
-    m.leader_term = tsr__coord_term(c);
-    uint8_t *one = tsr_rpc_pack(&m.base, &len);
+    uint8_t *one = tsr__coord_pack_version(c, "Release", below, 0, &len);
     uint8_t **bufs = tsr_xcalloc(S ? S : 1, sizeof *bufs);
     size_t *lens = tsr_xcalloc(S ? S : 1, sizeof *lens);
     for (size_t s = 0; s < S; s++) {

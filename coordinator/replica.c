@@ -728,6 +728,34 @@ size_t tsr__coord_all_fanout(tsr__coord *c, const char *method, uint8_t **bufs, 
     return bad;
 }
 
+uint8_t *tsr__coord_pack_version(tsr__coord *c, const char *what, int64_t version,
+                                 uint32_t cpu_pct, size_t *len)
+{
+    if (strcmp(what, "Prepare") == 0) {
+        Tessera__V1__PrepareRequest m = TESSERA__V1__PREPARE_REQUEST__INIT;
+        m.version = version;
+        m.leader_term = tsr__coord_term(c);
+        m.build_cpu_percent = cpu_pct;
+        return tsr_rpc_pack(&m.base, len);
+    }
+    if (strcmp(what, "Commit") == 0) {
+        Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
+        m.version = version;
+        m.leader_term = tsr__coord_term(c);
+        return tsr_rpc_pack(&m.base, len);
+    }
+    if (strcmp(what, "Abort") == 0) {
+        Tessera__V1__AbortRequest m = TESSERA__V1__ABORT_REQUEST__INIT;
+        m.version = version;
+        m.leader_term = tsr__coord_term(c);
+        return tsr_rpc_pack(&m.base, len);
+    }
+    Tessera__V1__ReleaseRequest m = TESSERA__V1__RELEASE_REQUEST__INIT;
+    m.below_version = version;
+    m.leader_term = tsr__coord_term(c);
+    return tsr_rpc_pack(&m.base, len);
+}
+
 /* ---------------------------------------------------------------- metrics */
 
 static pthread_mutex_t coll_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -217,29 +217,7 @@ int tsr__reshard_start(tsr__coord *c, char *const *addrs, size_t n, int64_t rm,
     else
         snprintf(what, sizeof what, "(reshard: remove group %lld)", (long long)rm);
     *group = n ? (uint32_t)c->cfg.nshards : (uint32_t)rm;
-    if (c->upd_thread_live) {
-        pthread_join(c->upd_thread, NULL);
-        c->upd_thread_live = 0;
-    }
-    tsr__op *op = tsr_xcalloc(1, sizeof *op);
-    snprintf(op->id, sizeof op->id, "op-%llu-%lld", (unsigned long long)++c->op_seq,
-             (long long)(tsr_clock_wall_ms() % 1000000));
-    op->state = TESSERA__V1__OPERATION__STATE__PENDING;
-    op->batch_root = tsr_xstrdup(what);
-    op->start_ms = tsr_clock_wall_ms();
-    op->shards_total = (int)c->cfg.nshards;
-    if (c->nops == TSR__OP_MAX_KEPT) {
-        tsr__oplog_forget(c, c->ops[0]);
-        tsr__op_free(c->ops[0]);
-        memmove(c->ops, c->ops + 1, (c->nops - 1) * sizeof *c->ops);
-        c->nops--;
-    }
-    c->ops = tsr_xrealloc(c->ops, (c->nops + 1) * sizeof *c->ops);
-    c->ops[c->nops++] = op;
-    c->busy = 1;
-    tsr_error serr = TSR_ERROR_INIT;
-    if (tsr__oplog_save(c, op, 0, 1, &serr))
-        tsr_warn("reshard %s: cannot write its operation record: %s", op->id, serr.msg);
+    tsr__op *op = tsr__op_begin(c, what);
     rs_arg *a = tsr_xcalloc(1, sizeof *a);
     a->c = c;
     a->op = op;
@@ -248,16 +226,11 @@ int tsr__reshard_start(tsr__coord *c, char *const *addrs, size_t n, int64_t rm,
     a->addrs = tsr_xcalloc(n + 1, sizeof *a->addrs);
     for (size_t i = 0; i < n; i++)
         a->addrs[i] = tsr_xstrdup(addrs[i]);
-    if (pthread_create(&c->upd_thread, NULL, reshard_main, a) != 0) {
+    if (tsr__op_launch(c, op, "reshard", reshard_main, a) != 0) {
         for (size_t i = 0; i < n; i++)
             free(a->addrs[i]);
         free(a->addrs);
         free(a);
-        c->busy = 0;
-        op->state = TESSERA__V1__OPERATION__STATE__FAILED;
-        op->error = tsr_xstrdup("cannot start the update thread");
-    } else {
-        c->upd_thread_live = 1;
     }
     snprintf(id, cap, "%s", op->id);
     tsr_info("reshard %s: %s", op->id, what);

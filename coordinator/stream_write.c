@@ -158,10 +158,12 @@ static int reply_of(const tsr__sreq *q, tsr_rpc_reply *r)
     return q->code == TSR_RPC_OK ? 0 : tsr_rpc_reply_error(r, q->code, "%s", q->msg);
 }
 
-/* Common checks of both entry points: the limit, an index. Returns a new snapshot ref or
- * NULL with the status on r (*rc). */
+/* Common checks of both entry points: a follower refuses, the limit, an index. Returns a
+ * new snapshot ref or NULL with the status on r (*rc). */
 static tsr__snap *precheck(tsr__coord *c, size_t n, const char *what, tsr_rpc_reply *r, int *rc)
 {
+    if ((*rc = tsr__coord_refuse_follower(c, r)))
+        return NULL;
     if (n > TSR__STREAM_MAX_PER_REQUEST) {
         *rc = tsr_rpc_reply_error(r, TSR_RPC_RESOURCE_EXHAUSTED, "%zu %s in one request, at "
                                   "most %d", n, what, TSR__STREAM_MAX_PER_REQUEST);
@@ -180,9 +182,7 @@ static tsr__snap *precheck(tsr__coord *c, size_t n, const char *what, tsr_rpc_re
 int tsr__coord_stream_upsert(tsr__coord *c, const Tessera__V1__UpsertDatapointsRequest *rq,
                              Tessera__V1__UpsertDatapointsResponse *resp, tsr_rpc_reply *r)
 {
-    int rc = tsr__coord_refuse_follower(c, r);
-    if (rc)
-        return rc;
+    int rc;
     tsr__snap *sn = precheck(c, rq->n_datapoints, "datapoints", r, &rc);
     if (!sn)
         return rc;
@@ -208,9 +208,7 @@ int tsr__coord_stream_upsert(tsr__coord *c, const Tessera__V1__UpsertDatapointsR
 int tsr__coord_stream_remove(tsr__coord *c, const Tessera__V1__RemoveDatapointsRequest *rq,
                              Tessera__V1__RemoveDatapointsResponse *resp, tsr_rpc_reply *r)
 {
-    int rc = tsr__coord_refuse_follower(c, r);
-    if (rc)
-        return rc;
+    int rc;
     tsr__snap *sn = precheck(c, rq->n_datapoint_ids, "datapoint_ids", r, &rc);
     if (!sn)
         return rc;

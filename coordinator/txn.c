@@ -38,6 +38,49 @@ static void op_save(tsr__coord *c, tsr__op *op, int state)
         tsr_warn("update %s: cannot write its operation record: %s", op->id, err.msg);
 }
 
+/* ---------------------------------------------------------------- starting an operation */
+
+tsr__op *tsr__op_begin(tsr__coord *c, const char *what)
+{
+    if (c->upd_thread_live) {
+        pthread_join(c->upd_thread, NULL); /* finished: busy is 0 */
+        c->upd_thread_live = 0;
+    }
+    tsr__op *op = tsr_xcalloc(1, sizeof *op);
+    snprintf(op->id, sizeof op->id, "op-%llu-%lld", (unsigned long long)++c->op_seq,
+             (long long)(tsr_clock_wall_ms() % 1000000));
+    op->state = TESSERA__V1__OPERATION__STATE__PENDING;
+    op->batch_root = tsr_xstrdup(what);
+    op->start_ms = tsr_clock_wall_ms();
+    op->shards_total = (int)c->cfg.nshards;
+    if (c->nops == TSR__OP_MAX_KEPT) { /* forget the oldest finished one */
+        tsr__oplog_forget(c, c->ops[0]);
+        tsr__op_free(c->ops[0]);
+        memmove(c->ops, c->ops + 1, (c->nops - 1) * sizeof *c->ops);
+        c->nops--;
+    }
+    c->ops = tsr_xrealloc(c->ops, (c->nops + 1) * sizeof *c->ops);
+    c->ops[c->nops++] = op;
+    c->busy = 1;
+    return op;
+}
+
+int tsr__op_launch(tsr__coord *c, tsr__op *op, const char *kind, void *(*fn)(void *),
+                   void *arg)
+{
+    tsr_error serr = TSR_ERROR_INIT;
+    if (tsr__oplog_save(c, op, 0, 1, &serr)) /* accepted = on disk (op_mu held: one fsync) */
+        tsr_warn("%s %s: cannot write its operation record: %s", kind, op->id, serr.msg);
+    if (pthread_create(&c->upd_thread, NULL, fn, arg) != 0) {
+        c->busy = 0;
+        op->state = TESSERA__V1__OPERATION__STATE__FAILED;
+        op->error = tsr_xstrdup("cannot start the update thread");
+        return -1;
+    }
+    c->upd_thread_live = 1;
+    return 0;
+}
+
 /* Adds a line to op's warnings (GetOperation, `tessera update`). */
 static void op_warn(tsr__coord *c, tsr__op *op, const char *w)
 {
@@ -97,27 +140,10 @@ static size_t fan_version(tsr__coord *c, const char *what, int64_t version, uint
     size_t S = c->cfg.nshards;
     uint8_t **bufs = tsr_xcalloc(S, sizeof *bufs);
     size_t *lens = tsr_xcalloc(S, sizeof *lens);
-    uint8_t *one = NULL;
     size_t len = 0;
     char method[64];
     snprintf(method, sizeof method, TSR_SHARD_SVC "%s", what);
-    if (strcmp(what, "Prepare") == 0) {
-        Tessera__V1__PrepareRequest m = TESSERA__V1__PREPARE_REQUEST__INIT;
-        m.version = version;
-        m.leader_term = tsr__coord_term(c);
-        m.build_cpu_percent = cpu_pct;
-        one = tsr_rpc_pack(&m.base, &len);
-    } else if (strcmp(what, "Commit") == 0) {
-        Tessera__V1__CommitRequest m = TESSERA__V1__COMMIT_REQUEST__INIT;
-        m.version = version;
-        m.leader_term = tsr__coord_term(c);
-        one = tsr_rpc_pack(&m.base, &len);
-    } else {
-        Tessera__V1__AbortRequest m = TESSERA__V1__ABORT_REQUEST__INIT;
-        m.version = version;
-        m.leader_term = tsr__coord_term(c);
-        one = tsr_rpc_pack(&m.base, &len);
-    }
+    uint8_t *one = tsr__coord_pack_version(c, what, version, cpu_pct, &len);
     for (size_t s = 0; s < S; s++) {
         bufs[s] = one;
         lens[s] = len;

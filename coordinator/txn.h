@@ -17,8 +17,9 @@
  * (reshard_move.c). It runs on the update thread, which holds update_mu throughout; the
  * engine freezes the stream (stream.h) where the planner's kind says. The operation's
  * progress is written under op_mu (ops.h).
- * Also the operation helpers the planners share (tsr__op_set, tsr__op_finish) and the
- * all-replica fan-out with update_min_replicas (tsr__txn_fan).
+ * Also the operation helpers the planners share (tsr__op_begin and tsr__op_launch to start
+ * one on the update thread, tsr__op_set, tsr__op_finish) and the all-replica fan-out with
+ * update_min_replicas (tsr__txn_fan).
  */
 #ifndef TSR_COORD_TXN_H
 #define TSR_COORD_TXN_H
@@ -71,6 +72,19 @@ void tsr__op_set(tsr__coord *c, tsr__op *op, int state);
 /* Ends the operation; code is the TSR error code of a failure (for the metrics). */
 void tsr__op_finish(tsr__coord *c, tsr__op *op, int state, const char *error, int64_t version,
                     int code);
+
+/* A new operation for the update thread, with op_mu held and the coordinator neither busy
+ * nor closing: joins the previous update thread (finished, as busy is 0), adds a PENDING
+ * operation whose batch_root is what to the kept table (forgetting the oldest when it is
+ * full) and marks the coordinator busy. The caller sets its own fields of the operation,
+ * then calls tsr__op_launch. */
+tsr__op *tsr__op_begin(tsr__coord *c, const char *what);
+
+/* Writes op's record (accepted = on disk; a failure is logged as "<kind> <id>: ...") and
+ * runs fn(arg) on the update thread; op_mu held. -1 when the thread cannot start: op is
+ * FAILED, the coordinator no longer busy, and arg is still the caller's to free. */
+int tsr__op_launch(tsr__coord *c, tsr__op *op, const char *kind, void *(*fn)(void *),
+                   void *arg);
 
 /* Fan-out of one packed request per shard group (bufs[s] NULL = skip s) to every replica
  * of the group. Returns the number of failed replica calls; the first failure's message

@@ -294,44 +294,17 @@ int tsr__coord_update_start(tsr__coord *c, const char *batch_root, int overwrite
 static void op_start(tsr__coord *c, const char *batch_root, char *root, const char *within,
                      int overwrite, int32_t max_invalid, char *id, size_t cap)
 {
-    if (c->upd_thread_live) {
-        pthread_join(c->upd_thread, NULL); /* finished: busy is 0 */
-        c->upd_thread_live = 0;
-    }
-    tsr__op *op = tsr_xcalloc(1, sizeof *op);
-    snprintf(op->id, sizeof op->id, "op-%llu-%lld", (unsigned long long)++c->op_seq,
-             (long long)(tsr_clock_wall_ms() % 1000000));
-    op->state = TESSERA__V1__OPERATION__STATE__PENDING;
-    op->batch_root = tsr_xstrdup(batch_root);
+    tsr__op *op = tsr__op_begin(c, batch_root);
     op->overwrite = overwrite;
     op->max_invalid = max_invalid;
-    op->start_ms = tsr_clock_wall_ms();
-    op->shards_total = (int)c->cfg.nshards;
-    if (c->nops == TSR__OP_MAX_KEPT) { /* forget the oldest finished one */
-        tsr__oplog_forget(c, c->ops[0]);
-        tsr__op_free(c->ops[0]);
-        memmove(c->ops, c->ops + 1, (c->nops - 1) * sizeof *c->ops);
-        c->nops--;
-    }
-    c->ops = tsr_xrealloc(c->ops, (c->nops + 1) * sizeof *c->ops);
-    c->ops[c->nops++] = op;
-    c->busy = 1;
-    tsr_error serr = TSR_ERROR_INIT;
-    if (tsr__oplog_save(c, op, 0, 1, &serr)) /* accepted = on disk (op_mu held: one fsync) */
-        tsr_warn("update %s: cannot write its operation record: %s", op->id, serr.msg);
     upd_arg *a = tsr_xmalloc(sizeof *a);
     a->c = c;
     a->op = op;
     a->root = root;
     a->confine = within;
-    if (pthread_create(&c->upd_thread, NULL, update_main, a) != 0) {
+    if (tsr__op_launch(c, op, "update", update_main, a) != 0) {
         free(a->root);
         free(a);
-        c->busy = 0;
-        op->state = TESSERA__V1__OPERATION__STATE__FAILED;
-        op->error = tsr_xstrdup("cannot start the update thread");
-    } else {
-        c->upd_thread_live = 1;
     }
     snprintf(id, cap, "%s", op->id);
     if (root)

@@ -779,6 +779,25 @@ out:
     return creds;
 }
 
+/* Frees what the server owns once its grpc server and queues are gone (a listen that
+ * failed in create, or destroy after shutdown), then its gRPC reference. */
+static void server_free(tsr_rpc_server *s)
+{
+    for (int i = 0; i < s->nmethods; i++)
+        free(s->methods[i].path);
+    free(s->workers);
+    free(s->slots);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->wq_mu);
+    pthread_cond_destroy(&s->wq_cv);
+    pthread_rwlock_destroy(&s->auth_mu);
+    tsr_rpc_tokens_free(s->tokens);
+    free(s->wrong_port_hint);
+    free(s);
+    grpc_shutdown();
+}
+
 tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *err)
 {
     tsr_rpc_server_opts def;
@@ -877,15 +896,7 @@ tsr_rpc_server *tsr_rpc_server_create(const tsr_rpc_server_opts *o, tsr_error *e
         grpc_server_destroy(s->server);
         for (int i = 0; i < s->nslots; i++)
             grpc_completion_queue_destroy(s->slots[i].cq);
-        free(s->slots);
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
-        pthread_mutex_destroy(&s->wq_mu);
-        pthread_cond_destroy(&s->wq_cv);
-        pthread_rwlock_destroy(&s->auth_mu);
-        free(s->wrong_port_hint);
-        free(s);
-        grpc_shutdown();
+        server_free(s);
         return NULL;
     }
     /* Health is built in; methods registered later cannot shadow it (duplicate check). */
@@ -1089,19 +1100,7 @@ void tsr_rpc_server_destroy(tsr_rpc_server *s)
     if (!s)
         return;
     tsr_rpc_server_shutdown(s);
-    for (int i = 0; i < s->nmethods; i++)
-        free(s->methods[i].path);
-    free(s->workers);
-    free(s->slots);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->wq_mu);
-    pthread_cond_destroy(&s->wq_cv);
-    pthread_rwlock_destroy(&s->auth_mu);
-    tsr_rpc_tokens_free(s->tokens);
-    free(s->wrong_port_hint);
-    free(s);
-    grpc_shutdown();
+    server_free(s);
 }
 
 /* ------------------------------------------------------------------------- reply -- */

@@ -18,6 +18,7 @@
 #include "tessera/v1/tessera.pb-c.h"
 
 typedef struct tsr__coord tsr__coord; /* coord.h */
+typedef struct arena tsr__arena;      /* arena.h */
 
 /* tessera_v1.c: the tessera.v1.VectorSearch methods as typed methods (net/rpc_typed.h;
  * app = the tsr__coord): ReadIndexDatapoints, GetIndexStats, UpdateIndex, GetOperation,
@@ -39,6 +40,15 @@ extern const size_t tsr__vertex_nmethods;
  * "" = no tag = 0): the number itself when the tag is a canonical decimal int64, else
  * FNV-1a 64 of the tag's bytes with the top bit cleared (docs/vertex-compat.md). */
 int64_t tsr__vertex_crowding_attribute(const char *tag);
+/* What a Vertex reply borrows (both Vertex APIs): its allocations (tsr__vertex_call_arena)
+ * and the core responses it was translated from (kept with tsr__vertex_keep_fn / _rd;
+ * NULL allowed), all freed after the reply is packed. tsr__vertex_call_new: the
+ * call's, NULL when out of memory. */
+typedef struct tsr__vertex_call tsr__vertex_call;
+tsr__vertex_call *tsr__vertex_call_new(tsr_rpc_ctx *ctx);
+tsr__arena *tsr__vertex_call_arena(tsr__vertex_call *k);
+void tsr__vertex_keep_fn(tsr__vertex_call *k, Tessera__V1__FindNeighborsResponse *r);
+void tsr__vertex_keep_rd(tsr__vertex_call *k, Tessera__V1__ReadIndexDatapointsResponse *r);
 /* 1 when s is the resource name "projects/P/locations/L/<kind>X" with non-empty segments
  * and nothing after X; kind is e.g. "indexEndpoints/" or "indexes/". */
 int tsr__vertex_resource_ok(const char *s, const char *kind);
@@ -58,19 +68,12 @@ extern const tsr_rpc_method tsr__vertex_v1_methods[];
 extern const size_t tsr__vertex_v1_nmethods;
 int tsr__vertex_v1_rpc_unimplemented(void *ctx, const uint8_t *req, size_t len,
                                      tsr_rpc_reply *r);
-/* The allocations of one v1 -> tessera.v1 translation (free with tsr__vertex_v1_pool_free;
- * start zeroed). */
-typedef struct tsr__v1_pool {
-    void **p;
-    size_t n, cap;
-} tsr__v1_pool;
-void tsr__vertex_v1_pool_free(tsr__v1_pool *a);
 /* The tessera.v1 IndexDatapoint for the v1 one g (same fields and numbers): it borrows every
  * string, array and the embedding_metadata of g (which must outlive it); its structs are
- * a's. Used for queries and for UpsertDatapoints' datapoints. */
+ * in a. Used for queries and for UpsertDatapoints' datapoints. */
 struct Google__Cloud__Aiplatform__V1__IndexDatapoint;
 Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(
-    tsr__v1_pool *a, const struct Google__Cloud__Aiplatform__V1__IndexDatapoint *g);
+    tsr__arena *a, const struct Google__Cloud__Aiplatform__V1__IndexDatapoint *g);
 
 /* vertex_v1_index.c: IndexService GetIndex (role query), UpdateIndex (admin) and
  * google.longrunning.Operations/GetOperation (query), UpsertDatapoints and

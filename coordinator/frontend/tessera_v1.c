@@ -122,20 +122,9 @@ static void stats_last_op(tsr__coord *c, tsr__arena *a, Tessera__V1__GetIndexSta
     const tsr__op *lop = c->nops ? c->ops[c->nops - 1] : NULL;
     if (lop) {
         Tessera__V1__OperationProgress *pg = tsr__ar(a, 1, sizeof *pg);
-        tessera__v1__operation_progress__init(pg);
         snprintf(opid, sizeof ((tsr__op *)0)->id, "%s", lop->id);
         out->last_operation_state = (Tessera__V1__Operation__State)lop->state;
-        pg->files_total = lop->files_total;
-        pg->files_read = lop->files_read;
-        pg->records_read = lop->records_read;
-        pg->shards_total = lop->shards_total;
-        pg->shards_staged = lop->shards_staged;
-        pg->shards_prepared = lop->shards_prepared;
-        pg->shards_committed = lop->shards_committed;
-        pg->lists_total = lop->lists_total;
-        pg->lists_moved = lop->lists_moved;
-        pg->datapoints_moved = lop->datapoints_moved;
-        pg->bytes_moved = lop->bytes_moved;
+        tsr__op_progress_to_pb(lop, pg);
         out->last_operation_progress = pg;
     }
     pthread_mutex_unlock(&c->op_mu);

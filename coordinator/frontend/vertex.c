@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
 #include "coord.h"
 #include "frontend.h"
 #include "google/cloud/aiplatform/container/v1/match_service.pb-c.h"
@@ -53,53 +54,54 @@ typedef Google__Cloud__Aiplatform__Container__V1__BatchGetEmbeddingsResponse vx_
 #define VX_MAX_INDEXES 1000
 #define VX_MAX_BATCH 10000
 
-/* ---------------------------------------------------------------- arena */
+/* ---------------------------------------------------------------- the call's storage */
 
-/* Everything one reply borrows: allocations and the core responses. */
-typedef struct vx_arena {
-    void **p;
-    size_t n, cap;
+struct tsr__vertex_call {
+    tsr__arena a;
     Tessera__V1__FindNeighborsResponse **fn;
     size_t nfn, capfn;
     Tessera__V1__ReadIndexDatapointsResponse **rd;
     size_t nrd, caprd;
-} vx_arena;
+};
 
-static void *ar(vx_arena *a, size_t n, size_t size)
+static void call_free(void *p)
 {
-    if (a->n == a->cap)
-        a->p = tsr_xrealloc(a->p, (a->cap = a->cap ? a->cap * 2 : 64) * sizeof *a->p);
-    void *x = tsr_xcalloc(n ? n : 1, size ? size : 1);
-    a->p[a->n++] = x;
-    return x;
+    tsr__vertex_call *k = p;
+    tsr__ar_free(&k->a);
+    for (size_t i = 0; i < k->nfn; i++)
+        tsr__coord_response_free(k->fn[i]);
+    for (size_t i = 0; i < k->nrd; i++)
+        tsr__coord_read_free(k->rd[i]);
+    free(k->fn);
+    free(k->rd);
+    free(k);
 }
 
-static void keep_fn(vx_arena *a, Tessera__V1__FindNeighborsResponse *r)
+tsr__vertex_call *tsr__vertex_call_new(tsr_rpc_ctx *ctx)
 {
-    if (a->nfn == a->capfn)
-        a->fn = tsr_xrealloc(a->fn, (a->capfn = a->capfn ? a->capfn * 2 : 8) * sizeof *a->fn);
-    a->fn[a->nfn++] = r;
+    tsr__vertex_call *k = tsr_try_calloc(1, sizeof *k);
+    if (k)
+        tsr_rpc_ctx_defer(ctx, call_free, k);
+    return k;
 }
 
-static void keep_rd(vx_arena *a, Tessera__V1__ReadIndexDatapointsResponse *r)
+tsr__arena *tsr__vertex_call_arena(tsr__vertex_call *k)
 {
-    if (a->nrd == a->caprd)
-        a->rd = tsr_xrealloc(a->rd, (a->caprd = a->caprd ? a->caprd * 2 : 8) * sizeof *a->rd);
-    a->rd[a->nrd++] = r;
+    return &k->a;
 }
 
-static void ar_free(vx_arena *a)
+void tsr__vertex_keep_fn(tsr__vertex_call *k, Tessera__V1__FindNeighborsResponse *r)
 {
-    for (size_t i = 0; i < a->n; i++)
-        free(a->p[i]);
-    for (size_t i = 0; i < a->nfn; i++)
-        tsr__coord_response_free(a->fn[i]);
-    for (size_t i = 0; i < a->nrd; i++)
-        tsr__coord_read_free(a->rd[i]);
-    free(a->p);
-    free(a->fn);
-    free(a->rd);
-    memset(a, 0, sizeof *a);
+    if (k->nfn == k->capfn)
+        k->fn = tsr_xrealloc(k->fn, (k->capfn = k->capfn ? k->capfn * 2 : 8) * sizeof *k->fn);
+    k->fn[k->nfn++] = r;
+}
+
+void tsr__vertex_keep_rd(tsr__vertex_call *k, Tessera__V1__ReadIndexDatapointsResponse *r)
+{
+    if (k->nrd == k->caprd)
+        k->rd = tsr_xrealloc(k->rd, (k->caprd = k->caprd ? k->caprd * 2 : 8) * sizeof *k->rd);
+    k->rd[k->nrd++] = r;
 }
 
 /* ---------------------------------------------------------------- crowding attribute */
@@ -245,11 +247,11 @@ static Tessera__V1__NumericRestriction__Operator map_op(int op)
 }
 
 /* Fills q (borrowing from m and from stored, the datapoint of embedding_id or NULL). */
-static void to_query(vx_arena *a, const vx_match_req *m, const Tessera__V1__IndexDatapoint *stored,
+static void to_query(tsr__arena *a, const vx_match_req *m, const Tessera__V1__IndexDatapoint *stored,
                      Tessera__V1__FindNeighborsRequest__Query *q)
 {
     tessera__v1__find_neighbors_request__query__init(q);
-    Tessera__V1__IndexDatapoint *dp = ar(a, 1, sizeof *dp);
+    Tessera__V1__IndexDatapoint *dp = tsr__ar(a, 1, sizeof *dp);
     tessera__v1__index_datapoint__init(dp);
     q->datapoint = dp;
     if (m->n_float_val) {
@@ -260,7 +262,7 @@ static void to_query(vx_arena *a, const vx_match_req *m, const Tessera__V1__Inde
         dp->n_feature_vector = stored->n_feature_vector;
     }
     if (m->sparse_embedding && m->sparse_embedding->n_float_val) {
-        Tessera__V1__SparseEmbedding *se = ar(a, 1, sizeof *se);
+        Tessera__V1__SparseEmbedding *se = tsr__ar(a, 1, sizeof *se);
         tessera__v1__sparse_embedding__init(se);
         se->values = m->sparse_embedding->float_val;
         se->n_values = m->sparse_embedding->n_float_val;
@@ -269,11 +271,11 @@ static void to_query(vx_arena *a, const vx_match_req *m, const Tessera__V1__Inde
         dp->sparse_embedding = se;
     }
     if (m->n_restricts) {
-        dp->restricts = ar(a, m->n_restricts, sizeof *dp->restricts);
+        dp->restricts = tsr__ar(a, m->n_restricts, sizeof *dp->restricts);
         dp->n_restricts = m->n_restricts;
         for (size_t j = 0; j < m->n_restricts; j++) {
             const vx_namespace *ns = m->restricts[j];
-            Tessera__V1__Restriction *r = ar(a, 1, sizeof *r);
+            Tessera__V1__Restriction *r = tsr__ar(a, 1, sizeof *r);
             tessera__v1__restriction__init(r);
             r->namespace_ = ns->name;
             r->allow_list = ns->allow_tokens;
@@ -284,11 +286,11 @@ static void to_query(vx_arena *a, const vx_match_req *m, const Tessera__V1__Inde
         }
     }
     if (m->n_numeric_restricts) {
-        dp->numeric_restricts = ar(a, m->n_numeric_restricts, sizeof *dp->numeric_restricts);
+        dp->numeric_restricts = tsr__ar(a, m->n_numeric_restricts, sizeof *dp->numeric_restricts);
         dp->n_numeric_restricts = m->n_numeric_restricts;
         for (size_t j = 0; j < m->n_numeric_restricts; j++) {
             const vx_numeric *n = m->numeric_restricts[j];
-            Tessera__V1__NumericRestriction *r = ar(a, 1, sizeof *r);
+            Tessera__V1__NumericRestriction *r = tsr__ar(a, 1, sizeof *r);
             tessera__v1__numeric_restriction__init(r);
             r->namespace_ = n->name;
             r->op = map_op(n->op);
@@ -321,7 +323,7 @@ static void to_query(vx_arena *a, const vx_match_req *m, const Tessera__V1__Inde
         q->fraction_leaf_nodes_to_search_override =
             m->leaf_nodes_to_search_percent_override / 100.0;
     if (m->ranking_case == GOOGLE__CLOUD__AIPLATFORM__CONTAINER__V1__MATCH_REQUEST__RANKING_RRF) {
-        Tessera__V1__FindNeighborsRequest__Query__RRF *rrf = ar(a, 1, sizeof *rrf);
+        Tessera__V1__FindNeighborsRequest__Query__RRF *rrf = tsr__ar(a, 1, sizeof *rrf);
         tessera__v1__find_neighbors_request__query__rrf__init(rrf);
         rrf->alpha = m->rrf ? m->rrf->alpha : 1.0f;
         q->ranking_case = TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF;
@@ -337,9 +339,9 @@ static const char *tag_of(const Tessera__V1__IndexDatapoint *dp)
 }
 
 /* An Embedding borrowing from dp. */
-static vx_embedding *to_embedding(vx_arena *a, const Tessera__V1__IndexDatapoint *dp)
+static vx_embedding *to_embedding(tsr__arena *a, const Tessera__V1__IndexDatapoint *dp)
 {
-    vx_embedding *e = ar(a, 1, sizeof *e);
+    vx_embedding *e = tsr__ar(a, 1, sizeof *e);
     VX(embedding__init)(e);
     e->id = dp->datapoint_id;
     e->float_val = dp->feature_vector;
@@ -347,7 +349,7 @@ static vx_embedding *to_embedding(vx_arena *a, const Tessera__V1__IndexDatapoint
     e->crowding_attribute = tsr__vertex_crowding_attribute(tag_of(dp));
     e->embedding_metadata = dp->embedding_metadata; /* the same google.protobuf.Struct */
     if (dp->sparse_embedding && dp->sparse_embedding->n_values) {
-        vx_sparse *s = ar(a, 1, sizeof *s);
+        vx_sparse *s = tsr__ar(a, 1, sizeof *s);
         VX(sparse_embedding__init)(s);
         s->float_val = dp->sparse_embedding->values;
         s->n_float_val = dp->sparse_embedding->n_values;
@@ -356,11 +358,11 @@ static vx_embedding *to_embedding(vx_arena *a, const Tessera__V1__IndexDatapoint
         e->sparse_embedding = s;
     }
     if (dp->n_restricts) {
-        e->restricts = ar(a, dp->n_restricts, sizeof *e->restricts);
+        e->restricts = tsr__ar(a, dp->n_restricts, sizeof *e->restricts);
         e->n_restricts = dp->n_restricts;
         for (size_t j = 0; j < dp->n_restricts; j++) {
             const Tessera__V1__Restriction *r = dp->restricts[j];
-            vx_namespace *ns = ar(a, 1, sizeof *ns);
+            vx_namespace *ns = tsr__ar(a, 1, sizeof *ns);
             VX(namespace__init)(ns);
             ns->name = r->namespace_;
             ns->allow_tokens = r->allow_list;
@@ -371,10 +373,10 @@ static vx_embedding *to_embedding(vx_arena *a, const Tessera__V1__IndexDatapoint
         }
     }
     if (dp->n_numeric_restricts) {
-        e->numeric_restricts = ar(a, dp->n_numeric_restricts, sizeof *e->numeric_restricts);
+        e->numeric_restricts = tsr__ar(a, dp->n_numeric_restricts, sizeof *e->numeric_restricts);
         for (size_t j = 0; j < dp->n_numeric_restricts; j++) {
             const Tessera__V1__NumericRestriction *r = dp->numeric_restricts[j];
-            vx_numeric *n = ar(a, 1, sizeof *n);
+            vx_numeric *n = tsr__ar(a, 1, sizeof *n);
             VX(numeric_namespace__init)(n);
             n->name = r->namespace_;
             if (r->value_case == TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_INT) {
@@ -393,20 +395,20 @@ static vx_embedding *to_embedding(vx_arena *a, const Tessera__V1__IndexDatapoint
     return e;
 }
 
-static vx_match_resp *to_match_resp(vx_arena *a,
+static vx_match_resp *to_match_resp(tsr__arena *a,
                                     const Tessera__V1__FindNeighborsResponse__NearestNeighbors *nn,
                                     int embeddings)
 {
-    vx_match_resp *mr = ar(a, 1, sizeof *mr);
+    vx_match_resp *mr = tsr__ar(a, 1, sizeof *mr);
     VX(match_response__init)(mr);
     size_t n = nn ? nn->n_neighbors : 0;
-    mr->neighbor = ar(a, n, sizeof *mr->neighbor);
+    mr->neighbor = tsr__ar(a, n, sizeof *mr->neighbor);
     mr->n_neighbor = n;
     if (embeddings)
-        mr->embeddings = ar(a, n, sizeof *mr->embeddings);
+        mr->embeddings = tsr__ar(a, n, sizeof *mr->embeddings);
     for (size_t t = 0; t < n; t++) {
         const Tessera__V1__FindNeighborsResponse__Neighbor *nb = nn->neighbors[t];
-        vx_neighbor *v = ar(a, 1, sizeof *v);
+        vx_neighbor *v = tsr__ar(a, 1, sizeof *v);
         VX(match_response__neighbor__init)(v);
         if (nb->datapoint)
             v->id = nb->datapoint->datapoint_id;
@@ -427,12 +429,13 @@ static int64_t remaining(tsr_rpc_reply *r)
     return tsr_rpc_reply_remaining_ms(r);
 }
 
-/* Answers n MatchRequests against the index: *out gets n MatchResponses (allocated in a,
- * borrowing from responses kept in a). prefix(i) names request i in messages: "" for
+/* Answers n MatchRequests against the index: *out gets n MatchResponses (allocated in call,
+ * borrowing from responses kept in call). prefix(i) names request i in messages: "" for
  * Match, "requests[k].requests[i]: " for BatchMatch (index k; k < 0 = Match). */
-static int answer(tsr__coord *c, vx_arena *a, const vx_match_req *const *ms, size_t n, long k,
-                  tsr_rpc_reply *r, vx_match_resp ***out, tsr_error *err)
+static int answer(tsr__coord *c, tsr__vertex_call *call, const vx_match_req *const *ms,
+                  size_t n, long k, tsr_rpc_reply *r, vx_match_resp ***out, tsr_error *err)
 {
+    tsr__arena *a = &call->a;
     char where[64] = "";
     for (size_t i = 0; i < n; i++) {
         if (k >= 0)
@@ -442,9 +445,9 @@ static int answer(tsr__coord *c, vx_arena *a, const vx_match_req *const *ms, siz
             return rc;
     }
     /* embedding_id: one read for every request that needs a stored vector */
-    const Tessera__V1__IndexDatapoint **stored = ar(a, n, sizeof *stored);
-    char **ids = ar(a, n, sizeof *ids);
-    size_t *who = ar(a, n, sizeof *who), nid = 0;
+    const Tessera__V1__IndexDatapoint **stored = tsr__ar(a, n, sizeof *stored);
+    char **ids = tsr__ar(a, n, sizeof *ids);
+    size_t *who = tsr__ar(a, n, sizeof *who), nid = 0;
     for (size_t i = 0; i < n; i++)
         if (ms[i]->n_float_val == 0 && ms[i]->embedding_id && ms[i]->embedding_id[0]) {
             who[nid] = i;
@@ -455,7 +458,7 @@ static int answer(tsr__coord *c, vx_arena *a, const vx_match_req *const *ms, siz
         int rc = tsr__coord_read(c, ids, nid, remaining(r), &rd, err);
         if (rc)
             return rc;
-        keep_rd(a, rd);
+        tsr__vertex_keep_rd(call, rd);
         /* found ids come back in request order, unknown ones omitted */
         size_t p = 0;
         for (size_t j = 0; j < nid; j++) {
@@ -472,15 +475,15 @@ static int answer(tsr__coord *c, vx_arena *a, const vx_match_req *const *ms, siz
                             where, ids[j]);
         }
     }
-    *out = ar(a, n, sizeof **out);
+    *out = tsr__ar(a, n, sizeof **out);
     size_t chunk = c->cfg.max_queries > 0 ? (size_t)c->cfg.max_queries : 1;
     for (size_t s = 0; s < n; s += chunk) {
         size_t m = n - s < chunk ? n - s : chunk;
         Tessera__V1__FindNeighborsRequest rq = TESSERA__V1__FIND_NEIGHBORS_REQUEST__INIT;
-        rq.queries = ar(a, m, sizeof *rq.queries);
+        rq.queries = tsr__ar(a, m, sizeof *rq.queries);
         rq.n_queries = m;
         for (size_t i = 0; i < m; i++) {
-            rq.queries[i] = ar(a, 1, sizeof **rq.queries);
+            rq.queries[i] = tsr__ar(a, 1, sizeof **rq.queries);
             to_query(a, ms[s + i], stored[s + i], rq.queries[i]);
             rq.return_full_datapoint |= ms[s + i]->embedding_enabled;
         }
@@ -492,7 +495,7 @@ static int answer(tsr__coord *c, vx_arena *a, const vx_match_req *const *ms, siz
         int rc = tsr__coord_find_neighbors(c, &rq, left, &fr, err);
         if (rc)
             return rc;
-        keep_fn(a, fr);
+        tsr__vertex_keep_fn(call, fr);
         for (size_t i = 0; i < m; i++)
             (*out)[s + i] = to_match_resp(a, i < fr->n_nearest_neighbors
                                                  ? fr->nearest_neighbors[i] : NULL,
@@ -503,32 +506,17 @@ static int answer(tsr__coord *c, vx_arena *a, const vx_match_req *const *ms, siz
 
 /* ---------------------------------------------------------------- handlers */
 
-static void call_arena_free(void *a)
-{
-    ar_free(a);
-    free(a);
-}
-
-/* The call's arena: what the reply borrows, freed after it is packed. NULL: out of memory. */
-static vx_arena *call_arena(tsr_rpc_ctx *ctx)
-{
-    vx_arena *a = tsr_try_calloc(1, sizeof *a);
-    if (a)
-        tsr_rpc_ctx_defer(ctx, call_arena_free, a);
-    return a;
-}
-
 TSR_RPC_HANDLER(h_match, vx_match_req, vx_match_resp)
 {
     (void)resp; /* answer() builds the response in the arena */
     tsr__coord *c = tsr_rpc_ctx_app(ctx);
-    vx_arena *a = call_arena(ctx);
-    if (!a)
+    tsr__vertex_call *call = tsr__vertex_call_new(ctx);
+    if (!call)
         return tsr_err(err, TSR_ELIMIT, "MatchRequest: out of memory");
     vx_match_resp **out = NULL;
     int rc = tsr__vertex_check_index(c, rq->deployed_index_id, "", err);
     if (!rc)
-        rc = answer(c, a, &rq, 1, -1, tsr_rpc_ctx_reply(ctx), &out, err);
+        rc = answer(c, call, &rq, 1, -1, tsr_rpc_ctx_reply(ctx), &out, err);
     return rc ? rc : tsr_rpc_ctx_set_resp(ctx, &out[0]->base, NULL);
 }
 
@@ -542,19 +530,20 @@ TSR_RPC_HANDLER(h_batch_match, vx_batch_req, vx_batch_resp)
         return tsr_err(err, TSR_EINVAL, "BatchMatchRequest: %zu indexes and %zu requests, at "
                        "most %d and %d per call", rq->n_requests, total, VX_MAX_INDEXES,
                        VX_MAX_BATCH);
-    vx_arena *a = call_arena(ctx);
-    if (!a)
+    tsr__vertex_call *call = tsr__vertex_call_new(ctx);
+    if (!call)
         return tsr_err(err, TSR_ELIMIT, "BatchMatchRequest: out of memory");
-    resp->responses = ar(a, rq->n_requests, sizeof *resp->responses);
+    tsr__arena *a = &call->a;
+    resp->responses = tsr__ar(a, rq->n_requests, sizeof *resp->responses);
     resp->n_responses = rq->n_requests;
     /* one entry per index, in order; a failing index gets its status and no responses,
      * the others are answered as usual */
     for (size_t k = 0; k < rq->n_requests; k++) {
         const vx_batch_req_idx *ix = rq->requests[k];
-        vx_batch_resp_idx *o = ar(a, 1, sizeof *o);
+        vx_batch_resp_idx *o = tsr__ar(a, 1, sizeof *o);
         VX(batch_match_response__batch_match_response_per_index__init)(o);
         o->deployed_index_id = ix->deployed_index_id;
-        Google__Rpc__Status *st = ar(a, 1, sizeof *st);
+        Google__Rpc__Status *st = tsr__ar(a, 1, sizeof *st);
         google__rpc__status__init(st);
         o->status = st;
         resp->responses[k] = o;
@@ -564,11 +553,11 @@ TSR_RPC_HANDLER(h_batch_match, vx_batch_req, vx_batch_resp)
         int rc = tsr__vertex_check_index(c, ix->deployed_index_id, where, &ierr);
         vx_match_resp **mr = NULL;
         if (!rc && ix->n_requests)
-            rc = answer(c, a, (const vx_match_req *const *)ix->requests, ix->n_requests,
+            rc = answer(c, call, (const vx_match_req *const *)ix->requests, ix->n_requests,
                         (long)k, tsr_rpc_ctx_reply(ctx), &mr, &ierr);
         if (rc) {
             st->code = tsr__coord_status_of(&ierr);
-            st->message = strcpy(ar(a, strlen(ierr.msg) + 1, 1), ierr.msg);
+            st->message = strcpy(tsr__ar(a, strlen(ierr.msg) + 1, 1), ierr.msg);
             continue;
         }
         o->responses = mr;
@@ -580,17 +569,18 @@ TSR_RPC_HANDLER(h_batch_match, vx_batch_req, vx_batch_resp)
 TSR_RPC_HANDLER(h_batch_get_embeddings, vx_get_req, vx_get_resp)
 {
     tsr__coord *c = tsr_rpc_ctx_app(ctx);
-    vx_arena *a = call_arena(ctx);
-    if (!a)
+    tsr__vertex_call *call = tsr__vertex_call_new(ctx);
+    if (!call)
         return tsr_err(err, TSR_ELIMIT, "BatchGetEmbeddingsRequest: out of memory");
+    tsr__arena *a = &call->a;
     int rc = tsr__vertex_check_index(c, rq->deployed_index_id, "", err);
     Tessera__V1__ReadIndexDatapointsResponse *rd = NULL;
     if (!rc)
         rc = tsr__coord_read(c, rq->id, rq->n_id, tsr_rpc_ctx_remaining_ms(ctx), &rd, err);
     if (rc)
         return rc;
-    keep_rd(a, rd);
-    resp->embeddings = ar(a, rd->n_datapoints, sizeof *resp->embeddings);
+    tsr__vertex_keep_rd(call, rd);
+    resp->embeddings = tsr__ar(a, rd->n_datapoints, sizeof *resp->embeddings);
     resp->n_embeddings = rd->n_datapoints;
     for (size_t i = 0; i < rd->n_datapoints; i++)
         resp->embeddings[i] = to_embedding(a, rd->datapoints[i]);

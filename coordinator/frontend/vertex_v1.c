@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
 #include "coord.h"
 #include "frontend.h"
 #include "core/mem.h"
@@ -49,23 +50,6 @@ typedef Google__Cloud__Aiplatform__V1__ReadIndexDatapointsResponse g_rd_resp;
 #define G_VAL(x) GOOGLE__CLOUD__AIPLATFORM__V1__INDEX_DATAPOINT__NUMERIC_RESTRICTION__VALUE_VALUE_##x
 #define T_VAL(x) TESSERA__V1__NUMERIC_RESTRICTION__VALUE_VALUE_##x
 
-/* ---------------------------------------------------------------- allocations */
-
-static void *pool_new(tsr__v1_pool *a, size_t n, size_t size)
-{
-    if (a->n == a->cap)
-        a->p = tsr_xrealloc(a->p, (a->cap = a->cap ? a->cap * 2 : 64) * sizeof *a->p);
-    return a->p[a->n++] = tsr_xcalloc(n ? n : 1, size);
-}
-
-void tsr__vertex_v1_pool_free(tsr__v1_pool *a)
-{
-    for (size_t i = 0; i < a->n; i++)
-        free(a->p[i]);
-    free(a->p);
-    memset(a, 0, sizeof *a);
-}
-
 /* ---------------------------------------------------------------- resource names */
 
 /* index_endpoint: empty or a well-formed name (any project, location and endpoint: one
@@ -83,15 +67,15 @@ static int check_names(const tsr__coord *c, const char *endpoint, const char *de
 
 /* ---------------------------------------------------------------- request translation */
 
-Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(tsr__v1_pool *a, const g_dp *g)
+Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(tsr__arena *a, const g_dp *g)
 {
-    Tessera__V1__IndexDatapoint *dp = pool_new(a, 1, sizeof *dp);
+    Tessera__V1__IndexDatapoint *dp = tsr__ar(a, 1, sizeof *dp);
     tessera__v1__index_datapoint__init(dp);
     dp->datapoint_id = g->datapoint_id;
     dp->feature_vector = g->feature_vector;
     dp->n_feature_vector = g->n_feature_vector;
     if (g->sparse_embedding) {
-        Tessera__V1__SparseEmbedding *se = pool_new(a, 1, sizeof *se);
+        Tessera__V1__SparseEmbedding *se = tsr__ar(a, 1, sizeof *se);
         tessera__v1__sparse_embedding__init(se);
         se->values = g->sparse_embedding->values;
         se->n_values = g->sparse_embedding->n_values;
@@ -99,10 +83,10 @@ Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(tsr__v1_pool *a, const
         se->n_dimensions = g->sparse_embedding->n_dimensions;
         dp->sparse_embedding = se;
     }
-    dp->restricts = pool_new(a, g->n_restricts, sizeof *dp->restricts);
+    dp->restricts = tsr__ar(a, g->n_restricts, sizeof *dp->restricts);
     dp->n_restricts = g->n_restricts;
     for (size_t j = 0; j < g->n_restricts; j++) {
-        Tessera__V1__Restriction *r = pool_new(a, 1, sizeof *r);
+        Tessera__V1__Restriction *r = tsr__ar(a, 1, sizeof *r);
         tessera__v1__restriction__init(r);
         r->namespace_ = g->restricts[j]->namespace_;
         r->allow_list = g->restricts[j]->allow_list;
@@ -111,11 +95,11 @@ Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(tsr__v1_pool *a, const
         r->n_deny_list = g->restricts[j]->n_deny_list;
         dp->restricts[j] = r;
     }
-    dp->numeric_restricts = pool_new(a, g->n_numeric_restricts, sizeof *dp->numeric_restricts);
+    dp->numeric_restricts = tsr__ar(a, g->n_numeric_restricts, sizeof *dp->numeric_restricts);
     dp->n_numeric_restricts = g->n_numeric_restricts;
     for (size_t j = 0; j < g->n_numeric_restricts; j++) {
         const g_num *n = g->numeric_restricts[j];
-        Tessera__V1__NumericRestriction *r = pool_new(a, 1, sizeof *r);
+        Tessera__V1__NumericRestriction *r = tsr__ar(a, 1, sizeof *r);
         tessera__v1__numeric_restriction__init(r);
         r->namespace_ = n->namespace_;
         r->op = (Tessera__V1__NumericRestriction__Operator)n->op; /* same numbers, checked
@@ -133,7 +117,7 @@ Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(tsr__v1_pool *a, const
         dp->numeric_restricts[j] = r;
     }
     if (g->crowding_tag) {
-        Tessera__V1__CrowdingTag *t = pool_new(a, 1, sizeof *t);
+        Tessera__V1__CrowdingTag *t = tsr__ar(a, 1, sizeof *t);
         tessera__v1__crowding_tag__init(t);
         t->crowding_attribute = g->crowding_tag->crowding_attribute;
         dp->crowding_tag = t;
@@ -145,15 +129,15 @@ Tessera__V1__IndexDatapoint *tsr__vertex_v1_dp_to_tessera(tsr__v1_pool *a, const
 
 /* The tessera.v1 request for g (borrowing from it); the query path validates it and names
  * the fields (queries[i]: ...), which are the same in both APIs. */
-static void req_to_tessera(tsr__v1_pool *a, const g_fn_req *g, Tessera__V1__FindNeighborsRequest *rq)
+static void req_to_tessera(tsr__arena *a, const g_fn_req *g, Tessera__V1__FindNeighborsRequest *rq)
 {
     tessera__v1__find_neighbors_request__init(rq);
     rq->return_full_datapoint = g->return_full_datapoint;
-    rq->queries = pool_new(a, g->n_queries, sizeof *rq->queries);
+    rq->queries = tsr__ar(a, g->n_queries, sizeof *rq->queries);
     rq->n_queries = g->n_queries;
     for (size_t i = 0; i < g->n_queries; i++) {
         const g_query *gq = g->queries[i];
-        Tessera__V1__FindNeighborsRequest__Query *q = pool_new(a, 1, sizeof *q);
+        Tessera__V1__FindNeighborsRequest__Query *q = tsr__ar(a, 1, sizeof *q);
         tessera__v1__find_neighbors_request__query__init(q);
         q->datapoint = gq->datapoint ? tsr__vertex_v1_dp_to_tessera(a, gq->datapoint) : NULL;
         q->neighbor_count = gq->neighbor_count;
@@ -166,7 +150,7 @@ static void req_to_tessera(tsr__v1_pool *a, const g_fn_req *g, Tessera__V1__Find
         }
         q->fraction_leaf_nodes_to_search_override = gq->fraction_leaf_nodes_to_search_override;
         if (gq->ranking_case == GOOGLE__CLOUD__AIPLATFORM__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF) {
-            Tessera__V1__FindNeighborsRequest__Query__RRF *rrf = pool_new(a, 1, sizeof *rrf);
+            Tessera__V1__FindNeighborsRequest__Query__RRF *rrf = tsr__ar(a, 1, sizeof *rrf);
             tessera__v1__find_neighbors_request__query__rrf__init(rrf);
             rrf->alpha = gq->rrf ? gq->rrf->alpha : 0.0f;
             q->ranking_case = TESSERA__V1__FIND_NEIGHBORS_REQUEST__QUERY__RANKING_RRF;
@@ -179,17 +163,17 @@ static void req_to_tessera(tsr__v1_pool *a, const g_fn_req *g, Tessera__V1__Find
 /* ---------------------------------------------------------------- response translation */
 
 /* A Vertex IndexDatapoint borrowing from dp (NULL stays NULL). */
-static g_dp *dp_to_vertex(tsr__v1_pool *a, const Tessera__V1__IndexDatapoint *dp)
+static g_dp *dp_to_vertex(tsr__arena *a, const Tessera__V1__IndexDatapoint *dp)
 {
     if (!dp)
         return NULL;
-    g_dp *g = pool_new(a, 1, sizeof *g);
+    g_dp *g = tsr__ar(a, 1, sizeof *g);
     GV(index_datapoint__init)(g);
     g->datapoint_id = dp->datapoint_id;
     g->feature_vector = dp->feature_vector;
     g->n_feature_vector = dp->n_feature_vector;
     if (dp->sparse_embedding) {
-        g_sparse *s = pool_new(a, 1, sizeof *s);
+        g_sparse *s = tsr__ar(a, 1, sizeof *s);
         GV(index_datapoint__sparse_embedding__init)(s);
         s->values = dp->sparse_embedding->values;
         s->n_values = dp->sparse_embedding->n_values;
@@ -197,10 +181,10 @@ static g_dp *dp_to_vertex(tsr__v1_pool *a, const Tessera__V1__IndexDatapoint *dp
         s->n_dimensions = dp->sparse_embedding->n_dimensions;
         g->sparse_embedding = s;
     }
-    g->restricts = pool_new(a, dp->n_restricts, sizeof *g->restricts);
+    g->restricts = tsr__ar(a, dp->n_restricts, sizeof *g->restricts);
     g->n_restricts = dp->n_restricts;
     for (size_t j = 0; j < dp->n_restricts; j++) {
-        g_restr *r = pool_new(a, 1, sizeof *r);
+        g_restr *r = tsr__ar(a, 1, sizeof *r);
         GV(index_datapoint__restriction__init)(r);
         r->namespace_ = dp->restricts[j]->namespace_;
         r->allow_list = dp->restricts[j]->allow_list;
@@ -209,11 +193,11 @@ static g_dp *dp_to_vertex(tsr__v1_pool *a, const Tessera__V1__IndexDatapoint *dp
         r->n_deny_list = dp->restricts[j]->n_deny_list;
         g->restricts[j] = r;
     }
-    g->numeric_restricts = pool_new(a, dp->n_numeric_restricts, sizeof *g->numeric_restricts);
+    g->numeric_restricts = tsr__ar(a, dp->n_numeric_restricts, sizeof *g->numeric_restricts);
     g->n_numeric_restricts = dp->n_numeric_restricts;
     for (size_t j = 0; j < dp->n_numeric_restricts; j++) {
         const Tessera__V1__NumericRestriction *t = dp->numeric_restricts[j];
-        g_num *n = pool_new(a, 1, sizeof *n);
+        g_num *n = tsr__ar(a, 1, sizeof *n);
         GV(index_datapoint__numeric_restriction__init)(n);
         n->namespace_ = t->namespace_;
         n->op = (Google__Cloud__Aiplatform__V1__IndexDatapoint__NumericRestriction__Operator)t->op;
@@ -230,7 +214,7 @@ static g_dp *dp_to_vertex(tsr__v1_pool *a, const Tessera__V1__IndexDatapoint *dp
         g->numeric_restricts[j] = n;
     }
     if (dp->crowding_tag) {
-        g_tag *t = pool_new(a, 1, sizeof *t);
+        g_tag *t = tsr__ar(a, 1, sizeof *t);
         GV(index_datapoint__crowding_tag__init)(t);
         t->crowding_attribute = dp->crowding_tag->crowding_attribute;
         g->crowding_tag = t;
@@ -239,20 +223,20 @@ static g_dp *dp_to_vertex(tsr__v1_pool *a, const Tessera__V1__IndexDatapoint *dp
     return g;
 }
 
-static void resp_to_vertex(tsr__v1_pool *a, const Tessera__V1__FindNeighborsResponse *t, g_fn_resp *g)
+static void resp_to_vertex(tsr__arena *a, const Tessera__V1__FindNeighborsResponse *t, g_fn_resp *g)
 {
     GV(find_neighbors_response__init)(g);
-    g->nearest_neighbors = pool_new(a, t->n_nearest_neighbors, sizeof *g->nearest_neighbors);
+    g->nearest_neighbors = tsr__ar(a, t->n_nearest_neighbors, sizeof *g->nearest_neighbors);
     g->n_nearest_neighbors = t->n_nearest_neighbors;
     for (size_t i = 0; i < t->n_nearest_neighbors; i++) {
         const Tessera__V1__FindNeighborsResponse__NearestNeighbors *tn = t->nearest_neighbors[i];
-        g_nn *nn = pool_new(a, 1, sizeof *nn);
+        g_nn *nn = tsr__ar(a, 1, sizeof *nn);
         GV(find_neighbors_response__nearest_neighbors__init)(nn);
         nn->id = tn->id;
-        nn->neighbors = pool_new(a, tn->n_neighbors, sizeof *nn->neighbors);
+        nn->neighbors = tsr__ar(a, tn->n_neighbors, sizeof *nn->neighbors);
         nn->n_neighbors = tn->n_neighbors;
         for (size_t k = 0; k < tn->n_neighbors; k++) {
-            g_neighbor *v = pool_new(a, 1, sizeof *v);
+            g_neighbor *v = tsr__ar(a, 1, sizeof *v);
             GV(find_neighbors_response__neighbor__init)(v);
             v->datapoint = dp_to_vertex(a, tn->neighbors[k]->datapoint);
             v->distance = tn->neighbors[k]->distance;
@@ -265,52 +249,31 @@ static void resp_to_vertex(tsr__v1_pool *a, const Tessera__V1__FindNeighborsResp
 
 /* ---------------------------------------------------------------- handlers */
 
-/* What a v1 answer borrows: the translation's pool, the core response. */
-typedef struct v1_call {
-    tsr__v1_pool a;
-    Tessera__V1__FindNeighborsResponse *fn;
-    Tessera__V1__ReadIndexDatapointsResponse *rd;
-} v1_call;
-
-static void v1_call_free(void *p)
-{
-    v1_call *k = p;
-    tsr__coord_response_free(k->fn);
-    tsr__coord_read_free(k->rd);
-    tsr__vertex_v1_pool_free(&k->a);
-    free(k);
-}
-
-/* The call's v1_call, freed after the reply is packed. NULL: out of memory. */
-static v1_call *v1_call_new(tsr_rpc_ctx *ctx)
-{
-    v1_call *k = tsr_try_calloc(1, sizeof *k);
-    if (k)
-        tsr_rpc_ctx_defer(ctx, v1_call_free, k);
-    return k;
-}
-
 TSR_RPC_HANDLER(h_find_neighbors, g_fn_req, g_fn_resp)
 {
     tsr__coord *c = tsr_rpc_ctx_app(ctx);
-    v1_call *k = v1_call_new(ctx);
+    tsr__vertex_call *k = tsr__vertex_call_new(ctx);
     if (!k)
         return tsr_err(err, TSR_ELIMIT, "FindNeighborsRequest: out of memory");
     int rc = check_names(c, rq->index_endpoint, rq->deployed_index_id, err);
     if (rc)
         return rc;
+    tsr__arena *a = tsr__vertex_call_arena(k);
     Tessera__V1__FindNeighborsRequest trq;
-    req_to_tessera(&k->a, rq, &trq);
-    if ((rc = tsr__coord_find_neighbors(c, &trq, tsr_rpc_ctx_remaining_ms(ctx), &k->fn, err)))
+    req_to_tessera(a, rq, &trq);
+    Tessera__V1__FindNeighborsResponse *fn = NULL;
+    rc = tsr__coord_find_neighbors(c, &trq, tsr_rpc_ctx_remaining_ms(ctx), &fn, err);
+    tsr__vertex_keep_fn(k, fn);
+    if (rc)
         return rc;
-    resp_to_vertex(&k->a, k->fn, resp);
+    resp_to_vertex(a, fn, resp);
     return 0;
 }
 
 TSR_RPC_HANDLER(h_read, g_rd_req, g_rd_resp)
 {
     tsr__coord *c = tsr_rpc_ctx_app(ctx);
-    v1_call *k = v1_call_new(ctx);
+    tsr__vertex_call *k = tsr__vertex_call_new(ctx);
     if (!k)
         return tsr_err(err, TSR_ELIMIT, "ReadIndexDatapointsRequest: out of memory");
     int rc = check_names(c, rq->index_endpoint, rq->deployed_index_id, err);
@@ -319,13 +282,16 @@ TSR_RPC_HANDLER(h_read, g_rd_req, g_rd_resp)
     for (size_t i = 0; i < rq->n_ids; i++)
         if (!rq->ids[i][0])
             return tsr_err(err, TSR_EINVAL, "ids[%zu] is empty", i);
-    if ((rc = tsr__coord_read(c, rq->ids, rq->n_ids, tsr_rpc_ctx_remaining_ms(ctx), &k->rd,
-                              err)))
+    Tessera__V1__ReadIndexDatapointsResponse *rd = NULL;
+    rc = tsr__coord_read(c, rq->ids, rq->n_ids, tsr_rpc_ctx_remaining_ms(ctx), &rd, err);
+    tsr__vertex_keep_rd(k, rd);
+    if (rc)
         return rc;
-    resp->datapoints = pool_new(&k->a, k->rd->n_datapoints, sizeof *resp->datapoints);
-    resp->n_datapoints = k->rd->n_datapoints;
-    for (size_t i = 0; i < k->rd->n_datapoints; i++)
-        resp->datapoints[i] = dp_to_vertex(&k->a, k->rd->datapoints[i]);
+    tsr__arena *a = tsr__vertex_call_arena(k);
+    resp->datapoints = tsr__ar(a, rd->n_datapoints, sizeof *resp->datapoints);
+    resp->n_datapoints = rd->n_datapoints;
+    for (size_t i = 0; i < rd->n_datapoints; i++)
+        resp->datapoints[i] = dp_to_vertex(a, rd->datapoints[i]);
     return 0;
 }
 

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
 #include "coord.h"
 #include "frontend.h"
 #include "core/mem.h"
@@ -326,7 +327,7 @@ TSR_RPC_HANDLER(h_upsert, g_upsert_req, g_upsert_resp)
                            "is %zu bytes serialized, at most %zu", i,
                            rq->datapoints[i]->datapoint_id, n, (size_t)TSR_METADATA_MAX);
     }
-    tsr__v1_pool a = {0};
+    tsr__arena a = {0};
     Tessera__V1__UpsertDatapointsRequest trq = TESSERA__V1__UPSERT_DATAPOINTS_REQUEST__INIT;
     Tessera__V1__FieldMask mask = TESSERA__V1__FIELD_MASK__INIT;
     Tessera__V1__UpsertDatapointsResponse tresp = TESSERA__V1__UPSERT_DATAPOINTS_RESPONSE__INIT;
@@ -341,7 +342,7 @@ TSR_RPC_HANDLER(h_upsert, g_upsert_req, g_upsert_resp)
     }
     rc = tsr__coord_stream_upsert(tsr_rpc_ctx_app(ctx), &trq, &tresp, r);
     free(trq.datapoints);
-    tsr__vertex_v1_pool_free(&a);
+    tsr__ar_free(&a);
     return rc;
 }
 

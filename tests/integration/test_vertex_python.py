@@ -59,7 +59,8 @@ def run(bin_dir, distance="SQUARED_L2", nq=24):
     root = sh.tmpdir("tsr-vertex-")
     batch = ch.write_batch(os.path.join(root, "b"), D.recs, per_file=300)
     orig = ch.Proc
-    ch.Proc = lambda argv, env=None: orig(argv + ["--deployed-index-id", IDX], env)
+    ch.Proc = lambda argv, env=None, as_built=False: orig(argv + ["--deployed-index-id", IDX],
+                                                         env, as_built)
     try:
         cl = ch.Cluster(4, D.d, {"nlist": 8, "pq_m": 4, "nprobe": 2, "distance": distance},
                         bin_dir=bin_dir)
