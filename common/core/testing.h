@@ -8,7 +8,7 @@
  * TESTING=1` -> build/testing/bin, and every sanitizer build). In a release build every
  * entry point below is a macro that expands to a constant and drops its arguments: the
  * binary reads none of these variables and holds none of their names or values (the
- * strings check of tests/tools/test_release_hooks.py), so no operator's environment can
+ * strings check of tests/tools/test_release_strings.py), so no operator's environment can
  * make a production process crash, sleep or acknowledge a write it never logged.
  *
  * Operator settings that are read from the environment are not here: TSR_LOG_LEVEL
@@ -19,7 +19,7 @@
  * The table: X(ID, VARIABLE, KIND, VALUES, MEANING). KIND is CRASH (the value names a
  * crash point; a few also name a planted behaviour: VALUES lists them all), SLEEP (the
  * value is milliseconds, 1..600000) or AB (an A/B knob; VALUES lists what it takes).
- * tests/tools/test_release_hooks.py reads this table from this file.
+ * tests/tools/test_release_strings.py reads this table from this file.
  *
  * Thread-safety: no state but the environment, read on each call.
  */
