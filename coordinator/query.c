@@ -419,6 +419,7 @@ static Tessera__V1__ShardQuery *shard_query(tsr__arena *a, const qplan *p,
     }
     sq->return_ids = 1;
     sq->return_datapoints = full;
+    sq->check_namespaces = p->probe_ns;
     return sq;
 }
 

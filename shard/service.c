@@ -182,8 +182,9 @@ static void query_parts_free(query_parts *p)
 static int check_query(tsr_rpc_reply *reply, const tsr__version *v,
                        const Tessera__V1__ShardQuery *q, size_t qi, size_t d, int has_sparse)
 {
-    if (q->n_vector == 0 && !has_sparse && !q->n_restricts && !q->n_numeric_restricts)
-        return bad(reply, "queries[%zu]: empty query (no %s, no sparse, no restricts)",
+    if (q->n_vector == 0 && !has_sparse &&
+        !(q->check_namespaces && (q->n_restricts || q->n_numeric_restricts)))
+        return bad(reply, "queries[%zu]: empty query (no %s, no sparse, no namespaces to check)",
                    "vector", qi);
     if (q->k <= 0 || q->k > TSR__MAX_K)
         return tsr_rpc_reply_error(reply, TSR_RPC_INVALID_ARGUMENT,
@@ -509,7 +510,7 @@ TSR_RPC_HANDLER(h_search, Tessera__V1__ShardSearchRequest, Tessera__V1__ShardSea
         resp->results[resp->n_results++] = r;
         r->codes_scanned = qr.codes_scanned;
         r->candidates_passed = qr.passed;
-        if (unknown_namespaces(v, dl, q, r) != 0) {
+        if (q->check_namespaces && unknown_namespaces(v, dl, q, r) != 0) {
             tsr__qresult_close(&qr);
             return oom(ctx);
         }

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -59,6 +60,26 @@ def main():
                                             restricts=[("colour", ["red"], [])]))
         assert len(w) == 1 and "'colour'" in w[0], w
         print("typos warn, known namespaces do not")
+
+        # the shard reports unknown namespaces only when asked (ShardQuery.check_namespaces):
+        # a query on known namespaces costs it nothing for them
+        sp = sh.stubs()[0]
+        for want in (False, True):
+            rq = sp.ShardSearchRequest()
+            sq = rq.queries.add(version=0, k=5, check_namespaces=want)
+            sq.sparse.values.extend([1.0])  # a sparse query: no list to own
+            sq.sparse.dimensions.extend([3])
+            sq.restricts.add(namespace="colour", allow_list=["red"])
+            res = cl.shards[0].stub.Search(rq, timeout=30).results[0]
+            assert list(res.unknown_namespaces) == (["colour"] if want else []), (want, res)
+        rq = sp.ShardSearchRequest()
+        rq.queries.add(version=0, k=5).restricts.add(namespace="colour", allow_list=["red"])
+        try:
+            cl.shards[0].stub.Search(rq, timeout=30)
+            raise AssertionError("a namespace-only query without check_namespaces answered")
+        except grpc.RpcError as e:
+            assert "empty query" in e.details(), e.details()
+        print("the shard reports them only when asked")
 
         # a namespace first used by streamed upserts: one datapoint per probe, in any group
         for j in range(3):
